@@ -1,0 +1,54 @@
+"""Moving chunks between the host (NumPy) and the device (CuPy), lazily, block by block."""
+
+from __future__ import annotations
+
+import dask.array as da
+import numpy as np
+
+from flowgpu.backend import current_backend, import_cupy, is_cupy
+
+__all__ = ["to_device", "to_host", "to_numpy", "as_backend"]
+
+
+def _to_cupy_block(block):
+    cp = import_cupy()
+    return cp.asarray(block)
+
+
+def _to_numpy_block(block):
+    if is_cupy(block):
+        return block.get()
+    return np.asarray(block)
+
+
+def _meta_like(x: da.Array, module):
+    return module.empty((0,) * x.ndim, dtype=x.dtype)
+
+
+def to_device(x: da.Array) -> da.Array:
+    """Chunks onto the session's compute device: CuPy on GPU sessions; unchanged on CPU sessions.
+
+    Code written with ``to_device`` runs unchanged on a machine without a GPU.
+    """
+    if current_backend() != "cupy" or is_cupy(x._meta):
+        return x
+    cp = import_cupy()
+    return x.map_blocks(_to_cupy_block, dtype=x.dtype, meta=_meta_like(x, cp))
+
+
+def to_host(x: da.Array) -> da.Array:
+    """Chunks as NumPy arrays in host memory (lazy)."""
+    if not is_cupy(x._meta):
+        return x
+    return x.map_blocks(_to_numpy_block, dtype=x.dtype, meta=_meta_like(x, np))
+
+
+def as_backend(x: da.Array) -> da.Array:
+    """Chunks in the current session's array backend (CuPy on GPU sessions, NumPy otherwise)."""
+    return to_device(x) if current_backend() == "cupy" else to_host(x)
+
+
+def to_numpy(x: da.Array) -> np.ndarray:
+    """Compute ``x`` and gather it into one NumPy array on this host."""
+    out = to_host(x).compute()
+    return _to_numpy_block(out)

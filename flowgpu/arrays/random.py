@@ -1,0 +1,93 @@
+"""Counter-based random numbers: element ``i`` of an array depends only on the seed and ``i``.
+
+Each value is a splitmix64 hash of (seed, global flat index), so the numbers are the same for any
+chunking, on any worker, and bit for bit the same on NumPy and CuPy (integer arithmetic, then an
+exact conversion of the top 24 or 53 bits to a float in [0, 1)).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from flowgpu.backend import import_cupy
+
+_GOLDEN = 0x9E3779B97F4A7C15
+_M1 = 0xBF58476D1CE4E5B9
+_M2 = 0x94D049BB133111EB
+_MASK = (1 << 64) - 1
+
+UNIFORM_DTYPES = (np.dtype("float32"), np.dtype("float64"))
+
+
+def seed_key(seed: int) -> int:
+    """Mix a user seed into a 64-bit key (plain Python integers)."""
+    z = (int(seed) * _GOLDEN + _GOLDEN) & _MASK
+    z = ((z ^ (z >> 30)) * _M1) & _MASK
+    z = ((z ^ (z >> 27)) * _M2) & _MASK
+    return z ^ (z >> 31)
+
+
+def _global_index(xp, location, full_shape, stream: int):
+    """uint64 flat index of every element of a block, in the full array (times 2 plus ``stream``)."""
+    strides = [int(np.prod(full_shape[i + 1 :], dtype=np.int64)) for i in range(len(full_shape))]
+    idx = xp.zeros((1,) * len(full_shape), dtype=xp.uint64)
+    for axis, ((start, stop), g) in enumerate(zip(location, strides)):
+        shape = [1] * len(full_shape)
+        shape[axis] = stop - start
+        idx = idx + (xp.arange(start, stop, dtype=xp.uint64) * xp.uint64(g)).reshape(shape)
+    if stream >= 0:
+        idx = idx * xp.uint64(2) + xp.uint64(stream)
+    return idx
+
+
+def _uniform_numpy(idx: np.ndarray, key: int, dtype: np.dtype) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        z = idx * np.uint64(_GOLDEN) + np.uint64(key)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(_M1)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(_M2)
+        z ^= z >> np.uint64(31)
+    if dtype == np.float32:
+        return (z >> np.uint64(40)).astype(np.float32) * np.float32(2.0**-24)
+    return (z >> np.uint64(11)).astype(np.float64) * (2.0**-53)
+
+
+@functools.lru_cache(maxsize=None)
+def _uniform_kernel(dtype_name: str):
+    cp = import_cupy()
+    shift, scale = (40, "5.9604644775390625e-08") if dtype_name == "float32" else (11, "1.1102230246251565e-16")
+    return cp.ElementwiseKernel(
+        "uint64 idx, uint64 key",
+        "T out",
+        f"""
+        unsigned long long z = idx * 0x9E3779B97F4A7C15ULL + key;
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+        z = z ^ (z >> 31);
+        out = (T)(z >> {shift}) * (T){scale};
+        """,
+        f"flowgpu_uniform_{dtype_name}",
+    )
+
+
+def uniform_block(location, full_shape, key: int, dtype, backend: str, stream: int = -1):
+    """Uniform [0, 1) numbers for the block at ``location`` of an array of ``full_shape``."""
+    dtype = np.dtype(dtype)
+    if backend == "cupy":
+        cp = import_cupy()
+        idx = _global_index(cp, location, full_shape, stream)
+        out = cp.empty(idx.shape, dtype=dtype)
+        _uniform_kernel(dtype.name)(idx, cp.uint64(key), out)
+        return out
+    idx = _global_index(np, location, full_shape, stream)
+    return _uniform_numpy(idx, key, dtype)
+
+
+def normal_block(location, full_shape, key: int, dtype, backend: str):
+    """Standard normal numbers by the Box-Muller transform of two uniform streams (float64 inside)."""
+    xp = import_cupy() if backend == "cupy" else np
+    u1 = uniform_block(location, full_shape, key, np.float64, backend, stream=0)
+    u2 = uniform_block(location, full_shape, key, np.float64, backend, stream=1)
+    r = xp.sqrt(-2.0 * xp.log1p(-u1))  # 1 - u1 is in (0, 1]: no log(0)
+    return (r * xp.cos(2.0 * np.pi * u2)).astype(dtype, copy=False)

@@ -1,0 +1,174 @@
+"""Which array library holds the chunks, and whether this machine has GPUs.
+
+This is the one place that imports CuPy (lazily, with an install hint when it is missing) and the
+one place that counts GPUs. Nothing here imports cupy, rmm or dask_cuda at import time, so
+``import flowgpu`` stays instant on a machine without a GPU.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+from typing import Any
+
+import dask.config
+import numpy as np
+
+from flowgpu.errors import BackendError
+
+__all__ = [
+    "import_cupy",
+    "is_cupy",
+    "array_module",
+    "current_backend",
+    "gpu_count",
+    "has_gpu",
+    "visible_gpus",
+    "device_total_memory",
+]
+
+INSTALL_HINT = (
+    "install the GPU extra that matches your CUDA: pip install 'flowgpu[cuda12]' or 'flowgpu[cuda13]'"
+)
+
+
+def import_cupy(strict: bool = True):
+    """Return the cupy module, or None (``strict=False``) / a BackendError when it is missing."""
+    try:
+        import cupy
+    except ImportError as e:
+        if strict:
+            raise BackendError(f"CuPy is not installed ({e}); {INSTALL_HINT}") from None
+        return None
+    return cupy
+
+
+def is_cupy(x: Any) -> bool:
+    """True when ``x`` is a CuPy array (checked without importing cupy)."""
+    return type(x).__module__.startswith("cupy")
+
+
+def array_module(x: Any):
+    """numpy or cupy, whichever ``x`` belongs to."""
+    if is_cupy(x):
+        return import_cupy()
+    return np
+
+
+def current_backend() -> str:
+    """The array backend in force on this process: ``"cupy"`` or ``"numpy"``.
+
+    A :class:`flowgpu.Session` on GPUs sets dask's ``array.backend`` to ``cupy`` while it is open.
+    """
+    return "cupy" if dask.config.get("array.backend", "numpy") == "cupy" else "numpy"
+
+
+def _parse_visible(env: str) -> list[str]:
+    """CUDA_VISIBLE_DEVICES entries as CUDA reads them: it stops at the first invalid entry."""
+    out = []
+    for item in env.split(","):
+        item = item.strip()
+        if not item:
+            break
+        if item.lstrip("-").isdigit():
+            if int(item) < 0:
+                break
+        elif not (item.startswith("GPU-") or item.startswith("MIG-")):
+            break
+        out.append(item)
+    return out
+
+
+@functools.lru_cache(maxsize=1)
+def _nvml():
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except Exception:
+        return None
+    return pynvml
+
+
+def _physical_count() -> int | None:
+    nvml = _nvml()
+    if nvml is not None:
+        try:
+            return int(nvml.nvmlDeviceGetCount())
+        except Exception:
+            return None
+    return None
+
+
+def _driver_count() -> int:
+    """Count devices through the CUDA driver API (which itself honours CUDA_VISIBLE_DEVICES)."""
+    for name in ("libcuda.so.1", "libcuda.so", "nvcuda.dll"):
+        try:
+            lib = ctypes.CDLL(name)
+        except OSError:
+            continue
+        if lib.cuInit(0) != 0:
+            return 0
+        n = ctypes.c_int(0)
+        if lib.cuDeviceGetCount(ctypes.byref(n)) != 0:
+            return 0
+        return int(n.value)
+    return 0
+
+
+def visible_gpus() -> list[int]:
+    """Ordinals (0..n-1, as CUDA numbers them in this process) of the GPUs this process can use."""
+    physical = _physical_count()
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if physical is None:
+        return list(range(_driver_count()))
+    if env is None:
+        return list(range(physical))
+    entries = _parse_visible(env)
+    n = 0
+    for item in entries:
+        if item.isdigit() and int(item) >= physical:
+            break
+        n += 1
+    return list(range(n))
+
+
+def gpu_count() -> int:
+    """How many GPUs this process can use (honours CUDA_VISIBLE_DEVICES)."""
+    return len(visible_gpus())
+
+
+def has_gpu() -> bool:
+    """True when at least one GPU is visible; counts devices, never imports cupy."""
+    return gpu_count() > 0
+
+
+def _physical_index(ordinal: int) -> int | str:
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is None:
+        return ordinal
+    item = _parse_visible(env)[ordinal]
+    return int(item) if item.isdigit() else item
+
+
+def physical_devices() -> list[str]:
+    """For each visible ordinal, the CUDA_VISIBLE_DEVICES entry (index or UUID) that names it."""
+    return [str(_physical_index(i)) for i in visible_gpus()]
+
+
+def device_total_memory(ordinal: int = 0) -> int:
+    """Total memory in bytes of visible GPU ``ordinal``."""
+    nvml = _nvml()
+    if nvml is not None:
+        idx = _physical_index(ordinal)
+        if isinstance(idx, int):
+            handle = nvml.nvmlDeviceGetHandleByIndex(idx)
+        else:
+            handle = nvml.nvmlDeviceGetHandleByUUID(idx)
+        return int(nvml.nvmlDeviceGetMemoryInfo(handle).total)
+    cp = import_cupy()
+    with cp.cuda.Device(ordinal):
+        return int(cp.cuda.runtime.memGetInfo()[1])

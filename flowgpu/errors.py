@@ -1,0 +1,104 @@
+"""The one exception family of flowgpu.
+
+Every error flowgpu raises on purpose derives from :class:`FlowgpuError`, and also from the
+built-in exception a caller would naturally catch (``ValueError`` for bad values, ``RuntimeError``
+for failures while running, ...). Messages say what was wrong, where, and how to fix it.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "FlowgpuError",
+    "ConfigError",
+    "BackendError",
+    "SessionError",
+    "ChunkError",
+    "SpecError",
+    "OpError",
+    "KernelError",
+    "OutputExistsError",
+    "RunError",
+    "MemoryLimitError",
+]
+
+
+class FlowgpuError(Exception):
+    """Root of all errors raised by flowgpu."""
+
+
+class ConfigError(FlowgpuError, ValueError):
+    """A bad option value: unknown backend, unparsable memory limit, ..."""
+
+
+class BackendError(FlowgpuError, RuntimeError):
+    """The requested backend is not available here (e.g. ``backend="gpu"`` with no GPU)."""
+
+
+class SessionError(FlowgpuError, RuntimeError):
+    """A cluster could not be started or joined."""
+
+
+class ChunkError(FlowgpuError, ValueError):
+    """Chunks that are malformed or cannot fit a worker."""
+
+
+class MemoryLimitError(FlowgpuError, ValueError):
+    """A memory limit that is larger than the device or too small to hold one chunk."""
+
+
+class OpError(FlowgpuError, ValueError):
+    """An unknown op, or an op called with arguments it does not take."""
+
+
+class KernelError(FlowgpuError, ValueError):
+    """A user kernel or fused expression that cannot be built or applied."""
+
+
+class SpecError(FlowgpuError, ValueError):
+    """An invalid pipeline spec.
+
+    Parameters
+    ----------
+    message : what is wrong.
+    file, line, col : where (1-based line and column), when known.
+    path : the field path inside the spec, e.g. ``steps.norm.op``.
+    hint : how to fix it.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        file: str | None = None,
+        line: int | None = None,
+        col: int | None = None,
+        path: str | None = None,
+        hint: str | None = None,
+    ):
+        self.message = message
+        self.file = file
+        self.line = line
+        self.col = col
+        self.path = path
+        self.hint = hint
+        super().__init__(self.format())
+
+    @property
+    def location(self) -> str:
+        parts = [p for p in (self.file, self.line, self.col) if p is not None]
+        return ":".join(str(p) for p in parts)
+
+    def format(self) -> str:
+        where = self.location
+        head = f"{where}: " if where else ""
+        field = f"{self.path}: " if self.path else ""
+        hint = f" (hint: {self.hint})" if self.hint else ""
+        return f"{head}{field}{self.message}{hint}"
+
+
+class OutputExistsError(FlowgpuError, FileExistsError):
+    """An output path already holds something flowgpu did not write."""
+
+
+class RunError(FlowgpuError, RuntimeError):
+    """A pipeline failed while running."""

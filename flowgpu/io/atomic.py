@@ -1,0 +1,83 @@
+"""Writes that never leave an output looking finished when it is not.
+
+Every output is written under a temporary name beside its destination and moved into place only
+when complete. A marker records that flowgpu wrote it, so an existing path that flowgpu did not
+write is never replaced unless the caller says ``overwrite=True``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+
+from flowgpu.errors import OutputExistsError
+
+MARKER = ".flowgpu-output.json"
+TMP_TAG = ".flowgpu-tmp-"
+
+
+def marker_path(path: str) -> str:
+    """Where the marker of ``path`` lives: inside a directory output, beside a file output."""
+    if os.path.isdir(path):
+        return os.path.join(path, MARKER)
+    head, tail = os.path.split(path)
+    return os.path.join(head, f".{tail}{MARKER}")
+
+
+def written_by_flowgpu(path: str) -> bool:
+    return os.path.exists(marker_path(path))
+
+
+def check_writable(path: str, overwrite: bool = False) -> None:
+    """Refuse to replace something flowgpu did not write, unless ``overwrite``."""
+    if os.path.lexists(path) and not overwrite:
+        if written_by_flowgpu(path):
+            raise OutputExistsError(
+                f"output {path!r} already exists (written by an earlier flowgpu run); "
+                "pass overwrite=True (--overwrite) to replace it"
+            )
+        raise OutputExistsError(
+            f"output {path!r} already exists and was not written by flowgpu; "
+            "choose another path, or pass overwrite=True (--overwrite) to replace it"
+        )
+
+
+def _remove(path: str) -> None:
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    elif os.path.lexists(path):
+        os.remove(path)
+
+
+@contextlib.contextmanager
+def atomic_output(path: str, overwrite: bool = False, meta: dict | None = None) -> Iterator[str]:
+    """Yield a temporary path to write to; on success move it to ``path`` with a marker.
+
+    On any exception the temporary is removed and ``path`` is left as it was.
+    """
+    path = os.path.abspath(path)
+    check_writable(path, overwrite)
+    parent, name = os.path.split(path)
+    os.makedirs(parent, exist_ok=True)
+    tmp = os.path.join(parent, f".{name}{TMP_TAG}{uuid.uuid4().hex[:12]}")
+    try:
+        yield tmp
+    except BaseException:
+        _remove(tmp)
+        raise
+    old = None
+    if os.path.lexists(path):
+        old = os.path.join(parent, f".{name}{TMP_TAG}old-{uuid.uuid4().hex[:12]}")
+        os.rename(path, old)
+        old_marker = marker_path(path)
+        if os.path.exists(old_marker):
+            os.remove(old_marker)
+    os.rename(tmp, path)
+    with open(marker_path(path), "w") as f:
+        json.dump({"writer": "flowgpu", **(meta or {})}, f)
+    if old is not None:
+        _remove(old)

@@ -1,0 +1,1 @@
+"""Built-in ops (filled in by the pipeline layer)."""

@@ -1,0 +1,245 @@
+"""``flowgpu.Session``: the one place a cluster is started or joined.
+
+* no address, GPUs present: ``dask_cuda.LocalCUDACluster``, one worker per GPU, CuPy chunks;
+* no address, no GPU (or ``backend="cpu"``): ``distributed.LocalCluster`` of processes, NumPy chunks;
+* an address or scheduler file: join that cluster; the backend follows what its workers have.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import warnings
+from typing import Any
+
+import dask.config
+from distributed import Client, LocalCluster
+
+from flowgpu import backend as _backend
+from flowgpu.errors import BackendError, SessionError
+from flowgpu.runtime import probe
+from flowgpu.runtime.options import SessionOptions, resolve
+
+__all__ = ["Session", "current_session"]
+
+_lock = threading.Lock()
+_stack: list["Session"] = []
+
+
+def current_session() -> "Session | None":
+    """The most recently started Session that is still open, or None."""
+    with _lock:
+        return _stack[-1] if _stack else None
+
+
+class Session:
+    """Start or join a Dask cluster and own its client.
+
+    Parameters
+    ----------
+    address : join the scheduler at ``tcp://host:port`` (or a scheduler file) instead of starting one.
+    backend : ``"auto"`` (GPU when there is one), ``"gpu"`` or ``"cpu"``.
+    gpus : GPU ordinals to use (default: all visible GPUs), one worker each.
+    n_workers, threads_per_worker, memory_limit, device_memory_limit, local_directory, rmm_pool_size :
+        passed through to the local cluster; defaults come from ``flowgpu.*`` in dask.config.
+    host, dashboard_address : where the local scheduler and dashboard listen (127.0.0.1 by default).
+    connect_timeout : how long to try to reach ``address``.
+
+    Examples
+    --------
+    >>> import flowgpu as fg
+    >>> with fg.Session(backend="cpu", n_workers=1, dashboard_address=None) as s:  # doctest: +SKIP
+    ...     x = fg.random((1000, 1000), seed=0)
+    ...     float(x.sum().compute())
+    """
+
+    def __init__(self, address: str | None = None, **kwargs: Any):
+        self.options: SessionOptions = resolve(address, **kwargs)
+        self.cluster = None
+        self.client: Client | None = None
+        self._config = None
+        self._closed = False
+        self.workers: dict[str, dict] = {}
+        try:
+            if self.options.address is None:
+                self._start_local()
+            else:
+                self._join()
+        except BaseException:
+            self._teardown()
+            raise
+        with _lock:
+            _stack.append(self)
+
+    # -- starting -------------------------------------------------------------------------------
+    def _set_array_backend(self, name: str) -> None:
+        self.array_backend = name
+        self._config = dask.config.set({"array.backend": name})
+
+    def _start_local(self) -> None:
+        o = self.options
+        common = dict(
+            threads_per_worker=o.threads_per_worker,
+            memory_limit=o.memory_limit,
+            local_directory=o.local_directory,
+            host=o.host,
+            dashboard_address=o.dashboard_address if o.dashboard_address else None,
+            scheduler_port=0,
+            silence_logs=logging.ERROR,
+            **o.extra,
+        )
+        if o.dashboard_address is None:
+            common["dashboard_address"] = ":0"
+            common["scheduler_kwargs"] = {"dashboard": False}
+        if o.backend == "gpu":
+            self._set_array_backend("cupy")  # before the workers start: the nanny passes config on
+            from dask_cuda import LocalCUDACluster  # noqa: PLC0415 - GPU-only import
+
+            visible = _backend.physical_devices()
+            devices = [visible[g] for g in o.gpus]
+            gpu_kwargs: dict[str, Any] = dict(CUDA_VISIBLE_DEVICES=",".join(devices), n_workers=len(devices))
+            if o.device_memory_limit not in (None, "default"):
+                gpu_kwargs["device_memory_limit"] = o.device_memory_limit
+            if o.rmm_pool_size:
+                gpu_kwargs["rmm_pool_size"] = o.rmm_pool_size
+                gpu_kwargs["rmm_allocator_external_lib_list"] = ["cupy"]
+            self.cluster = LocalCUDACluster(**gpu_kwargs, **common)
+        else:
+            self._set_array_backend("numpy")
+            self.cluster = LocalCluster(n_workers=o.n_workers, processes=True, **common)
+        self.client = Client(self.cluster, set_as_default=True)
+        self.backend = o.backend
+        self.workers = self.client.run(probe.worker_info)
+        self._nthreads = self._min_threads()
+
+    def _join(self) -> None:
+        o = self.options
+        try:
+            if "://" in o.address or ":" in o.address and not o.address.endswith((".json", ".yaml")):
+                self.client = Client(o.address, timeout=o.connect_timeout, set_as_default=True)
+            else:
+                self.client = Client(scheduler_file=o.address, timeout=o.connect_timeout, set_as_default=True)
+        except (OSError, TimeoutError) as e:
+            raise SessionError(
+                f"could not reach the scheduler at {o.address} within {o.connect_timeout:g}s ({e.__class__.__name__}); "
+                "check the address and that the scheduler is running, or raise connect_timeout"
+            ) from None
+        try:
+            self.client.wait_for_workers(1, timeout=o.connect_timeout)
+        except TimeoutError:
+            raise SessionError(
+                f"the scheduler at {o.address} has no workers after {o.connect_timeout:g}s; start some, e.g. "
+                f"'dask cuda worker {o.address}' or 'dask worker {o.address}'"
+            ) from None
+        self.workers = self.client.run(probe.worker_info)
+        all_gpu = all(w["gpus"] > 0 and w["cupy"] for w in self.workers.values())
+        if o.backend == "gpu" and not all_gpu:
+            raise BackendError(f"backend='gpu' but not every worker of {o.address} has a GPU and CuPy")
+        use_gpu = all_gpu and o.backend != "cpu"
+        if use_gpu and _backend.import_cupy(strict=False) is None:
+            warnings.warn(
+                "the cluster's workers have GPUs but this client has no CuPy, so flowgpu builds NumPy arrays; "
+                + _backend.INSTALL_HINT,
+                stacklevel=3,
+            )
+            use_gpu = False
+        name = "cupy" if use_gpu else "numpy"
+        self._set_array_backend(name)
+        self.client.run(probe.set_array_backend, name)
+        self.backend = "gpu" if use_gpu else "cpu"
+        self._nthreads = self._min_threads()
+
+    # -- facts ------------------------------------------------------------------------------------
+    @property
+    def dashboard_link(self) -> str | None:
+        """URL of the Dask dashboard, or None when it is off."""
+        if self.client is None:
+            return None
+        try:
+            info = self.client.scheduler_info()
+            if "dashboard" not in info.get("services", {}):
+                return None
+            return self.client.dashboard_link
+        except Exception:
+            return None
+
+    @property
+    def n_workers(self) -> int:
+        return len(self.workers)
+
+    def _min_threads(self) -> int:
+        info = self.client.scheduler_info(n_workers=-1)["workers"]
+        return min((w.get("nthreads", 1) for w in info.values()), default=1)
+
+    @property
+    def threads_per_worker(self) -> int:
+        """Threads of the worker with the fewest (tasks it runs at once)."""
+        return self._nthreads
+
+    @property
+    def worker_budget(self) -> int:
+        """Bytes one worker can hold for chunks: device memory on GPU workers, host memory on CPU."""
+        return worker_budget(self.workers, self.backend)
+
+    def info(self) -> dict:
+        """A summary for reports: backend, workers, memory budget, dashboard."""
+        return {
+            "backend": self.backend,
+            "array_backend": self.array_backend,
+            "address": self.client.scheduler.address if self.client else None,
+            "n_workers": self.n_workers,
+            "threads_per_worker": self.threads_per_worker,
+            "worker_budget": self.worker_budget,
+            "dashboard": self.dashboard_link,
+            "started_cluster": self.cluster is not None,
+        }
+
+    # -- closing ----------------------------------------------------------------------------------
+    def _teardown(self) -> None:
+        if self.client is not None:
+            try:
+                self.client.close()
+            except Exception:
+                pass
+        if self.cluster is not None:
+            try:
+                self.cluster.close(timeout=60)
+            except Exception:
+                pass
+        if self._config is not None:
+            self._config.__exit__(None, None, None)
+            self._config = None
+
+    def close(self) -> None:
+        """Close the client; shut down the cluster if this Session started it."""
+        if self._closed:
+            return
+        self._closed = True
+        with _lock:
+            if self in _stack:
+                _stack.remove(self)
+        self._teardown()
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"{self.n_workers} worker(s)"
+        return f"<flowgpu.Session backend={getattr(self, 'backend', '?')} {state} dashboard={self.dashboard_link}>"
+
+
+def worker_budget(workers: dict[str, dict], backend: str) -> int:
+    """Smallest per-worker memory budget for chunks among ``workers``' probe results."""
+    import psutil
+
+    budgets = []
+    for w in workers.values():
+        if backend == "gpu":
+            b = w.get("device_memory_limit") or w.get("device_memory") or 0
+        else:
+            b = w.get("memory_limit") or psutil.virtual_memory().total // max(len(workers), 1)
+        budgets.append(int(b))
+    return min(budgets) if budgets else psutil.virtual_memory().total

@@ -1,0 +1,52 @@
+"""Shared fixtures. GPU tests are skipped in this one place when no GPU with CuPy is visible."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from flowgpu import backend
+
+
+def _gpu_ready() -> bool:
+    return backend.has_gpu() and backend.import_cupy(strict=False) is not None
+
+
+GPU = _gpu_ready()
+
+
+def pytest_collection_modifyitems(config, items):
+    if GPU:
+        return
+    skip = pytest.mark.skip(reason="needs an NVIDIA GPU with CuPy")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def rng():
+    """Fresh random data every run (the seed is printed on failure by pytest's -ra summary)."""
+    seed = np.random.SeedSequence().entropy % (2**32)
+    print(f"rng seed: {seed}")
+    return np.random.default_rng(seed)
+
+
+@pytest.fixture(scope="session")
+def cpu_session():
+    """One small local CPU cluster shared by the tests that need a cluster."""
+    from flowgpu import Session
+
+    with Session(backend="cpu", n_workers=2, threads_per_worker=1, memory_limit="2GiB",
+                 dashboard_address=None) as s:
+        yield s
+
+
+@pytest.fixture(scope="session")
+def gpu_session():
+    from flowgpu import Session
+
+    if not GPU:
+        pytest.skip("needs an NVIDIA GPU with CuPy")
+    with Session(backend="gpu", dashboard_address=None) as s:
+        yield s
