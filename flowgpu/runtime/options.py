@@ -14,6 +14,7 @@ from flowgpu import config
 from flowgpu.errors import BackendError, ConfigError, MemoryLimitError
 
 BACKENDS = ("auto", "gpu", "cpu")
+_UNSET: Any = object()
 
 
 @dataclass(frozen=True)
@@ -98,7 +99,7 @@ def resolve(
     local_directory: str | None = None,
     rmm_pool_size: Any = None,
     host: str | None = None,
-    dashboard_address: str | None = None,
+    dashboard_address: str | None = _UNSET,
     connect_timeout: Any = None,
     **extra: Any,
 ) -> SessionOptions:
@@ -114,7 +115,8 @@ def resolve(
         raise ConfigError(f"connect_timeout={timeout_raw!r} is not a duration; give seconds or e.g. '30s'") from None
     common = dict(
         host=config.get("host", host),
-        dashboard_address=config.get("dashboard-address", dashboard_address),
+        # an explicit None turns the dashboard off; leaving it out takes the configured address
+        dashboard_address=config.get("dashboard-address") if dashboard_address is _UNSET else dashboard_address,
         connect_timeout=timeout,
         extra=extra,
     )

@@ -83,14 +83,11 @@ class Session:
             memory_limit=o.memory_limit,
             local_directory=o.local_directory,
             host=o.host,
-            dashboard_address=o.dashboard_address if o.dashboard_address else None,
+            dashboard_address=o.dashboard_address or None,
             scheduler_port=0,
             silence_logs=logging.ERROR,
             **o.extra,
         )
-        if o.dashboard_address is None:
-            common["dashboard_address"] = ":0"
-            common["scheduler_kwargs"] = {"dashboard": False}
         if o.backend == "gpu":
             self._set_array_backend("cupy")  # before the workers start: the nanny passes config on
             from dask_cuda import LocalCUDACluster  # noqa: PLC0415 - GPU-only import

@@ -1,0 +1,85 @@
+"""Session on the CPU: starts a local cluster, closes everything it started, joins clusters by address."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import psutil
+import pytest
+from distributed import LocalCluster
+
+import flowgpu as fg
+from flowgpu.errors import SessionError
+
+
+def _children() -> set[int]:
+    """Child processes, less multiprocessing's resource tracker (it lives as long as this process)."""
+    out = set()
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if "resource_tracker" not in " ".join(p.cmdline()):
+                out.add(p.pid)
+        except psutil.Error:
+            pass
+    return out
+
+
+def _wait_gone(pids: set[int], timeout: float = 15) -> set[int]:
+    deadline = time.time() + timeout
+    alive = pids
+    while alive and time.time() < deadline:
+        alive = {p for p in alive if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE}
+        time.sleep(0.2)
+    return alive
+
+
+def test_cpu_session_runs_and_leaves_no_process(rng):
+    before = _children()
+    data = rng.standard_normal((300, 200))
+    with fg.Session(backend="cpu", n_workers=2, threads_per_worker=1, memory_limit="1GiB",
+                    dashboard_address="127.0.0.1:0") as s:
+        started = _children() - before
+        assert len(s.workers) == 2 and s.backend == "cpu" and s.array_backend == "numpy"
+        assert s.dashboard_link and s.dashboard_link.startswith("http://127.0.0.1:")
+        assert s.client.scheduler.address.startswith("tcp://127.0.0.1:")
+        assert fg.current_session() is s
+        x = fg.from_array(data, chunks=(100, 50))
+        got = float((x + x.T[:200, :300].T).sum().compute())
+        np.testing.assert_allclose(got, float((2 * data).sum()), rtol=1e-12)
+        assert s.info()["worker_budget"] == 1 << 30
+    assert fg.current_session() is not s
+    assert started, "the session should have started worker processes"
+    assert not _wait_gone(started), "worker processes outlived the session"
+
+
+def test_join_existing_cluster_leaves_it_running():
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=":0") as cluster:
+        with fg.Session(cluster.scheduler_address) as s:
+            assert s.cluster is None and s.backend == "cpu"
+            x = fg.random((100, 100), seed=3, chunks=50)
+            assert 0 < float(x.mean().compute()) < 1
+        assert cluster.scheduler.status.name == "running"
+        assert len(cluster.scheduler.workers) == 1
+
+
+def test_unreachable_address_fails_within_timeout():
+    t = time.time()
+    with pytest.raises(SessionError) as info:
+        fg.Session("tcp://127.0.0.1:9", connect_timeout="2s")
+    assert "tcp://127.0.0.1:9" in str(info.value)
+    assert time.time() - t < 15
+
+
+def test_chunks_that_cannot_fit_a_worker(cpu_session):
+    with pytest.raises(fg.FlowgpuError, match="largest chunk"):
+        fg.random((40_000, 40_000), chunks=(40_000, 40_000))
+
+
+def test_auto_chunks_follow_the_worker_budget(cpu_session):
+    from flowgpu.arrays.chunks import target_chunk_bytes
+
+    target = target_chunk_bytes()
+    assert target <= cpu_session.worker_budget // 8
+    x = fg.random((20_000, 20_000), dtype="float32", chunks="auto")
+    assert max(x.chunks[0]) * max(x.chunks[1]) * 4 <= target * 1.01

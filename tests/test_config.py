@@ -1,0 +1,60 @@
+"""flowgpu.yaml and flowgpu-schema.yaml stay in step; config reaches dask.config and env variables."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import yaml
+
+from flowgpu import config
+
+
+def _check(defaults, schema, path):
+    assert schema.get("type") == "object" or "properties" in schema, path
+    props = schema["properties"]
+    assert set(defaults) == set(props), f"{path}: yaml keys {sorted(defaults)} vs schema {sorted(props)}"
+    for key, value in defaults.items():
+        if isinstance(value, dict):
+            _check(value, props[key], f"{path}.{key}")
+        else:
+            assert "description" in props[key], f"{path}.{key} has no description in the schema"
+
+
+def test_schema_is_complete():
+    with open(config.DEFAULTS_PATH) as f:
+        defaults = yaml.safe_load(f)
+    with open(config.SCHEMA_PATH) as f:
+        schema = yaml.safe_load(f)
+    _check(defaults["flowgpu"], schema["properties"]["flowgpu"], "flowgpu")
+
+
+def test_defaults_validate_against_schema():
+    jsonschema = __import__("pytest").importorskip("jsonschema")
+    with open(config.DEFAULTS_PATH) as f:
+        defaults = yaml.safe_load(f)
+    with open(config.SCHEMA_PATH) as f:
+        schema = yaml.safe_load(f)
+    jsonschema.validate(defaults, schema)
+
+
+def test_environment_variable_overrides_default():
+    code = "import flowgpu.config as c; print(c.get('backend'), c.get('chunks.headroom'))"
+    env = dict(os.environ, DASK_FLOWGPU__BACKEND="cpu", DASK_FLOWGPU__CHUNKS__HEADROOM="3")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["cpu", "3"]
+
+
+def test_argument_overrides_config():
+    import dask
+
+    with dask.config.set({"flowgpu.backend": "gpu"}):
+        assert config.get("backend") == "gpu"
+        assert config.get("backend", "cpu") == "cpu"
+
+
+def test_import_is_light():
+    code = "import sys, flowgpu; print(sorted(m for m in ('cupy', 'dask_cuda', 'rmm', 'distributed') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
