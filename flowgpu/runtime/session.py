@@ -16,7 +16,7 @@ import dask.config
 from distributed import Client, LocalCluster
 
 from flowgpu import backend as _backend
-from flowgpu.errors import BackendError, SessionError
+from flowgpu.errors import BackendError, FlowgpuError, SessionError
 from flowgpu.runtime import probe
 from flowgpu.runtime.options import SessionOptions, resolve
 
@@ -65,6 +65,16 @@ class Session:
                 self._start_local()
             else:
                 self._join()
+        except FlowgpuError:
+            self._teardown()
+            raise
+        except Exception as e:
+            self._teardown()
+            where = self.options.address or f"{self.options.host} ({self.options.backend})"
+            raise SessionError(
+                f"could not start or join the cluster at {where}: {e.__class__.__name__}: {e}; "
+                "check host, ports and memory options"
+            ) from e
         except BaseException:
             self._teardown()
             raise

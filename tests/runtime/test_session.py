@@ -83,3 +83,10 @@ def test_auto_chunks_follow_the_worker_budget(cpu_session):
     assert target <= cpu_session.worker_budget // 8
     x = fg.random((20_000, 20_000), dtype="float32", chunks="auto")
     assert max(x.chunks[0]) * max(x.chunks[1]) * 4 <= target * 1.01
+
+
+def test_failed_start_leaves_no_process():
+    before = _children()
+    with pytest.raises(SessionError, match="203.0.113.7"):
+        fg.Session(backend="cpu", n_workers=1, host="203.0.113.7", dashboard_address=None)  # not our address
+    assert not _wait_gone(_children() - before)
