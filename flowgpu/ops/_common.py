@@ -1,0 +1,106 @@
+"""Helpers shared by the built-in op modules: registering with argument checks, turning inputs into
+dask arrays on one backend, and normalising axis arguments."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import dask.array as da
+import numpy as np
+
+from flowgpu.backend import import_cupy, is_cupy
+from flowgpu.errors import OpError
+from flowgpu.ops.registry import register
+from flowgpu.ops.signature import checked
+
+Array = da.Array
+DType = str | type | np.dtype
+Axis = int | list[int] | tuple[int, ...] | None
+
+
+def defop(name: str, **options: Any) -> Callable[[Callable], Callable]:
+    """Register a built-in op under ``name``, wrapped so bad arguments raise :class:`OpError`."""
+
+    def deco(func: Callable) -> Callable:
+        wrapped = checked(name, func)
+        register(name, wrapped, **options)
+        return wrapped
+
+    return deco
+
+
+def on_gpu(x: Any) -> bool:
+    """True when the chunks of ``x`` (a dask array, or a plain array) are CuPy arrays."""
+    return is_cupy(x._meta) if isinstance(x, da.Array) else is_cupy(x)
+
+
+def _to_cupy_block(block):
+    return import_cupy().asarray(block)
+
+
+def as_dask(x: Any) -> da.Array:
+    """A dask array for ``x``: dask arrays pass through, NumPy/CuPy arrays become one-chunk arrays."""
+    if isinstance(x, da.Array):
+        return x
+    if is_cupy(x):
+        return da.from_array(x, chunks=x.shape, asarray=False)
+    return da.from_array(np.asarray(x), chunks="auto")
+
+
+def same_backend(*xs: Any) -> list[Any]:
+    """Inputs on one backend: when any array holds CuPy chunks, NumPy-chunked ones are moved to the GPU.
+
+    Scalars pass through unchanged.
+    """
+    xs = [as_dask(x) if hasattr(x, "shape") and hasattr(x, "dtype") and np.ndim(x) > 0 else x for x in xs]
+    if not any(isinstance(x, da.Array) and on_gpu(x) for x in xs):
+        return xs
+    cp = import_cupy()
+    out = []
+    for x in xs:
+        if isinstance(x, da.Array) and not on_gpu(x):
+            x = x.map_blocks(_to_cupy_block, dtype=x.dtype, meta=cp.empty((0,) * x.ndim, dtype=x.dtype))
+        out.append(x)
+    return out
+
+
+def meta_like(x: da.Array, dtype: Any = None, ndim: int | None = None):
+    """An empty array of ``x``'s chunk type, for dask's ``meta=``."""
+    module = import_cupy() if on_gpu(x) else np
+    return module.empty((0,) * (x.ndim if ndim is None else ndim), dtype=x.dtype if dtype is None else dtype)
+
+
+def axis_arg(op_name: str, axis: Any, ndim: int) -> int | tuple[int, ...] | None:
+    """``axis`` as dask takes it (lists become tuples), checked against ``ndim``."""
+    if axis is None:
+        return None
+    items = [axis] if isinstance(axis, (int, np.integer)) else list(axis)
+    for a in items:
+        if not -ndim <= int(a) < ndim:
+            raise OpError(f"op {op_name!r}: axis {a} is out of range for an array of {ndim} dimension(s); "
+                          f"use 0..{ndim - 1} or negative numbers counting from the end")
+    if isinstance(axis, (int, np.integer)):
+        return int(axis)
+    return tuple(int(a) for a in items)
+
+
+def dtype_arg(op_name: str, dtype: Any) -> np.dtype | None:
+    """``dtype`` as a NumPy dtype, or an OpError naming the bad value."""
+    if dtype is None:
+        return None
+    try:
+        return np.dtype(dtype)
+    except TypeError:
+        raise OpError(f"op {op_name!r}: dtype {dtype!r} is not a dtype; use a name such as 'float32', "
+                      "'float64', 'int64' or 'complex64'") from None
+
+
+def per_axis(op_name: str, name: str, value: Any, ndim: int) -> tuple:
+    """A scalar or a per-axis sequence as one value per axis."""
+    if isinstance(value, Sequence) and not isinstance(value, str):
+        if len(value) != ndim:
+            raise OpError(f"op {op_name!r}: {name}={list(value)!r} has {len(value)} values but the array has "
+                          f"{ndim} dimension(s); give one value, or one per axis")
+        return tuple(value)
+    return (value,) * ndim

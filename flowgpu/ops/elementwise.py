@@ -1,0 +1,217 @@
+"""Elementwise arithmetic and math ops.
+
+Each is registered with ``kind="elementwise"`` and, where the kernel expression language can say it,
+an ``expression`` template over its parameter names (``"a + b"``, ``"sqrt(x)"``,
+``"clip(x, lo, hi)"``) so the pipeline compiler can fuse a chain of them into one kernel per chunk.
+Chunks may be NumPy or CuPy: the ops use NumPy's ufuncs on dask arrays, which dask applies per block
+and which CuPy blocks dispatch to ``cupy``'s own ufuncs.
+
+Scalar operands
+---------------
+The operands of a binary op (``add``, ``multiply``, ``minimum``, ``where``, ...) may be arrays or
+numbers. In Python, ``multiply(x, 2.0)``. In a pipeline step, give the array as the step's input and
+the number as an argument named after the operand::
+
+    scaled:
+      op: multiply
+      inputs: [x]
+      args: {b: 2.0}
+
+``scale(x, factor=2.0, offset=1.0)`` is the same for ``x * factor + offset``. A number keeps the
+array's dtype (NumPy 2 promotion rules): a float32 array times ``2.0`` stays float32.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from flowgpu.errors import OpError
+from flowgpu.ops._common import Array, DType, defop, dtype_arg, same_backend
+
+__all__ = [
+    "add", "subtract", "multiply", "divide", "power", "minimum", "maximum",
+    "greater", "greater_equal", "less", "less_equal", "equal", "not_equal",
+    "negative", "absolute", "sqrt", "square", "exp", "log", "log10", "log1p", "expm1",
+    "sin", "cos", "tan", "tanh", "floor", "ceil", "clip", "scale", "where", "astype",
+]
+
+_BINARY_DOC = """{summary}
+
+Parameters
+----------
+a, b : array or number
+    The operands; at least one is an array. Arrays broadcast against each other as in NumPy.
+
+Returns
+-------
+dask.array.Array
+    ``{expression}``, elementwise, with NumPy's dtype promotion.
+
+Examples
+--------
+>>> import numpy as np, dask.array as da
+>>> from flowgpu.ops.elementwise import {name}
+>>> {name}(da.from_array(np.array([1.0, 4.0])), 2.0).compute()
+array({example})
+"""
+
+_UNARY_DOC = """{summary}
+
+Parameters
+----------
+x : array
+    The input, NumPy or CuPy chunks.
+
+Returns
+-------
+dask.array.Array
+    ``{expression}``, elementwise, same chunks as ``x``.
+"""
+
+
+def _number(x: Any) -> Any:
+    """NumPy scalars as Python numbers, so they never upcast an array (NumPy 2 promotion)."""
+    return x.item() if isinstance(x, np.generic) else x
+
+
+def _operands(name: str, *xs: Any) -> list[Any]:
+    xs = tuple(_number(x) for x in xs)
+    if not any(hasattr(x, "shape") and np.ndim(x) > 0 for x in xs):
+        raise OpError(f"op {name!r}: at least one operand must be an array, got only numbers; "
+                      "compute a number in a param instead")
+    return same_backend(*xs)
+
+
+def _binary(name: str, ufunc: np.ufunc, expression: str, summary: str) -> Any:
+    def func(a: Array | float, b: Array | float) -> Array:
+        a, b = _operands(name, a, b)
+        return ufunc(a, b)
+
+    func.__name__ = func.__qualname__ = name
+    example = np.array2string(ufunc(np.array([1.0, 4.0]), 2.0), separator=", ")
+    func.__doc__ = _BINARY_DOC.format(summary=summary, expression=expression, name=name, example=example[1:-1])
+    return defop(name, kind="elementwise", expression=expression)(func)
+
+
+def _unary(name: str, ufunc: np.ufunc, expression: str | None, summary: str) -> Any:
+    def func(x: Array) -> Array:
+        (x,) = _operands(name, x)
+        return ufunc(x)
+
+    func.__name__ = func.__qualname__ = name
+    func.__doc__ = _UNARY_DOC.format(summary=summary, expression=expression or f"{name}(x)")
+    return defop(name, kind="elementwise", expression=expression)(func)
+
+
+add = _binary("add", np.add, "a + b", "Sum of two arrays, or of an array and a number.")
+subtract = _binary("subtract", np.subtract, "a - b", "Difference a - b of arrays or numbers.")
+multiply = _binary("multiply", np.multiply, "a * b", "Product of two arrays, or of an array and a number.")
+divide = _binary("divide", np.true_divide, "a / b", "True division a / b of arrays or numbers.")
+power = _binary("power", np.power, "a ** b", "a raised to the power b, elementwise.")
+minimum = _binary("minimum", np.minimum, "minimum(a, b)", "Elementwise minimum of two arrays or numbers.")
+maximum = _binary("maximum", np.maximum, "maximum(a, b)", "Elementwise maximum of two arrays or numbers.")
+greater = _binary("greater", np.greater, "a > b", "True where a > b (a boolean array).")
+greater_equal = _binary("greater_equal", np.greater_equal, "a >= b", "True where a >= b (a boolean array).")
+less = _binary("less", np.less, "a < b", "True where a < b (a boolean array).")
+less_equal = _binary("less_equal", np.less_equal, "a <= b", "True where a <= b (a boolean array).")
+equal = _binary("equal", np.equal, "a == b", "True where a == b (a boolean array).")
+not_equal = _binary("not_equal", np.not_equal, "a != b", "True where a != b (a boolean array).")
+
+negative = _unary("negative", np.negative, "-x", "Negated values, -x.")
+absolute = _unary("abs", np.absolute, "abs(x)", "Absolute values |x|.")
+sqrt = _unary("sqrt", np.sqrt, "sqrt(x)", "Square root (nan for negative values).")
+square = _unary("square", np.square, "x * x", "Squared values, x * x.")
+exp = _unary("exp", np.exp, "exp(x)", "Exponential e**x.")
+log = _unary("log", np.log, "log(x)", "Natural logarithm (nan below 0, -inf at 0).")
+log10 = _unary("log10", np.log10, "log10(x)", "Base-10 logarithm.")
+log1p = _unary("log1p", np.log1p, "log1p(x)", "log(1 + x), accurate for small x.")
+expm1 = _unary("expm1", np.expm1, "expm1(x)", "exp(x) - 1, accurate for small x.")
+sin = _unary("sin", np.sin, "sin(x)", "Sine of x (radians).")
+cos = _unary("cos", np.cos, "cos(x)", "Cosine of x (radians).")
+tan = _unary("tan", np.tan, "tan(x)", "Tangent of x (radians).")
+tanh = _unary("tanh", np.tanh, "tanh(x)", "Hyperbolic tangent.")
+floor = _unary("floor", np.floor, "floor(x)", "Largest whole number <= x.")
+ceil = _unary("ceil", np.ceil, "ceil(x)", "Smallest whole number >= x.")
+
+
+@defop("clip", kind="elementwise", expression="clip(x, lo, hi)")
+def clip(x: Array, *, lo: float, hi: float) -> Array:
+    """Values limited to the range [lo, hi].
+
+    Parameters
+    ----------
+    x : array
+    lo, hi : number
+        The bounds; ``lo <= hi``. For a one-sided limit use ``maximum`` (``b: lo``) or ``minimum``.
+
+    Returns
+    -------
+    dask.array.Array
+        ``clip(x, lo, hi)``, in ``x``'s dtype.
+    """
+    if lo > hi:
+        raise OpError(f"op 'clip': lo={lo!r} is greater than hi={hi!r}; swap them")
+    (x,) = _operands("clip", x)
+    return np.clip(x, _number(lo), _number(hi))
+
+
+@defop("scale", kind="elementwise", expression="x * factor + offset")
+def scale(x: Array, *, factor: float = 1.0, offset: float = 0.0) -> Array:
+    """x * factor + offset, with numbers factor and offset.
+
+    Parameters
+    ----------
+    x : array
+    factor : number, default 1.0
+    offset : number, default 0.0
+
+    Returns
+    -------
+    dask.array.Array
+        In ``x``'s dtype for float arrays (NumPy 2 promotion: Python numbers do not upcast).
+    """
+    (x,) = _operands("scale", x)
+    return x * _number(factor) + _number(offset)
+
+
+@defop("where", kind="elementwise", expression="where(cond, a, b)")
+def where(cond: Array, a: Array | float, b: Array | float) -> Array:
+    """a where cond is true, else b.
+
+    Parameters
+    ----------
+    cond : boolean array
+        Typically the output of a comparison op such as ``greater``.
+    a, b : array or number
+        The values to pick from; they broadcast against ``cond``.
+
+    Returns
+    -------
+    dask.array.Array
+    """
+    cond, a, b = _operands("where", cond, a, b)
+    import dask.array as da
+
+    return da.where(cond, a, b)
+
+
+@defop("astype", kind="elementwise")
+def astype(x: Array, *, dtype: DType) -> Array:
+    """x converted to another dtype.
+
+    Parameters
+    ----------
+    x : array
+    dtype : str or dtype
+        A NumPy dtype name: ``float32``, ``float64``, ``int32``, ``int64``, ``complex64``, ...
+        Floats become integers by truncation toward zero, as in NumPy.
+
+    Returns
+    -------
+    dask.array.Array
+    """
+    dt = dtype_arg("astype", dtype)
+    (x,) = _operands("astype", x)
+    return x.astype(dt)

@@ -1,0 +1,91 @@
+"""Reductions: sum, mean, min, max, std, var, prod, over all or some axes.
+
+Each is registered with ``kind="reduction"``; those the kernel fusion can fold into a chain of
+elementwise steps (sum, mean, min, max, prod) also carry ``reduction=<name>`` in ``Op.meta``. dask
+reduces per chunk with the chunk's own module (NumPy or CuPy) and then combines the partial results
+in a tree, so a reduction reads its input once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import dask.array as da
+
+from flowgpu.ops._common import Array, Axis, DType, axis_arg, defop, dtype_arg, same_backend
+
+__all__ = ["sum", "mean", "min", "max", "std", "var", "prod"]
+
+_DOC = """{summary}
+
+Parameters
+----------
+x : array
+axis : int, list of int or None, default None
+    The axes to reduce; None reduces over all of them (giving a 0-d array).
+keepdims : bool, default False
+    Keep the reduced axes with length 1, so the result broadcasts against ``x``.{extra}
+
+Returns
+-------
+dask.array.Array
+    As ``numpy.{np_name}`` would give on the whole array.
+"""
+
+_DTYPE_DOC = """
+dtype : str or None, default None
+    The accumulator and result dtype, e.g. ``float64`` to sum float32 data in double precision;
+    None follows NumPy (float32 stays float32, small integers sum as int64)."""
+
+_DDOF_DOC = """
+ddof : int, default 0
+    Delta degrees of freedom: the divisor is ``N - ddof`` (1 for the sample estimate)."""
+
+
+def _prepare(name: str, x: Any, axis: Any) -> tuple[da.Array, Any]:
+    (x,) = same_backend(x)
+    return x, axis_arg(name, axis, x.ndim)
+
+
+def _doc(func, summary: str, np_name: str, extra: str = "") -> None:
+    func.__doc__ = _DOC.format(summary=summary, np_name=np_name, extra=extra)
+
+
+def _with_dtype(name: str, dask_func, summary: str) -> Any:
+    def func(x: Array, *, axis: Axis = None, keepdims: bool = False, dtype: DType | None = None) -> Array:
+        x, ax = _prepare(name, x, axis)
+        return dask_func(x, axis=ax, keepdims=keepdims, dtype=dtype_arg(name, dtype))
+
+    func.__name__ = func.__qualname__ = name
+    _doc(func, summary, name, _DTYPE_DOC)
+    return defop(name, kind="reduction", reduction=name)(func)
+
+
+def _plain(name: str, dask_func, summary: str) -> Any:
+    def func(x: Array, *, axis: Axis = None, keepdims: bool = False) -> Array:
+        x, ax = _prepare(name, x, axis)
+        return dask_func(x, axis=ax, keepdims=keepdims)
+
+    func.__name__ = func.__qualname__ = name
+    _doc(func, summary, name)
+    return defop(name, kind="reduction", reduction=name)(func)
+
+
+def _moment(name: str, dask_func, summary: str) -> Any:
+    def func(x: Array, *, axis: Axis = None, keepdims: bool = False, ddof: int = 0,
+             dtype: DType | None = None) -> Array:
+        x, ax = _prepare(name, x, axis)
+        return dask_func(x, axis=ax, keepdims=keepdims, ddof=ddof, dtype=dtype_arg(name, dtype))
+
+    func.__name__ = func.__qualname__ = name
+    _doc(func, summary, name, _DDOF_DOC + _DTYPE_DOC)
+    return defop(name, kind="reduction")(func)
+
+
+sum = _with_dtype("sum", da.sum, "Sum of the elements over the given axes.")  # noqa: A001
+mean = _with_dtype("mean", da.mean, "Arithmetic mean over the given axes.")
+prod = _with_dtype("prod", da.prod, "Product of the elements over the given axes.")
+min = _plain("min", da.min, "Smallest element over the given axes.")  # noqa: A001
+max = _plain("max", da.max, "Largest element over the given axes.")  # noqa: A001
+std = _moment("std", da.std, "Standard deviation over the given axes.")
+var = _moment("var", da.var, "Variance over the given axes.")

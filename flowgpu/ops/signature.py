@@ -1,0 +1,246 @@
+"""Checking an op's arguments against its signature before any graph is built.
+
+Two entry points:
+
+* :func:`bind_arguments` checks the keyword arguments a pipeline step gives an op (names, required
+  ones, and types from the op's annotations) without needing its input arrays, so a spec can be
+  validated before anything is created;
+* :func:`checked` wraps an op function so that a call with a wrong argument name or type raises
+  :class:`~flowgpu.errors.OpError` (naming the op, the bad argument and the accepted ones) instead
+  of a bare ``TypeError`` from deep inside dask.
+
+Types are read from the annotations: ``int``, ``float`` (ints accepted), ``bool``, ``str``,
+``None``, unions, ``Literal[...]``, ``list``/``tuple``/``Sequence`` of those, ``Mapping`` and
+``dask.array.Array`` (which also accepts NumPy and CuPy arrays). Anything else is not checked.
+"""
+
+from __future__ import annotations
+
+import collections.abc as cabc
+import difflib
+import functools
+import inspect
+import numbers
+import types
+import typing
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import dask.array as da
+
+from flowgpu.errors import OpError
+
+__all__ = ["bind_arguments", "checked", "check_call", "describe_type", "accepted_arguments"]
+
+
+@functools.lru_cache(maxsize=None)
+def _hints(func: Callable) -> dict[str, Any]:
+    target = inspect.unwrap(func)
+    try:
+        return typing.get_type_hints(target)
+    except Exception:  # unresolvable annotations are simply not checked
+        return {}
+
+
+def _is_arraylike(value: Any) -> bool:
+    return isinstance(value, da.Array) or (hasattr(value, "shape") and hasattr(value, "dtype")
+                                            and not isinstance(value, numbers.Number))
+
+
+def _matches(value: Any, hint: Any) -> bool:  # noqa: C901 - a flat dispatch on the hint's kind
+    if hint is Any or hint is inspect.Parameter.empty:
+        return True
+    if hint is None or hint is type(None):
+        return value is None
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_matches(value, h) for h in args)
+    if origin is typing.Literal:
+        return any(type(value) is type(a) and value == a for a in args)
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, numbers.Real) and not isinstance(value, bool)
+    if hint is complex:
+        return isinstance(value, numbers.Number) and not isinstance(value, bool)
+    if hint is str:
+        return isinstance(value, str)
+    if hint is da.Array:
+        return _is_arraylike(value)
+    if origin in (list, tuple, cabc.Sequence):
+        if isinstance(value, str) or not isinstance(value, (list, tuple)):
+            return False
+        if origin is tuple and args and not (len(args) == 2 and args[1] is Ellipsis):
+            return len(value) == len(args) and all(_matches(v, h) for v, h in zip(value, args))
+        item = args[0] if args else Any
+        return all(_matches(v, item) for v in value)
+    if origin in (dict, cabc.Mapping) or hint in (dict, cabc.Mapping):
+        return isinstance(value, Mapping)
+    if hint in (list, tuple):
+        return isinstance(value, (list, tuple))
+    if isinstance(hint, type):
+        return isinstance(value, hint)
+    return True  # a hint we do not know how to check
+
+
+def describe_type(hint: Any) -> str:
+    """A short English name for an annotation, for error messages (``int, list of int or None``)."""
+    if hint is None or hint is type(None):
+        return "None"
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        parts = list(dict.fromkeys(describe_type(a) for a in args))
+        return ", ".join(parts[:-1]) + " or " + parts[-1] if len(parts) > 1 else parts[0]
+    if origin is typing.Literal:
+        return "one of " + ", ".join(repr(a) for a in args)
+    if origin in (list, tuple, cabc.Sequence):
+        if origin is tuple and args and not (len(args) == 2 and args[1] is Ellipsis):
+            return f"a list of {len(args)} ({', '.join(describe_type(a) for a in args)})"
+        return f"a list of {describe_type(args[0])}" if args else "a list"
+    if origin in (dict, cabc.Mapping) or hint in (dict, cabc.Mapping):
+        return "a mapping"
+    if hint is da.Array:
+        return "an array"
+    if hint is float:
+        return "a number"
+    if isinstance(hint, type):
+        return hint.__name__
+    return str(hint)
+
+
+def accepted_arguments(func: Callable, array_params: tuple[str, ...] = ()) -> list[str]:
+    """Names of the keyword arguments ``func`` takes (its array inputs left out)."""
+    inputs = {p.rstrip("*") for p in array_params}
+    out = []
+    for p in inspect.signature(func).parameters.values():
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) or p.name in inputs:
+            continue
+        out.append(p.name)
+    return out
+
+
+def _accepted_text(names: list[str]) -> str:
+    return ", ".join(names) if names else "no keyword arguments"
+
+
+def _unknown(op_name: str, key: str, accepted: list[str]) -> OpError:
+    close = difflib.get_close_matches(key, accepted, n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return OpError(f"op {op_name!r}: unknown argument {key!r}; {hint}it accepts: {_accepted_text(accepted)}")
+
+
+def _check_type(op_name: str, func: Callable, key: str, value: Any) -> None:
+    hint = _hints(func).get(key)
+    if hint is None or _matches(value, hint):
+        return
+    raise OpError(f"op {op_name!r}: argument {key!r} must be {describe_type(hint)}, "
+                  f"not {type(value).__name__} ({value!r:.60})")
+
+
+def check_call(op_name: str, func: Callable, args: tuple, kwargs: Mapping[str, Any]) -> inspect.BoundArguments:
+    """Bind ``args``/``kwargs`` to ``func``'s signature, raising :class:`OpError` when they do not fit."""
+    sig = inspect.signature(func)
+    params = sig.parameters
+    has_var_kw = any(p.kind == p.VAR_KEYWORD for p in params.values())
+    accepted = [p.name for p in params.values() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    if not has_var_kw:
+        for key in kwargs:
+            if key not in params or params[key].kind == params[key].VAR_POSITIONAL:
+                raise _unknown(op_name, key, accepted)
+    try:
+        bound = sig.bind(*args, **kwargs)
+    except TypeError as e:
+        raise OpError(f"op {op_name!r}: {e}; it takes {sig}") from None
+    for key, value in bound.arguments.items():
+        p = params[key]
+        if p.kind == p.VAR_POSITIONAL:
+            for v in value:
+                _check_type(op_name, func, key, v)
+        elif p.kind != p.VAR_KEYWORD:
+            _check_type(op_name, func, key, value)
+    return bound
+
+
+def checked(name: str, func: Callable) -> Callable:
+    """``func`` wrapped so a call with wrong argument names or types raises :class:`OpError`."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        check_call(name, func, args, kwargs)
+        return func(*args, **kwargs)
+
+    return wrapper
+
+
+def bind_arguments(op: Any, args: Mapping[str, Any] | None = None, *, n_inputs: int | None = None) -> dict[str, Any]:
+    """Check a step's keyword arguments for ``op`` before building anything.
+
+    Parameters
+    ----------
+    op : an :class:`~flowgpu.ops.registry.Op` or the name of a registered op.
+    args : the step's keyword arguments (not its input arrays). An array parameter of the op may be
+        given here as a number, e.g. ``multiply`` with ``{"b": 2.0}``.
+    n_inputs : how many input arrays the step gives, when known; checked against the op's inputs.
+
+    Returns
+    -------
+    dict : ``args`` as a new dict, unchanged when valid.
+
+    Raises
+    ------
+    OpError
+        naming the op, the bad argument and the accepted ones.
+
+    Examples
+    --------
+    >>> from flowgpu.ops.signature import bind_arguments
+    >>> bind_arguments("clip", {"lo": 0.0, "hi": 1.0}, n_inputs=1)
+    {'lo': 0.0, 'hi': 1.0}
+    """
+    if isinstance(op, str):
+        from flowgpu.ops.registry import get
+
+        op = get(op)
+    args = dict(args or {})
+    func = op.func
+    params = inspect.signature(func).parameters
+    has_var_kw = any(p.kind == p.VAR_KEYWORD for p in params.values())
+    if op.inputs == ("**",):
+        array_names: tuple[str, ...] = ()
+    else:
+        array_names = tuple(n.rstrip("*") for n in op.inputs)
+    variadic = any(n.endswith("*") for n in op.inputs)
+    accepted = accepted_arguments(func, op.inputs)
+    for key, value in args.items():
+        p = params.get(key)
+        if p is None or p.kind == p.VAR_POSITIONAL:
+            if p is not None:
+                raise OpError(f"op {op.name!r}: {key!r} are the step's inputs; list them under inputs, not as an argument")
+            if has_var_kw:
+                continue
+            raise _unknown(op.name, key, accepted)
+        if p.kind == p.VAR_KEYWORD:
+            continue
+        _check_type(op.name, func, key, value)
+    missing = [p.name for p in params.values()
+               if p.default is p.empty and p.kind == p.KEYWORD_ONLY and p.name not in args]
+    if missing:
+        raise OpError(f"op {op.name!r}: missing argument {missing[0]!r}; it accepts: {_accepted_text(accepted)}")
+    if n_inputs is not None and op.inputs != ("**",):
+        fixed = [n for n in array_names if not n.endswith("*") and n not in args and n in params
+                 and params[n].kind != params[n].VAR_POSITIONAL]
+        required = [n for n in fixed if params[n].default is params[n].empty]
+        if variadic:
+            ok = n_inputs >= max(len(required), 1)
+        else:
+            ok = len(required) <= n_inputs <= len(fixed)
+        if not ok:
+            want = ", ".join(n.rstrip("*") + ("..." if n.endswith("*") else "") for n in op.inputs)
+            raise OpError(f"op {op.name!r} takes {'at least ' if variadic else ''}"
+                          f"{max(len(required), 1) if variadic else len(required)} input(s) ({want}), "
+                          f"got {n_inputs}")
+    return args
