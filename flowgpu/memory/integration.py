@@ -1,0 +1,185 @@
+"""How a session turns the memory layer on: cluster kwargs, worker environment, the plugin.
+
+The session calls, in order, before and after starting its local cluster::
+
+    kwargs = worker_data_kwargs(options)          # {"data": (FlowgpuStore, {...})} or {}
+    env = worker_environ(options)                 # variables the worker processes need
+    cluster = LocalCUDACluster(..., **kwargs)     # inside dask.config.set(pre-spawn-environ)
+    install(client, options)                      # the MemoryPlugin on every worker
+
+``flowgpu.spill.store: dask-cuda`` (or ``dask``) keeps the cluster's own store instead, for
+comparison; then these return ``{}`` and install nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psutil
+
+from flowgpu import backend as _backend
+from flowgpu import config
+from flowgpu.errors import ConfigError, MemoryLimitError
+
+__all__ = [
+    "STORES",
+    "store_choice",
+    "resolved_limits",
+    "worker_data_kwargs",
+    "worker_environ",
+    "install",
+    "check_chunk_fits",
+]
+
+STORES = ("flowgpu", "dask-cuda", "dask")
+DASK_CUDA_DEFAULT_FRACTION = 0.8  # what dask-cuda's device_memory_limit="default" means
+
+
+def store_choice(override: str | None = None) -> str:
+    """``flowgpu.spill.store``, checked."""
+    store = config.get("spill.store", override)
+    if store not in STORES:
+        raise ConfigError(f"flowgpu.spill.store={store!r} is not a store; choose one of {', '.join(STORES)}")
+    return store
+
+
+def _bytes(value: Any, name: str) -> int | None:
+    from dask.utils import parse_bytes
+
+    if value in (None, 0, "0"):
+        return None
+    if isinstance(value, bool):
+        raise ConfigError(f"{name}={value!r} is not a size; give bytes such as '16GiB'")
+    if isinstance(value, str):
+        try:
+            return int(parse_bytes(value))
+        except (ValueError, TypeError):
+            raise ConfigError(f"{name}={value!r} is not a size; give bytes such as '16GiB'") from None
+    return int(value)
+
+
+def _host_fraction() -> float:
+    f = config.get("spill.host-fraction")
+    if not isinstance(f, (int, float)) or isinstance(f, bool) or not 0 < f <= 1:
+        raise ConfigError(f"flowgpu.spill.host-fraction={f!r}: give a fraction in (0, 1], e.g. 0.6")
+    return float(f)
+
+
+def resolved_limits(options) -> dict:
+    """Per-worker ``{"device": bytes|None, "host": bytes|"auto"|None}`` the store would use.
+
+    ``host="auto"`` means: a fraction (``flowgpu.spill.host-fraction``) of the worker's own
+    memory limit, adopted when the worker starts.
+    """
+    frac = _host_fraction()
+    total_ram = psutil.virtual_memory().total
+    mem = options.memory_limit
+    if mem in (None, 0):
+        host = None
+    elif mem == "auto":
+        host = "auto"
+    elif isinstance(mem, float) and 0 < mem <= 1:
+        host = int(total_ram * mem * frac)
+    else:
+        host = int(int(mem) * frac)
+    device = None
+    if options.backend == "gpu":
+        dev = options.device_memory_limit
+        if dev in (None, 0, "auto"):
+            device = None
+        else:
+            totals = [_backend.device_total_memory(g) for g in (options.gpus or (0,))]
+            total = min(totals)
+            if dev == "default":
+                device = int(total * DASK_CUDA_DEFAULT_FRACTION)
+            elif isinstance(dev, float) and 0 < dev <= 1:
+                device = int(total * dev)
+            else:
+                device = int(dev)
+            if device > total:
+                raise MemoryLimitError(
+                    f"device_memory_limit={device} bytes is larger than the GPU's {total} bytes; "
+                    "give at most the device's memory, e.g. a fraction like 0.8"
+                )
+    return {"device": device, "host": host}
+
+
+def worker_data_kwargs(options) -> dict:
+    """Extra cluster keyword arguments that give each worker a :class:`FlowgpuStore`.
+
+    Parameters
+    ----------
+    options : a resolved :class:`flowgpu.runtime.SessionOptions` (backend, memory limits, gpus).
+
+    Returns
+    -------
+    ``{"data": (FlowgpuStore, {...})}``, or ``{}`` when ``flowgpu.spill.store`` asks for the
+    cluster's own store.
+    """
+    if store_choice() != "flowgpu":
+        return {}
+    from flowgpu.memory.store import FlowgpuStore
+
+    limits = resolved_limits(options)
+    pool = config.get("spill.pinned-pool-size")
+    if pool in ("auto", None):
+        pinned = None  # as much as the host tier
+    else:
+        pinned = _bytes(pool, "flowgpu.spill.pinned-pool-size") or 0
+        ram = psutil.virtual_memory().total
+        if pinned > ram:
+            raise MemoryLimitError(
+                f"flowgpu.spill.pinned-pool-size={pool!r} ({pinned} bytes) is larger than this machine's "
+                f"{ram} bytes of memory; give less, e.g. '32GiB', or 'auto'"
+            )
+    kwargs = {
+        "device_memory_limit": limits["device"],
+        "memory_limit": limits["host"],
+        "host_fraction": _host_fraction(),
+        "pinned_pool_size": pinned,
+    }
+    return {"data": (FlowgpuStore, kwargs)}
+
+
+def worker_environ(options) -> dict[str, str]:
+    """Environment the worker processes need before they import CuPy.
+
+    GPU workers get ``CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1`` (``flowgpu.spill.per-thread-streams``),
+    so each worker thread computes and copies on its own stream and transfers overlap
+    compute. Set it in ``distributed.nanny.pre-spawn-environ`` around the cluster's start.
+    """
+    if options.backend != "gpu" or store_choice() != "flowgpu":
+        return {}
+    if not config.get("spill.per-thread-streams"):
+        return {}
+    return {"CUPY_CUDA_PER_THREAD_DEFAULT_STREAM": "1"}
+
+
+def install(client, options=None) -> None:
+    """Register the :class:`~flowgpu.memory.plugin.MemoryPlugin` on every worker of ``client``."""
+    if store_choice() != "flowgpu":
+        return
+    from flowgpu.memory.plugin import MemoryPlugin
+
+    client.register_plugin(MemoryPlugin(prefetch=bool(config.get("spill.prefetch"))), name=MemoryPlugin.name)
+
+
+def check_chunk_fits(chunk_nbytes: int, options, threads: int | None = None) -> None:
+    """Raise :class:`MemoryLimitError` before a run whose chunks cannot fit the limits.
+
+    A GPU worker must hold at least one chunk per thread (its input and its output) under
+    the device limit; a CPU worker the same under its host limit.
+    """
+    limits = resolved_limits(options)
+    threads = threads or options.threads_per_worker or 1
+    need = 2 * int(chunk_nbytes) * threads
+    if options.backend == "gpu":
+        limit, name = limits["device"], "device_memory_limit"
+    else:
+        limit, name = limits["host"], "memory_limit"
+    if isinstance(limit, int) and need > limit:
+        raise MemoryLimitError(
+            f"{name} allows {limit} bytes per worker for chunks, too small for chunks of {int(chunk_nbytes)} bytes "
+            f"({threads} thread(s) x input and output = {need} bytes); use smaller chunks "
+            f"(e.g. chunks of at most {max(limit // (2 * threads), 1)} bytes) or raise {name}"
+        )

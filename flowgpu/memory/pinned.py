@@ -1,0 +1,199 @@
+"""A pool of page-locked ("pinned") host buffers, reused by size class.
+
+Allocating pinned memory is slow (``cudaHostAlloc`` maps and locks every page) and so is
+freeing it, so spilled device chunks and staging copies take their host buffers from this
+pool and give them back when done. Buffers are rounded up to a *size class* (eight classes
+per power of two, so at most 12.5% is wasted) so that chunks of about the same size reuse
+each other's buffers.
+
+When the pool has reached its capacity, or the driver refuses to pin more memory, a
+request is served with ordinary pageable memory instead: the copy is slower but nothing
+fails and no data is lost. The first such fallback warns; all are counted.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import warnings
+from collections import defaultdict
+from typing import Callable
+
+import numpy as np
+
+__all__ = ["HostBuffer", "PinnedPool", "size_class", "cupy_pinned_allocator"]
+
+_MiB = 1 << 20
+
+
+def size_class(nbytes: int) -> int:
+    """The buffer size a request of ``nbytes`` is served with.
+
+    Powers of two up to 1 MiB, then eight evenly spaced sizes per power of two.
+
+    Examples
+    --------
+    >>> size_class(1000), size_class(3 * 2**20), size_class(2**30)
+    (4096, 3145728, 1073741824)
+    """
+    n = max(int(nbytes), 1)
+    if n <= _MiB:
+        return max(4096, 1 << (n - 1).bit_length())
+    step = 1 << ((n - 1).bit_length() - 4)
+    return -(-n // step) * step
+
+
+class HostBuffer:
+    """A host buffer of ``size`` bytes: ``.view`` is a flat ``uint8`` NumPy view of it.
+
+    ``pinned`` says whether it is page-locked (fast, asynchronous copies) or pageable (a
+    fallback). ``ptr`` is its address, for CUDA copies.
+    """
+
+    __slots__ = ("size", "view", "ptr", "pinned", "_owner", "__weakref__")
+
+    def __init__(self, size: int, view: np.ndarray, ptr: int, pinned: bool, owner: object):
+        self.size = size
+        self.view = view
+        self.ptr = ptr
+        self.pinned = pinned
+        self._owner = owner  # keeps the allocation alive
+
+    def array(self, shape: tuple, dtype, order: str = "C") -> np.ndarray:
+        """A NumPy array of ``shape`` and ``dtype`` laid over the start of this buffer."""
+        dtype = np.dtype(dtype)
+        n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        return np.ndarray(shape, dtype=dtype, buffer=self.view[:n], order=order)
+
+    def __repr__(self) -> str:
+        return f"<HostBuffer {self.size} bytes {'pinned' if self.pinned else 'pageable'}>"
+
+
+def _pageable(size: int) -> HostBuffer:
+    view = np.empty(size, dtype=np.uint8)
+    return HostBuffer(size, view, view.ctypes.data, False, view)
+
+
+def cupy_pinned_allocator(size: int) -> HostBuffer:
+    """Allocate ``size`` bytes of pinned memory through CuPy (``cudaHostAlloc``)."""
+    from flowgpu.backend import import_cupy
+
+    cp = import_cupy()
+    mem = cp.cuda.PinnedMemory(size)  # freed when the last reference goes
+    raw = (ctypes.c_uint8 * size).from_address(int(mem.ptr))
+    view = np.frombuffer(raw, dtype=np.uint8, count=size)
+    return HostBuffer(size, view, int(mem.ptr), True, (mem, raw))
+
+
+class PinnedPool:
+    """Pinned host buffers, reused by size class, at most ``capacity`` bytes in all.
+
+    Parameters
+    ----------
+    capacity : most bytes of pinned memory this pool will hold (in use plus cached);
+        None for no limit.
+    allocator : ``size -> HostBuffer``; pinned memory through CuPy by default. Tests pass
+        a fake one.
+    """
+
+    def __init__(self, capacity: int | None = None, allocator: Callable[[int], HostBuffer] | None = None):
+        self.capacity = capacity
+        self._allocator = allocator or cupy_pinned_allocator
+        self._lock = threading.Lock()
+        self._free: dict[int, list[HostBuffer]] = defaultdict(list)
+        self.allocated = 0  # pinned bytes held, in use or cached
+        self.in_use = 0
+        self.allocations = 0
+        self.reuses = 0
+        self.fallbacks = 0
+        self.alloc_failures = 0
+        self._warned = False
+        self.on_fallback: Callable[[str], None] | None = None
+
+    @property
+    def cached(self) -> int:
+        """Bytes of free pinned buffers waiting to be reused."""
+        return self.allocated - self.in_use
+
+    def take(self, nbytes: int) -> HostBuffer:
+        """A buffer of at least ``nbytes``: a cached one, a new pinned one, or pageable memory."""
+        size = size_class(nbytes)
+        with self._lock:
+            free = self._free.get(size)
+            if free:
+                buf = free.pop()
+                self.in_use += size
+                self.reuses += 1
+                return buf
+            if self.capacity is not None and self.allocated + size > self.capacity:
+                self._trim_locked(self.allocated + size - self.capacity)
+            fits = self.capacity is None or self.allocated + size <= self.capacity
+            if fits:
+                self.allocated += size  # reserve before allocating outside the lock
+                self.in_use += size
+        if not fits:
+            return self._fallback(nbytes, f"the pinned pool is full ({self.capacity} bytes)")
+        try:
+            buf = self._allocator(size)
+        except Exception as e:  # the driver refused: cudaErrorMemoryAllocation and friends
+            with self._lock:
+                self.allocated -= size
+                self.in_use -= size
+                self.alloc_failures += 1
+                # do not ask the driver again for more than we hold now
+                self.capacity = self.allocated if self.capacity is None else min(self.capacity, self.allocated)
+            return self._fallback(nbytes, f"pinned allocation of {size} bytes failed ({e})")
+        with self._lock:
+            self.allocations += 1
+        return buf
+
+    def _fallback(self, nbytes: int, why: str) -> HostBuffer:
+        with self._lock:
+            self.fallbacks += 1
+            warn = not self._warned
+            self._warned = True
+        msg = f"flowgpu: {why}; using pageable host memory instead (slower copies, no data lost)"
+        if warn:
+            warnings.warn(msg + "; raise flowgpu.spill.pinned-pool-size or lower the device limit",
+                          RuntimeWarning, stacklevel=3)
+        if self.on_fallback is not None:
+            self.on_fallback(msg)
+        return _pageable(size_class(nbytes))
+
+    def give(self, buf: HostBuffer) -> None:
+        """Return a buffer from :meth:`take` (pageable ones are simply dropped)."""
+        if not buf.pinned:
+            return
+        with self._lock:
+            self.in_use -= buf.size
+            self._free[buf.size].append(buf)
+
+    def _trim_locked(self, nbytes: int) -> int:
+        freed = 0
+        for size in sorted(self._free, reverse=True):
+            lst = self._free[size]
+            while lst and freed < nbytes:
+                lst.pop()
+                freed += size
+                self.allocated -= size
+            if freed >= nbytes:
+                break
+        return freed
+
+    def trim(self, nbytes: int | None = None) -> int:
+        """Free cached buffers (all of them by default); returns the bytes freed."""
+        with self._lock:
+            return self._trim_locked(self.cached if nbytes is None else nbytes)
+
+    def stats(self) -> dict:
+        with self._lock:
+            return {
+                "capacity": self.capacity,
+                "allocated": self.allocated,
+                "in_use": self.in_use,
+                "cached": self.allocated - self.in_use,
+                "allocations": self.allocations,
+                "reuses": self.reuses,
+                "pageable_fallbacks": self.fallbacks,
+                "alloc_failures": self.alloc_failures,
+            }

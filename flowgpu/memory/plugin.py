@@ -1,0 +1,174 @@
+"""Worker side of the memory layer: stats, a dashboard metric, prefetching, stream hygiene.
+
+:class:`MemoryPlugin` is registered on every worker of a flowgpu session
+(``client.register_plugin``). On each worker it
+
+* adds a ``flowgpu-memory`` entry to the worker's heartbeat metrics (bytes per tier and
+  GB/s per move), which the scheduler keeps in ``WorkerState.metrics`` and the dashboard
+  shows on the worker's info page; the store's ``cumulative_metrics`` also reach the
+  worker's Prometheus endpoint as ``dask_worker_spill_bytes{activity="device_to_host"}`` etc.;
+* on GPU workers, makes each task wait for its own CUDA stream before its result is handed
+  to the data store, so that copies on the store's streams never read a chunk that is still
+  being computed (tasks on other threads keep the GPU busy meanwhile);
+* prefetches: whenever a task starts, the inputs of the next tasks in the worker's ready
+  queue are brought back to the device in a background thread, if they fit under the
+  device limit without evicting anything.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from typing import Any
+
+from distributed.diagnostics.plugin import WorkerPlugin
+
+from flowgpu.memory.store import FlowgpuStore
+from flowgpu.memory.transfer import sync_current_stream
+
+__all__ = ["MemoryPlugin", "stats", "summary"]
+
+logger = logging.getLogger("flowgpu.memory")
+
+_MAX_READY_SCAN = 2000  # beyond this many ready tasks, only look at the next one
+
+
+def stats(dask_worker=None) -> dict:
+    """This worker's data-store statistics; run it everywhere with ``client.run(stats)``.
+
+    Returns ``{"store": "flowgpu", "tiers": ..., "moves": ..., "events": ..., "errors": ...}``
+    for a flowgpu store, or ``{"store": "<class name>"}`` for any other (dask-cuda's, dask's).
+    """
+    if dask_worker is None:
+        from distributed import get_worker
+
+        dask_worker = get_worker()
+    data = dask_worker.data
+    if isinstance(data, FlowgpuStore):
+        return data.stats()
+    return {"store": type(data).__name__}
+
+
+def summary(per_worker: dict[str, dict]) -> dict:
+    """Sum ``client.run(stats)`` results over workers for a run summary."""
+    moves: dict[str, dict] = {}
+    events: dict[str, int] = {}
+    errors: list[str] = []
+    for st in per_worker.values():
+        for act, m in st.get("moves", {}).items():
+            tot = moves.setdefault(act, {"bytes": 0, "count": 0, "seconds": 0.0})
+            for k in ("bytes", "count", "seconds"):
+                tot[k] += m[k]
+        for ev, n in st.get("events", {}).items():
+            events[ev] = events.get(ev, 0) + n
+        errors += [e for e in st.get("errors", []) if e not in errors]
+    for m in moves.values():
+        m["gbps"] = m["bytes"] / m["seconds"] / 1e9 if m["seconds"] > 0 else None
+    stores = sorted({st.get("store", "?") for st in per_worker.values()})
+    return {"stores": stores, "moves": moves, "events": events, "errors": errors}
+
+
+def _metric(worker) -> dict:
+    data = worker.data
+    if not isinstance(data, FlowgpuStore):
+        return {}
+    st = data.stats()
+    out = {f"{t}_bytes": v["bytes"] for t, v in st["tiers"].items() if "bytes" in v}
+    for act, m in st["moves"].items():
+        out[f"{act}_bytes"] = m["bytes"]
+        out[f"{act}_seconds"] = m["seconds"]
+    out.update(st["events"])
+    return out
+
+
+def _syncing(fn):
+    def run(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            sync_current_stream()
+
+    return run
+
+
+class MemoryPlugin(WorkerPlugin):
+    """Metrics, prefetching and per-task stream synchronisation on each worker.
+
+    Parameters
+    ----------
+    prefetch : bring the inputs of upcoming tasks back to the device ahead of time.
+    sync_streams : make each task wait for its CUDA stream before returning (GPU workers).
+    """
+
+    name = "flowgpu-memory"
+    idempotent = True
+
+    def __init__(self, prefetch: bool = True, sync_streams: bool = True):
+        self.prefetch = prefetch
+        self.sync_streams = sync_streams
+
+    def setup(self, worker) -> None:
+        self.worker = worker
+        self.store = worker.data if isinstance(worker.data, FlowgpuStore) else None
+        worker.metrics["flowgpu-memory"] = _metric
+        if self.store is not None and self.store.adopt_worker_limit:
+            limit = getattr(worker.memory_manager, "memory_limit", None)
+            if limit:
+                self.store.set_memory_limit(int(limit * self.store.host_fraction))
+        if self.sync_streams and self.store is not None:
+            self._wrap_executor(worker)
+        self._queue: queue.Queue | None = None
+        self._queued: set = set()
+        if self.prefetch and self.store is not None:
+            self._queue = queue.Queue()
+            self._thread = threading.Thread(target=self._run, name="flowgpu-prefetch", daemon=True)
+            self._thread.start()
+
+    def _wrap_executor(self, worker) -> None:
+        from flowgpu.backend import import_cupy
+
+        if import_cupy(strict=False) is None:
+            return
+        ex = worker.executors.get("default")
+        if ex is None or getattr(ex, "_flowgpu_sync", False):
+            return
+        base = type(ex)
+        # keep the class name: distributed runs tasks with thread context only for executors
+        # whose type name says ThreadPoolExecutor
+        cls = type(base.__name__, (base,), {
+            "submit": lambda self, fn, *a, **k: base.submit(self, _syncing(fn), *a, **k),
+            "_flowgpu_sync": True,
+        })
+        ex.__class__ = cls
+
+    def transition(self, key, start, finish, *args, **kwargs) -> None:
+        if self._queue is None or finish != "executing":
+            return
+        try:
+            ready = self.worker.state.ready
+            n = self.worker.state.nthreads if len(ready) <= _MAX_READY_SCAN else 1
+            for ts in ready.peekn(n):
+                for dep in ts.dependencies:
+                    if dep.key not in self._queued:
+                        self._queued.add(dep.key)
+                        self._queue.put(dep.key)
+        except Exception:  # never let prefetching disturb the worker
+            logger.debug("flowgpu prefetch scan failed", exc_info=True)
+
+    def _run(self) -> None:
+        while True:
+            key = self._queue.get()
+            if key is None:
+                return
+            try:
+                self.store.prefetch(key)
+            except Exception:
+                logger.debug("flowgpu prefetch of %s failed", key, exc_info=True)
+            finally:
+                self._queued.discard(key)
+
+    def teardown(self, worker) -> None:
+        if self._queue is not None:
+            self._queue.put(None)
+        worker.metrics.pop("flowgpu-memory", None)

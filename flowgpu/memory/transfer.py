@@ -1,0 +1,147 @@
+"""Copies between device chunks and host buffers, on their own CUDA streams.
+
+:class:`CupyTransfer` is what a GPU worker's store uses: device-to-host copies are
+*enqueued* on a dedicated non-blocking stream into a pinned buffer and return a
+:class:`PendingCopy` at once (the device chunk stays referenced until the copy is done);
+host-to-device copies run on a second stream, so the two directions overlap each other and
+the compute streams of the worker's threads.
+
+Nothing here pickles: a chunk travels as raw bytes plus ``(shape, dtype, order)``.
+Tests without a GPU use a stand-in with the same four methods (see ``tests/memory``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from flowgpu.backend import import_cupy, is_cupy
+from flowgpu.memory.pinned import HostBuffer
+
+__all__ = ["ArrayMeta", "PendingCopy", "CupyTransfer", "sync_current_stream"]
+
+
+@dataclass(frozen=True)
+class ArrayMeta:
+    """What is needed to rebuild a chunk from its raw bytes."""
+
+    shape: tuple
+    dtype: np.dtype
+    order: str  # "C" or "F"
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+    def host_array(self, buf: HostBuffer) -> np.ndarray:
+        return buf.array(self.shape, self.dtype, self.order)
+
+
+class PendingCopy:
+    """A device-to-host copy in flight; holds the device chunk until it is done."""
+
+    __slots__ = ("device_value", "_done_event", "_start_event", "_t0", "seconds")
+
+    def __init__(self, device_value: Any, done_event: Any = None, start_event: Any = None):
+        self.device_value = device_value
+        self._done_event = done_event
+        self._start_event = start_event
+        self._t0 = time.perf_counter()
+        self.seconds: float | None = None
+
+    def done(self) -> bool:
+        """True once the copy has finished (the device chunk is then released)."""
+        if self._done_event is None or self._done_event.done:
+            self._finish()
+            return True
+        return False
+
+    def wait(self) -> None:
+        if self._done_event is not None:
+            self._done_event.synchronize()
+        self._finish()
+
+    def _finish(self) -> None:
+        if self.seconds is None:
+            if self._start_event is not None and self._done_event is not None:
+                cp = import_cupy()
+                self.seconds = float(cp.cuda.get_elapsed_time(self._start_event, self._done_event)) / 1e3
+            else:
+                self.seconds = time.perf_counter() - self._t0
+        self.device_value = None
+
+
+def sync_current_stream() -> None:
+    """Wait for the work this thread queued on its current CUDA stream (a no-op without CuPy)."""
+    cp = import_cupy(strict=False)
+    if cp is not None:
+        cp.cuda.get_current_stream().synchronize()
+
+
+class CupyTransfer:
+    """Device <-> pinned host copies through CuPy, on two non-blocking streams of one device."""
+
+    def __init__(self) -> None:
+        cp = import_cupy()
+        self._cp = cp
+        self.device_id = cp.cuda.runtime.getDevice()
+        self._local = threading.local()
+        self._d2h = cp.cuda.Stream(non_blocking=True)
+
+    def _h2d_stream(self):
+        # one host-to-device stream per calling thread: the prefetcher and the event loop
+        # thread then copy concurrently instead of queueing behind each other
+        s = getattr(self._local, "h2d", None)
+        if s is None:
+            s = self._local.h2d = self._cp.cuda.Stream(non_blocking=True)
+        return s
+
+    @staticmethod
+    def is_device(value: Any) -> bool:
+        return is_cupy(value) and hasattr(value, "data") and hasattr(value, "nbytes")
+
+    def meta(self, value: Any) -> ArrayMeta:
+        order = "F" if (value.flags.f_contiguous and not value.flags.c_contiguous) else "C"
+        return ArrayMeta(tuple(value.shape), np.dtype(value.dtype), order)
+
+    def to_host_async(self, value: Any, buf: HostBuffer, meta: ArrayMeta) -> PendingCopy:
+        """Enqueue a copy of device ``value`` into ``buf``; returns at once."""
+        cp = self._cp
+        with cp.cuda.Device(self.device_id):
+            src = value
+            if not (value.flags.c_contiguous or value.flags.f_contiguous):
+                with self._d2h:
+                    src = cp.ascontiguousarray(value)
+            start = cp.cuda.Event(disable_timing=False)
+            done = cp.cuda.Event(disable_timing=False)
+            start.record(self._d2h)
+            if meta.nbytes:
+                cp.cuda.runtime.memcpyAsync(buf.ptr, src.data.ptr, meta.nbytes,
+                                            cp.cuda.runtime.memcpyDeviceToHost, self._d2h.ptr)
+            done.record(self._d2h)
+        return PendingCopy(src, done, start)
+
+    def to_device(self, host: np.ndarray, meta: ArrayMeta, pinned: bool) -> tuple[Any, float]:
+        """Copy host array ``host`` (laid out as ``meta``) to a new device array; waits for it.
+
+        Returns the device array and the seconds the copy took on the device.
+        """
+        cp = self._cp
+        stream = self._h2d_stream()
+        with cp.cuda.Device(self.device_id), stream:
+            out = cp.empty(meta.shape, dtype=meta.dtype, order=meta.order)
+            start = cp.cuda.Event(disable_timing=False)
+            done = cp.cuda.Event(disable_timing=False)
+            start.record(stream)
+            if meta.nbytes:
+                if not pinned:
+                    host = np.ascontiguousarray(host) if meta.order == "C" else np.asfortranarray(host)
+                cp.cuda.runtime.memcpyAsync(out.data.ptr, host.ctypes.data, meta.nbytes,
+                                            cp.cuda.runtime.memcpyHostToDevice, stream.ptr)
+            done.record(stream)
+            done.synchronize()
+        return out, float(cp.cuda.get_elapsed_time(start, done)) / 1e3
