@@ -1,0 +1,277 @@
+"""Shared plumbing for the user-kernel decorators (:mod:`flowgpu.kernels.vectorize`,
+:mod:`~flowgpu.kernels.guvectorize`, :mod:`~flowgpu.kernels.raw`, :mod:`~flowgpu.kernels.dlpack`).
+
+* signatures: parse numba signature strings into NumPy dtypes, and pick the first signature the
+  inputs cast to safely, as a NumPy ufunc picks its loop;
+* a per-process cache of compiled kernels, so each worker compiles a kernel once;
+* handing CuPy chunks to numba-cuda without a copy and on CuPy's current stream;
+* turning the arguments of a call into dask arrays and a matching ``meta``.
+
+numba is imported inside functions (it takes a moment), CuPy and numba.cuda only on GPU paths.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import dask.array as da
+import numpy as np
+
+from flowgpu.backend import import_cupy, is_cupy
+from flowgpu.errors import KernelError
+
+__all__ = [
+    "Signature", "parse_signatures", "select_signature", "infer_return_dtype", "cached", "new_key",
+    "is_scalar", "arg_dtype", "any_cupy", "meta_array", "numba_stream", "numba_view", "describe",
+]
+
+_PYTHON_SCALARS = (bool, int, float, complex)
+
+
+@dataclass(frozen=True)
+class Signature:
+    """One kernel signature: the input and output dtypes and the text (or numba object) it came from."""
+
+    inputs: tuple[np.dtype, ...]
+    outputs: tuple[np.dtype, ...]
+    source: Any
+
+    def __str__(self) -> str:
+        ins = ", ".join(d.name for d in self.inputs)
+        outs = ", ".join(d.name for d in self.outputs)
+        return f"({ins}) -> {outs}"
+
+
+def _as_dtype(t: Any, where: str) -> np.dtype:
+    from numba.core import types
+    from numba.np.numpy_support import as_dtype
+
+    if isinstance(t, types.Array):
+        t = t.dtype
+    try:
+        return np.dtype(as_dtype(t))
+    except Exception:
+        raise KernelError(f"{where}: numba type {t} has no NumPy dtype; use numeric types such as "
+                          "float32, float64, int64, complex128") from None
+
+
+def parse_signatures(signatures: Sequence[Any] | str, *, nout: int | None = None,
+                     where: str = "signature") -> list[Signature]:
+    """Parse numba signatures (``"float32(float32, float32)"`` or numba ``Signature`` objects).
+
+    With ``nout`` given (guvectorize), the last ``nout`` arguments are the outputs and the return
+    type must be void; otherwise the return type is the one output.
+    """
+    from numba.core.sigutils import normalize_signature
+
+    if isinstance(signatures, str) or not isinstance(signatures, Sequence):
+        signatures = [signatures]
+    out = []
+    for sig in signatures:
+        try:
+            args, ret = normalize_signature(sig)
+        except Exception as e:
+            raise KernelError(f"{where} {sig!r} is not a numba signature ({e}); write it like "
+                              "'float32(float32, float32)'") from None
+        if nout is None:
+            if ret is None:
+                raise KernelError(f"{where} {sig!r} has no return type; write it like "
+                                  "'float32(float32, float32)'")
+            ins, outs = args, (ret,)
+        else:
+            if len(args) <= nout:
+                raise KernelError(f"{where} {sig!r} has {len(args)} arguments; the layout needs "
+                                  f"the inputs followed by {nout} output(s)")
+            ins, outs = args[:-nout], args[-nout:]
+        out.append(Signature(tuple(_as_dtype(t, f"{where} {sig!r}") for t in ins),
+                             tuple(_as_dtype(t, f"{where} {sig!r}") for t in outs), sig))
+    return out
+
+
+def is_scalar(x: Any) -> bool:
+    """A Python or NumPy scalar (not an array, not a 0-d dask array)."""
+    return isinstance(x, (*_PYTHON_SCALARS, np.generic))
+
+
+def arg_dtype(x: Any) -> np.dtype | type:
+    """The dtype of an array argument; a Python scalar's type itself (it is "weak", as in NumPy 2)."""
+    if isinstance(x, _PYTHON_SCALARS):
+        return type(x)
+    if isinstance(x, np.generic):
+        return x.dtype
+    try:
+        return np.dtype(x.dtype)
+    except AttributeError:
+        return np.asarray(x).dtype
+
+
+def _accepts(have: np.dtype | type, want: np.dtype) -> bool:
+    if have is bool:
+        return np.can_cast(np.bool_, want, "safe")
+    if have is int:  # weak Python int: any integer, float or complex kind
+        return want.kind in "iufc"
+    if have is float:
+        return want.kind in "fc"
+    if have is complex:
+        return want.kind == "c"
+    return np.can_cast(have, want, "safe")
+
+
+def select_signature(signatures: Sequence[Signature], args: Sequence[Any], name: str) -> Signature:
+    """The first signature that every argument casts to safely (NumPy's rule for picking a loop).
+
+    Python scalars are weak, as in NumPy 2: a Python float fits any float signature.
+    """
+    have = [arg_dtype(a) for a in args]
+    for sig in signatures:
+        if len(sig.inputs) == len(have) and all(_accepts(h, w) for h, w in zip(have, sig.inputs)):
+            return sig
+    names = ", ".join(h.__name__ if isinstance(h, type) else np.dtype(h).name for h in have)
+    choices = "; ".join(str(s) for s in signatures)
+    raise KernelError(f"{name}: no signature accepts inputs ({names}); it has {choices}. Add a "
+                      "signature for these types, or cast the inputs with .astype(...)")
+
+
+def concrete_dtypes(args: Sequence[Any]) -> tuple[np.dtype, ...]:
+    """Input dtypes for a lazily compiled kernel: a Python scalar takes the dtype NumPy 2 would
+    give it next to the array arguments (``float32 array * 2.0`` stays float32)."""
+    arrays = [arg_dtype(a) for a in args if not isinstance(a, _PYTHON_SCALARS)]
+    out = []
+    for a in args:
+        if isinstance(a, _PYTHON_SCALARS):
+            out.append(np.result_type(*arrays, a) if arrays else np.asarray(a).dtype)
+        else:
+            out.append(arg_dtype(a))
+    return tuple(np.dtype(d) for d in out)
+
+
+def infer_return_dtype(pyfunc: Callable, in_dtypes: Sequence[np.dtype], name: str, key: str) -> np.dtype:
+    """The dtype numba's type inference gives ``pyfunc`` for scalar arguments of ``in_dtypes``.
+
+    ``key`` names ``pyfunc`` in the per-process cache (see :func:`new_key`).
+    """
+    key = (key, "infer", tuple(in_dtypes))
+
+    def build():
+        import numba
+        from numba.np.numpy_support import from_dtype
+
+        disp = numba.njit(pyfunc)
+        try:
+            disp.compile(tuple(from_dtype(d) for d in in_dtypes))
+        except Exception as e:
+            raise KernelError(f"{name}: numba cannot compile it for inputs "
+                              f"({', '.join(d.name for d in in_dtypes)}): {_first_line(e)}") from None
+        return _as_dtype(disp.nopython_signatures[-1].return_type, f"{name} returns")
+
+    return cached(key, build)
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def numba_signature(sig: Signature):
+    """A numba ``Signature`` object for one output ``sig`` (what numba.vectorize takes)."""
+    from numba.np.numpy_support import from_dtype
+
+    return from_dtype(sig.outputs[0])(*(from_dtype(d) for d in sig.inputs))
+
+
+# -- per-process compile cache ------------------------------------------------------------------
+_cache: dict[Any, Any] = {}
+_cache_lock = threading.RLock()
+_keys = itertools.count()
+
+
+def new_key(name: str) -> str:
+    """A key naming one decorated function in this process's compile cache (travels in pickles)."""
+    import secrets
+
+    return f"{name}-{secrets.token_hex(4)}-{next(_keys)}"
+
+
+def cached(key: Any, build: Callable[[], Any]) -> Any:
+    """``build()`` once per process and key (numba compiles once per worker, not per chunk)."""
+    try:
+        return _cache[key]
+    except KeyError:
+        pass
+    with _cache_lock:
+        if key not in _cache:
+            _cache[key] = build()
+        return _cache[key]
+
+
+def wrap_compile_error(name: str, target: str, sig: Any, e: BaseException) -> KernelError:
+    return KernelError(f"{name}: numba could not compile it for the {target} target with signature "
+                       f"{sig}: {_first_line(e)}")
+
+
+# -- chunks and CuPy ----------------------------------------------------------------------------
+def any_cupy(args: Sequence[Any]) -> bool:
+    """True when any argument is a CuPy array, or a dask array whose chunks are CuPy."""
+    for a in args:
+        if is_cupy(a) or (isinstance(a, da.Array) and is_cupy(a._meta)):
+            return True
+    return False
+
+
+def meta_array(cupy: bool, dtype: Any, ndim: int):
+    xp = import_cupy() if cupy else np
+    return xp.empty((0,) * ndim, dtype=dtype)
+
+
+def numba_stream():
+    """A numba stream object for CuPy's current stream, so numba kernels queue behind CuPy's work."""
+    from numba import cuda
+
+    cp = import_cupy()
+    ptr = cp.cuda.get_current_stream().ptr
+    return cuda.external_stream(ptr) if ptr else cuda.default_stream()
+
+
+def numba_view(x: Any):
+    """A numba device array viewing CuPy array ``x`` (no copy, no stream synchronisation)."""
+    from numba import cuda
+
+    return cuda.as_cuda_array(x, sync=False)
+
+
+def dense(x: Any, shape: tuple[int, ...], dtype: Any, xp) -> Any:
+    """``x`` broadcast to ``shape`` as a C-contiguous array of ``dtype`` (no copy when it is one)."""
+    arr = xp.asarray(x, dtype=dtype)
+    if arr.shape != shape:
+        arr = xp.broadcast_to(arr, shape)
+    return xp.ascontiguousarray(arr)
+
+
+def describe(pyfunc: Callable, drop_last: int = 0) -> inspect.Signature | None:
+    """``pyfunc``'s Python signature, less its last ``drop_last`` parameters (outputs)."""
+    try:
+        sig = inspect.signature(pyfunc)
+    except (TypeError, ValueError):
+        return None
+    params = list(sig.parameters.values())
+    if drop_last:
+        params = params[:-drop_last]
+    return sig.replace(parameters=params)
+
+
+def as_dask_args(args: Sequence[Any]) -> list[Any]:
+    """Arrays as dask arrays (one chunk for plain NumPy/CuPy arrays); scalars as they are."""
+    out = []
+    for a in args:
+        if isinstance(a, da.Array) or is_scalar(a):
+            out.append(a)
+        elif isinstance(a, (list, tuple)):
+            out.append(da.from_array(np.asarray(a), chunks=-1))
+        else:
+            out.append(da.from_array(a, chunks=-1, asarray=False))
+    return out

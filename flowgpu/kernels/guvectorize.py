@@ -1,0 +1,257 @@
+"""``@flowgpu.guvectorize``: generalised ufuncs over core dimensions of chunked arrays.
+
+The function is written the numba way: it receives the core-dimension slices of its inputs and
+writes its outputs into the output arguments that follow them (``res[0] = ...`` for a ``()``
+output). flowgpu maps it over the loop dimensions of dask arrays with
+:func:`dask.array.apply_gufunc`; each chunk runs through ``numba.guvectorize`` (CPU target) for
+NumPy chunks or numba-cuda's CUDA target for CuPy chunks, compiled once per process.
+
+Core dimensions must each be one chunk. By default (``rechunk=True``) a core dimension split
+across chunks is rechunked to one chunk with a :class:`CoreRechunkWarning` (it may then need more
+memory per task); with ``rechunk=False`` such an input is refused with a
+:class:`~flowgpu.errors.KernelError` saying which input and axis, and how to rechunk it.
+
+Examples
+--------
+>>> import numpy as np, flowgpu
+>>> @flowgpu.guvectorize(["void(float64[:], float64[:], float64[:])"], "(n),(n)->()")
+... def dot(a, b, res):
+...     acc = 0.0
+...     for i in range(a.shape[0]):
+...         acc += a[i] * b[i]
+...     res[0] = acc
+>>> float(dot(np.arange(3.0), np.arange(3.0)))
+5.0
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import dask.array as da
+import numpy as np
+
+from flowgpu.backend import import_cupy, is_cupy
+from flowgpu.errors import KernelError
+from flowgpu.kernels import _numba as nb
+
+__all__ = ["guvectorize", "GUVectorized", "CoreRechunkWarning", "parse_layout"]
+
+_GROUP = re.compile(r"\(([^()]*)\)")
+
+
+class CoreRechunkWarning(UserWarning):
+    """A core dimension split across chunks was rechunked into one chunk."""
+
+
+def parse_layout(layout: str) -> tuple[list[tuple[str, ...]], list[tuple[str, ...]]]:
+    """``"(n),(n)->()"`` as core dimension names per input and per output."""
+    def side(text: str) -> list[tuple[str, ...]]:
+        groups = _GROUP.findall(text)
+        rest = _GROUP.sub("", text).replace(",", "").strip()
+        if not groups or rest:
+            raise ValueError(text)
+        out = []
+        for g in groups:
+            dims = tuple(d.strip() for d in g.split(",") if d.strip())
+            if not all(d.isidentifier() for d in dims):
+                raise ValueError(g)
+            out.append(dims)
+        return out
+
+    try:
+        left, right = layout.split("->")
+        return side(left), side(right)
+    except (ValueError, AttributeError):
+        raise KernelError(f"guvectorize layout {layout!r} is not a gufunc signature; write it "
+                          "like '(n),(n)->()' or '(m,n),(n)->(m)'") from None
+
+
+def _cuda_guvectorize(source, layout, pyfunc):
+    from numba import cuda
+
+    if hasattr(cuda, "guvectorize"):
+        return cuda.guvectorize([source], layout)(pyfunc)
+    import numba
+
+    return numba.guvectorize([source], layout, target="cuda")(pyfunc)
+
+
+class GUVectorized:
+    """A generalised-ufunc-like callable made by :func:`guvectorize`."""
+
+    def __init__(self, pyfunc: Callable, signatures: Sequence[Any] | str, layout: str, *,
+                 name: str | None = None, rechunk: bool = True,
+                 output_sizes: dict[str, int] | None = None):
+        self.pyfunc = pyfunc
+        self.__name__ = name or getattr(pyfunc, "__name__", "guvectorized")
+        self.__qualname__ = self.__name__
+        self.__module__ = getattr(pyfunc, "__module__", __name__)
+        self.__doc__ = pyfunc.__doc__
+        self.layout = layout
+        self.in_core, self.out_core = parse_layout(layout)
+        self.nin, self.nout = len(self.in_core), len(self.out_core)
+        if not signatures:
+            raise KernelError(f"guvectorize {self.__name__!r}: give numba signatures, e.g. "
+                              "['void(float64[:], float64[:], float64[:])']")
+        self.signatures = nb.parse_signatures(signatures, nout=self.nout,
+                                              where=f"guvectorize {self.__name__!r}: signature")
+        for sig in self.signatures:
+            if len(sig.inputs) != self.nin:
+                raise KernelError(f"guvectorize {self.__name__!r}: signature {sig.source!r} has "
+                                  f"{len(sig.inputs)} inputs but layout {layout!r} has {self.nin}")
+        self.__signature__ = nb.describe(pyfunc, drop_last=self.nout)
+        self.rechunk = rechunk
+        self.output_sizes = dict(output_sizes or {})
+        known = {d for dims in self.in_core for d in dims}
+        missing = {d for dims in self.out_core for d in dims} - known - set(self.output_sizes)
+        if missing:
+            raise KernelError(f"guvectorize {self.__name__!r}: output dimension(s) "
+                              f"{', '.join(sorted(missing))} appear in no input; give their "
+                              "lengths with output_sizes={...}")
+        self._key = nb.new_key(self.__name__)
+
+    def __repr__(self) -> str:
+        return f"<flowgpu.guvectorize {self.__name__} {self.layout}>"
+
+    def __dask_tokenize__(self):
+        return self._key
+
+    def __call__(self, *args: Any, rechunk: bool | None = None) -> Any:
+        if len(args) != self.nin:
+            raise KernelError(f"{self.__name__}() takes {self.nin} inputs ({self.layout}), "
+                              f"got {len(args)}")
+        sig = nb.select_signature(self.signatures, args, self.__name__)
+        if any(isinstance(a, da.Array) for a in args):
+            return self._gufunc(sig, args, self.rechunk if rechunk is None else rechunk)
+        self._core_sizes(args)  # fail clearly on mismatched core lengths
+        return self.apply(sig, *args)
+
+    # -- dask ------------------------------------------------------------------------------------
+    def _gufunc(self, sig: nb.Signature, args: Sequence[Any], rechunk: bool) -> Any:
+        dargs = nb.as_dask_args(args)
+        for i, (a, dims) in enumerate(zip(dargs, self.in_core)):
+            if not isinstance(a, da.Array) or not dims:
+                continue
+            if a.ndim < len(dims):
+                raise KernelError(f"{self.__name__}(): input {i} has {a.ndim} dimension(s) but "
+                                  f"layout {self.layout!r} gives it core dimensions {dims}")
+            axes = range(a.ndim - len(dims), a.ndim)
+            split = [ax for ax in axes if len(a.chunks[ax]) > 1]
+            if not split:
+                continue
+            what = (f"{self.__name__}(): input {i} has its core dimension(s) "
+                    f"{', '.join(dims[ax - a.ndim + len(dims)] for ax in split)} (axis "
+                    f"{', '.join(map(str, split))}) split across chunks")
+            if not rechunk:
+                raise KernelError(f"{what}; rechunk it first, e.g. x.rechunk({{{split[0]}: -1}}), "
+                                  "or call with rechunk=True")
+            warnings.warn(f"{what}; rechunking into one chunk along those axes (pass rechunk=False "
+                          "to refuse instead)", CoreRechunkWarning, stacklevel=3)
+            dargs[i] = a.rechunk({ax: -1 for ax in split})
+        cupy = nb.any_cupy(dargs)
+        loop_ndim = max((a.ndim - len(d) for a, d in zip(dargs, self.in_core)
+                         if isinstance(a, da.Array)), default=0)
+        metas = tuple(nb.meta_array(cupy, dt, loop_ndim + len(dims))
+                      for dt, dims in zip(sig.outputs, self.out_core))
+        func = functools.partial(self.apply, sig)
+        try:
+            return da.apply_gufunc(
+                func, self.layout, *dargs,
+                output_sizes=self.output_sizes or None, vectorize=False, allow_rechunk=False,
+                meta=metas if self.nout > 1 else metas[0])
+        except ValueError as e:
+            raise KernelError(f"{self.__name__}(): {e}") from None
+
+    # -- chunks ----------------------------------------------------------------------------------
+    def _core_sizes(self, chunks: Sequence[Any]) -> dict[str, int]:
+        sizes = dict(self.output_sizes)
+        for i, (c, dims) in enumerate(zip(chunks, self.in_core)):
+            shape = np.shape(c)
+            if len(shape) < len(dims):
+                raise KernelError(f"{self.__name__}(): input {i} has {len(shape)} dimension(s), "
+                                  f"layout {self.layout!r} needs at least {len(dims)}")
+            for d, n in zip(dims, shape[len(shape) - len(dims):]):
+                if sizes.setdefault(d, n) != n:
+                    raise KernelError(f"{self.__name__}(): core dimension {d!r} is {sizes[d]} "
+                                      f"in one input and {n} in input {i}")
+        return sizes
+
+    def apply(self, sig: nb.Signature, *chunks: Any) -> Any:
+        """Run signature ``sig`` on in-memory arrays (NumPy or CuPy); a tuple when several outputs."""
+        if any(is_cupy(c) for c in chunks):
+            return self._apply_cuda(sig, chunks)
+        return self._apply_cpu(sig, chunks)
+
+    def _compiled(self, target: str, sig: nb.Signature):
+        def build():
+            import numba
+
+            try:
+                if target == "cuda":
+                    return _cuda_guvectorize(sig.source, self.layout, self.pyfunc)
+                return numba.guvectorize([sig.source], self.layout)(self.pyfunc)
+            except Exception as e:
+                raise nb.wrap_compile_error(self.__name__, target, sig.source, e) from None
+
+        return nb.cached((self._key, target, sig.inputs, sig.outputs), build)
+
+    def _apply_cpu(self, sig: nb.Signature, chunks: Sequence[Any]) -> Any:
+        gufunc = self._compiled("cpu", sig)
+        out = gufunc(*(np.asarray(c, dtype=d) for c, d in zip(chunks, sig.inputs)))
+        if self.nout > 1:
+            return tuple(np.asarray(o) for o in out)
+        return np.asarray(out)
+
+    def _apply_cuda(self, sig: nb.Signature, chunks: Sequence[Any]) -> Any:
+        cp = import_cupy()
+        sizes = self._core_sizes(chunks)
+        loop = np.broadcast_shapes(*(np.shape(c)[:np.ndim(c) - len(d)]
+                                     for c, d in zip(chunks, self.in_core)))
+        outs = [cp.empty(loop + tuple(sizes[d] for d in dims), dtype=dt)
+                for dims, dt in zip(self.out_core, sig.outputs)]
+        n = int(np.prod(loop))
+        if n > 0 and all(o.size for o in outs):
+            # one flat loop dimension of contiguous arrays: what numba-cuda launches without copies
+            ins = [nb.dense(c, loop + np.shape(c)[np.ndim(c) - len(d):], dt, cp)
+                   .reshape((n,) + np.shape(c)[np.ndim(c) - len(d):])
+                   for c, d, dt in zip(chunks, self.in_core, sig.inputs)]
+            flat = [o.reshape((n,) + o.shape[len(loop):]) for o in outs]
+            gufunc = self._compiled("cuda", sig)
+            gufunc(*(nb.numba_view(a) for a in ins), *(nb.numba_view(o) for o in flat),
+                   stream=nb.numba_stream())
+        return tuple(outs) if self.nout > 1 else outs[0]
+
+
+def guvectorize(signatures: Sequence[Any] | str, layout: str, *, name: str | None = None,
+                rechunk: bool = True, output_sizes: dict[str, int] | None = None
+                ) -> Callable[[Callable], GUVectorized]:
+    """Decorator: a numba-style generalised ufunc over chunked (dask) arrays, GPU or CPU.
+
+    Parameters
+    ----------
+    signatures : numba signatures, inputs then outputs, e.g.
+        ``["void(float32[:], float32[:], float32[:])", "void(float64[:], float64[:], float64[:])"]``;
+        the first one the inputs cast to safely is used.
+    layout : the gufunc signature over core dimensions, e.g. ``"(n),(n)->()"``.
+    name : the name in graph keys and messages.
+    rechunk : a core dimension split across chunks is rechunked into one chunk with a
+        :class:`CoreRechunkWarning` (default ``True``), or refused with a KernelError (``False``).
+        Can be overridden per call: ``f(x, y, rechunk=False)``.
+    output_sizes : lengths of output core dimensions that no input has, e.g. ``{"k": 3}``.
+
+    Returns
+    -------
+    GUVectorized
+        Called with dask arrays it returns lazy dask array(s); with NumPy or CuPy arrays, the
+        result at once.
+    """
+    def deco(pyfunc: Callable) -> GUVectorized:
+        return GUVectorized(pyfunc, signatures, layout, name=name, rechunk=rechunk,
+                            output_sizes=output_sizes)
+
+    return deco

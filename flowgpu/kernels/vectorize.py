@@ -1,0 +1,200 @@
+"""``@flowgpu.vectorize``: a scalar Python function as a ufunc over chunked arrays, on GPU and CPU.
+
+The decorated function is compiled by numba once per process and signature: for CuPy chunks with
+numba-cuda (``numba.vectorize(..., target="cuda")``, the chunks handed over through the CUDA Array
+Interface without a copy), for NumPy chunks with numba's CPU target. Calls on dask arrays build a
+lazy ``blockwise`` graph, with NumPy's broadcasting; calls on plain NumPy or CuPy arrays compute
+at once.
+
+Which signature runs follows NumPy's rule for picking a ufunc loop: the first signature, in the
+order given, that every input casts to safely (Python scalars are "weak", as in NumPy 2, so
+``f(float32_array, 2.0)`` picks a float32 signature). Without signatures, a signature is compiled
+for the input dtypes as they are, its return type inferred by numba (so ``x * 2.0`` on float32
+gives float64, as in numba).
+
+Examples
+--------
+>>> import numpy as np, flowgpu
+>>> @flowgpu.vectorize(["float32(float32, float32)", "float64(float64, float64)"])
+... def mul_add(a, b):
+...     return a * b + 1
+>>> mul_add(np.float32([1, 2]), np.float32([3, 4]))
+array([4., 9.], dtype=float32)
+
+Register it as a pipeline op by stacking ``@flowgpu.op("mul_add")`` on top.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import dask.array as da
+import numpy as np
+from dask.base import tokenize
+
+from flowgpu.backend import import_cupy, is_cupy
+from flowgpu.errors import KernelError
+from flowgpu.kernels import _numba as nb
+
+__all__ = ["vectorize", "Vectorized"]
+
+
+def _cuda_vectorize(signature, pyfunc):
+    from numba import cuda
+
+    if hasattr(cuda, "vectorize"):  # numba-cuda >= 0.20 spells it this way
+        return cuda.vectorize([signature])(pyfunc)
+    import numba
+
+    return numba.vectorize([signature], target="cuda")(pyfunc)
+
+
+class Vectorized:
+    """A ufunc-like callable made by :func:`vectorize`.
+
+    Attributes
+    ----------
+    pyfunc : the scalar Python function.
+    signatures : the parsed signatures, or None when compiled lazily per input dtypes.
+    nin : the number of inputs.
+    """
+
+    def __init__(self, pyfunc: Callable, signatures: Sequence[Any] | None = None, *,
+                 name: str | None = None):
+        if not callable(pyfunc):
+            raise KernelError(f"vectorize needs a Python function, got {pyfunc!r}")
+        self.pyfunc = pyfunc
+        self.__name__ = name or getattr(pyfunc, "__name__", "vectorized")
+        self.__qualname__ = self.__name__
+        self.__module__ = getattr(pyfunc, "__module__", __name__)
+        self.__doc__ = pyfunc.__doc__
+        self.__signature__ = nb.describe(pyfunc)
+        if self.__signature__ is None:
+            raise KernelError(f"vectorize: cannot read the parameters of {pyfunc!r}")
+        self.nin = len(self.__signature__.parameters)
+        where = f"vectorize {self.__name__!r}: signature"
+        self.signatures = nb.parse_signatures(signatures, where=where) if signatures else None
+        for sig in self.signatures or ():
+            if len(sig.inputs) != self.nin:
+                raise KernelError(f"{where} {sig.source!r} has {len(sig.inputs)} inputs but "
+                                  f"{self.__name__}() takes {self.nin}")
+        self._key = nb.new_key(self.__name__)
+
+    def __repr__(self) -> str:
+        sigs = "lazy" if self.signatures is None else "; ".join(str(s) for s in self.signatures)
+        return f"<flowgpu.vectorize {self.__name__} [{sigs}]>"
+
+    def __dask_tokenize__(self):
+        return self._key
+
+    # -- resolving the signature -----------------------------------------------------------------
+    def resolve(self, *args: Any) -> nb.Signature:
+        """The signature a call with ``args`` runs (compiling nothing but type inference)."""
+        if len(args) != self.nin:
+            raise KernelError(f"{self.__name__}() takes {self.nin} inputs, got {len(args)}")
+        if self.signatures is not None:
+            return nb.select_signature(self.signatures, args, self.__name__)
+        ins = nb.concrete_dtypes(args)
+        out = nb.infer_return_dtype(self.pyfunc, ins, self.__name__, self._key)
+        return nb.Signature(ins, (out,), None)
+
+    # -- calling ---------------------------------------------------------------------------------
+    def __call__(self, *args: Any) -> Any:
+        sig = self.resolve(*args)
+        if any(isinstance(a, da.Array) for a in args):
+            return self._blockwise(sig, args)
+        if all(nb.is_scalar(a) for a in args):
+            return self.apply(sig, *args)[()]
+        return self.apply(sig, *args)
+
+    def _blockwise(self, sig: nb.Signature, args: Sequence[Any]) -> da.Array:
+        dargs = nb.as_dask_args(args)
+        shapes = [a.shape for a in dargs if isinstance(a, da.Array)]
+        try:
+            ndim = len(np.broadcast_shapes(*shapes))
+        except ValueError:
+            raise KernelError(f"{self.__name__}(): input shapes {', '.join(map(str, shapes))} do "
+                              "not broadcast together (NumPy's rules)") from None
+        pairs = []
+        for a in dargs:
+            pairs += [a, tuple(range(a.ndim))[::-1] if isinstance(a, da.Array) else None]
+        meta = nb.meta_array(nb.any_cupy(dargs), sig.outputs[0], ndim)
+        return da.blockwise(functools.partial(self.apply, sig), tuple(range(ndim))[::-1], *pairs,
+                            dtype=sig.outputs[0], meta=meta,
+                            name=f"{self.__name__}-{tokenize(self._key, str(sig), *dargs)}")
+
+    def apply(self, sig: nb.Signature, *chunks: Any) -> Any:
+        """Run signature ``sig`` on in-memory arrays (NumPy or CuPy) or scalars."""
+        if any(is_cupy(c) for c in chunks):
+            return self._apply_cuda(sig, chunks)
+        return self._apply_cpu(sig, chunks)
+
+    def _compiled(self, target: str, sig: nb.Signature):
+        def build():
+            import numba
+
+            nsig = nb.numba_signature(sig)
+            try:
+                if target == "cuda":
+                    return _cuda_vectorize(nsig, self.pyfunc)
+                return numba.vectorize([nsig])(self.pyfunc)
+            except Exception as e:
+                raise nb.wrap_compile_error(self.__name__, target, sig, e) from None
+
+        return nb.cached((self._key, target, sig.inputs, sig.outputs), build)
+
+    def _apply_cpu(self, sig: nb.Signature, chunks: Sequence[Any]) -> np.ndarray:
+        ufunc = self._compiled("cpu", sig)
+        args = [np.asarray(c, dtype=d) for c, d in zip(chunks, sig.inputs)]
+        return np.asarray(ufunc(*args))
+
+    def _apply_cuda(self, sig: nb.Signature, chunks: Sequence[Any]):
+        cp = import_cupy()
+        shape = np.broadcast_shapes(*(np.shape(c) for c in chunks))
+        out = cp.empty(shape, dtype=sig.outputs[0])
+        if out.size == 0:
+            return out
+        # numba-cuda launches over flat contiguous arrays; broadcasting it would do through the host
+        args = [nb.dense(c, shape, d, cp).reshape(-1) for c, d in zip(chunks, sig.inputs)]
+        ufunc = self._compiled("cuda", sig)
+        ufunc(*(nb.numba_view(a) for a in args), out=nb.numba_view(out.reshape(-1)),
+              stream=nb.numba_stream())
+        return out
+
+
+def vectorize(signatures: Sequence[Any] | str | Callable | None = None, *,
+              name: str | None = None) -> Any:
+    """Decorator: make a scalar Python function a ufunc over chunked (dask) arrays, GPU or CPU.
+
+    Parameters
+    ----------
+    signatures : numba signatures such as ``["float32(float32, float32)", "float64(float64,
+        float64)"]``, tried in order like a NumPy ufunc's loops; leave out to compile lazily for
+        the dtypes of each call (the return dtype inferred by numba).
+    name : the name in graph keys and messages (default: the function's name).
+
+    Returns
+    -------
+    Vectorized
+        Called with dask arrays it returns a lazy dask array (CuPy chunks stay on the GPU and run
+        through numba-cuda; NumPy chunks run through numba's CPU target); called with NumPy or
+        CuPy arrays it returns the result at once.
+
+    Examples
+    --------
+    >>> import flowgpu
+    >>> @flowgpu.vectorize
+    ... def hypot2(x, y):
+    ...     return x * x + y * y
+    >>> float(hypot2(3.0, 4.0))
+    25.0
+    """
+    if callable(signatures) and hasattr(signatures, "__code__"):  # bare @vectorize
+        return Vectorized(signatures, None, name=name)
+
+    def deco(pyfunc: Callable) -> Vectorized:
+        return Vectorized(pyfunc, signatures, name=name)
+
+    return deco
