@@ -1,0 +1,147 @@
+"""From YAML data to a validated :class:`~flowgpu.pipeline.spec.Spec`, with errors that point into the file."""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from flowgpu.errors import SpecError
+from flowgpu.pipeline import spec as S
+from flowgpu.pipeline.loader import SourceMap, read_yaml
+from flowgpu.pipeline.params import resolve_params, set_path, split_overrides, substitute
+
+__all__ = ["Origin", "build", "load", "from_dict", "read_params_file"]
+
+
+@dataclass
+class Origin:
+    """Where a spec came from, so it can be rebuilt with other params and errors can point into it."""
+
+    file: str | None
+    smap: SourceMap
+    raw: dict  # the data before params were substituted and overrides applied
+    params: dict[str, Any] = field(default_factory=dict)
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def base_dir(self) -> str:
+        return os.path.dirname(os.path.abspath(self.file)) if self.file else os.getcwd()
+
+
+def _all_field_names() -> list[str]:
+    names: set[str] = set()
+    for model in (S.Spec, S.Param, S.Step, S.Output, S.Cluster, S.Expect, *S.SOURCE_MODELS):
+        for name, f in model.model_fields.items():
+            names.add(f.alias or name)
+    return sorted(names)
+
+
+def _data_path(data: Any, loc: tuple) -> tuple:
+    """The part of pydantic's ``loc`` that names real places in ``data`` (drops union tags etc.)."""
+    out: list = []
+    node = data
+    for part in loc:
+        if isinstance(node, dict) and part in node:
+            out.append(part)
+            node = node[part]
+        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+            out.append(part)
+            node = node[part]
+        elif part == "[key]":
+            break
+    return tuple(out)
+
+
+def _describe(value: Any) -> str:
+    text = repr(value)
+    return (text[:60] + "...") if len(text) > 63 else text
+
+
+def _translate(err: dict, data: Any, smap: SourceMap) -> SpecError:
+    loc = tuple(err.get("loc", ()))
+    kind = err.get("type", "")
+    msg = err.get("msg", "invalid value").removeprefix("Value error, ")
+    path = _data_path(data, loc)
+    if kind == "extra_forbidden":
+        key = loc[-1]
+        close = difflib.get_close_matches(str(key), _all_field_names(), n=1)
+        hint = f"did you mean {close[0]!r}?" if close else "remove it (see `flowgpu schema` for the allowed keys)"
+        return smap.error(f"unknown key {key!r}", path + (key,) if path[-1:] != (key,) else path, hint=hint, key=True)
+    if kind == "missing":
+        return smap.error(f"missing required key {loc[-1]!r}", path, hint=f"add '{loc[-1]}: ...' here")
+    if kind == "union_tag_invalid":
+        ctx = err.get("ctx", {})
+        return smap.error(f"unknown source {ctx.get('tag')!r}", path + ("source",),
+                          hint=f"choose one of {ctx.get('expected_tags', '')}")
+    if kind == "union_tag_not_found":
+        return smap.error("an input needs a 'source'", path,
+                          hint="e.g. source: random (or normal, zeros, ones, full, arange, zarr, npy, python)")
+    if "[key]" in loc and kind == "string_pattern_mismatch":
+        return smap.error(f"{err.get('input')!r} is not a valid name", path, key=True,
+                          hint="names start with a letter or '_' and hold letters, digits and '_'")
+    value = err.get("input")
+    if kind.endswith(("_type", "_parsing")) or kind in ("literal_error", "enum"):
+        return smap.error(f"wrong type or value {_describe(value)}: {msg}", path,
+                          hint="see `flowgpu schema` for the accepted values")
+    return smap.error(msg, path, hint="see `flowgpu schema` or docs/pipelines.md for this field")
+
+
+def build(data: Any, smap: SourceMap, overrides: dict[str, Any] | None = None) -> S.Spec:
+    """Validate ``data`` (as read from YAML) into a Spec, after params and overrides are applied."""
+    if not isinstance(data, dict):
+        raise smap.error(f"a spec is a mapping of keys (name, inputs, steps, outputs, ...), not "
+                         f"{type(data).__name__}", (), hint="start from pipelines/quickstart.yaml")
+    raw = copy.deepcopy(data)
+    param_over, other = split_overrides(overrides)
+    work = copy.deepcopy(data)
+    for key, value in other.items():
+        if key.split(".")[0] not in S.Spec.model_fields:
+            close = difflib.get_close_matches(key.split(".")[0], list(S.Spec.model_fields), n=1)
+            raise SpecError(f"--set {key}: {key.split('.')[0]!r} is not a section of a spec", file=smap.file,
+                            line=1, col=1, path=key,
+                            hint=f"did you mean {close[0]!r}?" if close else "use e.g. params.n=1000")
+        set_path(work, key, value, smap)
+    values = resolve_params(work, smap, param_over)
+    work = substitute(work, values, smap)
+    try:
+        spec = S.Spec.model_validate(work)
+    except ValidationError as e:
+        errors = e.errors(include_url=False)
+        raise _translate(errors[0], work, smap) from None
+    spec._origin = Origin(smap.file, smap, raw, values, dict(overrides or {}))
+    return spec
+
+
+def read_params_file(path: str) -> dict[str, Any]:
+    """``--params file.yaml``: a mapping of param name -> value (a top-level ``params:`` is accepted too)."""
+    data, smap = read_yaml(path)
+    if isinstance(data, dict) and set(data) == {"params"}:
+        data = data["params"]
+    if not isinstance(data, dict):
+        raise smap.error("a params file is a mapping of name: value", (), hint="e.g. 'n: 1000'")
+    return {f"params.{k}": v for k, v in data.items()}
+
+
+def load(path: str | os.PathLike, overrides: dict[str, Any] | None = None, params_file: str | None = None) -> S.Spec:
+    """Read, check and return the spec at ``path`` (params substituted, overrides applied).
+
+    Parameters
+    ----------
+    path : the YAML spec file.
+    overrides : dotted keys to set, e.g. ``{"params.n": 1000, "cluster.n_workers": 2}``.
+    params_file : a YAML file of param values, applied before ``overrides``.
+    """
+    data, smap = read_yaml(path)
+    merged = dict(read_params_file(params_file)) if params_file else {}
+    merged.update(overrides or {})
+    return build(data, smap, merged)
+
+
+def from_dict(data: dict, overrides: dict[str, Any] | None = None) -> S.Spec:
+    """A spec from Python data, with the same params handling and checks as a YAML file."""
+    return build(copy.deepcopy(data), SourceMap(None), overrides)

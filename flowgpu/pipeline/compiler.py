@@ -1,0 +1,289 @@
+"""``compile(spec)``: the lazy Dask graph of a pipeline, checked before anything runs.
+
+Compiling is pure: it starts no cluster and computes nothing. It opens the sources (which reads
+only metadata), calls each step's op on the lazy arrays of its inputs, and so learns every step's
+shape, dtype and chunks from Dask's metadata. A step whose op refuses its inputs (shapes that do
+not broadcast, a dtype it does not take) or whose result differs from its ``expect`` fails with a
+:class:`~flowgpu.errors.SpecError` naming the step and its place in the file.
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+import os
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import dask.array as da
+import numpy as np
+
+from flowgpu.errors import ConfigError, FlowgpuError, SpecError
+from flowgpu.io import sources
+from flowgpu.ops import registry
+from flowgpu.pipeline import compose
+from flowgpu.pipeline.build import Origin, from_dict
+from flowgpu.pipeline.fusion import FusionPlan, fusion_available, plan_fusion
+from flowgpu.pipeline.graph import order, step_refs
+from flowgpu.pipeline.loader import SourceMap
+from flowgpu.pipeline.spec import Spec
+
+__all__ = ["Plan", "Node", "compile"]
+
+
+@dataclass
+class Node:
+    """One input or step of a compiled pipeline."""
+
+    name: str
+    kind: str  # "input", "step" or "uses"
+    what: str  # the source, op or included file
+    array: da.Array | None
+    deps: list[str] = field(default_factory=list)
+    fused_into: str | None = None
+    fused: str | None = None  # the fused expression this node computes
+    reads_files: bool = False
+
+
+@dataclass
+class Plan:
+    """A compiled pipeline: every node's lazy array and the outputs to produce."""
+
+    spec: Spec
+    nodes: dict[str, Node]
+    order: list[str]
+    arrays: dict[str, da.Array]
+    outputs: dict[str, da.Array]
+    fusion: FusionPlan
+    fused: bool
+    params: dict[str, Any]
+    children: dict[str, "Plan"] = field(default_factory=dict)
+
+    @property
+    def file(self) -> str | None:
+        return self.spec._origin.file if self.spec._origin else None
+
+
+def _origin(spec: Spec) -> Origin:
+    if spec._origin is None:
+        spec._origin = Origin(None, SourceMap(None), spec.model_dump(by_alias=True, exclude_defaults=True),
+                              {})
+    return spec._origin
+
+
+def _open_input(spec: Spec, name: str, smap: SourceMap) -> da.Array:
+    model = spec.inputs[name]
+    options = model.model_dump(exclude={"source"})
+    try:
+        return sources.open_source(model.source, **options)
+    except (FlowgpuError, ValueError, TypeError, OSError, ImportError) as e:
+        raise smap.error(f"input {name!r} ({model.source}) cannot be opened: {e}", ("inputs", name),
+                         hint="check its path, shape, dtype and chunks") from None
+
+
+def _describe(x: Any) -> str:
+    if isinstance(x, da.Array):
+        return f"{list(x.shape)} {x.dtype}"
+    return repr(x)
+
+
+def _get_op(name: str, op_name: str, smap: SourceMap) -> registry.Op:
+    known = registry.names()
+    if op_name not in known:
+        close = difflib.get_close_matches(op_name, known, n=3, cutoff=0.6)
+        hint = f"did you mean {', '.join(map(repr, close))}?" if close else "run 'flowgpu ops' to list the ops"
+        raise smap.error(f"unknown op {op_name!r}", ("steps", name, "op"), hint=hint)
+    return registry.get(op_name)
+
+
+def _call_op(spec: Spec, name: str, op: registry.Op, values: dict[str, Any], smap: SourceMap):
+    step = spec.steps[name]
+    where = ("steps", name)
+    if isinstance(step.inputs, dict):
+        args, kwargs = [], {**{k: values[r] for k, r in step.inputs.items()}}
+    else:
+        args, kwargs = [values[r] for r in step.inputs], {}
+    overlap = set(kwargs) & set(step.args)
+    if overlap:
+        raise smap.error(f"{sorted(overlap)[0]!r} is given both as an input and an argument", where + ("args",),
+                         hint="give it once")
+    kwargs.update(step.args)
+    if op.inputs != ("**",):
+        try:
+            op.signature.bind(*args, **kwargs)
+        except TypeError as e:
+            raise smap.error(f"op {op.name!r} cannot take these inputs/args: {e}", where,
+                             hint=f"its signature is {op.name}{op.signature}") from None
+    try:
+        out = op(*args, **kwargs)
+    except (FlowgpuError, ValueError, TypeError, IndexError, NotImplementedError) as e:
+        given = ", ".join(_describe(a) for a in (*args, *kwargs.values()) if isinstance(a, da.Array))
+        raise smap.error(f"step {name!r} (op {op.name!r}) fails on its inputs ({given}): {e}", where,
+                         hint="check the shapes and dtypes of its inputs (flowgpu plan shows them)") from None
+    if isinstance(out, (tuple, list)):
+        return {str(i): o for i, o in enumerate(out)}
+    if not isinstance(out, da.Array):
+        raise smap.error(f"op {op.name!r} returned {type(out).__name__}, not a dask array", where,
+                         hint="ops return dask arrays; wrap results with flowgpu.from_array")
+    return out
+
+
+def _check_expect(spec: Spec, name: str, x: da.Array, smap: SourceMap) -> None:
+    expect = spec.steps[name].expect
+    if expect is None:
+        return
+    if expect.shape is not None:
+        ok = len(expect.shape) == x.ndim and all(e is None or e == s for e, s in zip(expect.shape, x.shape))
+        if not ok:
+            raise smap.error(f"shape mismatch: step {name!r} makes shape {list(x.shape)}, expected "
+                             f"{expect.shape}", ("steps", name, "expect", "shape"),
+                             hint="fix the step's inputs or args, or the expected shape")
+    if expect.dtype is not None and np.dtype(expect.dtype) != x.dtype:
+        raise smap.error(f"dtype mismatch: step {name!r} makes {x.dtype}, expected {np.dtype(expect.dtype)}",
+                         ("steps", name, "expect", "dtype"),
+                         hint="add an astype step, or fix the expected dtype")
+
+
+def _build_graph(spec: Spec, smap: SourceMap, names: list[str], bindings: dict[str, da.Array],
+                 stack: tuple[str, ...], fusion: FusionPlan | None, fused_fn) -> tuple[dict, dict, dict]:
+    values: dict[str, Any] = {}
+    nodes: dict[str, Node] = {}
+    children: dict[str, Plan] = {}
+    for name in names:
+        if name in spec.inputs:
+            src = spec.inputs[name].source
+            x = bindings[name] if name in bindings else _open_input(spec, name, smap)
+            values[name] = x
+            nodes[name] = Node(name, "input", "bound" if name in bindings else src, x,
+                               reads_files=name not in bindings and sources.reads_files(src))
+            continue
+        step = spec.steps[name]
+        deps = sorted({ref.split(".")[0] for _, ref in step_refs(spec, name)})
+        if step.uses is not None:
+            child = compose.compile_uses(spec, name, smap, values, stack, compile_spec=_compile)
+            children[name] = child
+            values[name] = dict(child.outputs)
+            nodes[name] = Node(name, "uses", step.uses, None, deps)
+            continue
+        op = _get_op(name, step.op, smap)
+        if fusion is not None and name in fusion.inlined:
+            nodes[name] = Node(name, "step", step.op, None, deps)
+            continue
+        for where, ref in step_refs(spec, name):
+            head, _, part = ref.partition(".")
+            if fusion is not None and head in fusion.inlined:
+                continue
+            value = values[head]
+            if isinstance(value, dict):
+                if part not in value:
+                    raise smap.error(f"{ref!r}: step {head!r} has no output {part!r}", where,
+                                     hint=f"its outputs: {', '.join(f'{head}.{k}' for k in value)}")
+                values[ref] = value[part]
+            elif part:
+                raise smap.error(f"{ref!r}: step {head!r} has a single result", where, hint=f"refer to it as {head!r}")
+        if fusion is not None and name in fusion.roots:
+            root = fusion.roots[name]
+            out = fused_fn(root["expression"], {v: values[r] for v, r in root["leaves"].items()},
+                           **({"reduction": root["reduction"], "axis": root["axis"], "keepdims": root["keepdims"]}
+                              if root["reduction"] else {}))
+        else:
+            out = _call_op(spec, name, op, values, smap)
+        values[name] = out
+        nodes[name] = Node(name, "step", step.op, out if isinstance(out, da.Array) else None, deps)
+        if isinstance(out, da.Array) and fusion is None:
+            _check_expect(spec, name, out, smap)
+    return values, nodes, children
+
+
+def _output_arrays(spec: Spec, values: dict, smap: SourceMap) -> dict[str, da.Array]:
+    outs = {}
+    for out_name, out in spec.outputs.items():
+        head, _, part = out.from_.partition(".")
+        value = values[head]
+        if isinstance(value, dict):
+            if part not in value:
+                raise smap.error(f"{out.from_!r}: step {head!r} has no output {part!r}", ("outputs", out_name, "from"),
+                                 hint=f"its outputs: {', '.join(f'{head}.{k}' for k in value)}")
+            value = value[part]
+        if not isinstance(value, da.Array):
+            raise smap.error(f"{out.from_!r} is not an array", ("outputs", out_name, "from"),
+                             hint="name a single result, e.g. 'step.output' for a uses step")
+        outs[out_name] = value
+    return outs
+
+
+def _compile(spec: Spec, bindings: dict[str, da.Array] | None = None, stack: tuple[str, ...] = (),
+             fuse: bool = True) -> Plan:
+    origin = _origin(spec)
+    smap = origin.smap
+    names = order(spec, smap)
+    bindings = bindings or {}
+    values, nodes, children = _build_graph(spec, smap, names, bindings, stack, None, None)
+    outputs = _output_arrays(spec, values, smap)
+    plan = Plan(spec, nodes, names, values, outputs, FusionPlan(), False, dict(origin.params), children)
+    fused_fn = fusion_available() if fuse else None
+    if fused_fn is None:
+        return plan
+    ops = {n: registry.get(s.op) for n, s in spec.steps.items() if s.op is not None}
+    consumers: dict[str, list[str]] = {}
+    for n in spec.steps:
+        for _, ref in step_refs(spec, n):
+            consumers.setdefault(ref.split(".")[0], []).append(n)
+    fusion = plan_fusion(spec, ops, consumers, {o.from_.split(".")[0] for o in spec.outputs.values()})
+    if not fusion.roots:
+        return plan
+    try:
+        f_values, f_nodes, _ = _build_graph(spec, smap, names, bindings, stack, fusion, fused_fn)
+        f_outputs = _output_arrays(spec, f_values, smap)
+        for k, x in f_outputs.items():
+            if x.shape != outputs[k].shape or x.dtype != outputs[k].dtype:
+                f_outputs[k] = x.astype(outputs[k].dtype) if x.shape == outputs[k].shape else None
+        if any(v is None for v in f_outputs.values()):
+            raise ValueError("fused result differs in shape from the unfused one")
+    except Exception as e:  # fusion is an optimisation: never let it break a pipeline
+        warnings.warn(f"running {spec.name!r} unfused: {e}", stacklevel=2)
+        return plan
+    for root_name, root in fusion.roots.items():
+        for s in root["steps"]:
+            nodes[s].fused_into = root_name
+        nodes[root_name].fused = root["expression"] + (f" -> {root['reduction']}" if root["reduction"] else "")
+        nodes[root_name].array = f_values[root_name]
+    for n, node in f_nodes.items():
+        if node.array is not None and n not in fusion.inlined:
+            nodes[n].array = node.array
+    plan.arrays, plan.outputs, plan.fusion, plan.fused = f_values, f_outputs, fusion, True
+    return plan
+
+
+def compile(spec: Spec | str | os.PathLike | dict, params: dict[str, Any] | None = None, *,
+            overrides: dict[str, Any] | None = None, fuse: bool = True) -> Plan:  # noqa: A001
+    """Build and check the lazy graph of ``spec``; starts no cluster, computes nothing.
+
+    Parameters
+    ----------
+    spec : a :class:`Spec`, the path of a YAML spec, or a spec as a Python dict.
+    params : param values to use instead of the spec's defaults, e.g. ``{"n": 1000}``.
+    overrides : other dotted keys to set, as ``--set`` does.
+    fuse : fuse chains of elementwise steps (when flowgpu.kernels.fusion is available).
+
+    Returns
+    -------
+    Plan, whose ``outputs`` maps each output name to its lazy dask array.
+    """
+    from flowgpu.pipeline.build import build, load
+
+    extra = {f"params.{k}": v for k, v in (params or {}).items()}
+    extra.update(overrides or {})
+    if isinstance(spec, (str, os.PathLike)):
+        spec = load(spec, extra)
+    elif isinstance(spec, dict):
+        spec = from_dict(spec, extra)
+    elif extra:
+        origin = _origin(spec)
+        spec = build(origin.raw, origin.smap, {**origin.overrides, **extra})
+    try:
+        return _compile(spec, fuse=fuse)
+    except ConfigError as e:  # e.g. bad chunks
+        raise SpecError(str(e), file=_origin(spec).file, line=1, col=1, path="<document>",
+                        hint="check the spec's inputs and args") from None

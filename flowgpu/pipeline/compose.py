@@ -1,0 +1,95 @@
+"""Composition: a step that ``uses`` another spec file.
+
+The included spec is compiled as part of this one: its inputs named under the step's ``inputs``
+are bound to arrays of this pipeline (checked against the shape and dtype the included spec
+declares for them), the others are opened from its own sources; ``params`` are passed to it; its
+outputs become ``<step>.<output>`` here. Its sinks are not written: only this pipeline's outputs are.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from collections.abc import Callable
+from typing import Any
+
+import dask.array as da
+import numpy as np
+
+from flowgpu.errors import SpecError
+from flowgpu.pipeline.build import build
+from flowgpu.pipeline.loader import SourceMap, read_yaml
+from flowgpu.pipeline.spec import Spec
+
+__all__ = ["resolve_uses", "compile_uses"]
+
+
+def resolve_uses(spec: Spec, name: str, smap: SourceMap, stack: tuple[str, ...]) -> str:
+    """Absolute path of step ``name``'s included file; missing, self and cyclic includes fail."""
+    origin = spec._origin
+    base = origin.base_dir if origin is not None else os.getcwd()
+    path = os.path.abspath(os.path.join(base, os.path.expanduser(spec.steps[name].uses)))
+    where = ("steps", name, "uses")
+    if not os.path.isfile(path):
+        here = os.path.dirname(path)
+        near = difflib.get_close_matches(os.path.basename(path), os.listdir(here), n=1) if os.path.isdir(here) else []
+        hint = f"did you mean {near[0]!r}?" if near else "paths are relative to the spec file that uses them"
+        raise smap.error(f"included spec {spec.steps[name].uses!r} does not exist ({path})", where, hint=hint)
+    me = os.path.abspath(origin.file) if origin is not None and origin.file else None
+    if path == me:
+        raise smap.error(f"step {name!r} includes the spec it is in", where,
+                         hint="a spec cannot use itself; move the shared steps into another file")
+    chain = [*stack, me] if me else list(stack)
+    if path in chain:
+        loop = " -> ".join(os.path.basename(p) for p in [*chain[chain.index(path):], path])
+        raise smap.error(f"cyclic include: {loop}", where, hint="specs must not include each other in a loop")
+    return path
+
+
+def _check_binding(child: Spec, inner: str, x: Any, where: tuple, smap: SourceMap, step: str) -> None:
+    if not isinstance(x, da.Array):
+        raise smap.error(f"{inner!r} is bound to something that is not an array", where,
+                         hint="bind it to an input or a step with one result")
+    model = child.inputs[inner]
+    fields = model.model_fields_set
+    if "shape" in fields and list(model.shape) != list(x.shape):
+        raise smap.error(f"shape mismatch: {step!r} binds {inner!r} to an array of shape {list(x.shape)}, but the "
+                         f"included spec declares {list(model.shape)}", where,
+                         hint="pass matching params to the included spec, or bind another array")
+    if "dtype" in fields and model.dtype is not None and np.dtype(model.dtype) != x.dtype:
+        raise smap.error(f"dtype mismatch: {step!r} binds {inner!r} to {x.dtype}, but the included spec declares "
+                         f"{np.dtype(model.dtype)}", where, hint="add an astype step before it, or pass the dtype as "
+                                                                 "a param of the included spec")
+
+
+def compile_uses(spec: Spec, name: str, smap: SourceMap, values: dict[str, Any], stack: tuple[str, ...],
+                 compile_spec: Callable[..., Any]):
+    """Compile step ``name``'s included spec with its inputs bound; returns its Plan."""
+    step = spec.steps[name]
+    path = resolve_uses(spec, name, smap, stack)
+    data, child_map = read_yaml(path)
+    declared = (data.get("params") or {}) if isinstance(data, dict) else {}
+    for key in step.params:
+        if key not in declared:
+            close = difflib.get_close_matches(key, list(declared), n=1)
+            raise smap.error(f"{os.path.basename(path)} has no param {key!r}", ("steps", name, "params", key),
+                             hint=f"did you mean {close[0]!r}?" if close else
+                             f"its params: {', '.join(declared) or 'none'}", key=True)
+    child = build(data, child_map, {f"params.{k}": v for k, v in step.params.items()})
+    bindings: dict[str, da.Array] = {}
+    for inner, ref in (step.inputs or {}).items():
+        where = ("steps", name, "inputs", inner)
+        if inner not in child.inputs:
+            close = difflib.get_close_matches(inner, list(child.inputs), n=1)
+            raise smap.error(f"{os.path.basename(path)} has no input {inner!r}", where,
+                             hint=f"did you mean {close[0]!r}?" if close else
+                             f"its inputs: {', '.join(child.inputs) or 'none'}", key=True)
+        head, _, part = ref.partition(".")
+        x = values[head][part] if part and isinstance(values.get(head), dict) else values.get(ref)
+        _check_binding(child, inner, x, where, smap, name)
+        bindings[inner] = x
+    me = spec._origin.file if spec._origin is not None else None
+    try:
+        return compile_spec(child, bindings, (*stack, os.path.abspath(me)) if me else stack)
+    except SpecError:
+        raise

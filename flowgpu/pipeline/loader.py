@@ -1,0 +1,165 @@
+"""Reading spec YAML safely, remembering where every value is written.
+
+The YAML is composed into a node tree with a :class:`yaml.SafeLoader` subclass, then turned into
+plain Python data by hand, so that
+
+* duplicate keys are refused (YAML parsers silently keep the last one);
+* every tag other than the plain ones (``!!python/object/apply``, ``!custom``, ...) is refused;
+* a :class:`SourceMap` maps each field path, e.g. ``("steps", "norm", "op")``, to its line and
+  column, and every later error (pydantic's, the compiler's) can say ``spec.yaml:14:5``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from flowgpu.errors import SpecError
+
+__all__ = ["SourceMap", "read_yaml", "parse_yaml", "format_path"]
+
+_PLAIN_TAGS = {
+    "tag:yaml.org,2002:" + t for t in ("str", "int", "float", "bool", "null", "map", "seq", "timestamp", "binary")
+}
+Path = tuple
+
+
+def format_path(path: Path) -> str:
+    """``("steps", "norm", "inputs", 0)`` -> ``steps.norm.inputs[0]``."""
+    out = ""
+    for p in path:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out or "<document>"
+
+
+@dataclass
+class SourceMap:
+    """Where each value (and each mapping key) of a spec is written."""
+
+    file: str | None = None
+    values: dict[Path, tuple[int, int]] = field(default_factory=dict)
+    keys: dict[Path, tuple[int, int]] = field(default_factory=dict)
+
+    def locate(self, path: Path, *, key: bool = False) -> tuple[int | None, int | None]:
+        """Line and column (1-based) of ``path``, or of its nearest written parent."""
+        path = tuple(path)
+        while True:
+            table = (self.keys, self.values) if key else (self.values, self.keys)
+            for t in table:
+                if path in t:
+                    return t[path]
+            if not path:
+                return (None, None) if self.file is None else (1, 1)
+            path = path[:-1]
+
+    def error(self, message: str, path: Path = (), hint: str | None = None, *, key: bool = False) -> SpecError:
+        line, col = self.locate(path, key=key)
+        return SpecError(message, file=self.file, line=line, col=col, path=format_path(tuple(path)), hint=hint)
+
+    def sub(self, prefix: Path) -> "SourceMap":
+        """The part of this map under ``prefix``, re-rooted (used for included specs' bindings)."""
+        n = len(prefix)
+        return SourceMap(
+            self.file,
+            {p[n:]: v for p, v in self.values.items() if p[:n] == prefix},
+            {p[n:]: v for p, v in self.keys.items() if p[:n] == prefix},
+        )
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that only composes; construction is done by :func:`_build`."""
+
+
+def _mark(node: yaml.Node) -> tuple[int, int]:
+    return node.start_mark.line + 1, node.start_mark.column + 1
+
+
+def _build(node: yaml.Node, loader: _Loader, smap: SourceMap, path: Path, depth: int = 0) -> Any:
+    smap.values[path] = _mark(node)
+    if depth > 100:
+        raise smap.error("the document nests too deeply (a recursive alias?)", path,
+                         hint="remove the alias that refers to itself")
+    if node.tag not in _PLAIN_TAGS:
+        raise smap.error(f"the YAML tag {node.tag.replace('tag:yaml.org,2002:', '!!')!r} is not allowed", path,
+                         hint="specs are plain data: remove the tag (flowgpu never constructs Python objects "
+                              "from YAML)")
+    if isinstance(node, yaml.MappingNode):
+        out: dict[Any, Any] = {}
+        for key_node, value_node in node.value:
+            if not isinstance(key_node, yaml.ScalarNode):
+                raise smap.error("mapping keys must be plain names", path, hint="quote the key or rename it")
+            key = _build(key_node, loader, SourceMap(), (), depth + 1)
+            if key == "<<":
+                raise smap.error("YAML merge keys ('<<') are not supported", path,
+                                 hint="write the keys out, or share values through params")
+            if isinstance(key, (dict, list)) or key is None:
+                raise smap.error(f"mapping key {key!r} is not a name", path, hint="use a plain name as key")
+            if key in out:
+                first = smap.keys[path + (key,)]
+                raise SpecError(
+                    f"duplicate key {key!r} (first written at line {first[0]})",
+                    file=smap.file, line=key_node.start_mark.line + 1, col=key_node.start_mark.column + 1,
+                    path=format_path(path + (key,)), hint="each key may appear once in a mapping; remove or rename one",
+                )
+            smap.keys[path + (key,)] = _mark(key_node)
+            out[key] = _build(value_node, loader, smap, path + (key,), depth + 1)
+        return out
+    if isinstance(node, yaml.SequenceNode):
+        return [_build(v, loader, smap, path + (i,), depth + 1) for i, v in enumerate(node.value)]
+    value = loader.construct_object(node, deep=True)
+    if node.tag.endswith(("timestamp", "binary")):
+        return node.value  # keep dates and base64 text as the strings the user wrote
+    return value
+
+
+def _syntax_hint(text: str, mark: Any) -> str:
+    line = text.splitlines()[mark.line] if mark and mark.line < len(text.splitlines()) else ""
+    if "${" in line:
+        return "quote values that hold ${params...} inside [ ] or { }, e.g. shape: [\"${params.n}\", 10]"
+    if "\t" in line:
+        return "YAML does not allow tabs for indentation; use spaces"
+    return "check the indentation, brackets and quoting around this place"
+
+
+def parse_yaml(text: str, file: str | None = None) -> tuple[Any, SourceMap]:
+    """Parse YAML text into plain data and its :class:`SourceMap`; errors are :class:`SpecError`."""
+    smap = SourceMap(file)
+    loader = _Loader(text)
+    try:
+        try:
+            node = loader.get_single_node()
+        except yaml.MarkedYAMLError as e:
+            mark = e.problem_mark or e.context_mark
+            line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
+            problem = (e.problem or "malformed YAML").strip()
+            context = f" {e.context.strip()}" if e.context else ""
+            raise SpecError(f"malformed YAML: {problem}{context}", file=file, line=line, col=col,
+                            path="<document>",
+                            hint=_syntax_hint(text, mark)) from None
+        except yaml.YAMLError as e:
+            raise SpecError(f"malformed YAML: {e}", file=file, line=1, col=1, path="<document>",
+                            hint="check the file is UTF-8 YAML text") from None
+        if node is None:
+            return {}, smap
+        return _build(node, loader, smap, ()), smap
+    finally:
+        loader.dispose()
+
+
+def read_yaml(path: str | os.PathLike) -> tuple[Any, SourceMap]:
+    """Read and parse a YAML file."""
+    path = os.fspath(path)
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise SpecError(f"spec file {path!r} does not exist", file=path, line=None, col=None,
+                        path="<document>", hint="check the path (relative paths start at the working directory)"
+                        ) from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise SpecError(f"cannot read spec file {path!r}: {e}", file=path, path="<document>",
+                        hint="give a readable UTF-8 YAML file") from None
+    return parse_yaml(text, file=path)

@@ -1,0 +1,132 @@
+"""Params: typed defaults, overrides (``--set params.n=1000``, ``--params file.yaml``) and the
+substitution of ``${params.name}`` everywhere else in a spec.
+
+A reference that is the whole value (``shape: [${params.n}, ${params.n}]``) is replaced by the
+typed value; one inside a longer string (``path: out/${params.name}.zarr``) by its text.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any
+
+import yaml
+
+from flowgpu.pipeline.loader import SourceMap
+from flowgpu.pipeline.spec import PARAM_REF
+
+__all__ = ["resolve_params", "substitute", "parse_value", "set_path", "split_overrides"]
+
+_TYPES = {"int": int, "float": float, "str": str, "bool": bool, "list": list}
+
+
+def parse_value(text: Any) -> Any:
+    """A command-line value as YAML would read it: ``1000`` -> int, ``true`` -> bool, ``[1, 2]`` -> list."""
+    if not isinstance(text, str):
+        return text
+    try:
+        return yaml.safe_load(text) if text.strip() else text
+    except yaml.YAMLError:
+        return text
+
+
+def split_overrides(overrides: dict[str, Any] | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Split ``{"params.n": 5, "cluster.n_workers": 2}`` into params and other dotted paths."""
+    params, other = {}, {}
+    for key, value in (overrides or {}).items():
+        if key.startswith("params."):
+            params[key[len("params."):]] = value
+        else:
+            other[key] = value
+    return params, other
+
+
+def set_path(data: dict, dotted: str, value: Any, smap: SourceMap) -> None:
+    """Set ``data["a"]["b"] = value`` for ``dotted="a.b"``, creating mappings on the way."""
+    parts = dotted.split(".")
+    node = data
+    for i, part in enumerate(parts[:-1]):
+        nxt = node.get(part) if isinstance(node, dict) else None
+        if nxt is None:
+            nxt = node[part] = {}
+        if not isinstance(nxt, dict):
+            raise smap.error(f"--set {dotted}: {'.'.join(parts[: i + 1])} is not a mapping", tuple(parts[: i + 1]),
+                             hint="--set sets keys of mappings, e.g. params.n=1000 or cluster.n_workers=2")
+        node = nxt
+    node[parts[-1]] = parse_value(value)
+
+
+def _typed(name: str, kind: str | None, value: Any, where: tuple, smap: SourceMap, source: str) -> Any:
+    if kind is None or value is None:
+        return value
+    want = _TYPES[kind]
+    value = parse_value(value) if isinstance(value, str) and kind != "str" else value
+    if kind == "float" and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if kind == "str" and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    if isinstance(value, want) and not (kind in ("int", "float") and isinstance(value, bool)):
+        return value
+    raise smap.error(f"param {name!r} is {kind} but {source} gives {value!r} ({type(value).__name__})", where,
+                     hint=f"give a {kind} value")
+
+
+def resolve_params(data: dict, smap: SourceMap, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The value of every param: default, then ``overrides`` (already merged from file and --set)."""
+    raw = data.get("params") or {}
+    if not isinstance(raw, dict):
+        raise smap.error("params must be a mapping of name: default", ("params",),
+                         hint="e.g. params: {n: 1000, dtype: float32}")
+    values: dict[str, Any] = {}
+    kinds: dict[str, str | None] = {}
+    for name, p in raw.items():
+        where = ("params", name)
+        if isinstance(p, dict):
+            kind = p.get("type")
+            if kind is not None and kind not in _TYPES:
+                raise smap.error(f"param {name!r} has unknown type {kind!r}", where + ("type",),
+                                 hint=f"choose one of {', '.join(_TYPES)}")
+            default = p.get("default")
+        else:
+            kind, default = None, p
+        if kind is None and default is not None:
+            kind = next((k for k, t in _TYPES.items() if type(default) is t), None)
+        kinds[name] = kind
+        values[name] = _typed(name, kind, default, where, smap, "its default")
+    for name, value in (overrides or {}).items():
+        if name not in raw:
+            close = difflib.get_close_matches(name, list(raw), n=3)
+            hint = f"did you mean {', '.join(map(repr, close))}?" if close else (
+                f"this spec's params: {', '.join(raw) or 'none'}; declare it under params:")
+            raise smap.error(f"override params.{name} names a param this spec does not declare", ("params",),
+                             hint=hint, key=True)
+        values[name] = _typed(name, kinds[name], value, ("params", name), smap, "the override")
+    for name, value in values.items():
+        if value is None:
+            raise smap.error(f"param {name!r} has no value", ("params", name),
+                             hint=f"give it a default, or set it: --set params.{name}=...")
+    return values
+
+
+def substitute(data: Any, values: dict[str, Any], smap: SourceMap, path: tuple = ()) -> Any:
+    """Replace ``${params.name}`` in every string of ``data`` (but the ``params`` block itself)."""
+    if isinstance(data, dict):
+        return {k: (v if path == () and k == "params" else substitute(v, values, smap, path + (k,)))
+                for k, v in data.items()}
+    if isinstance(data, list):
+        return [substitute(v, values, smap, path + (i,)) for i, v in enumerate(data)]
+    if not isinstance(data, str) or "${" not in data:
+        return data
+    for m in PARAM_REF.finditer(data):
+        if m.group(1) not in values:
+            close = difflib.get_close_matches(m.group(1), list(values), n=3)
+            hint = f"did you mean ${{params.{close[0]}}}?" if close else (
+                f"declare it under params: (defined: {', '.join(values) or 'none'})")
+            raise smap.error(f"undefined param {m.group(1)!r} in {data!r}", path, hint=hint)
+    whole = PARAM_REF.fullmatch(data)
+    if whole:
+        return values[whole.group(1)]
+    if "${" in PARAM_REF.sub("", data):
+        raise smap.error(f"malformed param reference in {data!r}", path,
+                         hint="write references as ${params.name}")
+    return PARAM_REF.sub(lambda m: str(values[m.group(1)]), data)

@@ -1,0 +1,203 @@
+"""Running a pipeline: one Dask graph for all outputs, submitted to a Session, written atomically.
+
+1. load and compile the spec (pure; any problem is a :class:`SpecError` and nothing runs);
+2. refuse output paths that hold data flowgpu did not write (unless ``overwrite``);
+3. use the given (or current) Session, or start one from the spec's ``cluster:`` block;
+4. compile again inside the session (CuPy chunks on GPUs, chunks sized for its workers), set up
+   every output's write under a temporary name, compute all of them together, and move them into
+   place only when all succeeded. A failure removes the temporaries and raises :class:`RunError`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from rich.console import Console
+
+from flowgpu import __version__
+from flowgpu.diagnostics import compute_with_progress, render_summary
+from flowgpu.errors import FlowgpuError, OutputExistsError, RunError
+from flowgpu.io import sinks
+from flowgpu.pipeline.build import load
+from flowgpu.pipeline.compiler import Plan, compile
+from flowgpu.pipeline.planning import graph_size
+from flowgpu.pipeline.spec import Spec
+
+__all__ = ["RunResult", "run", "check_outputs", "session_options"]
+
+
+@dataclass
+class RunResult:
+    """What a run produced: ``outputs`` (value for summary outputs, path for files) and ``summary``."""
+
+    outputs: dict[str, Any]
+    summary: dict[str, Any]
+    plan: Plan | None = field(default=None, repr=False)
+
+
+def check_outputs(spec: Spec, overwrite: bool = False) -> None:
+    """Refuse, before anything runs, output paths that are taken or given twice."""
+    smap = spec._origin.smap
+    seen: dict[str, str] = {}
+    for name, out in spec.outputs.items():
+        if out.path is None:
+            continue
+        path = os.path.abspath(out.path)
+        if path in seen:
+            raise smap.error(f"outputs {seen[path]!r} and {name!r} both write {out.path!r}", ("outputs", name, "path"),
+                             hint="give each output its own path")
+        seen[path] = name
+        try:
+            sinks.check_destination(path, overwrite)
+        except OutputExistsError as e:
+            raise smap.error(str(e).split(";")[0], ("outputs", name, "path"),
+                             hint="choose another path, or pass --overwrite (overwrite=True) to replace it") from None
+
+
+def session_options(spec: Spec, cluster: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Session keyword arguments: the spec's ``cluster:`` block, then ``cluster`` (CLI) overrides."""
+    opts = {k: v for k, v in spec.cluster.model_dump().items() if v is not None}
+    opts.update({k: v for k, v in (cluster or {}).items() if v is not None})
+    return opts
+
+
+def _start_session(spec: Spec, cluster: dict[str, Any] | None):
+    from flowgpu.errors import ConfigError
+    from flowgpu.runtime.session import Session
+
+    opts = session_options(spec, cluster)
+    address = opts.pop("address", None)
+    try:
+        return Session(address, **opts)
+    except ConfigError as e:
+        raise spec._origin.smap.error(str(e), ("cluster",), hint="fix the cluster: block or the CLI option") from None
+
+
+def _disk_bytes(path: str) -> int:
+    if os.path.isfile(path):
+        return os.path.getsize(path)
+    total = 0
+    for root, _, files in os.walk(path):
+        total += sum(os.path.getsize(os.path.join(root, f)) for f in files)
+    return total
+
+
+def run(spec: Spec | str | os.PathLike, *, overrides: dict[str, Any] | None = None, params_file: str | None = None,
+        session: Any = None, overwrite: bool = False, summary_path: str | None = None,
+        cluster: dict[str, Any] | None = None, console: Console | None = None, progress: bool = True,
+        on_session: Any = None) -> RunResult:
+    """Run a pipeline and return its outputs and summary.
+
+    Parameters
+    ----------
+    spec : a :class:`Spec` or the path of a YAML spec.
+    overrides : dotted keys to set, e.g. ``{"params.n": 1000}`` (as ``--set``).
+    params_file : a YAML file of param values (as ``--params``).
+    session : a :class:`flowgpu.Session` to run on; default: the current one, else one started from
+        the spec's ``cluster:`` block (and closed at the end).
+    overwrite : replace output paths that hold data flowgpu did not write.
+    summary_path : also write the summary as JSON there.
+    cluster : Session options overriding the spec's ``cluster:`` block (``--scheduler``, ``--gpus``).
+    console : where to print progress and the summary (default: stderr); ``progress=False`` is quiet.
+    on_session : called with the session once it is ready (the CLI prints the dashboard link).
+    """
+    console = console or Console(stderr=True, quiet=not progress)
+    if isinstance(spec, (str, os.PathLike)):
+        spec = load(spec, overrides, params_file)
+    elif overrides or params_file:
+        from flowgpu.pipeline.build import build, read_params_file
+
+        merged = {**spec._origin.overrides, **(read_params_file(params_file) if params_file else {}),
+                  **(overrides or {})} if spec._origin else dict(overrides or {})
+        spec = build(spec._origin.raw, spec._origin.smap, merged)
+    compile(spec)  # every check before any cluster starts or anything is written
+    check_outputs(spec, overwrite)
+
+    from flowgpu.runtime.session import current_session
+
+    own = None
+    if session is None:
+        session = current_session()
+    if session is None:
+        own = session = _start_session(spec, cluster)
+    try:
+        if on_session is not None:
+            on_session(session)
+        return _execute(spec, session, overwrite, summary_path, console, progress)
+    finally:
+        if own is not None:
+            own.close()
+
+
+def _execute(spec: Spec, session: Any, overwrite: bool, summary_path: str | None, console: Console,
+             progress: bool) -> RunResult:
+    start = time.perf_counter()
+    plan = compile(spec)  # again, inside the session: its backend and chunk sizes
+    pending: dict[str, sinks.PendingWrite] = {}
+    status = "failed"
+    try:
+        for name, x in plan.outputs.items():
+            out = spec.outputs[name]
+            options = {"component": out.component} if out.sink == "zarr" and out.component else {}
+            pending[name] = sinks.prepare_write(out.sink, x, out.path, overwrite, **options)
+        targets = [p.target for p in pending.values()]
+        try:
+            results = compute_with_progress(targets, client=getattr(session, "client", None), console=console,
+                                            show=progress, description=spec.name)
+        except FlowgpuError:
+            raise
+        except Exception as e:
+            raise RunError(f"pipeline {spec.name!r} failed while running: {type(e).__name__}: {e}") from e
+        values = {}
+        for (name, p), result in zip(pending.items(), results):
+            values[name] = sinks.to_summary_value(result) if p.sink == "summary" else p.commit()
+        status = "ok"
+    except BaseException:
+        for p in pending.values():
+            p.abort()
+        raise
+    finally:
+        wall = time.perf_counter() - start
+    summary = _summary(spec, plan, session, values, wall, status)
+    if summary_path:
+        with open(summary_path, "w") as f:
+            json.dump(summary, f, indent=2, default=str)
+    render_summary(summary, console)
+    return RunResult(values, summary, plan)
+
+
+def _summary(spec: Spec, plan: Plan, session: Any, values: dict, wall: float, status: str) -> dict[str, Any]:
+    outputs = {}
+    written = 0
+    for name, x in plan.outputs.items():
+        out = spec.outputs[name]
+        entry = {"from": out.from_, "sink": out.sink, "shape": list(x.shape), "dtype": str(x.dtype),
+                 "chunks": [list(c) for c in x.chunks] if x.npartitions <= 64 else list(x.chunksize)}
+        if out.sink == "summary":
+            entry["value"] = values[name]
+        else:
+            entry["location"] = values[name]
+            written += _disk_bytes(values[name])
+        outputs[name] = entry
+    read = sum(int(n.array.nbytes) for n in plan.nodes.values() if n.reads_files and n.array is not None)
+    info = session.info() if hasattr(session, "info") else {}
+    return {
+        "flowgpu": __version__,
+        "name": spec.name,
+        "file": plan.file,
+        "status": status,
+        "params": plan.params,
+        "wall_seconds": wall,
+        "bytes_read": read,
+        "bytes_written": written,
+        "tasks": graph_size(list(plan.outputs.values())),
+        "fused": {k: v["expression"] for k, v in plan.fusion.roots.items()},
+        "session": {k: info.get(k) for k in ("backend", "n_workers", "threads_per_worker", "address", "dashboard")},
+        "outputs": outputs,
+    }
+
+
