@@ -1,0 +1,253 @@
+"""``@flowgpu.kernel``: a raw CUDA kernel applied chunk by chunk, with an optional CPU counterpart.
+
+The kernel is either CUDA C source for a CuPy ``RawKernel`` or a ``numba.cuda.jit`` function
+(a plain Python function is jitted with ``numba.cuda.jit`` for you). Launch convention, one thread
+per element:
+
+* the inputs of a chunk are broadcast together (NumPy's rules), cast to the kernel's ``dtype`` and
+  made C-contiguous; the kernel sees them flat, so it indexes them as 1-D arrays;
+* the kernel's arguments are ``(in_0, ..., in_k, out, n)``: the inputs, the output (same shape as
+  the broadcast inputs, dtype ``dtype``) and ``n``, the number of elements as a 64-bit integer
+  (``long long`` in CUDA C, ``int64`` in numba);
+* ``block`` threads per block (256 by default) and ``grid = ceil(n / block)`` blocks, on CuPy's
+  current stream; a thread with ``i >= n`` must do nothing.
+
+``cpu=`` gives the same operation for NumPy chunks: a Python (or numba ``njit``) function taking the
+input chunks as NumPy arrays and returning the output chunk. Without it the op is GPU-only: on a
+CPU session it raises :class:`~flowgpu.errors.KernelError` when the graph is built.
+
+Examples
+--------
+>>> import numpy as np, flowgpu
+>>> mul = flowgpu.kernel(r'''
+... extern "C" __global__ void mul(const float* a, const float* b, float* out, long long n) {
+...     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+...     if (i < n) out[i] = a[i] * b[i];
+... }''', dtype="float32", cpu=np.multiply)
+>>> mul(np.float32([1, 2]), np.float32([3, 4]))
+array([3., 8.], dtype=float32)
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import re
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import dask.array as da
+import numpy as np
+from dask.base import tokenize
+
+from flowgpu.backend import current_backend, import_cupy, is_cupy
+from flowgpu.errors import BackendError, KernelError
+from flowgpu.kernels import _numba as nb
+
+__all__ = ["kernel", "Kernel"]
+
+_GLOBAL = re.compile(r"__global__\s+void\s+([A-Za-z_]\w*)\s*\(")
+
+
+def _is_numba_cuda(obj: Any) -> bool:
+    module = type(obj).__module__
+    return (module.startswith("numba.cuda") or module.startswith("numba_cuda")) and hasattr(obj, "py_func")
+
+
+class Kernel:
+    """A raw CUDA kernel made by :func:`kernel`; call it with dask, NumPy or CuPy arrays."""
+
+    def __init__(self, cuda: str | Callable, *, name: str | None = None, dtype: Any = None,
+                 cpu: Callable | None = None, block: int = 256, options: Sequence[str] = ()):
+        self.cpu = cpu
+        self.dtype = np.dtype(dtype) if dtype is not None else None
+        if not isinstance(block, int) or not 1 <= block <= 1024:
+            raise KernelError(f"kernel block={block!r}: give threads per block between 1 and 1024")
+        self.block = block
+        self.options = tuple(options)
+        self._dispatcher = None
+        if isinstance(cuda, str):
+            self.source, self.py_func = cuda, None
+            found = _GLOBAL.findall(cuda)
+            if name is None and len(found) != 1:
+                raise KernelError("kernel: the CUDA source has "
+                                  f"{'no' if not found else len(found)} __global__ function(s); "
+                                  "name the one to launch with kernel(source, name='...')")
+            self.kernel_name = name or found[0]
+            if self.kernel_name not in found:
+                raise KernelError(f"kernel: no __global__ function {self.kernel_name!r} in the CUDA "
+                                  f"source (it has {', '.join(found) or 'none'}); add "
+                                  "extern \"C\" __global__ void NAME(...)")
+            self.jit_options: dict = {}
+        elif callable(cuda):
+            self.source = None
+            if _is_numba_cuda(cuda):
+                self._dispatcher = cuda
+                self.py_func = cuda.py_func
+                self.jit_options = dict(getattr(cuda, "targetoptions", {}) or {})
+            else:
+                self.py_func = cuda
+                self.jit_options = {}
+            self.kernel_name = name or self.py_func.__name__
+        else:
+            raise KernelError(f"kernel: give CUDA C source (a str) or a numba.cuda.jit function, "
+                              f"not {type(cuda).__name__}")
+        if cpu is not None and not callable(cpu):
+            raise KernelError(f"kernel {self.kernel_name!r}: cpu= must be a function of NumPy "
+                              f"arrays, not {cpu!r}")
+        self.__name__ = self.__qualname__ = self.kernel_name
+        self.__module__ = getattr(cpu or self.py_func, "__module__", None) or __name__
+        self.__doc__ = (getattr(self.py_func, "__doc__", None) or getattr(cpu, "__doc__", None)
+                        or f"Raw CUDA kernel {self.kernel_name}.")
+        self.__signature__ = self._python_signature()
+        self.gpu_only = cpu is None
+        self._key = nb.new_key(self.kernel_name)
+
+    def _python_signature(self) -> inspect.Signature:
+        if self.py_func is not None:
+            sig = nb.describe(self.py_func, drop_last=2)
+            if sig is not None:
+                return sig
+        if self.cpu is not None:
+            sig = nb.describe(self.cpu)
+            if sig is not None:
+                return sig
+        return inspect.Signature([inspect.Parameter("arrays", inspect.Parameter.VAR_POSITIONAL)])
+
+    def __repr__(self) -> str:
+        kind = "CUDA C" if self.source is not None else "numba.cuda"
+        return f"<flowgpu.kernel {self.kernel_name} ({kind}{', GPU-only' if self.gpu_only else ''})>"
+
+    def __dask_tokenize__(self):
+        return self._key
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_dispatcher"] = None  # the worker re-jits py_func once (numba dispatchers hold a context)
+        return state
+
+    # -- choosing where to run -------------------------------------------------------------------
+    def gpu_only_error(self) -> KernelError:
+        return KernelError(
+            f"kernel {self.kernel_name!r} is GPU-only (a CUDA kernel with no CPU counterpart) and this "
+            "session computes on the CPU (NumPy chunks). Give a CPU version, "
+            f"flowgpu.kernel(..., cpu=my_numpy_function), or run it in a GPU session: "
+            "flowgpu.Session(backend='gpu') on a machine with an NVIDIA GPU and CuPy")
+
+    def target(self, args: Sequence[Any]) -> str:
+        """``"cuda"`` or ``"cpu"``: CuPy chunks run the CUDA kernel, NumPy chunks the CPU version
+        (or the CUDA kernel on a GPU session, after moving the chunks to the device)."""
+        if nb.any_cupy(args):
+            return "cuda"
+        if self.cpu is not None:
+            return "cpu"
+        if current_backend() == "cupy":
+            return "cuda"
+        raise self.gpu_only_error()
+
+    def out_dtype(self, args: Sequence[Any]) -> np.dtype:
+        if self.dtype is not None:
+            return self.dtype
+        return np.dtype(np.result_type(*(nb.arg_dtype(a) if not nb.is_scalar(a) else a for a in args)))
+
+    # -- calling ---------------------------------------------------------------------------------
+    def __call__(self, *arrays: Any) -> Any:
+        if not arrays:
+            raise KernelError(f"kernel {self.kernel_name!r} needs at least one input array")
+        target = self.target(arrays)
+        dtype = self.out_dtype(arrays)
+        if not any(isinstance(a, da.Array) for a in arrays):
+            return self.apply(target, dtype, *arrays)
+        dargs = nb.as_dask_args(arrays)
+        shapes = [a.shape for a in dargs if isinstance(a, da.Array)]
+        try:
+            ndim = len(np.broadcast_shapes(*shapes))
+        except ValueError:
+            raise KernelError(f"kernel {self.kernel_name!r}: input shapes "
+                              f"{', '.join(map(str, shapes))} do not broadcast together") from None
+        pairs = []
+        for a in dargs:
+            pairs += [a, tuple(range(a.ndim))[::-1] if isinstance(a, da.Array) else None]
+        meta = nb.meta_array(target == "cuda", dtype, ndim)
+        return da.blockwise(functools.partial(self.apply, target, dtype), tuple(range(ndim))[::-1],
+                            *pairs, dtype=dtype, meta=meta,
+                            name=f"{self.kernel_name}-{tokenize(self._key, target, dtype, *dargs)}")
+
+    def apply(self, target: str, dtype: np.dtype, *chunks: Any) -> Any:
+        """Run on in-memory chunks: the CUDA kernel (``target="cuda"``) or the CPU version."""
+        shape = np.broadcast_shapes(*(np.shape(c) for c in chunks))
+        if target == "cpu" and not any(is_cupy(c) for c in chunks):
+            out = self.cpu(*(np.asarray(c) if not nb.is_scalar(c) else c for c in chunks))
+            out = np.asarray(out)
+            if out.shape != shape:
+                raise KernelError(f"kernel {self.kernel_name!r}: its cpu= function returned shape "
+                                  f"{out.shape} for inputs broadcasting to {shape}")
+            return out.astype(dtype, copy=False)
+        try:
+            cp = import_cupy()
+        except BackendError:
+            raise self.gpu_only_error() from None
+        ins = [nb.dense(c, shape, dtype, cp).reshape(-1) for c in chunks]
+        out = cp.empty(shape, dtype=dtype)
+        n = out.size
+        if n:
+            grid = (n + self.block - 1) // self.block
+            if self.source is not None:
+                self._raw_kernel()((grid,), (self.block,), (*ins, out.reshape(-1), np.int64(n)))
+            else:
+                views = [nb.numba_view(a) for a in (*ins, out.reshape(-1))]
+                self._numba_kernel()[grid, self.block, nb.numba_stream()](*views, np.int64(n))
+        return out
+
+    def _raw_kernel(self):
+        def build():
+            cp = import_cupy()
+            try:
+                return cp.RawKernel(self.source, self.kernel_name, options=self.options)
+            except Exception as e:  # CuPy compiles lazily; this catches bad arguments early
+                raise KernelError(f"kernel {self.kernel_name!r}: {e}") from None
+
+        return nb.cached((self._key, "raw"), build)
+
+    def _numba_kernel(self):
+        if self._dispatcher is not None:
+            return self._dispatcher
+
+        def build():
+            from numba import cuda
+
+            return cuda.jit(**self.jit_options)(self.py_func)
+
+        return nb.cached((self._key, "numba-cuda"), build)
+
+
+def kernel(cuda: str | Callable | None = None, *, name: str | None = None, dtype: Any = None,
+           cpu: Callable | None = None, block: int = 256, options: Sequence[str] = ()) -> Any:
+    """A raw CUDA kernel applied chunk by chunk; the launch grid is derived from each chunk.
+
+    Parameters
+    ----------
+    cuda : CUDA C source for a CuPy ``RawKernel`` (``extern "C" __global__ void NAME(...)``), or a
+        ``numba.cuda.jit`` function (a plain Python function is jitted for you). Leave out to use
+        ``kernel`` as a decorator: ``@flowgpu.kernel(cpu=...)``.
+    name : the ``__global__`` function to launch (found in the source when there is one).
+    dtype : the element type of the kernel: inputs are cast to it and the output has it
+        (default: NumPy's result type of the inputs).
+    cpu : the same operation on NumPy arrays (inputs in, output returned), for CPU sessions.
+        Without it the kernel is GPU-only.
+    block : threads per block; ``grid = ceil(n / block)``.
+    options : compiler options for ``RawKernel`` (e.g. ``("-use_fast_math",)``).
+
+    Returns
+    -------
+    Kernel
+        Called with dask arrays: a lazy dask array; with NumPy/CuPy arrays: the result at once.
+        The kernel receives ``(inputs..., out, n)`` over flat contiguous chunks; see the module
+        docstring for the full convention.
+    """
+    def make(obj: str | Callable) -> Kernel:
+        return Kernel(obj, name=name, dtype=dtype, cpu=cpu, block=block, options=options)
+
+    if cuda is None:
+        return make
+    return make(cuda)
