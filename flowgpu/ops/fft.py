@@ -1,0 +1,148 @@
+"""Discrete Fourier transforms: fft, ifft, rfft, irfft (one axis) and fft2, ifft2, rfft2, irfft2,
+fftn, ifftn (several axes).
+
+A transform needs each transformed axis whole in one chunk; when it is split, the op rechunks it
+(with a warning, since that moves data) and leaves the other axes' chunks as they are, so a stack
+of images chunked along the stack axis transforms chunk by chunk. Each block is transformed with its
+own module's FFT: ``numpy.fft`` on NumPy chunks, ``cupy.fft`` (cuFFT) on CuPy chunks.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Literal
+
+import numpy as np
+
+from flowgpu.backend import array_module
+from flowgpu.errors import OpError
+from flowgpu.ops._common import Array, defop, meta_like, same_backend
+
+__all__ = ["fft", "ifft", "rfft", "irfft", "fft2", "ifft2", "rfft2", "irfft2", "fftn", "ifftn"]
+
+Norm = Literal["backward", "ortho", "forward"] | None
+
+
+class FFTRechunkWarning(UserWarning):
+    """A transformed axis was split into several chunks and had to be rechunked into one."""
+
+
+def _fft_block(block, kind: str, lengths, axes, norm):
+    fn = getattr(array_module(block).fft, kind)
+    if kind in ("fft", "ifft", "rfft", "irfft"):
+        return fn(block, n=None if lengths is None else lengths[0], axis=axes[0], norm=norm)
+    return fn(block, s=lengths, axes=axes, norm=norm)
+
+
+def _transform(kind: str, x: Any, lengths: Any, axes: Any, norm: Any) -> Array:
+    (x,) = same_backend(x)
+    if x.ndim == 0:
+        raise OpError(f"op {kind!r}: the input is a number (0-d); give an array")
+    try:
+        axes = [int(a) + x.ndim if int(a) < 0 else int(a) for a in axes]
+    except TypeError:
+        raise OpError(f"op {kind!r}: axes={axes!r} should be a list of whole numbers") from None
+    if any(not 0 <= a < x.ndim for a in axes) or len(set(axes)) != len(axes):
+        raise OpError(f"op {kind!r}: axes {axes} are out of range or repeated for an array of {x.ndim} dimension(s)")
+    if lengths is not None:
+        lengths = [int(n) for n in ([lengths] if np.isscalar(lengths) else lengths)]
+        if len(lengths) != len(axes) or any(n < 1 for n in lengths):
+            raise OpError(f"op {kind!r}: give one positive length per transformed axis ({len(axes)}), got {lengths}")
+    split = [a for a in axes if len(x.chunks[a]) > 1]
+    if split:
+        warnings.warn(f"op {kind!r}: axis {split} of the input is split into several chunks; rechunking it into one "
+                      "chunk per transform (chunk the input whole along the transformed axes to avoid this)",
+                      FFTRechunkWarning, stacklevel=3)
+        x = x.rechunk({a: -1 for a in split})
+    chunks = list(x.chunks)
+    for i, a in enumerate(axes):
+        n_in = x.shape[a]
+        n = lengths[i] if lengths is not None else None
+        last = i == len(axes) - 1
+        if kind.startswith("rfft") and last:
+            chunks[a] = ((n if n is not None else n_in) // 2 + 1,)
+        elif kind.startswith("irfft") and last:
+            chunks[a] = (n if n is not None else 2 * (n_in - 1),)
+        elif n is not None:
+            chunks[a] = (n,)
+    sample = np.ones((4,) * x.ndim, dtype=x.dtype)
+    dtype = _fft_block(sample, kind, None, tuple(axes), norm).dtype
+    return x.map_blocks(_fft_block, kind, None if lengths is None else tuple(lengths), tuple(axes), norm,
+                        chunks=tuple(chunks), dtype=dtype, meta=meta_like(x, dtype))
+
+
+_ONE_AXIS_DOC = """{summary}
+
+Parameters
+----------
+x : array
+n : int, optional
+    {n_doc}
+axis : int, default -1
+    The axis to transform; it is rechunked into one chunk when it is split.
+norm : {{"backward", "ortho", "forward"}}, optional
+    As in ``numpy.fft``.
+
+Returns
+-------
+dask.array.Array
+    Equal to ``numpy.fft.{kind}`` on the whole array (float32 input gives complex64, as NumPy 2 and
+    CuPy do).
+"""
+
+_MANY_AXES_DOC = """{summary}
+
+Parameters
+----------
+x : array
+s : list of int, optional
+    Output lengths along the transformed axes (cropping or zero-padding the input), as in ``numpy.fft``.
+axes : list of int, {axes_default}
+    The axes to transform; each is rechunked into one chunk when it is split.
+norm : {{"backward", "ortho", "forward"}}, optional
+
+Returns
+-------
+dask.array.Array
+    Equal to ``numpy.fft.{kind}`` on the whole array.
+"""
+
+
+def _one_axis(kind: str, summary: str, n_doc: str) -> Any:
+    def func(x: Array, *, n: int | None = None, axis: int = -1, norm: Norm = None) -> Array:
+        return _transform(kind, x, None if n is None else [n], [axis], norm)
+
+    func.__name__ = func.__qualname__ = kind
+    func.__doc__ = _ONE_AXIS_DOC.format(summary=summary, kind=kind, n_doc=n_doc)
+    return defop(kind)(func)
+
+
+def _many_axes(kind: str, summary: str, default_axes: tuple[int, ...] | None) -> Any:
+    def func(x: Array, *, s: list[int] | None = None, axes: list[int] | tuple[int, ...] | None = None,
+             norm: Norm = None) -> Array:
+        if axes is None:
+            axes = default_axes if default_axes is not None else (
+                range(x.ndim) if s is None else range(x.ndim - len(s), x.ndim))
+        return _transform(kind, x, s, list(axes), norm)
+
+    func.__name__ = func.__qualname__ = kind
+    func.__doc__ = _MANY_AXES_DOC.format(summary=summary, kind=kind,
+                                         axes_default=f"default {list(default_axes)}" if default_axes else
+                                         "default all axes")
+    return defop(kind)(func)
+
+
+fft = _one_axis("fft", "One-dimensional discrete Fourier transform along an axis.",
+                "Length of the transform (the input is cropped or zero-padded); default the axis length.")
+ifft = _one_axis("ifft", "One-dimensional inverse discrete Fourier transform along an axis.",
+                 "Length of the transform; default the axis length.")
+rfft = _one_axis("rfft", "Fourier transform of real input along an axis (non-negative frequencies only).",
+                 "Length of the real input to transform; the output has n // 2 + 1 values.")
+irfft = _one_axis("irfft", "Inverse of rfft: real output from non-negative frequencies.",
+                  "Length of the real output; default 2 * (m - 1) for m input values.")
+fft2 = _many_axes("fft2", "Two-dimensional discrete Fourier transform (the last two axes by default).", (-2, -1))
+ifft2 = _many_axes("ifft2", "Two-dimensional inverse discrete Fourier transform.", (-2, -1))
+rfft2 = _many_axes("rfft2", "Two-dimensional Fourier transform of real input.", (-2, -1))
+irfft2 = _many_axes("irfft2", "Inverse of rfft2: real output.", (-2, -1))
+fftn = _many_axes("fftn", "N-dimensional discrete Fourier transform (all axes by default).", None)
+ifftn = _many_axes("ifftn", "N-dimensional inverse discrete Fourier transform.", None)

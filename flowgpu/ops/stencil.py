@@ -1,0 +1,162 @@
+"""Stencil filters over chunked arrays: gaussian, uniform (box) and median, through ``map_overlap``.
+
+Each chunk is extended by the filter's radius from its neighbours, filtered with
+``scipy.ndimage`` (NumPy chunks) or ``cupyx.scipy.ndimage`` (CuPy chunks), and trimmed back, so the
+result equals the filter applied to the whole array:
+
+* the overlap depth along each axis is the filter's reach: ``int(truncate * sigma + 0.5)`` for the
+  gaussian (scipy's radius), ``size // 2`` for the uniform and median filters;
+* at the array's outer edges no data is added (``boundary="none"``), so the filter sees the true
+  edge and applies ``mode`` itself, exactly as on the whole array. ``mode="wrap"`` needs the far
+  edge's data instead, so it uses dask's ``boundary="periodic"``.
+
+Chunks smaller than the depth are merged by dask first (``allow_rechunk``).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Literal
+
+from flowgpu.backend import is_cupy
+from flowgpu.errors import OpError
+from flowgpu.ops._common import Array, defop, meta_like, per_axis, same_backend
+
+__all__ = ["gaussian_filter", "uniform_filter", "median_filter", "MODES"]
+
+Mode = Literal["reflect", "constant", "nearest", "mirror", "wrap", "grid-mirror", "grid-constant", "grid-wrap"]
+MODES = ("reflect", "constant", "nearest", "mirror", "wrap", "grid-mirror", "grid-constant", "grid-wrap")
+Sizes = int | float | list | tuple
+
+
+def _ndimage(block):
+    if is_cupy(block):
+        from cupyx.scipy import ndimage
+    else:
+        from scipy import ndimage
+    return ndimage
+
+
+def _filter_block(block, name: str, kwargs: dict):
+    return getattr(_ndimage(block), name)(block, **kwargs)
+
+
+def _per_axis_values(name: str, arg: str, value: Any, ndim: int, axes: Any, neutral: Any) -> tuple:
+    """One value per axis; with ``axes``, a single value applies to those axes and the others are left alone."""
+    if axes is None:
+        return per_axis(name, arg, value, ndim)
+    axes = [axes] if isinstance(axes, int) else list(axes)
+    if any(not -ndim <= a < ndim for a in axes):
+        raise OpError(f"op {name!r}: axes={axes!r} out of range for an array of {ndim} dimension(s)")
+    values = per_axis(name, arg, value, len(axes))
+    out = [neutral] * ndim
+    for a, v in zip(axes, values):
+        out[a % ndim] = v
+    return tuple(out)
+
+
+def _apply(name: str, x: Any, depth: tuple[int, ...], mode: str, filter_kwargs: dict) -> Array:
+    if mode not in MODES:
+        raise OpError(f"op {name!r}: unknown mode {mode!r}; choose one of {', '.join(MODES)}")
+    (x,) = same_backend(x)
+    boundary = "periodic" if mode in ("wrap", "grid-wrap") else "none"
+    kwargs = dict(filter_kwargs, mode=mode)
+    block_fn = functools.partial(_filter_block, name=name, kwargs=kwargs)
+    if not any(depth):
+        return x.map_blocks(block_fn, dtype=x.dtype, meta=meta_like(x))
+    return x.map_overlap(block_fn, depth=dict(enumerate(depth)), boundary={i: boundary for i in range(x.ndim)},
+                         dtype=x.dtype, meta=meta_like(x))
+
+
+@defop("gaussian_filter")
+def gaussian_filter(x: Array, *, sigma: Sizes, mode: Mode = "reflect", cval: float = 0.0,
+                    truncate: float = 4.0, axes: int | list[int] | None = None) -> Array:
+    """Gaussian smoothing, equal to scipy.ndimage.gaussian_filter on the whole array.
+
+    Parameters
+    ----------
+    x : array
+    sigma : number or list of numbers
+        Standard deviation of the kernel in elements: one for all axes, or one per axis (0 leaves an
+        axis alone, e.g. ``[0, 2, 2]`` smooths each image of a stack).
+    mode : str, default "reflect"
+        How the array is extended beyond its edges: ``reflect``, ``constant``, ``nearest``, ``mirror``,
+        ``wrap`` (see ``scipy.ndimage``).
+    cval : number, default 0.0
+        The value outside the edges for ``mode="constant"``.
+    truncate : number, default 4.0
+        The kernel reaches ``int(truncate * sigma + 0.5)`` elements each side; that is also the
+        overlap depth between chunks.
+    axes : int or list of int, optional
+        Smooth only these axes (``sigma`` then gives one value, or one per listed axis).
+
+    Returns
+    -------
+    dask.array.Array
+        Same shape, chunks and dtype as ``x``.
+    """
+    sigmas = _per_axis_values("gaussian_filter", "sigma", sigma, x.ndim, axes, 0.0)
+    if any(s < 0 for s in sigmas) or truncate < 0:
+        raise OpError(f"op 'gaussian_filter': sigma={sigma!r} and truncate={truncate!r} must not be negative")
+    depth = tuple(int(truncate * float(s) + 0.5) for s in sigmas)
+    return _apply("gaussian_filter", x, depth, mode,
+                  {"sigma": tuple(float(s) for s in sigmas), "cval": float(cval), "truncate": float(truncate)})
+
+
+def _sizes(name: str, size: Any, x: Any, axes: Any) -> tuple[int, ...]:
+    sizes = _per_axis_values(name, "size", size, x.ndim, axes, 1)
+    if any(isinstance(s, bool) or int(s) != s or s < 1 for s in sizes):
+        raise OpError(f"op {name!r}: size={size!r} must be whole numbers >= 1")
+    return tuple(int(s) for s in sizes)
+
+
+@defop("uniform_filter")
+def uniform_filter(x: Array, *, size: Sizes = 3, mode: Mode = "reflect", cval: float = 0.0,
+                   axes: int | list[int] | None = None) -> Array:
+    """Moving average over a box of the given size, equal to scipy.ndimage.uniform_filter.
+
+    Parameters
+    ----------
+    x : array
+    size : int or list of int, default 3
+        Box length along every axis, or one per axis (1 leaves an axis alone). The overlap depth
+        between chunks is ``size // 2``.
+    mode : str, default "reflect"
+        Edge handling, as for ``gaussian_filter``.
+    cval : number, default 0.0
+    axes : int or list of int, optional
+        Filter only these axes.
+
+    Returns
+    -------
+    dask.array.Array
+        Same shape, chunks and dtype as ``x``.
+    """
+    sizes = _sizes("uniform_filter", size, x, axes)
+    return _apply("uniform_filter", x, tuple(s // 2 for s in sizes), mode, {"size": sizes, "cval": float(cval)})
+
+
+@defop("median_filter")
+def median_filter(x: Array, *, size: Sizes = 3, mode: Mode = "reflect", cval: float = 0.0,
+                  axes: int | list[int] | None = None) -> Array:
+    """Median over a box of the given size, equal to scipy.ndimage.median_filter; removes salt-and-pepper noise.
+
+    Parameters
+    ----------
+    x : array
+    size : int or list of int, default 3
+        Box length along every axis, or one per axis (1 leaves an axis alone). The overlap depth
+        between chunks is ``size // 2``.
+    mode : str, default "reflect"
+        Edge handling, as for ``gaussian_filter``.
+    cval : number, default 0.0
+    axes : int or list of int, optional
+        Filter only these axes.
+
+    Returns
+    -------
+    dask.array.Array
+        Same shape, chunks and dtype as ``x``.
+    """
+    sizes = _sizes("median_filter", size, x, axes)
+    return _apply("median_filter", x, tuple(s // 2 for s in sizes), mode, {"size": sizes, "cval": float(cval)})
