@@ -55,13 +55,25 @@ def _uniform_numpy(idx: np.ndarray, key: int, dtype: np.dtype) -> np.ndarray:
 
 @functools.lru_cache(maxsize=None)
 def _uniform_kernel(dtype_name: str):
+    """One CUDA kernel: global index from the thread's position, hash, exact float conversion.
+
+    No index array is materialised, so generating a chunk needs no memory beyond the chunk itself.
+    """
     cp = import_cupy()
     shift, scale = (40, "5.9604644775390625e-08") if dtype_name == "float32" else (11, "1.1102230246251565e-16")
     return cp.ElementwiseKernel(
-        "uint64 idx, uint64 key",
+        "raw int64 lshape, raw int64 offset, raw int64 gstride, int32 ndim, uint64 key, uint64 mul, uint64 add",
         "T out",
         f"""
-        unsigned long long z = idx * 0x9E3779B97F4A7C15ULL + key;
+        long long rem = i;
+        unsigned long long g = 0;
+        for (int d = ndim - 1; d >= 0; --d) {{
+            long long c = rem % lshape[d];
+            rem /= lshape[d];
+            g += (unsigned long long)(c + offset[d]) * (unsigned long long)gstride[d];
+        }}
+        g = g * mul + add;
+        unsigned long long z = g * 0x9E3779B97F4A7C15ULL + key;
         z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
         z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
         z = z ^ (z >> 31);
@@ -76,12 +88,67 @@ def uniform_block(location, full_shape, key: int, dtype, backend: str, stream: i
     dtype = np.dtype(dtype)
     if backend == "cupy":
         cp = import_cupy()
-        idx = _global_index(cp, location, full_shape, stream)
-        out = cp.empty(idx.shape, dtype=dtype)
-        _uniform_kernel(dtype.name)(idx, cp.uint64(key), out)
+        ndim = len(full_shape)
+        lshape = [b - a for a, b in location]
+        out = cp.empty(tuple(lshape), dtype=dtype)
+        if out.size == 0:
+            return out
+        gstride = [int(np.prod(full_shape[i + 1 :], dtype=np.int64)) for i in range(ndim)]
+        small = lambda v: cp.asarray(np.asarray(v or [0], dtype=np.int64))  # noqa: E731
+        mul, add = (2, stream) if stream >= 0 else (1, 0)
+        _uniform_kernel(dtype.name)(small(lshape), small([a for a, _ in location]), small(gstride),
+                                    np.int32(ndim), np.uint64(key), np.uint64(mul), np.uint64(add), out)
         return out
-    idx = _global_index(np, location, full_shape, stream)
-    return _uniform_numpy(idx, key, dtype)
+    return _uniform_cpu(location, full_shape, key, dtype, stream)
+
+
+@functools.lru_cache(maxsize=1)
+def _cpu_kernel():
+    """The same hash as the CUDA kernel, compiled by numba: one parallel pass, no index array."""
+    import numba
+
+    u64 = np.uint64
+
+    @numba.njit(parallel=True, cache=True, nogil=True)
+    def fill(out, lshape, offset, gstride, key, mul, add, shift, scale):
+        ndim = lshape.size
+        cols = lshape[ndim - 1]
+        rows = out.size // cols
+        for r in numba.prange(rows):
+            rem = np.int64(r)  # coordinates of this row in the block (all axes but the last)
+            base = u64(offset[ndim - 1]) * u64(gstride[ndim - 1])
+            for d in range(ndim - 2, -1, -1):
+                c = rem % lshape[d]
+                rem = rem // lshape[d]
+                base += u64(c + offset[d]) * u64(gstride[d])
+            for j in range(cols):
+                g = (base + u64(j) * u64(gstride[ndim - 1])) * mul + add
+                z = g * u64(0x9E3779B97F4A7C15) + key
+                z = (z ^ (z >> u64(30))) * u64(0xBF58476D1CE4E5B9)
+                z = (z ^ (z >> u64(27))) * u64(0x94D049BB133111EB)
+                z = z ^ (z >> u64(31))
+                out[r * cols + j] = (z >> shift) * scale  # exact: < 53 bits times a power of two
+
+    return fill
+
+
+def _uniform_cpu(location, full_shape, key: int, dtype: np.dtype, stream: int):
+    lshape = [b - a for a, b in location]
+    out = np.empty(tuple(lshape), dtype=dtype)
+    if out.size == 0:
+        return out
+    try:
+        fill = _cpu_kernel()
+    except ImportError:  # numba missing: the same numbers through NumPy, more slowly
+        return _uniform_numpy(_global_index(np, location, full_shape, stream), key, dtype)
+    ndim = len(full_shape)
+    gstride = [int(np.prod(full_shape[i + 1 :], dtype=np.int64)) for i in range(ndim)]
+    arr = lambda v: np.asarray(v or [0], dtype=np.int64)[: max(ndim, 1)]  # noqa: E731
+    mul, add = (2, stream) if stream >= 0 else (1, 0)
+    shift, scale = (40, 2.0**-24) if dtype == np.float32 else (11, 2.0**-53)
+    fill(out.reshape(-1), arr(lshape) if ndim else np.ones(1, np.int64), arr([a for a, _ in location]),
+         arr(gstride), np.uint64(key), np.uint64(mul), np.uint64(add), np.uint64(shift), scale)
+    return out
 
 
 def normal_block(location, full_shape, key: int, dtype, backend: str):
