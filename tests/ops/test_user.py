@@ -1,0 +1,88 @@
+"""map_blocks with a user function by import path, and the errors for paths that do not resolve."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from flowgpu.backend import array_module
+from flowgpu.errors import OpError
+from flowgpu.ops import get
+from flowgpu.ops.user import import_object
+from tests.ops.conftest import chunked, computed
+
+
+def soft_threshold(block, t=0.1):
+    """A user function that works on NumPy and CuPy blocks."""
+    xp = array_module(block)
+    return xp.sign(block) * xp.maximum(xp.abs(block) - t, 0)
+
+
+def row_norms(block):
+    xp = array_module(block)
+    return xp.sqrt((block * block).sum(axis=1))
+
+
+def blend(a, b, w=0.5):
+    return w * a + (1 - w) * b
+
+
+def _ref_soft(a, t):
+    return np.sign(a) * np.maximum(np.abs(a) - t, 0)
+
+
+@pytest.mark.parametrize("path", ["tests.ops.test_user:soft_threshold", "tests.ops.test_user.soft_threshold"])
+def test_map_blocks_by_path(path, rng, backend):
+    a = rng.normal(size=(14, 9))
+    t = float(rng.random())
+    out = get("map_blocks")(chunked(a, (5, 4), backend), function=path, kwargs={"t": t})
+    np.testing.assert_allclose(computed(out, backend), _ref_soft(a, t), rtol=1e-12)
+
+
+def test_map_blocks_drop_axis_and_dtype(rng, backend):
+    a = rng.normal(size=(12, 7)).astype(np.float32)
+    out = get("map_blocks")(chunked(a, (5, 7), backend), function="tests.ops.test_user:row_norms",
+                            drop_axis=1, dtype="float32")
+    assert out.shape == (12,) and out.dtype == np.float32
+    np.testing.assert_allclose(computed(out, backend), np.linalg.norm(a, axis=1), rtol=1e-6)
+
+
+def test_map_blocks_new_axis_and_two_inputs(rng, backend):
+    a, b = rng.normal(size=(2, 10))
+    w = float(rng.random())
+    out = get("map_blocks")(chunked(a, 4, backend), chunked(b, 4, backend), function="tests.ops.test_user:blend",
+                            kwargs={"w": w})
+    np.testing.assert_allclose(computed(out, backend), w * a + (1 - w) * b, rtol=1e-12)
+    out = get("map_blocks")(chunked(a, 4, backend), function="numpy:atleast_2d", new_axis=0, dtype="float64")
+    assert out.shape == (1, 10)
+    np.testing.assert_array_equal(computed(out, backend), a[None, :])
+
+
+@pytest.mark.parametrize("path, message", [
+    ("no_such_package.mod:f", "could not import module 'no_such_package.mod'"),
+    ("tests.ops.test_user:soft_treshold", "'tests.ops.test_user' has no attribute 'soft_treshold'; "
+                                          "did you mean 'soft_threshold'"),
+    ("tests.ops.test_user.nothing_here", "has no attribute 'nothing_here'"),
+    ("soft_threshold", "is not an import path"),
+    ("a:b:c", "is not an import path"),
+    (":f", "is not an import path"),
+])
+def test_bad_import_paths_say_what_is_missing(path, message, rng):
+    import dask.array as da
+
+    with pytest.raises(OpError, match=message):
+        get("map_blocks")(da.from_array(rng.random(4)), function=path)
+
+
+def test_a_module_that_fails_inside_is_reported_as_such(tmp_path, monkeypatch):
+    (tmp_path / "broken_user_mod.py").write_text("import not_installed_dependency_xyz\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(OpError, match="importing 'broken_user_mod' .* failed: .*not_installed_dependency_xyz"):
+        import_object("broken_user_mod:f")
+
+
+def test_not_callable(rng):
+    import dask.array as da
+
+    with pytest.raises(OpError, match="not a function"):
+        get("map_blocks")(da.from_array(rng.random(4)), function="math:pi")
