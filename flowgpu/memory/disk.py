@@ -108,6 +108,26 @@ class DiskTier:
                     raise OSError(f"spill file {path!r} is truncated: {got} of {n} bytes")
         return arr
 
+    def detach(self, key: Any) -> tuple[str, int]:
+        """Forget ``key`` but keep its file; returns the record for :meth:`attach` or :meth:`discard`."""
+        with self._lock:
+            rec = self._files.pop(key)
+            self.nbytes -= rec[1]
+        return rec
+
+    def attach(self, key: Any, rec: tuple[str, int]) -> None:
+        """Take back a file from :meth:`detach`: the chunk is on disk again without a write."""
+        with self._lock:
+            self._files[key] = rec
+            self.nbytes += rec[1]
+
+    @staticmethod
+    def discard(rec: tuple[str, int]) -> None:
+        try:
+            os.remove(rec[0])
+        except OSError:
+            pass
+
     def remove(self, key: Any) -> None:
         with self._lock:
             path, size = self._files.pop(key)
@@ -129,5 +149,7 @@ class DiskTier:
 def _read_header(f) -> tuple[tuple, np.dtype, bool]:
     version = np.lib.format.read_magic(f)
     if version == (1, 0):
-        return np.lib.format.read_array_header_1_0(f)
-    return np.lib.format.read_array_header_2_0(f)
+        shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+    else:
+        shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+    return shape, dtype, fortran

@@ -107,6 +107,7 @@ class PinnedPool:
         self.reuses = 0
         self.fallbacks = 0
         self.alloc_failures = 0
+        self.transient_pageable = 0
         self._warned = False
         self.on_fallback: Callable[[str], None] | None = None
 
@@ -115,8 +116,12 @@ class PinnedPool:
         """Bytes of free pinned buffers waiting to be reused."""
         return self.allocated - self.in_use
 
-    def take(self, nbytes: int) -> HostBuffer:
-        """A buffer of at least ``nbytes``: a cached one, a new pinned one, or pageable memory."""
+    def take(self, nbytes: int, transient: bool = False) -> HostBuffer:
+        """A buffer of at least ``nbytes``: a cached one, a new pinned one, or pageable memory.
+
+        ``transient=True`` (a short-lived buffer, e.g. for a read from disk whose speed is
+        bound by the disk anyway) takes pageable memory quietly when the pool is full.
+        """
         size = size_class(nbytes)
         with self._lock:
             free = self._free.get(size)
@@ -132,6 +137,10 @@ class PinnedPool:
                 self.allocated += size  # reserve before allocating outside the lock
                 self.in_use += size
         if not fits:
+            if transient:
+                with self._lock:
+                    self.transient_pageable += 1
+                return _pageable(size_class(nbytes))
             return self._fallback(nbytes, f"the pinned pool is full ({self.capacity} bytes)")
         try:
             buf = self._allocator(size)
@@ -196,4 +205,5 @@ class PinnedPool:
                 "reuses": self.reuses,
                 "pageable_fallbacks": self.fallbacks,
                 "alloc_failures": self.alloc_failures,
+                "transient_pageable": self.transient_pageable,
             }

@@ -121,6 +121,9 @@ class FlowgpuStore(MutableMapping):
         self._other: dict[Any, Any] = {}
         self._loading: dict[Any, threading.Event] = {}
         self._dropped_while_loading: set = set()
+        # chunks read back from disk whose file still holds their value: evicting them again
+        # takes no write (key -> (file record, origin, layout))
+        self._kept: dict[Any, tuple] = {}
         self._pending: list[_HostEntry] = []  # device-to-host copies in flight, oldest first
         self._orphans: list[_HostEntry] = []  # deleted while their copy was in flight
         self.device_bytes = 0
@@ -199,6 +202,9 @@ class FlowgpuStore(MutableMapping):
         return key in self._loading and key not in self._dropped_while_loading
 
     def _drop(self, key: Any) -> None:
+        kept = self._kept.pop(key, None)
+        if kept is not None:
+            self._disk.discard(kept[0])
         if key in self._device:
             self.device_bytes -= int(self._device.pop(key).nbytes)
         elif key in self._host:
@@ -237,6 +243,10 @@ class FlowgpuStore(MutableMapping):
     def _device_to_host(self, key: Any, value: Any) -> None:
         t = self.transfer
         meta = t.meta(value)
+        if self.memory_limit is not None:  # make room first, so the pool has a buffer to reuse
+            while self._host and self.host_bytes + meta.nbytes > self.memory_limit:
+                if self._evict_host_one() < 0:
+                    break
         buf = self.pool.take(meta.nbytes)
         pending = t.to_host_async(value, buf, meta)
         entry = _HostEntry(meta.host_array(buf), "device", meta, buf, pending)
@@ -280,6 +290,16 @@ class FlowgpuStore(MutableMapping):
         if self._disk.disabled_reason is not None:
             return -1
         key, entry = next(iter(self._host.items()))
+        kept = self._kept.pop(key, None)
+        if kept is not None:  # its file is still good: no write
+            rec, origin, meta = kept
+            self._disk.attach(key, rec)
+            del self._host[key]
+            self.host_bytes -= entry.nbytes
+            self._disk_info[key] = (origin, meta)
+            self._release(entry)
+            self.metrics.note("clean_evictions")
+            return entry.nbytes
         if entry.pending is not None:
             entry.pending.wait()
             self._reap()
@@ -344,8 +364,12 @@ class FlowgpuStore(MutableMapping):
         with self._lock:
             del self._loading[key]
             if source == "disk":
-                self._disk.remove(key)
-                del self._disk_info[key]
+                origin, meta = self._disk_info.pop(key)
+                rec = self._disk.detach(key)
+                if key in self._dropped_while_loading:
+                    self._disk.discard(rec)
+                else:
+                    self._kept[key] = (rec, origin, meta)
             else:
                 self._release(entry)
             if key in self._dropped_while_loading:
@@ -388,7 +412,7 @@ class FlowgpuStore(MutableMapping):
             value = self._disk.read(key)
             self.metrics.add("disk_to_host", value.nbytes, time.perf_counter() - start)
             return value, "host"
-        buf = self.pool.take(meta.nbytes)
+        buf = self.pool.take(meta.nbytes, transient=True)
         try:
             host = self._disk.read(key, out=buf.view)
             read_s = time.perf_counter() - start

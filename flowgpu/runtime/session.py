@@ -87,7 +87,11 @@ class Session:
         self._config = dask.config.set({"array.backend": name})
 
     def _start_local(self) -> None:
+        from flowgpu.memory import integration as spill  # the worker data store (issue 5)
+
         o = self.options
+        spill_kwargs = {} if "data" in o.extra else spill.worker_data_kwargs(o)
+        spill_env = {f"distributed.nanny.pre-spawn-environ.{k}": v for k, v in spill.worker_environ(o).items()}
         common = dict(
             threads_per_worker=o.threads_per_worker,
             memory_limit=o.memory_limit,
@@ -110,11 +114,14 @@ class Session:
             if o.rmm_pool_size:
                 gpu_kwargs["rmm_pool_size"] = o.rmm_pool_size
                 gpu_kwargs["rmm_allocator_external_lib_list"] = ["cupy"]
-            self.cluster = LocalCUDACluster(**gpu_kwargs, **common)
+            with dask.config.set(spill_env):
+                self.cluster = LocalCUDACluster(**gpu_kwargs, **spill_kwargs, **common)
         else:
             self._set_array_backend("numpy")
-            self.cluster = LocalCluster(n_workers=o.n_workers, processes=True, **common)
+            self.cluster = LocalCluster(n_workers=o.n_workers, processes=True, **spill_kwargs, **common)
         self.client = Client(self.cluster, set_as_default=True)
+        if spill_kwargs:
+            spill.install(self.client, o)
         self.backend = o.backend
         self.workers = self.client.run(probe.worker_info)
         self._nthreads = self._min_threads()
@@ -160,8 +167,8 @@ class Session:
     @property
     def dashboard_link(self) -> str | None:
         """URL of the Dask dashboard, or None when it is off."""
-        if self.client is None:
-            return None
+        if self.client is None or (self.cluster is not None and not self.options.dashboard_address):
+            return None  # the scheduler still serves /health and metrics over HTTP, but no dashboard
         try:
             info = self.client.scheduler_info()
             if "dashboard" not in info.get("services", {}):

@@ -1,0 +1,67 @@
+"""Stand-ins for the device, so the device tier's logic is tested on machines without a GPU."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from flowgpu.memory.pinned import HostBuffer
+from flowgpu.memory.transfer import ArrayMeta, PendingCopy
+
+
+class FakeDeviceArray:
+    """Plays a device chunk: holds a NumPy array the store must not see as host data."""
+
+    def __init__(self, a: np.ndarray):
+        self.a = a
+        self.nbytes = a.nbytes
+        self.shape = a.shape
+        self.dtype = a.dtype
+
+
+class _Event:
+    def __init__(self, done: bool):
+        self.done = done
+
+    def synchronize(self):
+        self.done = True
+
+
+class FakeTransfer:
+    """Copies like CupyTransfer, synchronously; ``hold=True`` keeps device-to-host copies in flight."""
+
+    def __init__(self, hold: bool = False):
+        self.hold = hold
+        self.events: list[_Event] = []
+        self.h2d = 0
+
+    @staticmethod
+    def is_device(value) -> bool:
+        return isinstance(value, FakeDeviceArray)
+
+    def meta(self, value) -> ArrayMeta:
+        a = value.a
+        order = "F" if (a.flags.f_contiguous and not a.flags.c_contiguous) else "C"
+        return ArrayMeta(tuple(a.shape), a.dtype, order)
+
+    def to_host_async(self, value, buf: HostBuffer, meta: ArrayMeta) -> PendingCopy:
+        np.copyto(meta.host_array(buf), value.a)
+        ev = _Event(done=not self.hold)
+        self.events.append(ev)
+        return PendingCopy(value, ev)
+
+    def to_device(self, host: np.ndarray, meta: ArrayMeta, pinned: bool):
+        self.h2d += 1
+        return FakeDeviceArray(np.array(host, order=meta.order)), 1e-3
+
+    def finish_all(self):
+        for ev in self.events:
+            ev.done = True
+
+
+def fake_pinned(size: int) -> HostBuffer:
+    view = np.empty(size, dtype=np.uint8)
+    return HostBuffer(size, view, view.ctypes.data, True, view)
+
+
+def failing_pinned(size: int) -> HostBuffer:
+    raise MemoryError("cudaErrorMemoryAllocation: out of memory (fake)")

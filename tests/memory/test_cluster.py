@@ -1,0 +1,41 @@
+"""The store as the data of real Dask workers: a session over data larger than their memory."""
+
+from __future__ import annotations
+
+import time
+
+import dask.array as da
+import numpy as np
+import pytest
+
+import flowgpu
+from flowgpu.memory import summary
+
+
+@pytest.mark.slow
+def test_one_gib_through_two_workers_of_300_mb(rng):
+    from distributed import wait
+
+    seed = int(rng.integers(2**31))
+    x = da.random.default_rng(seed).standard_normal(2**27, chunks=2**21)  # 1 GiB of float64, 16 MiB chunks
+    expr = lambda a: ((a * 2 + 1) ** 2 - a).sum()  # noqa: E731
+    start = time.perf_counter()
+    with flowgpu.Session(backend="cpu", n_workers=2, threads_per_worker=1, memory_limit="300MB",
+                         dashboard_address=None) as s:
+        xp = x.persist()
+        wait(xp)
+        got = float(expr(xp).compute())
+        tail = xp[-5:].compute()
+        per_worker = s.client.run(flowgpu.memory.stats)
+    elapsed = time.perf_counter() - start
+    want = float(expr(x).compute(scheduler="threads"))
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+    np.testing.assert_array_equal(tail, x[-5:].compute(scheduler="threads"))
+    assert all(st["store"] == "flowgpu" for st in per_worker.values())
+    for st in per_worker.values():  # each worker kept to its host budget and used its disk
+        assert st["tiers"]["host"]["limit"] == int(300e6 * 0.6)
+        assert st["tiers"]["host"]["bytes"] <= st["tiers"]["host"]["limit"]
+    total = summary(per_worker)
+    assert total["moves"]["host_to_disk"]["bytes"] >= 2**30 - 2 * 300e6
+    assert total["moves"]["disk_to_host"]["count"] > 0 and not total["errors"]
+    print(f"1 GiB through 2 x 300 MB: {elapsed:.1f} s; moves {total['moves']}")

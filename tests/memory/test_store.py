@@ -1,0 +1,306 @@
+"""FlowgpuStore's tiers, eviction order, accounting and failure paths, without a GPU."""
+
+from __future__ import annotations
+
+import errno
+import os
+import warnings
+
+import numpy as np
+import pytest
+
+from flowgpu.memory import disk as disk_mod
+from flowgpu.memory.store import FlowgpuStore
+from tests.memory.fakes import FakeDeviceArray, FakeTransfer, failing_pinned, fake_pinned
+
+
+def _chunks(rng, n, shape=(64, 128)):
+    return {("x", i): rng.standard_normal(shape).astype(np.float32) for i in range(n)}
+
+
+def _tier(store, key):
+    if key in store._device:
+        return "device"
+    if key in store._host:
+        return "host"
+    if key in store._disk:
+        return "disk"
+    return "other"
+
+
+# -- host -> disk (CPU mode) --------------------------------------------------------------------
+def test_host_over_limit_goes_to_disk_least_recently_used_first(tmp_path, rng):
+    chunks = _chunks(rng, 6)
+    nb = next(iter(chunks.values())).nbytes
+    store = FlowgpuStore(str(tmp_path), memory_limit=3 * nb)
+    for k, v in chunks.items():
+        store[k] = v
+    assert [_tier(store, k) for k in chunks] == ["disk"] * 3 + ["host"] * 3
+    assert store.host_bytes == 3 * nb
+    # touching x0 brings it back and pushes the least recently used host chunk (x3) out
+    np.testing.assert_array_equal(store[("x", 0)], chunks[("x", 0)])
+    assert _tier(store, ("x", 0)) == "host" and _tier(store, ("x", 3)) == "disk"
+    for k, v in chunks.items():
+        np.testing.assert_array_equal(store[k], v)
+    assert len(store) == 6 and set(store) == set(chunks)
+    st = store.stats()
+    assert st["moves"]["host_to_disk"]["bytes"] == st["moves"]["host_to_disk"]["count"] * nb
+    assert st["moves"]["disk_to_host"]["count"] >= 4
+    assert st["tiers"]["host"]["bytes"] <= 3 * nb
+
+
+def test_spill_files_are_raw_npy_and_are_removed(tmp_path, rng):
+    chunks = _chunks(rng, 4)
+    nb = chunks[("x", 0)].nbytes
+    store = FlowgpuStore(str(tmp_path), memory_limit=nb)
+    for k, v in chunks.items():
+        store[k] = v
+    files = sorted(os.listdir(store.directory))
+    assert len(files) == 3 and all(f.endswith(".npy") for f in files)
+    # readable by plain NumPy without pickle
+    got = [np.load(os.path.join(store.directory, f), allow_pickle=False) for f in files]
+    assert sorted(g.tobytes() for g in got) == sorted(chunks[("x", i)].tobytes() for i in range(3))
+    for k in list(store):
+        del store[k]
+    assert os.listdir(store.directory) == [] and len(store) == 0
+    with pytest.raises(KeyError):
+        store[("x", 0)]
+
+
+def test_fortran_and_strided_chunks_round_trip_through_disk(tmp_path, rng):
+    a = np.asfortranarray(rng.standard_normal((33, 17)))
+    b = rng.standard_normal((40, 40))[::3, 1::2]
+    store = FlowgpuStore(str(tmp_path), memory_limit=1)
+    store["a"], store["b"] = a, b
+    assert _tier(store, "a") == "disk" and _tier(store, "b") == "disk"
+    np.testing.assert_array_equal(store["a"], a)
+    np.testing.assert_array_equal(store["b"], b)
+
+
+def test_non_array_values_stay_in_memory(tmp_path, rng):
+    store = FlowgpuStore(str(tmp_path), memory_limit=1)
+    obj = np.array([{"a": 1}, None], dtype=object)
+    store["t"] = (1, "two")
+    store["o"] = obj
+    assert store["t"] == (1, "two") and store["o"] is obj
+    assert store.stats()["tiers"]["other"]["keys"] == 2
+
+
+def test_overwrite_replaces_in_place(tmp_path, rng):
+    store = FlowgpuStore(str(tmp_path), memory_limit=10_000)
+    a, b = rng.standard_normal(100), rng.standard_normal(200)
+    store["k"] = a
+    store["k"] = b
+    assert len(store) == 1 and store.host_bytes == b.nbytes
+    np.testing.assert_array_equal(store["k"], b)
+
+
+def test_evict_protocol_for_distributed_memory_monitor(tmp_path, rng):
+    store = FlowgpuStore(str(tmp_path))  # no limit: only the monitor evicts
+    a = rng.standard_normal(1000)
+    store["a"] = a
+    assert store.fast and store.evict() == a.nbytes
+    assert not store.fast and store.evict() == -1
+    assert store.spilled_total == (a.nbytes, os.path.getsize(os.path.join(store.directory, os.listdir(store.directory)[0])))
+    np.testing.assert_array_equal(store["a"], a)
+    metrics = store.cumulative_metrics
+    assert metrics[("host_to_disk", "bytes")] == a.nbytes and metrics[("disk_to_host", "count")] == 1
+
+
+# -- failures of the disk tier ------------------------------------------------------------------
+def test_disk_full_keeps_data_in_memory_and_reports_it(tmp_path, rng, monkeypatch):
+    def enospc(path, array):
+        with open(path, "wb") as f:
+            f.write(b"partial")
+        raise OSError(errno.ENOSPC, "No space left on device", path)
+
+    monkeypatch.setattr(disk_mod, "_write_file", enospc)
+    chunks = _chunks(rng, 5)
+    nb = chunks[("x", 0)].nbytes
+    store = FlowgpuStore(str(tmp_path), memory_limit=2 * nb)
+    with pytest.warns(RuntimeWarning, match="No space left"):
+        for k, v in chunks.items():
+            store[k] = v
+    for k, v in chunks.items():
+        np.testing.assert_array_equal(store[k], v)
+    st = store.stats()
+    assert st["events"]["disk_failures"] == 1
+    assert st["events"]["host_over_limit"] >= 1
+    assert any("No space left" in e for e in st["errors"])
+    assert st["tiers"]["disk"]["disabled"] and st["tiers"]["disk"]["keys"] == 0
+    assert os.listdir(store.directory) == []  # the partial file is gone
+    assert store.evict() == -1
+
+
+def test_read_only_spill_directory_keeps_data_in_memory(tmp_path, rng):
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("a file where the spill directory should be")
+    chunks = _chunks(rng, 4)
+    nb = chunks[("x", 0)].nbytes
+    store = FlowgpuStore(str(blocker), memory_limit=nb)  # <file>/flowgpu-spill cannot be created
+    with pytest.warns(RuntimeWarning, match="could not write to the spill directory"):
+        for k, v in chunks.items():
+            store[k] = v
+    for k, v in chunks.items():
+        np.testing.assert_array_equal(store[k], v)
+    assert store.stats()["events"]["disk_failures"] == 1
+
+
+# -- the device tier, with a stand-in device -----------------------------------------------------
+def _device_store(tmp_path, n_dev, nb, **kw):
+    t = kw.pop("transfer", None) or FakeTransfer()
+    kw.setdefault("pinned_allocator", fake_pinned)
+    return FlowgpuStore(str(tmp_path), device_memory_limit=n_dev * nb, transfer=t, **kw), t
+
+
+def test_device_over_limit_goes_to_pinned_host_and_comes_back(tmp_path, rng):
+    chunks = _chunks(rng, 5)
+    nb = chunks[("x", 0)].nbytes
+    store, t = _device_store(tmp_path, 2, nb)
+    for k, v in chunks.items():
+        store[k] = FakeDeviceArray(v)
+    assert [_tier(store, k) for k in chunks] == ["host"] * 3 + ["device"] * 2
+    assert all(store._host[k].buf.pinned for k in store._host)
+    got = store[("x", 0)]
+    assert isinstance(got, FakeDeviceArray)  # back on the device, not a host array
+    np.testing.assert_array_equal(got.a, chunks[("x", 0)])
+    assert _tier(store, ("x", 0)) == "device" and _tier(store, ("x", 3)) == "host"
+    for k, v in chunks.items():
+        np.testing.assert_array_equal(store[k].a, v)
+    st = store.stats()
+    assert st["moves"]["device_to_host"]["bytes"] == st["moves"]["device_to_host"]["count"] * nb
+    assert st["moves"]["host_to_device"]["count"] == t.h2d
+    # buffers are reused, not allocated per spill
+    pool = st["pinned_pool"]
+    assert pool["reuses"] > 0 and pool["allocations"] <= 4
+    assert pool["in_use"] == 3 * pool["allocated"] // pool["allocations"]
+
+
+def test_device_host_disk_chain_is_bit_identical(tmp_path, rng):
+    chunks = _chunks(rng, 8)
+    chunks[("x", 7)] = np.asfortranarray(chunks[("x", 7)])
+    nb = chunks[("x", 0)].nbytes
+    store, _ = _device_store(tmp_path, 2, nb, memory_limit=2 * nb)
+    for k, v in chunks.items():
+        store[k] = FakeDeviceArray(v)
+    assert [_tier(store, k) for k in chunks].count("disk") == 4
+    for k in reversed(list(chunks)):
+        got = store[k]
+        assert isinstance(got, FakeDeviceArray)
+        assert got.a.tobytes(order="A") == chunks[k].tobytes(order="A")
+        assert got.a.flags.f_contiguous == chunks[k].flags.f_contiguous
+    st = store.stats()
+    assert st["moves"]["disk_to_host"]["count"] == 4
+    assert st["pinned_pool"]["pageable_fallbacks"] == 0
+    assert st["pinned_pool"]["in_use"] == sum(e.buf.size for e in store._host.values() if e.buf is not None)
+
+
+def test_reading_a_chunk_whose_copy_is_in_flight_reclaims_it(tmp_path, rng):
+    chunks = _chunks(rng, 3)
+    nb = chunks[("x", 0)].nbytes
+    t = FakeTransfer(hold=True)
+    store, _ = _device_store(tmp_path, 1, nb, transfer=t, max_pending_bytes=10 * nb)
+    dev = {k: FakeDeviceArray(v) for k, v in chunks.items()}
+    for k, v in dev.items():
+        store[k] = v
+    assert store.pending_bytes == 2 * nb
+    assert store[("x", 0)] is dev[("x", 0)]  # no copy back: it never left
+    assert store.stats()["events"]["reclaimed_in_flight"] == 1
+    t.finish_all()
+    st = store.stats()
+    assert st["tiers"]["device"]["pending_bytes"] == 0
+    assert st["pinned_pool"]["in_use"] == st["pinned_pool"]["allocated"] - st["pinned_pool"]["cached"]
+    for k, v in chunks.items():
+        np.testing.assert_array_equal(store[k].a, v)
+
+
+def test_pending_copies_are_bounded(tmp_path, rng):
+    chunks = _chunks(rng, 6)
+    nb = chunks[("x", 0)].nbytes
+    t = FakeTransfer(hold=True)
+    store, _ = _device_store(tmp_path, 1, nb, transfer=t, max_pending_bytes=2 * nb)
+    for k, v in chunks.items():
+        store[k] = FakeDeviceArray(v)
+    assert store.pending_bytes <= 2 * nb
+
+
+def test_pinned_pool_exhausted_falls_back_to_pageable(tmp_path, rng):
+    chunks = _chunks(rng, 4)
+    nb = chunks[("x", 0)].nbytes
+    store, _ = _device_store(tmp_path, 1, nb, pinned_allocator=failing_pinned)
+    with pytest.warns(RuntimeWarning, match="pageable"):
+        for k, v in chunks.items():
+            store[k] = FakeDeviceArray(v)
+    assert not any(e.buf.pinned for e in store._host.values())
+    for k, v in chunks.items():
+        np.testing.assert_array_equal(store[k].a, v)
+    st = store.stats()
+    assert st["events"]["pageable_fallbacks"] >= 3 and st["pinned_pool"]["alloc_failures"] == 1
+
+
+def test_pinned_pool_capacity_is_respected(tmp_path, rng):
+    chunks = _chunks(rng, 5)
+    nb = chunks[("x", 0)].nbytes
+    store, _ = _device_store(tmp_path, 1, nb, pinned_pool_size=2 * nb + 100)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        for k, v in chunks.items():
+            store[k] = FakeDeviceArray(v)
+    pool = store.stats()["pinned_pool"]
+    assert pool["allocated"] <= 2 * nb + 100 and pool["pageable_fallbacks"] >= 1
+    for k, v in chunks.items():
+        np.testing.assert_array_equal(store[k].a, v)
+
+
+def test_prefetch_only_into_free_room(tmp_path, rng):
+    chunks = _chunks(rng, 4)
+    nb = chunks[("x", 0)].nbytes
+    store, _ = _device_store(tmp_path, 2, nb)
+    for k, v in chunks.items():
+        store[k] = FakeDeviceArray(v)
+    assert not store.prefetch(("x", 0))  # device full: would evict what is about to run
+    del store[("x", 3)]
+    assert store.prefetch(("x", 0)) and _tier(store, ("x", 0)) == "device"
+    assert not store.prefetch(("x", 0))  # already there
+    assert store.stats()["prefetched"] == 1
+    np.testing.assert_array_equal(store[("x", 0)].a, chunks[("x", 0)])
+
+
+def test_delete_while_loading_discards_the_load(tmp_path, rng):
+    a = rng.standard_normal(1000)
+    store, t = _device_store(tmp_path, 1, a.nbytes)
+    store["a"] = FakeDeviceArray(a)
+    store["b"] = FakeDeviceArray(a + 1)
+    original = t.to_device
+
+    def to_device_then_delete(host, meta, pinned):
+        del store["a"]  # the event loop drops the key while the prefetcher copies it
+        return original(host, meta, pinned)
+
+    t.to_device = to_device_then_delete
+    store._fetch("a", prefetch=True)
+    assert "a" not in store and len(store) == 1 and store.device_bytes == a.nbytes
+
+
+def test_chunks_read_back_unchanged_are_evicted_again_without_a_write(tmp_path, rng):
+    chunks = _chunks(rng, 4)
+    nb = chunks[("x", 0)].nbytes
+    store = FlowgpuStore(str(tmp_path), memory_limit=2 * nb)
+    for k, v in chunks.items():
+        store[k] = v
+    for k, v in chunks.items():
+        np.testing.assert_array_equal(store[k], v)
+    assert store.stats()["moves"]["host_to_disk"]["count"] == 4  # each chunk written once
+    for _ in range(2):
+        for k, v in chunks.items():
+            np.testing.assert_array_equal(store[k], v)
+    st = store.stats()
+    assert st["moves"]["host_to_disk"]["count"] == 4  # and never again
+    assert st["events"]["clean_evictions"] >= 4
+    store[("x", 0)] = chunks[("x", 1)]  # a new value must not resurrect the old file
+    del store[("x", 2)], store[("x", 3)]
+    store["y"], store["z"] = chunks[("x", 2)], chunks[("x", 3)]
+    np.testing.assert_array_equal(store[("x", 0)], chunks[("x", 1)])
+    for k in list(store):
+        del store[k]
+    assert os.listdir(store.directory) == []
