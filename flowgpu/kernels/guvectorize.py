@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import re
+import string
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -85,8 +86,7 @@ class GUVectorized:
     """A generalised-ufunc-like callable made by :func:`guvectorize`."""
 
     def __init__(self, pyfunc: Callable, signatures: Sequence[Any] | str, layout: str, *,
-                 name: str | None = None, rechunk: bool = True,
-                 output_sizes: dict[str, int] | None = None):
+                 name: str | None = None, rechunk: bool = True):
         self.pyfunc = pyfunc
         self.__name__ = name or getattr(pyfunc, "__name__", "guvectorized")
         self.__qualname__ = self.__name__
@@ -106,13 +106,12 @@ class GUVectorized:
                                   f"{len(sig.inputs)} inputs but layout {layout!r} has {self.nin}")
         self.__signature__ = nb.describe(pyfunc, drop_last=self.nout)
         self.rechunk = rechunk
-        self.output_sizes = dict(output_sizes or {})
         known = {d for dims in self.in_core for d in dims}
-        missing = {d for dims in self.out_core for d in dims} - known - set(self.output_sizes)
-        if missing:
+        missing = {d for dims in self.out_core for d in dims} - known
+        if missing:  # numba's gufuncs size outputs from the inputs only
             raise KernelError(f"guvectorize {self.__name__!r}: output dimension(s) "
-                              f"{', '.join(sorted(missing))} appear in no input; give their "
-                              "lengths with output_sizes={...}")
+                              f"{', '.join(sorted(missing))} appear in no input; numba needs every "
+                              "output dimension in an input (pass an array of that length)")
         self._key = nb.new_key(self.__name__)
 
     def __repr__(self) -> str:
@@ -156,20 +155,37 @@ class GUVectorized:
         cupy = nb.any_cupy(dargs)
         loop_ndim = max((a.ndim - len(d) for a, d in zip(dargs, self.in_core)
                          if isinstance(a, da.Array)), default=0)
+        self._unify_loop_chunks(dargs, loop_ndim)
         metas = tuple(nb.meta_array(cupy, dt, loop_ndim + len(dims))
                       for dt, dims in zip(sig.outputs, self.out_core))
         func = functools.partial(self.apply, sig)
         try:
             return da.apply_gufunc(
                 func, self.layout, *dargs,
-                output_sizes=self.output_sizes or None, vectorize=False, allow_rechunk=False,
+                vectorize=False, allow_rechunk=False,
                 meta=metas if self.nout > 1 else metas[0])
         except ValueError as e:
             raise KernelError(f"{self.__name__}(): {e}") from None
 
+    def _unify_loop_chunks(self, dargs: list, loop_ndim: int) -> None:
+        """Give the loop dimensions of all inputs the same chunks (apply_gufunc insists)."""
+        letters = iter(string.ascii_letters)
+        loop = [next(letters) for _ in range(loop_ndim)]
+        core = {d: next(letters) for dims in self.in_core for d in dims}
+        where, pairs = [], []
+        for i, (a, dims) in enumerate(zip(dargs, self.in_core)):
+            if isinstance(a, da.Array):
+                nloop = a.ndim - len(dims)
+                where.append(i)
+                pairs += [a, "".join(loop[loop_ndim - nloop:] + [core[d] for d in dims])]
+        if len(where) > 1:
+            _, arrays = da.core.unify_chunks(*pairs)
+            for i, a in zip(where, arrays):
+                dargs[i] = a
+
     # -- chunks ----------------------------------------------------------------------------------
     def _core_sizes(self, chunks: Sequence[Any]) -> dict[str, int]:
-        sizes = dict(self.output_sizes)
+        sizes: dict[str, int] = {}
         for i, (c, dims) in enumerate(zip(chunks, self.in_core)):
             shape = np.shape(c)
             if len(shape) < len(dims):
@@ -228,8 +244,7 @@ class GUVectorized:
 
 
 def guvectorize(signatures: Sequence[Any] | str, layout: str, *, name: str | None = None,
-                rechunk: bool = True, output_sizes: dict[str, int] | None = None
-                ) -> Callable[[Callable], GUVectorized]:
+                rechunk: bool = True) -> Callable[[Callable], GUVectorized]:
     """Decorator: a numba-style generalised ufunc over chunked (dask) arrays, GPU or CPU.
 
     Parameters
@@ -242,7 +257,6 @@ def guvectorize(signatures: Sequence[Any] | str, layout: str, *, name: str | Non
     rechunk : a core dimension split across chunks is rechunked into one chunk with a
         :class:`CoreRechunkWarning` (default ``True``), or refused with a KernelError (``False``).
         Can be overridden per call: ``f(x, y, rechunk=False)``.
-    output_sizes : lengths of output core dimensions that no input has, e.g. ``{"k": 3}``.
 
     Returns
     -------
@@ -251,7 +265,6 @@ def guvectorize(signatures: Sequence[Any] | str, layout: str, *, name: str | Non
         result at once.
     """
     def deco(pyfunc: Callable) -> GUVectorized:
-        return GUVectorized(pyfunc, signatures, layout, name=name, rechunk=rechunk,
-                            output_sizes=output_sizes)
+        return GUVectorized(pyfunc, signatures, layout, name=name, rechunk=rechunk)
 
     return deco
