@@ -1,0 +1,341 @@
+"""A small, safe expression language for fused elementwise kernels.
+
+``parse("(x * 2 + 1) ** 2 - x")`` reads a whitelisted subset of Python expressions with :mod:`ast`
+(it never calls ``eval``): names, numeric literals, ``+ - * / // % **``, unary ``-``/``+``,
+comparisons (chains such as ``0 < x < 1`` mean ``(0 < x) & (x < 1)``), ``& | ^ ~`` on booleans or
+integers, and calls of the functions in :data:`FUNCTIONS`. Anything else (attributes, subscripts,
+lambdas, comprehensions, unknown names or functions) raises :class:`~flowgpu.errors.KernelError`
+naming the token and its column.
+
+An :class:`Expr` evaluates unfused with NumPy or CuPy (:meth:`Expr.evaluate`, the reference the
+fused kernels are checked against) and knows the dtype of every sub-expression under NumPy's rules
+(:meth:`Expr.infer`), which the code generators in :mod:`flowgpu.kernels.codegen` follow exactly.
+
+Examples
+--------
+>>> import numpy as np
+>>> e = parse("where(x > 0, sqrt(x), 0) + a")
+>>> e.names
+('x', 'a')
+>>> e.evaluate({"x": np.array([4.0, -1.0]), "a": 1}, np)
+array([3., 1.])
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import operator
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from flowgpu.errors import KernelError
+
+__all__ = ["parse", "Expr", "Node", "Name", "Const", "BinOp", "UnaryOp", "Call", "FUNCTIONS", "Typing", "is_scalar"]
+
+# function name -> (number of arguments, family); the family tells the code generators how to type it
+FUNCTIONS: dict[str, tuple[int, str]] = {
+    **{f: (1, "float") for f in (
+        "sqrt", "cbrt", "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sin", "cos", "tan",
+        "arcsin", "arccos", "arctan", "sinh", "cosh", "tanh", "arcsinh", "arccosh", "arctanh")},
+    **{f: (1, "round") for f in ("floor", "ceil", "trunc", "rint")},
+    **{f: (1, "predicate") for f in ("isnan", "isinf", "isfinite")},
+    "abs": (1, "abs"), "absolute": (1, "abs"), "negative": (1, "negative"), "square": (1, "square"),
+    "reciprocal": (1, "reciprocal"), "sign": (1, "sign"),
+    **{f: (2, "binary") for f in ("minimum", "maximum", "fmin", "fmax", "arctan2", "hypot", "power")},
+    "where": (3, "where"), "clip": (3, "clip"),
+}
+
+BINARY_OPS = {
+    ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.FloorDiv: "//", ast.Mod: "%",
+    ast.Pow: "**", ast.BitAnd: "&", ast.BitOr: "|", ast.BitXor: "^",
+}
+COMPARE_OPS = {ast.Eq: "==", ast.NotEq: "!=", ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">="}
+UNARY_OPS = {ast.USub: "-", ast.UAdd: "+", ast.Invert: "~"}
+_PY_OPS = {
+    "+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv,
+    "//": operator.floordiv, "%": operator.mod, "**": operator.pow, "&": operator.and_,
+    "|": operator.or_, "^": operator.xor, "==": operator.eq, "!=": operator.ne, "<": operator.lt,
+    "<=": operator.le, ">": operator.gt, ">=": operator.ge,
+}
+COMPARISONS = frozenset(COMPARE_OPS.values())
+_HINTS = {
+    ast.Attribute: "call functions by their plain name, e.g. sqrt(x) rather than np.sqrt(x)",
+    ast.Subscript: "indexing is not supported inside an expression; slice the array before the step",
+    ast.BoolOp: "use & and | (with parentheses) instead of 'and' / 'or'",
+    ast.Lambda: "write the expression itself, without lambda",
+    ast.IfExp: "use where(condition, a, b) instead of 'a if condition else b'",
+}
+
+
+@dataclass(frozen=True, eq=False)
+class Node:
+    """Base class of expression nodes; ``col`` is the 1-based column in the source text."""
+
+    col: int
+
+
+@dataclass(frozen=True, eq=False)
+class Name(Node):
+    id: str
+
+
+@dataclass(frozen=True, eq=False)
+class Const(Node):
+    value: bool | int | float
+
+
+@dataclass(frozen=True, eq=False)
+class BinOp(Node):
+    op: str
+    left: Node
+    right: Node
+
+
+@dataclass(frozen=True, eq=False)
+class UnaryOp(Node):
+    op: str
+    operand: Node
+
+
+@dataclass(frozen=True, eq=False)
+class Call(Node):
+    func: str
+    args: tuple[Node, ...]
+
+
+def is_scalar(value: Any) -> bool:
+    """True for Python and NumPy scalars (bool, int, float), which are inlined into kernels."""
+    return isinstance(value, (bool, int, float, np.bool_, np.integer, np.floating))
+
+
+def _fail(text: str, col: int, message: str, hint: str | None = None) -> KernelError:
+    pointer = f"\n    {text}\n    {' ' * (col - 1)}^"
+    tail = f"; {hint}" if hint else ""
+    return KernelError(f"expression {text!r}, column {col}: {message}{tail}{pointer}")
+
+
+class _Builder:
+    def __init__(self, text: str, allowed: frozenset[str] | None):
+        self.text = text
+        self.allowed = allowed
+        self.names: list[str] = []
+
+    def token(self, node: ast.AST) -> str:
+        seg = ast.get_source_segment(self.text, node)
+        return seg if seg is not None else type(node).__name__
+
+    def build(self, node: ast.AST) -> Node:
+        col = getattr(node, "col_offset", 0) + 1
+        if isinstance(node, ast.Name):
+            if node.id in FUNCTIONS and (self.allowed is None or node.id not in self.allowed):
+                raise _fail(self.text, col, f"{node.id!r} is a function; call it, e.g. {node.id}(x)")
+            if self.allowed is not None and node.id not in self.allowed:
+                known = ", ".join(sorted(self.allowed)) or "none"
+                raise _fail(self.text, col, f"unknown name {node.id!r}", f"the inputs are: {known}")
+            if node.id not in self.names:
+                self.names.append(node.id)
+            return Name(col, node.id)
+        if isinstance(node, ast.Constant):
+            v = node.value
+            if isinstance(v, (bool, int, float)):
+                return Const(col, v)
+            raise _fail(self.text, col, f"literal {self.token(node)} is not a number",
+                        "only int, float, True and False literals are allowed")
+        if isinstance(node, ast.BinOp):
+            op = BINARY_OPS.get(type(node.op))
+            if op is None:
+                raise _fail(self.text, col, f"operator in {self.token(node)!r} is not supported",
+                            "use + - * / // % ** & | ^")
+            left, right = self.build(node.left), self.build(node.right)
+            if isinstance(left, Const) and isinstance(right, Const):
+                return self.fold(node, col, lambda: Const(col, _PY_OPS[op](left.value, right.value)))
+            return BinOp(col, op, left, right)
+        if isinstance(node, ast.UnaryOp):
+            op = UNARY_OPS.get(type(node.op))
+            if op is None:
+                raise _fail(self.text, col, f"{self.token(node)!r}: 'not' is not supported", "use ~ instead")
+            operand = self.build(node.operand)
+            if op == "+":
+                return operand
+            if isinstance(operand, Const) and op == "-":
+                return Const(col, -operand.value)
+            return UnaryOp(col, op, operand)
+        if isinstance(node, ast.Compare):
+            parts = [node.left, *node.comparators]
+            built = [self.build(p) for p in parts]
+            out: Node | None = None
+            for i, cmp in enumerate(node.ops):
+                op = COMPARE_OPS.get(type(cmp))
+                if op is None:
+                    raise _fail(self.text, col, f"comparison in {self.token(node)!r} is not supported",
+                                "use == != < <= > >=")
+                term = BinOp(col, op, built[i], built[i + 1])
+                out = term if out is None else BinOp(col, "&", out, term)
+            return out
+        if isinstance(node, ast.Call):
+            if not isinstance(node.func, ast.Name):
+                if not isinstance(node.func, ast.Attribute):
+                    self.build(node.func)  # raises at the offending token (a lambda, a subscript, ...)
+                raise _fail(self.text, node.func.col_offset + 1, f"cannot call {self.token(node.func)!r}",
+                            _HINTS[ast.Attribute])
+            fname = node.func.id
+            if fname not in FUNCTIONS:
+                import difflib
+
+                close = difflib.get_close_matches(fname, list(FUNCTIONS), n=3)
+                hint = f"did you mean {', '.join(close)}?" if close else \
+                    f"known functions: {', '.join(sorted(FUNCTIONS))}"
+                raise _fail(self.text, col, f"unknown function {fname!r}", hint)
+            if node.keywords:
+                kw = node.keywords[0]
+                raise _fail(self.text, getattr(kw, "col_offset", node.col_offset) + 1,
+                            f"{fname}() takes positional arguments only")
+            nargs = FUNCTIONS[fname][0]
+            if len(node.args) != nargs:
+                raise _fail(self.text, col, f"{fname}() takes {nargs} argument(s), got {len(node.args)}")
+            return Call(col, fname, tuple(self.build(a) for a in node.args))
+        hint = _HINTS.get(type(node))
+        if isinstance(node, (ast.ListComp, ast.GeneratorExp, ast.SetComp, ast.DictComp)):
+            hint = "comprehensions are not supported; write one elementwise expression"
+        raise _fail(self.text, col, f"{self.token(node)!r} is not allowed in an expression", hint)
+
+    def fold(self, node: ast.AST, col: int, make) -> Node:
+        try:
+            return make()
+        except (ArithmeticError, ValueError, TypeError) as e:
+            raise _fail(self.text, col, f"{self.token(node)!r} cannot be computed: {e}") from None
+
+
+@functools.lru_cache(maxsize=1024)
+def _parse_cached(text: str, allowed: frozenset[str] | None) -> "Expr":
+    try:
+        tree = ast.parse(text.strip(), mode="eval")
+    except SyntaxError as e:
+        col = e.offset or 1
+        raise _fail(text.strip(), col, f"not a valid expression ({e.msg})") from None
+    builder = _Builder(text.strip(), allowed)
+    root = builder.build(tree.body)
+    return Expr(text.strip(), root, tuple(builder.names))
+
+
+def parse(text: str, names: Iterable[str] | None = None) -> "Expr":
+    """Parse ``text`` into an :class:`Expr`.
+
+    Parameters
+    ----------
+    text : the expression, e.g. ``"(x * 2 + 1) ** 2 - x"``.
+    names : the names it may use (its inputs); ``None`` allows any name that is not a function.
+
+    Raises
+    ------
+    KernelError : the first token that is not allowed, with its column.
+    """
+    if not isinstance(text, str) or not text.strip():
+        raise KernelError(f"expression {text!r} is empty; give one such as 'x * 2 + 1'")
+    allowed = frozenset(names) if names is not None else None
+    return _parse_cached(text, allowed)
+
+
+class Expr:
+    """A parsed expression: its text, its tree and its free names (in order of first use)."""
+
+    def __init__(self, text: str, root: Node, names: tuple[str, ...]):
+        self.text = text
+        self.root = root
+        self.names = names
+
+    def __repr__(self) -> str:
+        return f"Expr({self.text!r})"
+
+    def evaluate(self, env: Mapping[str, Any], xp: Any = np, *, record: dict | None = None) -> Any:
+        """Evaluate unfused with array module ``xp`` (numpy or cupy), one temporary per operation.
+
+        ``env`` maps every name to an array or a scalar; Python scalars are "weak" as in NumPy 2
+        (``float32_array * 2.0`` stays float32). ``record``, when given, receives each node's value.
+        """
+        missing = [n for n in self.names if n not in env]
+        if missing:
+            raise KernelError(f"expression {self.text!r} needs input(s) {', '.join(missing)} which were not given")
+        return _eval(self.root, env, xp, record)
+
+    def infer(self, types: Mapping[str, Any]) -> "Typing":
+        """The NumPy type of every node, for inputs of the given dtypes (or scalar values).
+
+        Inputs are dtypes (arrays) or scalars (inlined values; Python scalars are weak). Raises
+        KernelError when NumPy itself refuses the types (``float & float``, ``int ** -1``).
+        """
+        samples = {}
+        for name in self.names:
+            if name not in types:
+                raise KernelError(f"expression {self.text!r} needs input {name!r}, which was not given")
+            t = types[name]
+            samples[name] = t if is_scalar(t) else np.ones(1, dtype=np.dtype(t))
+        record: dict[Any, Any] = {}
+        try:
+            with np.errstate(all="ignore"):
+                self.evaluate(samples, np, record=record)
+        except KernelError:
+            raise
+        except Exception as e:
+            shown = {n: (type(t).__name__ if is_scalar(t) else str(np.dtype(t))) for n, t in types.items()
+                     if n in self.names}
+            raise KernelError(f"expression {self.text!r} cannot be applied to inputs {shown}: {e}") from None
+        return Typing(record)
+
+    def result_dtype(self, types: Mapping[str, Any]) -> np.dtype:
+        """The dtype NumPy gives the unfused expression for inputs of these dtypes (or scalars)."""
+        return self.infer(types).dtype(self.root)
+
+
+class Typing:
+    """Types of the nodes of one expression for one set of input types (see :meth:`Expr.infer`)."""
+
+    def __init__(self, record: dict):
+        self._record = record
+
+    def weak(self, node: Node) -> bool:
+        """True when the node is a weak Python scalar (a literal, or a Python scalar input)."""
+        return isinstance(self._record[id(node)], (bool, int, float))
+
+    def value(self, node: Node) -> Any:
+        """The node's value when it is a scalar (weak, or a NumPy scalar input); else None."""
+        v = self._record[id(node)]
+        return v if is_scalar(v) and np.ndim(v) == 0 and not isinstance(v, np.ndarray) else None
+
+    def dtype(self, node: Node) -> np.dtype:
+        """The node's dtype (for a weak scalar: the dtype NumPy would give it alone)."""
+        v = self._record[id(node)]
+        return np.result_type(v) if isinstance(v, (bool, int, float)) else np.asarray(v).dtype
+
+    def compare_dtype(self, node: BinOp) -> np.dtype:
+        """The dtype both sides of a comparison are promoted to."""
+        return self._record[("compare", id(node))]
+
+
+def _eval(node: Node, env: Mapping[str, Any], xp: Any, record: dict | None) -> Any:
+    if isinstance(node, Name):
+        value = env[node.id]
+    elif isinstance(node, Const):
+        value = node.value
+    elif isinstance(node, BinOp):
+        a = _eval(node.left, env, xp, record)
+        b = _eval(node.right, env, xp, record)
+        value = _PY_OPS[node.op](a, b)
+        if node.op in COMPARISONS and record is not None:
+            record[("compare", id(node))] = np.result_type(a, b)
+    elif isinstance(node, UnaryOp):
+        a = _eval(node.operand, env, xp, record)
+        value = -a if node.op == "-" else ~a
+    elif isinstance(node, Call):
+        args = [_eval(a, env, xp, record) for a in node.args]
+        name = "abs" if node.func == "absolute" else node.func
+        value = getattr(xp, name)(*args)
+    else:  # pragma: no cover - the builder makes no other node
+        raise KernelError(f"unknown node {node!r}")
+    if record is not None:
+        record[id(node)] = value
+    return value
