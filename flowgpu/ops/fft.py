@@ -52,7 +52,7 @@ def _transform(kind: str, x: Any, lengths: Any, axes: Any, norm: Any) -> Array:
     if split:
         warnings.warn(f"op {kind!r}: axis {split} of the input is split into several chunks; rechunking it into one "
                       "chunk per transform (chunk the input whole along the transformed axes to avoid this)",
-                      FFTRechunkWarning, stacklevel=3)
+                      FFTRechunkWarning, stacklevel=4)
         x = x.rechunk({a: -1 for a in split})
     chunks = list(x.chunks)
     for i, a in enumerate(axes):

@@ -26,6 +26,8 @@ __all__ = ["gaussian_filter", "uniform_filter", "median_filter", "MODES"]
 
 Mode = Literal["reflect", "constant", "nearest", "mirror", "wrap", "grid-mirror", "grid-constant", "grid-wrap"]
 MODES = ("reflect", "constant", "nearest", "mirror", "wrap", "grid-mirror", "grid-constant", "grid-wrap")
+# for filters scipy treats the grid-* modes as synonyms; cupyx's filters take only the plain names
+_SYNONYMS = {"grid-mirror": "reflect", "grid-constant": "constant", "grid-wrap": "wrap"}
 Sizes = int | float | list | tuple
 
 
@@ -59,7 +61,8 @@ def _apply(name: str, x: Any, depth: tuple[int, ...], mode: str, filter_kwargs: 
     if mode not in MODES:
         raise OpError(f"op {name!r}: unknown mode {mode!r}; choose one of {', '.join(MODES)}")
     (x,) = same_backend(x)
-    boundary = "periodic" if mode in ("wrap", "grid-wrap") else "none"
+    mode = _SYNONYMS.get(mode, mode)
+    boundary = "periodic" if mode == "wrap" else "none"
     kwargs = dict(filter_kwargs, mode=mode)
     block_fn = functools.partial(_filter_block, name=name, kwargs=kwargs)
     if not any(depth):

@@ -54,6 +54,13 @@ def test_median_filter(mode, size, rng, backend):
     np.testing.assert_array_equal(result, ndi.median_filter(a, size, mode=mode, cval=0.5))
 
 
+@pytest.mark.parametrize("alias, mode", [("grid-mirror", "reflect"), ("grid-wrap", "wrap"), ("grid-constant", "constant")])
+def test_grid_mode_synonyms(alias, mode, rng, backend):
+    a = rng.random((20, 16))
+    out = get("uniform_filter")(chunked(a, 6, backend), size=5, mode=alias, cval=0.7)
+    _check(computed(out, backend), ndi.uniform_filter(a, 5, mode=mode, cval=0.7), np.float64)
+
+
 def test_filter_only_some_axes_of_a_stack(rng, backend):
     a = rng.random((4, 20, 18))
     out = get("gaussian_filter")(chunked(a, (1, 7, 6), backend), sigma=1.2, axes=[1, 2])
