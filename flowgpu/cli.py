@@ -1,10 +1,73 @@
-"""The ``flowgpu`` command: a thin click layer over library functions."""
+"""The ``flowgpu`` command: a thin click layer over library functions.
+
+Exit codes: 0 ok; 2 an invalid spec or argument (nothing ran, nothing was written); 1 a failure
+while running.
+"""
 
 from __future__ import annotations
 
+import functools
+import json
 import sys
+from collections.abc import Callable
+from typing import Any
 
 import click
+
+EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
+
+
+def _console(stderr: bool = True):
+    from rich.console import Console
+
+    stream = sys.stderr if stderr else sys.stdout
+    width = None if stream.isatty() else 140  # pipes and CI logs: wide enough for the plan table
+    return Console(stderr=stderr, highlight=False, width=width)
+
+
+def _fail(message: str, code: int) -> None:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(code)
+
+
+def handle_errors(func: Callable) -> Callable:
+    """Turn flowgpu errors into one message and an exit code (2 invalid input, 1 failure while running)."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from flowgpu.errors import BackendError, ConfigError, FlowgpuError, OpError, OutputExistsError, SpecError
+
+        try:
+            return func(*args, **kwargs)
+        except (SpecError, ConfigError, OpError, OutputExistsError) as e:
+            _fail(str(e), EXIT_INVALID)
+        except BackendError as e:
+            _fail(str(e), EXIT_INVALID)
+        except FlowgpuError as e:
+            _fail(str(e), EXIT_FAILED)
+        except KeyboardInterrupt:
+            _fail("interrupted; no output was moved into place", EXIT_FAILED)
+
+    return wrapper
+
+
+def _parse_sets(values: tuple[str, ...]) -> dict[str, str]:
+    out = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise click.BadParameter(f"{item!r}: give KEY=VALUE, e.g. params.n=1000", param_hint="--set")
+        out[key.strip()] = value
+    return out
+
+
+def spec_options(func: Callable) -> Callable:
+    """--set and --params, shared by run, validate and plan."""
+    func = click.option("--params", "params_file", type=click.Path(dir_okay=False),
+                        help="YAML file of param values (name: value).")(func)
+    func = click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
+                        help="Set a value, e.g. params.n=1000 or cluster.n_workers=2 (repeatable).")(func)
+    return func
 
 
 @click.group(name="flowgpu", context_settings={"help_option_names": ["-h", "--help"]})
@@ -23,6 +86,122 @@ def info() -> None:
     click.echo(f"GPUs visible: {n}")
     click.echo(f"CuPy: {'yes' if cupy else 'no'}")
     click.echo(f"Session() would use: {'gpu (dask-cuda)' if n and cupy else 'cpu (distributed)'}")
+
+
+@cli.command()
+@click.argument("spec", type=click.Path(dir_okay=False))
+@spec_options
+@click.option("--scheduler", default=None, metavar="ADDRESS",
+              help="Join this scheduler (tcp://host:port or a scheduler file) instead of starting a cluster.")
+@click.option("--gpus", default=None, metavar="0,1,...", help="GPU ordinals to use (one worker each).")
+@click.option("--backend", type=click.Choice(["auto", "gpu", "cpu"]), default=None, help="Array backend.")
+@click.option("--workers", "n_workers", type=click.IntRange(min=1), default=None, help="Workers of a CPU cluster.")
+@click.option("--summary", "summary_path", type=click.Path(dir_okay=False), default=None,
+              help="Also write the run summary as JSON here.")
+@click.option("--overwrite", is_flag=True, help="Replace output paths that hold data flowgpu did not write.")
+@click.option("--dry-run", is_flag=True, help="Check and plan only; start no cluster, write nothing.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar or summary table.")
+@handle_errors
+def run(spec: str, sets: tuple[str, ...], params_file: str | None, scheduler: str | None, gpus: str | None,
+        backend: str | None, n_workers: int | None, summary_path: str | None, overwrite: bool, dry_run: bool,
+        quiet: bool) -> None:
+    """Run the pipeline SPEC (a YAML file)."""
+    from flowgpu import pipeline
+
+    overrides = _parse_sets(sets)
+    console = _console()
+    if dry_run:
+        s = pipeline.load(spec, overrides, params_file)
+        plan = pipeline.compile(s)
+        pipeline.runner.check_outputs(s, overwrite)
+        from flowgpu.diagnostics import render_plan
+
+        render_plan(pipeline.describe(plan), _console(stderr=False))
+        click.echo("dry run: nothing was run or written")
+        return
+    cluster = {"address": scheduler, "gpus": gpus, "backend": backend, "n_workers": n_workers}
+
+    def announce(session: Any) -> None:
+        link = getattr(session, "dashboard_link", None)
+        console.print(f"[bold]flowgpu[/] running {spec} on {getattr(session, 'backend', '?')} "
+                      f"({getattr(session, 'n_workers', '?')} worker(s)); dashboard: {link or 'off'}")
+
+    pipeline.run(spec, overrides=overrides, params_file=params_file, overwrite=overwrite,
+                 summary_path=summary_path, cluster=cluster, console=console if not quiet else None,
+                 progress=not quiet, on_session=announce)
+
+
+@cli.command()
+@click.argument("specs", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@spec_options
+@handle_errors
+def validate(specs: tuple[str, ...], sets: tuple[str, ...], params_file: str | None) -> None:
+    """Check spec files completely (schema, references, includes, shapes, dtypes); runs nothing."""
+    from flowgpu import pipeline
+    from flowgpu.errors import SpecError
+
+    overrides = _parse_sets(sets)
+    bad = 0
+    for path in specs:
+        try:
+            pipeline.validate(path, overrides, params_file)
+            click.echo(f"{path}: ok")
+        except SpecError as e:
+            bad += 1
+            click.echo(f"error: {e}", err=True)
+    if bad:
+        sys.exit(EXIT_INVALID)
+
+
+@cli.command()
+@click.argument("spec", type=click.Path(dir_okay=False))
+@spec_options
+@click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
+@handle_errors
+def plan(spec: str, sets: tuple[str, ...], params_file: str | None, as_json: bool) -> None:
+    """Show the steps of SPEC in order: shapes, dtypes, chunks, tasks, bytes, peak memory per worker."""
+    from flowgpu import pipeline
+
+    desc = pipeline.describe(pipeline.compile(pipeline.load(spec, _parse_sets(sets), params_file)))
+    if as_json:
+        click.echo(json.dumps(desc, indent=2, default=str))
+        return
+    from flowgpu.diagnostics import render_plan
+
+    render_plan(desc, _console(stderr=False))
+
+
+@cli.command()
+def ops() -> None:
+    """List the registered ops with their signatures."""
+    from rich.table import Table
+
+    from flowgpu.ops import all_ops
+
+    t = Table(title="flowgpu ops", title_justify="left")
+    for col in ("op", "kind", "signature", "summary"):
+        t.add_column(col)
+    for o in all_ops():
+        try:
+            sig = str(o.signature)
+        except (TypeError, ValueError):
+            sig = "(...)"
+        t.add_row(o.name, o.kind, sig, o.summary)
+    _console(stderr=False).print(t)
+
+
+@cli.command()
+@click.option("--output", "-o", type=click.Path(dir_okay=False), default=None, help="Write to a file.")
+def schema(output: str | None) -> None:
+    """Print the JSON schema of spec files (for yaml-language-server's $schema modeline)."""
+    from flowgpu.pipeline.spec import json_schema
+
+    text = json.dumps(json_schema(), indent=2) + "\n"
+    if output:
+        with open(output, "w") as f:
+            f.write(text)
+    else:
+        click.echo(text, nl=False)
 
 
 def main() -> None:

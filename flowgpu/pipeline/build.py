@@ -33,12 +33,21 @@ class Origin:
         return os.path.dirname(os.path.abspath(self.file)) if self.file else os.getcwd()
 
 
-def _all_field_names() -> list[str]:
-    names: set[str] = set()
-    for model in (S.Spec, S.Param, S.Step, S.Output, S.Cluster, S.Expect, *S.SOURCE_MODELS):
-        for name, f in model.model_fields.items():
-            names.add(f.alias or name)
-    return sorted(names)
+def _fields_at(data: Any, path: tuple) -> list[str]:
+    """Allowed keys of the mapping at ``path`` (for 'did you mean' hints)."""
+    models = {(): S.Spec, ("cluster",): S.Cluster}
+    model = models.get(path)
+    if model is None and len(path) == 2:
+        model = {"steps": S.Step, "outputs": S.Output, "params": S.Param}.get(path[0])
+        if path[0] == "inputs":
+            source = (data.get("inputs", {}).get(path[1]) or {}).get("source") if isinstance(data, dict) else None
+            model = next((m for m in S.SOURCE_MODELS if m.model_fields["source"].annotation.__args__[0] == source),
+                         None)
+    if model is None and len(path) == 3 and path[0] == "steps" and path[2] == "expect":
+        model = S.Expect
+    if model is None:
+        return []
+    return [f.alias or name for name, f in model.model_fields.items()]
 
 
 def _data_path(data: Any, loc: tuple) -> tuple:
@@ -69,9 +78,12 @@ def _translate(err: dict, data: Any, smap: SourceMap) -> SpecError:
     path = _data_path(data, loc)
     if kind == "extra_forbidden":
         key = loc[-1]
-        close = difflib.get_close_matches(str(key), _all_field_names(), n=1)
-        hint = f"did you mean {close[0]!r}?" if close else "remove it (see `flowgpu schema` for the allowed keys)"
-        return smap.error(f"unknown key {key!r}", path + (key,) if path[-1:] != (key,) else path, hint=hint, key=True)
+        parent = path[:-1] if path[-1:] == (key,) else path
+        allowed = _fields_at(data, parent)
+        close = difflib.get_close_matches(str(key), allowed, n=1)
+        hint = (f"did you mean {close[0]!r}?" if close else
+                f"allowed here: {', '.join(allowed)}" if allowed else "remove it (see `flowgpu schema`)")
+        return smap.error(f"unknown key {key!r}", parent + (key,), hint=hint, key=True)
     if kind == "missing":
         return smap.error(f"missing required key {loc[-1]!r}", path, hint=f"add '{loc[-1]}: ...' here")
     if kind == "union_tag_invalid":

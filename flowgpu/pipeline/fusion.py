@@ -70,7 +70,7 @@ def _template(op: Op, args: dict, arrays: list[str]) -> ast.expr | None:
     sig = op.signature.parameters
     mapping: dict[str, ast.expr] = {}
     for name in {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}:
-        if name in op.inputs:
+        if name in op.inputs and op.inputs.index(name) < len(arrays):
             mapping[name] = ast.Name(id=f"__in{op.inputs.index(name)}", ctx=ast.Load())
         elif name in args or (name in sig and sig[name].default is not sig[name].empty):
             value = args.get(name, sig[name].default if name in sig else None)
@@ -90,7 +90,7 @@ def plan_fusion(spec, ops: dict[str, Op], consumers: dict[str, list[str]], outpu
         op = ops.get(name)
         if op is None or op.kind != "elementwise" or not isinstance(step.inputs, list):
             continue
-        if len(step.inputs) != len(op.inputs):
+        if len(step.inputs) > len(op.inputs) or any(p not in step.args for p in op.inputs[len(step.inputs):]):
             continue
         tree = _template(op, step.args, step.inputs)
         if tree is not None:

@@ -82,6 +82,12 @@ def resolve_params(data: dict, smap: SourceMap, overrides: dict[str, Any] | None
     for name, p in raw.items():
         where = ("params", name)
         if isinstance(p, dict):
+            for key in p:
+                if key not in ("type", "default", "description"):
+                    close = difflib.get_close_matches(str(key), ["type", "default", "description"], n=1)
+                    raise smap.error(f"unknown key {key!r}", where + (key,), key=True,
+                                     hint=f"did you mean {close[0]!r}?" if close else
+                                     "a param has type, default and description")
             kind = p.get("type")
             if kind is not None and kind not in _TYPES:
                 raise smap.error(f"param {name!r} has unknown type {kind!r}", where + ("type",),

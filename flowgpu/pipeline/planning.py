@@ -69,7 +69,9 @@ def describe(plan: Plan, prefix: str = "") -> dict[str, Any]:
         row = {"name": prefix + name, "kind": node.kind, "what": node.what, "shape": None, "dtype": None,
                "chunks": None, "tasks": 0, "bytes": 0, "fused": node.fused,
                "fused_into": node.fused_into if node.fused_into not in (None, name) else None}
-        if isinstance(x, da.Array):
+        if isinstance(x, da.Array) and node.what == "bound":
+            row.update(shape=list(x.shape), dtype=str(x.dtype), chunks=list(x.chunksize), bytes=int(x.nbytes))
+        elif isinstance(x, da.Array):
             before: set = set()
             for d in node.deps:
                 before |= keys_of(d)

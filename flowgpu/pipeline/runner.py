@@ -20,7 +20,7 @@ from rich.console import Console
 
 from flowgpu import __version__
 from flowgpu.diagnostics import compute_with_progress, render_summary
-from flowgpu.errors import FlowgpuError, OutputExistsError, RunError
+from flowgpu.errors import ConfigError, FlowgpuError, OutputExistsError, RunError
 from flowgpu.io import sinks
 from flowgpu.pipeline.build import load
 from flowgpu.pipeline.compiler import Plan, compile
@@ -77,6 +77,21 @@ def _start_session(spec: Spec, cluster: dict[str, Any] | None):
         raise spec._origin.smap.error(str(e), ("cluster",), hint="fix the cluster: block or the CLI option") from None
 
 
+class _LocalRun:
+    """Stands in for a Session when running on dask's local threaded scheduler."""
+
+    client = None
+    backend = "local"
+    n_workers = 1
+    dashboard_link = None
+
+    def info(self) -> dict:
+        from flowgpu.backend import current_backend
+
+        return {"backend": f"local ({current_backend()})", "n_workers": 1, "threads_per_worker": os.cpu_count(),
+                "address": None, "dashboard": None}
+
+
 def _disk_bytes(path: str) -> int:
     if os.path.isfile(path):
         return os.path.getsize(path)
@@ -98,7 +113,8 @@ def run(spec: Spec | str | os.PathLike, *, overrides: dict[str, Any] | None = No
     overrides : dotted keys to set, e.g. ``{"params.n": 1000}`` (as ``--set``).
     params_file : a YAML file of param values (as ``--params``).
     session : a :class:`flowgpu.Session` to run on; default: the current one, else one started from
-        the spec's ``cluster:`` block (and closed at the end).
+        the spec's ``cluster:`` block (and closed at the end). ``"local"`` runs on dask's threaded
+        scheduler in this process, with no cluster (small runs and tests).
     overwrite : replace output paths that hold data flowgpu did not write.
     summary_path : also write the summary as JSON there.
     cluster : Session options overriding the spec's ``cluster:`` block (``--scheduler``, ``--gpus``).
@@ -120,6 +136,10 @@ def run(spec: Spec | str | os.PathLike, *, overrides: dict[str, Any] | None = No
     from flowgpu.runtime.session import current_session
 
     own = None
+    if isinstance(session, str):
+        if session != "local":
+            raise ConfigError(f"session={session!r}: give a flowgpu.Session, None, or \"local\"")
+        session = _LocalRun()
     if session is None:
         session = current_session()
     if session is None:

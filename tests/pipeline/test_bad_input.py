@@ -1,0 +1,136 @@
+"""Bad input: one table. Each case gives exit code 2 and one message with file:line:col, the field
+path and a hint, and nothing is executed or written."""
+
+from __future__ import annotations
+
+import os
+import re
+
+import dask
+import pytest
+from click.testing import CliRunner
+
+from flowgpu.cli import cli
+
+GOOD_INPUTS = """\
+inputs:
+  x: {source: random, shape: [8, 4], seed: 1}
+"""
+
+# name: (spec text, extra files {name: text}, extra CLI args, expected line, field path, words in message)
+CASES = {
+    "malformed yaml": ("name: t\nsteps:\n  a: b: c\n", {}, [], 3, "<document>", "malformed YAML"),
+    "tab indentation": ("name: t\ninputs:\n\tx: 1\n", {}, [], 3, "<document>", "malformed YAML"),
+    "duplicate key": (GOOD_INPUTS + "steps:\n  s: {op: sum, inputs: [x]}\n  s: {op: mean, inputs: [x]}\n",
+                      {}, [], 5, "steps.s", "duplicate key 's'"),
+    "python tag": ("name: !!python/object/apply:os.system ['touch pwned']\n", {}, [], 1, "name",
+                   "'!!python/object/apply:os.system' is not allowed"),
+    "custom tag": (GOOD_INPUTS + "steps:\n  s: !include other.yaml\n", {}, [], 4, "steps.s", "is not allowed"),
+    "unknown top-level key": (GOOD_INPUTS + "stepz:\n  s: {op: sum, inputs: [x]}\n", {}, [], 3, "stepz",
+                              "did you mean 'steps'"),
+    "unknown step key": (GOOD_INPUTS + "steps:\n  s:\n    op: sum\n    inputs: [x]\n    arg: {axis: 0}\n",
+                         {}, [], 7, "steps.s.arg", "did you mean 'args'"),
+    "wrong type shape": ("inputs:\n  x: {source: random, shape: [8, big]}\n", {}, [], 2, "inputs.x.shape[1]",
+                         "valid integer"),
+    "wrong type inputs": (GOOD_INPUTS + "steps:\n  s: {op: sum, inputs: 3}\n", {}, [], 4, "steps.s.inputs",
+                          "valid list"),
+    "not a mapping": ("- a\n- b\n", {}, [], 1, "<document>", "not list"),
+    "unknown source": ("inputs:\n  x: {source: randm, shape: [3]}\n", {}, [], 2, "inputs.x.source",
+                       "unknown source 'randm'"),
+    "unknown op": (GOOD_INPUTS + "steps:\n  s: {op: summ, inputs: [x]}\n", {}, [], 4, "steps.s.op",
+                   "did you mean 'sum'"),
+    "bad op argument": (GOOD_INPUTS + "steps:\n  s: {op: sum, inputs: [x], args: {axes: 0}}\n", {}, [], 4,
+                        "steps.s", "cannot take these inputs/args"),
+    "op and uses": (GOOD_INPUTS + "steps:\n  s: {op: sum, uses: other.yaml}\n", {}, [], 4, "steps.s",
+                    "exactly one of 'op' or 'uses'"),
+    "invalid name": (GOOD_INPUTS + "steps:\n  my-step: {op: sum, inputs: [x]}\n", {}, [], 4, "steps.my-step",
+                     "not a valid name"),
+    "missing ref": (GOOD_INPUTS + "steps:\n  s: {op: sum, inputs: [xx]}\n", {}, [], 4, "steps.s.inputs[0]",
+                    "did you mean 'x'"),
+    "missing output ref": (GOOD_INPUTS + "outputs:\n  o: {from: nothing}\n", {}, [], 4, "outputs.o.from",
+                           "not an input or step"),
+    "cyclic ref": (GOOD_INPUTS + "steps:\n  a: {op: add, inputs: [x, b]}\n  b: {op: sqrt, inputs: [a]}\n",
+                   {}, [], 4, "steps.a.inputs", "cycle"),
+    "step reads itself": (GOOD_INPUTS + "steps:\n  a: {op: add, inputs: [x, a]}\n", {}, [], 4, "steps.a.inputs",
+                          "reads its own result"),
+    "missing include": (GOOD_INPUTS + "steps:\n  sub: {uses: nothere.yaml}\n", {}, [], 4, "steps.sub.uses",
+                        "does not exist"),
+    "self include": (GOOD_INPUTS + "steps:\n  sub: {uses: spec.yaml}\n", {}, [], 4, "steps.sub.uses",
+                     "includes the spec it is in"),
+    "cyclic include": (GOOD_INPUTS + "steps:\n  sub: {uses: other.yaml}\n",
+                       {"other.yaml": "steps:\n  back: {uses: spec.yaml}\n"}, [], 2, "steps.back.uses",
+                       "cyclic include"),
+    "include undeclared param": (GOOD_INPUTS + "steps:\n  sub:\n    uses: other.yaml\n    params: {m: 3}\n",
+                                 {"other.yaml": "params: {n: 2}\n"}, [], 6, "steps.sub.params.m", "no param 'm'"),
+    "shape mismatch": (GOOD_INPUTS + "  y: {source: random, shape: [3], seed: 2}\n"
+                       "steps:\n  s: {op: add, inputs: [x, y]}\n", {}, [], 5, "steps.s", "fails on its inputs"),
+    "shape mismatch expect": (GOOD_INPUTS + "steps:\n  s:\n    op: sum\n    inputs: [x]\n    args: {axis: 0}\n"
+                              "    expect: {shape: [8]}\n", {}, [], 8, "steps.s.expect.shape", "shape mismatch"),
+    "dtype mismatch expect": (GOOD_INPUTS + "steps:\n  s:\n    op: sqrt\n    inputs: [x]\n"
+                              "    expect: {dtype: float32}\n", {}, [], 7, "steps.s.expect.dtype", "dtype mismatch"),
+    "dtype mismatch include": (GOOD_INPUTS + "steps:\n  sub:\n    uses: other.yaml\n    inputs: {a: x}\n",
+                               {"other.yaml": "inputs:\n  a: {source: zeros, shape: [8, 4], dtype: float32}\n"},
+                               [], 6, "steps.sub.inputs.a", "dtype mismatch"),
+    "undefined param": ("params: {n: 4}\ninputs:\n  x: {source: random, shape: ['${params.m}']}\n", {}, [], 3,
+                        "inputs.x.shape[0]", "undefined param 'm'"),
+    "unquoted param in flow": ("params: {n: 4}\ninputs:\n  x: {source: random, shape: [${params.n}]}\n", {}, [], 3,
+                               "<document>", "malformed YAML"),
+    "override undeclared param": ("params: {n: 4}\n" + GOOD_INPUTS, {}, ["--set", "params.nn=3"], 1, "params",
+                                  "does not declare"),
+    "override wrong type": ("params: {n: 4}\n" + GOOD_INPUTS, {}, ["--set", "params.n=many"], 1, "params.n",
+                            "param 'n' is int"),
+    "param without value": ("params:\n  n: {type: int}\n" + GOOD_INPUTS, {}, [], 2, "params.n", "has no value"),
+    "zarr output without path": (GOOD_INPUTS + "outputs:\n  o: {from: x, sink: zarr}\n", {}, [], 4, "outputs.o",
+                                 "needs a 'path'"),
+    "foreign data at output": (GOOD_INPUTS + "outputs:\n  o: {from: x, sink: npy, path: taken.npy}\n",
+                               {"taken.npy": "not flowgpu's"}, [], 4, "outputs.o.path", "not written by flowgpu"),
+    "two outputs one path": (GOOD_INPUTS + "outputs:\n  o: {from: x, sink: npy, path: a.npy}\n"
+                             "  p: {from: x, sink: npy, path: a.npy}\n", {}, [], 5, "outputs.p.path",
+                             "both write"),
+}
+
+
+def _snapshot(root) -> list:
+    out = []
+    for d, dirs, files in os.walk(root):
+        out += [os.path.join(d, f) for f in files] + [os.path.join(d, x) + "/" for x in dirs]
+    return sorted(out)
+
+
+@pytest.fixture
+def nothing_runs(monkeypatch):
+    """Fail loudly if anything is computed or a cluster is started."""
+    import flowgpu.runtime.session as session_mod
+
+    def boom(*args, **kwargs):
+        raise AssertionError("a bad spec must not start a cluster or compute anything")
+
+    monkeypatch.setattr(session_mod.Session, "__init__", boom)
+    with dask.config.set(scheduler=boom):
+        yield
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_input(case, tmp_path, monkeypatch, nothing_runs):
+    text, extra, args, line, path, words = CASES[case]
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "spec.yaml").write_text(text)
+    for name, content in extra.items():
+        (tmp_path / name).write_text(content)
+    before = _snapshot(tmp_path)
+    result = CliRunner().invoke(cli, ["run", "spec.yaml", *args, "--quiet"])
+    message = result.output
+    assert result.exit_code == 2, (result.exit_code, message, result.exception)
+    assert message.count("error:") == 1, message
+    where = re.search(r"(\S+\.yaml):(\d+):(\d+)", message)
+    assert where, f"no file:line:col in {message!r}"
+    assert int(where.group(2)) == line, message
+    assert f": {path}: " in message, message
+    assert "(hint: " in message, message
+    assert words in message, message
+    assert _snapshot(tmp_path) == before
+    assert not os.path.exists(tmp_path / "pwned")
+
+
+def test_table_is_large_enough():
+    assert len(CASES) >= 20
