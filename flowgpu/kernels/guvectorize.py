@@ -73,13 +73,16 @@ def parse_layout(layout: str) -> tuple[list[tuple[str, ...]], list[tuple[str, ..
 
 
 def _cuda_guvectorize(source, layout, pyfunc):
-    from numba import cuda
-
-    if hasattr(cuda, "guvectorize"):
-        return cuda.guvectorize([source], layout)(pyfunc)
     import numba
 
-    return numba.guvectorize([source], layout, target="cuda")(pyfunc)
+    try:
+        return numba.guvectorize([source], layout, target="cuda")(pyfunc)
+    except ValueError as e:  # "Unsupported target": numba-cuda without numba's target hook
+        from numba import cuda
+
+        if "target" not in str(e) or not hasattr(cuda, "guvectorize"):
+            raise
+        return cuda.guvectorize([source], layout)(pyfunc)
 
 
 class GUVectorized:

@@ -42,13 +42,16 @@ __all__ = ["vectorize", "Vectorized"]
 
 
 def _cuda_vectorize(signature, pyfunc):
-    from numba import cuda
-
-    if hasattr(cuda, "vectorize"):  # numba-cuda >= 0.20 spells it this way
-        return cuda.vectorize([signature])(pyfunc)
     import numba
 
-    return numba.vectorize([signature], target="cuda")(pyfunc)
+    try:
+        return numba.vectorize([signature], target="cuda")(pyfunc)
+    except ValueError as e:  # "Unsupported target": numba-cuda without numba's target hook
+        from numba import cuda
+
+        if "target" not in str(e) or not hasattr(cuda, "vectorize"):
+            raise
+        return cuda.vectorize([signature])(pyfunc)
 
 
 class Vectorized:
