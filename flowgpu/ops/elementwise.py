@@ -54,7 +54,7 @@ Examples
 >>> import numpy as np, dask.array as da
 >>> from flowgpu.ops.elementwise import {name}
 >>> {name}(da.from_array(np.array([1.0, 4.0])), 2.0).compute()
-array({example})
+{example}
 """
 
 _UNARY_DOC = """{summary}
@@ -90,8 +90,8 @@ def _binary(name: str, ufunc: np.ufunc, expression: str, summary: str) -> Any:
         return ufunc(a, b)
 
     func.__name__ = func.__qualname__ = name
-    example = np.array2string(ufunc(np.array([1.0, 4.0]), 2.0), separator=", ")
-    func.__doc__ = _BINARY_DOC.format(summary=summary, expression=expression, name=name, example=example[1:-1])
+    example = repr(ufunc(np.array([1.0, 4.0]), 2.0))
+    func.__doc__ = _BINARY_DOC.format(summary=summary, expression=expression, name=name, example=example)
     return defop(name, kind="elementwise", expression=expression)(func)
 
 
