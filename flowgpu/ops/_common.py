@@ -53,7 +53,8 @@ def same_backend(*xs: Any) -> list[Any]:
 
     Scalars pass through unchanged.
     """
-    xs = [as_dask(x) if hasattr(x, "shape") and hasattr(x, "dtype") and np.ndim(x) > 0 else x for x in xs]
+    xs = [as_dask(x) if hasattr(x, "shape") and hasattr(x, "dtype") and not isinstance(x, np.generic) else x
+          for x in xs]
     if not any(isinstance(x, da.Array) and on_gpu(x) for x in xs):
         return xs
     cp = import_cupy()

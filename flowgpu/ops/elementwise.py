@@ -78,7 +78,7 @@ def _number(x: Any) -> Any:
 
 def _operands(name: str, *xs: Any) -> list[Any]:
     xs = tuple(_number(x) for x in xs)
-    if not any(hasattr(x, "shape") and np.ndim(x) > 0 for x in xs):
+    if not any(hasattr(x, "shape") and hasattr(x, "dtype") for x in xs):
         raise OpError(f"op {name!r}: at least one operand must be an array, got only numbers; "
                       "compute a number in a param instead")
     return same_backend(*xs)

@@ -119,6 +119,16 @@ def test_clip_scale_where_astype(rng, backend):
     np.testing.assert_array_equal(cast, (a * np.float32(10)).astype(np.int32))
 
 
+def test_zero_dimensional_results_are_arrays_too(rng, backend):
+    """A ratio of two reductions (0-d arrays) is an elementwise op like any other."""
+    a, b = 0.5 + rng.random((2, 12, 5))
+    ratio = get("divide")(get("mean")(chunked(a, 4, backend)), get("sum")(chunked(b, 4, backend)))
+    assert ratio.shape == ()
+    np.testing.assert_allclose(computed(ratio, backend), a.mean() / b.sum(), rtol=1e-12)
+    np.testing.assert_allclose(computed(get("sqrt")(get("max")(chunked(a, 4, backend))), backend),
+                               np.sqrt(a.max()), rtol=1e-12)
+
+
 def test_numbers_only_is_an_op_error():
     with pytest.raises(OpError, match="at least one operand must be an array"):
         get("add")(1.0, 2.0)
