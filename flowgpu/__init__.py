@@ -36,6 +36,8 @@ _EXPORTS = {
     "from_zarr": "flowgpu.io.zarr",
     "to_zarr": "flowgpu.io.zarr",
     "op": "flowgpu.ops.registry",
+    "fuse": "flowgpu.kernels.fuse",
+    "optimize": "flowgpu.kernels.optimize",
     "vectorize": "flowgpu.kernels.vectorize",
     "guvectorize": "flowgpu.kernels.guvectorize",
     "kernel": "flowgpu.kernels.raw",
@@ -73,5 +75,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from flowgpu.kernels.guvectorize import guvectorize
     from flowgpu.kernels.raw import kernel
     from flowgpu.kernels.vectorize import vectorize
+    from flowgpu.kernels.fuse import fuse
+    from flowgpu.kernels.optimize import optimize
     from flowgpu.ops.registry import op
     from flowgpu.runtime.session import Session, current_session

@@ -181,7 +181,7 @@ class _Chunk:
         self.text = text
         self.arrays = arrays
         self.scalars = scalars
-        self.out_dtype = np.dtype(out_dtype)
+        self.out_dtype = np.dtype(out_dtype) if out_dtype is not None else None  # None: NumPy's, per chunk
         self.reduction = reduction
         self.axes = axes
 
@@ -205,29 +205,32 @@ class _Chunk:
             cp = import_cupy()
             blocks = tuple(cp.asarray(b) for b in blocks)
         dtypes = tuple(b.dtype for b in blocks)
+        out_dtype = self.out_dtype
+        if out_dtype is None:
+            out_dtype = expr.result_dtype({**dict(zip(self.arrays, dtypes)), **dict(self.scalars)})
         try:
             if self.reduction is None:
-                kern = elementwise_kernel(expr, self.arrays, dtypes, self.scalars, self.out_dtype, backend)
+                kern = elementwise_kernel(expr, self.arrays, dtypes, self.scalars, out_dtype, backend)
                 return kern(*blocks)
-            return reduce_chunk(expr, self.arrays, blocks, self.scalars, self.out_dtype, self.reduction,
+            return reduce_chunk(expr, self.arrays, blocks, self.scalars, out_dtype, self.reduction,
                                 self.axes, backend)
         except KernelError:
             raise
         except Exception as e:  # a compiler that refuses the code: stay correct, unfused
             _warn_unfused(self.text, e)
-            return self.unfused(expr, blocks, backend)
+            return self.unfused(expr, blocks, backend, out_dtype)
 
-    def unfused(self, expr: Expr, blocks: tuple, backend: str) -> Any:
+    def unfused(self, expr: Expr, blocks: tuple, backend: str, out_dtype: np.dtype) -> Any:
         xp = import_cupy() if backend == "cupy" else np
-        value = xp.asarray(expr.evaluate(self.env(blocks), xp)).astype(self.out_dtype, copy=False)
+        value = xp.asarray(expr.evaluate(self.env(blocks), xp)).astype(out_dtype, copy=False)
+        shape = np.broadcast_shapes(*(b.shape for b in blocks))
         if self.reduction is None:
-            return xp.broadcast_to(value, np.broadcast_shapes(*(b.shape for b in blocks))).copy() \
-                if value.ndim < max(b.ndim for b in blocks) else value
-        acc, _ = reduction_dtypes(self.reduction, self.out_dtype)
+            return xp.broadcast_to(value, shape).copy() if value.shape != shape else value
+        acc, _ = reduction_dtypes(self.reduction, out_dtype)
         op = "sum" if self.reduction == "mean" else self.reduction
-        value = xp.broadcast_to(value, np.broadcast_shapes(*(b.shape for b in blocks)))
         kw = {"dtype": acc} if op in ("sum", "prod") else {}
-        return getattr(xp, op)(value, axis=self.axes, keepdims=True, **kw).astype(acc, copy=False)
+        return getattr(xp, op)(xp.broadcast_to(value, shape), axis=self.axes, keepdims=True, **kw).astype(
+            acc, copy=False)
 
 
 _warned: set[str] = set()

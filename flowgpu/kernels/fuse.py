@@ -1,0 +1,327 @@
+"""``flowgpu.fuse``: the Python API of kernel fusion, in the spirit of ``cupy.fuse``.
+
+``fuse(fn)`` traces ``fn`` once per call with symbolic stand-ins for its array arguments: the
+arithmetic operators, NumPy ufuncs (``np.sqrt(x)``), ``np.where``, ``np.clip`` and a trailing
+reduction (``.sum()``, ``np.max(..., axis=0)``, ...) are recorded into one
+:mod:`~flowgpu.kernels.expr` expression, which :func:`~flowgpu.kernels.fusion.fused_elementwise`
+compiles into ONE kernel per chunk (CuPy on GPU chunks, numba on NumPy chunks). Arithmetic on the
+reduced result (``x.sum() / n``) is applied afterwards by dask.
+
+What a CuPy user expects holds: ``fuse`` works as a decorator, Python numbers stay "weak" (a
+float32 array times ``2.0`` stays float32), and calling the fused function on plain NumPy/CuPy
+arrays returns a plain array. With dask arrays it returns a lazy dask array.
+
+A function that cannot be traced (Python ``if`` on array values, indexing, ``.T``, ``cp.*``
+functions, ...) still works: it is applied to the dask arrays unfused, with a warning saying why.
+
+Examples
+--------
+>>> import numpy as np, dask.array as da
+>>> import flowgpu as fg
+>>> f = fg.fuse(lambda x: ((x * 2 + 1) ** 2 - x).sum())
+>>> x = da.from_array(np.arange(6, dtype="float32"), chunks=3)
+>>> float(f(x).compute())
+275.0
+>>> g = fg.fuse(lambda x, y: np.sqrt(x * x + y * y), reduce="max")
+>>> float(g(x, x).compute()) == float(np.sqrt(2) * 5)
+True
+"""
+
+from __future__ import annotations
+
+import functools
+import operator
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import dask.array as da
+import numpy as np
+
+from flowgpu.errors import KernelError
+from flowgpu.kernels.expr import FUNCTIONS, is_scalar
+
+__all__ = ["fuse", "Fused"]
+
+
+class Untraceable(Exception):
+    """``fn`` did something a fused kernel cannot express."""
+
+
+_UFUNCS = {
+    "add": "+", "subtract": "-", "multiply": "*", "true_divide": "/", "divide": "/", "floor_divide": "//",
+    "remainder": "%", "mod": "%", "power": "**", "bitwise_and": "&", "bitwise_or": "|", "bitwise_xor": "^",
+    "logical_and": "&", "logical_or": "|", "logical_xor": "^", "greater": ">", "greater_equal": ">=",
+    "less": "<", "less_equal": "<=", "equal": "==", "not_equal": "!=",
+}
+_UNARY_UFUNCS = {"negative": "-", "invert": "~", "logical_not": "~", "positive": "+"}
+_REDUCTIONS = {"sum": "sum", "mean": "mean", "min": "min", "amin": "min", "max": "max", "amax": "max",
+               "prod": "prod"}
+
+
+class _Tracer:
+    """Collects the inputs (arrays and strongly typed scalars) of one trace."""
+
+    def __init__(self):
+        self.inputs: dict[str, Any] = {}
+
+    def bind(self, value: Any) -> str:
+        name = f"a{len(self.inputs)}"
+        self.inputs[name] = value
+        return name
+
+
+def _operand(tracer: _Tracer, v: Any) -> str:
+    if isinstance(v, Sym):
+        return v.text
+    if isinstance(v, (bool, int, float)) and not isinstance(v, np.generic):
+        if isinstance(v, float) and not np.isfinite(v):
+            return tracer.bind(v)
+        return repr(v) if not isinstance(v, bool) else str(v)
+    if is_scalar(v):  # NumPy scalars keep their dtype (they are not weak): pass them as inputs
+        return tracer.bind(v)
+    if isinstance(v, Reduced):
+        raise Untraceable("the result of a reduction is used inside the elementwise part")
+    raise Untraceable(f"a {type(v).__name__} operand cannot be part of a fused expression")
+
+
+class _Lazy:
+    """Arithmetic on something computed after the kernel (a reduced result): applied by dask."""
+
+    def materialize(self) -> Any:
+        raise NotImplementedError
+
+    def _late(self, op: Callable, *args: Any) -> "Late":
+        return Late(op, args)
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        if method != "__call__" or kwargs:
+            return NotImplemented
+        return Late(ufunc, inputs)
+
+    for _name, _op in {"add": operator.add, "sub": operator.sub, "mul": operator.mul,
+                       "truediv": operator.truediv, "floordiv": operator.floordiv, "mod": operator.mod,
+                       "pow": operator.pow}.items():
+        locals()[f"__{_name}__"] = (lambda op: lambda self, o: Late(op, (self, o)))(_op)
+        locals()[f"__r{_name}__"] = (lambda op: lambda self, o: Late(op, (o, self)))(_op)
+    del _name, _op
+
+    def __neg__(self):
+        return Late(operator.neg, (self,))
+
+
+class Late(_Lazy):
+    def __init__(self, op: Callable, args: tuple):
+        self.op = op
+        self.args = args
+
+    def materialize(self) -> Any:
+        return self.op(*[a.materialize() if isinstance(a, _Lazy) else a for a in self.args])
+
+
+class Reduced(_Lazy):
+    """A fused elementwise expression followed by one reduction."""
+
+    def __init__(self, sym: "Sym", reduction: str, axis: Any, keepdims: bool, dtype: Any = None):
+        self.sym, self.reduction, self.axis, self.keepdims, self.dtype = sym, reduction, axis, keepdims, dtype
+
+    def materialize(self) -> Any:
+        from flowgpu.kernels.fusion import fused_elementwise
+
+        out = fused_elementwise(self.sym.text, self.sym.tracer.inputs, reduction=self.reduction,
+                                axis=self.axis, keepdims=self.keepdims)
+        return out.astype(self.dtype) if self.dtype is not None else out
+
+
+class Sym:
+    """A symbolic array inside a traced function."""
+
+    __array_priority__ = 1000
+
+    def __init__(self, text: str, tracer: _Tracer):
+        self.text = text
+        self.tracer = tracer
+
+    def _bin(self, op: str, other: Any, reflected: bool = False) -> "Sym":
+        a, b = self.text, _operand(self.tracer, other)
+        if reflected:
+            a, b = b, a
+        return Sym(f"({a} {op} {b})", self.tracer)
+
+    for _op, _sym in {"add": "+", "sub": "-", "mul": "*", "truediv": "/", "floordiv": "//", "mod": "%",
+                      "pow": "**", "and": "&", "or": "|", "xor": "^"}.items():
+        locals()[f"__{_op}__"] = (lambda s: lambda self, o: self._bin(s, o))(_sym)
+        locals()[f"__r{_op}__"] = (lambda s: lambda self, o: self._bin(s, o, True))(_sym)
+    for _op, _sym in {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}.items():
+        locals()[f"__{_op}__"] = (lambda s: lambda self, o: self._bin(s, o))(_sym)
+    del _op, _sym
+    __hash__ = object.__hash__
+
+    def __neg__(self):
+        return Sym(f"(-{self.text})", self.tracer)
+
+    def __pos__(self):
+        return self
+
+    def __invert__(self):
+        return Sym(f"(~{self.text})", self.tracer)
+
+    def __abs__(self):
+        return Sym(f"abs({self.text})", self.tracer)
+
+    def __bool__(self):
+        raise Untraceable("Python control flow (if/and/or/while) on array values")
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise Untraceable(f"attribute .{name} of an array")
+
+    def __getitem__(self, key):
+        raise Untraceable("indexing an array")
+
+    def _reduce(self, reduction: str, axis=None, dtype=None, out=None, keepdims=False, **kw) -> Reduced:
+        if out is not None or kw:
+            raise Untraceable(f"{reduction}() with {', '.join(['out'] * (out is not None) + list(kw))}")
+        return Reduced(self, reduction, axis, bool(keepdims), dtype)
+
+    def sum(self, axis=None, dtype=None, out=None, keepdims=False, **kw):
+        return self._reduce("sum", axis, dtype, out, keepdims, **kw)
+
+    def mean(self, axis=None, dtype=None, out=None, keepdims=False, **kw):
+        return self._reduce("mean", axis, dtype, out, keepdims, **kw)
+
+    def prod(self, axis=None, dtype=None, out=None, keepdims=False, **kw):
+        return self._reduce("prod", axis, dtype, out, keepdims, **kw)
+
+    def min(self, axis=None, out=None, keepdims=False, **kw):
+        return self._reduce("min", axis, None, out, keepdims, **kw)
+
+    def max(self, axis=None, out=None, keepdims=False, **kw):
+        return self._reduce("max", axis, None, out, keepdims, **kw)
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        name = ufunc.__name__
+        if method == "reduce" and name in ("add", "multiply", "minimum", "maximum") and len(inputs) == 1:
+            red = {"add": "sum", "multiply": "prod", "minimum": "min", "maximum": "max"}[name]
+            return self._reduce(red, kwargs.pop("axis", 0), kwargs.pop("dtype", None), kwargs.pop("out", None),
+                                kwargs.pop("keepdims", False), **kwargs)
+        if method != "__call__" or kwargs:
+            raise Untraceable(f"numpy.{name}.{method} with {sorted(kwargs)}")
+        if any(isinstance(i, _Lazy) for i in inputs):
+            return Late(ufunc, inputs)
+        args = [_operand(self.tracer, i) for i in inputs]
+        if name in _UFUNCS:
+            return Sym(f"({args[0]} {_UFUNCS[name]} {args[1]})", self.tracer)
+        if name in _UNARY_UFUNCS:
+            return Sym(f"({_UNARY_UFUNCS[name]}{args[0]})", self.tracer)
+        if name == "absolute":
+            name = "abs"
+        if name in FUNCTIONS and FUNCTIONS[name][0] == len(args):
+            return Sym(f"{name}({', '.join(args)})", self.tracer)
+        raise Untraceable(f"numpy.{name}")
+
+    def __array_function__(self, func, types, args, kwargs):
+        name = func.__name__
+        if name in _REDUCTIONS and args and isinstance(args[0], Sym):
+            return args[0]._reduce(_REDUCTIONS[name], *args[1:], **kwargs)
+        if name in ("where", "clip") and len(args) == 3 and not kwargs:
+            ops = [_operand(self.tracer, a) for a in args]
+            return Sym(f"{name}({', '.join(ops)})", self.tracer)
+        raise Untraceable(f"numpy.{name}")
+
+
+def _trace(fn: Callable, args: tuple, kwargs: dict) -> tuple[_Tracer, Any]:
+    tracer = _Tracer()
+
+    def stand_in(v: Any) -> Any:
+        if is_scalar(v) or isinstance(v, (str, bytes, type(None))):
+            return v
+        if hasattr(v, "shape") and hasattr(v, "dtype"):
+            return Sym(tracer.bind(v), tracer)
+        raise Untraceable(f"argument of type {type(v).__name__}")
+
+    sym_args = tuple(stand_in(a) for a in args)
+    sym_kwargs = {k: stand_in(v) for k, v in kwargs.items()}
+    return tracer, fn(*sym_args, **sym_kwargs)
+
+
+class Fused:
+    """A function whose elementwise body (and trailing reduction) runs as one kernel per chunk."""
+
+    def __init__(self, fn: Callable, *, reduce: str | None = None, axis: Any = None, keepdims: bool = False):
+        from flowgpu.kernels.fusion import REDUCTIONS
+
+        if reduce is not None and reduce not in REDUCTIONS:
+            raise KernelError(f"fuse(reduce={reduce!r}): choose one of {', '.join(REDUCTIONS)}")
+        self.fn = fn
+        self.reduce = reduce
+        self.axis = axis
+        self.keepdims = keepdims
+        functools.update_wrapper(self, fn)
+
+    def __repr__(self) -> str:
+        return f"flowgpu.fuse({getattr(self.fn, '__name__', self.fn)!r})"
+
+    def _result(self, out: Any) -> Any:
+        if isinstance(out, tuple):
+            return tuple(self._result(o) for o in out)
+        if isinstance(out, Sym):
+            if self.reduce is not None:
+                return Reduced(out, self.reduce, self.axis, self.keepdims).materialize()
+            from flowgpu.kernels.fusion import fused_elementwise
+
+            return fused_elementwise(out.text, out.tracer.inputs)
+        if isinstance(out, _Lazy):
+            if self.reduce is not None:
+                raise KernelError(f"{self!r}: the function already reduces; drop reduce={self.reduce!r}")
+            return out.materialize()
+        raise Untraceable(f"the function returned a {type(out).__name__}, not an array expression")
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        values = list(args) + list(kwargs.values())
+        lazy = any(isinstance(v, da.Array) for v in values)
+        if not lazy:  # plain NumPy/CuPy arrays in, plain array out (as with cupy.fuse)
+            args = tuple(da.asarray(a) if _is_array(a) else a for a in args)
+            kwargs = {k: (da.asarray(v) if _is_array(v) else v) for k, v in kwargs.items()}
+        try:
+            _, out = _trace(self.fn, args, kwargs)
+            result = self._result(out)
+        except Untraceable as why:
+            warnings.warn(f"{self!r} cannot be fused ({why}); applying it to the dask arrays unfused",
+                          RuntimeWarning, stacklevel=2)
+            result = self.fn(*args, **kwargs)
+            if self.reduce is not None:
+                result = getattr(result, self.reduce)(axis=self.axis, keepdims=self.keepdims)
+        if lazy:
+            return result
+        import dask
+
+        return dask.compute(result, scheduler="sync")[0]
+
+
+def _is_array(v: Any) -> bool:
+    return hasattr(v, "shape") and hasattr(v, "dtype") and not is_scalar(v) and not isinstance(v, da.Array)
+
+
+def fuse(fn: Callable | None = None, *, reduce: str | None = None, axis: Any = None,
+         keepdims: bool = False) -> Any:
+    """Fuse ``fn``'s elementwise body (and one trailing reduction) into one kernel per chunk.
+
+    Parameters
+    ----------
+    fn : a function of arrays and numbers using operators, NumPy ufuncs, ``np.where``,
+        ``np.clip`` and at most one trailing reduction (``.sum()``, ``.mean()``, ``.min()``,
+        ``.max()``, ``.prod()``, or ``np.sum(...)`` etc., with ``axis`` and ``keepdims``).
+    reduce : alternatively, reduce ``fn``'s elementwise result: ``"sum"``, ``"mean"``, ``"min"``,
+        ``"max"`` or ``"prod"``, over ``axis`` (default all) with ``keepdims``.
+
+    Returns
+    -------
+    Fused
+        Call it with dask arrays (lazy dask result) or NumPy/CuPy arrays (computed result).
+        Usable as ``@fuse`` or ``@fuse(reduce="sum")``.
+    """
+    if fn is None:
+        return lambda f: Fused(f, reduce=reduce, axis=axis, keepdims=keepdims)
+    return Fused(fn, reduce=reduce, axis=axis, keepdims=keepdims)

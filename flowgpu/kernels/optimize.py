@@ -1,0 +1,238 @@
+"""Opt-in graph optimisation: chains of NumPy ufuncs in a dask graph become one fused kernel.
+
+Dask fuses *tasks*: ``((x * 2 + 1) ** 2 - x)`` runs as one task per chunk after dask's blockwise
+fusion, but inside that task each operator still launches its own kernel and writes a full
+temporary. This module rewrites such chains (the ``Blockwise`` layers that ``dask.array``'s
+elementwise operators and ufuncs produce: ``+ - * / // % **``, comparisons, ``& | ^ ~``, the
+ufuncs of :mod:`flowgpu.kernels.expr`, ``where`` and ``clip``) into ONE layer whose task is a
+generated kernel (CuPy ``ElementwiseKernel`` on GPU chunks, numba on NumPy chunks). Dask's own
+optimisation then runs as usual, so the fused layer is still merged with its neighbours.
+
+Use it explicitly, ``x = flowgpu.optimize(x)``, or for everything computed in a block::
+
+    with flowgpu.kernels.optimize.fusing():
+        total = ((x * 2 + 1) ** 2 - x).sum().compute()
+
+(``fusing()`` sets dask's ``array_optimize`` hook and ``flowgpu.fuse-ufuncs: true``; the hook does
+nothing while that option is false.) A reduction that follows the chain stays dask's own pass over
+the fused result; use :func:`flowgpu.fuse` to fuse the reduction too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import operator
+from collections.abc import Iterator
+from typing import Any
+
+import dask
+import dask.array as da
+import numpy as np
+
+from flowgpu.kernels.expr import FUNCTIONS, is_scalar
+
+__all__ = ["optimize", "rewrite_graph", "array_optimize", "fusing", "CONFIG_KEY"]
+
+CONFIG_KEY = "flowgpu.fuse-ufuncs"
+
+_BINARY = {
+    operator.add: "+", operator.sub: "-", operator.mul: "*", operator.truediv: "/",
+    operator.floordiv: "//", operator.mod: "%", operator.pow: "**", operator.and_: "&",
+    operator.or_: "|", operator.xor: "^", operator.lt: "<", operator.le: "<=", operator.gt: ">",
+    operator.ge: ">=", operator.eq: "==", operator.ne: "!=",
+}
+_UNARY = {operator.neg: "-", operator.invert: "~", operator.pos: "+"}
+_UFUNC_BINARY = {
+    "add": "+", "subtract": "-", "multiply": "*", "true_divide": "/", "divide": "/", "floor_divide": "//",
+    "remainder": "%", "power": "**", "greater": ">", "greater_equal": ">=", "less": "<", "less_equal": "<=",
+    "equal": "==", "not_equal": "!=", "logical_and": "&", "logical_or": "|", "logical_xor": "^",
+    "bitwise_and": "&", "bitwise_or": "|", "bitwise_xor": "^",
+}
+_UFUNC_UNARY = {"negative": "-", "invert": "~", "logical_not": "~", "positive": "+"}
+
+
+def _template(func: Any, nargs: int) -> str | None:
+    """A ``str.format`` template over ``{0}, {1}, ...`` for an elementwise ``func``, else None."""
+    if func in _BINARY and nargs == 2:
+        return "({0} %s {1})" % _BINARY[func]
+    if func in _UNARY and nargs == 1:
+        return "(%s{0})" % _UNARY[func]
+    if (func is abs or func is operator.abs) and nargs == 1:
+        return "abs({0})"
+    name = getattr(func, "__name__", None)
+    if isinstance(func, np.ufunc):
+        if name in _UFUNC_BINARY and nargs == 2:
+            return "({0} %s {1})" % _UFUNC_BINARY[name]
+        if name in _UFUNC_UNARY and nargs == 1:
+            return "(%s{0})" % _UFUNC_UNARY[name]
+        name = "abs" if name == "absolute" else name
+        if name in FUNCTIONS and FUNCTIONS[name][0] == nargs:
+            return f"{name}({', '.join('{%d}' % i for i in range(nargs))})"
+        return None
+    module = getattr(func, "__module__", "") or ""
+    if name in ("where", "clip") and nargs == 3 and (module.startswith("numpy") or module.startswith("dask")):
+        return f"{name}({{0}}, {{1}}, {{2}})"
+    return None
+
+
+def _elementwise(layer: Any) -> tuple[str, list] | None:
+    """``(template, operands)`` when ``layer`` is a plain elementwise Blockwise layer, else None."""
+    from dask._task_spec import Task, TaskRef
+    from dask.blockwise import Blockwise, blockwise_token
+
+    if type(layer) is not Blockwise or layer.new_axes or layer.concatenate or getattr(layer, "io_deps", None):
+        return None
+    task = layer.task
+    if not isinstance(task, Task) or task.kwargs:
+        return None
+    out = tuple(layer.output_indices)
+    refs = {blockwise_token(i): i for i in range(len(layer.indices))}
+    operands = []
+    for arg in task.args:
+        if not isinstance(arg, TaskRef) or arg.key not in refs:
+            if is_scalar(arg):
+                operands.append(("scalar", arg))
+                continue
+            return None
+        value, ind = layer.indices[refs[arg.key]]
+        if ind is None:
+            if not is_scalar(value):
+                return None
+            operands.append(("scalar", value))
+        else:
+            ind = tuple(ind)
+            if not isinstance(value, str) or not set(ind) <= set(out) or ind != out[len(out) - len(ind):]:
+                return None
+            operands.append(("array", value, ind))
+    template = _template(task.func, len(operands))
+    return (template, operands) if template else None
+
+
+def rewrite_graph(hlg: Any, keep: set[str] = frozenset()) -> Any:
+    """A HighLevelGraph with each chain of elementwise layers replaced by one fused layer.
+
+    ``keep`` names layers whose output must stay (e.g. the arrays being computed).
+    """
+    from dask._task_spec import Task, TaskRef
+    from dask.blockwise import Blockwise, blockwise_token
+    from dask.highlevelgraph import HighLevelGraph
+
+    from flowgpu.kernels.fusion import _Chunk
+
+    layers = dict(hlg.layers)
+    deps = {k: set(v) for k, v in hlg.dependencies.items()}
+    elem = {name: info for name, layer in layers.items() if (info := _elementwise(layer)) is not None}
+    if not elem:
+        return hlg
+    dependents: dict[str, set[str]] = {k: set() for k in layers}
+    for k, ds in deps.items():
+        for d in ds:
+            dependents.setdefault(d, set()).add(k)
+
+    def inlinable(name: str) -> bool:
+        users = dependents.get(name, set())
+        return name in elem and name not in keep and len(users) == 1 and next(iter(users)) in elem
+
+    changed = False
+    for root in list(elem):
+        if inlinable(root):
+            continue
+        leaves: dict[tuple, str] = {}
+        scalars: list[tuple[str, Any]] = []
+        numblocks: dict[str, Any] = {}
+        n_ops = 0
+
+        def build(name: str, rename: dict) -> str:
+            nonlocal n_ops
+            n_ops += 1
+            template, operands = elem[name]
+            parts = []
+            for op in operands:
+                if op[0] == "scalar":
+                    value = op[1]
+                    if isinstance(value, (bool, int, float)) and not isinstance(value, np.generic) \
+                            and np.isfinite(value):
+                        parts.append(repr(value))
+                    else:
+                        sname = f"s{len(scalars)}"
+                        scalars.append((sname, value))
+                        parts.append(sname)
+                    continue
+                _, src, ind = op
+                ind = tuple(rename.get(i, i) for i in ind)
+                if inlinable(src):
+                    child = dict(zip(layers[src].output_indices, ind))
+                    parts.append(build(src, child))
+                    continue
+                key = (src, ind)
+                if key not in leaves:
+                    leaves[key] = f"v{len(leaves)}"
+                    numblocks[src] = layers[name].numblocks[src]
+                parts.append(leaves[key])
+            return template.format(*parts)
+
+        text = build(root, {})
+        if n_ops < 2:
+            continue
+        root_layer = layers[root]
+        names = tuple(leaves.values())
+        fn = _Chunk(text, names, tuple(scalars), None)
+        task = Task(root, fn, *[TaskRef(blockwise_token(i)) for i in range(len(leaves))])
+        indices = [(src, ind) for (src, ind) in leaves]
+        layers[root] = Blockwise(root, root_layer.output_indices, task, indices, numblocks,
+                                 output_blocks=root_layer.output_blocks, annotations=root_layer.annotations)
+        deps[root] = {src for src, _ in leaves}
+        changed = True
+    if not changed:
+        return hlg
+    if not keep:
+        return HighLevelGraph(layers, deps)
+    reachable: set[str] = set()
+    stack = list(keep)
+    while stack:  # drop the layers that were inlined
+        k = stack.pop()
+        if k not in reachable and k in layers:
+            reachable.add(k)
+            stack.extend(deps.get(k, ()))
+    return HighLevelGraph({k: v for k, v in layers.items() if k in reachable},
+                          {k: deps[k] & reachable for k in reachable})
+
+
+def optimize(*arrays: da.Array) -> Any:
+    """The same dask array(s), with chains of ufuncs rewritten into one fused kernel per chunk.
+
+    Examples
+    --------
+    >>> import dask.array as da, numpy as np, flowgpu as fg
+    >>> x = da.from_array(np.arange(8.0), chunks=4)
+    >>> y = fg.optimize((x * 2 + 1) ** 2 - x)
+    >>> bool((y.compute() == ((np.arange(8.0) * 2 + 1) ** 2 - np.arange(8.0))).all())
+    True
+    """
+    out = []
+    for a in arrays:
+        if not isinstance(a, da.Array):
+            out.append(a)
+            continue
+        hlg = rewrite_graph(a.__dask_graph__(), keep={a.name})
+        out.append(da.Array(hlg, a.name, a.chunks, meta=a._meta))
+    return out[0] if len(out) == 1 else tuple(out)
+
+
+def array_optimize(dsk: Any, keys: Any, **kwargs: Any) -> Any:
+    """dask's ``array_optimize`` hook: rewrite ufunc chains (when ``flowgpu.fuse-ufuncs``), then dask's own."""
+    from dask.array.optimization import optimize as dask_optimize
+    from dask.core import flatten
+    from dask.highlevelgraph import HighLevelGraph
+
+    if dask.config.get(CONFIG_KEY, False) and isinstance(dsk, HighLevelGraph):
+        names = {k[0] if isinstance(k, tuple) else k for k in flatten(keys)}
+        dsk = rewrite_graph(dsk, keep=names)
+    return dask_optimize(dsk, keys, **kwargs)
+
+
+@contextlib.contextmanager
+def fusing(enabled: bool = True) -> Iterator[None]:
+    """Within the block, every dask array computation fuses its ufunc chains into kernels."""
+    with dask.config.set({"array_optimize": array_optimize, CONFIG_KEY: enabled}):
+        yield
