@@ -21,6 +21,7 @@ import numpy as np
 
 from flowgpu.errors import ConfigError, FlowgpuError, SpecError
 from flowgpu.io import sources
+from flowgpu.io.sinks import SUMMARY_MAX_ELEMENTS
 from flowgpu.ops import registry
 from flowgpu.pipeline import compose
 from flowgpu.pipeline.build import Origin, from_dict
@@ -209,6 +210,10 @@ def _output_arrays(spec: Spec, values: dict, smap: SourceMap) -> dict[str, da.Ar
         if not isinstance(value, da.Array):
             raise smap.error(f"{out.from_!r} is not an array", ("outputs", out_name, "from"),
                              hint="name a single result, e.g. 'step.output' for a uses step")
+        if out.sink == "summary" and value.size > SUMMARY_MAX_ELEMENTS:
+            raise smap.error(f"output {out_name!r} has {value.size} values; a summary output holds at most "
+                             f"{SUMMARY_MAX_ELEMENTS}", ("outputs", out_name),
+                             hint="write it to a file: sink: zarr (or npy) with a path")
         outs[out_name] = value
     return outs
 

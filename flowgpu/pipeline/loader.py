@@ -91,10 +91,10 @@ def _build(node: yaml.Node, loader: _Loader, smap: SourceMap, path: Path, depth:
         for key_node, value_node in node.value:
             if not isinstance(key_node, yaml.ScalarNode):
                 raise smap.error("mapping keys must be plain names", path, hint="quote the key or rename it")
-            key = _build(key_node, loader, SourceMap(), (), depth + 1)
-            if key == "<<":
+            if key_node.tag.endswith(":merge") or key_node.value == "<<":
                 raise smap.error("YAML merge keys ('<<') are not supported", path,
                                  hint="write the keys out, or share values through params")
+            key = _build(key_node, loader, SourceMap(smap.file), path, depth + 1)
             if isinstance(key, (dict, list)) or key is None:
                 raise smap.error(f"mapping key {key!r} is not a name", path, hint="use a plain name as key")
             if key in out:

@@ -101,7 +101,7 @@ def _disk_bytes(path: str) -> int:
     return total
 
 
-def run(spec: Spec | str | os.PathLike, *, overrides: dict[str, Any] | None = None, params_file: str | None = None,
+def run(spec: Spec | str | os.PathLike | dict, *, overrides: dict[str, Any] | None = None, params_file: str | None = None,
         session: Any = None, overwrite: bool = False, summary_path: str | None = None,
         cluster: dict[str, Any] | None = None, console: Console | None = None, progress: bool = True,
         on_session: Any = None) -> RunResult:
@@ -109,7 +109,7 @@ def run(spec: Spec | str | os.PathLike, *, overrides: dict[str, Any] | None = No
 
     Parameters
     ----------
-    spec : a :class:`Spec` or the path of a YAML spec.
+    spec : a :class:`Spec`, the path of a YAML spec, or a spec as a Python dict.
     overrides : dotted keys to set, e.g. ``{"params.n": 1000}`` (as ``--set``).
     params_file : a YAML file of param values (as ``--params``).
     session : a :class:`flowgpu.Session` to run on; default: the current one, else one started from
@@ -124,6 +124,10 @@ def run(spec: Spec | str | os.PathLike, *, overrides: dict[str, Any] | None = No
     console = console or Console(stderr=True, quiet=not progress)
     if isinstance(spec, (str, os.PathLike)):
         spec = load(spec, overrides, params_file)
+    elif isinstance(spec, dict):
+        from flowgpu.pipeline.build import from_dict, read_params_file
+
+        spec = from_dict(spec, {**(read_params_file(params_file) if params_file else {}), **(overrides or {})})
     elif overrides or params_file:
         from flowgpu.pipeline.build import build, read_params_file
 

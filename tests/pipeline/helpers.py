@@ -1,0 +1,42 @@
+"""Importable helpers for pipeline tests (python-callable sources and test ops)."""
+
+from __future__ import annotations
+
+import dask.array as da
+import numpy as np
+
+import flowgpu
+
+CALLS = {"count": 0}
+
+
+def make_matrix(rows: int, cols: int, seed: int = 0) -> np.ndarray:
+    """A python-callable source."""
+    return np.random.default_rng(seed).standard_normal((rows, cols))
+
+
+def _counted(block):
+    CALLS["count"] += 1
+    return block * 1.0
+
+
+@flowgpu.op("test_counted", kind="array")
+def counted(x):
+    """Identity that counts how many chunks it computes (shared intermediates: once)."""
+    return x.map_blocks(_counted, dtype=x.dtype, meta=x._meta)
+
+
+def _explode(block):
+    raise RuntimeError("boom while running")
+
+
+@flowgpu.op("test_explode", kind="array")
+def explode(x):
+    """Fails while running, never while compiling."""
+    return x.map_blocks(_explode, dtype=x.dtype, meta=x._meta)
+
+
+@flowgpu.op("test_split", kind="array")
+def split(x, *, at: int = 1):
+    """Two results: the rows before ``at`` and the rest."""
+    return x[:at], x[at:]

@@ -1,0 +1,169 @@
+"""compile(): pure, checked, the same results as NumPy, fused or not, composed or not."""
+
+from __future__ import annotations
+
+import dask
+import numpy as np
+import pytest
+
+import tests.pipeline.helpers as helpers
+from flowgpu import pipeline
+from flowgpu.errors import SpecError
+from flowgpu.pipeline.fusion import fusion_available
+
+
+def _boom(*a, **k):
+    raise AssertionError("compile must not compute anything")
+
+
+@pytest.fixture
+def data(tmp_path, rng):
+    x = rng.standard_normal((40, 6)) * 3 + 1
+    np.save(tmp_path / "x.npy", x)
+    return x
+
+
+def chain_spec(path):
+    # steps deliberately out of order: the file order does not matter
+    return {
+        "inputs": {"x": {"source": "npy", "path": str(path), "chunks": [10, 6]}},
+        "steps": {
+            "total": {"op": "sum", "inputs": ["z2"], "args": {"axis": 0}},
+            "z2": {"op": "square", "inputs": ["z"]},
+            "z": {"op": "divide", "inputs": ["centered", "sd"]},
+            "centered": {"op": "subtract", "inputs": ["x", "mu"]},
+            "mu": {"op": "mean", "inputs": ["x"], "args": {"axis": 0, "keepdims": True}},
+            "sd": {"op": "std", "inputs": ["x"], "args": {"axis": 0, "keepdims": True}},
+        },
+        "outputs": {"z": {"from": "z", "sink": "npy", "path": "z.npy"}, "total": {"from": "total"}},
+    }
+
+
+@pytest.mark.parametrize("fuse", [False, True])
+def test_compile_is_pure_and_matches_numpy(tmp_path, data, fuse):
+    with dask.config.set(scheduler=_boom):
+        plan = pipeline.compile(chain_spec(tmp_path / "x.npy"), fuse=fuse)
+    assert plan.outputs["z"].shape == data.shape and plan.outputs["z"].dtype == np.float64
+    assert plan.order.index("mu") < plan.order.index("centered") < plan.order.index("z") < plan.order.index("total")
+    z_ref = (data - data.mean(0)) / data.std(0)
+    np.testing.assert_allclose(plan.outputs["z"].compute(), z_ref, rtol=1e-10)
+    np.testing.assert_allclose(plan.outputs["total"].compute(), (z_ref ** 2).sum(0), rtol=1e-10)
+    assert not (tmp_path / "z.npy").exists()
+
+
+@pytest.mark.skipif(fusion_available() is None, reason="flowgpu.kernels.fusion not available")
+def test_elementwise_chains_fuse(tmp_path, data):
+    spec = {
+        "inputs": {"x": {"source": "npy", "path": str(tmp_path / "x.npy")}},
+        "steps": {
+            "a": {"op": "abs", "inputs": ["x"]},
+            "b": {"op": "sqrt", "inputs": ["a"]},
+            "c": {"op": "multiply", "inputs": ["b"], "args": {"b": 2.0}},
+            "d": {"op": "add", "inputs": ["c", "x"]},
+            "s": {"op": "sum", "inputs": ["d"], "args": {"axis": 1}},
+            "e": {"op": "negative", "inputs": ["x"]},
+            "f": {"op": "exp", "inputs": ["e"]},
+        },
+        "outputs": {"s": {"from": "s"}, "f": {"from": "f"}, "a": {"from": "b"}},
+    }
+    plan = pipeline.compile(spec)
+    assert plan.fused
+    assert set(plan.fusion.roots) == {"b", "s", "f"}  # b = sqrt(abs(x)) is an output itself
+    assert plan.fusion.roots["s"]["reduction"] == "sum"
+    assert plan.nodes["c"].fused_into == "s" and plan.nodes["a"].fused_into == "b"
+    b = np.sqrt(np.abs(data))
+    np.testing.assert_allclose(plan.outputs["s"].compute(), (b * 2 + data).sum(1), rtol=1e-12)
+    np.testing.assert_allclose(plan.outputs["f"].compute(), np.exp(-data), rtol=1e-12)
+    np.testing.assert_allclose(plan.outputs["a"].compute(), b, rtol=1e-12)
+    rows = pipeline.describe(plan)["steps"]
+    assert any(r["fused"] and "sum" in r["fused"] for r in rows)
+
+
+def test_params_at_compile_time(tmp_path):
+    spec = pipeline.from_dict({"params": {"n": 5},
+                               "inputs": {"x": {"source": "arange", "stop": "${params.n}"}},
+                               "steps": {"s": {"op": "sum", "inputs": ["x"]}},
+                               "outputs": {"s": {"from": "s"}}})
+    assert int(pipeline.compile(spec).outputs["s"].compute()) == 10
+    assert int(pipeline.compile(spec, params={"n": 101}).outputs["s"].compute()) == 5050
+
+
+def test_python_callable_and_tuple_results(rng):
+    seed = int(rng.integers(1 << 30))
+    spec = {
+        "inputs": {"m": {"source": "python", "callable": "tests.pipeline.helpers:make_matrix",
+                         "args": {"rows": 9, "cols": 4, "seed": seed}}},
+        "steps": {"parts": {"op": "test_split", "inputs": ["m"], "args": {"at": 3}},
+                  "head_sum": {"op": "sum", "inputs": ["parts.0"]}},
+        "outputs": {"head": {"from": "head_sum"}, "tail": {"from": "parts.1"}},
+    }
+    plan = pipeline.compile(spec)
+    m = helpers.make_matrix(9, 4, seed)
+    np.testing.assert_allclose(plan.outputs["head"].compute(), m[:3].sum())
+    np.testing.assert_allclose(plan.outputs["tail"].compute(), m[3:])
+    spec["steps"]["head_sum"]["inputs"] = ["parts.7"]
+    with pytest.raises(SpecError, match="has no output '7'"):
+        pipeline.compile(spec)
+
+
+def test_zarr_source(tmp_path, rng):
+    import zarr
+
+    x = rng.random((12, 5)).astype("float32")
+    z = zarr.create_array(str(tmp_path / "in.zarr"), shape=x.shape, chunks=(4, 5), dtype=x.dtype)
+    z[:] = x
+    plan = pipeline.compile({"inputs": {"x": {"source": "zarr", "path": str(tmp_path / "in.zarr")}},
+                             "steps": {"m": {"op": "max", "inputs": ["x"], "args": {"axis": 0}}},
+                             "outputs": {"m": {"from": "m"}}})
+    assert plan.arrays["x"].chunks == ((4, 4, 4), (5,))
+    np.testing.assert_array_equal(plan.outputs["m"].compute(), x.max(0))
+
+
+def test_uses_binds_inputs_passes_params_and_exposes_outputs(tmp_path, rng):
+    (tmp_path / "inner.yaml").write_text(
+        "params: {k: 1.0}\n"
+        "inputs:\n  a: {source: zeros, shape: [7]}\n  b: {source: ones, shape: [7]}\n"
+        "steps:\n  scaled: {op: multiply, inputs: [a], args: {b: '${params.k}'}}\n"
+        "  shifted: {op: add, inputs: [scaled, b]}\n"
+        "outputs:\n  result: {from: shifted, sink: npy, path: never-written.npy}\n")
+    v = rng.standard_normal(7)
+    np.save(tmp_path / "v.npy", v)
+    (tmp_path / "outer.yaml").write_text(
+        f"inputs:\n  v: {{source: npy, path: '{tmp_path / 'v.npy'}'}}\n"
+        "steps:\n  inner: {uses: inner.yaml, inputs: {a: v}, params: {k: 3.0}}\n"
+        "  total: {op: sum, inputs: [inner.result]}\n"
+        "outputs:\n  total: {from: total}\n  vec: {from: inner.result}\n")
+    plan = pipeline.compile(tmp_path / "outer.yaml")
+    np.testing.assert_allclose(plan.outputs["vec"].compute(), v * 3 + 1)
+    np.testing.assert_allclose(plan.outputs["total"].compute(), (v * 3 + 1).sum())
+    rows = pipeline.describe(plan)["steps"]
+    assert [r["name"] for r in rows if r["name"].startswith("inner/")] == [
+        "inner/a", "inner/b", "inner/scaled", "inner/shifted"]
+    assert not (tmp_path / "never-written.npy").exists()
+    # a shape the included spec declares is checked at the binding
+    (tmp_path / "outer.yaml").write_text(
+        "inputs:\n  v: {source: random, shape: [8]}\n"
+        "steps:\n  inner: {uses: inner.yaml, inputs: {a: v}}\n")
+    with pytest.raises(SpecError, match="shape mismatch") as e:
+        pipeline.compile(tmp_path / "outer.yaml")
+    assert (e.value.line, e.value.path) == (4, "steps.inner.inputs.a")
+
+
+def test_errors_in_included_files_point_into_them(tmp_path):
+    (tmp_path / "inner.yaml").write_text("steps:\n  s: {op: sqrtt, inputs: []}\n")
+    (tmp_path / "outer.yaml").write_text("steps:\n  inner: {uses: inner.yaml}\n")
+    with pytest.raises(SpecError, match="did you mean 'sqrt'") as e:
+        pipeline.validate(tmp_path / "outer.yaml")
+    assert e.value.file.endswith("inner.yaml") and (e.value.line, e.value.path) == (2, "steps.s.op")
+
+
+def test_shared_intermediates_are_computed_once(tmp_path, rng):
+    np.save(tmp_path / "x.npy", rng.random((20, 4)))
+    spec = {"inputs": {"x": {"source": "npy", "path": str(tmp_path / "x.npy"), "chunks": [5, 4]}},
+            "steps": {"c": {"op": "test_counted", "inputs": ["x"]},
+                      "s": {"op": "sum", "inputs": ["c"]}, "m": {"op": "max", "inputs": ["c"]}},
+            "outputs": {"s": {"from": "s"}, "m": {"from": "m"},
+                        "c": {"from": "c", "sink": "npy", "path": str(tmp_path / "c.npy")}}}
+    helpers.CALLS["count"] = 0
+    pipeline.run(spec, session="local", progress=False)
+    assert helpers.CALLS["count"] == 4  # four chunks, once each, for three outputs

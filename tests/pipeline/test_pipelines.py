@@ -1,0 +1,108 @@
+"""Every shipped spec under pipelines/ is validated and run with small params."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+
+import numpy as np
+import pytest
+import zarr
+from click.testing import CliRunner
+
+from flowgpu import pipeline
+from flowgpu.cli import cli
+from flowgpu.pipeline.spec import json_schema
+
+ROOT = pathlib.Path(__file__).resolve().parents[2] / "pipelines"
+SPECS = sorted(p.name for p in ROOT.glob("*.yaml"))
+
+
+def test_every_spec_has_the_schema_modeline_and_the_schema_is_current():
+    shipped = json.loads((ROOT / "flowgpu-pipeline.schema.json").read_text())
+    assert shipped == json_schema(), "run: flowgpu schema -o pipelines/flowgpu-pipeline.schema.json"
+    for name in SPECS:
+        first = (ROOT / name).read_text().splitlines()[0]
+        assert first == "# yaml-language-server: $schema=./flowgpu-pipeline.schema.json", name
+
+
+@pytest.fixture
+def stack(tmp_path, rng):
+    x = rng.random((3, 40, 36)).astype("float32")
+    z = zarr.create_array(str(tmp_path / "stack.zarr"), shape=x.shape, chunks=(1, 40, 36), dtype=x.dtype)
+    z[:] = x
+    return x, str(tmp_path / "stack.zarr")
+
+
+def small(name, tmp_path, stack_path):
+    out = str(tmp_path / "out")
+    return {
+        "quickstart.yaml": {"params.n": 64, "params.rows_per_chunk": 16, "params.out": out},
+        "standardize.yaml": {"params.rows": 300, "params.cols": 8, "params.out": out},
+        "transpose_sum.yaml": {"params.n": 60, "params.chunk": 25},
+        "denoise.yaml": {"params.input": stack_path, "params.out": out + "/d.zarr", "params.sigma": 1.5},
+        "denoise_synthetic.yaml": {"params.frames": 2, "params.size": 48, "params.out": out + "/d.zarr"},
+    }[name]
+
+
+@pytest.mark.parametrize("name", SPECS)
+def test_shipped_spec_validates_and_runs(name, tmp_path, stack, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    overrides = small(name, tmp_path, stack[1])
+    pipeline.validate(ROOT / name, overrides)
+    result = pipeline.run(ROOT / name, overrides=overrides, session="local", progress=False)
+    assert result.summary["status"] == "ok"
+    for out in result.summary["outputs"].values():
+        if "location" in out:
+            assert os.path.exists(out["location"])
+    check = CHECKS.get(name)
+    if check:
+        check(result, stack[0])
+
+
+def _quickstart(result, _):
+    assert abs(result.outputs["energy"] - 64 * 64) < 1e-2 * 64 * 64
+    assert abs(result.outputs["mean"] - 3.0) < 0.2
+    z = zarr.open_array(result.summary["outputs"]["standardized"]["location"])[:]
+    np.testing.assert_allclose(z.mean(0), 0, atol=1e-4)
+    np.testing.assert_allclose(z.std(0), 1, rtol=1e-4)
+
+
+def _standardize(result, _):
+    corr = np.load(result.summary["outputs"]["correlation"]["location"])
+    np.testing.assert_allclose(np.diag(corr), 1, rtol=1e-4)
+    np.testing.assert_allclose(result.outputs["frobenius_squared"], (corr.astype("float64") ** 2).sum(), rtol=1e-4)
+
+
+def _transpose_sum(result, _):
+    from flowgpu import arrays
+
+    x = arrays.random((60, 60), seed=42, chunks=25).compute()
+    np.testing.assert_allclose(result.outputs["total"], (x + x.T).sum(), rtol=1e-12)
+
+
+def _denoise(result, x):
+    from scipy import ndimage
+
+    got = zarr.open_array(result.summary["outputs"]["denoised"]["location"])[:]
+    np.testing.assert_allclose(got, ndimage.gaussian_filter(x, sigma=[0, 1.5, 1.5]), rtol=1e-5, atol=1e-6)
+
+
+def _denoise_synthetic(result, _):
+    assert result.outputs["mse_denoised"] < 0.5 * result.outputs["mse_noisy"]
+
+
+CHECKS = {"quickstart.yaml": _quickstart, "standardize.yaml": _standardize, "transpose_sum.yaml": _transpose_sum,
+          "denoise.yaml": _denoise, "denoise_synthetic.yaml": _denoise_synthetic}
+
+
+def test_quickstart_through_the_cli_on_a_cluster(tmp_path, monkeypatch, cpu_session):
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(cli, ["run", str(ROOT / "quickstart.yaml"), "--set", "params.n=64",
+                                      "--set", "params.rows_per_chunk=16", "--summary", "run.json"])
+    assert result.exit_code == 0, result.output
+    assert "dashboard:" in result.output
+    summary = json.loads((tmp_path / "run.json").read_text())
+    assert summary["session"]["n_workers"] == 2
+    assert os.path.isdir(tmp_path / "flowgpu-output" / "quickstart" / "standardized.zarr")
