@@ -1,0 +1,114 @@
+"""The flowgpu command: thin wrappers over the library, exit codes 0 / 2 / 1."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import numpy as np
+from click.testing import CliRunner
+
+import tests.pipeline.helpers  # noqa: F401  (registers the test ops)
+from flowgpu.cli import cli
+from flowgpu.pipeline.spec import json_schema
+
+ROOT = pathlib.Path(__file__).resolve().parents[1] / "pipelines"
+
+SPEC = """\
+params: {n: 30}
+inputs:
+  x: {source: npy, path: x.npy}
+steps:
+  y: {op: multiply, inputs: [x], args: {b: 2.0}}
+  s: {op: sum, inputs: [y]}
+outputs:
+  y: {from: y, sink: npy, path: out/y.npy}
+  s: {from: s}
+"""
+
+
+def _spec(tmp_path, rng, text=SPEC):
+    x = rng.random(30)
+    np.save(tmp_path / "x.npy", x)
+    (tmp_path / "spec.yaml").write_text(text)
+    return x
+
+
+def test_ops_lists_the_registry():
+    result = CliRunner().invoke(cli, ["ops"])
+    assert result.exit_code == 0
+    for name in ("add", "sum", "gaussian_filter", "test_counted"):
+        assert name in result.output
+
+
+def test_schema_is_the_models_schema(tmp_path):
+    result = CliRunner().invoke(cli, ["schema"])
+    assert result.exit_code == 0 and json.loads(result.output) == json_schema()
+    assert CliRunner().invoke(cli, ["schema", "-o", str(tmp_path / "s.json")]).exit_code == 0
+    assert json.loads((tmp_path / "s.json").read_text())["title"] == "flowgpu pipeline spec"
+
+
+def test_validate_several_files(tmp_path, rng, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _spec(tmp_path, rng)
+    (tmp_path / "bad.yaml").write_text("steps:\n  s: {op: nope}\n")
+    result = CliRunner().invoke(cli, ["validate", "spec.yaml", str(ROOT / "quickstart.yaml")])
+    assert result.exit_code == 0 and result.output.count(": ok") == 2
+    result = CliRunner().invoke(cli, ["validate", "spec.yaml", "bad.yaml"])
+    assert result.exit_code == 2 and "spec.yaml: ok" in result.output and "bad.yaml:2:" in result.output
+
+
+def test_plan_shows_steps_in_order_and_estimates(tmp_path, rng, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _spec(tmp_path, rng)
+    result = CliRunner().invoke(cli, ["plan", "spec.yaml"])
+    assert result.exit_code == 0, result.output
+    assert result.output.index("multiply") < result.output.index("sum")
+    assert "peak memory per worker" in result.output
+    result = CliRunner().invoke(cli, ["plan", "spec.yaml", "--json"])
+    desc = json.loads(result.output)
+    assert [r["name"] for r in desc["steps"]] == ["x", "y", "s"]
+    assert desc["steps"][1]["shape"] == [30] and desc["steps"][1]["bytes"] == 240
+    assert desc["peak_worker_bytes"] > 0 and desc["tasks"] > 0
+    assert not (tmp_path / "out").exists()
+
+
+def test_dry_run_writes_nothing(tmp_path, rng, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _spec(tmp_path, rng)
+    result = CliRunner().invoke(cli, ["run", "spec.yaml", "--dry-run"])
+    assert result.exit_code == 0 and "nothing was run or written" in result.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_run_with_sets_summary_and_local_cluster(tmp_path, rng, monkeypatch, cpu_session):
+    monkeypatch.chdir(tmp_path)
+    x = _spec(tmp_path, rng)
+    result = CliRunner().invoke(cli, ["run", "spec.yaml", "--summary", "run.json"])
+    assert result.exit_code == 0, result.output
+    np.testing.assert_allclose(np.load(tmp_path / "out" / "y.npy"), 2 * x)
+    summary = json.loads((tmp_path / "run.json").read_text())
+    np.testing.assert_allclose(summary["outputs"]["s"]["value"], 2 * x.sum())
+    assert summary["outputs"]["y"]["shape"] == [30]
+
+
+def test_failure_while_running_exits_1(tmp_path, rng, monkeypatch, cpu_session):
+    monkeypatch.chdir(tmp_path)
+    _spec(tmp_path, rng, SPEC.replace("op: multiply, inputs: [x], args: {b: 2.0}", "op: test_explode, inputs: [x]"))
+    result = CliRunner().invoke(cli, ["run", "spec.yaml", "--quiet"])
+    assert result.exit_code == 1, result.output
+    assert "failed while running" in result.output
+    assert not (tmp_path / "out" / "y.npy").exists()
+
+
+def test_bad_arguments_exit_2(tmp_path, rng, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _spec(tmp_path, rng)
+    assert CliRunner().invoke(cli, ["run", "spec.yaml", "--set", "novalue"]).exit_code == 2
+    assert CliRunner().invoke(cli, ["run", "missing.yaml"]).exit_code == 2
+    assert CliRunner().invoke(cli, ["run", "spec.yaml", "--workers", "0"]).exit_code == 2
+
+
+def test_info_still_works():
+    result = CliRunner().invoke(cli, ["info"])
+    assert result.exit_code == 0 and "GPUs visible" in result.output
