@@ -106,3 +106,13 @@ def test_quickstart_through_the_cli_on_a_cluster(tmp_path, monkeypatch, cpu_sess
     summary = json.loads((tmp_path / "run.json").read_text())
     assert summary["session"]["n_workers"] == 2
     assert os.path.isdir(tmp_path / "flowgpu-output" / "quickstart" / "standardized.zarr")
+
+
+def test_the_docs_example_runs(tmp_path, monkeypatch):
+    text = (ROOT.parent / "docs" / "pipelines.md").read_text()
+    example = text.split("```yaml\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "example.yaml").write_text(example)
+    monkeypatch.chdir(tmp_path)
+    result = pipeline.run(tmp_path / "example.yaml", overrides={"params.n": 50}, session="local", progress=False)
+    assert abs(result.outputs["total"] - 50 * 256) < 1
+    assert os.path.isdir(tmp_path / "output" / "column-stats" / "z.zarr")
