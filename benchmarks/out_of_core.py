@@ -1,0 +1,262 @@
+"""Out-of-core passes: flowgpu's spilling store side by side with the cluster's own.
+
+GPU (one H200, one run, each store on a fresh one-GPU cluster under an 8 GB device limit):
+
+* ``chain``: ``((x*2+1)**2 - x).sum()`` over 32 GiB of float32, persisted first;
+* ``npy``: the same pass with ``x`` read from a host ``.npy`` (flowgpu: memory map -> pinned
+  staging buffers -> device; dask-cuda: ``flowgpu.from_npy`` as it is today);
+* ``transpose``: ``(x + x.T).sum()`` on 80000² float32 (25.6 GB), persisted first;
+* pinned host-to-device bandwidth measured in the same run; every result compared with the
+  same computation held in device memory (bit-identical or not).
+
+CPU (``--cpu``): a 4 GiB elementwise pass under two workers of 600 MB, flowgpu's store
+against dask's own spilling.
+
+Run::
+
+    python benchmarks/out_of_core.py --size full          # GPU, about 6-8 minutes
+    python benchmarks/out_of_core.py --size small         # GPU, a quarter of the data
+    python benchmarks/out_of_core.py --cpu                # CPU, 2 workers x 600 MB
+
+The markdown table comes last in the output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import tempfile
+import time
+
+import dask
+import dask.array as da
+import numpy as np
+
+GiB = 1 << 30
+
+SIZES = {  # chain shape (float32), chain chunk rows, transpose n, transpose chunk, device limit
+    "full": dict(chain=(65536, 131072), rows=2048, tn=80000, tchunk=10000, limit="8GB"),
+    "small": dict(chain=(16384, 131072), rows=2048, tn=40000, tchunk=10000, limit="2GB"),
+}
+
+
+def chain(a):
+    return ((a * 2 + 1) ** 2 - a).sum()
+
+
+def transpose_sum(a):
+    return (a + a.T).sum()
+
+
+def pinned_h2d_gbps(nbytes: int = GiB, reps: int = 5) -> float:
+    """Median host-to-device bandwidth of one pinned copy of ``nbytes``."""
+    from flowgpu.backend import import_cupy
+    from flowgpu.memory.pinned import PinnedPool
+
+    cp = import_cupy()
+    pool = PinnedPool()
+    buf = pool.take(nbytes)
+    buf.view[:] = 7
+    dev = cp.empty(nbytes, dtype=cp.uint8)
+    stream = cp.cuda.Stream(non_blocking=True)
+    times = []
+    for _ in range(reps):
+        start, stop = cp.cuda.Event(), cp.cuda.Event()
+        start.record(stream)
+        cp.cuda.runtime.memcpyAsync(dev.data.ptr, buf.ptr, nbytes, cp.cuda.runtime.memcpyHostToDevice, stream.ptr)
+        stop.record(stream)
+        stop.synchronize()
+        times.append(cp.cuda.get_elapsed_time(start, stop) / 1e3)
+    del dev
+    pool.give(buf)
+    pool.trim()
+    return nbytes / float(np.median(times)) / 1e9
+
+
+class StagedNpy:
+    """A ``.npy`` file whose slices arrive on the device through pinned staging buffers."""
+
+    def __init__(self, path: str):
+        m = np.load(path, mmap_mode="r")
+        self.path, self.shape, self.dtype, self.ndim = path, m.shape, m.dtype, m.ndim
+
+    def __getitem__(self, key):
+        from flowgpu.memory.staging import to_device_staged
+
+        return to_device_staged(np.load(self.path, mmap_mode="r")[key])
+
+
+def staged_from_npy(path: str, chunks) -> da.Array:
+    from flowgpu.backend import import_cupy
+
+    cp = import_cupy()
+    src = StagedNpy(path)
+    return da.from_array(src, chunks=chunks, asarray=False, meta=cp.empty((0,) * src.ndim, src.dtype),
+                         name=f"staged-npy-{dask.base.tokenize(path, chunks)}")
+
+
+def _timed(fn):
+    start = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - start
+
+
+def _persisted(x: da.Array) -> da.Array:
+    from distributed import wait
+
+    xp = x.persist()
+    wait(xp)
+    return xp
+
+
+def _session(store: str, **kw):
+    import flowgpu as fg
+    import flowgpu.config  # noqa: F401 - load flowgpu's defaults before setting one of them
+
+    with dask.config.set({"flowgpu.spill.store": store}):
+        return fg.Session(dashboard_address=None, **kw)
+
+
+def run_gpu(size: str, workloads: list[str], stores: list[str], npy_dir: str) -> list[dict]:
+    import flowgpu as fg
+    from flowgpu.memory import stats, summary
+
+    p = SIZES[size]
+    rows = []
+    bw = pinned_h2d_gbps()
+    rows.append(dict(workload="pinned host->device copy (1 GiB)", store="-", seconds=None, gbps=bw))
+    print(f"pinned H2D: {bw:.1f} GB/s", flush=True)
+    shape, chunks = p["chain"], (p["rows"], p["chain"][1])
+    nbytes = shape[0] * shape[1] * 4
+    tshape, tchunks = (p["tn"], p["tn"]), (p["tchunk"], p["tchunk"])
+    results: dict[tuple[str, str], float] = {}
+    npy_path = os.path.join(npy_dir, "out_of_core_x.npy")
+    try:
+        for store in stores:
+            threads = 4 if store == "flowgpu" else 1
+            with _session(store, backend="gpu", gpus=[0], device_memory_limit=p["limit"],
+                          threads_per_worker=threads) as s:
+                if "chain" in workloads or "npy" in workloads:
+                    x = fg.random(shape, dtype="float32", seed=42, chunks=chunks)
+                    xp, t_persist = _timed(lambda: _persisted(x))  # noqa: B023
+                    rows.append(dict(workload=f"persist {nbytes / GiB:.0f} GiB f32", store=store,
+                                     seconds=t_persist, gbps=nbytes / t_persist / 1e9))
+                    if "chain" in workloads:
+                        r, t = _timed(lambda: float(chain(xp).compute()))
+                        results[("chain", store)] = r
+                        rows.append(dict(workload=f"chain+sum, {nbytes / GiB:.0f} GiB persisted", store=store,
+                                         seconds=t, gbps=nbytes / t / 1e9))
+                        print(rows[-1], flush=True)
+                    if "npy" in workloads and not os.path.exists(npy_path):
+                        _, t = _timed(lambda: fg.to_npy(xp, npy_path, overwrite=True))
+                        print(f"wrote {npy_path} in {t:.1f} s", flush=True)
+                    del x, xp
+                if "npy" in workloads:
+                    if store == "flowgpu":
+                        y = staged_from_npy(npy_path, chunks)
+                    else:
+                        y = fg.from_npy(npy_path, chunks=chunks)
+                    r, t = _timed(lambda: float(chain(y).compute()))
+                    results[("npy", store)] = r
+                    rows.append(dict(workload=f"chain+sum, {nbytes / GiB:.0f} GiB from host .npy", store=store,
+                                     seconds=t, gbps=nbytes / t / 1e9))
+                    print(rows[-1], flush=True)
+                if "transpose" in workloads:
+                    z = _persisted(fg.random(tshape, dtype="float32", seed=7, chunks=tchunks))
+                    r, t = _timed(lambda: float(transpose_sum(z).compute()))
+                    results[("transpose", store)] = r
+                    tb = tshape[0] * tshape[1] * 4
+                    rows.append(dict(workload=f"(x + x.T).sum(), {tshape[0]}² f32 persisted", store=store,
+                                     seconds=t, gbps=tb / t / 1e9))
+                    print(rows[-1], flush=True)
+                    del z
+                moves = summary(s.client.run(stats))
+                if moves["moves"]:
+                    print(f"{store} store moves: {moves}", flush=True)
+    finally:
+        if os.path.exists(npy_path):
+            os.remove(npy_path)
+    # the same computations held in device memory, on this process's GPU, for bit-identity
+    with dask.config.set({"array.backend": "cupy", "scheduler": "threads"}):
+        ref = {}
+        if "chain" in workloads or "npy" in workloads:
+            ref["chain"] = ref["npy"] = float(chain(fg.random(shape, dtype="float32", seed=42, chunks=chunks)).compute())
+        if "transpose" in workloads:
+            ref["transpose"] = float(transpose_sum(fg.random(tshape, dtype="float32", seed=7, chunks=tchunks)).compute())
+    for row in rows:
+        for (w, st), r in results.items():
+            if row["store"] == st and row["workload"].startswith({"chain": "chain+sum", "npy": "chain+sum",
+                                                                   "transpose": "(x + x.T)"}[w]):
+                if (w == "npy") == ("npy" in row["workload"]):
+                    row["identical"] = "yes" if r == ref[w] else f"no ({r!r} vs {ref[w]!r})"
+    _ratios(rows, bw)
+    return rows
+
+
+def run_cpu(total: int = 4 * GiB, limit: str = "600MB") -> list[dict]:
+    rows = []
+    n = total // 8
+    x = da.random.default_rng(3).standard_normal(n, chunks=4 * 2**20)  # 32 MiB chunks of float64
+    want = None
+    for store in ("flowgpu", "dask"):
+        with _session(store, backend="cpu", n_workers=2, threads_per_worker=1, memory_limit=limit):
+            xp, t_persist = _timed(lambda: _persisted(x))
+            r, t = _timed(lambda: float(chain(xp).compute()))  # noqa: B023
+            del xp
+            rows.append(dict(workload=f"persist {total / GiB:.0f} GiB f64, 2 x {limit}", store=store,
+                             seconds=t_persist, gbps=total / t_persist / 1e9))
+            rows.append(dict(workload=f"chain+sum {total / GiB:.0f} GiB, 2 x {limit}", store=store,
+                             seconds=t, gbps=total / t / 1e9))
+            want = r if want is None else want
+            rows[-1]["identical"] = "yes" if r == want else f"no ({r!r} vs {want!r})"
+            print(rows[-2], rows[-1], flush=True)
+    _ratios(rows, None)
+    return rows
+
+
+def _ratios(rows: list[dict], bw: float | None) -> None:
+    base = {r["workload"]: r["seconds"] for r in rows if r["store"] in ("dask-cuda", "dask") and r["seconds"]}
+    for r in rows:
+        if r["store"] == "flowgpu" and r["workload"] in base and r["seconds"]:
+            r["speedup"] = base[r["workload"]] / r["seconds"]
+        if bw and r.get("gbps") and r["store"] != "-":
+            r["of_pinned"] = r["gbps"] / bw
+
+
+def table(rows: list[dict]) -> str:
+    head = "| workload | store | seconds | GB/s | % of pinned H2D | speed-up vs default | bit-identical |"
+    lines = [head, "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        def f(k, fmt):
+            v = r.get(k)
+            return fmt.format(v) if isinstance(v, (int, float)) else (v or "")
+
+        lines.append(f"| {r['workload']} | {r['store']} | {f('seconds', '{:.2f}')} | {f('gbps', '{:.1f}')} | "
+                     f"{f('of_pinned', '{:.0%}')} | {f('speedup', '{:.1f}x')} | {r.get('identical', '')} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--size", choices=sorted(SIZES), default="small")
+    ap.add_argument("--cpu", action="store_true", help="the CPU comparison (2 workers x 600 MB)")
+    ap.add_argument("--workloads", default="chain,npy,transpose")
+    ap.add_argument("--stores", default="flowgpu,dask-cuda")
+    ap.add_argument("--npy-dir", default=None, help="where the temporary .npy goes (default: a temp dir)")
+    a = ap.parse_args()
+    if a.cpu:
+        rows = run_cpu()
+    else:
+        d = a.npy_dir or tempfile.mkdtemp(prefix="flowgpu-bench-")
+        try:
+            rows = run_gpu(a.size, a.workloads.split(","), a.stores.split(","), d)
+        finally:
+            if a.npy_dir is None:
+                shutil.rmtree(d, ignore_errors=True)
+    print()
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    main()
