@@ -216,7 +216,10 @@ class Kernel:
         def build():
             from numba import cuda
 
-            return cuda.jit(**self.jit_options)(self.py_func)
+            try:
+                return cuda.jit(**self.jit_options)(self.py_func)
+            except TypeError:  # an option this numba-cuda does not take back: jit plainly
+                return cuda.jit(self.py_func)
 
         return nb.cached((self._key, "numba-cuda"), build)
 

@@ -94,6 +94,12 @@ def test_numba_cuda_jit_kernel_with_cpu_counterpart(rng, cpu_backend):
     x, y = rng.random((50, 20)), rng.random((50, 20))
     got = axpy(da.from_array(x, chunks=(20, 20)), da.from_array(y, chunks=(20, 20))).compute()
     np.testing.assert_allclose(got, 2 * x + y)
+    # shipped to a worker it leaves the dispatcher behind and re-jits its Python function there
+    import cloudpickle
+
+    shipped = cloudpickle.loads(cloudpickle.dumps(axpy))
+    assert shipped._dispatcher is None and shipped.jit_options == axpy.jit_options
+    np.testing.assert_allclose(shipped(x, y), 2 * x + y)
 
 
 def test_plain_python_function_kernel_without_cpu_is_gpu_only(rng, cpu_backend):
