@@ -14,7 +14,11 @@ per element:
 
 ``cpu=`` gives the same operation for NumPy chunks: a Python (or numba ``njit``) function taking the
 input chunks as NumPy arrays and returning the output chunk. Without it the op is GPU-only: on a
-CPU session it raises :class:`~flowgpu.errors.KernelError` when the graph is built.
+CPU session it raises :class:`~flowgpu.errors.KernelError` when the graph is built. On a GPU session
+(``array.backend`` is ``cupy``), NumPy chunks are moved to the device and run the CUDA kernel.
+
+Register it as a pipeline op by stacking ``@flowgpu.op("name")`` on top (add ``gpu_only=True`` for a
+kernel without ``cpu=``; ``Kernel.gpu_only`` says which it is).
 
 Examples
 --------
