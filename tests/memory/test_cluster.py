@@ -12,6 +12,10 @@ import flowgpu
 from flowgpu.memory import summary
 
 
+def _scheduler_metrics(dask_scheduler=None):
+    return {w: ws.metrics.get("flowgpu-memory") for w, ws in dask_scheduler.workers.items()}
+
+
 @pytest.mark.slow
 def test_one_gib_through_two_workers_of_300_mb(rng):
     from distributed import wait
@@ -27,6 +31,12 @@ def test_one_gib_through_two_workers_of_300_mb(rng):
         got = float(expr(xp).compute())
         tail = xp[-5:].compute()
         per_worker = s.client.run(flowgpu.memory.stats)
+        deadline = time.monotonic() + 10  # the dashboard's view: the heartbeat metric on the scheduler
+        while time.monotonic() < deadline:
+            seen = s.client.run_on_scheduler(_scheduler_metrics)
+            if seen and all(m and m.get("host_to_disk_bytes") for m in seen.values()):
+                break
+            time.sleep(0.2)
     elapsed = time.perf_counter() - start
     want = float(expr(x).compute(scheduler="threads"))
     np.testing.assert_allclose(got, want, rtol=1e-12)
@@ -38,4 +48,5 @@ def test_one_gib_through_two_workers_of_300_mb(rng):
     total = summary(per_worker)
     assert total["moves"]["host_to_disk"]["bytes"] >= 2**30 - 2 * 300e6
     assert total["moves"]["disk_to_host"]["count"] > 0 and not total["errors"]
+    assert all(m.get("host_to_disk_bytes", 0) > 0 for m in seen.values()), seen
     print(f"1 GiB through 2 x 300 MB: {elapsed:.1f} s; moves {total['moves']}")
