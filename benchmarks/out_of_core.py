@@ -145,7 +145,7 @@ def run_gpu(size: str, workloads: list[str], stores: list[str], npy_dir: str) ->
                     if "chain" in workloads:
                         r, t = _timed(lambda: float(chain(xp).compute()))
                         results[("chain", store)] = r
-                        rows.append(dict(workload=f"chain+sum, {nbytes / GiB:.0f} GiB persisted", store=store,
+                        rows.append(dict(workload=f"chain+sum, {nbytes / GiB:.0f} GiB persisted", store=store, key="chain",
                                          seconds=t, gbps=nbytes / t / 1e9))
                         print(rows[-1], flush=True)
                     if "npy" in workloads and not os.path.exists(npy_path):
@@ -159,7 +159,7 @@ def run_gpu(size: str, workloads: list[str], stores: list[str], npy_dir: str) ->
                         y = fg.from_npy(npy_path, chunks=chunks)
                     r, t = _timed(lambda: float(chain(y).compute()))
                     results[("npy", store)] = r
-                    rows.append(dict(workload=f"chain+sum, {nbytes / GiB:.0f} GiB from host .npy", store=store,
+                    rows.append(dict(workload=f"chain+sum, {nbytes / GiB:.0f} GiB from host .npy", store=store, key="npy",
                                      seconds=t, gbps=nbytes / t / 1e9))
                     print(rows[-1], flush=True)
                 if "transpose" in workloads:
@@ -167,7 +167,7 @@ def run_gpu(size: str, workloads: list[str], stores: list[str], npy_dir: str) ->
                     r, t = _timed(lambda: float(transpose_sum(z).compute()))
                     results[("transpose", store)] = r
                     tb = tshape[0] * tshape[1] * 4
-                    rows.append(dict(workload=f"(x + x.T).sum(), {tshape[0]}² f32 persisted", store=store,
+                    rows.append(dict(workload=f"(x + x.T).sum(), {tshape[0]}² f32 persisted", store=store, key="transpose",
                                      seconds=t, gbps=tb / t / 1e9))
                     print(rows[-1], flush=True)
                     del z
@@ -185,11 +185,10 @@ def run_gpu(size: str, workloads: list[str], stores: list[str], npy_dir: str) ->
         if "transpose" in workloads:
             ref["transpose"] = float(transpose_sum(fg.random(tshape, dtype="float32", seed=7, chunks=tchunks)).compute())
     for row in rows:
-        for (w, st), r in results.items():
-            if row["store"] == st and row["workload"].startswith({"chain": "chain+sum", "npy": "chain+sum",
-                                                                   "transpose": "(x + x.T)"}[w]):
-                if (w == "npy") == ("npy" in row["workload"]):
-                    row["identical"] = "yes" if r == ref[w] else f"no ({r!r} vs {ref[w]!r})"
+        r = results.get((row.get("key"), row["store"]))
+        if r is not None:
+            w = row["key"]
+            row["identical"] = "yes" if r == ref[w] else f"no ({r!r} vs {ref[w]!r})"
     _ratios(rows, bw)
     return rows
 
