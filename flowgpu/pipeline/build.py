@@ -81,6 +81,8 @@ def _translate(err: dict, data: Any, smap: SourceMap) -> SpecError:
         parent = path[:-1] if path[-1:] == (key,) else path
         allowed = _fields_at(data, parent)
         close = difflib.get_close_matches(str(key), allowed, n=1)
+        if key == "include" and "uses" in allowed:
+            close = ["uses"]
         hint = (f"did you mean {close[0]!r}?" if close else
                 f"allowed here: {', '.join(allowed)}" if allowed else "remove it (see `flowgpu schema`)")
         return smap.error(f"unknown key {key!r}", parent + (key,), hint=hint, key=True)

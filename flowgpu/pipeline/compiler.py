@@ -101,6 +101,10 @@ def _get_op(name: str, op_name: str, smap: SourceMap) -> registry.Op:
 def _call_op(spec: Spec, name: str, op: registry.Op, values: dict[str, Any], smap: SourceMap):
     step = spec.steps[name]
     where = ("steps", name)
+    if op.inputs == ("**",) and isinstance(step.inputs, list) and step.inputs:
+        names = ", ".join(f"{r}: {r}" for r in step.inputs)
+        raise smap.error(f"op {op.name!r} takes its inputs by name", where + ("inputs",),
+                         hint=f"write inputs as a mapping, e.g. inputs: {{{names}}}")
     if isinstance(step.inputs, dict):
         args, kwargs = [], {**{k: values[r] for k, r in step.inputs.items()}}
     else:

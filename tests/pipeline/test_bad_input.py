@@ -41,6 +41,11 @@ CASES = {
                    "did you mean 'sum'"),
     "bad op argument": (GOOD_INPUTS + "steps:\n  s: {op: sum, inputs: [x], args: {axes: 0}}\n", {}, [], 4,
                         "steps.s", "cannot take these inputs/args"),
+    "include spelled out": (GOOD_INPUTS + "steps:\n  sub: {include: other.yaml}\n", {}, [], 4,
+                            "steps.sub.include", "did you mean 'uses'"),
+    "expr inputs by position": (GOOD_INPUTS + "steps:\n  e:\n    op: expr\n    inputs: [x]\n"
+                                "    args: {expression: 'x * 2'}\n", {}, [], 6, "steps.e.inputs",
+                                "takes its inputs by name"),
     "op and uses": (GOOD_INPUTS + "steps:\n  s: {op: sum, uses: other.yaml}\n", {}, [], 4, "steps.s",
                     "exactly one of 'op' or 'uses'"),
     "invalid name": (GOOD_INPUTS + "steps:\n  my-step: {op: sum, inputs: [x]}\n", {}, [], 4, "steps.my-step",
