@@ -58,3 +58,15 @@ def test_import_is_light():
     code = "import sys, flowgpu; print(sorted(m for m in ('cupy', 'dask_cuda', 'rmm', 'distributed') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_config_survives_a_set_block_entered_before_import():
+    code = (
+        "import dask\n"
+        "with dask.config.set({'flowgpu.chunks.headroom': 5}):\n"
+        "    import flowgpu.config as c\n"
+        "    inside = c.get('chunks.headroom')\n"
+        "print(inside, c.get('chunks.headroom'), c.get('backend'))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["5", "8", "auto"]
