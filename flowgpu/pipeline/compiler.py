@@ -150,6 +150,12 @@ def _check_expect(spec: Spec, name: str, x: da.Array, smap: SourceMap) -> None:
                          hint="add an astype step, or fix the expected dtype")
 
 
+def _lookup(values: dict[str, Any], ref: str) -> Any:
+    head, _, part = ref.partition(".")
+    value = values[head]
+    return value[part] if part and isinstance(value, dict) else value
+
+
 def _build_graph(spec: Spec, smap: SourceMap, names: list[str], bindings: dict[str, da.Array],
                  stack: tuple[str, ...], fusion: FusionPlan | None, fused_fn) -> tuple[dict, dict, dict]:
     values: dict[str, Any] = {}
@@ -189,7 +195,8 @@ def _build_graph(spec: Spec, smap: SourceMap, names: list[str], bindings: dict[s
                 raise smap.error(f"{ref!r}: step {head!r} has a single result", where, hint=f"refer to it as {head!r}")
         if fusion is not None and name in fusion.roots:
             root = fusion.roots[name]
-            out = fused_fn(root["expression"], {v: values[r] for v, r in root["leaves"].items()},
+            leaves = {v: _lookup(values, r) for v, r in root["leaves"].items()}
+            out = fused_fn(root["expression"], leaves,
                            **({"reduction": root["reduction"], "axis": root["axis"], "keepdims": root["keepdims"]}
                               if root["reduction"] else {}))
         else:
@@ -258,6 +265,7 @@ def _compile(spec: Spec, bindings: dict[str, da.Array] | None = None, stack: tup
             nodes[s].fused_into = root_name
         nodes[root_name].fused = root["expression"] + (f" -> {root['reduction']}" if root["reduction"] else "")
         nodes[root_name].array = f_values[root_name]
+        nodes[root_name].deps = sorted({r.split(".")[0] for r in root["leaves"].values()})
     for n, node in f_nodes.items():
         if node.array is not None and n not in fusion.inlined:
             nodes[n].array = node.array

@@ -82,19 +82,37 @@ def _template(op: Op, args: dict, arrays: list[str]) -> ast.expr | None:
     return _Sub(mapping).visit(tree)
 
 
+def _named_template(op: Op, args: dict, names: list[str]) -> ast.expr | None:
+    """``expr``-like ops (arrays by name, ``expression`` in args): the expression with placeholders."""
+    text = args.get("expression")
+    if op.inputs != ("**",) or set(args) != {"expression"} or not isinstance(text, str):
+        return None
+    try:
+        tree = ast.parse(text.strip(), mode="eval").body
+    except SyntaxError:
+        return None
+    return _Sub({n: ast.Name(id=f"__in{i}", ctx=ast.Load()) for i, n in enumerate(names)}).visit(tree)
+
+
 def plan_fusion(spec, ops: dict[str, Op], consumers: dict[str, list[str]], outputs: set[str]) -> FusionPlan:
     """Decide which elementwise chains (and reductions over them) become one fused kernel."""
     plan = FusionPlan()
     exprs: dict[str, tuple[ast.expr, dict[str, str], list[str]]] = {}  # name -> (expr, var->ref, steps)
+    refs: dict[str, list[str]] = {}  # name -> the refs behind its placeholders __in0, __in1, ...
     for name, step in spec.steps.items():
         op = ops.get(name)
-        if op is None or op.kind != "elementwise" or not isinstance(step.inputs, list):
+        if op is None or op.kind != "elementwise":
+            continue
+        if isinstance(step.inputs, dict):
+            tree = _named_template(op, step.args, list(step.inputs))
+            if tree is not None:
+                exprs[name], refs[name] = (tree, {}, [name]), list(step.inputs.values())
             continue
         if len(step.inputs) > len(op.inputs) or any(p not in step.args for p in op.inputs[len(step.inputs):]):
             continue
         tree = _template(op, step.args, step.inputs)
         if tree is not None:
-            exprs[name] = (tree, {}, [name])
+            exprs[name], refs[name] = (tree, {}, [name]), list(step.inputs)
 
     def inlinable(ref: str, into: set | dict = exprs) -> bool:
         readers = consumers.get(ref, [])
@@ -109,7 +127,7 @@ def plan_fusion(spec, ops: dict[str, Op], consumers: dict[str, list[str]], outpu
         leaves: dict[str, str] = {}
         steps = [name]
         mapping: dict[str, ast.expr] = {}
-        for i, ref in enumerate(spec.steps[name].inputs):
+        for i, ref in enumerate(refs[name]):
             if inlinable(ref):
                 sub, sub_leaves, sub_steps = build(ref)
                 leaves.update(sub_leaves)

@@ -63,18 +63,22 @@ def test_elementwise_chains_fuse(tmp_path, data):
             "s": {"op": "sum", "inputs": ["d"], "args": {"axis": 1}},
             "e": {"op": "negative", "inputs": ["x"]},
             "f": {"op": "exp", "inputs": ["e"]},
+            "g": {"op": "expr", "inputs": {"u": "x", "w": "b"}, "args": {"expression": "u * w + 1"}},
+            "h": {"op": "max", "inputs": ["g"], "args": {"axis": 0}},
         },
-        "outputs": {"s": {"from": "s"}, "f": {"from": "f"}, "a": {"from": "b"}},
+        "outputs": {"s": {"from": "s"}, "f": {"from": "f"}, "a": {"from": "b"}, "h": {"from": "h"}},
     }
     plan = pipeline.compile(spec)
     assert plan.fused
-    assert set(plan.fusion.roots) == {"b", "s", "f"}  # b = sqrt(abs(x)) is an output itself
+    assert set(plan.fusion.roots) == {"b", "s", "f", "h"}  # b = sqrt(abs(x)) is an output itself
+    assert plan.fusion.roots["h"]["reduction"] == "max" and plan.nodes["g"].fused_into == "h"
     assert plan.fusion.roots["s"]["reduction"] == "sum"
     assert plan.nodes["c"].fused_into == "s" and plan.nodes["a"].fused_into == "b"
     b = np.sqrt(np.abs(data))
     np.testing.assert_allclose(plan.outputs["s"].compute(), (b * 2 + data).sum(1), rtol=1e-12)
     np.testing.assert_allclose(plan.outputs["f"].compute(), np.exp(-data), rtol=1e-12)
     np.testing.assert_allclose(plan.outputs["a"].compute(), b, rtol=1e-12)
+    np.testing.assert_allclose(plan.outputs["h"].compute(), (data * b + 1).max(0), rtol=1e-12)
     rows = pipeline.describe(plan)["steps"]
     assert any(r["fused"] and "sum" in r["fused"] for r in rows)
 
