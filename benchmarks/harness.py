@@ -121,7 +121,7 @@ def markdown(workloads: list[Workload], columns: tuple[str, ...]) -> str:
                 f"| {w.name} | {r.column} | {r.time_s * 1e3:.2f} | {_fmt(r.rate, '.1f')} {r.unit} | "
                 f"{_fmt(r.floor_fraction, '.2f')} | {_fmt(r.vs_raw, '.2f')}x | {_fmt(r.vs_dask, '.2f')}x | {r.check} |")
     notes = [f"- {w.name}: {n}" for w in workloads for n in w.notes]
-    return "\n".join(lines + ([""] + notes if notes else []))
+    return "\n".join((["Notes:"] + notes + [""] if notes else []) + lines)  # the table comes last
 
 
 def environment() -> dict[str, Any]:
