@@ -262,7 +262,7 @@ def run_chain_sum(ctx: Context, gib: float) -> Workload:
     seed = _seed()
     label = f"chain_sum {gib:g} GiB" if gib >= 1 else f"chain_sum {gib * 1024:g} MiB"
     w = Workload(label, work=n * 4.0)
-    w.floor_s = n * 4.0 / ctx.copy_rate * 2  # read x once; the copy rate counts read + write
+    w.floor_s = n * 4.0 / ctx.copy_rate  # read x once at the copy rate (which counts read + written bytes)
     xp = ctx.xp
     x = ctx.host_array(shape, "float32", seed)
     want = 0.0
@@ -328,7 +328,7 @@ def run_transpose_sum(ctx: Context, n: int) -> Workload:
     seed = _seed()
     shape = (n, n)
     w = Workload(f"transpose_sum {n}²", work=2 * n * n * 4.0)
-    w.floor_s = 2 * n * n * 4.0 / ctx.copy_rate * 2
+    w.floor_s = 2 * n * n * 4.0 / ctx.copy_rate  # read x twice (x and x.T)
     x = ctx.host_array(shape, "float32", seed)
     want = 2 * float(x.astype(np.float64).sum()) if ctx.cpu else 2 * float(ctx.xp.sum(x, dtype=np.float64))
     check = lambda v: rel_check(v, want, 1e-5)  # noqa: E731

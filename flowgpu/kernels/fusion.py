@@ -113,23 +113,28 @@ def elementwise_kernel(expr: Expr, arrays: tuple[str, ...], dtypes: tuple, scala
         return kern
 
 
-def _reduce_loop_src(fname: str, nargs: int, code: str, reduction: str, acc: np.dtype) -> str:
+def _reduce_loop_src(fname: str, nargs: int, code: str, reduction: str, acc: np.dtype, ndim: int) -> str:
+    """A numba loop over flat (ndim 1) or 2-D strided inputs reducing ``code`` into one value."""
     args = ", ".join(f"in{i}" for i in range(nargs))
+    if ndim == 1:
+        head, idx, zero = "    for i in range(n):\n", "        ", "[0]"
+    else:
+        head, idx, zero = "    for r in range(in0.shape[0]):\n        for c in range(in0.shape[1]):\n", "            ", "[0, 0]"
     if reduction in ("sum", "mean", "prod"):
-        init, step = ("_t_%s(0)" if reduction != "prod" else "_t_%s(1)") % acc.name, (
-            "acc += v" if reduction != "prod" else "acc *= v")
-        return (f"def {fname}(n, {args}):\n    acc = {init}\n    for i in range(n):\n"
-                f"        v = _t_{acc.name}({code})\n        {step}\n    return acc\n")
+        init = f"_t_{acc.name}({0 if reduction != 'prod' else 1})"
+        step = "acc += v" if reduction != "prod" else "acc *= v"
+        return (f"def {fname}(n, {args}):\n    acc = {init}\n{head}"
+                f"{idx}v = _t_{acc.name}({code})\n{idx}{step}\n    return acc\n")
     helper = "_min" if reduction == "min" else "_max"
-    first = code.replace("[i]", "[0]")
-    return (f"def {fname}(n, {args}):\n    acc = _t_{acc.name}({first})\n    for i in range(1, n):\n"
-            f"        acc = {helper}(acc, _t_{acc.name}({code}))\n    return acc\n")
+    first = code.replace("[i]", zero).replace("[r, c]", zero)
+    return (f"def {fname}(n, {args}):\n    acc = _t_{acc.name}({first})\n{head}"
+            f"{idx}acc = {helper}(acc, _t_{acc.name}({code}))\n    return acc\n")
 
 
 def _reduce_kernel(expr: Expr, arrays: tuple[str, ...], dtypes: tuple, scalars: tuple,
-                   val_dtype: np.dtype, reduction: str, backend: str) -> Any:
+                   val_dtype: np.dtype, reduction: str, backend: str, ndim: int = 1) -> Any:
     acc, _ = reduction_dtypes(reduction, val_dtype)
-    key = _key(expr, tuple(map(str, dtypes)), scalars, val_dtype, f"reduce-{reduction}-{backend}")
+    key = _key(expr, tuple(map(str, dtypes)), scalars, val_dtype, f"reduce-{reduction}-{backend}-{ndim}")
     with _lock:
         kern = _cache.get(key)
         if kern is not None:
@@ -152,9 +157,9 @@ def _reduce_kernel(expr: Expr, arrays: tuple[str, ...], dtypes: tuple, scalars: 
         else:
             import numba
 
-            code, _ = codegen.to_python(expr, types, arrays, out_dtype=val_dtype, index="i")
+            code, _ = codegen.to_python(expr, types, arrays, out_dtype=val_dtype, index="i" if ndim == 1 else "r, c")
             fname = _name(key)
-            src = _reduce_loop_src(fname, len(arrays), code, reduction, acc)
+            src = _reduce_loop_src(fname, len(arrays), code, reduction, acc, ndim)
             fastmath = {"reassoc"} if reduction in ("sum", "mean", "prod") else set()
             kern = numba.njit(nogil=True, error_model="numpy", fastmath=fastmath)(_compile_python(src, fname))
         _cache[key] = kern
@@ -248,27 +253,29 @@ def reduce_chunk(expr: Expr, arrays: tuple[str, ...], blocks: tuple, scalars: tu
     """Reduce ``expr`` over ``axes`` of one chunk in one fused kernel; returns the partial (keepdims)."""
     acc, _ = reduction_dtypes(reduction, val_dtype)
     dtypes = tuple(b.dtype for b in blocks)
-    kern = _reduce_kernel(expr, arrays, dtypes, scalars, val_dtype, reduction, backend)
     shape = np.broadcast_shapes(*(b.shape for b in blocks))
     ndim = len(shape)
     full = set(axes) == set(range(ndim))
     out_shape = tuple(1 if i in axes else s for i, s in enumerate(shape))
     combine = "sum" if reduction == "mean" else reduction
+    n = int(np.prod(shape, dtype=np.int64))
     if backend == "numpy":
-        same = all(b.shape == shape and b.flags.c_contiguous for b in blocks)
-        if full and same:
-            n = int(np.prod(shape, dtype=np.int64))
-            if n == 0 and reduction in ("min", "max"):
-                raise ValueError(f"zero-size array to reduction operation {reduction} which has no identity")
-            flat = [b.reshape(-1) for b in blocks]
-            return np.full(out_shape, kern(n, *flat), dtype=acc)
+        same = all(b.shape == shape for b in blocks)
+        if full and same and n == 0 and reduction in ("min", "max"):
+            raise ValueError(f"zero-size array to reduction operation {reduction} which has no identity")
+        if full and same and all(b.flags.c_contiguous for b in blocks):
+            kern = _reduce_kernel(expr, arrays, dtypes, scalars, val_dtype, reduction, backend, 1)
+            return np.full(out_shape, kern(n, *[b.reshape(-1) for b in blocks]), dtype=acc)
+        if full and same and ndim == 2:  # strided 2-D chunks (e.g. column blocks of a row-major array)
+            kern = _reduce_kernel(expr, arrays, dtypes, scalars, val_dtype, reduction, backend, 2)
+            return np.full(out_shape, kern(n, *blocks), dtype=acc)
         ew = elementwise_kernel(expr, arrays, dtypes, scalars, val_dtype, "numpy")
         kw = {"dtype": acc} if combine in ("sum", "prod") else {}
         return getattr(np, combine)(ew(*blocks), axis=axes, keepdims=True, **kw).astype(acc, copy=False)
     cp = import_cupy()
+    kern = _reduce_kernel(expr, arrays, dtypes, scalars, val_dtype, reduction, backend)
     if any(b.shape != shape for b in blocks):
         blocks = tuple(cp.broadcast_arrays(*blocks))
-    n = int(np.prod(shape, dtype=np.int64))
     if full and n >= 2 * _ROW and all(b.flags.c_contiguous for b in blocks):
         # a single-output ReductionKernel would run on few blocks: reduce rows of _ROW, then the rows
         rows = n // _ROW

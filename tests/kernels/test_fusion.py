@@ -239,3 +239,12 @@ def test_gpu_functions_match_numpy(rng, dtype):
         assert out.dtype == want.dtype
         np.testing.assert_allclose(cp.asnumpy(out.compute()), want, rtol=2e-6 if dtype == "float32" else 1e-12,
                                    err_msg=text)
+
+
+@pytest.mark.parametrize("reduction", ["sum", "min", "max"])
+def test_strided_column_chunks(rng, reduction):
+    xn = rng.random((64, 300), dtype=np.float32) + 0.5
+    x = da.from_array(xn, chunks=(64, 70))  # column blocks of a row-major array are not contiguous
+    got = fused_elementwise(CHAIN, {"x": x}, reduction=reduction).compute()
+    want = getattr(np, reduction)(ref(CHAIN, {"x": xn}))
+    assert rel_err(got, want) < 1e-6
