@@ -55,7 +55,11 @@ def _distributed(client, targets: Sequence[Any], progress: Progress | None, task
 
 def compute_with_progress(targets: Sequence[Any], *, client: Any = None, console: Console | None = None,
                           show: bool = True, description: str = "running") -> list[Any]:
-    """Compute ``targets`` together (shared tasks once) and return their results in order."""
+    """Compute ``targets`` together (shared tasks once) and return their results in order.
+
+    With ``client`` the graph goes to that cluster; without one it runs on dask's threaded scheduler
+    in this process (even when a distributed client is the default).
+    """
     progress = _bar(console or Console(stderr=True)) if show else None
     task = progress.add_task(description, total=None) if progress is not None else None
     try:
@@ -65,8 +69,8 @@ def compute_with_progress(targets: Sequence[Any], *, client: Any = None, console
             return _distributed(client, targets, progress, task)
         if progress is not None:
             with _LocalBar(progress, task):
-                return list(dask.compute(*targets))
-        return list(dask.compute(*targets))
+                return list(dask.compute(*targets, scheduler="threads"))
+        return list(dask.compute(*targets, scheduler="threads"))
     finally:
         if progress is not None:
             progress.stop()

@@ -52,7 +52,8 @@ def describe(plan: Plan, prefix: str = "") -> dict[str, Any]:
     def keys_of(name: str) -> set:
         if name not in key_cache:
             x = plan.arrays.get(name)
-            key_cache[name] = _keys(x) if isinstance(x, da.Array) else set()
+            parts = x.values() if isinstance(x, dict) else [x]  # a uses step: all its outputs
+            key_cache[name] = set().union(*(_keys(p) for p in parts if isinstance(p, da.Array)))
         return key_cache[name]
 
     peak = 0

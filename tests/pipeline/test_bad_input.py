@@ -110,7 +110,11 @@ def nothing_runs(monkeypatch):
     def boom(*args, **kwargs):
         raise AssertionError("a bad spec must not start a cluster or compute anything")
 
+    import flowgpu.pipeline.runner as runner_mod
+
     monkeypatch.setattr(session_mod.Session, "__init__", boom)
+    monkeypatch.setattr(runner_mod, "compute_with_progress", boom)
+    monkeypatch.setattr(runner_mod.sinks, "prepare_write", boom)
     with dask.config.set(scheduler=boom):
         yield
 
