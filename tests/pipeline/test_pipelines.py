@@ -116,3 +116,13 @@ def test_the_docs_example_runs(tmp_path, monkeypatch):
     result = pipeline.run(tmp_path / "example.yaml", overrides={"params.n": 50}, session="local", progress=False)
     assert abs(result.outputs["total"] - 50 * 256) < 1
     assert os.path.isdir(tmp_path / "output" / "column-stats" / "z.zarr")
+
+
+def test_editors_accept_the_shipped_specs_and_flag_typos():
+    jsonschema = pytest.importorskip("jsonschema")
+    import yaml
+
+    validator = jsonschema.Draft202012Validator(json_schema())
+    for name in SPECS:
+        assert not list(validator.iter_errors(yaml.safe_load((ROOT / name).read_text()))), name
+    assert list(validator.iter_errors({"steps": {"a": {"op": "sum", "arg": {}}}}))
