@@ -67,7 +67,7 @@ def main(argv=None) -> int:
     fused = fg.fuse(chain_sum)
     session = None
     if not args.cpu:
-        session = fg.Session(backend="gpu", n_workers=1, dashboard_address=None)
+        session = fg.Session(backend="gpu", gpus=[0], dashboard_address=None)
     elif args.distributed:
         session = fg.Session(backend="cpu", n_workers=1, threads_per_worker=os.cpu_count(), dashboard_address=None)
     rows_out = []
