@@ -216,6 +216,11 @@ class _Chunk:
         try:
             if self.reduction is None:
                 kern = elementwise_kernel(expr, self.arrays, dtypes, self.scalars, out_dtype, backend)
+                if backend == "cupy" and any(b.ndim == 0 for b in blocks):
+                    # CuPy hands 0-d arrays to kernels as (weakly typed) scalars, which typed kernel
+                    # parameters refuse: pass them as 1-element arrays and restore the shape after.
+                    shape = np.broadcast_shapes(*(b.shape for b in blocks))
+                    return kern(*(b.reshape(1) if b.ndim == 0 else b for b in blocks)).reshape(shape)
                 return kern(*blocks)
             return reduce_chunk(expr, self.arrays, blocks, self.scalars, out_dtype, self.reduction,
                                 self.axes, backend)
