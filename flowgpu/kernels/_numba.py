@@ -22,6 +22,12 @@ from typing import Any
 import dask.array as da
 import numpy as np
 
+# numba-cuda 0.30 (as shipped beside NumPy 2.5 on our H200 image) still looks up np.row_stack while
+# typing any kernel, an alias NumPy has removed: every CUDA compile then fails with AttributeError.
+# Restoring the alias (it was exactly vstack) is harmless and lets numba-cuda compile.
+if not hasattr(np, "row_stack"):
+    np.row_stack = np.vstack
+
 from flowgpu.backend import import_cupy, is_cupy
 from flowgpu.errors import KernelError
 

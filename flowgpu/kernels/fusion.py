@@ -98,8 +98,10 @@ def elementwise_kernel(expr: Expr, arrays: tuple[str, ...], dtypes: tuple, scala
         if backend == "cupy":
             cp = import_cupy()
             code, _ = codegen.to_cuda(expr, types, arrays, out_dtype=out_dtype)
-            params = ", ".join(f"{codegen.c_type(d)} {a}" for d, a in zip(dtypes, args))
-            kern = cp.ElementwiseKernel(params, f"{codegen.c_type(out_dtype)} out", f"out = {code};",
+            # parameter types are NumPy names: CuPy reads them with numpy.dtype(), so the C name
+            # "float" would declare float64 (and "long long" would not parse)
+            params = ", ".join(f"{np.dtype(d).name} {a}" for d, a in zip(dtypes, args))
+            kern = cp.ElementwiseKernel(params, f"{np.dtype(out_dtype).name} out", f"out = {code};",
                                         name=_name(key), preamble=codegen.CUDA_PREAMBLE)
         else:
             import numba
@@ -144,7 +146,7 @@ def _reduce_kernel(expr: Expr, arrays: tuple[str, ...], dtypes: tuple, scalars: 
             cp = import_cupy()
             code, _ = codegen.to_cuda(expr, types, arrays, out_dtype=val_dtype)
             act = codegen.c_type(acc)
-            params = ", ".join(f"{codegen.c_type(d)} in{i}" for i, d in enumerate(dtypes))
+            params = ", ".join(f"{np.dtype(d).name} in{i}" for i, d in enumerate(dtypes))
             if reduction in ("sum", "mean"):
                 red, ident = "a + b", "0"
             elif reduction == "prod":
@@ -152,7 +154,7 @@ def _reduce_kernel(expr: Expr, arrays: tuple[str, ...], dtypes: tuple, scalars: 
             else:
                 red = "_fg_min(a, b)" if reduction == "min" else "_fg_max(a, b)"
                 ident = _identity_literal(reduction, acc)
-            kern = cp.ReductionKernel(params, f"{act} out", f"(({act}){code})", red, "out = a", ident,
+            kern = cp.ReductionKernel(params, f"{np.dtype(acc).name} out", f"(({act}){code})", red, "out = a", ident,
                                       name=_name(key), reduce_type=act, preamble=codegen.CUDA_PREAMBLE)
         else:
             import numba
