@@ -42,8 +42,10 @@ def cpu_session():
         yield s
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def gpu_session():
+    """A GPU Session per test module: it sets dask's array backend to cupy while open, so a wider
+    scope would leak CuPy chunks into CPU tests that run after it in a plain `pytest` on a GPU host."""
     from flowgpu import Session
 
     if not GPU:
