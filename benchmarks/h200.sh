@@ -15,4 +15,5 @@ python3 -m benchmarks.run --only chain_sum --only transpose_sum --only matmul --
 python3 -m benchmarks.chunk_size --total 8 --chunks 64,256,1024,2048 --repeats 2 --out "$out" 2>&1 | tail -12
 python3 benchmarks/vectorize_bench.py --gib 8 --repeat 3 2>&1 | tail -8
 python3 benchmarks/profile_fused.py --gib 8 --chunk-mib 1024 2>&1 | tail -9
+python3 benchmarks/profile_tasks.py --gib 8 --chunk-mib 256 2>&1 | tail -9
 python3 benchmarks/out_of_core.py --size small 2>&1 | tail -12
