@@ -8,22 +8,11 @@ per worker. Prints one markdown table.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
+import os
+import sys
 
-
-def _median_ms(fn, repeats=5):
-    try:
-        fn()
-    except Exception as e:  # one broken row must not hide the others
-        print(f"  error: {type(e).__name__}: {e}", flush=True)
-        return float("nan")
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from profile_fused import _median_ms  # noqa: E402  (run as a script, beside it)
 
 
 def _measure(s, x, chain, label, rows):
