@@ -41,6 +41,8 @@ REDUCTIONS = ("sum", "mean", "min", "max", "prod")
 
 _lock = threading.RLock()
 _cache: dict[tuple, Any] = {}
+_FLAT_FANIN = 1024  # most partial results one combine task takes, per axis
+_FLAT_BYTES = 64 << 20  # combine flat only while all partials together stay this small
 _ROW = 1 << 16  # elements per row when a flat GPU chunk is reduced as (rows, _ROW)
 
 
@@ -381,7 +383,14 @@ def fused_elementwise(expression: str, inputs: Mapping[str, Any], *, dtype: Any 
     red = _Chunk(expr.text, names, scalars, out_dtype, reduction=reduction, axes=axes)
     part = _blockwise(red, arrs, ndim, acc, f"fused-{reduction}-", adjust={ndim - 1 - i: 1 for i in axes})
     combine = "sum" if reduction == "mean" else reduction
-    total = getattr(da, combine)(part, axis=axes, keepdims=keepdims)
+    # The partials are one value per chunk: combine them in one flat step rather than dask's tree,
+    # whose default fan-in (4 spread over the axes, so 2 per axis of a 2-D array) adds a level of
+    # tasks, each a scheduler round trip of milliseconds on a distributed GPU worker.
+    split = None
+    partial_bytes = int(np.prod(part.chunksize, dtype=np.int64)) * part.dtype.itemsize
+    if partial_bytes * int(np.prod([part.numblocks[a] for a in axes], dtype=np.int64)) <= _FLAT_BYTES:
+        split = {a: max(2, min(_FLAT_FANIN, part.numblocks[a])) for a in axes}
+    total = getattr(da, combine)(part, axis=axes, keepdims=keepdims, split_every=split)
     if reduction == "mean":
         count = int(np.prod([elem.shape[a] for a in axes], dtype=np.int64))
         total = total / count

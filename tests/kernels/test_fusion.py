@@ -248,3 +248,15 @@ def test_strided_column_chunks(rng, reduction):
     got = fused_elementwise(CHAIN, {"x": x}, reduction=reduction).compute()
     want = getattr(np, reduction)(ref(CHAIN, {"x": xn}))
     assert rel_err(got, want) < 1e-6
+
+
+def test_full_reduction_combines_partials_in_one_step(rng):
+    """Each task costs a scheduler round trip on a cluster: 64 chunks reduce in 64 + a few tasks, not a tree."""
+    data = rng.standard_normal((64 * 50, 300)).astype(np.float32)
+    x = da.from_array(data, chunks=(50, 300))
+    total = fused_elementwise("(x * 2 + 1) ** 2 - x", {"x": x}, reduction="sum")
+    ref = ((data.astype(np.float64) * 2 + 1) ** 2 - data).sum()
+    assert abs(float(total.compute()) - ref) / abs(ref) < 1e-6
+    graph = total.__dask_optimize__(total.__dask_graph__(), total.__dask_keys__())
+    tasks = len(graph) - 64  # less the input chunks
+    assert tasks <= 64 + 4, tasks
