@@ -120,6 +120,15 @@ class Session:
             self._set_array_backend("numpy")
             self.cluster = LocalCluster(n_workers=o.n_workers, processes=True, **spill_kwargs, **common)
         self.client = Client(self.cluster, set_as_default=True)
+        expected = len(self.cluster.worker_spec)
+        try:
+            self.client.wait_for_workers(expected, timeout=60)
+        except TimeoutError:
+            got = len(self.client.scheduler_info(n_workers=-1)["workers"])
+            raise SessionError(
+                f"only {got} of {expected} local workers started; a script that starts a Session needs an "
+                "'if __name__ == \"__main__\":' guard, and the workers' log above says why they failed"
+            ) from None
         if spill_kwargs:
             spill.install(self.client, o)
         self.backend = o.backend
