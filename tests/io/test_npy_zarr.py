@@ -1,0 +1,72 @@
+"""The array API's files: .npy read in chunks through a memory map, Zarr and .npy written atomically."""
+
+from __future__ import annotations
+
+import os
+import pickle
+
+import dask.array as da
+import numpy as np
+import pytest
+
+import flowgpu as fg
+from flowgpu.errors import ConfigError, OutputExistsError
+
+
+def test_npy_roundtrip_reads_chunks_not_the_file(tmp_path, rng):
+    data = rng.standard_normal((1500, 1100)).astype(np.float32)  # 6.6 MB
+    path = str(tmp_path / "x.npy")
+    np.save(path, data)
+    x = fg.from_npy(path, chunks=(500, 400))
+    assert x.chunks == ((500, 500, 500), (400, 400, 300))
+    # only the path travels in the graph, never the data
+    assert len(pickle.dumps(dict(x.__dask_graph__()))) < 100_000
+    np.testing.assert_array_equal(fg.to_numpy(x), data)
+    np.testing.assert_allclose(float(x[100:700, 50:].sum().compute()), float(data[100:700, 50:].astype(np.float64).sum()),
+                               rtol=1e-5)
+
+
+def test_to_npy_writes_in_parallel_and_atomically(tmp_path, rng):
+    data = rng.standard_normal((300, 70))
+    out = str(tmp_path / "y.npy")
+    fg.to_npy(da.from_array(data, chunks=(64, 30)) * 2, out)
+    np.testing.assert_array_equal(np.load(out), data * 2)
+    with pytest.raises(OutputExistsError):
+        np.save(str(tmp_path / "foreign.npy"), data)
+        fg.to_npy(da.from_array(data, chunks=50), str(tmp_path / "foreign.npy"))
+    np.testing.assert_array_equal(np.load(str(tmp_path / "foreign.npy")), data)  # untouched
+
+
+def test_zarr_roundtrip(tmp_path, rng):
+    data = rng.standard_normal((250, 120)).astype(np.float32)
+    path = str(tmp_path / "z.zarr")
+    fg.to_zarr(fg.from_array(data, chunks=(100, 50)), path)
+    back = fg.from_zarr(path)
+    assert back.chunks[0][0] == 100
+    np.testing.assert_array_equal(fg.to_numpy(back), data)
+    np.testing.assert_array_equal(fg.to_numpy(fg.from_zarr(path, chunks=(125, 120))), data)
+
+
+def _explode(block):
+    if block[0, 0] > -np.inf:
+        raise RuntimeError("boom")
+    return block
+
+
+def test_failed_write_leaves_nothing(tmp_path, rng):
+    data = rng.standard_normal((100, 100))
+    x = da.from_array(data, chunks=50).map_blocks(_explode, dtype=data.dtype)
+    for writer, name in ((fg.to_zarr, "a.zarr"), (fg.to_npy, "a.npy")):
+        with pytest.raises(RuntimeError, match="boom"):
+            writer(x, str(tmp_path / name))
+        assert os.listdir(tmp_path) == [], os.listdir(tmp_path)
+
+
+def test_missing_files_are_clear_errors(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        fg.from_npy(str(tmp_path / "nope.npy"))
+    with pytest.raises(ConfigError, match="does not exist"):
+        fg.from_zarr(str(tmp_path / "nope.zarr"))
+    (tmp_path / "bad.npy").write_text("not numpy")
+    with pytest.raises(ConfigError, match="not a readable .npy"):
+        fg.from_npy(str(tmp_path / "bad.npy"))
