@@ -290,6 +290,24 @@ def run_chain_sum(ctx: Context, gib: float) -> Workload:
     return w
 
 
+def _yaml_column(ctx: Context, w: Workload, arrays: dict, name: str, steps: dict, output: str,
+                 check, note: str = "") -> None:
+    """The "flowgpu YAML" column: ``steps`` over ``arrays`` (python sources), reporting ``output``."""
+    why = ctx.pipeline_available()
+    if why:
+        w.skip("flowgpu YAML", why)
+        return
+    spec = {"version": 1, "name": name, "inputs": {k: _yaml_inputs(k) for k in arrays},
+            "steps": steps, "outputs": {output: {"from": output}}}
+    data.ARRAYS.update(arrays)
+    try:
+        with ctx.on_flowgpu():
+            w.column("flowgpu YAML", lambda: float(ctx.run_yaml(spec).outputs[output]), check,
+                     repeats=ctx.repeats, note=note)
+    finally:
+        data.ARRAYS.clear()
+
+
 def _cluster_columns(ctx: Context, w: Workload, shape, seed, check, dask_col, x) -> None:
     import flowgpu as fg
 
@@ -307,18 +325,9 @@ def _cluster_columns(ctx: Context, w: Workload, shape, seed, check, dask_col, x)
     fused = fg.fuse(chain_sum)
     with ctx.on_flowgpu():
         w.column("flowgpu API", lambda: float(fused(xf).compute()), check, repeats=ctx.repeats)
-    why = ctx.pipeline_available()
-    if why:
-        w.skip("flowgpu YAML", why)
-    else:
-        data.ARRAYS["x"] = xf
-        spec = {"version": 1, "name": "chain_sum", "inputs": {"x": _yaml_inputs("x")},
-                "steps": {"y": {"op": "expr", "inputs": {"x": "x"}, "args": {"expression": "(x * 2 + 1) ** 2 - x"}},
-                          "total": {"op": "sum", "inputs": ["y"]}},
-                "outputs": {"total": {"from": "total"}}}
-        with ctx.on_flowgpu():
-            w.column("flowgpu YAML", lambda: float(ctx.run_yaml(spec).outputs["total"]), check, repeats=ctx.repeats)
-        data.ARRAYS.clear()
+    _yaml_column(ctx, w, {"x": xf}, "chain_sum", {
+        "y": {"op": "expr", "inputs": {"x": "x"}, "args": {"expression": "(x * 2 + 1) ** 2 - x"}},
+        "total": {"op": "sum", "inputs": ["y"]}}, "total", check)
     del xf
     ctx.free()
 
@@ -369,18 +378,9 @@ def run_transpose_sum(ctx: Context, n: int) -> Workload:
     f2 = fg.fuse(lambda a, b: (a + b).sum())
     with ctx.on_flowgpu():
         w.column("flowgpu API", lambda: float(f2(xf, xf.T).compute()), check, repeats=ctx.repeats)
-    why = ctx.pipeline_available()
-    if why:
-        w.skip("flowgpu YAML", why)
-    else:
-        data.ARRAYS["x"] = xf
-        spec = {"version": 1, "name": "transpose_sum", "inputs": {"x": _yaml_inputs("x")},
-                "steps": {"xt": {"op": "transpose", "inputs": ["x"]}, "both": {"op": "add", "inputs": ["x", "xt"]},
-                          "total": {"op": "sum", "inputs": ["both"]}},
-                "outputs": {"total": {"from": "total"}}}
-        with ctx.on_flowgpu():
-            w.column("flowgpu YAML", lambda: float(ctx.run_yaml(spec).outputs["total"]), check, repeats=ctx.repeats)
-        data.ARRAYS.clear()
+    _yaml_column(ctx, w, {"x": xf}, "transpose_sum", {
+        "xt": {"op": "transpose", "inputs": ["x"]}, "both": {"op": "add", "inputs": ["x", "xt"]},
+        "total": {"op": "sum", "inputs": ["both"]}}, "total", check)
     del xf
     ctx.free()
     w.finish(raw, dask_col)
@@ -430,19 +430,10 @@ def run_matmul(ctx: Context, n: int, dtype: str) -> Workload:
     w.notes.append(f"flowgpu: x in row blocks {xf.chunksize}, y whole: one GEMM per block")
     with ctx.on_flowgpu():
         w.column("flowgpu API", lambda: _persisted(ctx, xf @ yf), check, repeats=ctx.repeats)
-    why = ctx.pipeline_available()
-    if why:
-        w.skip("flowgpu YAML", why)
-    else:
-        data.ARRAYS.update(x=xf, y=yf)
-        spec = {"version": 1, "name": "matmul", "inputs": {"x": _yaml_inputs("x"), "y": _yaml_inputs("y")},
-                "steps": {"z": {"op": "matmul", "inputs": ["x", "y"]},
-                          "total": {"op": "sum", "inputs": ["z"], "args": {"dtype": "float64"}}},
-                "outputs": {"total": {"from": "total"}}}
-        with ctx.on_flowgpu():
-            w.column("flowgpu YAML", lambda: float(ctx.run_yaml(spec).outputs["total"]),
-                     lambda v: rel_check(v, want, tol), repeats=ctx.repeats, note="matmul then sum")
-        data.ARRAYS.clear()
+    _yaml_column(ctx, w, {"x": xf, "y": yf}, "matmul", {
+        "z": {"op": "matmul", "inputs": ["x", "y"]},
+        "total": {"op": "sum", "inputs": ["z"], "args": {"dtype": "float64"}}}, "total",
+        lambda v: rel_check(v, want, tol), note="matmul then sum")
     del xf, yf
     ctx.free()
     w.finish(raw, dask_col)
@@ -528,19 +519,10 @@ def run_stencil(ctx: Context, n: int) -> Workload:
     w.notes.append(f"flowgpu chunks {xf.chunksize}")
     with ctx.on_flowgpu():
         w.column("flowgpu API", lambda: _persisted(ctx, gaussian_filter(xf, sigma=SIGMA)), check, repeats=ctx.repeats)
-    why = ctx.pipeline_available()
-    if why:
-        w.skip("flowgpu YAML", why)
-    else:
-        data.ARRAYS["x"] = xf
-        spec = {"version": 1, "name": "gaussian", "inputs": {"x": _yaml_inputs("x")},
-                "steps": {"smooth": {"op": "gaussian_filter", "inputs": ["x"], "args": {"sigma": SIGMA}},
-                          "m": {"op": "mean", "inputs": ["smooth"]}},
-                "outputs": {"m": {"from": "m"}}}
-        with ctx.on_flowgpu():
-            w.column("flowgpu YAML", lambda: float(ctx.run_yaml(spec).outputs["m"]),
-                     lambda v: rel_check(v, want_mean, 1e-5), repeats=ctx.repeats, note="filter then mean")
-        data.ARRAYS.clear()
+    _yaml_column(ctx, w, {"x": xf}, "gaussian", {
+        "smooth": {"op": "gaussian_filter", "inputs": ["x"], "args": {"sigma": SIGMA}},
+        "m": {"op": "mean", "inputs": ["smooth"]}}, "m",
+        lambda v: rel_check(v, want_mean, 1e-5), note="filter then mean")
     del xf
     ctx.free()
     w.finish(raw, dask_col)
