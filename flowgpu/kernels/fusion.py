@@ -28,6 +28,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import dask.array as da
+import dask.core as dask_core
 import numpy as np
 
 from flowgpu.backend import import_cupy, is_cupy
@@ -35,7 +36,7 @@ from flowgpu.errors import KernelError
 from flowgpu.kernels import codegen
 from flowgpu.kernels.expr import Expr, is_scalar, parse
 
-__all__ = ["fused_elementwise", "REDUCTIONS", "reduction_dtypes", "elementwise_kernel", "reduce_chunk"]
+__all__ = ["fused_elementwise", "REDUCTIONS", "reduction_dtypes", "elementwise_kernel", "reduce_chunk", "combine_all"]
 
 REDUCTIONS = ("sum", "mean", "min", "max", "prod")
 
@@ -367,10 +368,8 @@ def fused_elementwise(expression: str, inputs: Mapping[str, Any], *, dtype: Any 
     codegen.to_python(expr, types, names, out_dtype=out_dtype)  # refuse complex, strings, ... here
     ndim = max(a.ndim for a in arrays.values())
     arrs = list(arrays.values())
-    fn = _Chunk(expr.text, names, scalars, out_dtype)
-    elem = _blockwise(fn, arrs, ndim, out_dtype, "fused-")
     if reduction is None:
-        return elem
+        return _blockwise(_Chunk(expr.text, names, scalars, out_dtype), arrs, ndim, out_dtype, "fused-")
     if reduction not in REDUCTIONS:
         raise KernelError(f"reduction={reduction!r} is not one of {', '.join(REDUCTIONS)}")
     from dask.array.utils import validate_axis
@@ -382,6 +381,10 @@ def fused_elementwise(expression: str, inputs: Mapping[str, Any], *, dtype: Any 
     acc, result = reduction_dtypes(reduction, out_dtype)
     red = _Chunk(expr.text, names, scalars, out_dtype, reduction=reduction, axes=axes)
     part = _blockwise(red, arrs, ndim, acc, f"fused-{reduction}-", adjust={ndim - 1 - i: 1 for i in axes})
+    shape = np.broadcast_shapes(*(a.shape for a in arrs))
+    count = int(np.prod([shape[a] for a in axes], dtype=np.int64))
+    if len(axes) == ndim and part.npartitions <= _FLAT_FANIN:
+        return _combine_all_graph(part, reduction, result, count, keepdims, arrs)
     combine = "sum" if reduction == "mean" else reduction
     # The partials are one value per chunk: combine them in one flat step rather than dask's tree,
     # whose default fan-in (4 spread over the axes, so 2 per axis of a 2-D array) adds a level of
@@ -392,9 +395,33 @@ def fused_elementwise(expression: str, inputs: Mapping[str, Any], *, dtype: Any 
         split = {a: max(2, min(_FLAT_FANIN, part.numblocks[a])) for a in axes}
     total = getattr(da, combine)(part, axis=axes, keepdims=keepdims, split_every=split)
     if reduction == "mean":
-        count = int(np.prod([elem.shape[a] for a in axes], dtype=np.int64))
         total = total / count
     return total.astype(result) if total.dtype != result else total
+
+
+def combine_all(reduction: str, result: Any, count: int, shape: tuple, *parts: Any) -> Any:
+    """Combine every chunk's partial of a full reduction into the final value, in one task."""
+    xp = import_cupy() if is_cupy(parts[0]) else np
+    flat = xp.concatenate([p.reshape(-1) for p in parts]) if len(parts) > 1 else parts[0].reshape(-1)
+    value = getattr(xp, "sum" if reduction == "mean" else reduction)(flat)
+    if reduction == "mean":
+        value = value / count
+    return xp.asarray(value).astype(result).reshape(shape)
+
+
+def _combine_all_graph(part: da.Array, reduction: str, result: np.dtype, count: int, keepdims: bool,
+                       arrs: list[da.Array]) -> da.Array:
+    """The full reduction as ONE task over all partials: fewer tasks and a cheaper graph to build than
+    ``da.sum``'s tree, its ``astype`` and its metadata probes (each costs on every ``compute()``)."""
+    from dask.base import tokenize
+    from dask.highlevelgraph import HighLevelGraph
+
+    shape = (1,) * part.ndim if keepdims else ()
+    name = f"{part.name.split('-', 1)[0]}-{reduction}-all-" + tokenize(part.name, keepdims)
+    keys = list(dask_core.flatten(part.__dask_keys__()))
+    dsk = {(name,) + (0,) * len(shape): (combine_all, reduction, result, count, shape, *keys)}
+    graph = HighLevelGraph.from_collections(name, dsk, dependencies=[part])
+    return da.Array(graph, name, chunks=tuple((1,) for _ in shape), meta=_meta(arrs, result, len(shape)))
 
 
 def _blockwise(fn: _Chunk, arrs: list[da.Array], ndim: int, dtype: np.dtype, prefix: str,

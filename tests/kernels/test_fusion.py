@@ -259,4 +259,22 @@ def test_full_reduction_combines_partials_in_one_step(rng):
     assert abs(float(total.compute()) - ref) / abs(ref) < 1e-6
     graph = total.__dask_optimize__(total.__dask_graph__(), total.__dask_keys__())
     tasks = len(graph) - 64  # less the input chunks
-    assert tasks <= 64 + 4, tasks
+    assert tasks == 64 + 1, tasks
+
+
+@pytest.mark.parametrize("reduction", ["sum", "mean", "min", "max", "prod"])
+@pytest.mark.parametrize("dtype", ["int32", "float32"])
+@pytest.mark.parametrize("keepdims", [False, True])
+def test_full_reduction_one_combine_task_dtypes_and_shapes(rng, reduction, dtype, keepdims):
+    data = (rng.integers(1, 4, (30, 20)) if dtype == "int32" else rng.random((30, 20)) + 0.5).astype(dtype)
+    x = da.from_array(data, chunks=(7, 6))
+    out = fused_elementwise("x * 1", {"x": x}, reduction=reduction, keepdims=keepdims)
+    if reduction == "prod":
+        data = data[:3]  # keep the product in range
+        x = da.from_array(data, chunks=(2, 6))
+        out = fused_elementwise("x * 1", {"x": x}, reduction=reduction, keepdims=keepdims)
+    want = getattr(np, reduction)(data, keepdims=keepdims)
+    got = out.compute()
+    assert out.dtype == want.dtype and got.dtype == want.dtype
+    assert out.shape == want.shape == np.shape(got)
+    np.testing.assert_allclose(got, want, rtol=1e-6)
