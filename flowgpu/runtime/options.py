@@ -33,6 +33,7 @@ class SessionOptions:
     host: str = "127.0.0.1"
     dashboard_address: str | None = "127.0.0.1:8787"
     connect_timeout: float = 10.0
+    batch_interval: float | None = 0.001  # seconds; None keeps distributed's (flowgpu.batch-interval)
     extra: dict = field(default_factory=dict)
 
 
@@ -113,7 +114,16 @@ def resolve(
         timeout = float(parse_timedelta(timeout_raw, default="s"))
     except (ValueError, TypeError, KeyError):
         raise ConfigError(f"connect_timeout={timeout_raw!r} is not a duration; give seconds or e.g. '30s'") from None
+    interval_raw = config.get("batch-interval")
+    try:
+        interval = None if interval_raw is None else float(parse_timedelta(interval_raw, default="s"))
+    except (ValueError, TypeError, KeyError):
+        interval = -1.0
+    if isinstance(interval_raw, bool) or interval is not None and not 0 <= interval <= 1:
+        raise ConfigError(f"flowgpu.batch-interval={interval_raw!r} is not a duration between 0 and 1s; "
+                          "give e.g. '1ms', or null to keep distributed's own batching")
     common = dict(
+        batch_interval=interval,
         host=config.get("host", host),
         # an explicit None turns the dashboard off; leaving it out takes the configured address
         dashboard_address=config.get("dashboard-address") if dashboard_address is _UNSET else dashboard_address,

@@ -17,7 +17,7 @@ from distributed import Client, LocalCluster
 
 from flowgpu import backend as _backend
 from flowgpu.errors import BackendError, FlowgpuError, SessionError
-from flowgpu.runtime import probe
+from flowgpu.runtime import latency, probe
 from flowgpu.runtime.options import SessionOptions, resolve
 
 __all__ = ["Session", "current_session"]
@@ -131,6 +131,7 @@ class Session:
             ) from None
         if spill_kwargs:
             spill.install(self.client, o)
+        latency.tune(self.client, o.batch_interval, cluster=True)
         self.backend = o.backend
         self.workers = self.client.run(probe.worker_info)
         self._nthreads = self._min_threads()
@@ -154,6 +155,7 @@ class Session:
                 f"the scheduler at {o.address} has no workers after {o.connect_timeout:g}s; start some, e.g. "
                 f"'dask cuda worker {o.address}' or 'dask worker {o.address}'"
             ) from None
+        latency.tune(self.client, o.batch_interval, cluster=False)  # the scheduler and workers are not ours to retune
         self.workers = self.client.run(probe.worker_info)
         all_gpu = all(w["gpus"] > 0 and w["cupy"] for w in self.workers.values())
         if o.backend == "gpu" and not all_gpu:
