@@ -50,6 +50,8 @@ def render_plan(desc: dict[str, Any], console: Console) -> None:
 
 def render_summary(summary: dict[str, Any], console: Console) -> None:
     """Print each output (shape, dtype, where it went or its value), wall time and bytes moved."""
+    if console.quiet:  # building the table costs milliseconds; a quiet run does not pay them
+        return
     t = Table(title=f"{summary['name']}: {summary['status']} in {summary['wall_seconds']:.2f}s", title_justify="left")
     for col in ("output", "shape", "dtype", "location / value"):
         t.add_column(col)

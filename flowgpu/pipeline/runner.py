@@ -134,9 +134,6 @@ def run(spec: Spec | str | os.PathLike | dict, *, overrides: dict[str, Any] | No
         merged = {**spec._origin.overrides, **(read_params_file(params_file) if params_file else {}),
                   **(overrides or {})} if spec._origin else dict(overrides or {})
         spec = build(spec._origin.raw, spec._origin.smap, merged)
-    compile(spec)  # every check before any cluster starts or anything is written
-    check_outputs(spec, overwrite)
-
     from flowgpu.runtime.session import current_session
 
     own = None
@@ -146,6 +143,9 @@ def run(spec: Spec | str | os.PathLike | dict, *, overrides: dict[str, Any] | No
         session = _LocalRun()
     if session is None:
         session = current_session()
+    if session is None:
+        compile(spec)  # every check before any cluster starts (_execute checks again inside it)
+    check_outputs(spec, overwrite)
     if session is None:
         own = session = _start_session(spec, cluster)
     try:
@@ -160,7 +160,7 @@ def run(spec: Spec | str | os.PathLike | dict, *, overrides: dict[str, Any] | No
 def _execute(spec: Spec, session: Any, overwrite: bool, summary_path: str | None, console: Console,
              progress: bool) -> RunResult:
     start = time.perf_counter()
-    plan = compile(spec)  # again, inside the session: its backend and chunk sizes
+    plan = compile(spec)  # inside the session (its backend and chunk sizes), before anything is written
     pending: dict[str, sinks.PendingWrite] = {}
     status = "failed"
     try:
