@@ -69,4 +69,9 @@ def test_config_survives_a_set_block_entered_before_import():
         "print(inside, c.get('chunks.headroom'), c.get('backend'))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["5", "8", "auto"]
+    import flowgpu
+
+    with open(os.path.join(os.path.dirname(flowgpu.__file__), "flowgpu.yaml")) as f:
+        default = yaml.safe_load(f)["flowgpu"]["chunks"]["headroom"]
+    assert default != 5
+    assert out.stdout.split() == ["5", str(default), "auto"]

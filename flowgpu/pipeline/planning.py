@@ -40,8 +40,11 @@ def graph_size(arrays: list[Any]) -> int:
 def _threads(plan: Plan) -> int:
     from flowgpu import config
 
+    from flowgpu.backend import current_backend
+    from flowgpu.runtime.options import GPU_THREADS
+
     t = plan.spec.cluster.threads_per_worker or config.get("threads-per-worker")
-    return int(t) if t else 1
+    return int(t) if t else (GPU_THREADS if current_backend() == "cupy" else 1)
 
 
 def describe(plan: Plan, prefix: str = "") -> dict[str, Any]:

@@ -17,6 +17,13 @@ BACKENDS = ("auto", "gpu", "cpu")
 _UNSET: Any = object()
 
 
+# Threads per GPU worker when none are given. Each thread computes on its own CUDA stream
+# (flowgpu.spill.per-thread-streams), so several tasks are in flight per GPU: the ~1 ms each task
+# costs in distributed overlaps the kernels of the others, and copies overlap compute. Measured on
+# the H200 (BENCHMARKS.md): a 32 GiB fused pass took 54 ms with 1 thread and 38 ms with 4.
+GPU_THREADS = 4
+
+
 @dataclass(frozen=True)
 class SessionOptions:
     """Everything a :class:`~flowgpu.Session` needs, validated."""
@@ -177,7 +184,7 @@ def resolve(
             backend="gpu",
             gpus=chosen,
             n_workers=len(chosen),
-            threads_per_worker=threads or 1,
+            threads_per_worker=threads or GPU_THREADS,
             memory_limit=mem,
             device_memory_limit=dev_mem,
             local_directory=local_directory,
