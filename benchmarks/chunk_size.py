@@ -53,6 +53,8 @@ def main(argv=None) -> int:
     p.add_argument("--total", type=float, default=None, help="GiB of data (default 16 on GPU, 1 on CPU)")
     p.add_argument("--chunks", type=str, default=None, help="comma-separated chunk sizes in MiB")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--threads", type=str, default=None,
+                   help="GPU: comma-separated threads per worker to sweep too (default: the Session's default)")
     p.add_argument("--out", default="benchmarks/results")
     args = p.parse_args(argv)
 
@@ -65,42 +67,45 @@ def main(argv=None) -> int:
     rows_total = total // 4 // cols
     shape = (rows_total, cols)
     fused = fg.fuse(chain_sum)
-    session = None
-    if not args.cpu:
-        session = fg.Session(backend="gpu", gpus=[0], dashboard_address=None)
-    elif args.distributed:
-        session = fg.Session(backend="cpu", n_workers=1, threads_per_worker=os.cpu_count(), dashboard_address=None)
+    thread_counts = [int(t) for t in args.threads.split(",")] if args.threads and not args.cpu else [None]
     rows_out = []
-    try:
-        seed = int(np.random.SeedSequence().entropy % (2**31))
-        with dask.config.set(scheduler="threads") if session is None else contextlib.nullcontext():
-            for mib in sizes:
-                rows = max(1, int(mib * MiB) // (cols * 4))
-                x = fg.random(shape, dtype="float32", seed=seed, chunks=(rows, cols))
-                x = x.persist()
-                if session is not None:
-                    from distributed import wait
+    seed = int(np.random.SeedSequence().entropy % (2**31))
+    for threads in thread_counts:
+        session = None
+        if not args.cpu:
+            session = fg.Session(backend="gpu", gpus=[0], dashboard_address=None, threads_per_worker=threads)
+        elif args.distributed:
+            session = fg.Session(backend="cpu", n_workers=1, threads_per_worker=os.cpu_count(),
+                                 dashboard_address=None)
+        try:
+            with dask.config.set(scheduler="threads") if session is None else contextlib.nullcontext():
+                for mib in sizes:
+                    rows = max(1, int(mib * MiB) // (cols * 4))
+                    x = fg.random(shape, dtype="float32", seed=seed, chunks=(rows, cols))
+                    x = x.persist()
+                    if session is not None:
+                        from distributed import wait
 
-                    wait(x)
-                times = measure(x, fused, args.repeats)
-                t = statistics.median(times)
-                row = {"chunk_MiB": mib, "chunks": x.npartitions, "time_s": t, "GBps": total / t / 1e9,
-                       "times": times}
-                rows_out.append(row)
-                print(f"chunk {mib:8.1f} MiB  {x.npartitions:6d} chunks  {t * 1e3:9.2f} ms  {row['GBps']:8.1f} GB/s",
-                      flush=True)
-                del x
-    finally:
-        if session is not None:
-            session.close()
+                        wait(x)
+                    times = measure(x, fused, args.repeats)
+                    t = statistics.median(times)
+                    row = {"chunk_MiB": mib, "threads": session.threads_per_worker if session else None,
+                           "chunks": x.npartitions, "time_s": t, "GBps": total / t / 1e9, "times": times}
+                    rows_out.append(row)
+                    print(f"threads {row['threads']}  chunk {mib:8.1f} MiB  {x.npartitions:6d} chunks  "
+                          f"{t * 1e3:9.2f} ms  {row['GBps']:8.1f} GB/s", flush=True)
+                    del x
+        finally:
+            if session is not None:
+                session.close()
     best = max(r["GBps"] for r in rows_out)
     good = [r for r in rows_out if r["GBps"] >= 0.9 * best]
     suggest = min(good, key=lambda r: r["chunk_MiB"])["chunk_MiB"] if good else None
     key = "gpu-target" if not args.cpu else "cpu-target"
     lines = [f"# chunk size against throughput ({mode}{', distributed' if args.distributed else ''}, "
              f"{total / (1 << 30):g} GiB float32, fused chain + sum)", "",
-             "| chunk (MiB) | chunks | time (ms) | GB/s | of best |", "|---|---|---|---|---|"]
-    lines += [f"| {r['chunk_MiB']:g} | {r['chunks']} | {r['time_s'] * 1e3:.2f} | {r['GBps']:.1f} | "
+             "| chunk (MiB) | threads | chunks | time (ms) | GB/s | of best |", "|---|---|---|---|---|---|"]
+    lines += [f"| {r['chunk_MiB']:g} | {r['threads'] or '-'} | {r['chunks']} | {r['time_s'] * 1e3:.2f} | {r['GBps']:.1f} | "
               f"{r['GBps'] / best:.0%} |" for r in rows_out]
     lines += ["", f"Smallest chunk within 90% of the best: {suggest:g} MiB -> flowgpu.chunks.{key}: {suggest:g}MiB"]
     table = "\n".join(lines)
