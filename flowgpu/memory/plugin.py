@@ -7,9 +7,11 @@
   GB/s per move), which the scheduler keeps in ``WorkerState.metrics`` and the dashboard
   shows on the worker's info page; the store's ``cumulative_metrics`` also reach the
   worker's Prometheus endpoint as ``dask_worker_spill_bytes{activity="device_to_host"}`` etc.;
-* on GPU workers, makes each task wait for its own CUDA stream before its result is handed
-  to the data store, so that copies on the store's streams never read a chunk that is still
-  being computed (tasks on other threads keep the GPU busy meanwhile);
+* on GPU workers, orders each task's CUDA stream after the uploads of its inputs (the store
+  only enqueues them, so the event loop never waits for PCIe), and makes each task wait for
+  its own stream before its result is handed to the data store, so that copies on the
+  store's streams never read a chunk that is still being computed (tasks on other threads
+  keep the GPU busy meanwhile);
 * prefetches: whenever a task starts, the inputs of the next tasks in the worker's ready
   queue are brought back to the device in a background thread, if they fit under the
   device limit without evicting anything.
@@ -82,8 +84,19 @@ def _metric(worker) -> dict:
     return out
 
 
-def _syncing(fn):
+def _syncing(fn, store=None):
+    """``fn`` ordered after the uploads enqueued so far, waiting for its own stream at the end.
+
+    Called when the task is submitted, in the event loop thread, right after the store has
+    enqueued the uploads of this task's inputs: the uploads it waits for are its own and
+    earlier ones, never those of tasks that start after it.
+    """
+    t = getattr(store, "_transfer", None)
+    uploads = t.uploads_so_far() if t is not None and hasattr(t, "uploads_so_far") else ()
+
     def run(*args, **kwargs):
+        if uploads:
+            t.order_current_stream(uploads)  # inputs still on their way arrive before the task reads them
         try:
             return fn(*args, **kwargs)
         finally:
@@ -128,6 +141,7 @@ class MemoryPlugin(WorkerPlugin):
     def _wrap_executor(self, worker) -> None:
         from flowgpu.backend import import_cupy
 
+        store = self.store
         if import_cupy(strict=False) is None:
             return
         ex = worker.executors.get("default")
@@ -137,7 +151,7 @@ class MemoryPlugin(WorkerPlugin):
         # keep the class name: distributed runs tasks with thread context only for executors
         # whose type name says ThreadPoolExecutor
         cls = type(base.__name__, (base,), {
-            "submit": lambda self, fn, *a, **k: base.submit(self, _syncing(fn), *a, **k),
+            "submit": lambda self, fn, *a, **k: base.submit(self, _syncing(fn, store), *a, **k),
             "_flowgpu_sync": True,
         })
         ex.__class__ = cls

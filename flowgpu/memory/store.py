@@ -49,7 +49,7 @@ def _meta_of(value: np.ndarray) -> ArrayMeta:
 class _HostEntry:
     """A chunk in host memory: a NumPy chunk (``origin="host"``) or a spilled device chunk."""
 
-    __slots__ = ("value", "buf", "meta", "origin", "pending", "nbytes")
+    __slots__ = ("value", "buf", "meta", "origin", "pending", "up", "nbytes")
 
     def __init__(self, value: np.ndarray, origin: str, meta: ArrayMeta | None = None,
                  buf: HostBuffer | None = None, pending: PendingCopy | None = None):
@@ -57,8 +57,13 @@ class _HostEntry:
         self.origin = origin
         self.meta = meta
         self.buf = buf
-        self.pending = pending
+        self.pending = pending  # a device-to-host copy writing into buf
+        self.up = None  # a host-to-device copy reading from buf
         self.nbytes = int(value.nbytes)
+
+    def busy(self) -> bool:
+        """True while a copy still reads or writes the buffer."""
+        return (self.pending is not None and not self.pending.done()) or (self.up is not None and not self.up.done())
 
 
 class FlowgpuStore(MutableMapping):
@@ -80,7 +85,7 @@ class FlowgpuStore(MutableMapping):
     pinned_pool_size : most bytes of pinned host memory for spilled device chunks; more
         spills fall back to pageable memory. None: as much as ``memory_limit``.
     max_pending_bytes : most bytes of device-to-host copies in flight (their device memory
-        is freed when they finish); None: an eighth of ``device_memory_limit``.
+        is freed when they finish); None: a quarter of ``device_memory_limit``.
     transfer : device copier (default: CuPy, created on the first device chunk).
     pinned_allocator : allocator for the pool (tests pass a fake one).
     """
@@ -108,7 +113,7 @@ class FlowgpuStore(MutableMapping):
             pinned_pool_size = self.memory_limit
         self.pool = PinnedPool(int(pinned_pool_size) if pinned_pool_size else None, allocator=pinned_allocator)
         if max_pending_bytes is None and self.device_memory_limit:
-            max_pending_bytes = max(self.device_memory_limit // 8, 1)
+            max_pending_bytes = max(self.device_memory_limit // 4, 1)
         self.max_pending_bytes = max_pending_bytes
         self._transfer = transfer
         self.metrics = Accounting()
@@ -125,6 +130,10 @@ class FlowgpuStore(MutableMapping):
         # takes no write (key -> (file record, origin, layout))
         self._kept: dict[Any, tuple] = {}
         self._pending: list[_HostEntry] = []  # device-to-host copies in flight, oldest first
+        # host copies of chunks that are back on the device and unchanged since (chunks are
+        # immutable): evicting such a chunk again drops its device copy and copies nothing
+        self._clean: OrderedDict[Any, _HostEntry] = OrderedDict()
+        self._uploads: list[tuple[PendingCopy, int]] = []  # host-to-device copies in flight
         self._orphans: list[_HostEntry] = []  # deleted while their copy was in flight
         self.device_bytes = 0
         self.host_bytes = 0
@@ -162,7 +171,7 @@ class FlowgpuStore(MutableMapping):
             if self._is_device(value):
                 self._device[key] = value
                 self.device_bytes += int(value.nbytes)
-                self._fit_device()
+                self._fit_device(keep=key)
             elif can_store(value):
                 self._host[key] = _HostEntry(value, "host")
                 self.host_bytes += int(value.nbytes)
@@ -207,6 +216,10 @@ class FlowgpuStore(MutableMapping):
             self._disk.discard(kept[0])
         if key in self._device:
             self.device_bytes -= int(self._device.pop(key).nbytes)
+            clean = self._clean.pop(key, None)
+            if clean is not None:
+                self.host_bytes -= clean.nbytes
+                self._release(clean)
         elif key in self._host:
             entry = self._host.pop(key)
             self.host_bytes -= entry.nbytes
@@ -223,27 +236,43 @@ class FlowgpuStore(MutableMapping):
         """Give a host entry's pinned buffer back, once no copy is writing into it."""
         if entry.buf is None:
             return
-        if entry.pending is not None and not entry.pending.done():
+        if entry.busy():
             self._orphans.append(entry)
             return
         self.pool.give(entry.buf)
         entry.buf = None
 
     # -- moving down ------------------------------------------------------------------------
-    def _fit_device(self) -> None:
+    def _fit_device(self, keep: Any = None) -> None:
+        """Move device chunks to host until under the limit: first those with a clean host copy
+        (no copy needed), least recently used first, never ``keep`` (the chunk just stored or
+        brought up) unless nothing else is left."""
         limit = self.device_memory_limit
         if limit is None:
             return
         while self.device_bytes > limit and self._device:
-            key, value = self._device.popitem(last=False)
+            key = next((k for k in self._clean if k != keep), None)
+            if key is not None:
+                value = self._device.pop(key)
+                self._host[key] = self._clean.pop(key)  # already counted in host_bytes
+                self.metrics.note("clean_device_evictions")
+            else:
+                key = next((k for k in self._device if k != keep), keep)
+                value = self._device.pop(key)
+                clean = self._clean.pop(key, None)
+                if clean is not None:
+                    self._host[key] = clean
+                else:
+                    self._device_to_host(key, value)
             self.device_bytes -= int(value.nbytes)
-            self._device_to_host(key, value)
         self._fit_host()
 
     def _device_to_host(self, key: Any, value: Any) -> None:
         t = self.transfer
         meta = t.meta(value)
         if self.memory_limit is not None:  # make room first, so the pool has a buffer to reuse
+            while self._clean and self.host_bytes + meta.nbytes > self.memory_limit:
+                self._drop_clean_one()
             while self._host and self.host_bytes + meta.nbytes > self.memory_limit:
                 if self._evict_host_one() < 0:
                     break
@@ -259,17 +288,29 @@ class FlowgpuStore(MutableMapping):
                 self._pending[0].pending.wait()
                 self._reap()
 
+    def _drop_clean_one(self) -> None:
+        """Free the host copy of the least recently used chunk that is also on the device."""
+        key, entry = self._clean.popitem(last=False)
+        self.host_bytes -= entry.nbytes
+        if entry.up is not None:
+            entry.up.wait()  # its upload still reads the buffer: let it finish so the pool gets it back now
+        self._release(entry)
+        self.metrics.note("clean_copies_dropped")
+
     def _reap(self) -> None:
-        """Account for device-to-host copies that have finished; release their device memory."""
+        """Account for copies that have finished; release device memory and buffers they held."""
         while self._pending and self._pending[0].pending.done():
             entry = self._pending.pop(0)
             self.pending_bytes -= entry.nbytes
             self.metrics.add("device_to_host", entry.nbytes, entry.pending.seconds or 0.0)
             entry.pending = None
+        while self._uploads and self._uploads[0][0].done():
+            up, nbytes = self._uploads.pop(0)
+            self.metrics.add("host_to_device", nbytes, up.seconds or 0.0)
         if self._orphans:
             keep = []
             for entry in self._orphans:
-                if entry.pending is not None and not entry.pending.done():
+                if entry.busy():
                     keep.append(entry)
                 else:
                     self.pool.give(entry.buf)
@@ -280,6 +321,8 @@ class FlowgpuStore(MutableMapping):
         limit = self.memory_limit
         if limit is None:
             return
+        while self.host_bytes > limit and self._clean:
+            self._drop_clean_one()
         while self.host_bytes > limit and self._host:
             if self._evict_host_one() < 0:
                 self.metrics.note("host_over_limit")
@@ -351,7 +394,7 @@ class FlowgpuStore(MutableMapping):
             if prefetch:
                 return None
         try:
-            value, into = self._bring_up(key, source, entry, prefetch)
+            value, into, up = self._bring_up(key, source, entry, prefetch)
         except BaseException:
             with self._lock:
                 if source == "host":
@@ -370,14 +413,18 @@ class FlowgpuStore(MutableMapping):
                     self._disk.discard(rec)
                 else:
                     self._kept[key] = (rec, origin, meta)
-            else:
+            elif key in self._dropped_while_loading or into != "device":
                 self._release(entry)
             if key in self._dropped_while_loading:
                 self._dropped_while_loading.discard(key)
             elif into == "device":
                 self._device[key] = value
                 self.device_bytes += int(value.nbytes)
-                self._fit_device()
+                if source == "host":  # its pinned copy stays valid: evicting it again copies nothing
+                    entry.up = up
+                    self._clean[key] = entry
+                    self.host_bytes += entry.nbytes
+                self._fit_device(keep=key)
             else:
                 self._host[key] = _HostEntry(value, "host")
                 self.host_bytes += int(value.nbytes)
@@ -392,26 +439,34 @@ class FlowgpuStore(MutableMapping):
         """Read back a chunk whose copy to host is still in flight: its device copy is still here."""
         value = entry.pending.device_value
         del self._host[key]
-        self.host_bytes -= entry.nbytes
-        self._release(entry)  # the buffer goes back once the copy finishes
+        self._clean[key] = entry  # once its copy finishes the host copy is valid: keep it
         self._device[key] = value
         self.device_bytes += int(value.nbytes)
         self.metrics.note("reclaimed_in_flight")
-        self._fit_device()
+        self._fit_device(keep=key)
         return value
 
     def _bring_up(self, key: Any, source: str, entry: _HostEntry | None, prefetch: bool):
         """Copy a chunk up one or two tiers, outside the lock; returns (value, tier)."""
         if source == "host":  # a spilled device chunk in a host buffer
-            value, seconds = self.transfer.to_device(entry.value, entry.meta, entry.buf.pinned)
+            t = self.transfer
+            upload = getattr(t, "to_device_async", None)
+            if upload is not None:
+                # enqueued, not waited for: the event loop thread that asks for a task's inputs
+                # goes on at once, and the task's stream is ordered after the copy (MemoryPlugin)
+                value, up = upload(entry.value, entry.meta, entry.buf.pinned)
+                with self._lock:
+                    self._uploads.append((up, entry.nbytes))
+                return value, "device", up
+            value, seconds = t.to_device(entry.value, entry.meta, entry.buf.pinned)
             self.metrics.add("host_to_device", entry.nbytes, seconds)
-            return value, "device"
+            return value, "device", None
         origin, meta = self._disk_info[key]
         start = time.perf_counter()
         if origin == "host":
             value = self._disk.read(key)
             self.metrics.add("disk_to_host", value.nbytes, time.perf_counter() - start)
-            return value, "host"
+            return value, "host", None
         buf = self.pool.take(meta.nbytes, transient=True)
         try:
             host = self._disk.read(key, out=buf.view)
@@ -421,7 +476,7 @@ class FlowgpuStore(MutableMapping):
             self.pool.give(buf)
         self.metrics.add("disk_to_host", meta.nbytes, read_s)
         self.metrics.add("host_to_device", meta.nbytes, seconds)
-        return value, "device"
+        return value, "device", None
 
     def prefetch(self, key: Any) -> bool:
         """Bring ``key`` up to its fast tier ahead of use if there is room; True if it moved."""
@@ -436,6 +491,8 @@ class FlowgpuStore(MutableMapping):
                 origin, meta = self._disk_info[key]
                 nbytes = meta.nbytes
             if origin == "device":
+                # no room taken from anything, clean copies included: a chunk dropped now may be
+                # the input of a task that is about to run, and would travel twice
                 limit, used = self.device_memory_limit, self.device_bytes
             else:
                 limit, used = self.memory_limit, self.host_bytes
@@ -486,7 +543,8 @@ class FlowgpuStore(MutableMapping):
                 "tiers": {
                     "device": {"keys": len(self._device), "bytes": self.device_bytes,
                                "limit": self.device_memory_limit, "pending_bytes": self.pending_bytes},
-                    "host": {"keys": len(self._host), "bytes": self.host_bytes, "limit": self.memory_limit},
+                    "host": {"keys": len(self._host), "bytes": self.host_bytes, "limit": self.memory_limit,
+                             "clean_copies": len(self._clean)},
                     "disk": {"keys": len(self._disk), "bytes": disk_n, "file_bytes": disk_file,
                              "directory": self.directory, "disabled": self._disk.disabled_reason},
                     "other": {"keys": len(self._other)},
@@ -502,6 +560,8 @@ class FlowgpuStore(MutableMapping):
         with self._lock:
             for entry in self._pending:
                 entry.pending.wait()
+            for up, _ in self._uploads:
+                up.wait()
             self._reap()
             for key in list(self._device) + list(self._host) + self._disk.keys() + list(self._other):
                 self._drop(key)

@@ -3,8 +3,10 @@
 :class:`CupyTransfer` is what a GPU worker's store uses: device-to-host copies are
 *enqueued* on a dedicated non-blocking stream into a pinned buffer and return a
 :class:`PendingCopy` at once (the device chunk stays referenced until the copy is done);
-host-to-device copies run on a second stream, so the two directions overlap each other and
-the compute streams of the worker's threads.
+host-to-device copies run on a second stream per calling thread, so the two directions overlap
+each other and the compute streams of the worker's threads. :meth:`CupyTransfer.to_device_async`
+only enqueues its copy: the worker's event loop, which fetches each task's inputs, never waits
+for PCIe; tasks order their streams after the uploads (:meth:`CupyTransfer.order_current_stream`).
 
 Nothing here pickles: a chunk travels as raw bytes plus ``(shape, dtype, order)``.
 Tests without a GPU use a stand-in with the same four methods (see ``tests/memory``).
@@ -91,6 +93,8 @@ class CupyTransfer:
         self.device_id = cp.cuda.runtime.getDevice()
         self._local = threading.local()
         self._d2h = cp.cuda.Stream(non_blocking=True)
+        self._up_lock = threading.Lock()
+        self._last_up: dict[int, Any] = {}  # H2D stream -> event of its latest upload
 
     def _h2d_stream(self):
         # one host-to-device stream per calling thread: the prefetcher and the event loop
@@ -124,6 +128,52 @@ class CupyTransfer:
                                             cp.cuda.runtime.memcpyDeviceToHost, self._d2h.ptr)
             done.record(self._d2h)
         return PendingCopy(src, done, start)
+
+    def to_device_async(self, host: np.ndarray, meta: ArrayMeta, pinned: bool) -> tuple[Any, PendingCopy]:
+        """Enqueue a copy of pinned ``host`` to a new device array and return at once.
+
+        The calling thread's current stream is ordered after the copy, and so is any thread that
+        calls :meth:`order_current_stream` (each task does, before it runs). ``host`` must stay
+        untouched until the returned :class:`PendingCopy` is done. Pageable memory is copied
+        synchronously (its copy is not asynchronous anyway).
+        """
+        if not pinned:
+            out, seconds = self.to_device(host, meta, pinned)
+            done = PendingCopy(None)
+            done.seconds = seconds
+            return out, done
+        cp = self._cp
+        stream = self._h2d_stream()
+        with cp.cuda.Device(self.device_id):
+            with stream:
+                out = cp.empty(meta.shape, dtype=meta.dtype, order=meta.order)
+                start = cp.cuda.Event(disable_timing=False)
+                done = cp.cuda.Event(disable_timing=False)
+                start.record(stream)
+                if meta.nbytes:
+                    cp.cuda.runtime.memcpyAsync(out.data.ptr, host.ctypes.data, meta.nbytes,
+                                                cp.cuda.runtime.memcpyHostToDevice, stream.ptr)
+                done.record(stream)
+            with self._up_lock:
+                self._last_up[stream.ptr] = done
+            cp.cuda.get_current_stream().wait_event(done)
+        return out, PendingCopy(out, done, start)
+
+    def uploads_so_far(self) -> tuple:
+        """The latest upload event of each upload stream: waiting for them covers every upload enqueued so far."""
+        with self._up_lock:
+            return tuple(self._last_up.values())
+
+    def order_current_stream(self, events: tuple | None = None) -> None:
+        """Make the calling thread's current stream wait (on the device, not the host) for
+        ``events`` (default: every upload enqueued so far)."""
+        if events is None:
+            events = self.uploads_so_far()
+        if events:
+            with self._cp.cuda.Device(self.device_id):
+                stream = self._cp.cuda.get_current_stream()
+                for ev in events:
+                    stream.wait_event(ev)
 
     def to_device(self, host: np.ndarray, meta: ArrayMeta, pinned: bool) -> tuple[Any, float]:
         """Copy host array ``host`` (laid out as ``meta``) to a new device array; waits for it.

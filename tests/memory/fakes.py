@@ -29,8 +29,11 @@ class _Event:
 class FakeTransfer:
     """Copies like CupyTransfer, synchronously; ``hold=True`` keeps device-to-host copies in flight."""
 
-    def __init__(self, hold: bool = False):
+    def __init__(self, hold: bool = False, hold_uploads: bool = False, uploads: bool = True):
         self.hold = hold
+        self.hold_uploads = hold_uploads
+        if not uploads:  # a copier with synchronous uploads only
+            self.to_device_async = None
         self.events: list[_Event] = []
         self.h2d = 0
 
@@ -52,6 +55,13 @@ class FakeTransfer:
     def to_device(self, host: np.ndarray, meta: ArrayMeta, pinned: bool):
         self.h2d += 1
         return FakeDeviceArray(np.array(host, order=meta.order)), 1e-3
+
+    def to_device_async(self, host: np.ndarray, meta: ArrayMeta, pinned: bool):
+        """Like CupyTransfer's: returns at once; ``hold_uploads=True`` keeps the copy 'in flight'."""
+        value, _ = self.to_device(host, meta, pinned)
+        ev = _Event(done=not self.hold_uploads)
+        self.events.append(ev)
+        return value, PendingCopy(value, ev)
 
     def finish_all(self):
         for ev in self.events:
