@@ -10,6 +10,7 @@ import numpy as np
 
 from flowgpu.arrays.chunks import resolve_chunks
 from flowgpu.arrays.movement import to_device, to_host
+from flowgpu.backend import current_backend
 from flowgpu.errors import ConfigError
 from flowgpu.io.atomic import atomic_output
 
@@ -17,23 +18,52 @@ __all__ = ["from_npy", "to_npy", "NpyReader"]
 
 
 class NpyReader:
-    """Reads slices of a ``.npy`` file through a memory map opened in the task that reads them.
+    """Reads slices of a ``.npy`` file in the task that needs them; only the path travels in the graph.
 
-    Only the path travels in the task graph, never the data; each chunk is read with one copy.
+    ``device=False``: a NumPy chunk, through a memory map, with one copy. ``device=True``: a CuPy
+    chunk. A block of whole rows of a C-ordered file is one byte range: it is read with
+    ``os.preadv`` straight into pinned staging buffers and copied on to the device while the next
+    slice is read (:func:`flowgpu.memory.staging.file_rows_to_device`), never through pageable
+    memory. Other blocks go from the memory map through the same staging buffers.
     """
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, device: bool = False):
         self.path = os.path.abspath(path)
+        self.device = device
         m = np.load(self.path, mmap_mode="r")
         self.shape, self.dtype, self.ndim = m.shape, m.dtype, m.ndim
+        self.offset = int(m.offset)  # bytes of the .npy header
+        self.fortran = bool(m.flags.f_contiguous and not m.flags.c_contiguous)
         del m
 
+    def _rows(self, key) -> tuple[int, int] | None:
+        """``(start, stop)`` when ``key`` selects whole rows of a C-ordered file, else None."""
+        if self.fortran or self.dtype.hasobject or self.ndim == 0:
+            return None
+        key = key if isinstance(key, tuple) else (key,)
+        if not key or not all(isinstance(k, slice) for k in key):
+            return None
+        for k, n in zip(key[1:], self.shape[1:]):
+            if k.indices(n) != (0, n, 1):
+                return None
+        start, stop, step = key[0].indices(self.shape[0])
+        return (start, max(start, stop)) if step == 1 else None
+
     def __getitem__(self, key):
+        if self.device:
+            from flowgpu.memory import staging
+
+            rows = self._rows(key)
+            if rows is not None:
+                row_bytes = int(np.prod(self.shape[1:], dtype=np.int64)) * self.dtype.itemsize
+                return staging.file_rows_to_device(self.path, self.offset + rows[0] * row_bytes,
+                                                   (rows[1] - rows[0], *self.shape[1:]), self.dtype)
+            return staging.to_device_staged(np.load(self.path, mmap_mode="r")[key])
         m = np.load(self.path, mmap_mode="r")
         return np.array(m[key])
 
     def __reduce__(self):
-        return (NpyReader, (self.path,))
+        return (NpyReader, (self.path, self.device))
 
 
 def from_npy(path: str, chunks: Any = "auto") -> da.Array:
@@ -45,8 +75,15 @@ def from_npy(path: str, chunks: Any = "auto") -> da.Array:
     except (ValueError, OSError) as e:
         raise ConfigError(f"{path!r} is not a readable .npy file: {e}") from None
     chunks = resolve_chunks(chunks, reader.shape, reader.dtype)
+    token = da.core.tokenize(reader.path, os.path.getmtime(path), chunks)
+    if current_backend() == "cupy":  # straight to the device through pinned staging buffers
+        from flowgpu.backend import import_cupy
+
+        reader.device = True
+        meta = import_cupy().empty((0,) * reader.ndim, reader.dtype)
+        return da.from_array(reader, chunks=chunks, asarray=False, meta=meta, name=f"from-npy-gpu-{token}")
     x = da.from_array(reader, chunks=chunks, asarray=False, meta=np.empty((0,) * reader.ndim, reader.dtype),
-                      name=f"from-npy-{da.core.tokenize(reader.path, os.path.getmtime(path), chunks)}")
+                      name=f"from-npy-{token}")
     return to_device(x)
 
 
