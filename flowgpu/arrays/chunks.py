@@ -47,7 +47,8 @@ def resolve_chunks(chunks: Any, shape: tuple[int, ...], dtype: Any, *, session: 
     try:
         if chunks is None or chunks == "auto" or (isinstance(chunks, (tuple, list)) and "auto" in chunks):
             limit = target_chunk_bytes(session)
-            out = normalize_chunks("auto" if chunks is None else chunks, shape, limit=limit, dtype=dtype)
+            out = _balanced(normalize_chunks("auto" if chunks is None else chunks, shape, limit=limit, dtype=dtype),
+                            chunks)
         else:
             out = normalize_chunks(chunks, shape, dtype=dtype)
     except (ValueError, TypeError, NotImplementedError) as e:
@@ -57,6 +58,27 @@ def resolve_chunks(chunks: Any, shape: tuple[int, ...], dtype: Any, *, session: 
         ) from None
     check_fits(out, dtype, session=session)
     return out
+
+
+def _balanced(chunks: tuple, asked: Any) -> tuple:
+    """Spread each automatically sized axis evenly over the same number of blocks.
+
+    dask's ``"auto"`` fills blocks up to the limit and leaves a ragged last one (40000 rows at
+    32768 a block: 32768 + 7232). Each block is a task, so a small last one costs as much
+    scheduling as a full one and leaves threads idle at the end: 20000 + 20000 does the same
+    work in as many tasks, evenly. No block grows.
+    """
+    auto = [True] * len(chunks)
+    if isinstance(asked, (tuple, list)):
+        auto = [a == "auto" or a == -1 or a is None for a in asked]
+    out = []
+    for c, a in zip(chunks, auto):
+        n, total = len(c), sum(c)
+        if a and n > 1 and max(c) != min(c):
+            base, extra = divmod(total, n)
+            c = tuple(base + (1 if i < extra else 0) for i in range(n))
+        out.append(tuple(c))
+    return tuple(out)
 
 
 def check_fits(chunks: tuple, dtype: Any, *, session: Any = None) -> None:
