@@ -33,7 +33,7 @@ import numpy as np
 
 from flowgpu.backend import import_cupy, is_cupy
 from flowgpu.errors import KernelError
-from flowgpu.kernels import codegen
+from flowgpu.kernels import codegen, tiled
 from flowgpu.kernels.expr import Expr, is_scalar, parse
 
 __all__ = ["fused_elementwise", "REDUCTIONS", "reduction_dtypes", "elementwise_kernel", "reduce_chunk", "combine_all"]
@@ -283,6 +283,13 @@ def reduce_chunk(expr: Expr, arrays: tuple[str, ...], blocks: tuple, scalars: tu
         kw = {"dtype": acc} if combine in ("sum", "prod") else {}
         return getattr(np, combine)(ew(*blocks), axis=axes, keepdims=True, **kw).astype(acc, copy=False)
     cp = import_cupy()
+    if full and tiled.applies(blocks, shape):  # some inputs transposed: read them in tiles
+        ident = "1" if reduction == "prod" else "0"
+        if reduction in ("min", "max"):
+            ident = _identity_literal(reduction, acc)
+        part = tiled.tiled_reduce(expr, arrays, blocks, scalars, val_dtype, reduction, acc, ident)
+        if part is not None:
+            return part.reshape(out_shape).astype(acc, copy=False)
     kern = _reduce_kernel(expr, arrays, dtypes, scalars, val_dtype, reduction, backend)
     if any(b.shape != shape for b in blocks):
         blocks = tuple(cp.broadcast_arrays(*blocks))
