@@ -65,3 +65,13 @@ def render_summary(summary: dict[str, Any], console: Console) -> None:
     console.print(f"read {format_bytes(summary['bytes_read'])}, wrote {format_bytes(summary['bytes_written'])}; "
                   f"{summary['tasks']:,} tasks on {summary['session'].get('n_workers', '?')} worker(s) "
                   f"({summary['session'].get('backend', '?')})")
+    memory = summary.get("memory") or {}
+    moves = memory.get("moves") or {}
+    if moves:
+        parts = []
+        for act, m in moves.items():
+            rate = f" at {m['gbps']:.1f} GB/s" if m.get("gbps") else ""
+            parts.append(f"{act.replace('_', ' ')} {format_bytes(m['bytes'])} in {m['count']} move(s){rate}")
+        console.print("spilling: " + "; ".join(parts))
+    for err in memory.get("errors") or []:
+        console.print(f"[yellow]spilling: {err}[/yellow]")

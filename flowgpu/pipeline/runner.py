@@ -160,6 +160,7 @@ def run(spec: Spec | str | os.PathLike | dict, *, overrides: dict[str, Any] | No
 def _execute(spec: Spec, session: Any, overwrite: bool, summary_path: str | None, console: Console,
              progress: bool) -> RunResult:
     start = time.perf_counter()
+    moves_before = _memory_moves(session)
     plan = compile(spec)  # inside the session (its backend and chunk sizes), before anything is written
     pending: dict[str, sinks.PendingWrite] = {}
     status = "failed"
@@ -187,11 +188,42 @@ def _execute(spec: Spec, session: Any, overwrite: bool, summary_path: str | None
     finally:
         wall = time.perf_counter() - start
     summary = _summary(spec, plan, session, values, wall, status)
+    summary["memory"] = _moves_delta(moves_before, _memory_moves(session))
     if summary_path:
         with open(summary_path, "w") as f:
             json.dump(summary, f, indent=2, default=str)
     render_summary(summary, console)
     return RunResult(values, summary, plan)
+
+
+def _memory_moves(session: Any) -> dict | None:
+    """The workers' data-store accounting summed over workers, or None (no cluster, or not flowgpu's store)."""
+    client = getattr(session, "client", None)
+    if client is None:
+        return None
+    from flowgpu.memory import stats, summary
+
+    try:
+        out = summary(client.run(stats))
+    except Exception:  # noqa: BLE001 - the accounting is a report; a worker that cannot answer must not fail the run
+        return None
+    return out if "flowgpu" in out["stores"] else None
+
+
+def _moves_delta(before: dict | None, after: dict | None) -> dict | None:
+    """What this run moved between tiers: ``{"moves": {activity: {bytes, count, seconds, gbps}}, "events", "errors"}``."""
+    if after is None:
+        return None
+    before = before or {"moves": {}, "events": {}}
+    moves = {}
+    for act, m in after["moves"].items():
+        b = before["moves"].get(act, {})
+        d = {k: m[k] - b.get(k, 0) for k in ("bytes", "count", "seconds")}
+        if d["count"]:
+            d["gbps"] = d["bytes"] / d["seconds"] / 1e9 if d["seconds"] > 0 else None
+            moves[act] = d
+    events = {k: n - before["events"].get(k, 0) for k, n in after["events"].items() if n - before["events"].get(k, 0)}
+    return {"moves": moves, "events": events, "errors": after["errors"]}
 
 
 def _summary(spec: Spec, plan: Plan, session: Any, values: dict, wall: float, status: str) -> dict[str, Any]:

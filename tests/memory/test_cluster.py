@@ -50,3 +50,46 @@ def test_one_gib_through_two_workers_of_300_mb(rng):
     assert total["moves"]["disk_to_host"]["count"] > 0 and not total["errors"]
     assert all(m.get("host_to_disk_bytes", 0) > 0 for m in seen.values()), seen
     print(f"1 GiB through 2 x 300 MB: {elapsed:.1f} s; moves {total['moves']}")
+
+
+_HELD: dict = {}
+
+
+def held(name: str):
+    """A persisted array for the pipeline below (its ``python`` source)."""
+    return _HELD[name]
+
+
+@pytest.mark.slow
+def test_pipeline_summary_reports_what_the_run_moved_between_tiers(rng):
+    """A run over data spilled to disk: its summary (and printed report) says what moved, for this run only."""
+    import io
+
+    from distributed import wait
+    from rich.console import Console
+
+    from flowgpu import pipeline
+
+    seed = int(rng.integers(2**31))
+    x = da.random.default_rng(seed).standard_normal(2**25, chunks=2**20)  # 256 MiB of float64, 8 MiB chunks
+    spec = {"version": 1, "name": "spilled", "inputs": {"x": {"source": "python", "callable": f"{__name__}:held",
+                                                               "args": {"name": "x"}}},
+            "steps": {"total": {"op": "sum", "inputs": ["x"]}}, "outputs": {"total": {"from": "total"}}}
+    with flowgpu.Session(backend="cpu", n_workers=1, threads_per_worker=1, memory_limit="200MB",
+                         dashboard_address=None) as s:
+        _HELD["x"] = xp = x.persist()
+        wait(xp)
+        out = io.StringIO()
+        try:
+            result = pipeline.run(spec, session=s, console=Console(file=out, width=200))
+            since_start = summary(s.client.run(flowgpu.memory.stats))["moves"]
+        finally:
+            _HELD.clear()
+    want = float(x.sum().compute(scheduler="threads"))
+    np.testing.assert_allclose(float(result.outputs["total"]), want, rtol=1e-12)
+    moves = result.summary["memory"]["moves"]
+    assert moves["disk_to_host"]["bytes"] > 0  # the pass read spilled chunks back
+    assert moves["disk_to_host"]["bytes"] <= 2**28 + 2**16  # each spilled chunk read back once at most
+    # this run's moves only, not the persist's writes to disk before it
+    assert moves.get("host_to_disk", {}).get("bytes", 0) < since_start["host_to_disk"]["bytes"]
+    assert "spilling: disk to host" in out.getvalue()
