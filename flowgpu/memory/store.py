@@ -511,8 +511,14 @@ class FlowgpuStore(MutableMapping):
         return self._host
 
     def evict(self) -> int:
-        """Write the least recently used host chunk to disk; its bytes, or -1."""
+        """Free host memory for distributed's memory monitor: first a host copy of a chunk that is
+        also on the device (nothing to write), else the least recently used host chunk to disk.
+        Returns the bytes freed, or -1."""
         with self._lock:
+            if self._clean:
+                nbytes = next(iter(self._clean.values())).nbytes
+                self._drop_clean_one()
+                return nbytes
             if not self._host:
                 return -1
             return self._evict_host_one()

@@ -362,3 +362,22 @@ def test_buffer_of_an_upload_in_flight_is_not_reused_until_it_finishes(tmp_path,
     assert st["moves"]["host_to_device"]["count"] == 1
     for k in list(chunks)[1:]:
         np.testing.assert_array_equal(store[k].a, chunks[k])
+
+
+def test_memory_monitor_eviction_frees_clean_copies_first(tmp_path, rng):
+    chunks = _chunks(rng, 3)
+    nb = chunks[("x", 0)].nbytes
+    store, t = _device_store(tmp_path, 2, nb)
+    for k, v in chunks.items():
+        store[k] = FakeDeviceArray(v)  # x0 spilled to host
+    store[("x", 0)]  # back on the device; its host copy is kept (clean), x1 spilled
+    before = store.stats()["tiers"]
+    assert before["host"]["clean_copies"] == 1
+    assert store.evict() == nb  # distributed's memory monitor asks for memory: no disk write needed
+    after = store.stats()
+    assert after["tiers"]["host"]["clean_copies"] == 0 and after["tiers"]["disk"]["keys"] == 0
+    assert after["tiers"]["host"]["bytes"] == before["host"]["bytes"] - nb
+    assert store.evict() == nb and store.stats()["tiers"]["disk"]["keys"] == 1  # then to disk
+    for k, v in chunks.items():
+        got = store[k]
+        np.testing.assert_array_equal(got.a if isinstance(got, FakeDeviceArray) else got, v)
