@@ -421,6 +421,8 @@ class FlowgpuStore(MutableMapping):
                 self._device[key] = value
                 self.device_bytes += int(value.nbytes)
                 if source == "host":  # its pinned copy stays valid: evicting it again copies nothing
+                    if entry.up is not None and entry.up is not up and not entry.up.done():
+                        entry.up.wait()  # an earlier upload of the same buffer, perhaps on another stream
                     entry.up = up
                     self._clean[key] = entry
                     self.host_bytes += entry.nbytes
