@@ -31,8 +31,8 @@ def test_null_keeps_distributed_batching():
         with fg.Session(backend="cpu", n_workers=1, threads_per_worker=1, memory_limit="1GiB",
                         dashboard_address=None) as s:
             client, sched, workers = _intervals(s)
-    assert client == pytest.approx(0.010)
-    assert sched == [pytest.approx(0.005)] and workers == [pytest.approx(0.002)]
+    # distributed's own (10, 5 and 2 ms in 2026.7), not shortened to flowgpu's 1 ms
+    assert client > 0.001 and len(sched) == 1 and sched[0] > 0.001 and workers[0] > 0.001
 
 
 @pytest.mark.parametrize("bad", ["soon", -1, "5s", True])
