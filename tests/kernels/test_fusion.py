@@ -241,13 +241,23 @@ def test_gpu_functions_match_numpy(rng, dtype):
                                    err_msg=text)
 
 
-@pytest.mark.parametrize("reduction", ["sum", "min", "max"])
+@pytest.mark.parametrize("reduction", ["sum", "mean", "min", "max"])
 def test_strided_column_chunks(rng, reduction):
     xn = rng.random((64, 300), dtype=np.float32) + 0.5
     x = da.from_array(xn, chunks=(64, 70))  # column blocks of a row-major array are not contiguous
     got = fused_elementwise(CHAIN, {"x": x}, reduction=reduction).compute()
     want = getattr(np, reduction)(ref(CHAIN, {"x": xn}))
     assert rel_err(got, want) < 1e-6
+
+
+@pytest.mark.parametrize("reduction", ["sum", "max"])
+def test_cpu_transposed_and_strided_inputs_together(rng, reduction):
+    """Rows of a column block are contiguous, rows of a transposed block are not: both reduce right."""
+    xn = rng.standard_normal((90, 90))
+    x = da.from_array(xn, chunks=(90, 40))
+    got = fused_elementwise("a * 2 - b", {"a": x, "b": x.T}, reduction=reduction).compute()
+    want = getattr(np, reduction)(xn * 2 - xn.T)
+    assert rel_err(got, want) < 1e-12
 
 
 def test_full_reduction_combines_partials_in_one_step(rng):
