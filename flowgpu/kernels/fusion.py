@@ -171,13 +171,7 @@ def _reduce_kernel(expr: Expr, arrays: tuple[str, ...], dtypes: tuple, scalars: 
             code, _ = codegen.to_cuda(expr, types, arrays, out_dtype=val_dtype)
             act = codegen.c_type(acc)
             params = ", ".join(f"{np.dtype(d).name} in{i}" for i, d in enumerate(dtypes))
-            if reduction in ("sum", "mean"):
-                red, ident = "a + b", "0"
-            elif reduction == "prod":
-                red, ident = "a * b", "1"
-            else:
-                red = "_fg_min(a, b)" if reduction == "min" else "_fg_max(a, b)"
-                ident = _identity_literal(reduction, acc)
+            red, ident = _cuda_combine(reduction, acc)
             kern = cp.ReductionKernel(params, f"{np.dtype(acc).name} out", f"(({act}){code})", red, "out = a", ident,
                                       name=_name(key), reduce_type=act, preamble=codegen.CUDA_PREAMBLE)
         else:
@@ -195,6 +189,15 @@ def _reduce_kernel(expr: Expr, arrays: tuple[str, ...], dtypes: tuple, scalars: 
                 kern = jit(_compile_python(_reduce_loop_src(fname, len(arrays), code, reduction, acc, ndim), fname))
         _cache[key] = kern
         return kern
+
+
+def _cuda_combine(reduction: str, acc: np.dtype) -> tuple[str, str]:
+    """``(combine of a and b, identity)`` in CUDA C for ``reduction`` accumulating in ``acc``."""
+    if reduction in ("sum", "mean"):
+        return "a + b", "0"
+    if reduction == "prod":
+        return "a * b", "1"
+    return ("_fg_min(a, b)" if reduction == "min" else "_fg_max(a, b)"), _identity_literal(reduction, acc)
 
 
 def _identity_literal(reduction: str, dtype: np.dtype) -> str:
@@ -311,10 +314,8 @@ def reduce_chunk(expr: Expr, arrays: tuple[str, ...], blocks: tuple, scalars: tu
         return getattr(np, combine)(ew(*blocks), axis=axes, keepdims=True, **kw).astype(acc, copy=False)
     cp = import_cupy()
     if full and tiled.applies(blocks, shape):  # some inputs transposed: read them in tiles
-        ident = "1" if reduction == "prod" else "0"
-        if reduction in ("min", "max"):
-            ident = _identity_literal(reduction, acc)
-        part = tiled.tiled_reduce(expr, arrays, blocks, scalars, val_dtype, reduction, acc, ident)
+        combine_c, ident = _cuda_combine(reduction, acc)
+        part = tiled.tiled_reduce(expr, arrays, blocks, scalars, val_dtype, reduction, acc, combine_c, ident)
         if part is not None:
             return part.reshape(out_shape).astype(acc, copy=False)
     kern = _reduce_kernel(expr, arrays, dtypes, scalars, val_dtype, reduction, backend)

@@ -97,9 +97,11 @@ extern "C" __global__ void {name}({params}, const long long rows, const long lon
 
 
 def tiled_reduce(expr: Expr, arrays: tuple[str, ...], blocks: tuple, scalars: tuple, val_dtype: np.dtype,
-                 reduction: str, acc: np.dtype, ident: str) -> Any:
+                 reduction: str, acc: np.dtype, combine: str, ident: str) -> Any:
     """The partial (a 0-d array of ``acc``) of ``reduction`` over ``expr`` on 2-D ``blocks``, or
-    None when this kernel cannot be built here (the caller then uses its general kernel)."""
+    None when this kernel cannot be built here (the caller then uses its general kernel).
+    ``combine`` (of ``a`` and ``b``) and ``ident`` are the reduction's CUDA C, as the caller's
+    ReductionKernel uses them."""
     cp = import_cupy()
     dtypes = tuple(np.dtype(b.dtype) for b in blocks)
     forder = tuple(_f_only(b) for b in blocks)
@@ -113,8 +115,6 @@ def tiled_reduce(expr: Expr, arrays: tuple[str, ...], blocks: tuple, scalars: tu
             types: dict[str, Any] = dict(zip(arrays, dtypes))
             types.update(dict(scalars))
             code, _ = codegen.to_cuda(expr, types, arrays, out_dtype=val_dtype)
-            combine = {"sum": "a + b", "mean": "a + b", "prod": "a * b",
-                       "min": "_fg_min(a, b)", "max": "_fg_max(a, b)"}[reduction]
             name = "fg_tiled_" + hashlib.sha1(repr(key).encode()).hexdigest()[:12]  # stable: CuPy's disk cache
             kern = cp.RawKernel(_source(name, code, dtypes, forder, acc, combine, ident), name)
             kern.compile()
