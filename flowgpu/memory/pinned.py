@@ -1,10 +1,16 @@
 """A pool of page-locked ("pinned") host buffers, reused by size class.
 
-Allocating pinned memory is slow (``cudaHostAlloc`` maps and locks every page) and so is
-freeing it, so spilled device chunks and staging copies take their host buffers from this
-pool and give them back when done. Buffers are rounded up to a *size class* (eight classes
-per power of two, so at most 12.5% is wasted) so that chunks of about the same size reuse
-each other's buffers.
+Allocating pinned memory is slow, so spilled device chunks and staging copies take their host
+buffers from this pool and give them back when done. Buffers are rounded up to a *size class*
+(eight classes per power of two, so at most 12.5% is wasted) so that chunks of about the same
+size reuse each other's buffers.
+
+How a buffer is allocated matters too. On the H200 machine ``cudaHostAlloc`` took 0.6 s per
+GiB, and copies on other threads ran at half speed meanwhile (it holds the driver). The default
+allocator, :func:`registered_pinned_allocator`, maps anonymous memory backed by transparent huge
+pages, faults it in from several threads, and only then pins it with ``cudaHostRegister``
+(0.02 s per GiB). The pool can also keep spare buffers allocated ahead in a background thread
+(:meth:`PinnedPool.keep_spare`), so that a spill rarely waits for an allocation.
 
 When the pool has reached its capacity, or the driver refuses to pin more memory, a
 request is served with ordinary pageable memory instead: the copy is slower but nothing
@@ -14,14 +20,17 @@ fails and no data is lost. The first such fallback warns; all are counted.
 from __future__ import annotations
 
 import ctypes
+import mmap
+import os
 import threading
 import warnings
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
 import numpy as np
 
-__all__ = ["HostBuffer", "PinnedPool", "size_class", "cupy_pinned_allocator"]
+__all__ = ["HostBuffer", "PinnedPool", "size_class", "cupy_pinned_allocator", "registered_pinned_allocator"]
 
 _MiB = 1 << 20
 
@@ -85,6 +94,87 @@ def cupy_pinned_allocator(size: int) -> HostBuffer:
     return HostBuffer(size, view, int(mem.ptr), True, (mem, raw))
 
 
+_HUGE = 2 * _MiB  # a transparent huge page on x86-64
+_PAGE = 4096
+_TOUCH_PIECE = 64 * _MiB  # pages faulted in per task of the toucher pool
+_toucher: ThreadPoolExecutor | None = None
+_toucher_lock = threading.Lock()
+
+
+def _touch_pool() -> ThreadPoolExecutor:
+    global _toucher
+    with _toucher_lock:
+        if _toucher is None:
+            _toucher = ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1)),
+                                          thread_name_prefix="flowgpu-pin")
+        return _toucher
+
+
+def _touch(view: np.ndarray) -> None:
+    """Fault every page of ``view`` in, pieces in parallel (NumPy releases the GIL)."""
+    n = view.size
+    if n <= _TOUCH_PIECE:
+        view[::_PAGE] = 0
+        return
+
+    def piece(a: int) -> None:
+        view[a:min(a + _TOUCH_PIECE, n):_PAGE] = 0
+
+    for f in [_touch_pool().submit(piece, a) for a in range(0, n, _TOUCH_PIECE)]:
+        f.result()
+
+
+class _Registered:
+    """Owns a mapping pinned with ``cudaHostRegister``; unpins it when the last reference goes."""
+
+    __slots__ = ("mapping", "ptr", "runtime")
+
+    def __init__(self, mapping: mmap.mmap, ptr: int, runtime):
+        self.mapping = mapping
+        self.ptr = ptr
+        self.runtime = runtime
+
+    def __del__(self):
+        try:
+            self.runtime.hostUnregister(self.ptr)
+        except Exception:  # interpreter shutdown, or the context is gone with the process
+            pass
+
+
+def registered_pinned_allocator(size: int) -> HostBuffer:
+    """``size`` bytes of pinned memory: an anonymous mapping on transparent huge pages, its pages
+    faulted in from several threads, then pinned with ``cudaHostRegister`` (portable).
+
+    Falls back to :func:`cupy_pinned_allocator` when the mapping cannot be pinned.
+    """
+    from flowgpu.backend import import_cupy
+
+    cp = import_cupy()
+    huge = size >= 16 * _MiB and hasattr(mmap, "MADV_HUGEPAGE")
+    extra = _HUGE if huge else 0
+    try:
+        m = mmap.mmap(-1, size + extra, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    except (OSError, ValueError):
+        return cupy_pinned_allocator(size)
+    whole = np.frombuffer(m, dtype=np.uint8)
+    start = (-whole.ctypes.data) % _HUGE if huge else 0  # huge pages need 2 MiB alignment
+    if huge:
+        try:
+            m.madvise(mmap.MADV_HUGEPAGE)
+        except OSError:
+            pass
+    view = whole[start:start + size]
+    _touch(view)
+    ptr = int(view.ctypes.data)
+    try:
+        cp.cuda.runtime.hostRegister(ptr, size, 1)  # cudaHostRegisterPortable
+    except Exception:
+        del view, whole
+        m.close()
+        return cupy_pinned_allocator(size)
+    return HostBuffer(size, view, ptr, True, _Registered(m, ptr, cp.cuda.runtime))
+
+
 class PinnedPool:
     """Pinned host buffers, reused by size class, at most ``capacity`` bytes in all.
 
@@ -92,14 +182,19 @@ class PinnedPool:
     ----------
     capacity : most bytes of pinned memory this pool will hold (in use plus cached);
         None for no limit.
-    allocator : ``size -> HostBuffer``; pinned memory through CuPy by default. Tests pass
-        a fake one.
+    allocator : ``size -> HostBuffer``; :func:`registered_pinned_allocator` by default. Tests
+        pass a fake one.
     """
 
     def __init__(self, capacity: int | None = None, allocator: Callable[[int], HostBuffer] | None = None):
         self.capacity = capacity
-        self._allocator = allocator or cupy_pinned_allocator
+        self._allocator = allocator or registered_pinned_allocator
         self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._spare: dict[int, int] = {}  # size class -> free buffers to keep ready
+        self._growing: set[int] = set()  # size classes being allocated in the background
+        self._grower: threading.Thread | None = None
+        self.background_allocations = 0
         self._free: dict[int, list[HostBuffer]] = defaultdict(list)
         self.allocated = 0  # pinned bytes held, in use or cached
         self.in_use = 0
@@ -124,11 +219,14 @@ class PinnedPool:
         """
         size = size_class(nbytes)
         with self._lock:
+            while not self._free.get(size) and size in self._growing:
+                self._cond.wait()  # a spare of this size is on its way: sooner than a new one
             free = self._free.get(size)
             if free:
                 buf = free.pop()
                 self.in_use += size
                 self.reuses += 1
+                self._wake_grower_locked()
                 return buf
             if self.capacity is not None and self.allocated + size > self.capacity:
                 self._trim_locked(self.allocated + size - self.capacity)
@@ -176,6 +274,61 @@ class PinnedPool:
         with self._lock:
             self.in_use -= buf.size
             self._free[buf.size].append(buf)
+            self._cond.notify_all()
+
+    # -- spares allocated ahead, in the background -------------------------------------------
+    def keep_spare(self, nbytes: int, count: int) -> None:
+        """Keep ``count`` free buffers for requests of ``nbytes`` ready, allocated in a background
+        thread (within the capacity); ``count=0`` stops it. A :meth:`take` that finds none free
+        while one is being allocated waits for that one."""
+        size = size_class(nbytes)
+        with self._lock:
+            if count <= 0:
+                self._spare.pop(size, None)
+                return
+            self._spare[size] = int(count)
+            self._wake_grower_locked()
+
+    def _wanted_locked(self) -> int | None:
+        for size, count in self._spare.items():
+            if len(self._free.get(size, ())) < count and (
+                    self.capacity is None or self.allocated + size <= self.capacity):
+                return size
+        return None
+
+    def _wake_grower_locked(self) -> None:
+        if not self._spare or self._wanted_locked() is None:
+            return
+        if self._grower is None or not self._grower.is_alive():
+            self._grower = threading.Thread(target=self._grow, name="flowgpu-pinned-spares", daemon=True)
+            self._grower.start()
+
+    def _grow(self) -> None:
+        while True:
+            with self._lock:
+                size = self._wanted_locked()
+                if size is None:
+                    return
+                self.allocated += size
+                self._growing.add(size)
+            buf = None
+            try:
+                buf = self._allocator(size)
+            except Exception:  # the driver refused: stop growing; take() falls back as usual
+                with self._lock:
+                    self.alloc_failures += 1
+                    self._spare.clear()
+            with self._lock:
+                self._growing.discard(size)
+                if buf is None:
+                    self.allocated -= size
+                else:
+                    self._free[size].append(buf)
+                    self.allocations += 1
+                    self.background_allocations += 1
+                self._cond.notify_all()
+                if buf is None:
+                    return
 
     def _trim_locked(self, nbytes: int) -> int:
         freed = 0
@@ -190,8 +343,10 @@ class PinnedPool:
         return freed
 
     def trim(self, nbytes: int | None = None) -> int:
-        """Free cached buffers (all of them by default); returns the bytes freed."""
+        """Free cached buffers (all of them by default, and keep no spares); returns the bytes freed."""
         with self._lock:
+            if nbytes is None:
+                self._spare.clear()
             return self._trim_locked(self.cached if nbytes is None else nbytes)
 
     def stats(self) -> dict:
@@ -202,6 +357,7 @@ class PinnedPool:
                 "in_use": self.in_use,
                 "cached": self.allocated - self.in_use,
                 "allocations": self.allocations,
+                "background_allocations": self.background_allocations,
                 "reuses": self.reuses,
                 "pageable_fallbacks": self.fallbacks,
                 "alloc_failures": self.alloc_failures,

@@ -86,6 +86,9 @@ class FlowgpuStore(MutableMapping):
         spills fall back to pageable memory. None: as much as ``memory_limit``.
     max_pending_bytes : most bytes of device-to-host copies in flight (their device memory
         is freed when they finish); None: a quarter of ``device_memory_limit``.
+    spare_bytes : bytes of pinned buffers kept allocated ahead (in a background thread) once
+        chunks start to spill, so that a spill seldom waits for an allocation; None: as many as
+        ``max_pending_bytes``; 0: none.
     transfer : device copier (default: CuPy, created on the first device chunk).
     pinned_allocator : allocator for the pool (tests pass a fake one).
     """
@@ -99,6 +102,7 @@ class FlowgpuStore(MutableMapping):
         host_fraction: float = 0.6,
         pinned_pool_size: int | None = None,
         max_pending_bytes: int | None = None,
+        spare_bytes: int | None = None,
         transfer: Any = None,
         pinned_allocator: Any = None,
     ):
@@ -115,6 +119,7 @@ class FlowgpuStore(MutableMapping):
         if max_pending_bytes is None and self.device_memory_limit:
             max_pending_bytes = max(self.device_memory_limit // 4, 1)
         self.max_pending_bytes = max_pending_bytes
+        self.spare_bytes = int(max_pending_bytes or 0) if spare_bytes is None else int(spare_bytes)
         self._transfer = transfer
         self.metrics = Accounting()
         self.pool.on_fallback = lambda msg: self.metrics.note("pageable_fallbacks", msg)
@@ -277,6 +282,9 @@ class FlowgpuStore(MutableMapping):
                 if self._evict_host_one() < 0:
                     break
         buf = self.pool.take(meta.nbytes)
+        if buf.pinned and self.spare_bytes:
+            # the next spills find their buffers allocated already (in the background)
+            self.pool.keep_spare(meta.nbytes, max(1, -(-self.spare_bytes // buf.size)))
         pending = t.to_host_async(value, buf, meta)
         entry = _HostEntry(meta.host_array(buf), "device", meta, buf, pending)
         self._host[key] = entry

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import dask
 import numpy as np
 import pytest
@@ -28,6 +30,40 @@ def test_pinned_pool_reuses_buffers():
     assert st["allocations"] == 1 and st["reuses"] == 1 and st["in_use"] == b.size
     pool.give(b)
     assert pool.trim() == b.size and pool.stats()["allocated"] == 0
+
+
+@pytest.mark.parametrize("nbytes", [1 << 20, (96 << 20) + 4096], ids=["small", "huge-pages"])
+def test_registered_pinned_buffers_are_page_locked_and_copy_both_ways(rng, nbytes):
+    from flowgpu.memory.pinned import registered_pinned_allocator
+
+    cp = import_cupy()
+    buf = registered_pinned_allocator(nbytes)
+    assert buf.pinned and buf.size == nbytes
+    assert cp.cuda.runtime.pointerGetAttributes(buf.ptr).type == 1  # cudaMemoryTypeHost: pinned
+    data = rng.integers(0, 256, nbytes, dtype=np.uint8)
+    buf.view[:] = data
+    d = cp.empty(nbytes, dtype=cp.uint8)
+    s = cp.cuda.Stream(non_blocking=True)
+    cp.cuda.runtime.memcpyAsync(d.data.ptr, buf.ptr, nbytes, cp.cuda.runtime.memcpyHostToDevice, s.ptr)
+    s.synchronize()
+    np.testing.assert_array_equal(cp.asnumpy(d), data)
+    d += 1
+    cp.cuda.runtime.memcpyAsync(buf.ptr, d.data.ptr, nbytes, cp.cuda.runtime.memcpyDeviceToHost, s.ptr)
+    s.synchronize()
+    np.testing.assert_array_equal(buf.view, data + np.uint8(1))
+
+
+def test_pool_keeps_pinned_spares_ready():
+    pool = PinnedPool(capacity=1 << 30)
+    pool.keep_spare(64 << 20, 2)
+    deadline = time.monotonic() + 30
+    while pool.stats()["cached"] < 2 * (64 << 20):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    a = pool.take(64 << 20)
+    assert a.pinned and pool.stats()["reuses"] == 1
+    pool.give(a)
+    pool.trim()
 
 
 @pytest.mark.parametrize("layout", ["C", "F", "strided"])

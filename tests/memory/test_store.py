@@ -150,6 +150,7 @@ def test_read_only_spill_directory_keeps_data_in_memory(tmp_path, rng):
 def _device_store(tmp_path, n_dev, nb, **kw):
     t = kw.pop("transfer", None) or FakeTransfer()
     kw.setdefault("pinned_allocator", fake_pinned)
+    kw.setdefault("spare_bytes", 0)  # no buffers allocated ahead: exact allocation counts
     return FlowgpuStore(str(tmp_path), device_memory_limit=n_dev * nb, transfer=t, **kw), t
 
 
@@ -381,3 +382,36 @@ def test_memory_monitor_eviction_frees_clean_copies_first(tmp_path, rng):
     for k, v in chunks.items():
         got = store[k]
         np.testing.assert_array_equal(got.a if isinstance(got, FakeDeviceArray) else got, v)
+
+
+def test_spills_find_spare_buffers_allocated_ahead(tmp_path, rng):
+    """Once chunks spill, the pool keeps a buffer allocated ahead, so the next spill reuses it
+    instead of allocating in the thread that stores the chunk."""
+    import threading
+    import time
+
+    from flowgpu.memory.pinned import size_class
+
+    chunks = _chunks(rng, 4)
+    nb = chunks[("x", 0)].nbytes
+    calls = []
+
+    def recording(size):
+        calls.append(threading.current_thread().name)
+        return fake_pinned(size)
+
+    store, _ = _device_store(tmp_path, 1, nb, pinned_allocator=recording, spare_bytes=nb)
+    for i, (k, v) in enumerate(chunks.items()):
+        store[k] = FakeDeviceArray(v)
+        deadline = time.monotonic() + 10
+        while i and store.pool.stats()["cached"] < size_class(nb):  # from the first spill on
+            assert time.monotonic() < deadline, "no spare buffer was allocated ahead"
+            time.sleep(0.01)
+    st = store.stats()["pinned_pool"]
+    assert calls[0] == threading.current_thread().name  # the very first spill had nothing ready
+    assert calls.count("flowgpu-pinned-spares") == len(calls) - 1  # every later one was ready
+    assert st["reuses"] == 2 and st["in_use"] == 3 * st["allocated"] // 4 and st["cached"] > 0
+    for k, v in chunks.items():
+        np.testing.assert_array_equal(store[k].a, v)
+    store.close()
+    assert store.pool.stats()["allocated"] == 0
