@@ -2,18 +2,22 @@
 
 Copying a pageable NumPy array to the device runs at a fraction of PCIe speed (6 GB/s on an
 H200 against 55 GB/s from pinned memory). :func:`to_device_staged` instead copies the block
-in slices into two pinned buffers taken from a pool, alternating: while slice *i* travels
-to the device asynchronously, slice *i+1* is copied (by NumPy, without the GIL) into the
-other buffer. A memory-mapped ``.npy`` slice given directly is read from the page cache
-straight into pinned memory: one host copy, never a whole chunk of pageable memory.
+in slices into a few pinned buffers taken from a pool, in turn: while slice *i* travels to the
+device asynchronously, the next slices are filled (by NumPy or ``os.preadv``, without the GIL)
+into the other buffers. A memory-mapped ``.npy`` slice given directly is read from the page
+cache straight into pinned memory: one host copy, never a whole chunk of pageable memory.
 
-The copies run on the calling thread's current CUDA stream (its per-thread default stream
-when ``CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1``), so several worker threads stage at once.
+The fills run on a process-wide pool of reader threads, several slices at once: one thread
+copies out of the page cache at about 5 GB/s on the H200 machine, 16 at 45 GB/s. The device
+copies run on the calling thread's current CUDA stream (its per-thread default stream when
+``CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1``), so several worker threads stage at once.
 """
 
 from __future__ import annotations
 
+import os
 import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -23,10 +27,22 @@ from flowgpu.memory.pinned import PinnedPool
 
 __all__ = ["to_device_staged", "file_rows_to_device", "plan_slices", "staging_pool", "STAGING_BYTES"]
 
-STAGING_BYTES = 64 << 20  # per staging buffer; two per calling thread
+STAGING_BYTES = 64 << 20  # per staging buffer
+DEPTH = 4  # slices being filled at once per call (plus one buffer whose device copy is in flight)
 
 _pool: PinnedPool | None = None
+_readers: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
+
+
+def _reader_pool() -> ThreadPoolExecutor:
+    """The process-wide threads that fill staging buffers (as many as cores, at most 16)."""
+    global _readers
+    with _pool_lock:
+        if _readers is None:
+            _readers = ThreadPoolExecutor(max_workers=max(2, min(16, os.cpu_count() or 2)),
+                                          thread_name_prefix="flowgpu-stage")
+        return _readers
 
 
 def staging_pool() -> PinnedPool:
@@ -110,8 +126,14 @@ def file_rows_to_device(path: str, offset: int, shape: tuple, dtype: Any, *, bud
         os.close(fd)
 
 
-def _staged(shape: tuple, dtype: np.dtype, flat: tuple, fill, budget: int, pool: PinnedPool | None):
-    """The double-buffered loop: ``fill(staged, a, b)`` writes rows [a, b) of ``flat`` into a pinned slice."""
+def _staged(shape: tuple, dtype: np.dtype, flat: tuple, fill, budget: int, pool: PinnedPool | None,
+            depth: int | None = None):
+    """The pipelined loop: ``fill(staged, a, b)`` writes rows [a, b) of ``flat`` into a pinned
+    slice, on the reader threads, up to ``depth`` slices ahead of the device copies.
+
+    There is one buffer more than fills in flight: a slice is refilled into the buffer whose
+    copy was enqueued one slice earlier (likely finished), not the one just enqueued, so the
+    reader threads seldom wait for the device."""
     cp = import_cupy()
     out = cp.empty(shape, dtype=dtype)
     if out.size == 0:
@@ -121,16 +143,37 @@ def _staged(shape: tuple, dtype: np.dtype, flat: tuple, fill, budget: int, pool:
     largest = max(b - a for a, b in slices) * row_bytes
     pool = pool or staging_pool()
     stream = cp.cuda.get_current_stream()
-    bufs = [pool.take(largest), pool.take(largest)] if len(slices) > 1 else [pool.take(largest)]
-    events = [None] * len(bufs)
+    ahead = max(1, min(DEPTH if depth is None else depth, len(slices)))
+    bufs = [pool.take(largest) for _ in range(min(ahead + 1, len(slices)))]
+    events: list[Any] = [None] * len(bufs)  # the device copy that last read each buffer
+    readers = _reader_pool() if len(slices) > 1 else None
+    fills: dict[int, Future] = {}
+
+    def start(i: int) -> None:
+        a, b = slices[i]
+        buf, ev = bufs[i % len(bufs)], events[i % len(bufs)]
+
+        def job() -> None:
+            if ev is not None:
+                ev.synchronize()  # the copy that last read this buffer is done
+            fill(buf.array((b - a, *flat[1:]), dtype), a, b)
+
+        if readers is None:
+            job()
+            fills[i] = None
+        else:
+            fills[i] = readers.submit(job)
+
     try:
+        for i in range(ahead):
+            start(i)
         for i, (a, b) in enumerate(slices):
+            f = fills.pop(i)
+            if f is not None:
+                f.result()
             j = i % len(bufs)
             buf = bufs[j]
-            if events[j] is not None:
-                events[j].synchronize()  # the copy that last read this buffer is done
             n = (b - a) * row_bytes
-            fill(buf.array((b - a, *flat[1:]), dtype), a, b)
             dst = out.data.ptr + a * row_bytes
             if buf.pinned:
                 cp.cuda.runtime.memcpyAsync(dst, buf.ptr, n, cp.cuda.runtime.memcpyHostToDevice, stream.ptr)
@@ -139,10 +182,18 @@ def _staged(shape: tuple, dtype: np.dtype, flat: tuple, fill, budget: int, pool:
             ev = cp.cuda.Event(disable_timing=True)
             ev.record(stream)
             events[j] = ev
+            if i + ahead < len(slices):
+                start(i + ahead)
         for ev in events:
             if ev is not None:
                 ev.synchronize()
     finally:
+        for f in fills.values():  # after a failure: no fill may still write into a buffer given back
+            if f is not None:
+                f.cancel() or f.exception()
+        for ev in events:
+            if ev is not None:
+                ev.synchronize()
         for buf in bufs:
             pool.give(buf)
     return out

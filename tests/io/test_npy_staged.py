@@ -67,3 +67,17 @@ def test_gpu_to_device_stages_large_numpy_blocks(rng):
         x = fg.to_device(da.from_array(data, chunks=(1 << 19) + 3))
         got = x.compute(scheduler="threads")
     np.testing.assert_array_equal(cp.asnumpy(got), data)
+
+
+@pytest.mark.gpu
+def test_gpu_file_rows_read_past_the_end_fails_cleanly(tmp_path, rng):
+    from flowgpu.memory.staging import file_rows_to_device, staging_pool
+
+    data = rng.random((100, 50))
+    path = str(tmp_path / "x.npy")
+    np.save(path, data)
+    offset = np.load(path, mmap_mode="r").offset
+    before = staging_pool().stats()["in_use"]
+    with pytest.raises(OSError, match="file ended"):
+        file_rows_to_device(path, offset, (130, 50), np.float64, budget=50 * 8 * 7)  # 30 rows too many
+    assert staging_pool().stats()["in_use"] == before  # every staging buffer came back
