@@ -156,6 +156,14 @@ def registered_pinned_allocator(size: int) -> HostBuffer:
         m = mmap.mmap(-1, size + extra, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     except (OSError, ValueError):
         return cupy_pinned_allocator(size)
+    if hasattr(mmap, "MADV_DONTFORK"):
+        # as the driver does for cudaHostAlloc: a forked child (a spawned worker process) gets no
+        # copy-on-write share of pinned pages, which could leave this process writing a copy the
+        # device no longer reads
+        try:
+            m.madvise(mmap.MADV_DONTFORK)
+        except OSError:
+            pass
     whole = np.frombuffer(m, dtype=np.uint8)
     start = (-whole.ctypes.data) % _HUGE if huge else 0  # huge pages need 2 MiB alignment
     if huge:

@@ -48,6 +48,7 @@ def test_registered_pinned_buffers_are_page_locked_and_copy_both_ways(rng, nbyte
     s.synchronize()
     np.testing.assert_array_equal(cp.asnumpy(d), data)
     d += 1
+    cp.cuda.get_current_stream().synchronize()  # s does not wait for the default stream by itself
     cp.cuda.runtime.memcpyAsync(buf.ptr, d.data.ptr, nbytes, cp.cuda.runtime.memcpyDeviceToHost, s.ptr)
     s.synchronize()
     np.testing.assert_array_equal(buf.view, data + np.uint8(1))
