@@ -109,6 +109,11 @@ def file_rows_to_device(path: str, offset: int, shape: tuple, dtype: Any, *, bud
     dtype = np.dtype(dtype)
     flat = (1,) if len(shape) == 0 else tuple(shape)
     row_bytes = int(np.prod(flat[1:], dtype=np.int64)) * dtype.itemsize
+    total = flat[0] * row_bytes
+    size = os.path.getsize(path)
+    if offset + total > size:
+        raise OSError(f"{path}: file ended {offset + total - size} bytes early: {total} bytes wanted at "
+                      f"offset {offset}, the file has {size}")
     fd = os.open(path, os.O_RDONLY)
     try:
         def fill(staged: np.ndarray, a: int, b: int) -> None:

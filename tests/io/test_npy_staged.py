@@ -81,3 +81,14 @@ def test_gpu_file_rows_read_past_the_end_fails_cleanly(tmp_path, rng):
     with pytest.raises(OSError, match="file ended"):
         file_rows_to_device(path, offset, (130, 50), np.float64, budget=50 * 8 * 7)  # 30 rows too many
     assert staging_pool().stats()["in_use"] == before  # every staging buffer came back
+
+
+def test_a_read_past_the_end_of_the_file_is_refused_before_any_copy(tmp_path, rng):
+    from flowgpu.memory.staging import file_rows_to_device
+
+    data = rng.random((100, 50))
+    path = str(tmp_path / "x.npy")
+    np.save(path, data)
+    offset = np.load(path, mmap_mode="r").offset
+    with pytest.raises(OSError, match=r"file ended 12000 bytes early: 52000 bytes wanted at offset"):
+        file_rows_to_device(path, offset, (130, 50), np.float64)  # 30 rows of 400 bytes too many
