@@ -415,3 +415,27 @@ def test_spills_find_spare_buffers_allocated_ahead(tmp_path, rng):
         np.testing.assert_array_equal(store[k].a, v)
     store.close()
     assert store.pool.stats()["allocated"] == 0
+
+
+@pytest.mark.parametrize("hold", [False, True], ids=["copies-done", "copies-in-flight"])
+def test_releasing_everything_after_passes_returns_every_byte(tmp_path, rng, hold):
+    """Persist, two passes that bring chunks back and evict them again, then release all: every
+    tier's bytes return to zero and every pinned buffer is free for the next graph."""
+    chunks = _chunks(rng, 8)
+    nb = chunks[("x", 0)].nbytes
+    t = FakeTransfer(hold=hold, hold_uploads=hold)
+    store, _ = _device_store(tmp_path, 3, nb, transfer=t, memory_limit=4 * nb)
+    for k, v in chunks.items():
+        store[k] = FakeDeviceArray(v)
+    for _ in range(2):
+        for k, v in chunks.items():
+            np.testing.assert_array_equal(store[k].a, v)
+    store["partial"] = np.float64(rng.standard_normal())
+    t.finish_all()
+    for k in [*chunks, "partial"]:
+        del store[k]
+    st = store.stats()
+    assert len(store) == 0
+    assert [st["tiers"][tier]["bytes"] for tier in ("device", "host", "disk")] == [0, 0, 0]
+    assert st["tiers"]["device"]["pending_bytes"] == 0 and st["tiers"]["host"]["clean_copies"] == 0
+    assert st["pinned_pool"]["in_use"] == 0 and not store._orphans and not store._pending
