@@ -200,7 +200,6 @@ def main() -> None:
     ap.add_argument("--skip-persisted", action="store_true", help="only the npy passes")
     a = ap.parse_args()
 
-    import dask
     from distributed import get_task_stream, wait
 
     import flowgpu as fg
@@ -223,41 +222,40 @@ def main() -> None:
         t1 = time.time()
         tr = next(iter(c.run(_collect).values()))
         report("persist", t0, t1, tr, ts.data)
-        r = None
-        for i in range(0 if a.skip_persisted else a.passes):
+        nbytes = rows * cols * 4
+
+        def traced(label, graph):
+            """Compute ``graph`` with the store traced; print its report; return (result, task stream)."""
             with get_task_stream(c) as ts:
                 t0 = time.time()
-                r = float(chain(xp).compute())
+                out = float(graph.compute())
                 t1 = time.time()
             tr = next(iter(c.run(_collect).values()))
-            report(f"chain pass {i + 1} (persisted), {rows * cols * 4 / (t1 - t0) / 1e9:.1f} GB/s", t0, t1, tr, ts.data)
-        if not a.skip_persisted:
-            print("store:", {k: v for k, v in tr["stats"].items() if k in ("moves", "events", "pinned_pool")})
+            report(f"{label}, {nbytes / (t1 - t0) / 1e9:.1f} GB/s", t0, t1, tr, ts.data)
+            return out, ts.data, tr
+
+        r = None
+        for i in range(0 if a.skip_persisted else a.passes):
+            r, _, tr = traced(f"chain pass {i + 1} (persisted)", chain(xp))
+            if i == a.passes - 1:
+                print("store:", {k: v for k, v in tr["stats"].items() if k in ("moves", "events", "pinned_pool")})
         if a.npy:
-            d = tempfile.mkdtemp(prefix="flowgpu-prof-")
-            path = os.path.join(d, "x.npy")
+            tmp = tempfile.mkdtemp(prefix="flowgpu-prof-")
+            path = os.path.join(tmp, "x.npy")
             fg.to_npy(xp, path, overwrite=True)
             del xp
             runs = [(f"npy pass {i + 1}", None) for i in range(a.passes)]
-            runs += [(f"npy pass, staging depth {d}", int(d)) for d in a.depths.split(",") if d]
+            runs += [(f"npy pass, staging depth {n}", int(n)) for n in a.depths.split(",") if n]
             for label, depth in runs:
                 if depth is not None:
                     c.run(_set_depth, depth)
-                y = fg.from_npy(path, chunks=(a.chunk_rows, cols))
-                with get_task_stream(c) as ts:
-                    t0 = time.time()
-                    r2 = float(chain(y).compute())
-                    t1 = time.time()
-                tr = next(iter(c.run(_collect).values()))
-                report(f"{label}, {rows * cols * 4 / (t1 - t0) / 1e9:.1f} GB/s", t0, t1, tr, ts.data)
-                durs = sorted(ss["stop"] - ss["start"] for rr in ts.data for ss in rr["startstops"]
+                r2, stream, _ = traced(label, chain(fg.from_npy(path, chunks=(a.chunk_rows, cols))))
+                durs = sorted(ss["stop"] - ss["start"] for rr in stream for ss in rr["startstops"]
                               if ss["action"] == "compute")
                 r = r2 if r is None else r
                 print(f"task durations: median {np.median(durs) * 1e3:.0f} ms, max {durs[-1] * 1e3:.0f} ms "
                       f"({len(durs)} tasks); same result as the first pass: {r2 == r}")
-            os.remove(path)
-            shutil.rmtree(d, ignore_errors=True)
-        del dask
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

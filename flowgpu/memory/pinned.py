@@ -30,7 +30,8 @@ from typing import Callable
 
 import numpy as np
 
-__all__ = ["HostBuffer", "PinnedPool", "size_class", "cupy_pinned_allocator", "registered_pinned_allocator"]
+__all__ = ["HostBuffer", "PinnedPool", "size_class", "cupy_pinned_allocator", "registered_pinned_allocator",
+           "shared_executor"]
 
 _MiB = 1 << 20
 
@@ -97,17 +98,19 @@ def cupy_pinned_allocator(size: int) -> HostBuffer:
 _HUGE = 2 * _MiB  # a transparent huge page on x86-64
 _PAGE = 4096
 _TOUCH_PIECE = 64 * _MiB  # pages faulted in per task of the toucher pool
-_toucher: ThreadPoolExecutor | None = None
-_toucher_lock = threading.Lock()
+_executors: dict[str, ThreadPoolExecutor] = {}
+_executors_lock = threading.Lock()
 
 
-def _touch_pool() -> ThreadPoolExecutor:
-    global _toucher
-    with _toucher_lock:
-        if _toucher is None:
-            _toucher = ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1)),
-                                          thread_name_prefix="flowgpu-pin")
-        return _toucher
+def shared_executor(name: str, max_threads: int) -> ThreadPoolExecutor:
+    """The process-wide pool of threads called ``name``: at most ``max_threads``, and no more than
+    the machine has cores (at least one); started on first use."""
+    with _executors_lock:
+        ex = _executors.get(name)
+        if ex is None:
+            n = max(1, min(max_threads, os.cpu_count() or 1))
+            ex = _executors[name] = ThreadPoolExecutor(max_workers=n, thread_name_prefix=name)
+        return ex
 
 
 def _touch(view: np.ndarray) -> None:
@@ -120,7 +123,8 @@ def _touch(view: np.ndarray) -> None:
     def piece(a: int) -> None:
         view[a:min(a + _TOUCH_PIECE, n):_PAGE] = 0
 
-    for f in [_touch_pool().submit(piece, a) for a in range(0, n, _TOUCH_PIECE)]:
+    pool = shared_executor("flowgpu-pin", 8)
+    for f in [pool.submit(piece, a) for a in range(0, n, _TOUCH_PIECE)]:
         f.result()
 
 
@@ -176,9 +180,7 @@ def registered_pinned_allocator(size: int) -> HostBuffer:
     ptr = int(view.ctypes.data)
     try:
         cp.cuda.runtime.hostRegister(ptr, size, 1)  # cudaHostRegisterPortable
-    except Exception:
-        del view, whole
-        m.close()
+    except Exception:  # the mapping goes with the last view of it
         return cupy_pinned_allocator(size)
     return HostBuffer(size, view, ptr, True, _Registered(m, ptr, cp.cuda.runtime))
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from typing import Any
 
 from distributed.diagnostics.plugin import WorkerPlugin
 

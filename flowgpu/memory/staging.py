@@ -17,32 +17,23 @@ from __future__ import annotations
 
 import os
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
 
 from flowgpu.backend import import_cupy
-from flowgpu.memory.pinned import PinnedPool
+from flowgpu.memory.pinned import PinnedPool, shared_executor
 
 __all__ = ["to_device_staged", "file_rows_to_device", "plan_slices", "staging_pool", "STAGING_BYTES"]
 
 STAGING_BYTES = 64 << 20  # per staging buffer
 DEPTH = 4  # slices being filled at once per call (plus one buffer whose device copy is in flight)
 
+READERS = 16  # most threads filling staging buffers per process (never more than cores)
+
 _pool: PinnedPool | None = None
-_readers: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
-
-
-def _reader_pool() -> ThreadPoolExecutor:
-    """The process-wide threads that fill staging buffers (as many as cores, at most 16)."""
-    global _readers
-    with _pool_lock:
-        if _readers is None:
-            _readers = ThreadPoolExecutor(max_workers=max(2, min(16, os.cpu_count() or 2)),
-                                          thread_name_prefix="flowgpu-stage")
-        return _readers
 
 
 def staging_pool() -> PinnedPool:
@@ -104,8 +95,6 @@ def file_rows_to_device(path: str, offset: int, shape: tuple, dtype: Any, *, bud
 
     Returns a C-ordered CuPy array, complete on the caller's current stream.
     """
-    import os
-
     dtype = np.dtype(dtype)
     flat = (1,) if len(shape) == 0 else tuple(shape)
     row_bytes = int(np.prod(flat[1:], dtype=np.int64)) * dtype.itemsize
@@ -151,7 +140,7 @@ def _staged(shape: tuple, dtype: np.dtype, flat: tuple, fill, budget: int, pool:
     ahead = max(1, min(DEPTH if depth is None else depth, len(slices)))
     bufs = [pool.take(largest) for _ in range(min(ahead + 1, len(slices)))]
     events: list[Any] = [None] * len(bufs)  # the device copy that last read each buffer
-    readers = _reader_pool() if len(slices) > 1 else None
+    readers = shared_executor("flowgpu-stage", READERS) if len(slices) > 1 else None
     fills: dict[int, Future] = {}
 
     def start(i: int) -> None:

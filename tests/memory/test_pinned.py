@@ -81,3 +81,15 @@ def test_a_failing_background_allocation_stops_spares_and_take_still_serves():
     buf = pool.take(3 * MiB)  # allocated in this thread, as without spares
     assert buf.pinned and pool.stats()["background_allocations"] == 0 and len(calls) == 2
     pool.give(buf)
+
+
+def test_shared_executor_is_one_bounded_pool_per_name():
+    import os
+
+    from flowgpu.memory.pinned import shared_executor
+
+    a, b = shared_executor("flowgpu-test-pool", 64), shared_executor("flowgpu-test-pool", 2)
+    assert a is b and a._max_workers == min(64, os.cpu_count() or 1)
+    assert shared_executor("flowgpu-test-other", 1) is not a
+    names = set(a.map(lambda _: threading.current_thread().name, range(8)))
+    assert all(n.startswith("flowgpu-test-pool") for n in names)
