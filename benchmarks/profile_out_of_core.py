@@ -118,10 +118,13 @@ def _collect(dask_worker=None):
     return out
 
 
-def _set_depth(depth, dask_worker=None):
+def _set_staging(depth=None, budget_mib=None, dask_worker=None):
     from flowgpu.memory import staging
 
-    staging.DEPTH = depth
+    if depth is not None:
+        staging.DEPTH = depth
+    if budget_mib is not None:
+        staging.STAGING_BYTES = budget_mib << 20
 
 
 def _union(intervals, lo, hi):
@@ -197,6 +200,7 @@ def main() -> None:
     ap.add_argument("--npy", action="store_true")
     ap.add_argument("--passes", type=int, default=2)
     ap.add_argument("--depths", default="", help="also time npy passes with these staging depths, e.g. 2,4,6")
+    ap.add_argument("--budgets", default="", help="also time npy passes with these staging slice sizes in MiB, e.g. 4,16")
     ap.add_argument("--skip-persisted", action="store_true", help="only the npy passes")
     a = ap.parse_args()
 
@@ -244,11 +248,13 @@ def main() -> None:
             path = os.path.join(tmp, "x.npy")
             fg.to_npy(xp, path, overwrite=True)
             del xp
-            runs = [(f"npy pass {i + 1}", None) for i in range(a.passes)]
-            runs += [(f"npy pass, staging depth {n}", int(n)) for n in a.depths.split(",") if n]
-            for label, depth in runs:
-                if depth is not None:
-                    c.run(_set_depth, depth)
+            runs: list = [(f"npy pass {i + 1}", None) for i in range(a.passes)]
+            runs += [(f"npy pass, staging depth {n}", dict(depth=int(n))) for n in a.depths.split(",") if n]
+            runs += [(f"npy pass, staging slices of {n} MiB", dict(depth=4, budget_mib=int(n)))
+                     for n in a.budgets.split(",") if n]
+            for label, change in runs:
+                if change is not None:
+                    c.run(_set_staging, **change)
                 r2, stream, _ = traced(label, chain(fg.from_npy(path, chunks=(a.chunk_rows, cols))))
                 durs = sorted(ss["stop"] - ss["start"] for rr in stream for ss in rr["startstops"]
                               if ss["action"] == "compute")

@@ -61,14 +61,14 @@ def plan_slices(shape: tuple, itemsize: int, budget: int = STAGING_BYTES) -> lis
     return [(r, min(r + step, rows)) for r in range(0, rows, step)] or [(0, 0)]
 
 
-def to_device_staged(block: Any, *, budget: int = STAGING_BYTES, pool: PinnedPool | None = None):
+def to_device_staged(block: Any, *, budget: int | None = None, pool: PinnedPool | None = None):
     """Copy a host array (NumPy, a memory-mapped slice, anything ``np.asarray`` takes) to a
     C-ordered CuPy array through two alternating pinned staging buffers.
 
     Parameters
     ----------
     block : the host data; read once.
-    budget : bytes per staging slice (at least one row along axis 0).
+    budget : bytes per staging slice (at least one row along axis 0); ``STAGING_BYTES`` by default.
     pool : where the staging buffers come from (default: :func:`staging_pool`).
 
     Returns
@@ -87,7 +87,7 @@ def to_device_staged(block: Any, *, budget: int = STAGING_BYTES, pool: PinnedPoo
     return _staged(block.shape, block.dtype, src.shape, fill, budget, pool)
 
 
-def file_rows_to_device(path: str, offset: int, shape: tuple, dtype: Any, *, budget: int = STAGING_BYTES,
+def file_rows_to_device(path: str, offset: int, shape: tuple, dtype: Any, *, budget: int | None = None,
                         pool: PinnedPool | None = None):
     """Read ``shape`` (C order) from ``path`` at byte ``offset`` straight into pinned staging
     buffers with ``os.preadv`` (no memory map: no page faults, no pageable copy) and on to the
@@ -120,7 +120,7 @@ def file_rows_to_device(path: str, offset: int, shape: tuple, dtype: Any, *, bud
         os.close(fd)
 
 
-def _staged(shape: tuple, dtype: np.dtype, flat: tuple, fill, budget: int, pool: PinnedPool | None,
+def _staged(shape: tuple, dtype: np.dtype, flat: tuple, fill, budget: int | None, pool: PinnedPool | None,
             depth: int | None = None):
     """The pipelined loop: ``fill(staged, a, b)`` writes rows [a, b) of ``flat`` into a pinned
     slice, on the reader threads, up to ``depth`` slices ahead of the device copies.
@@ -132,7 +132,7 @@ def _staged(shape: tuple, dtype: np.dtype, flat: tuple, fill, budget: int, pool:
     out = cp.empty(shape, dtype=dtype)
     if out.size == 0:
         return out
-    slices = plan_slices(flat, dtype.itemsize, budget)
+    slices = plan_slices(flat, dtype.itemsize, budget or STAGING_BYTES)
     row_bytes = int(np.prod(flat[1:], dtype=np.int64)) * dtype.itemsize
     largest = max(b - a for a, b in slices) * row_bytes
     pool = pool or staging_pool()
