@@ -21,5 +21,5 @@ if [ "$part" != 2 ]; then
   python3 benchmarks/vectorize_bench.py --gib 8 --repeat 3 2>&1 | tail -8
 fi
 if [ "$part" != 1 ]; then
-  python3 benchmarks/out_of_core.py --size full 2>&1 | tee "$out/out_of_core.log" | tail -16
+  python3 benchmarks/out_of_core.py --size full 2>&1 | tee "$out/out_of_core.log" | tail -18
 fi
