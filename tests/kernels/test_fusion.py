@@ -11,6 +11,7 @@ from flowgpu.errors import KernelError
 from flowgpu.kernels import fusion
 from flowgpu.kernels.expr import parse
 from flowgpu.kernels.fusion import fused_elementwise
+from tests.tolerance import assert_within_terms
 
 CHAIN = "(x * 2 + 1) ** 2 - x"
 
@@ -257,7 +258,10 @@ def test_cpu_transposed_and_strided_inputs_together(rng, reduction):
     x = da.from_array(xn, chunks=(90, 40))
     got = fused_elementwise("a * 2 - b", {"a": x, "b": x.T}, reduction=reduction).compute()
     want = getattr(np, reduction)(xn * 2 - xn.T)
-    assert rel_err(got, want) < 1e-12
+    if reduction == "sum":  # it may nearly cancel: its rounding follows the size of the terms
+        assert_within_terms(got, want, np.abs(xn * 2).sum() + np.abs(xn).sum(), xn.size)
+    else:
+        assert got == want
 
 
 def test_full_reduction_combines_partials_in_one_step(rng):

@@ -11,6 +11,7 @@ from distributed import LocalCluster
 
 import flowgpu as fg
 from flowgpu.errors import SessionError
+from tests.tolerance import assert_within_terms
 
 
 def _children() -> set[int]:
@@ -46,7 +47,8 @@ def test_cpu_session_runs_and_leaves_no_process(rng):
         assert fg.current_session() is s
         x = fg.from_array(data, chunks=(100, 50))
         got = float((x + x.T[:200, :300].T).sum().compute())
-        np.testing.assert_allclose(got, float((2 * data).sum()), rtol=1e-12)
+        # 60000 normals: the sum may be near zero, its rounding error follows sum(|2 * data|)
+        assert_within_terms(got, float((2 * data).sum()), float(np.abs(2 * data).sum()), 64)
         assert s.info()["worker_budget"] == 1 << 30
     assert fg.current_session() is not s
     assert started, "the session should have started worker processes"
