@@ -142,13 +142,7 @@ def main() -> None:
                         else:
                             file_rows_to_device(path, s, (n,), np.uint8)  # complete when it returns
 
-            ths = [threading.Thread(target=work, args=(i,)) for i in range(nthreads)]
-            t = time.perf_counter()
-            for th in ths:
-                th.start()
-            for th in ths:
-                th.join()
-            return total / (time.perf_counter() - t) / 1e9
+            return total / _threads(nthreads, work) / 1e9
 
         for n in [int(x) for x in a.threads.split(",")]:
             for how in ("register", "staging"):
