@@ -4,8 +4,8 @@ GPU (one H200, one run, each store on a fresh one-GPU cluster under an 8 GB devi
 cluster first runs each graph once on two chunks, under the limit, so that one-time costs are paid
 before the timed passes: kernels compiled, and for the ``.npy`` read its staging buffers allocated;
 each workload then runs ``--repeats`` timed passes in a row, 3 by default, and the table gives
-their median and each pass; the first pass after writing the ``.npy`` has varied most, from 1.1
-to 1.7 s on the H200):
+their median and each pass; the first pass after writing the ``.npy`` has varied most, from
+1.17 to 1.55 s on the H200, later ones from 1.03 to 1.35 s):
 
 * ``chain``: ``((x*2+1)**2 - x).sum()`` over 32 GiB of float32, persisted first;
 * ``npy``: the same pass with ``x`` read from a host ``.npy`` (flowgpu: ``flowgpu.from_npy``,
@@ -175,14 +175,14 @@ def _print_host_memory(client, store: str) -> None:
     print(f"{store} before the npy pass: host GiB: {host}; worker: {workers}", flush=True)
 
 
-def _passes(fn, n: int) -> tuple[float, list[float], list[float]]:
-    """Run ``fn`` ``n`` times: (its first result, the seconds of each run, each result)."""
-    results, times = [], []
+def _passes(fn, n: int) -> tuple[list[float], list[float]]:
+    """Run ``fn`` ``n`` times: (the seconds of each run, each result)."""
+    times, results = [], []
     for _ in range(n):
         r, t = _timed(fn)
         results.append(r)
         times.append(t)
-    return results[0], times, results
+    return times, results
 
 
 def _pass_row(workload: str, store: str, key: str, nbytes: int, times: list[float], results: list[float]) -> dict:
@@ -225,9 +225,9 @@ def run_gpu(size: str, workloads: list[str], stores: list[str], npy_dir: str, re
                         from distributed import get_task_stream
 
                         with get_task_stream(s.client) as ts:
-                            r, times, each = _passes(lambda: float(chain(xp).compute()), repeats)  # noqa: B023
+                            times, each = _passes(lambda: float(chain(xp).compute()), repeats)  # noqa: B023
                         _print_stream(store, ts.data)
-                        results[("chain", store)] = r
+                        results[("chain", store)] = each[0]
                         rows.append(_pass_row(f"chain+sum, {nbytes / GiB:.0f} GiB persisted", store, "chain", nbytes,
                                               times, each))
                     if "npy" in workloads and not os.path.exists(npy_path):
@@ -241,14 +241,14 @@ def run_gpu(size: str, workloads: list[str], stores: list[str], npy_dir: str, re
                     float(chain(_npy_array(store, npy_path, chunks)[:max(2, threads) * chunks[0]]).compute())
                     _print_host_memory(s.client, store)
                     y = _npy_array(store, npy_path, chunks)
-                    r, times, each = _passes(lambda: float(chain(y).compute()), repeats)  # noqa: B023
-                    results[("npy", store)] = r
+                    times, each = _passes(lambda: float(chain(y).compute()), repeats)  # noqa: B023
+                    results[("npy", store)] = each[0]
                     rows.append(_pass_row(f"chain+sum, {nbytes / GiB:.0f} GiB from host .npy", store, "npy", nbytes,
                                           times, each))
                 if "transpose" in workloads:
                     z = _persisted(fg.random(tshape, dtype="float32", seed=7, chunks=tchunks))
-                    r, times, each = _passes(lambda: float(transpose_sum(z).compute()), repeats)  # noqa: B023
-                    results[("transpose", store)] = r
+                    times, each = _passes(lambda: float(transpose_sum(z).compute()), repeats)  # noqa: B023
+                    results[("transpose", store)] = each[0]
                     rows.append(_pass_row(f"(x + x.T).sum(), {tshape[0]}² f32 persisted", store, "transpose",
                                           tshape[0] * tshape[1] * 4, times, each))
                     del z
