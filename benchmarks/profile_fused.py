@@ -36,7 +36,7 @@ def main() -> None:
     import numpy as np
 
     import flowgpu as fg
-    from flowgpu.kernels import fusion
+    from flowgpu.fusion.chunk import FusedChunk
 
     n_chunk = args.chunk_mib * (1 << 20) // 4
     n_total = int(args.gib * (1 << 30)) // 4
@@ -47,9 +47,9 @@ def main() -> None:
     sync = cp.cuda.Device().synchronize
     hand = cp.fuse(kernel_name="chain_sum")(lambda v: cp.sum((v * 2 + 1) ** 2 - v))
     rows.append(("one chunk: cupy.fuse", _median_ms(lambda: (hand(x1), sync()))))
-    call = fusion._Chunk("(x * 2 + 1) ** 2 - x", ("x",), (), np.dtype("float32"), "sum", (0, 1))
+    call = FusedChunk("(x * 2 + 1) ** 2 - x", ("x",), (), np.dtype("float32"), "sum", (0, 1))
     rows.append(("one chunk: flowgpu fused reduce_chunk", _median_ms(lambda: (call(x1), sync()))))
-    ew = fusion._Chunk("(x * 2 + 1) ** 2 - x", ("x",), (), np.dtype("float32"))
+    ew = FusedChunk("(x * 2 + 1) ** 2 - x", ("x",), (), np.dtype("float32"))
     rows.append(("one chunk: flowgpu fused elementwise (writes)", _median_ms(lambda: (ew(x1), sync()))))
     del x1
     chain = fg.fuse(lambda v: ((v * 2 + 1) ** 2 - v).sum())

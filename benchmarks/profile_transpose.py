@@ -22,14 +22,14 @@ def main() -> None:
     import cupy as cp
     import numpy as np
 
-    from flowgpu.kernels import fusion
+    from flowgpu.fusion.chunk import FusedChunk
 
     n = args.n
     a = cp.random.random((n, n), dtype=cp.float32)
     b = cp.random.random((n, n), dtype=cp.float32)
     bt = b.T
     sync = cp.cuda.Device().synchronize
-    call = fusion._Chunk("a + b", ("a", "b"), (), np.dtype("float32"), "sum", (0, 1))
+    call = FusedChunk("a + b", ("a", "b"), (), np.dtype("float32"), "sum", (0, 1))
     want = float(a.sum(dtype=cp.float64) + b.sum(dtype=cp.float64))
     got = float(call(a, bt).sum())
     rows = [

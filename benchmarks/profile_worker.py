@@ -39,12 +39,12 @@ def _in_worker(keys, repeats, dask_worker=None):
     import numpy as np
 
     from flowgpu.backend import import_cupy
-    from flowgpu.kernels import fusion
+    from flowgpu.fusion.chunk import FusedChunk
 
     cp = import_cupy(strict=False)
     sync = cp.cuda.Device().synchronize if cp is not None else (lambda: None)
 
-    call = fusion._Chunk("((x * 2 + 1) ** 2 - x)", ("x",), (), np.dtype("float32"), "sum", (0, 1))
+    call = FusedChunk("((x * 2 + 1) ** 2 - x)", ("x",), (), np.dtype("float32"), "sum", (0, 1))
     blocks = [dask_worker.data[k] for k in keys if k in dask_worker.data]
     result = {}
 

@@ -36,12 +36,12 @@ _EXPORTS = {
     "from_zarr": "flowgpu.io.zarr",
     "to_zarr": "flowgpu.io.zarr",
     "op": "flowgpu.ops.registry",
-    "fuse": "flowgpu.kernels.fuse",
-    "optimize": "flowgpu.kernels.optimize",
-    "vectorize": "flowgpu.kernels.vectorize",
-    "guvectorize": "flowgpu.kernels.guvectorize",
-    "kernel": "flowgpu.kernels.raw",
-    "dlpack_map": "flowgpu.kernels.dlpack",
+    "fuse": "flowgpu.fusion",
+    "optimize": "flowgpu.fusion",
+    "vectorize": "flowgpu.kernels",
+    "guvectorize": "flowgpu.kernels",
+    "kernel": "flowgpu.kernels",
+    "dlpack_map": "flowgpu.kernels",
     "has_gpu": "flowgpu.backend",
     "gpu_count": "flowgpu.backend",
     "FlowgpuError": "flowgpu.errors",
@@ -71,11 +71,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from flowgpu.errors import FlowgpuError, SpecError
     from flowgpu.io.npy import from_npy, to_npy
     from flowgpu.io.zarr import from_zarr, to_zarr
-    from flowgpu.kernels.dlpack import dlpack_map
-    from flowgpu.kernels.guvectorize import guvectorize
-    from flowgpu.kernels.raw import kernel
-    from flowgpu.kernels.vectorize import vectorize
-    from flowgpu.kernels.fuse import fuse
-    from flowgpu.kernels.optimize import optimize
+    from flowgpu.fusion import fuse, optimize
+    from flowgpu.kernels import dlpack_map, guvectorize, kernel, vectorize
     from flowgpu.ops.registry import op
     from flowgpu.runtime.session import Session, current_session

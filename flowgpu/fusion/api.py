@@ -3,7 +3,7 @@
 ``fuse(fn)`` traces ``fn`` once per call with symbolic stand-ins for its array arguments: the
 arithmetic operators, NumPy ufuncs (``np.sqrt(x)``), ``np.where``, ``np.clip`` and a trailing
 reduction (``.sum()``, ``np.max(..., axis=0)``, ...) are recorded into one
-:mod:`~flowgpu.kernels.expr` expression, which :func:`~flowgpu.kernels.fusion.fused_elementwise`
+:mod:`~flowgpu.fusion.language` expression, which :func:`~flowgpu.fusion.kernel.fused_elementwise`
 compiles into ONE kernel per chunk (CuPy on GPU chunks, numba on NumPy chunks). Arithmetic on the
 reduced result (``x.sum() / n``) is applied afterwards by dask.
 
@@ -21,7 +21,7 @@ Examples
 >>> f = fg.fuse(lambda x: ((x * 2 + 1) ** 2 - x).sum())
 >>> x = da.from_array(np.arange(6, dtype="float32"), chunks=3)
 >>> float(f(x).compute())
-275.0
+271.0
 >>> g = fg.fuse(lambda x, y: np.sqrt(x * x + y * y), reduce="max")
 >>> float(g(x, x).compute()) == float(np.sqrt(2) * 5)
 True
@@ -35,11 +35,14 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+import dask
 import dask.array as da
 import numpy as np
 
 from flowgpu.errors import KernelError
-from flowgpu.kernels.expr import FUNCTIONS, is_scalar
+from flowgpu.fusion.compiled import REDUCTIONS
+from flowgpu.fusion.kernel import fused_elementwise
+from flowgpu.fusion.language import FUNCTIONS, is_scalar
 
 __all__ = ["fuse", "Fused"]
 
@@ -126,8 +129,6 @@ class Reduced(_Lazy):
         self.sym, self.reduction, self.axis, self.keepdims, self.dtype = sym, reduction, axis, keepdims, dtype
 
     def materialize(self) -> Any:
-        from flowgpu.kernels.fusion import fused_elementwise
-
         out = fused_elementwise(self.sym.text, self.sym.tracer.inputs, reduction=self.reduction,
                                 axis=self.axis, keepdims=self.keepdims)
         return out.astype(self.dtype) if self.dtype is not None else out
@@ -250,8 +251,6 @@ class Fused:
     """A function whose elementwise body (and trailing reduction) runs as one kernel per chunk."""
 
     def __init__(self, fn: Callable, *, reduce: str | None = None, axis: Any = None, keepdims: bool = False):
-        from flowgpu.kernels.fusion import REDUCTIONS
-
         if reduce is not None and reduce not in REDUCTIONS:
             raise KernelError(f"fuse(reduce={reduce!r}): choose one of {', '.join(REDUCTIONS)}")
         self.fn = fn
@@ -269,8 +268,6 @@ class Fused:
         if isinstance(out, Sym):
             if self.reduce is not None:
                 return Reduced(out, self.reduce, self.axis, self.keepdims).materialize()
-            from flowgpu.kernels.fusion import fused_elementwise
-
             return fused_elementwise(out.text, out.tracer.inputs)
         if isinstance(out, _Lazy):
             if self.reduce is not None:
@@ -295,8 +292,6 @@ class Fused:
                 result = getattr(result, self.reduce)(axis=self.axis, keepdims=self.keepdims)
         if lazy:
             return result
-        import dask
-
         return dask.compute(result, scheduler="sync")[0]
 
 

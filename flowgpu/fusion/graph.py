@@ -4,13 +4,13 @@ Dask fuses *tasks*: ``((x * 2 + 1) ** 2 - x)`` runs as one task per chunk after 
 fusion, but inside that task each operator still launches its own kernel and writes a full
 temporary. This module rewrites such chains (the ``Blockwise`` layers that ``dask.array``'s
 elementwise operators and ufuncs produce: ``+ - * / // % **``, comparisons, ``& | ^ ~``, the
-ufuncs of :mod:`flowgpu.kernels.expr`, ``where`` and ``clip``) into ONE layer whose task is a
+ufuncs of :mod:`flowgpu.fusion.language`, ``where`` and ``clip``) into ONE layer whose task is a
 generated kernel (CuPy ``ElementwiseKernel`` on GPU chunks, numba on NumPy chunks). Dask's own
 optimisation then runs as usual, so the fused layer is still merged with its neighbours.
 
 Use it explicitly, ``x = flowgpu.optimize(x)``, or for everything computed in a block::
 
-    with flowgpu.kernels.optimize.fusing():
+    with flowgpu.fusion.fusing():
         total = ((x * 2 + 1) ** 2 - x).sum().compute()
 
 (``fusing()`` sets dask's ``array_optimize`` hook and ``flowgpu.fuse-ufuncs: true``; the hook does
@@ -28,8 +28,14 @@ from typing import Any
 import dask
 import dask.array as da
 import numpy as np
+from dask._task_spec import Task, TaskRef
+from dask.array.optimization import optimize as dask_optimize
+from dask.blockwise import Blockwise, blockwise_token
+from dask.core import flatten
+from dask.highlevelgraph import HighLevelGraph
 
-from flowgpu.kernels.expr import FUNCTIONS, is_scalar
+from flowgpu.fusion.chunk import FusedChunk
+from flowgpu.fusion.language import FUNCTIONS, is_scalar
 
 __all__ = ["optimize", "rewrite_graph", "array_optimize", "fusing", "CONFIG_KEY"]
 
@@ -77,9 +83,6 @@ def _template(func: Any, nargs: int) -> str | None:
 
 def _elementwise(layer: Any) -> tuple[str, list] | None:
     """``(template, operands)`` when ``layer`` is a plain elementwise Blockwise layer, else None."""
-    from dask._task_spec import Task, TaskRef
-    from dask.blockwise import Blockwise, blockwise_token
-
     if type(layer) is not Blockwise or layer.new_axes or layer.concatenate or getattr(layer, "io_deps", None):
         return None
     task = layer.task
@@ -113,12 +116,6 @@ def rewrite_graph(hlg: Any, keep: set[str] = frozenset()) -> Any:
 
     ``keep`` names layers whose output must stay (e.g. the arrays being computed).
     """
-    from dask._task_spec import Task, TaskRef
-    from dask.blockwise import Blockwise, blockwise_token
-    from dask.highlevelgraph import HighLevelGraph
-
-    from flowgpu.kernels.fusion import _Chunk
-
     layers = dict(hlg.layers)
     deps = {k: set(v) for k, v in hlg.dependencies.items()}
     elem = {name: info for name, layer in layers.items() if (info := _elementwise(layer)) is not None}
@@ -176,7 +173,7 @@ def rewrite_graph(hlg: Any, keep: set[str] = frozenset()) -> Any:
             continue
         root_layer = layers[root]
         names = tuple(leaves.values())
-        fn = _Chunk(text, names, tuple(scalars), None)
+        fn = FusedChunk(text, names, tuple(scalars), None)
         task = Task(root, fn, *[TaskRef(blockwise_token(i)) for i in range(len(leaves))])
         indices = [(src, ind) for (src, ind) in leaves]
         layers[root] = Blockwise(root, root_layer.output_indices, task, indices, numblocks,
@@ -221,10 +218,6 @@ def optimize(*arrays: da.Array) -> Any:
 
 def array_optimize(dsk: Any, keys: Any, **kwargs: Any) -> Any:
     """dask's ``array_optimize`` hook: rewrite ufunc chains (when ``flowgpu.fuse-ufuncs``), then dask's own."""
-    from dask.array.optimization import optimize as dask_optimize
-    from dask.core import flatten
-    from dask.highlevelgraph import HighLevelGraph
-
     if dask.config.get(CONFIG_KEY, False) and isinstance(dsk, HighLevelGraph):
         names = {k[0] if isinstance(k, tuple) else k for k in flatten(keys)}
         dsk = rewrite_graph(dsk, keep=names)

@@ -9,7 +9,7 @@ naming the token and its column.
 
 An :class:`Expr` evaluates unfused with NumPy or CuPy (:meth:`Expr.evaluate`, the reference the
 fused kernels are checked against) and knows the dtype of every sub-expression under NumPy's rules
-(:meth:`Expr.infer`), which the code generators in :mod:`flowgpu.kernels.codegen` follow exactly.
+(:meth:`Expr.infer`), which the code generators in :mod:`flowgpu.fusion.codegen` follow exactly.
 
 Examples
 --------
@@ -24,6 +24,7 @@ array([3., 1.])
 from __future__ import annotations
 
 import ast
+import difflib
 import functools
 import operator
 from collections.abc import Iterable, Mapping
@@ -184,8 +185,6 @@ class _Builder:
                             _HINTS[ast.Attribute])
             fname = node.func.id
             if fname not in FUNCTIONS:
-                import difflib
-
                 close = difflib.get_close_matches(fname, list(FUNCTIONS), n=3)
                 hint = f"did you mean {', '.join(close)}?" if close else \
                     f"known functions: {', '.join(sorted(FUNCTIONS))}"

@@ -19,8 +19,9 @@ from typing import Any
 import numpy as np
 
 from flowgpu.backend import import_cupy
-from flowgpu.kernels import codegen
-from flowgpu.kernels.expr import Expr
+from flowgpu.fusion.codegen import c_type
+from flowgpu.fusion.codegen_cuda import CUDA_PREAMBLE, to_cuda
+from flowgpu.fusion.language import Expr
 
 __all__ = ["applies", "tiled_reduce"]
 
@@ -48,17 +49,17 @@ def applies(blocks: tuple, shape: tuple) -> bool:
 
 
 def _source(name: str, code: str, dtypes: tuple, forder: tuple, acc: np.dtype, combine: str, ident: str) -> str:
-    act = codegen.c_type(acc)
-    params = ", ".join(f"const {codegen.c_type(d)}* __restrict__ p{i}" for i, d in enumerate(dtypes))
-    tiles = "\n".join(f"    __shared__ {codegen.c_type(d)} t{i}[{TILE}][{TILE + 1}];"
+    act = c_type(acc)
+    params = ", ".join(f"const {c_type(d)}* __restrict__ p{i}" for i, d in enumerate(dtypes))
+    tiles = "\n".join(f"    __shared__ {c_type(d)} t{i}[{TILE}][{TILE + 1}];"
                       for i, (d, f) in enumerate(zip(dtypes, forder)) if f)
     loads = "\n".join(f"                t{i}[j][threadIdx.x] = p{i}[c * rows + r];"
                       for i, f in enumerate(forder) if f)
     reads = "\n".join(
-        f"                const {codegen.c_type(d)} in{i} = "
+        f"                const {c_type(d)} in{i} = "
         + (f"t{i}[threadIdx.x][j];" if f else f"p{i}[r * cols + c];")
         for i, (d, f) in enumerate(zip(dtypes, forder)))
-    return f"""{codegen.CUDA_PREAMBLE}
+    return f"""{CUDA_PREAMBLE}
 extern "C" __global__ void {name}({params}, const long long rows, const long long cols, {act}* __restrict__ out) {{
 {tiles}
     __shared__ {act} red[{TILE * ROWS}];
@@ -114,7 +115,7 @@ def tiled_reduce(expr: Expr, arrays: tuple[str, ...], blocks: tuple, scalars: tu
         try:
             types: dict[str, Any] = dict(zip(arrays, dtypes))
             types.update(dict(scalars))
-            code, _ = codegen.to_cuda(expr, types, arrays, out_dtype=val_dtype)
+            code, _ = to_cuda(expr, types, arrays, out_dtype=val_dtype)
             name = "fg_tiled_" + hashlib.sha1(repr(key).encode()).hexdigest()[:12]  # stable: CuPy's disk cache
             kern = cp.RawKernel(_source(name, code, dtypes, forder, acc, combine, ident), name)
             kern.compile()

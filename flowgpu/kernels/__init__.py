@@ -1,30 +1,20 @@
-"""Kernels: fused elementwise chains (one kernel per chunk) and user kernel decorators.
+"""User kernels: decorators that run your own scalar, gufunc, CUDA or DLPack code chunk by chunk.
 
-* :mod:`flowgpu.kernels.expr` parses the safe expression language used by ``expr`` steps;
-* :mod:`flowgpu.kernels.fusion` compiles an expression into one CuPy/numba kernel per chunk,
-  optionally fused into a reduction;
-* :mod:`flowgpu.kernels.fuse` is the Python API (``flowgpu.fuse``);
-* :mod:`flowgpu.kernels.optimize` rewrites chains of NumPy ufuncs in a dask graph into fused kernels.
+* :mod:`flowgpu.kernels.vectorize`: ``@flowgpu.vectorize``, a scalar function as a ufunc (numba);
+* :mod:`flowgpu.kernels.guvectorize`: ``@flowgpu.guvectorize``, a generalised ufunc over core dims;
+* :mod:`flowgpu.kernels.raw`: ``flowgpu.kernel``, a raw CUDA kernel with an optional CPU version;
+* :mod:`flowgpu.kernels.dlpack`: ``flowgpu.dlpack_map``, a PyTorch / JAX function on each chunk.
 
-Submodules are imported on first use, so importing this package is cheap.
+Expression fusion (``flowgpu.fuse``, ``flowgpu.optimize``) is the separate package
+:mod:`flowgpu.fusion`. Importing this package never imports CuPy, numba, PyTorch or JAX.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from flowgpu.kernels.dlpack import DLPackFunction, dlpack_map
+from flowgpu.kernels.guvectorize import CoreRechunkWarning, GUVectorized, guvectorize
+from flowgpu.kernels.raw import Kernel, kernel
+from flowgpu.kernels.vectorize import Vectorized, vectorize
 
-_EXPORTS = {
-    "parse": "flowgpu.kernels.expr",
-    "Expr": "flowgpu.kernels.expr",
-    "fused_elementwise": "flowgpu.kernels.fusion",
-}
-
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'flowgpu.kernels' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+__all__ = ["CoreRechunkWarning", "DLPackFunction", "GUVectorized", "Kernel", "Vectorized", "dlpack_map",
+           "guvectorize", "kernel", "vectorize"]

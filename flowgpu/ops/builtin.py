@@ -10,7 +10,7 @@ light. Each module registers a family:
 * :mod:`flowgpu.ops.fft`: fft, ifft, rfft, irfft, fft2, ifft2, fftn, ifftn;
 * :mod:`flowgpu.ops.stencil`: gaussian_filter, uniform_filter, median_filter (map_overlap);
 * :mod:`flowgpu.ops.user`: map_blocks with a user function given by import path;
-* :mod:`flowgpu.ops.expr`: the ``expr`` op (kernels/fusion layer), when present.
+* :mod:`flowgpu.ops.expression`: the ``expr`` op (kernels/fusion layer), when present.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ for _name in _MODULES:
             raise
 
 try:
-    importlib.import_module("flowgpu.ops.expr")
+    importlib.import_module("flowgpu.ops.expression")
 except ModuleNotFoundError as _e:
-    if _e.name != "flowgpu.ops.expr":
+    if _e.name != "flowgpu.ops.expression":
         raise

@@ -9,8 +9,8 @@ In a pipeline::
 
 The step's inputs are passed by name (the op's inputs are ``("**",)``), so the expression uses the
 names of the steps or sources it reads. Numbers may be written in the text or passed as further
-arguments. The language is that of :mod:`flowgpu.kernels.expr` (no attribute access, no indexing,
-no unknown names); see :func:`flowgpu.kernels.fusion.fused_elementwise` for dtypes and broadcasting.
+arguments. The language is that of :mod:`flowgpu.fusion.language` (no attribute access, no indexing,
+no unknown names); see :func:`flowgpu.fusion.fused_elementwise` for dtypes and broadcasting.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 import dask.array as da
 
 from flowgpu.errors import OpError
-from flowgpu.kernels.fusion import fused_elementwise
+from flowgpu.fusion import fused_elementwise
 from flowgpu.ops.registry import register
 
 __all__ = ["expr"]
@@ -43,7 +43,7 @@ def expr(expression: str, **arrays: Any) -> da.Array:
     Examples
     --------
     >>> import numpy as np, dask.array as da
-    >>> from flowgpu.ops.expr import expr
+    >>> from flowgpu.ops.expression import expr
     >>> expr("x * k + 1", x=da.from_array(np.array([1.0, 2.0])), k=3).compute()
     array([4., 7.])
     """

@@ -20,12 +20,13 @@ import dask.array as da
 import numpy as np
 
 from flowgpu.errors import ConfigError, FlowgpuError, SpecError
+from flowgpu.fusion import fused_elementwise
 from flowgpu.io import sources
 from flowgpu.io.sinks import SUMMARY_MAX_ELEMENTS
 from flowgpu.ops import registry
 from flowgpu.pipeline import compose
 from flowgpu.pipeline.build import Origin, from_dict
-from flowgpu.pipeline.fusion import FusionPlan, fusion_available, plan_fusion
+from flowgpu.pipeline.fusing import FusionPlan, plan_fusion
 from flowgpu.pipeline.graph import order, step_refs
 from flowgpu.pipeline.loader import SourceMap
 from flowgpu.pipeline.spec import Spec
@@ -238,7 +239,7 @@ def _compile(spec: Spec, bindings: dict[str, da.Array] | None = None, stack: tup
     values, nodes, children = _build_graph(spec, smap, names, bindings, stack, None, None)
     outputs = _output_arrays(spec, values, smap)
     plan = Plan(spec, nodes, names, values, outputs, FusionPlan(), False, dict(origin.params), children)
-    fused_fn = fusion_available() if fuse else None
+    fused_fn = fused_elementwise if fuse else None
     if fused_fn is None:
         return plan
     ops = {n: registry.get(s.op) for n, s in spec.steps.items() if s.op is not None}
@@ -282,7 +283,7 @@ def compile(spec: Spec | str | os.PathLike | dict, params: dict[str, Any] | None
     spec : a :class:`Spec`, the path of a YAML spec, or a spec as a Python dict.
     params : param values to use instead of the spec's defaults, e.g. ``{"n": 1000}``.
     overrides : other dotted keys to set, as ``--set`` does.
-    fuse : fuse chains of elementwise steps (when flowgpu.kernels.fusion is available).
+    fuse : fuse chains of elementwise steps into one kernel per chunk.
 
     Returns
     -------

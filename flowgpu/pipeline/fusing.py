@@ -3,7 +3,7 @@
 An elementwise op registers an ``expression`` template over its array parameters (``"a + b"``,
 ``"sqrt(x)"``, ``"clip(x, lo, hi)"`` with scalar arguments ``lo``/``hi``). A step whose result is
 read only by one other elementwise step (and is not an output) is inlined into that step's
-expression; the chain then runs as one ``flowgpu.kernels.fusion.fused_elementwise`` call, with no
+expression; the chain then runs as one :func:`flowgpu.fusion.fused_elementwise` call, with no
 temporary array per step. A ``sum``/``mean``/``min``/``max``/``prod`` step reading a chain takes it
 in as well. Nothing here changes results: the unfused graph is built first, and the fused one must
 match its shape and dtype or it is not used.
@@ -13,25 +13,14 @@ from __future__ import annotations
 
 import ast
 import copy
-import importlib
 import numbers
 from dataclasses import dataclass, field
 from typing import Any
 
+from flowgpu.fusion import REDUCTIONS
 from flowgpu.ops.registry import Op
 
-__all__ = ["fusion_available", "FusionPlan", "plan_fusion", "REDUCTIONS"]
-
-REDUCTIONS = ("sum", "mean", "min", "max", "prod")
-
-
-def fusion_available():
-    """``fused_elementwise`` when the kernels module provides it, else None (pipelines run unfused)."""
-    try:
-        module = importlib.import_module("flowgpu.kernels.fusion")
-    except ImportError:
-        return None
-    return getattr(module, "fused_elementwise", None)
+__all__ = ["FusionPlan", "plan_fusion"]
 
 
 @dataclass

@@ -7,13 +7,13 @@ import dask.array as da
 import numpy as np
 
 import flowgpu as fg
-from flowgpu.kernels.fusion import _Chunk
-from flowgpu.kernels.optimize import fusing
+from flowgpu.fusion import fusing
+from flowgpu.fusion.chunk import FusedChunk
 
 
 def _fused_texts(arr):
     return [layer.task.func.text for layer in arr.__dask_graph__().layers.values()
-            if isinstance(getattr(getattr(layer, "task", None), "func", None), _Chunk)]
+            if isinstance(getattr(getattr(layer, "task", None), "func", None), FusedChunk)]
 
 
 def test_chain_becomes_one_kernel(rng):
@@ -39,8 +39,8 @@ def test_shared_intermediate_is_kept(rng):
 
 def test_config_hook_fuses_everything_computed(rng, monkeypatch):
     calls = []
-    original = _Chunk.__call__
-    monkeypatch.setattr(_Chunk, "__call__", lambda self, *b: calls.append(self.text) or original(self, *b))
+    original = FusedChunk.__call__
+    monkeypatch.setattr(FusedChunk, "__call__", lambda self, *b: calls.append(self.text) or original(self, *b))
     xn = rng.random((40, 40), dtype=np.float32)
     x = da.from_array(xn, chunks=10)
     s = ((x * 2 + 1) ** 2 - x).sum()

@@ -8,9 +8,7 @@ import numpy as np
 import pytest
 
 from flowgpu.errors import KernelError
-from flowgpu.kernels import fusion
-from flowgpu.kernels.expr import parse
-from flowgpu.kernels.fusion import fused_elementwise
+from flowgpu.fusion import chunk, compiled, fused_elementwise, parse
 from tests.tolerance import assert_within_terms
 
 CHAIN = "(x * 2 + 1) ** 2 - x"
@@ -157,9 +155,9 @@ def test_numpy_array_inputs_are_wrapped(rng):
 def test_kernels_are_cached(rng):
     x = da.from_array(rng.random(100), chunks=10)
     fused_elementwise("x * 7 - 3", {"x": x}).compute()
-    n = len(fusion._cache)
+    n = len(compiled._cache)
     fused_elementwise("x * 7 - 3", {"x": x + 1}).compute()
-    assert len(fusion._cache) == n
+    assert len(compiled._cache) == n
 
 
 def test_errors():
@@ -207,7 +205,7 @@ def test_gpu_chain_matches_reference(rng, reduction):
 def test_gpu_large_flat_reduction_and_tail(rng):
     import cupy as cp
 
-    n = 3 * fusion._ROW * 5 + 12345  # rows of _ROW plus a tail
+    n = 3 * chunk._ROW * 5 + 12345  # rows of _ROW plus a tail
     xn = rng.random(n, dtype=np.float32)
     got = fused_elementwise(CHAIN, {"x": da.from_array(cp.asarray(xn), chunks=n // 2 + 1)}, reduction="sum")
     assert rel_err(float(got.compute()), ref(CHAIN, {"x": xn}).sum()) < 1e-6

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from flowgpu.errors import KernelError
-from flowgpu.kernels.expr import FUNCTIONS, parse
+from flowgpu.fusion.language import FUNCTIONS, parse
 
 
 def test_names_in_order_of_first_use():

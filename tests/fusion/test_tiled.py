@@ -6,8 +6,7 @@ import dask.array as da
 import numpy as np
 import pytest
 
-from flowgpu.kernels import tiled
-from flowgpu.kernels.fusion import fused_elementwise
+from flowgpu.fusion import fused_elementwise, tiled
 
 
 def test_applies_only_to_2d_blocks_with_a_transposed_input():

@@ -60,7 +60,7 @@ def _templated():
 @pytest.mark.parametrize("name", [op.name for op in _templated()])
 def test_expression_template_evaluates_like_the_op(name, rng):
     """The template the compiler fuses gives the same values as calling the op (unfused)."""
-    expr = pytest.importorskip("flowgpu.kernels.expr")
+    expr = pytest.importorskip("flowgpu.fusion.language")
     import dask.array as da
 
     op = get(name)

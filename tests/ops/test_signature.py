@@ -60,7 +60,7 @@ def test_direct_calls_are_checked_too(rng):
 def test_every_builtin_has_a_numpydoc_docstring_with_a_summary():
     for name in names():
         op = get(name)
-        if op.func.__module__.startswith("flowgpu.ops") and op.func.__module__ != "flowgpu.ops.expr":
+        if op.func.__module__.startswith("flowgpu.ops") and op.func.__module__ != "flowgpu.ops.expression":
             assert op.summary and op.summary.endswith("."), name
             assert "Returns\n-------" in op.doc, name
 

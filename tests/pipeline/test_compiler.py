@@ -9,7 +9,6 @@ import pytest
 import tests.pipeline.helpers as helpers
 from flowgpu import pipeline
 from flowgpu.errors import SpecError
-from flowgpu.pipeline.fusion import fusion_available
 
 
 def _boom(*a, **k):
@@ -51,7 +50,6 @@ def test_compile_is_pure_and_matches_numpy(tmp_path, data, fuse):
     assert not (tmp_path / "z.npy").exists()
 
 
-@pytest.mark.skipif(fusion_available() is None, reason="flowgpu.kernels.fusion not available")
 def test_elementwise_chains_fuse(tmp_path, data):
     spec = {
         "inputs": {"x": {"source": "npy", "path": str(tmp_path / "x.npy")}},

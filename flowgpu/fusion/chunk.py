@@ -1,0 +1,148 @@
+"""What runs on one chunk: the picklable task function of a fused kernel, and the per-chunk reduction.
+
+A :class:`FusedChunk` is the function in every task of a fused graph. It carries the expression's
+text, never a compiled kernel (those stay in :mod:`flowgpu.fusion.compiled`'s per-process cache),
+so tasks pickle small and each worker compiles once. A kernel that its compiler refuses is
+computed unfused instead, with one warning per expression: correct, but slower.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import numpy as np
+
+from flowgpu.backend import import_cupy, is_cupy
+from flowgpu.errors import KernelError
+from flowgpu.fusion import tiled
+from flowgpu.fusion.compiled import cuda_combine, elementwise_kernel, reduce_kernel, reduction_dtypes
+from flowgpu.fusion.language import Expr, parse
+
+__all__ = ["FusedChunk", "reduce_chunk"]
+
+_ROW = 1 << 16  # elements per row when a flat GPU chunk is reduced as (rows, _ROW)
+
+
+class FusedChunk:
+    """Picklable per-chunk function; compiled kernels live in the module cache, never in the task."""
+
+    def __init__(self, text: str, arrays: tuple[str, ...], scalars: tuple, out_dtype: np.dtype,
+                 reduction: str | None = None, axes: tuple[int, ...] = ()):
+        self.text = text
+        self.arrays = arrays
+        self.scalars = scalars
+        self.out_dtype = np.dtype(out_dtype) if out_dtype is not None else None  # None: NumPy's, per chunk
+        self.reduction = reduction
+        self.axes = axes
+
+    def __dask_tokenize__(self):
+        return ("flowgpu-fused", self.text, self.arrays, repr(self.scalars), str(self.out_dtype),
+                self.reduction, self.axes)
+
+    def __repr__(self) -> str:
+        tail = f", reduction={self.reduction!r}" if self.reduction else ""
+        return f"fused({self.text!r}{tail})"
+
+    def env(self, blocks: tuple) -> dict[str, Any]:
+        out = dict(zip(self.arrays, blocks))
+        out.update(dict(self.scalars))
+        return out
+
+    def __call__(self, *blocks: Any) -> Any:
+        expr = parse(self.text)
+        backend = "cupy" if any(is_cupy(b) for b in blocks) else "numpy"
+        if backend == "cupy":
+            cp = import_cupy()
+            blocks = tuple(cp.asarray(b) for b in blocks)
+        dtypes = tuple(b.dtype for b in blocks)
+        out_dtype = self.out_dtype
+        if out_dtype is None:
+            out_dtype = expr.result_dtype({**dict(zip(self.arrays, dtypes)), **dict(self.scalars)})
+        try:
+            if self.reduction is None:
+                kern = elementwise_kernel(expr, self.arrays, dtypes, self.scalars, out_dtype, backend)
+                if backend == "cupy" and any(b.ndim == 0 for b in blocks):
+                    # CuPy hands 0-d arrays to kernels as (weakly typed) scalars, which typed kernel
+                    # parameters refuse: pass them as 1-element arrays and restore the shape after.
+                    shape = np.broadcast_shapes(*(b.shape for b in blocks))
+                    return kern(*(b.reshape(1) if b.ndim == 0 else b for b in blocks)).reshape(shape)
+                return kern(*blocks)
+            return reduce_chunk(expr, self.arrays, blocks, self.scalars, out_dtype, self.reduction,
+                                self.axes, backend)
+        except KernelError:
+            raise
+        except Exception as e:  # a compiler that refuses the code: stay correct, unfused
+            _warn_unfused(self.text, e)
+            return self.unfused(expr, blocks, backend, out_dtype)
+
+    def unfused(self, expr: Expr, blocks: tuple, backend: str, out_dtype: np.dtype) -> Any:
+        xp = import_cupy() if backend == "cupy" else np
+        value = xp.asarray(expr.evaluate(self.env(blocks), xp)).astype(out_dtype, copy=False)
+        shape = np.broadcast_shapes(*(b.shape for b in blocks))
+        if self.reduction is None:
+            return xp.broadcast_to(value, shape).copy() if value.shape != shape else value
+        acc, _ = reduction_dtypes(self.reduction, out_dtype)
+        op = "sum" if self.reduction == "mean" else self.reduction
+        kw = {"dtype": acc} if op in ("sum", "prod") else {}
+        return getattr(xp, op)(xp.broadcast_to(value, shape), axis=self.axes, keepdims=True, **kw).astype(
+            acc, copy=False)
+
+
+_warned: set[str] = set()
+
+
+def _warn_unfused(text: str, err: Exception) -> None:
+    if text not in _warned:
+        _warned.add(text)
+        warnings.warn(f"flowgpu could not compile a fused kernel for {text!r} ({type(err).__name__}: {err}); "
+                      "computing it unfused, which is correct but slower", RuntimeWarning, stacklevel=3)
+
+
+def reduce_chunk(expr: Expr, arrays: tuple[str, ...], blocks: tuple, scalars: tuple, val_dtype: np.dtype,
+                 reduction: str, axes: tuple[int, ...], backend: str) -> Any:
+    """Reduce ``expr`` over ``axes`` of one chunk in one fused kernel; returns the partial (keepdims)."""
+    acc, _ = reduction_dtypes(reduction, val_dtype)
+    dtypes = tuple(b.dtype for b in blocks)
+    shape = np.broadcast_shapes(*(b.shape for b in blocks))
+    ndim = len(shape)
+    full = set(axes) == set(range(ndim))
+    out_shape = tuple(1 if i in axes else s for i, s in enumerate(shape))
+    combine = "sum" if reduction == "mean" else reduction
+    n = int(np.prod(shape, dtype=np.int64))
+    if backend == "numpy":
+        same = all(b.shape == shape for b in blocks)
+        if full and same and n == 0 and reduction in ("min", "max"):
+            raise ValueError(f"zero-size array to reduction operation {reduction} which has no identity")
+        if full and same and all(b.flags.c_contiguous for b in blocks):
+            kern = reduce_kernel(expr, arrays, dtypes, scalars, val_dtype, reduction, backend, 1)
+            return np.full(out_shape, kern(n, *[b.reshape(-1) for b in blocks]), dtype=acc)
+        if full and same and ndim == 2:  # strided 2-D chunks (e.g. column blocks of a row-major array)
+            rows = all(b.strides[1] == b.itemsize for b in blocks)
+            kern = reduce_kernel(expr, arrays, dtypes, scalars, val_dtype, reduction, backend, "rows" if rows else 2)
+            return np.full(out_shape, kern(n, *blocks), dtype=acc)
+        ew = elementwise_kernel(expr, arrays, dtypes, scalars, val_dtype, "numpy")
+        kw = {"dtype": acc} if combine in ("sum", "prod") else {}
+        return getattr(np, combine)(ew(*blocks), axis=axes, keepdims=True, **kw).astype(acc, copy=False)
+    cp = import_cupy()
+    if full and tiled.applies(blocks, shape):  # some inputs transposed: read them in tiles
+        combine_c, ident = cuda_combine(reduction, acc)
+        part = tiled.tiled_reduce(expr, arrays, blocks, scalars, val_dtype, reduction, acc, combine_c, ident)
+        if part is not None:
+            return part.reshape(out_shape).astype(acc, copy=False)
+    kern = reduce_kernel(expr, arrays, dtypes, scalars, val_dtype, reduction, backend)
+    if any(b.shape != shape for b in blocks):
+        blocks = tuple(cp.broadcast_arrays(*blocks))
+    if full and n >= 2 * _ROW and all(b.flags.c_contiguous for b in blocks):
+        # a single-output ReductionKernel would run on few blocks: reduce rows of _ROW, then the rows
+        rows = n // _ROW
+        flat = [b.reshape(-1) for b in blocks]
+        part = kern(*[f[: rows * _ROW].reshape(rows, _ROW) for f in flat], axis=1)
+        if rows * _ROW < n:
+            tail = kern(*[f[rows * _ROW:] for f in flat])
+            part = cp.concatenate([part, tail.reshape(1)])
+        return getattr(cp, combine)(part).reshape(out_shape).astype(acc, copy=False)
+    if full and ndim >= 2:
+        part = kern(*blocks, axis=tuple(range(1, ndim)))
+        return getattr(cp, combine)(part).reshape(out_shape).astype(acc, copy=False)
+    return kern(*blocks, axis=tuple(axes), keepdims=True)

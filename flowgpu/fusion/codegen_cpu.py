@@ -1,0 +1,162 @@
+"""Python source for numba from an :class:`~flowgpu.fusion.language.Expr`: the body of a numba
+``@vectorize`` ufunc or of an ``@njit`` reduction loop, for fused kernels on NumPy chunks.
+
+The code calls ``_t_<dtype>`` casts and NumPy-semantics helpers (``_ifloordiv``, ``_min``, ...);
+evaluate it with :func:`python_globals` as its globals.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from flowgpu.fusion.codegen import C_TYPES, Generator, c_type, generate
+from flowgpu.fusion.language import Expr
+
+__all__ = ["to_python", "python_globals"]
+
+_MINMAX = {"minimum": "_min", "maximum": "_max", "fmin": "_fmin", "fmax": "_fmax"}  # NumPy's NaN rules
+
+
+def _py_literal(value: Any, want: np.dtype) -> str:
+    if want.kind == "b":
+        return "True" if bool(value) else "False"
+    if want.kind == "f":
+        v = float(value)
+        body = "_nan" if math.isnan(v) else ("_inf" if v > 0 else "(-_inf)") if math.isinf(v) else repr(v)
+        return f"_t_{want.name}({body})"
+    return f"_t_{want.name}({int(value)})"
+
+
+class PythonGenerator(Generator):
+    LOGICAL = {"&": "and", "|": "or", "^": "!=", "+": "or", "*": "and"}
+    HELPERS = {"/": ("_div", "_div"), "//": ("_ifloordiv", "_ffloordiv"), "%": ("_imod", "_fmod"),
+               "**": ("_ipow", "_pow")}
+    TEMPLATES = {"not": "(not {0})", "sqrt": "_np.sqrt({0})", "plain": "_t_{d}({0} {op} {1})",
+                 "sign": "_t_{d}(_sign({0}))", "clip": "_min(_max({0}, {1}), {2})", "select": "({1} if {0} else {2})"}
+
+    def cast(self, code: str, want: np.dtype) -> str:
+        c_type(want)  # refuse dtypes numba should not see either
+        return f"_t_{want.name}({code})"
+
+    def literal(self, value: Any, want: np.dtype) -> str:
+        return _py_literal(value, want)
+
+    def function(self, f: str) -> str:
+        return _MINMAX.get(f) or f"_np.{f}"
+
+    def abs(self, a: str, d: np.dtype) -> str:
+        return a if d.kind in "bu" else f"_t_{d.name}(abs({a}))"
+
+
+def to_python(expr: Expr, types: Mapping[str, Any], arrays: Sequence[str], *,
+              out_dtype: Any = None, index: str | None = None) -> tuple[str, np.dtype]:
+    """Python source of a scalar expression over ``in0, in1, ...`` for numba, and its dtype.
+
+    With ``index="i"`` the inputs are spelled ``in0[i], ...`` (for a loop over flat arrays).
+    Evaluate it with :func:`python_globals` as globals (which holds the ``_t_<dtype>`` casts and the
+    NumPy-semantics helpers, themselves numba-compiled).
+    """
+    return generate(PythonGenerator, expr, types, arrays, out_dtype=out_dtype, index=index)
+
+
+_GLOBALS: dict[str, Any] | None = None
+
+
+def python_globals() -> dict[str, Any]:
+    """Globals for :func:`to_python` code: casts and helpers compiled once with numba."""
+    global _GLOBALS
+    if _GLOBALS is not None:
+        return _GLOBALS
+    import numba
+
+    jit = numba.njit(cache=False, error_model="numpy")
+
+    @jit
+    def _max(a, b):
+        return a if (a > b or a != a) else b
+
+    @jit
+    def _min(a, b):
+        return a if (a < b or a != a) else b
+
+    @jit
+    def _fmax(a, b):
+        return a if (a >= b or b != b) else b
+
+    @jit
+    def _fmin(a, b):
+        return a if (a <= b or b != b) else b
+
+    @jit
+    def _div(a, b):
+        return a / b
+
+    @jit
+    def _sign(a):
+        if a != a:
+            return a
+        return a - a + ((a > 0) - (a < 0))
+
+    @jit
+    def _ifloordiv(a, b):
+        if b == 0:
+            return a - a
+        return a // b
+
+    @jit
+    def _imod(a, b):
+        if b == 0:
+            return a - a
+        return a % b
+
+    @jit
+    def _ipow(a, b):
+        r = a - a + 1
+        while b > 0:
+            if b & 1:
+                r = r * a
+            a = a * a
+            b = b >> 1
+        return r
+
+    @jit
+    def _pow(a, b):
+        return a ** b
+
+    @jit
+    def _fmod(a, b):
+        mod = np.fmod(a, b)
+        if b == 0:
+            return mod
+        if mod != 0:
+            if (b < 0) != (mod < 0):
+                mod += b
+        else:
+            mod = np.copysign(a - a, b)
+        return mod
+
+    @jit
+    def _ffloordiv(a, b):
+        if b == 0:
+            return a / b
+        mod = np.fmod(a, b)
+        div = (a - mod) / b
+        if mod != 0 and ((b < 0) != (mod < 0)):
+            div -= 1
+        if div != 0:
+            fl = np.floor(div)
+            if div - fl > 0.5:
+                fl += 1
+        else:
+            fl = np.copysign(div - div, a / b)
+        return fl
+
+    g: dict[str, Any] = {k: v for k, v in locals().items() if k.startswith("_") and callable(v)}
+    g.update({f"_t_{name}": getattr(np, name) if name != "bool" else np.bool_ for name in C_TYPES})
+    g.update({"_np": np, "_inf": math.inf, "_nan": math.nan})
+    _GLOBALS = g
+    return g

@@ -1,0 +1,123 @@
+"""CUDA C++ for fused kernels: an :class:`~flowgpu.fusion.language.Expr` as the body of a
+``cupy.ElementwiseKernel`` / ``cupy.ReductionKernel`` (or of the tiled kernel's source).
+
+The helpers the code calls (NaN-propagating minimum, NumPy's floor division and remainder, ...)
+are in :data:`CUDA_PREAMBLE`; pass it as the kernel's preamble.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from flowgpu.fusion.codegen import Generator, c_type, generate
+from flowgpu.fusion.language import Expr
+
+__all__ = ["to_cuda", "CUDA_PREAMBLE", "c_literal"]
+
+_C_FUNCS = {
+    "arcsin": "asin", "arccos": "acos", "arctan": "atan", "arcsinh": "asinh", "arccosh": "acosh",
+    "arctanh": "atanh", "arctan2": "atan2",
+    # NumPy's NaN rules, which C's fmin/fmax do not follow
+    "minimum": "_fg_min", "maximum": "_fg_max", "fmin": "_fg_fmin", "fmax": "_fg_fmax",
+}
+
+CUDA_PREAMBLE = r"""
+template <typename T> __device__ __forceinline__ T _fg_max(T a, T b) { return (a > b || a != a) ? a : b; }
+template <typename T> __device__ __forceinline__ T _fg_min(T a, T b) { return (a < b || a != a) ? a : b; }
+template <typename T> __device__ __forceinline__ T _fg_fmax(T a, T b) { return (a >= b || b != b) ? a : b; }
+template <typename T> __device__ __forceinline__ T _fg_fmin(T a, T b) { return (a <= b || b != b) ? a : b; }
+template <typename T> __device__ __forceinline__ T _fg_clip(T x, T lo, T hi) { return _fg_min(_fg_max(x, lo), hi); }
+template <typename T> __device__ __forceinline__ T _fg_sign(T a) {
+    return a != a ? a : (T)((a > (T)0) - (a < (T)0));
+}
+template <typename T> __device__ __forceinline__ T _fg_iabs(T a) { return a < (T)0 ? (T)(-a) : a; }
+template <typename T> __device__ __forceinline__ T _fg_ifloordiv(T a, T b) {
+    if (b == (T)0) return (T)0;
+    T q = a / b;
+    if ((a % b != (T)0) && ((a < (T)0) != (b < (T)0))) q -= (T)1;
+    return q;
+}
+template <typename T> __device__ __forceinline__ T _fg_imod(T a, T b) {
+    if (b == (T)0) return (T)0;
+    T r = a % b;
+    if (r != (T)0 && ((r < (T)0) != (b < (T)0))) r += b;
+    return r;
+}
+template <typename T> __device__ __forceinline__ T _fg_ipow(T a, T b) {
+    T r = 1;
+    while (b > (T)0) { if (b & (T)1) r *= a; a *= a; b >>= 1; }
+    return r;
+}
+template <typename T> __device__ __forceinline__ T _fg_fmod(T a, T b) {
+    T mod = fmod(a, b);
+    if (b == (T)0) return mod;
+    if (mod != (T)0) { if ((b < (T)0) != (mod < (T)0)) mod += b; }
+    else mod = copysign((T)0, b);
+    return mod;
+}
+template <typename T> __device__ __forceinline__ T _fg_ffloordiv(T a, T b) {
+    if (b == (T)0) return a / b;
+    T mod = fmod(a, b);
+    T div = (a - mod) / b;
+    if (mod != (T)0 && ((b < (T)0) != (mod < (T)0))) div -= (T)1;
+    T fl;
+    if (div != (T)0) { fl = floor(div); if (div - fl > (T)0.5) fl += (T)1; }
+    else fl = copysign((T)0, a / b);
+    return fl;
+}
+"""
+
+
+def c_literal(value: Any, dtype: Any) -> str:
+    """``value`` as a C literal of ``dtype`` (the cast is folded by the compiler)."""
+    dtype = np.dtype(dtype)
+    ct = c_type(dtype)
+    if dtype.kind == "b":
+        return "true" if bool(value) else "false"
+    if dtype.kind == "f":
+        v = float(value)
+        if math.isnan(v):
+            body = "(0.0/0.0)"
+        elif math.isinf(v):
+            body = "(1.0/0.0)" if v > 0 else "(-1.0/0.0)"
+        else:
+            body = repr(v)
+        return f"(({ct}){body})"
+    v = int(value)
+    suffix = "ULL" if v > 2**63 - 1 else ("LL" if abs(v) > 2**31 - 1 else "")
+    return f"(({ct}){v}{suffix})"
+
+
+class CudaGenerator(Generator):
+    LOGICAL = {"&": "&&", "|": "||", "^": "!=", "+": "||", "*": "&&"}
+    HELPERS = {"//": ("_fg_ifloordiv", "_fg_ffloordiv"), "%": ("_fg_imod", "_fg_fmod"), "**": ("_fg_ipow", "pow")}
+    TEMPLATES = {"not": "(!{0})", "sqrt": "sqrt({0})", "plain": "({0} {op} {1})", "sign": "_fg_sign({0})",
+                 "clip": "_fg_clip({0}, {1}, {2})", "select": "({0} ? {1} : {2})"}
+
+    def cast(self, code: str, want: np.dtype) -> str:
+        return f"(({c_type(want)}){code})"
+
+    def literal(self, value: Any, want: np.dtype) -> str:
+        return c_literal(value, want)
+
+    def function(self, f: str) -> str:
+        return _C_FUNCS.get(f, f)
+
+    def abs(self, a: str, d: np.dtype) -> str:
+        if d.kind == "f":
+            return f"fabs({a})"
+        return a if d.kind in "bu" else f"_fg_iabs({a})"
+
+
+def to_cuda(expr: Expr, types: Mapping[str, Any], arrays: Sequence[str], *, out_dtype: Any = None) -> tuple[str, np.dtype]:
+    """CUDA C++ for ``expr``: ``(code, dtype)``.
+
+    ``types`` maps each name to a dtype (array inputs, listed in ``arrays`` in argument order, named
+    ``in0, in1, ...`` in the code) or a scalar value (inlined). ``code`` has type ``out_dtype``
+    (default: NumPy's result dtype, returned as ``dtype``).
+    """
+    return generate(CudaGenerator, expr, types, arrays, out_dtype=out_dtype)
