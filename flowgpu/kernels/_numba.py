@@ -5,7 +5,10 @@
   inputs cast to safely, as a NumPy ufunc picks its loop;
 * a per-process cache of compiled kernels, so each worker compiles a kernel once;
 * handing CuPy chunks to numba-cuda without a copy and on CuPy's current stream;
-* turning the arguments of a call into dask arrays and a matching ``meta``.
+* turning the arguments of a call into dask arrays and a matching ``meta``, and mapping a chunk
+  function over their broadcast chunks (:func:`map_broadcast`);
+* :class:`NumbaUfunc`, what ``@vectorize`` and ``@guvectorize`` share: run a signature on NumPy
+  chunks (numba's CPU target) or CuPy chunks (numba-cuda), compiled once per process.
 
 numba is imported inside functions (it takes a moment), CuPy and numba.cuda only on GPU paths.
 """
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import inspect
 import itertools
+import secrets
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -21,6 +25,7 @@ from typing import Any
 
 import dask.array as da
 import numpy as np
+from dask.base import tokenize
 
 # numba-cuda 0.30 (as shipped beside NumPy 2.5 on our H200 image) still looks up np.row_stack while
 # typing any kernel, an alias NumPy has removed: every CUDA compile then fails with AttributeError.
@@ -34,6 +39,7 @@ from flowgpu.errors import KernelError
 __all__ = [
     "Signature", "parse_signatures", "select_signature", "infer_return_dtype", "cached", "new_key",
     "is_scalar", "arg_dtype", "any_cupy", "meta_array", "numba_stream", "numba_view", "describe",
+    "map_broadcast", "cuda_ufunc", "NumbaUfunc",
 ]
 
 _PYTHON_SCALARS = (bool, int, float, complex)
@@ -198,8 +204,6 @@ _keys = itertools.count()
 
 def new_key(name: str) -> str:
     """A key naming one decorated function in this process's compile cache (travels in pickles)."""
-    import secrets
-
     return f"{name}-{secrets.token_hex(4)}-{next(_keys)}"
 
 
@@ -281,3 +285,92 @@ def as_dask_args(args: Sequence[Any]) -> list[Any]:
         else:
             out.append(da.from_array(a, chunks=-1, asarray=False))
     return out
+
+
+def map_broadcast(func: Callable, args: Sequence[Any], dtype: Any, *, name: str, who: str,
+                  token: Sequence[Any], cupy: bool | None = None) -> da.Array:
+    """``func`` over the chunks of ``args`` broadcast together (NumPy's rules), as one dask layer.
+
+    ``args`` are arrays and scalars (scalars are passed to every call as they are); the layer is
+    named ``name-<token of token and args>``; ``who`` starts the error message when the shapes do
+    not broadcast; ``cupy`` says whether the chunks are CuPy (default: as the inputs' are).
+    """
+    dargs = as_dask_args(args)
+    shapes = [a.shape for a in dargs if isinstance(a, da.Array)]
+    try:
+        ndim = len(np.broadcast_shapes(*shapes))
+    except ValueError:
+        raise KernelError(f"{who}: input shapes {', '.join(map(str, shapes))} do not broadcast "
+                          "together (NumPy's rules)") from None
+    pairs = []
+    for a in dargs:
+        pairs += [a, tuple(range(a.ndim))[::-1] if isinstance(a, da.Array) else None]
+    meta = meta_array(any_cupy(dargs) if cupy is None else cupy, dtype, ndim)
+    return da.blockwise(func, tuple(range(ndim))[::-1], *pairs, dtype=dtype, meta=meta,
+                        name=f"{name}-{tokenize(*token, *dargs)}")
+
+
+# -- what @vectorize and @guvectorize share -----------------------------------------------------
+def cuda_ufunc(kind: str, pyfunc: Callable, *args: Any) -> Any:
+    """``numba.vectorize`` / ``numba.guvectorize`` (``kind``) of ``pyfunc`` for the CUDA target."""
+    import numba
+
+    try:
+        return getattr(numba, kind)(*args, target="cuda")(pyfunc)
+    except ValueError as e:  # "Unsupported target": numba-cuda without numba's target hook
+        from numba import cuda
+
+        if "target" not in str(e) or not hasattr(cuda, kind):
+            raise
+        return getattr(cuda, kind)(*args)(pyfunc)
+
+
+class NumbaUfunc:
+    """A (generalised) ufunc of ``pyfunc`` compiled by numba: ``KIND`` is ``numba.vectorize`` or
+    ``numba.guvectorize``; a subclass says the decorator's arguments for a signature
+    (:meth:`numba_args`) and how to run it on NumPy chunks (``_apply_cpu``) and CuPy chunks
+    (``_apply_cuda``)."""
+
+    KIND: str
+
+    def __init__(self, pyfunc: Callable, name: str | None, default: str):
+        self.pyfunc = pyfunc
+        self.__name__ = name or getattr(pyfunc, "__name__", default)
+        self.__qualname__ = self.__name__
+        self.__module__ = getattr(pyfunc, "__module__", None) or type(self).__module__
+        self.__doc__ = pyfunc.__doc__
+        self._key = new_key(self.__name__)
+
+    def __dask_tokenize__(self):
+        return self._key
+
+    def numba_args(self, sig: Signature) -> tuple:
+        raise NotImplementedError
+
+    def _apply_cpu(self, sig: Signature, chunks: Sequence[Any]) -> Any:
+        raise NotImplementedError
+
+    def _apply_cuda(self, sig: Signature, chunks: Sequence[Any]) -> Any:
+        raise NotImplementedError
+
+    def apply(self, sig: Signature, *chunks: Any) -> Any:
+        """Run signature ``sig`` on in-memory arrays (NumPy or CuPy) or scalars."""
+        if any(is_cupy(c) for c in chunks):
+            return self._apply_cuda(sig, chunks)
+        return self._apply_cpu(sig, chunks)
+
+    def compiled(self, target: str, sig: Signature) -> Any:
+        """The numba ufunc of ``sig`` for ``target`` (``"cpu"`` or ``"cuda"``), built once per process."""
+        def build():
+            import numba
+
+            args = self.numba_args(sig)
+            try:
+                if target == "cuda":
+                    return cuda_ufunc(self.KIND, self.pyfunc, *args)
+                return getattr(numba, self.KIND)(*args)(self.pyfunc)
+            except Exception as e:
+                shown = sig.source if sig.source is not None else sig
+                raise wrap_compile_error(self.__name__, target, shown, e) from None
+
+        return cached((self._key, target, sig.inputs, sig.outputs), build)

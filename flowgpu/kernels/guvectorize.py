@@ -36,7 +36,7 @@ from typing import Any
 import dask.array as da
 import numpy as np
 
-from flowgpu.backend import import_cupy, is_cupy
+from flowgpu.backend import import_cupy
 from flowgpu.errors import KernelError
 from flowgpu.kernels import _numba as nb
 
@@ -72,29 +72,14 @@ def parse_layout(layout: str) -> tuple[list[tuple[str, ...]], list[tuple[str, ..
                           "like '(n),(n)->()' or '(m,n),(n)->(m)'") from None
 
 
-def _cuda_guvectorize(source, layout, pyfunc):
-    import numba
-
-    try:
-        return numba.guvectorize([source], layout, target="cuda")(pyfunc)
-    except ValueError as e:  # "Unsupported target": numba-cuda without numba's target hook
-        from numba import cuda
-
-        if "target" not in str(e) or not hasattr(cuda, "guvectorize"):
-            raise
-        return cuda.guvectorize([source], layout)(pyfunc)
-
-
-class GUVectorized:
+class GUVectorized(nb.NumbaUfunc):
     """A generalised-ufunc-like callable made by :func:`guvectorize`."""
+
+    KIND = "guvectorize"
 
     def __init__(self, pyfunc: Callable, signatures: Sequence[Any] | str, layout: str, *,
                  name: str | None = None, rechunk: bool = True):
-        self.pyfunc = pyfunc
-        self.__name__ = name or getattr(pyfunc, "__name__", "guvectorized")
-        self.__qualname__ = self.__name__
-        self.__module__ = getattr(pyfunc, "__module__", __name__)
-        self.__doc__ = pyfunc.__doc__
+        super().__init__(pyfunc, name, "guvectorized")
         self.layout = layout
         self.in_core, self.out_core = parse_layout(layout)
         self.nin, self.nout = len(self.in_core), len(self.out_core)
@@ -115,13 +100,9 @@ class GUVectorized:
             raise KernelError(f"guvectorize {self.__name__!r}: output dimension(s) "
                               f"{', '.join(sorted(missing))} appear in no input; numba needs every "
                               "output dimension in an input (pass an array of that length)")
-        self._key = nb.new_key(self.__name__)
 
     def __repr__(self) -> str:
         return f"<flowgpu.guvectorize {self.__name__} {self.layout}>"
-
-    def __dask_tokenize__(self):
-        return self._key
 
     def __call__(self, *args: Any, rechunk: bool | None = None) -> Any:
         if len(args) != self.nin:
@@ -200,27 +181,11 @@ class GUVectorized:
                                       f"in one input and {n} in input {i}")
         return sizes
 
-    def apply(self, sig: nb.Signature, *chunks: Any) -> Any:
-        """Run signature ``sig`` on in-memory arrays (NumPy or CuPy); a tuple when several outputs."""
-        if any(is_cupy(c) for c in chunks):
-            return self._apply_cuda(sig, chunks)
-        return self._apply_cpu(sig, chunks)
-
-    def _compiled(self, target: str, sig: nb.Signature):
-        def build():
-            import numba
-
-            try:
-                if target == "cuda":
-                    return _cuda_guvectorize(sig.source, self.layout, self.pyfunc)
-                return numba.guvectorize([sig.source], self.layout)(self.pyfunc)
-            except Exception as e:
-                raise nb.wrap_compile_error(self.__name__, target, sig.source, e) from None
-
-        return nb.cached((self._key, target, sig.inputs, sig.outputs), build)
+    def numba_args(self, sig: nb.Signature) -> tuple:
+        return ([sig.source], self.layout)
 
     def _apply_cpu(self, sig: nb.Signature, chunks: Sequence[Any]) -> Any:
-        gufunc = self._compiled("cpu", sig)
+        gufunc = self.compiled("cpu", sig)
         out = gufunc(*(np.asarray(c, dtype=d) for c, d in zip(chunks, sig.inputs)))
         if self.nout > 1:
             return tuple(np.asarray(o) for o in out)
@@ -240,7 +205,7 @@ class GUVectorized:
                    .reshape((n,) + np.shape(c)[np.ndim(c) - len(d):])
                    for c, d, dt in zip(chunks, self.in_core, sig.inputs)]
             flat = [o.reshape((n,) + o.shape[len(loop):]) for o in outs]
-            gufunc = self._compiled("cuda", sig)
+            gufunc = self.compiled("cuda", sig)
             gufunc(*(nb.numba_view(a) for a in ins), *(nb.numba_view(o) for o in flat),
                    stream=nb.numba_stream())
         return tuple(outs) if self.nout > 1 else outs[0]

@@ -42,7 +42,6 @@ from typing import Any
 
 import dask.array as da
 import numpy as np
-from dask.base import tokenize
 
 from flowgpu.backend import current_backend, import_cupy, is_cupy
 from flowgpu.errors import BackendError, KernelError
@@ -162,20 +161,9 @@ class Kernel:
         dtype = self.out_dtype(arrays)
         if not any(isinstance(a, da.Array) for a in arrays):
             return self.apply(target, dtype, *arrays)
-        dargs = nb.as_dask_args(arrays)
-        shapes = [a.shape for a in dargs if isinstance(a, da.Array)]
-        try:
-            ndim = len(np.broadcast_shapes(*shapes))
-        except ValueError:
-            raise KernelError(f"kernel {self.kernel_name!r}: input shapes "
-                              f"{', '.join(map(str, shapes))} do not broadcast together") from None
-        pairs = []
-        for a in dargs:
-            pairs += [a, tuple(range(a.ndim))[::-1] if isinstance(a, da.Array) else None]
-        meta = nb.meta_array(target == "cuda", dtype, ndim)
-        return da.blockwise(functools.partial(self.apply, target, dtype), tuple(range(ndim))[::-1],
-                            *pairs, dtype=dtype, meta=meta,
-                            name=f"{self.kernel_name}-{tokenize(self._key, target, dtype, *dargs)}")
+        return nb.map_broadcast(functools.partial(self.apply, target, dtype), arrays, dtype,
+                                name=self.kernel_name, who=f"kernel {self.kernel_name!r}",
+                                token=(self._key, target, dtype), cupy=target == "cuda")
 
     def apply(self, target: str, dtype: np.dtype, *chunks: Any) -> Any:
         """Run on in-memory chunks: the CUDA kernel (``target="cuda"``) or the CPU version."""

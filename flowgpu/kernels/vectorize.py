@@ -32,29 +32,15 @@ from typing import Any
 
 import dask.array as da
 import numpy as np
-from dask.base import tokenize
 
-from flowgpu.backend import import_cupy, is_cupy
+from flowgpu.backend import import_cupy
 from flowgpu.errors import KernelError
 from flowgpu.kernels import _numba as nb
 
 __all__ = ["vectorize", "Vectorized"]
 
 
-def _cuda_vectorize(signature, pyfunc):
-    import numba
-
-    try:
-        return numba.vectorize([signature], target="cuda")(pyfunc)
-    except ValueError as e:  # "Unsupported target": numba-cuda without numba's target hook
-        from numba import cuda
-
-        if "target" not in str(e) or not hasattr(cuda, "vectorize"):
-            raise
-        return cuda.vectorize([signature])(pyfunc)
-
-
-class Vectorized:
+class Vectorized(nb.NumbaUfunc):
     """A ufunc-like callable made by :func:`vectorize`.
 
     Attributes
@@ -64,15 +50,13 @@ class Vectorized:
     nin : the number of inputs.
     """
 
+    KIND = "vectorize"
+
     def __init__(self, pyfunc: Callable, signatures: Sequence[Any] | None = None, *,
                  name: str | None = None):
         if not callable(pyfunc):
             raise KernelError(f"vectorize needs a Python function, got {pyfunc!r}")
-        self.pyfunc = pyfunc
-        self.__name__ = name or getattr(pyfunc, "__name__", "vectorized")
-        self.__qualname__ = self.__name__
-        self.__module__ = getattr(pyfunc, "__module__", __name__)
-        self.__doc__ = pyfunc.__doc__
+        super().__init__(pyfunc, name, "vectorized")
         self.__signature__ = nb.describe(pyfunc)
         if self.__signature__ is None:
             raise KernelError(f"vectorize: cannot read the parameters of {pyfunc!r}")
@@ -83,14 +67,10 @@ class Vectorized:
             if len(sig.inputs) != self.nin:
                 raise KernelError(f"{where} {sig.source!r} has {len(sig.inputs)} inputs but "
                                   f"{self.__name__}() takes {self.nin}")
-        self._key = nb.new_key(self.__name__)
 
     def __repr__(self) -> str:
         sigs = "lazy" if self.signatures is None else "; ".join(str(s) for s in self.signatures)
         return f"<flowgpu.vectorize {self.__name__} [{sigs}]>"
-
-    def __dask_tokenize__(self):
-        return self._key
 
     # -- resolving the signature -----------------------------------------------------------------
     def resolve(self, *args: Any) -> nb.Signature:
@@ -113,43 +93,14 @@ class Vectorized:
         return self.apply(sig, *args)
 
     def _blockwise(self, sig: nb.Signature, args: Sequence[Any]) -> da.Array:
-        dargs = nb.as_dask_args(args)
-        shapes = [a.shape for a in dargs if isinstance(a, da.Array)]
-        try:
-            ndim = len(np.broadcast_shapes(*shapes))
-        except ValueError:
-            raise KernelError(f"{self.__name__}(): input shapes {', '.join(map(str, shapes))} do "
-                              "not broadcast together (NumPy's rules)") from None
-        pairs = []
-        for a in dargs:
-            pairs += [a, tuple(range(a.ndim))[::-1] if isinstance(a, da.Array) else None]
-        meta = nb.meta_array(nb.any_cupy(dargs), sig.outputs[0], ndim)
-        return da.blockwise(functools.partial(self.apply, sig), tuple(range(ndim))[::-1], *pairs,
-                            dtype=sig.outputs[0], meta=meta,
-                            name=f"{self.__name__}-{tokenize(self._key, str(sig), *dargs)}")
+        return nb.map_broadcast(functools.partial(self.apply, sig), args, sig.outputs[0], name=self.__name__,
+                                who=f"{self.__name__}()", token=(self._key, str(sig)))
 
-    def apply(self, sig: nb.Signature, *chunks: Any) -> Any:
-        """Run signature ``sig`` on in-memory arrays (NumPy or CuPy) or scalars."""
-        if any(is_cupy(c) for c in chunks):
-            return self._apply_cuda(sig, chunks)
-        return self._apply_cpu(sig, chunks)
-
-    def _compiled(self, target: str, sig: nb.Signature):
-        def build():
-            import numba
-
-            nsig = nb.numba_signature(sig)
-            try:
-                if target == "cuda":
-                    return _cuda_vectorize(nsig, self.pyfunc)
-                return numba.vectorize([nsig])(self.pyfunc)
-            except Exception as e:
-                raise nb.wrap_compile_error(self.__name__, target, sig, e) from None
-
-        return nb.cached((self._key, target, sig.inputs, sig.outputs), build)
+    def numba_args(self, sig: nb.Signature) -> tuple:
+        return ([nb.numba_signature(sig)],)
 
     def _apply_cpu(self, sig: nb.Signature, chunks: Sequence[Any]) -> np.ndarray:
-        ufunc = self._compiled("cpu", sig)
+        ufunc = self.compiled("cpu", sig)
         args = [np.asarray(c, dtype=d) for c, d in zip(chunks, sig.inputs)]
         return np.asarray(ufunc(*args))
 
@@ -161,7 +112,7 @@ class Vectorized:
             return out
         # numba-cuda launches over flat contiguous arrays; broadcasting it would do through the host
         args = [nb.dense(c, shape, d, cp).reshape(-1) for c, d in zip(chunks, sig.inputs)]
-        ufunc = self._compiled("cuda", sig)
+        ufunc = self.compiled("cuda", sig)
         ufunc(*(nb.numba_view(a) for a in args), out=nb.numba_view(out.reshape(-1)),
               stream=nb.numba_stream())
         return out

@@ -55,6 +55,12 @@ def test_inputs_broadcast_and_cast_to_the_kernel_dtype(rng, cpu_backend):
     np.testing.assert_allclose(out.compute(), (a * row).astype(np.float32), rtol=1e-6)
 
 
+def test_inputs_that_do_not_broadcast_are_refused_when_the_graph_is_built(rng, cpu_backend):
+    a = da.from_array(rng.standard_normal((40, 30)), chunks=(16, 30))
+    with pytest.raises(KernelError, match=r"kernel 'mul': input shapes \(40, 30\), \(7,\) do not broadcast"):
+        mul(a, da.from_array(rng.standard_normal(7)))
+
+
 def test_gpu_only_kernel_on_a_cpu_session_says_what_to_do(rng, cpu_backend):
     x = da.from_array(rng.random(100, dtype=np.float32), chunks=50)
     with pytest.raises(KernelError) as info:

@@ -126,6 +126,16 @@ def test_shapes_that_do_not_broadcast(rng):
         mul_add(da.from_array(rng.random((4, 3))), da.from_array(rng.random(5)))
 
 
+def test_a_function_numba_cannot_compile_names_the_signature(rng):
+    @flowgpu.vectorize(["float64(float64)"])
+    def strange(a):
+        return a.no_such_attribute
+
+    with pytest.raises(KernelError, match=r"strange: numba could not compile it for the cpu target with "
+                                          r"signature float64\(float64\)"):
+        strange(rng.random(3))
+
+
 @pytest.mark.parametrize("sig, match", [
     ("float32(float32)", "has 1 inputs but mul2\\(\\) takes 2"),
     ("nonsense((", "is not a numba signature"),
