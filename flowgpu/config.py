@@ -56,9 +56,20 @@ def get(key: str, override_with: Any = None, default: Any = _NO_DEFAULT) -> Any:
         return dask.config.get(full, override_with=override_with)
 
 
+def _canonical(values: Mapping, schema: dict) -> dict:
+    """``values`` with keys spelt as in the schema: dask.config takes ``n_workers`` for ``n-workers``."""
+    known = schema.get("properties", {})
+    aliases = {k.replace("-", "_"): k for k in known}
+    out = {}
+    for key, value in values.items():
+        key = key if key in known else aliases.get(key, key)
+        out[key] = _canonical(value, known[key]) if isinstance(value, Mapping) and key in known else value
+    return out
+
+
 def tree() -> dict:
-    """A copy of the whole ``flowgpu`` section of dask.config, over the defaults."""
-    return dask.config.merge(DEFAULTS["flowgpu"], dask.config.get("flowgpu", default={}))
+    """A copy of the whole ``flowgpu`` section of dask.config, over the defaults, keys as in the schema."""
+    return dask.config.merge(DEFAULTS["flowgpu"], _canonical(dask.config.get("flowgpu", default={}), SCHEMA))
 
 
 def options() -> list[str]:

@@ -99,3 +99,12 @@ def test_a_bad_environment_variable_is_named_before_any_cluster_starts():
     assert out.returncode != 0
     assert out.stderr.strip().splitlines()[-1] == (
         "flowgpu.errors.ConfigError: flowgpu.chunks.headroom=0 is below 1; give a whole number >= 1")
+
+
+def test_a_users_yaml_may_spell_options_with_underscores(tmp_path):
+    (tmp_path / "flowgpu.yaml").write_text("flowgpu:\n  n_workers: 3\n  chunks:\n    cpu_target: 64MiB\n")
+    code = ("from flowgpu.runtime import resolve\nfrom flowgpu import config\n"
+            "print(resolve(backend='cpu').n_workers, config.get('chunks.cpu-target'))\n")
+    env = dict(os.environ, DASK_CONFIG=str(tmp_path))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["3", "64MiB"]
