@@ -51,6 +51,11 @@ class Session:
         passed through to the local cluster; defaults come from ``flowgpu.*`` in dask.config.
     host, dashboard_address : where the local scheduler and dashboard listen (127.0.0.1 by default).
     connect_timeout : how long to try to reach ``address``.
+    batch_interval : how long distributed may hold control messages to batch them (``"1ms"``).
+
+    Each is a top-level option of ``flowgpu.yaml`` (``memory_limit`` is ``flowgpu.memory-limit``),
+    checked against ``flowgpu-schema.yaml`` before anything starts; None takes the configured value.
+    Other keywords go to the cluster's constructor.
 
     Examples
     --------
