@@ -52,6 +52,9 @@ __all__ = sorted(_EXPORTS) + ["__version__"]
 
 
 def __getattr__(name: str) -> Any:
+    # PEP 562: the public API loads on first use. This is the one place flowgpu imports its own
+    # modules inside a function (tests/test_layers.py::EXCEPTIONS); everywhere else they are
+    # imported at the top, so the layer map in pyproject.toml shows every dependency.
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'flowgpu' has no attribute {name!r}")

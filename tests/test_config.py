@@ -75,3 +75,36 @@ def test_config_survives_a_set_block_entered_before_import():
         default = yaml.safe_load(f)["flowgpu"]["chunks"]["headroom"]
     assert default != 5
     assert out.stdout.split() == ["5", str(default), "auto"]
+
+
+def _leaves(schema, path=""):
+    for key, sub in schema["properties"].items():
+        if sub.get("type") == "object":
+            yield from _leaves(sub, f"{path}{key}.")
+        else:
+            yield path + key, sub
+
+
+def test_every_option_says_what_it_allows():
+    config.check(config.tree())  # the defaults pass
+    for key, sub in _leaves(config.SCHEMA):
+        words = config.allowed(sub)
+        assert words and "\n" not in words, key
+
+
+def test_a_bad_environment_variable_is_named_before_any_cluster_starts():
+    code = "from flowgpu.runtime import resolve\nresolve(backend='cpu')\n"
+    env = dict(os.environ, DASK_FLOWGPU__CHUNKS__HEADROOM="0")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode != 0
+    assert out.stderr.strip().splitlines()[-1] == (
+        "flowgpu.errors.ConfigError: flowgpu.chunks.headroom=0 is below 1; give a whole number >= 1")
+
+
+def test_a_users_yaml_may_spell_options_with_underscores(tmp_path):
+    (tmp_path / "flowgpu.yaml").write_text("flowgpu:\n  n_workers: 3\n  chunks:\n    cpu_target: 64MiB\n")
+    code = ("from flowgpu.runtime import resolve\nfrom flowgpu import config\n"
+            "print(resolve(backend='cpu').n_workers, config.get('chunks.cpu-target'))\n")
+    env = dict(os.environ, DASK_CONFIG=str(tmp_path))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["3", "64MiB"]

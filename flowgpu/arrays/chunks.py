@@ -4,6 +4,10 @@ dask's own ``"auto"`` aims at ``array.chunk-size`` (128 MiB), a CPU default. On 
 costs about a millisecond of scheduling, and an H200 streams ~4 TB/s, so chunks must be large (about
 1 GiB) to keep the device busy, yet bounded by device memory. ``benchmarks/chunk_size.py`` measures
 throughput against chunk size; the defaults in ``flowgpu.yaml`` come from that curve.
+
+The worker budget comes from dask.config: an open :class:`~flowgpu.Session` publishes
+``flowgpu.worker.budget`` (bytes one worker may hold) and ``flowgpu.worker.threads``. Without a
+session both are null, and only the per-backend target applies.
 """
 
 from __future__ import annotations
@@ -23,30 +27,24 @@ __all__ = ["target_chunk_bytes", "resolve_chunks", "check_fits"]
 _MIN_CHUNK = 1 << 20
 
 
-def _session():
-    from flowgpu.runtime.session import current_session
-
-    return current_session()
-
-
-def target_chunk_bytes(session: Any = None) -> int:
-    """Bytes ``chunks="auto"`` aims at for one chunk on the current (or given) session."""
+def target_chunk_bytes() -> int:
+    """Bytes ``chunks="auto"`` aims at for one chunk: the backend's target, or less when the open
+    session's workers cannot hold ``flowgpu.chunks.headroom`` chunks per thread."""
     gpu = current_backend() == "cupy"
     cap = parse_bytes(config.get("chunks.gpu-target" if gpu else "chunks.cpu-target"))
-    s = session if session is not None else _session()
-    if s is not None:
-        headroom = int(config.get("chunks.headroom"))
-        per_thread = s.worker_budget // max(headroom * s.threads_per_worker, 1)
-        cap = min(cap, per_thread)
+    budget = config.get("worker.budget")
+    if budget is not None:
+        threads = config.get("worker.threads") or 1
+        cap = min(cap, int(budget) // max(int(config.get("chunks.headroom")) * int(threads), 1))
     return max(int(cap), _MIN_CHUNK)
 
 
-def resolve_chunks(chunks: Any, shape: tuple[int, ...], dtype: Any, *, session: Any = None) -> tuple:
+def resolve_chunks(chunks: Any, shape: tuple[int, ...], dtype: Any) -> tuple:
     """Normalise ``chunks`` for an array of ``shape``/``dtype``; ``"auto"`` uses the worker budget."""
     dtype = np.dtype(dtype)
     try:
         if chunks is None or chunks == "auto" or (isinstance(chunks, (tuple, list)) and "auto" in chunks):
-            limit = target_chunk_bytes(session)
+            limit = target_chunk_bytes()
             out = _balanced(normalize_chunks("auto" if chunks is None else chunks, shape, limit=limit, dtype=dtype),
                             chunks)
         else:
@@ -56,7 +54,7 @@ def resolve_chunks(chunks: Any, shape: tuple[int, ...], dtype: Any, *, session: 
             f"chunks={chunks!r} do not fit shape {tuple(shape)}: {e}; give 'auto', one size per axis such as "
             "(1000, 1000), or a byte size such as '256MiB'"
         ) from None
-    check_fits(out, dtype, session=session)
+    check_fits(out, dtype)
     return out
 
 
@@ -81,13 +79,12 @@ def _balanced(chunks: tuple, asked: Any) -> tuple:
     return tuple(out)
 
 
-def check_fits(chunks: tuple, dtype: Any, *, session: Any = None) -> None:
-    """Refuse chunks whose largest block cannot fit one worker's memory budget."""
-    s = session if session is not None else _session()
-    if s is None:
+def check_fits(chunks: tuple, dtype: Any) -> None:
+    """Refuse chunks whose largest block cannot fit one worker's memory budget (``flowgpu.worker.budget``)."""
+    budget = config.get("worker.budget")
+    if budget is None:
         return
     largest = int(np.prod([max(c) if c else 0 for c in chunks], dtype=np.int64)) * np.dtype(dtype).itemsize
-    budget = s.worker_budget
     if largest > budget:
         raise ChunkError(
             f"the largest chunk holds {largest:,} bytes but a worker can hold {budget:,} bytes; "

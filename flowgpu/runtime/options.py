@@ -1,4 +1,10 @@
-"""Session options: read from dask.config, overridden by arguments, checked before any cluster starts."""
+"""Session options: read from dask.config, overridden by arguments, checked before any cluster starts.
+
+What each option may be is ``flowgpu/flowgpu-schema.yaml``'s to say: :func:`resolve` lays the
+keyword arguments over the ``flowgpu`` section of dask.config and holds the whole of it to the
+schema (:func:`flowgpu.config.check`). What only this machine can answer (is there a GPU, does
+the scheduler file exist, does the limit fit the memory) is checked here, before any worker starts.
+"""
 
 from __future__ import annotations
 
@@ -7,21 +13,23 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psutil
-from dask.utils import parse_bytes, parse_timedelta
 
 from flowgpu import backend as _backend
 from flowgpu import config
 from flowgpu.errors import BackendError, ConfigError, MemoryLimitError
 
-BACKENDS = ("auto", "gpu", "cpu")
-_UNSET: Any = object()
-
+__all__ = ["GPU_THREADS", "SessionOptions", "parse_memory", "resolve"]
 
 # Threads per GPU worker when none are given. Each thread computes on its own CUDA stream
 # (flowgpu.spill.per-thread-streams), so several tasks are in flight per GPU: the ~1 ms each task
 # costs in distributed overlaps the kernels of the others, and copies overlap compute. Measured on
 # the H200 (BENCHMARKS.md): a 32 GiB fused pass took 54 ms with 1 thread and 38 ms with 4.
 GPU_THREADS = 4
+
+# Keyword names are the options' names with "_" for "-", but for these.
+_KEYWORDS = {"scheduler-address": "address"}
+# An explicit None passed for these is a value (turn the dashboard off), not "take the config".
+_NONE_IS_A_VALUE = {"dashboard-address"}
 
 
 @dataclass(frozen=True)
@@ -44,162 +52,125 @@ class SessionOptions:
     extra: dict = field(default_factory=dict)
 
 
-def parse_memory(value: Any, name: str, *, allow: tuple[str, ...] = ("auto",)) -> int | float | str | None:
-    """Parse a memory size: bytes, a string such as ``"4GiB"``, a fraction in (0, 1], or a keyword."""
-    if value is None or (isinstance(value, str) and value in allow):
+def parse_memory(value: Any) -> int | float | str | None:
+    """A memory option as the cluster takes it: None, a keyword (``"auto"``), a fraction in (0, 1],
+    or whole bytes (``"4GiB"`` -> 4294967296). The value must have passed the schema."""
+    if value is None or value in ("auto", "default"):
         return value
-    if isinstance(value, bool):
-        raise ConfigError(f"{name}={value!r} is not a memory size; give bytes, e.g. '4GiB', or a fraction like 0.8")
-    if isinstance(value, (int, float)):
-        n = value
-    elif isinstance(value, str):
-        text = value.strip()
-        try:
-            n = float(text) if text.replace(".", "", 1).lstrip("-").isdigit() else parse_bytes(text)
-        except (ValueError, TypeError):
-            allowed = ", ".join(repr(a) for a in allow)
-            raise ConfigError(
-                f"{name}={value!r} is not a memory size; give bytes such as '4GiB' or '512MB', "
-                f"a fraction like 0.8{', or ' + allowed if allow else ''}"
-            ) from None
-    else:
-        raise ConfigError(f"{name}={value!r} is not a memory size; give bytes such as '4GiB' or a fraction like 0.8")
-    if n < 0:
-        raise ConfigError(f"{name}={value!r} is negative; give a positive size such as '4GiB' or a fraction like 0.8")
-    if isinstance(n, float) and 0 < n <= 1:
-        return n
-    return int(n)
+    n = config.parse_size(value) if isinstance(value, str) else value
+    return n if isinstance(n, float) and 0 < n <= 1 else int(n)
 
 
-def _parse_gpus(gpus: Any) -> tuple[int, ...] | None:
-    if gpus is None:
-        return None
-    if isinstance(gpus, int) and not isinstance(gpus, bool):
-        gpus = [gpus]
-    if isinstance(gpus, str):
-        gpus = [g for g in gpus.replace(" ", "").split(",") if g]
-    try:
-        out = tuple(int(g) for g in gpus)
-    except (TypeError, ValueError):
-        raise ConfigError(f"gpus={gpus!r} is not a list of GPU ordinals; give e.g. gpus=[0, 1] or '0,1'") from None
-    if not out or len(set(out)) != len(out) or min(out) < 0:
-        raise ConfigError(f"gpus={gpus!r}: give distinct, non-negative GPU ordinals, e.g. gpus=[0, 1]")
-    return out
+def _merged(address: str | None, kwargs: dict) -> tuple[dict, dict, dict]:
+    """The ``flowgpu`` section with the keyword arguments over it, checked against the schema;
+    what each option is called in messages; the keywords that are no option (for the cluster)."""
+    values, names, extra = config.tree(), {}, {}
+    keys = {_KEYWORDS.get(k, k.replace("-", "_")): k for k in config.options()}
+    for kw, value in {**kwargs, "address": address}.items():
+        key = keys.get(kw)
+        if key is None:
+            extra[kw] = value
+        elif value is not None or key in _NONE_IS_A_VALUE:
+            values[key], names[key] = value, kw
+    config.check(values, names)
+    return values, {k: names.get(k, f"flowgpu.{k}") for k in keys.values()}, extra
 
 
-def _positive_int(value: Any, name: str) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{name}={value!r}: give a whole number >= 1")
-    return value
+def _scheduler(address: str) -> str:
+    if "://" not in address and ":" not in address and not os.path.exists(address):
+        raise ConfigError(f"scheduler file {address!r} does not exist; give 'tcp://host:port' or an existing "
+                          "scheduler file")
+    return address
 
 
-def resolve(
-    address: str | None = None,
-    *,
-    backend: str | None = None,
-    gpus: Any = None,
-    n_workers: int | None = None,
-    threads_per_worker: int | None = None,
-    memory_limit: Any = None,
-    device_memory_limit: Any = None,
-    local_directory: str | None = None,
-    rmm_pool_size: Any = None,
-    host: str | None = None,
-    dashboard_address: str | None = _UNSET,
-    connect_timeout: Any = None,
-    **extra: Any,
-) -> SessionOptions:
-    """Merge arguments over ``flowgpu.*`` config and check them; starts nothing."""
-    backend = config.get("backend", backend)
-    if backend not in BACKENDS:
-        raise ConfigError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
-    address = config.get("scheduler-address", address)
-    timeout_raw = config.get("connect-timeout", connect_timeout)
-    try:
-        timeout = float(parse_timedelta(timeout_raw, default="s"))
-    except (ValueError, TypeError, KeyError):
-        raise ConfigError(f"connect_timeout={timeout_raw!r} is not a duration; give seconds or e.g. '30s'") from None
-    interval_raw = config.get("batch-interval")
-    try:
-        interval = None if interval_raw is None else float(parse_timedelta(interval_raw, default="s"))
-    except (ValueError, TypeError, KeyError):
-        interval = -1.0
-    if isinstance(interval_raw, bool) or interval is not None and not 0 <= interval <= 1:
-        raise ConfigError(f"flowgpu.batch-interval={interval_raw!r} is not a duration between 0 and 1s; "
-                          "give e.g. '1ms', or null to keep distributed's own batching")
-    common = dict(
-        batch_interval=interval,
-        host=config.get("host", host),
-        # an explicit None turns the dashboard off; leaving it out takes the configured address
-        dashboard_address=config.get("dashboard-address") if dashboard_address is _UNSET else dashboard_address,
-        connect_timeout=timeout,
+def _batch_interval(value: Any, name: str) -> float | None:
+    seconds = None if value is None else config.parse_seconds(value)
+    if seconds is not None and seconds > 1:
+        raise ConfigError(f"{name}={value!r} is longer than 1s; give e.g. '1ms', or None to keep "
+                          "distributed's own batching")
+    return seconds
+
+
+def _common(values: dict, names: dict, extra: dict) -> dict:
+    """The options of local and joined clusters alike."""
+    return dict(
+        batch_interval=_batch_interval(values["batch-interval"], names["batch-interval"]),
+        host=values["host"],
+        dashboard_address=values["dashboard-address"],
+        connect_timeout=config.parse_seconds(values["connect-timeout"]),
         extra=extra,
     )
-    if address is not None:
-        if not isinstance(address, str) or not address:
-            raise ConfigError(f"address={address!r}: give 'tcp://host:port' or the path of a scheduler file")
-        if "://" not in address and ":" not in address and not os.path.exists(address):
-            raise ConfigError(
-                f"scheduler file {address!r} does not exist; give 'tcp://host:port' or an existing scheduler file"
-            )
-        return SessionOptions(backend=backend, address=address, **common)
 
-    n_workers = _positive_int(config.get("n-workers", n_workers), "n_workers")
-    threads = _positive_int(config.get("threads-per-worker", threads_per_worker), "threads_per_worker")
-    mem = parse_memory(config.get("memory-limit", memory_limit), "memory_limit", allow=("auto",))
-    dev_mem = parse_memory(
-        config.get("device-memory-limit", device_memory_limit), "device_memory_limit", allow=("default", "auto")
-    )
-    pool = parse_memory(config.get("rmm-pool-size", rmm_pool_size), "rmm_pool_size", allow=())
-    local_directory = config.get("local-directory", local_directory)
-    wanted = _parse_gpus(config.get("gpus", gpus))
 
+def _gpus(values: dict, names: dict) -> tuple[tuple[int, ...] | None, list[int]]:
+    """The GPUs asked for (None: all) and those visible, refusing what this machine lacks."""
+    backend, wanted = values["backend"], values["gpus"]
+    if isinstance(wanted, int):
+        wanted = (wanted,)
+    elif isinstance(wanted, str):
+        wanted = config.parse_gpus(wanted)
     visible = _backend.visible_gpus() if backend != "cpu" else []
     if backend == "gpu" and not visible:
         raise BackendError(
             "backend='gpu' but no GPU is visible here (none found through NVML or the CUDA driver, "
             f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}); use backend='cpu' or 'auto'"
         )
-    if wanted is not None and backend != "cpu":
-        missing = [g for g in wanted if g not in visible]
-        if missing:
-            raise ConfigError(
-                f"gpus={list(wanted)} names GPU(s) {missing} that are not visible; "
-                f"visible GPUs: {visible if visible else 'none'}"
-            )
-    use_gpu = backend == "gpu" or (backend == "auto" and bool(visible))
-    if use_gpu:
-        _backend.import_cupy()  # a clear install hint before any worker starts
-        chosen = tuple(wanted) if wanted is not None else tuple(visible)
-        if isinstance(dev_mem, int) and dev_mem:
-            total = min(_backend.device_total_memory(g) for g in chosen)
-            if dev_mem > total:
-                raise MemoryLimitError(
-                    f"device_memory_limit={dev_mem} bytes is larger than the GPU's {total} bytes; "
-                    "give at most the device's memory, e.g. a fraction like 0.8"
-                )
-        return SessionOptions(
-            backend="gpu",
-            gpus=chosen,
-            n_workers=len(chosen),
-            threads_per_worker=threads or GPU_THREADS,
-            memory_limit=mem,
-            device_memory_limit=dev_mem,
-            local_directory=local_directory,
-            rmm_pool_size=pool,
-            **common,
-        )
-    if isinstance(mem, int) and mem and mem > psutil.virtual_memory().total:
-        raise MemoryLimitError(
-            f"memory_limit={mem} bytes is larger than this machine's {psutil.virtual_memory().total} bytes"
-        )
+    missing = [g for g in wanted or () if g not in visible]
+    if missing and backend != "cpu":
+        raise ConfigError(f"{names['gpus']}={list(wanted)} names GPU(s) {missing} that are not visible; "
+                          f"visible GPUs: {visible if visible else 'none'}")
+    return (None if wanted is None else tuple(wanted)), visible
+
+
+def _gpu_options(values: dict, names: dict, chosen: tuple[int, ...], common: dict) -> SessionOptions:
+    _backend.import_cupy()  # a clear install hint before any worker starts
+    device = parse_memory(values["device-memory-limit"])
+    if isinstance(device, int) and device:
+        total = min(_backend.device_total_memory(g) for g in chosen)
+        if device > total:
+            raise MemoryLimitError(f"{names['device-memory-limit']}={device} bytes is larger than the GPU's "
+                                   f"{total} bytes; give at most the device's memory, e.g. a fraction like 0.8")
     return SessionOptions(
-        backend="cpu",
-        n_workers=n_workers,
-        threads_per_worker=threads,
-        memory_limit=mem,
-        local_directory=local_directory,
+        backend="gpu",
+        gpus=chosen,
+        n_workers=len(chosen),
+        threads_per_worker=values["threads-per-worker"] or GPU_THREADS,
+        memory_limit=parse_memory(values["memory-limit"]),
+        device_memory_limit=device,
+        local_directory=values["local-directory"],
+        rmm_pool_size=parse_memory(values["rmm-pool-size"]),
         **common,
     )
+
+
+def _cpu_options(values: dict, names: dict, common: dict) -> SessionOptions:
+    memory = parse_memory(values["memory-limit"])
+    total = psutil.virtual_memory().total
+    if isinstance(memory, int) and memory > total:
+        raise MemoryLimitError(f"{names['memory-limit']}={memory} bytes is larger than this machine's {total} bytes")
+    return SessionOptions(
+        backend="cpu",
+        n_workers=values["n-workers"],
+        threads_per_worker=values["threads-per-worker"],
+        memory_limit=memory,
+        local_directory=values["local-directory"],
+        **common,
+    )
+
+
+def resolve(address: str | None = None, **kwargs: Any) -> SessionOptions:
+    """Merge arguments over ``flowgpu.*`` config and check them; starts nothing.
+
+    Every top-level option of ``flowgpu.yaml`` is a keyword (``memory_limit`` for
+    ``flowgpu.memory-limit``, ``address`` for ``flowgpu.scheduler-address``); None takes the
+    configured value (but ``dashboard_address=None`` turns the dashboard off). Other keywords go
+    to the cluster's constructor.
+    """
+    values, names, extra = _merged(address, kwargs)
+    common = _common(values, names, extra)
+    if values["scheduler-address"] is not None:
+        return SessionOptions(backend=values["backend"], address=_scheduler(values["scheduler-address"]), **common)
+    wanted, visible = _gpus(values, names)
+    if values["backend"] == "gpu" or (values["backend"] == "auto" and visible):
+        return _gpu_options(values, names, wanted or tuple(visible), common)
+    return _cpu_options(values, names, common)

@@ -6,11 +6,10 @@ import os
 
 import dask.config
 
+from flowgpu import backend
 
 def worker_info(dask_worker=None) -> dict:
     """GPUs, CuPy and memory of the worker process this runs in."""
-    from flowgpu import backend
-
     gpus = backend.gpu_count()
     has_cupy = backend.import_cupy(strict=False) is not None if gpus else False
     info = {

@@ -3,6 +3,11 @@
 * no address, GPUs present: ``dask_cuda.LocalCUDACluster``, one worker per GPU, CuPy chunks;
 * no address, no GPU (or ``backend="cpu"``): ``distributed.LocalCluster`` of processes, NumPy chunks;
 * an address or scheduler file: join that cluster; the backend follows what its workers have.
+
+While it is open, a Session publishes what the code below it needs to know about the cluster in
+dask.config, and puts back what was there when it closes: ``array.backend`` (cupy or numpy), and
+``flowgpu.worker.budget`` / ``flowgpu.worker.threads``, which size ``chunks="auto"``
+(:mod:`flowgpu.arrays.chunks` reads them; array code never imports the runtime).
 """
 
 from __future__ import annotations
@@ -13,9 +18,11 @@ import warnings
 from typing import Any
 
 import dask.config
+import psutil
 from distributed import Client, LocalCluster
 
 from flowgpu import backend as _backend
+from flowgpu import memory
 from flowgpu.errors import BackendError, FlowgpuError, SessionError
 from flowgpu.runtime import latency, probe
 from flowgpu.runtime.options import SessionOptions, resolve
@@ -44,6 +51,11 @@ class Session:
         passed through to the local cluster; defaults come from ``flowgpu.*`` in dask.config.
     host, dashboard_address : where the local scheduler and dashboard listen (127.0.0.1 by default).
     connect_timeout : how long to try to reach ``address``.
+    batch_interval : how long distributed may hold control messages to batch them (``"1ms"``).
+
+    Each is a top-level option of ``flowgpu.yaml`` (``memory_limit`` is ``flowgpu.memory-limit``),
+    checked against ``flowgpu-schema.yaml`` before anything starts; None takes the configured value.
+    Other keywords go to the cluster's constructor.
 
     Examples
     --------
@@ -57,7 +69,7 @@ class Session:
         self.options: SessionOptions = resolve(address, **kwargs)
         self.cluster = None
         self.client: Client | None = None
-        self._config = None
+        self._published: list = []  # dask.config.set contexts, undone in reverse order on close
         self._closed = False
         self.workers: dict[str, dict] = {}
         try:
@@ -82,16 +94,23 @@ class Session:
             _stack.append(self)
 
     # -- starting -------------------------------------------------------------------------------
+    def _publish(self, settings: dict) -> None:
+        """Set ``settings`` in dask.config until the session closes."""
+        self._published.append(dask.config.set(settings))
+
     def _set_array_backend(self, name: str) -> None:
         self.array_backend = name
-        self._config = dask.config.set({"array.backend": name})
+        self._publish({"array.backend": name})
+
+    def _publish_workers(self) -> None:
+        """Publish what chunk sizing needs to know about the probed workers."""
+        self._nthreads = self._min_threads()
+        self._publish({"flowgpu.worker.budget": self.worker_budget, "flowgpu.worker.threads": self._nthreads})
 
     def _start_local(self) -> None:
-        from flowgpu.memory import integration as spill  # the worker data store (issue 5)
-
         o = self.options
-        spill_kwargs = {} if "data" in o.extra else spill.worker_data_kwargs(o)
-        spill_env = {f"distributed.nanny.pre-spawn-environ.{k}": v for k, v in spill.worker_environ(o).items()}
+        spill_kwargs = {} if "data" in o.extra else memory.worker_data_kwargs(o)
+        spill_env = {f"distributed.nanny.pre-spawn-environ.{k}": v for k, v in memory.worker_environ(o).items()}
         common = dict(
             threads_per_worker=o.threads_per_worker,
             memory_limit=o.memory_limit,
@@ -130,11 +149,11 @@ class Session:
                 "'if __name__ == \"__main__\":' guard, and the workers' log above says why they failed"
             ) from None
         if spill_kwargs:
-            spill.install(self.client, o)
+            memory.install(self.client, o)
         latency.tune(self.client, o.batch_interval, cluster=True)
         self.backend = o.backend
         self.workers = self.client.run(probe.worker_info)
-        self._nthreads = self._min_threads()
+        self._publish_workers()
 
     def _join(self) -> None:
         o = self.options
@@ -172,7 +191,7 @@ class Session:
         self._set_array_backend(name)
         self.client.run(probe.set_array_backend, name)
         self.backend = "gpu" if use_gpu else "cpu"
-        self._nthreads = self._min_threads()
+        self._publish_workers()
 
     # -- facts ------------------------------------------------------------------------------------
     @property
@@ -206,6 +225,18 @@ class Session:
         """Bytes one worker can hold for chunks: device memory on GPU workers, host memory on CPU."""
         return worker_budget(self.workers, self.backend)
 
+    def memory_summary(self) -> dict | None:
+        """The workers' data-store accounting summed over them (:func:`flowgpu.memory.summary`):
+        ``{"stores", "moves", "events", "errors"}``; None when not every worker keeps its data in
+        flowgpu's store, or one cannot answer."""
+        if self.client is None:
+            return None
+        try:
+            out = memory.summary(self.client.run(memory.stats))
+        except Exception:  # noqa: BLE001 - the accounting is a report; a worker that cannot answer must not fail
+            return None
+        return out if out["stores"] == ["flowgpu"] else None
+
     def info(self) -> dict:
         """A summary for reports: backend, workers, memory budget, dashboard."""
         return {
@@ -231,9 +262,8 @@ class Session:
                 self.cluster.close(timeout=60)
             except Exception:
                 pass
-        if self._config is not None:
-            self._config.__exit__(None, None, None)
-            self._config = None
+        while self._published:
+            self._published.pop().__exit__(None, None, None)
 
     def close(self) -> None:
         """Close the client; shut down the cluster if this Session started it."""
@@ -258,8 +288,6 @@ class Session:
 
 def worker_budget(workers: dict[str, dict], backend: str) -> int:
     """Smallest per-worker memory budget for chunks among ``workers``' probe results."""
-    import psutil
-
     budgets = []
     for w in workers.values():
         if backend == "gpu":

@@ -5,12 +5,15 @@ import numpy as np
 import pytest
 
 import flowgpu as fg
-from flowgpu.arrays.chunks import resolve_chunks
+from flowgpu.arrays.chunks import check_fits, resolve_chunks, target_chunk_bytes
+from flowgpu.errors import ChunkError
+
+NO_SESSION = {"flowgpu.worker.budget": None, "flowgpu.worker.threads": None}  # as without an open Session
 
 
 @pytest.mark.parametrize("shape, target", [((40000, 40000), "4GiB"), ((1001, 999), "1MiB"), ((10**7,), "3MiB")])
 def test_auto_chunks_are_even_and_within_the_target(shape, target):
-    with dask.config.set({"flowgpu.chunks.cpu-target": target}):
+    with dask.config.set({"flowgpu.chunks.cpu-target": target, **NO_SESSION}):
         chunks = resolve_chunks("auto", shape, "float32")
     limit = dask.utils.parse_bytes(target)
     assert tuple(sum(c) for c in chunks) == shape
@@ -22,10 +25,35 @@ def test_auto_chunks_are_even_and_within_the_target(shape, target):
 
 
 def test_explicit_chunks_are_kept_as_given_and_auto_axes_evened(rng):
-    with dask.config.set({"flowgpu.chunks.cpu-target": "64KiB"}):
+    with dask.config.set({"flowgpu.chunks.cpu-target": "64KiB", **NO_SESSION}):
         chunks = resolve_chunks(("auto", 300), (5000, 1000), "float64")
         assert chunks[1] == (300, 300, 300, 100)
         assert max(chunks[0]) - min(chunks[0]) <= 1
         data = rng.random((5000, 1000))
         x = fg.from_array(data, chunks=("auto", 300))
     np.testing.assert_array_equal(x.compute(scheduler="sync"), data)
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_auto_chunks_follow_the_published_worker_budget(rng, threads):
+    budget = int(rng.integers(64 << 20, 512 << 20))
+    facts = {"flowgpu.worker.budget": budget, "flowgpu.worker.threads": threads,
+             "flowgpu.chunks.cpu-target": "1GiB", "flowgpu.chunks.headroom": 4}
+    with dask.config.set(facts):
+        target = target_chunk_bytes()
+        chunks = resolve_chunks("auto", (30_000, 20_000), "float64")
+    assert target == budget // (4 * threads)
+    assert max(chunks[0]) * max(chunks[1]) * 8 <= target
+    with dask.config.set({"flowgpu.chunks.cpu-target": "1GiB", **NO_SESSION}):
+        assert target_chunk_bytes() == 1 << 30  # without a session only the target applies
+
+
+def test_chunks_larger_than_the_worker_budget_are_refused():
+    chunks = ((4000,), (4000,))  # one block of 128 MB in float64
+    with dask.config.set(NO_SESSION):
+        check_fits(chunks, "float64")
+    with dask.config.set({"flowgpu.worker.budget": 100_000_000}):
+        with pytest.raises(ChunkError, match="128,000,000 bytes but a worker can hold 100,000,000 bytes"):
+            check_fits(chunks, "float64")
+        with pytest.raises(ChunkError, match="largest chunk"):
+            resolve_chunks((4000, 4000), (8000, 8000), "float64")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dask
 import pytest
 
 from flowgpu import Session, backend
@@ -22,6 +23,12 @@ from flowgpu.runtime.options import parse_memory, resolve
         (dict(backend="cpu", connect_timeout="soon"), ConfigError, ["connect_timeout"]),
         (dict(gpus="a,b"), ConfigError, ["gpus="]),
         (dict(gpus=[0, 0]), ConfigError, ["distinct"]),
+        (dict(gpus=[0, -1]), ConfigError, ["gpus=[0, -1] has -1 at position 1", "GPU ordinal"]),
+        (dict(backend="cpu", n_workers=True), ConfigError, ["n_workers=True", "whole number >= 1"]),
+        (dict(backend="cpu", device_memory_limit="lots"), ConfigError, ["device_memory_limit='lots'", "'default'"]),
+        (dict(backend="cpu", connect_timeout="-2s"), ConfigError, ["connect_timeout='-2s' is negative"]),
+        (dict(backend="cpu", batch_interval="5s"), ConfigError, ["batch_interval='5s' is longer than 1s"]),
+        (dict(address=""), ConfigError, ["address='' is empty", "tcp://host:port"]),
     ],
 )
 def test_bad_options_are_refused_before_starting(kwargs, error, words):
@@ -53,7 +60,7 @@ def test_missing_scheduler_file():
 @pytest.mark.parametrize("text, expected", [("4GiB", 4 << 30), ("512MB", 512_000_000), (0.5, 0.5),
                                             ("auto", "auto"), (1000, 1000), ("0.25", 0.25)])
 def test_parse_memory(text, expected):
-    assert parse_memory(text, "memory_limit") == expected
+    assert parse_memory(text) == expected
 
 
 def test_cpu_backend_on_any_machine():
@@ -66,3 +73,38 @@ def test_visible_devices_parsing(monkeypatch):
     assert backend._parse_visible("1,-1,2") == ["1"]
     assert backend._parse_visible("") == []
     assert backend._parse_visible("GPU-abc,3") == ["GPU-abc", "3"]
+
+
+@pytest.mark.parametrize(
+    "settings, words",
+    [
+        ({"flowgpu.n-workers": 0}, ["flowgpu.n-workers=0 is below 1"]),
+        ({"flowgpu.memory-limit": "lots"}, ["flowgpu.memory-limit='lots' is not a memory size", "4GiB"]),
+        ({"flowgpu.batch-interval": 2}, ["flowgpu.batch-interval=2 is above 1", "None"]),
+        ({"flowgpu.spill.store": "zict"}, ["unknown flowgpu.spill.store 'zict'", "flowgpu, dask-cuda, dask"]),
+        ({"flowgpu.spill.host-fraction": 1.5}, ["flowgpu.spill.host-fraction=1.5", "<= 1"]),
+        ({"flowgpu.chunks.headrom": 3}, ["unknown option flowgpu.chunks.headrom", "did you mean flowgpu.chunks.headroom"]),
+    ],
+)
+def test_bad_config_is_named_as_configured(settings, words):
+    with dask.config.set(settings), pytest.raises(ConfigError) as info:
+        resolve(backend="cpu")
+    msg = str(info.value)
+    assert "\n" not in msg
+    for w in words:
+        assert w in msg
+
+
+def test_a_keyword_argument_shadows_a_bad_config_value():
+    with dask.config.set({"flowgpu.n-workers": 0, "flowgpu.memory-limit": "lots"}):
+        o = resolve(backend="cpu", n_workers=2, memory_limit="512MiB")
+    assert (o.n_workers, o.memory_limit) == (2, 512 << 20)
+
+
+def test_options_are_converted_and_other_keywords_go_to_the_cluster():
+    with dask.config.set({"flowgpu.batch-interval": "5ms"}):
+        o = resolve(backend="cpu", connect_timeout="2m", memory_limit="0.25", processes=False,
+                    dashboard_address=None)
+    assert o.connect_timeout == 120.0 and o.batch_interval == 0.005 and o.memory_limit == 0.25
+    assert o.dashboard_address is None and o.extra == {"processes": False}
+    assert resolve(backend="cpu").dashboard_address == dask.config.get("flowgpu.dashboard-address")

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import time
 
+import dask.array as da
 import numpy as np
 import psutil
 import pytest
 from distributed import LocalCluster
 
 import flowgpu as fg
+from flowgpu import config
 from flowgpu.errors import SessionError
 from tests.tolerance import assert_within_terms
 
@@ -35,8 +37,13 @@ def _wait_gone(pids: set[int], timeout: float = 15) -> set[int]:
     return alive
 
 
+def _worker_facts() -> tuple:
+    return config.get("worker.budget"), config.get("worker.threads")
+
+
 def test_cpu_session_runs_and_leaves_no_process(rng):
     before = _children()
+    facts_before = _worker_facts()
     data = rng.standard_normal((300, 200))
     with fg.Session(backend="cpu", n_workers=2, threads_per_worker=1, memory_limit="1GiB",
                     dashboard_address="127.0.0.1:0") as s:
@@ -50,17 +57,23 @@ def test_cpu_session_runs_and_leaves_no_process(rng):
         # 60000 normals: the sum may be near zero, its rounding error follows sum(|2 * data|)
         assert_within_terms(got, float((2 * data).sum()), float(np.abs(2 * data).sum()), 64)
         assert s.info()["worker_budget"] == 1 << 30
+        assert _worker_facts() == (1 << 30, 1)  # published for chunks="auto" while open
     assert fg.current_session() is not s
+    assert _worker_facts() == facts_before  # and put back on close
     assert started, "the session should have started worker processes"
     assert not _wait_gone(started), "worker processes outlived the session"
 
 
 def test_join_existing_cluster_leaves_it_running():
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=":0") as cluster:
+        facts_before = _worker_facts()
         with fg.Session(cluster.scheduler_address) as s:
             assert s.cluster is None and s.backend == "cpu"
+            assert _worker_facts() == (s.worker_budget, 1)
+            assert s.memory_summary() is None  # the workers keep dask's own store
             x = fg.random((100, 100), seed=3, chunks=50)
             assert 0 < float(x.mean().compute()) < 1
+        assert _worker_facts() == facts_before
         assert cluster.scheduler.status.name == "running"
         assert len(cluster.scheduler.workers) == 1
 
@@ -92,3 +105,19 @@ def test_failed_start_leaves_no_process():
     with pytest.raises(SessionError, match="203.0.113.7"):
         fg.Session(backend="cpu", n_workers=1, host="203.0.113.7", dashboard_address=None)  # not our address
     assert not _wait_gone(_children() - before)
+
+
+@pytest.mark.slow
+def test_memory_summary_reports_what_the_workers_spilled(rng):
+    seed = int(rng.integers(2**31))
+    x = da.random.default_rng(seed).standard_normal(2**24, chunks=2**20)  # 128 MiB in 8 MiB chunks
+    with fg.Session(backend="cpu", n_workers=1, threads_per_worker=1, memory_limit="200MB",
+                    dashboard_address=None) as s:
+        assert s.memory_summary() == {"stores": ["flowgpu"], "moves": {}, "events": {}, "errors": []}
+        xp = x.persist()
+        got = float(xp.sum().compute())
+        summary = s.memory_summary()
+    np.testing.assert_allclose(got, float(x.sum().compute(scheduler="threads")), rtol=1e-9)
+    assert summary["stores"] == ["flowgpu"] and not summary["errors"]
+    # the host tier holds 60% of 200 MB: the rest of the 128 MiB went to disk
+    assert summary["moves"]["host_to_disk"]["bytes"] >= 2**27 - 0.6 * 200e6
