@@ -19,12 +19,12 @@ from typing import Any
 import dask.array as da
 import numpy as np
 
-from flowgpu.errors import ConfigError, FlowgpuError, SpecError
-from flowgpu.io import sources
-from flowgpu.io.sinks import SUMMARY_MAX_ELEMENTS
+from flowgpu.errors import ArgumentError, ConfigError, FlowgpuError, SpecError
+from flowgpu.io import sinks, sources
 from flowgpu.ops import registry
+from flowgpu.ops.signature import bind_arguments
 from flowgpu.pipeline import compose
-from flowgpu.pipeline.build import Origin, from_dict
+from flowgpu.pipeline.build import Origin, build, from_dict, load
 from flowgpu.pipeline.fusion import FusionPlan, fusion_available, plan_fusion
 from flowgpu.pipeline.graph import order, step_refs
 from flowgpu.pipeline.loader import SourceMap
@@ -115,6 +115,7 @@ def _call_op(spec: Spec, name: str, op: registry.Op, values: dict[str, Any], sma
                          hint="give it once")
     kwargs.update(step.args)
     if op.inputs != ("**",):
+        _check_args(name, op, args, kwargs, smap, step)
         try:
             op.signature.bind(*args, **kwargs)
         except TypeError as e:
@@ -132,6 +133,22 @@ def _call_op(spec: Spec, name: str, op: registry.Op, values: dict[str, Any], sma
         raise smap.error(f"op {op.name!r} returned {type(out).__name__}, not a dask array", where,
                          hint="ops return dask arrays; wrap results with flowgpu.from_array")
     return out
+
+
+def _check_args(name: str, op: registry.Op, args: list, kwargs: dict, smap: SourceMap, step: Any) -> None:
+    """The step's arguments against the op's signature: a bad one is located at ``steps.<name>.args.<arg>``."""
+    try:
+        bind_arguments(op, kwargs, n_inputs=len(args))
+    except ArgumentError as e:
+        key = e.argument
+        if key in step.args:
+            where: tuple = ("steps", name, "args", key)
+        elif key is None or isinstance(step.inputs, dict):
+            where = ("steps", name, "inputs")
+        else:
+            where = ("steps", name, "args")
+        raise smap.error(str(e), where, hint=f"fix it under args ('flowgpu ops' shows what {op.name!r} takes)"
+                         ) from None
 
 
 def _check_expect(spec: Spec, name: str, x: da.Array, smap: SourceMap) -> None:
@@ -221,10 +238,10 @@ def _output_arrays(spec: Spec, values: dict, smap: SourceMap) -> dict[str, da.Ar
         if not isinstance(value, da.Array):
             raise smap.error(f"{out.from_!r} is not an array", ("outputs", out_name, "from"),
                              hint="name a single result, e.g. 'step.output' for a uses step")
-        if out.sink == "summary" and value.size > SUMMARY_MAX_ELEMENTS:
-            raise smap.error(f"output {out_name!r} has {value.size} values; a summary output holds at most "
-                             f"{SUMMARY_MAX_ELEMENTS}", ("outputs", out_name),
-                             hint="write it to a file: sink: zarr (or npy) with a path")
+        if sinks.sink_entry(out.sink).has(sinks.IN_SUMMARY) and value.size > sinks.SUMMARY_MAX_ELEMENTS:
+            raise smap.error(f"output {out_name!r} has {value.size} values; a {out.sink} output holds at most "
+                             f"{sinks.SUMMARY_MAX_ELEMENTS}", ("outputs", out_name),
+                             hint="write it to a file: a sink that writes a path (see `flowgpu sinks`)")
         outs[out_name] = value
     return outs
 
@@ -288,8 +305,6 @@ def compile(spec: Spec | str | os.PathLike | dict, params: dict[str, Any] | None
     -------
     Plan, whose ``outputs`` maps each output name to its lazy dask array.
     """
-    from flowgpu.pipeline.build import build, load
-
     extra = {f"params.{k}": v for k, v in (params or {}).items()}
     extra.update(overrides or {})
     if isinstance(spec, (str, os.PathLike)):
