@@ -132,7 +132,8 @@ class Registry(Generic[T]):
         close = difflib.get_close_matches(str(name), known, n=3, cutoff=0.6)
         if close:
             return f"did you mean {', '.join(repr(c) for c in close)}?"
-        return f"choose one of {', '.join(known)} (run 'flowgpu {self.what}s' to list them)"
+        listing = f"run 'flowgpu {self.what}s' to list them"
+        return f"choose one of {', '.join(known)} ({listing})" if len(known) <= 12 else listing
 
     def names(self) -> list[str]:
         self._load_plugins()

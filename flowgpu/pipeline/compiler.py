@@ -9,7 +9,6 @@ not broadcast, a dtype it does not take) or whose result differs from its ``expe
 
 from __future__ import annotations
 
-import difflib
 import inspect
 import os
 import warnings
@@ -90,11 +89,8 @@ def _describe(x: Any) -> str:
 
 
 def _get_op(name: str, op_name: str, smap: SourceMap) -> registry.Op:
-    known = registry.names()
-    if op_name not in known:
-        close = difflib.get_close_matches(op_name, known, n=3, cutoff=0.6)
-        hint = f"did you mean {', '.join(map(repr, close))}?" if close else "run 'flowgpu ops' to list the ops"
-        raise smap.error(f"unknown op {op_name!r}", ("steps", name, "op"), hint=hint)
+    if op_name not in registry.OPS:
+        raise smap.error(f"unknown op {op_name!r}", ("steps", name, "op"), hint=registry.OPS.suggest(op_name))
     return registry.get(op_name)
 
 
