@@ -13,13 +13,22 @@ from collections.abc import Callable
 from typing import Any
 
 import click
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from flowgpu import backend, pipeline
+from flowgpu.diagnostics import render_plan
+from flowgpu.errors import BackendError, ConfigError, FlowgpuError, OpError, OutputExistsError, SpecError
+from flowgpu.io.sinks import SINKS
+from flowgpu.io.sources import SOURCES
+from flowgpu.ops import all_ops
+from flowgpu.registry import Entry
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
 
 
-def _console(stderr: bool = True):
-    from rich.console import Console
-
+def _console(stderr: bool = True) -> Console:
     stream = sys.stderr if stderr else sys.stdout
     width = None if stream.isatty() else 140  # pipes and CI logs: wide enough for the plan table
     return Console(stderr=stderr, highlight=False, width=width)
@@ -35,8 +44,6 @@ def handle_errors(func: Callable) -> Callable:
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from flowgpu.errors import BackendError, ConfigError, FlowgpuError, OpError, OutputExistsError, SpecError
-
         try:
             return func(*args, **kwargs)
         except (SpecError, ConfigError, OpError, OutputExistsError) as e:
@@ -79,8 +86,6 @@ def cli() -> None:
 @cli.command()
 def info() -> None:
     """Show what this machine offers: GPUs, CuPy, and the backend a Session would use."""
-    from flowgpu import backend
-
     n = backend.gpu_count()
     cupy = backend.import_cupy(strict=False) is not None if n else False
     click.echo(f"GPUs visible: {n}")
@@ -106,16 +111,12 @@ def run(spec: str, sets: tuple[str, ...], params_file: str | None, scheduler: st
         backend: str | None, n_workers: int | None, summary_path: str | None, overwrite: bool, dry_run: bool,
         quiet: bool) -> None:
     """Run the pipeline SPEC (a YAML file)."""
-    from flowgpu import pipeline
-
     overrides = _parse_sets(sets)
     console = _console()
     if dry_run:
         s = pipeline.load(spec, overrides, params_file)
         plan = pipeline.compile(s)
         pipeline.runner.check_outputs(s, overwrite)
-        from flowgpu.diagnostics import render_plan
-
         render_plan(pipeline.describe(plan), _console(stderr=False))
         click.echo("dry run: nothing was run or written")
         return
@@ -123,7 +124,7 @@ def run(spec: str, sets: tuple[str, ...], params_file: str | None, scheduler: st
 
     def announce(session: Any) -> None:
         link = getattr(session, "dashboard_link", None)
-        console.print(f"[bold]flowgpu[/] running {spec} on {getattr(session, 'backend', '?')} "
+        console.print(f"[bold]flowgpu[/] running {escape(spec)} on {getattr(session, 'backend', '?')} "
                       f"({getattr(session, 'n_workers', '?')} worker(s)); dashboard: {link or 'off'}")
 
     pipeline.run(spec, overrides=overrides, params_file=params_file, overwrite=overwrite,
@@ -137,9 +138,6 @@ def run(spec: str, sets: tuple[str, ...], params_file: str | None, scheduler: st
 @handle_errors
 def validate(specs: tuple[str, ...], sets: tuple[str, ...], params_file: str | None) -> None:
     """Check spec files completely (schema, references, includes, shapes, dtypes); runs nothing."""
-    from flowgpu import pipeline
-    from flowgpu.errors import SpecError
-
     overrides = _parse_sets(sets)
     bad = 0
     for path in specs:
@@ -160,43 +158,61 @@ def validate(specs: tuple[str, ...], sets: tuple[str, ...], params_file: str | N
 @handle_errors
 def plan(spec: str, sets: tuple[str, ...], params_file: str | None, as_json: bool) -> None:
     """Show the steps of SPEC in order: shapes, dtypes, chunks, tasks, bytes, peak memory per worker."""
-    from flowgpu import pipeline
-
     desc = pipeline.describe(pipeline.compile(pipeline.load(spec, _parse_sets(sets), params_file)))
     if as_json:
         click.echo(json.dumps(desc, indent=2, default=str))
         return
-    from flowgpu.diagnostics import render_plan
-
     render_plan(desc, _console(stderr=False))
+
+
+def _table(title: str, columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
+    """Print a table; every cell verbatim (docstrings hold '[lo, hi]', which rich would read as markup)."""
+    t = Table(title=title, title_justify="left")
+    for col in columns:
+        t.add_column(col)
+    for row in rows:
+        t.add_row(*(escape(cell) for cell in row))
+    _console(stderr=False).print(t)
+
+
+def _options(entry: Entry) -> str:
+    fields = entry.options.model_fields if entry.options is not None else {}
+    return ", ".join(name if f.is_required() else f"{name}={f.default!r}" if f.default_factory is None
+                     else f"{name}=..." for name, f in fields.items())
 
 
 @cli.command()
 def ops() -> None:
     """List the registered ops with their signatures."""
-    from rich.table import Table
-
-    from flowgpu.ops import all_ops
-
-    t = Table(title="flowgpu ops", title_justify="left")
-    for col in ("op", "kind", "signature", "summary"):
-        t.add_column(col)
+    rows = []
     for o in all_ops():
         try:
             sig = str(o.signature)
         except (TypeError, ValueError):
             sig = "(...)"
-        t.add_row(o.name, o.kind, sig, o.summary)
-    _console(stderr=False).print(t)
+        rows.append((o.name, o.kind, sig, o.summary))
+    _table("flowgpu ops", ("op", "kind", "signature", "summary"), rows)
+
+
+@cli.command()
+def sources() -> None:
+    """List the registered sources (built in, registered in Python, or from plugins) with their options."""
+    _table("flowgpu sources", ("source", "reads files", "options", "summary"),
+           [(e.name, "yes" if e.has("reads_files") else "no", _options(e), e.summary) for e in SOURCES.entries()])
+
+
+@cli.command()
+def sinks() -> None:
+    """List the registered sinks with their capabilities and options."""
+    _table("flowgpu sinks", ("sink", "capabilities", "options", "summary"),
+           [(e.name, ", ".join(sorted(e.capabilities)) or "-", _options(e), e.summary) for e in SINKS.entries()])
 
 
 @cli.command()
 @click.option("--output", "-o", type=click.Path(dir_okay=False), default=None, help="Write to a file.")
 def schema(output: str | None) -> None:
     """Print the JSON schema of spec files (for yaml-language-server's $schema modeline)."""
-    from flowgpu.pipeline.spec import json_schema
-
-    text = json.dumps(json_schema(), indent=2) + "\n"
+    text = json.dumps(pipeline.json_schema(), indent=2) + "\n"
     if output:
         with open(output, "w") as f:
             f.write(text)

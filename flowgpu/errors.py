@@ -10,11 +10,13 @@ from __future__ import annotations
 __all__ = [
     "FlowgpuError",
     "ConfigError",
+    "ImportPathError",
     "BackendError",
     "SessionError",
     "ChunkError",
     "SpecError",
     "OpError",
+    "ArgumentError",
     "KernelError",
     "OutputExistsError",
     "RunError",
@@ -28,6 +30,11 @@ class FlowgpuError(Exception):
 
 class ConfigError(FlowgpuError, ValueError):
     """A bad option value: unknown backend, unparsable memory limit, ..."""
+
+
+class ImportPathError(ConfigError, ImportError):
+    """An import path (``package.module:name``) that cannot be resolved: bad form, missing module,
+    missing attribute, or a module that fails while importing."""
 
 
 class BackendError(FlowgpuError, RuntimeError):
@@ -48,6 +55,14 @@ class MemoryLimitError(FlowgpuError, ValueError):
 
 class OpError(FlowgpuError, ValueError):
     """An unknown op, or an op called with arguments it does not take."""
+
+
+class ArgumentError(OpError):
+    """An op argument that does not fit the op's signature; ``argument`` names it (None: the inputs)."""
+
+    def __init__(self, message: str, argument: str | None = None):
+        self.argument = argument
+        super().__init__(message)
 
 
 class KernelError(FlowgpuError, ValueError):

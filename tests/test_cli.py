@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import pathlib
 
 import numpy as np
@@ -112,3 +113,21 @@ def test_bad_arguments_exit_2(tmp_path, rng, monkeypatch):
 def test_info_still_works():
     result = CliRunner().invoke(cli, ["info"])
     assert result.exit_code == 0 and "GPUs visible" in result.output
+
+
+def test_ops_prints_docstrings_verbatim():
+    result = CliRunner().invoke(cli, ["ops"])
+    assert "Values limited to the range [lo, hi]." in result.output  # not eaten as rich markup
+    for name in ("real", "imag", "conj", "angle"):
+        assert f"\n│ {name} " in result.output
+
+
+def test_sources_and_sinks_list_the_registries():
+    result = CliRunner().invoke(cli, ["sources"])
+    assert result.exit_code == 0
+    assert re.search(r"│ npy +│ yes +│ chunks='auto', path", result.output), result.output
+    assert re.search(r"│ random +│ no +│ .*shape", result.output)
+    result = CliRunner().invoke(cli, ["sinks"])
+    assert result.exit_code == 0
+    assert re.search(r"│ zarr +│ atomic, writes_path +│ component=None", result.output), result.output
+    assert re.search(r"│ summary +│ in_summary ", result.output)

@@ -2,12 +2,12 @@
 
 from flowgpu.io.atomic import AtomicPath, atomic_output, check_writable, written_by_flowgpu
 from flowgpu.io.npy import from_npy, to_npy
-from flowgpu.io.sinks import PendingWrite, prepare_write, register_sink, sink_names
-from flowgpu.io.sources import open_source, register_source, source_names
+from flowgpu.io.sinks import SINKS, PendingWrite, prepare_write, register_sink, sink_entry, sink_names
+from flowgpu.io.sources import SOURCES, open_source, register_source, source_entry, source_names
 from flowgpu.io.zarr import from_zarr, to_zarr
 
 __all__ = [
-    "AtomicPath", "PendingWrite", "atomic_output", "check_writable", "from_npy", "from_zarr", "open_source",
+    "SINKS", "SOURCES", "sink_entry", "source_entry", "AtomicPath", "PendingWrite", "atomic_output", "check_writable", "from_npy", "from_zarr", "open_source",
     "prepare_write", "register_sink", "register_source", "sink_names", "source_names", "to_npy", "to_zarr",
     "written_by_flowgpu",
 ]

@@ -5,11 +5,16 @@ temporary path when computed, and ``commit``/``abort`` to move it into place or 
 pipeline runner computes the targets of all outputs together (one graph, shared intermediates
 computed once) and commits only when all of them are complete.
 
-Built in: ``zarr``, ``npy`` and ``summary`` (the value itself, reported in the run summary).
+Built in: ``zarr``, ``npy`` and ``summary`` (the value itself, reported in the run summary). Add
+more with :func:`register_sink` or the ``flowgpu.sinks`` entry-point group (a ``prepare``
+function; its capabilities, when not the defaults, as attributes ``writes_path``, ``atomic``,
+``in_summary``). Each sink declares capabilities instead of being known by name: whether it writes
+a path, whether its commit is atomic, whether its value goes into the summary.
 """
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,9 +28,10 @@ from flowgpu.errors import ConfigError
 from flowgpu.io.atomic import AtomicPath, check_writable
 from flowgpu.io.npy import _write_block
 from flowgpu.io.zarr import _regular
+from flowgpu.registry import Entry, Registry, options_model
 
-__all__ = ["PendingWrite", "register_sink", "get_sink", "sink_names", "prepare_write", "check_destination",
-           "SUMMARY_MAX_ELEMENTS", "to_summary_value"]
+__all__ = ["PendingWrite", "register_sink", "get_sink", "sink_entry", "sink_names", "prepare_write",
+           "check_destination", "SUMMARY_MAX_ELEMENTS", "to_summary_value", "SINKS", "DEFAULT_SINK"]
 
 SUMMARY_MAX_ELEMENTS = 10_000
 
@@ -47,23 +53,55 @@ class PendingWrite:
             self.atomic.abort()
 
 
-_sinks: dict[str, Callable[..., PendingWrite]] = {}
+WRITES_PATH, ATOMIC, IN_SUMMARY = "writes_path", "atomic", "in_summary"
+CAPABILITIES = (WRITES_PATH, ATOMIC, IN_SUMMARY)
 
 
-def register_sink(name: str, prepare: Callable[..., PendingWrite]) -> None:
-    """Register ``prepare(x, path=None, overwrite=False, **options) -> PendingWrite`` as sink ``name``."""
-    _sinks[name] = prepare
+def _entry(name: str, prepare: Callable[..., PendingWrite], capabilities: set[str],
+           options: type | None = None) -> Entry:
+    if not callable(prepare):
+        raise ConfigError(f"sink {name!r}: {prepare!r} is not callable")
+    model = options or options_model(name, prepare, skip=("x", "path", "overwrite"))
+    return Entry(name, prepare, inspect.getdoc(prepare) or "", model, frozenset(capabilities))
+
+
+def _from_plugin(name: str, obj: Any) -> Entry | None:
+    if inspect.ismodule(obj):
+        return None
+    caps = {c for c in CAPABILITIES if getattr(obj, c, c == WRITES_PATH)}
+    return _entry(name, obj, caps)
+
+
+SINKS: Registry[Entry] = Registry("flowgpu.sinks", "sink", error=ConfigError, from_plugin=_from_plugin)
+
+
+def register_sink(name: str, prepare: Callable[..., PendingWrite], *, writes_path: bool = True,
+                  atomic: bool = False, in_summary: bool = False, options: type | None = None,
+                  replace: bool = True) -> Entry:
+    """Register ``prepare(x, path=None, overwrite=False, **options) -> PendingWrite`` as sink ``name``.
+
+    Parameters
+    ----------
+    writes_path : the sink writes a file or folder and needs ``path`` (checked for foreign data first).
+    atomic : its ``commit`` moves a complete output into place (nothing half-written is ever seen).
+    in_summary : the computed value itself goes into the run summary (small results only).
+    options : a pydantic model of its further options; default: one made from its signature.
+    """
+    caps = {c for c, on in zip(CAPABILITIES, (writes_path, atomic, in_summary)) if on}
+    return SINKS.add(_entry(name, prepare, caps, options), replace=replace)
+
+
+def sink_entry(name: str) -> Entry:
+    """The registry entry of sink ``name`` (unknown names suggest close ones)."""
+    return SINKS.get(name)
 
 
 def get_sink(name: str) -> Callable[..., PendingWrite]:
-    try:
-        return _sinks[name]
-    except KeyError:
-        raise ConfigError(f"unknown sink {name!r}; choose one of {', '.join(sorted(_sinks))}") from None
+    return SINKS.get(name).func
 
 
 def sink_names() -> list[str]:
-    return sorted(_sinks)
+    return SINKS.names()
 
 
 def prepare_write(sink: str, x: da.Array, path: str | None = None, overwrite: bool = False, **options) -> PendingWrite:
@@ -77,6 +115,7 @@ def check_destination(path: str, overwrite: bool = False) -> None:
 
 
 def _npy(x: da.Array, path: str | None = None, overwrite: bool = False) -> PendingWrite:
+    """A ``.npy`` file, written chunk by chunk into a memory map and moved into place when complete."""
     x = to_host(x)
     atomic = AtomicPath(path, overwrite, meta={"format": "npy"})
     tmp = atomic.begin()
@@ -86,6 +125,7 @@ def _npy(x: da.Array, path: str | None = None, overwrite: bool = False) -> Pendi
 
 
 def _zarr(x: da.Array, path: str | None = None, overwrite: bool = False, component: str | None = None) -> PendingWrite:
+    """A Zarr store (``component``: an array inside a group), moved into place when complete."""
     x = _regular(to_host(x))
     atomic = AtomicPath(path, overwrite, meta={"format": "zarr"})
     tmp = atomic.begin()
@@ -98,6 +138,7 @@ def _zarr(x: da.Array, path: str | None = None, overwrite: bool = False, compone
 
 
 def _summary(x: da.Array, path: str | None = None, overwrite: bool = False) -> PendingWrite:
+    """The value itself, in the run summary (scalars and small arrays)."""
     if x.size > SUMMARY_MAX_ELEMENTS:
         raise ConfigError(f"a summary output holds at most {SUMMARY_MAX_ELEMENTS} values, not {x.size}; "
                           "write it with sink: zarr or npy")
@@ -114,6 +155,7 @@ def to_summary_value(value: Any) -> Any:
     return arr.tolist()
 
 
-register_sink("npy", _npy)
-register_sink("zarr", _zarr)
-register_sink("summary", _summary)
+register_sink("npy", _npy, atomic=True)
+register_sink("zarr", _zarr, atomic=True)
+register_sink("summary", _summary, writes_path=False, in_summary=True)
+DEFAULT_SINK = "summary"  # an output that names no sink

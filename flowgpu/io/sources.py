@@ -1,52 +1,79 @@
 """The source registry: a name maps to a function that returns a lazy chunked array.
 
 Built in: ``random``, ``normal``, ``zeros``, ``ones``, ``full``, ``arange`` (synthetic, through
-:mod:`flowgpu.arrays`), ``zarr``, ``npy`` and ``python`` (a callable given by import path).
-Register more with :func:`register_source`.
+:mod:`flowgpu.arrays`), ``zarr``, ``npy`` and ``python`` (a callable given by import path). Each
+has a pydantic model of its options (below), from which the pipeline spec model and ``flowgpu
+schema`` are generated. Add more with :func:`register_source` or the ``flowgpu.sources``
+entry-point group: a plain function ``f(**options) -> dask.array.Array`` whose type-hinted
+signature becomes its options model.
 """
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal, Union
 
 import dask.array as da
 import numpy as np
+from pydantic import Field, field_validator
 
 from flowgpu import arrays
 from flowgpu.errors import ConfigError
 from flowgpu.io.npy import from_npy
 from flowgpu.io.zarr import from_zarr
+from flowgpu.registry import Entry, Options, Registry, import_object, options_model
 
-__all__ = ["register_source", "get_source", "source_names", "open_source", "import_callable", "reads_files"]
+__all__ = ["register_source", "get_source", "source_entry", "source_names", "open_source", "reads_files",
+           "SOURCES", "Chunks"]
 
-_sources: dict[str, Callable[..., da.Array]] = {}
-_FILE_SOURCES = {"zarr", "npy"}
+Chunks = Union[Literal["auto"], int, str, list[Union[int, Literal["auto"], list[int]]]]
+READS_FILES = "reads_files"
 
 
-def register_source(name: str, func: Callable[..., da.Array], *, reads_files: bool = False) -> None:
-    """Register ``func(**options) -> dask.array.Array`` as source ``name``."""
-    _sources[name] = func
-    if reads_files:
-        _FILE_SOURCES.add(name)
+def _from_plugin(name: str, obj: Any) -> Entry | None:
+    return None if inspect.ismodule(obj) else _entry(name, obj, reads_files=bool(getattr(obj, READS_FILES, False)))
+
+
+SOURCES: Registry[Entry] = Registry("flowgpu.sources", "source", error=ConfigError, from_plugin=_from_plugin)
+
+
+def _entry(name: str, func: Callable, *, reads_files: bool = False, options: type | None = None) -> Entry:
+    if not callable(func):
+        raise ConfigError(f"source {name!r}: {func!r} is not callable")
+    model = options or options_model(name, func)
+    return Entry(name, func, inspect.getdoc(model) or inspect.getdoc(func) or "", model,
+                 frozenset({READS_FILES} if reads_files else ()))
+
+
+def register_source(name: str, func: Callable[..., da.Array], *, reads_files: bool = False,
+                    options: type | None = None, replace: bool = True) -> Entry:
+    """Register ``func(**options) -> dask.array.Array`` as source ``name``.
+
+    Parameters
+    ----------
+    reads_files : the source reads stored data (its bytes count as read in run summaries).
+    options : a pydantic model of its options; default: one made from ``func``'s signature.
+    """
+    return SOURCES.add(_entry(name, func, reads_files=reads_files, options=options), replace=replace)
+
+
+def source_entry(name: str) -> Entry:
+    """The registry entry of source ``name`` (unknown names suggest close ones)."""
+    return SOURCES.get(name)
 
 
 def get_source(name: str) -> Callable[..., da.Array]:
-    try:
-        return _sources[name]
-    except KeyError:
-        raise ConfigError(f"unknown source {name!r}; choose one of {', '.join(sorted(_sources))}") from None
+    return SOURCES.get(name).func
 
 
 def source_names() -> list[str]:
-    return sorted(_sources)
+    return SOURCES.names()
 
 
 def reads_files(name: str) -> bool:
     """Whether source ``name`` reads stored data (counted as bytes read in run summaries)."""
-    return name in _FILE_SOURCES
+    return SOURCES.get(name).has(READS_FILES)
 
 
 def open_source(name: str, **options: Any) -> da.Array:
@@ -54,26 +81,97 @@ def open_source(name: str, **options: Any) -> da.Array:
     return get_source(name)(**options)
 
 
-def import_callable(path: str) -> Callable:
-    """``"package.module:function"`` (or ``"package.module.function"``) -> the function."""
-    module, _, attr = path.partition(":") if ":" in path else path.rpartition(".")
-    try:
-        obj = importlib.import_module(module)
-    except ImportError as e:
-        raise ConfigError(f"cannot import module {module!r} of {path!r}: {e}; check it is installed "
-                          "and on PYTHONPATH") from None
-    for part in attr.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            raise ConfigError(f"module {module!r} has no attribute {attr!r} (from {path!r})") from None
-    if not callable(obj):
-        raise ConfigError(f"{path!r} is not callable")
-    return obj
+# -- the built-in sources' options ------------------------------------------------------------------
+class _Source(Options):
+    chunks: Chunks = Field("auto", description="Chunk shape, a byte size such as '256MiB', or 'auto'.")
+
+
+class _Generated(_Source):
+    shape: list[int] = Field(..., description="Array shape, e.g. [10000, 10000].")
+    dtype: str = "float64"
+
+    @field_validator("shape")
+    @classmethod
+    def _non_negative(cls, v: list[int]) -> list[int]:
+        if any(s < 0 for s in v):
+            raise ValueError("shape lengths must be >= 0")
+        return v
+
+
+class RandomOptions(_Generated):
+    """Uniform random numbers in [0, 1), reproducible per seed."""
+
+    seed: int | None = None
+
+
+class NormalOptions(_Generated):
+    """Normal random numbers, reproducible per seed."""
+
+    seed: int | None = None
+    loc: float = 0.0
+    scale: float = 1.0
+
+
+class ZerosOptions(_Generated):
+    """An array of zeros."""
+
+
+class OnesOptions(_Generated):
+    """An array of ones."""
+
+
+class FullOptions(_Generated):
+    """An array filled with one value."""
+
+    fill_value: float | int | bool
+
+
+class ArangeOptions(_Source):
+    """Evenly spaced values in [start, stop)."""
+
+    start: float | int = 0
+    stop: float | int
+    step: float | int = 1
+    dtype: str | None = None
+
+
+class ZarrOptions(_Source):
+    """A Zarr array (path relative to the working directory)."""
+
+    path: str
+    component: str | None = None
+    chunks: Chunks | None = None
+
+
+class NpyOptions(_Source):
+    """A ``.npy`` file, read chunk by chunk (path relative to the working directory)."""
+
+    path: str
+
+
+class PythonOptions(_Source):
+    """An array returned by a Python callable given by import path, ``package.module:function``."""
+
+    callable: str = Field(..., description="Import path of a function returning an array, e.g. 'mypkg.data:load'; "
+                                           "modules beside the spec file are importable.")
+    args: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for the callable.")
+
+    @field_validator("callable")
+    @classmethod
+    def _import_path(cls, v: str) -> str:
+        _callable(v)
+        return v
+
+
+def _callable(path: str) -> Callable:
+    func = import_object(path, what="callable")
+    if not callable(func):
+        raise ConfigError(f"callable {path!r}: is a {type(func).__name__}, not a function; name a function")
+    return func
 
 
 def _python(callable: str, args: dict | None = None, chunks: Any = "auto") -> da.Array:  # noqa: A002
-    func = import_callable(callable)
+    func = _callable(callable)
     try:
         inspect.signature(func).bind(**(args or {}))
     except TypeError as e:
@@ -89,16 +187,20 @@ def _python(callable: str, args: dict | None = None, chunks: Any = "auto") -> da
 
 
 register_source("random", lambda shape, dtype="float64", seed=None, chunks="auto":
-                arrays.random(tuple(shape), dtype=dtype, seed=seed, chunks=chunks))
+                arrays.random(tuple(shape), dtype=dtype, seed=seed, chunks=chunks), options=RandomOptions)
 register_source("normal", lambda shape, dtype="float64", seed=None, chunks="auto", loc=0.0, scale=1.0:
-                arrays.normal(tuple(shape), dtype=dtype, seed=seed, chunks=chunks, loc=loc, scale=scale))
-register_source("zeros", lambda shape, dtype="float64", chunks="auto": arrays.zeros(tuple(shape), dtype, chunks))
-register_source("ones", lambda shape, dtype="float64", chunks="auto": arrays.ones(tuple(shape), dtype, chunks))
+                arrays.normal(tuple(shape), dtype=dtype, seed=seed, chunks=chunks, loc=loc, scale=scale),
+                options=NormalOptions)
+register_source("zeros", lambda shape, dtype="float64", chunks="auto": arrays.zeros(tuple(shape), dtype, chunks),
+                options=ZerosOptions)
+register_source("ones", lambda shape, dtype="float64", chunks="auto": arrays.ones(tuple(shape), dtype, chunks),
+                options=OnesOptions)
 register_source("full", lambda shape, fill_value, dtype="float64", chunks="auto":
-                arrays.full(tuple(shape), fill_value, dtype, chunks))
+                arrays.full(tuple(shape), fill_value, dtype, chunks), options=FullOptions)
 register_source("arange", lambda stop, start=0, step=1, dtype=None, chunks="auto":
-                arrays.arange(start, stop, step, dtype=dtype, chunks=chunks))
+                arrays.arange(start, stop, step, dtype=dtype, chunks=chunks), options=ArangeOptions)
 register_source("zarr", lambda path, component=None, chunks=None: from_zarr(path, component=component, chunks=chunks),
-                reads_files=True)
-register_source("npy", lambda path, chunks="auto": from_npy(path, chunks=chunks), reads_files=True)
-register_source("python", _python)
+                reads_files=True, options=ZarrOptions)
+register_source("npy", lambda path, chunks="auto": from_npy(path, chunks=chunks), reads_files=True,
+                options=NpyOptions)
+register_source("python", _python, options=PythonOptions)

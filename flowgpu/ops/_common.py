@@ -12,9 +12,8 @@ import numpy as np
 from flowgpu.backend import import_cupy, is_cupy
 from flowgpu.errors import OpError
 from flowgpu.ops.registry import register
-from flowgpu.ops.signature import checked
+from flowgpu.ops.signature import Array, checked
 
-Array = da.Array
 DType = str | type | np.dtype
 Axis = int | list[int] | tuple[int, ...] | None
 

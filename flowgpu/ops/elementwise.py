@@ -35,6 +35,7 @@ __all__ = [
     "greater", "greater_equal", "less", "less_equal", "equal", "not_equal",
     "negative", "absolute", "sqrt", "square", "exp", "log", "log10", "log1p", "expm1",
     "sin", "cos", "tan", "tanh", "floor", "ceil", "clip", "scale", "where", "astype",
+    "real", "imag", "conj", "angle",
 ]
 
 _BINARY_DOC = """{summary}
@@ -134,6 +135,12 @@ tan = _unary("tan", np.tan, "tan(x)", "Tangent of x (radians).")
 tanh = _unary("tanh", np.tanh, "tanh(x)", "Hyperbolic tangent.")
 floor = _unary("floor", np.floor, "floor(x)", "Largest whole number <= x.")
 ceil = _unary("ceil", np.ceil, "ceil(x)", "Smallest whole number >= x.")
+# the parts of complex numbers: the kernel expression language has no complex functions, so these
+# are not fused (expression None)
+real = _unary("real", np.real, None, "Real part of x (x itself for real arrays).")
+imag = _unary("imag", np.imag, None, "Imaginary part of x (zeros for real arrays).")
+conj = _unary("conj", np.conj, None, "Complex conjugate of x (x itself for real arrays).")
+angle = _unary("angle", np.angle, None, "Angle (argument) of complex x in radians, in (-pi, pi].")
 
 
 @defop("clip", kind="elementwise", expression="clip(x, lo, hi)")
@@ -206,7 +213,9 @@ def astype(x: Array, *, dtype: DType) -> Array:
     x : array
     dtype : str or dtype
         A NumPy dtype name: ``float32``, ``float64``, ``int32``, ``int64``, ``complex64``, ...
-        Floats become integers by truncation toward zero, as in NumPy.
+        Floats become integers by truncation toward zero, as in NumPy. A complex array is not
+        converted to a real dtype (that would drop the imaginary part): take ``real``, ``imag``
+        or ``abs`` first.
 
     Returns
     -------
@@ -214,4 +223,7 @@ def astype(x: Array, *, dtype: DType) -> Array:
     """
     dt = dtype_arg("astype", dtype)
     (x,) = _operands("astype", x)
+    if x.dtype.kind == "c" and dt.kind != "c":
+        raise OpError(f"op 'astype': converting complex {x.dtype} to {dt} would drop the imaginary part; "
+                      f"use op 'real' (or 'abs' for the magnitude) first, then astype")
     return x.astype(dt)

@@ -6,12 +6,14 @@ Two entry points:
   ones, and types from the op's annotations) without needing its input arrays, so a spec can be
   validated before anything is created;
 * :func:`checked` wraps an op function so that a call with a wrong argument name or type raises
-  :class:`~flowgpu.errors.OpError` (naming the op, the bad argument and the accepted ones) instead
-  of a bare ``TypeError`` from deep inside dask.
+  :class:`~flowgpu.errors.ArgumentError` (an :class:`~flowgpu.errors.ArgumentError` naming the op, the bad
+  argument and the accepted ones) instead of a bare ``TypeError`` from deep inside dask.
 
-Types are read from the annotations: ``int``, ``float`` (ints accepted), ``bool``, ``str``,
-``None``, unions, ``Literal[...]``, ``list``/``tuple``/``Sequence`` of those, ``Mapping`` and
-``dask.array.Array`` (which also accepts NumPy and CuPy arrays). Anything else is not checked.
+Types are checked by pydantic: one strict :class:`pydantic.TypeAdapter` per annotated parameter
+(no coercion: ``"yes"`` is not a bool, ``"1"`` not an int; an int is a float). A list is accepted
+where a tuple is annotated and the other way round, since YAML has only lists. :data:`Array`
+(``dask.array.Array`` annotated for pydantic) also accepts NumPy and CuPy arrays. Annotations that
+pydantic cannot check are not checked.
 """
 
 from __future__ import annotations
@@ -24,22 +26,16 @@ import numbers
 import types
 import typing
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Annotated, Any
 
 import dask.array as da
+import numpy as np
+from pydantic import ConfigDict, PlainValidator, TypeAdapter, ValidationError
 
-from flowgpu.errors import OpError
+from flowgpu.errors import ArgumentError
+from flowgpu.ops.registry import Op, get
 
-__all__ = ["bind_arguments", "checked", "check_call", "describe_type", "accepted_arguments"]
-
-
-@functools.lru_cache(maxsize=None)
-def _hints(func: Callable) -> dict[str, Any]:
-    target = inspect.unwrap(func)
-    try:
-        return typing.get_type_hints(target)
-    except Exception:  # unresolvable annotations are simply not checked
-        return {}
+__all__ = ["Array", "bind_arguments", "checked", "check_call", "describe_type", "accepted_arguments"]
 
 
 def _is_arraylike(value: Any) -> bool:
@@ -47,49 +43,62 @@ def _is_arraylike(value: Any) -> bool:
                                             and not isinstance(value, numbers.Number))
 
 
-def _matches(value: Any, hint: Any) -> bool:  # noqa: C901 - a flat dispatch on the hint's kind
-    if hint is Any or hint is inspect.Parameter.empty:
-        return True
-    if hint is None or hint is type(None):
-        return value is None
-    origin = typing.get_origin(hint)
-    args = typing.get_args(hint)
-    if origin in (typing.Union, types.UnionType):
-        return any(_matches(value, h) for h in args)
-    if origin is typing.Literal:
-        return any(type(value) is type(a) and value == a for a in args)
-    if hint is bool:
-        return isinstance(value, bool)
-    if hint is int:
-        return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-    if hint is float:
-        return isinstance(value, numbers.Real) and not isinstance(value, bool)
-    if hint is complex:
-        return isinstance(value, numbers.Number) and not isinstance(value, bool)
-    if hint is str:
-        return isinstance(value, str)
-    if hint is da.Array:
-        return _is_arraylike(value)
-    if origin in (list, tuple, cabc.Sequence):
-        if isinstance(value, str) or not isinstance(value, (list, tuple)):
-            return False
-        if origin is tuple and args and not (len(args) == 2 and args[1] is Ellipsis):
-            return len(value) == len(args) and all(_matches(v, h) for v, h in zip(value, args))
-        item = args[0] if args else Any
-        return all(_matches(v, item) for v in value)
-    if origin in (dict, cabc.Mapping) or hint in (dict, cabc.Mapping):
-        return isinstance(value, Mapping)
-    if hint in (list, tuple):
-        return isinstance(value, (list, tuple))
-    if isinstance(hint, type):
-        return isinstance(value, hint)
-    return True  # a hint we do not know how to check
+def _array(value: Any) -> Any:
+    if not _is_arraylike(value):
+        raise ValueError("not an array")
+    return value
+
+
+Array = Annotated[da.Array, PlainValidator(_array)]
+_STRICT = ConfigDict(strict=True, arbitrary_types_allowed=True)
+
+
+@functools.lru_cache(maxsize=None)
+def _adapters(func: Callable) -> dict[str, tuple[Any, TypeAdapter]]:
+    """One strict TypeAdapter per annotated parameter of ``func`` (those pydantic can build)."""
+    try:
+        hints = typing.get_type_hints(inspect.unwrap(func), include_extras=True)
+    except Exception:  # noqa: BLE001 - unresolvable annotations are simply not checked
+        return {}
+    out = {}
+    for name, hint in hints.items():
+        if name == "return" or hint is Any:
+            continue
+        try:
+            out[name] = (hint, TypeAdapter(hint, config=_STRICT))
+        except Exception:  # noqa: BLE001 - a hint pydantic cannot check is not checked
+            continue
+    return out
+
+
+def _variants(value: Any) -> list[Any]:
+    """``value`` and its equivalents: a list as a tuple (and back), a NumPy scalar as a Python one."""
+    out = [value]
+    if isinstance(value, list):
+        out.append(tuple(value))
+    elif isinstance(value, tuple):
+        out.append(list(value))
+    elif isinstance(value, np.generic):
+        out.append(value.item())
+    return out
+
+
+def _fits(adapter: TypeAdapter, value: Any) -> bool:
+    for candidate in _variants(value):
+        try:
+            adapter.validate_python(candidate)
+            return True
+        except ValidationError:
+            continue
+    return False
 
 
 def describe_type(hint: Any) -> str:
     """A short English name for an annotation, for error messages (``int, list of int or None``)."""
     if hint is None or hint is type(None):
         return "None"
+    if typing.get_origin(hint) is Annotated:
+        return describe_type(typing.get_args(hint)[0])
     origin = typing.get_origin(hint)
     args = typing.get_args(hint)
     if origin in (typing.Union, types.UnionType):
@@ -127,22 +136,22 @@ def _accepted_text(names: list[str]) -> str:
     return ", ".join(names) if names else "no keyword arguments"
 
 
-def _unknown(op_name: str, key: str, accepted: list[str]) -> OpError:
+def _unknown(op_name: str, key: str, accepted: list[str]) -> ArgumentError:
     close = difflib.get_close_matches(key, accepted, n=1, cutoff=0.6)
     hint = f"did you mean {close[0]!r}? " if close else ""
-    return OpError(f"op {op_name!r}: unknown argument {key!r}; {hint}it accepts: {_accepted_text(accepted)}")
+    return ArgumentError(f"op {op_name!r}: unknown argument {key!r}; {hint}it accepts: {_accepted_text(accepted)}", key)
 
 
 def _check_type(op_name: str, func: Callable, key: str, value: Any) -> None:
-    hint = _hints(func).get(key)
-    if hint is None or _matches(value, hint):
+    hint, adapter = _adapters(func).get(key, (None, None))
+    if adapter is None or _fits(adapter, value):
         return
-    raise OpError(f"op {op_name!r}: argument {key!r} must be {describe_type(hint)}, "
-                  f"not {type(value).__name__} ({value!r:.60})")
+    raise ArgumentError(f"op {op_name!r}: argument {key!r} must be {describe_type(hint)}, "
+                        f"not {type(value).__name__} ({value!r:.60})", key)
 
 
 def check_call(op_name: str, func: Callable, args: tuple, kwargs: Mapping[str, Any]) -> inspect.BoundArguments:
-    """Bind ``args``/``kwargs`` to ``func``'s signature, raising :class:`OpError` when they do not fit."""
+    """Bind ``args``/``kwargs`` to ``func``'s signature, raising :class:`ArgumentError` when they do not fit."""
     sig = inspect.signature(func)
     params = sig.parameters
     has_var_kw = any(p.kind == p.VAR_KEYWORD for p in params.values())
@@ -154,7 +163,7 @@ def check_call(op_name: str, func: Callable, args: tuple, kwargs: Mapping[str, A
     try:
         bound = sig.bind(*args, **kwargs)
     except TypeError as e:
-        raise OpError(f"op {op_name!r}: {e}; it takes {sig}") from None
+        raise ArgumentError(f"op {op_name!r}: {e}; it takes {sig}") from None
     for key, value in bound.arguments.items():
         p = params[key]
         if p.kind == p.VAR_POSITIONAL:
@@ -166,7 +175,7 @@ def check_call(op_name: str, func: Callable, args: tuple, kwargs: Mapping[str, A
 
 
 def checked(name: str, func: Callable) -> Callable:
-    """``func`` wrapped so a call with wrong argument names or types raises :class:`OpError`."""
+    """``func`` wrapped so a call with wrong argument names or types raises :class:`ArgumentError`."""
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -176,7 +185,7 @@ def checked(name: str, func: Callable) -> Callable:
     return wrapper
 
 
-def bind_arguments(op: Any, args: Mapping[str, Any] | None = None, *, n_inputs: int | None = None) -> dict[str, Any]:
+def bind_arguments(op: Op | str, args: Mapping[str, Any] | None = None, *, n_inputs: int | None = None) -> dict[str, Any]:
     """Check a step's keyword arguments for ``op`` before building anything.
 
     Parameters
@@ -192,8 +201,8 @@ def bind_arguments(op: Any, args: Mapping[str, Any] | None = None, *, n_inputs: 
 
     Raises
     ------
-    OpError
-        naming the op, the bad argument and the accepted ones.
+    ArgumentError
+        (an OpError) naming the op, the bad argument (its ``argument``) and the accepted ones.
 
     Examples
     --------
@@ -202,8 +211,6 @@ def bind_arguments(op: Any, args: Mapping[str, Any] | None = None, *, n_inputs: 
     {'lo': 0.0, 'hi': 1.0}
     """
     if isinstance(op, str):
-        from flowgpu.ops.registry import get
-
         op = get(op)
     args = dict(args or {})
     func = op.func
@@ -219,7 +226,8 @@ def bind_arguments(op: Any, args: Mapping[str, Any] | None = None, *, n_inputs: 
         p = params.get(key)
         if p is None or p.kind == p.VAR_POSITIONAL:
             if p is not None:
-                raise OpError(f"op {op.name!r}: {key!r} are the step's inputs; list them under inputs, not as an argument")
+                raise ArgumentError(f"op {op.name!r}: {key!r} are the step's inputs; list them under inputs, not as an argument",
+                                    key)
             if has_var_kw:
                 continue
             raise _unknown(op.name, key, accepted)
@@ -229,7 +237,8 @@ def bind_arguments(op: Any, args: Mapping[str, Any] | None = None, *, n_inputs: 
     missing = [p.name for p in params.values()
                if p.default is p.empty and p.kind == p.KEYWORD_ONLY and p.name not in args]
     if missing:
-        raise OpError(f"op {op.name!r}: missing argument {missing[0]!r}; it accepts: {_accepted_text(accepted)}")
+        raise ArgumentError(f"op {op.name!r}: missing argument {missing[0]!r}; it accepts: {_accepted_text(accepted)}",
+                            missing[0])
     if n_inputs is not None and op.inputs != ("**",):
         fixed = [n for n in array_names if not n.endswith("*") and n not in args and n in params
                  and params[n].kind != params[n].VAR_POSITIONAL]
@@ -240,7 +249,7 @@ def bind_arguments(op: Any, args: Mapping[str, Any] | None = None, *, n_inputs: 
             ok = len(required) <= n_inputs <= len(fixed)
         if not ok:
             want = ", ".join(n.rstrip("*") + ("..." if n.endswith("*") else "") for n in op.inputs)
-            raise OpError(f"op {op.name!r} takes {'at least ' if variadic else ''}"
+            raise ArgumentError(f"op {op.name!r} takes {'at least ' if variadic else ''}"
                           f"{max(len(required), 1) if variadic else len(required)} input(s) ({want}), "
                           f"got {n_inputs}")
     return args

@@ -113,53 +113,41 @@ def _sizes(name: str, size: Any, x: Any, axes: Any) -> tuple[int, ...]:
     return tuple(int(s) for s in sizes)
 
 
-@defop("uniform_filter")
-def uniform_filter(x: Array, *, size: Sizes = 3, mode: Mode = "reflect", cval: float = 0.0,
-                   axes: int | list[int] | None = None) -> Array:
-    """Moving average over a box of the given size, equal to scipy.ndimage.uniform_filter.
+_BOX_DOC = """{summary}
 
-    Parameters
-    ----------
-    x : array
-    size : int or list of int, default 3
-        Box length along every axis, or one per axis (1 leaves an axis alone). The overlap depth
-        between chunks is ``size // 2``.
-    mode : str, default "reflect"
-        Edge handling, as for ``gaussian_filter``.
-    cval : number, default 0.0
-    axes : int or list of int, optional
-        Filter only these axes.
+Parameters
+----------
+x : array
+size : int or list of int, default 3
+    Box length along every axis, or one per axis (1 leaves an axis alone). The overlap depth
+    between chunks is ``size // 2``.
+mode : str, default "reflect"
+    Edge handling, as for ``gaussian_filter``.
+cval : number, default 0.0
+axes : int or list of int, optional
+    Filter only these axes.
 
-    Returns
-    -------
-    dask.array.Array
-        Same shape, chunks and dtype as ``x``.
-    """
-    sizes = _sizes("uniform_filter", size, x, axes)
-    return _apply("uniform_filter", x, tuple(s // 2 for s in sizes), mode, {"size": sizes, "cval": float(cval)})
+Returns
+-------
+dask.array.Array
+    Same shape, chunks and dtype as ``x``.
+"""
 
 
-@defop("median_filter")
-def median_filter(x: Array, *, size: Sizes = 3, mode: Mode = "reflect", cval: float = 0.0,
-                  axes: int | list[int] | None = None) -> Array:
-    """Median over a box of the given size, equal to scipy.ndimage.median_filter; removes salt-and-pepper noise.
+def _box_filter(name: str, summary: str) -> Any:
+    """The op ``name``: scipy.ndimage's filter of that name over a box, chunk by chunk with overlap."""
 
-    Parameters
-    ----------
-    x : array
-    size : int or list of int, default 3
-        Box length along every axis, or one per axis (1 leaves an axis alone). The overlap depth
-        between chunks is ``size // 2``.
-    mode : str, default "reflect"
-        Edge handling, as for ``gaussian_filter``.
-    cval : number, default 0.0
-    axes : int or list of int, optional
-        Filter only these axes.
+    def func(x: Array, *, size: Sizes = 3, mode: Mode = "reflect", cval: float = 0.0,
+             axes: int | list[int] | None = None) -> Array:
+        sizes = _sizes(name, size, x, axes)
+        return _apply(name, x, tuple(s // 2 for s in sizes), mode, {"size": sizes, "cval": float(cval)})
 
-    Returns
-    -------
-    dask.array.Array
-        Same shape, chunks and dtype as ``x``.
-    """
-    sizes = _sizes("median_filter", size, x, axes)
-    return _apply("median_filter", x, tuple(s // 2 for s in sizes), mode, {"size": sizes, "cval": float(cval)})
+    func.__name__ = func.__qualname__ = name
+    func.__doc__ = _BOX_DOC.format(summary=summary)
+    return defop(name)(func)
+
+
+uniform_filter = _box_filter("uniform_filter", "Moving average over a box of the given size, equal to "
+                                               "scipy.ndimage.uniform_filter.")
+median_filter = _box_filter("median_filter", "Median over a box of the given size, equal to "
+                                             "scipy.ndimage.median_filter; removes salt-and-pepper noise.")

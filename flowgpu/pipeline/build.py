@@ -11,11 +11,13 @@ from typing import Any
 from pydantic import ValidationError
 
 from flowgpu.errors import SpecError
+from flowgpu.io import sinks, sources
 from flowgpu.pipeline import spec as S
 from flowgpu.pipeline.loader import SourceMap, read_yaml
 from flowgpu.pipeline.params import resolve_params, set_path, split_overrides, substitute
+from flowgpu.registry import add_import_dirs
 
-__all__ = ["Origin", "build", "load", "from_dict", "read_params_file"]
+__all__ = ["Origin", "build", "load", "from_dict", "read_params_file", "import_dirs"]
 
 
 @dataclass
@@ -38,11 +40,12 @@ def _fields_at(data: Any, path: tuple) -> list[str]:
     models = {(): S.Spec, ("cluster",): S.Cluster}
     model = models.get(path)
     if model is None and len(path) == 2:
-        model = {"steps": S.Step, "outputs": S.Output, "params": S.Param}.get(path[0])
-        if path[0] == "inputs":
-            source = (data.get("inputs", {}).get(path[1]) or {}).get("source") if isinstance(data, dict) else None
-            model = next((m for m in S.SOURCE_MODELS if m.model_fields["source"].annotation.__args__[0] == source),
-                         None)
+        model = {"steps": S.Step, "params": S.Param}.get(path[0])
+        entry = (data.get(path[0], {}).get(path[1]) or {}) if isinstance(data, dict) else {}
+        if path[0] == "inputs" and isinstance(entry, dict):
+            model = S.input_model(entry.get("source"))
+        if path[0] == "outputs" and isinstance(entry, dict):
+            model = S.output_model(entry.get("sink", sinks.DEFAULT_SINK))
     if model is None and len(path) == 3 and path[0] == "steps" and path[2] == "expect":
         model = S.Expect
     if model is None:
@@ -89,12 +92,12 @@ def _translate(err: dict, data: Any, smap: SourceMap) -> SpecError:
     if kind == "missing":
         return smap.error(f"missing required key {loc[-1]!r}", path, hint=f"add '{loc[-1]}: ...' here")
     if kind == "union_tag_invalid":
-        ctx = err.get("ctx", {})
-        return smap.error(f"unknown source {ctx.get('tag')!r}", path + ("source",),
-                          hint=f"choose one of {ctx.get('expected_tags', '')}")
+        tag = err.get("ctx", {}).get("tag")
+        field, registry = ("sink", sinks.SINKS) if path[:1] == ("outputs",) else ("source", sources.SOURCES)
+        return smap.error(f"unknown {field} {tag!r}", path + (field,), hint=registry.suggest(tag))
     if kind == "union_tag_not_found":
         return smap.error("an input needs a 'source'", path,
-                          hint="e.g. source: random (or normal, zeros, ones, full, arange, zarr, npy, python)")
+                          hint=f"e.g. source: random (one of {', '.join(sources.source_names())})")
     if "[key]" in loc and kind == "string_pattern_mismatch":
         return smap.error(f"{err.get('input')!r} is not a valid name", path, key=True,
                           hint="names start with a letter or '_' and hold letters, digits and '_'")
@@ -122,6 +125,7 @@ def build(data: Any, smap: SourceMap, overrides: dict[str, Any] | None = None) -
         set_path(work, key, value, smap)
     values = resolve_params(work, smap, param_over)
     work = substitute(work, values, smap)
+    import_dirs(smap.file)
     try:
         spec = S.Spec.model_validate(work)
     except ValidationError as e:
@@ -129,6 +133,13 @@ def build(data: Any, smap: SourceMap, overrides: dict[str, Any] | None = None) -
         raise _translate(errors[0], work, smap) from None
     spec._origin = Origin(smap.file, smap, raw, values, dict(overrides or {}))
     return spec
+
+
+def import_dirs(file: str | None) -> None:
+    """The one rule for import paths in a spec (``python`` sources, ``map_blocks``): modules beside
+    the spec file, then in the working directory, are importable, besides ``sys.path``; the same
+    under the ``flowgpu`` script, ``python -m flowgpu`` and Python."""
+    add_import_dirs(*([os.path.dirname(os.path.abspath(file))] if file else []), os.getcwd())
 
 
 def read_params_file(path: str) -> dict[str, Any]:

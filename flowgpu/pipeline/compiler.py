@@ -9,7 +9,6 @@ not broadcast, a dtype it does not take) or whose result differs from its ``expe
 
 from __future__ import annotations
 
-import difflib
 import inspect
 import os
 import warnings
@@ -19,13 +18,13 @@ from typing import Any
 import dask.array as da
 import numpy as np
 
-from flowgpu.errors import ConfigError, FlowgpuError, SpecError
+from flowgpu.errors import ArgumentError, ConfigError, FlowgpuError, SpecError
 from flowgpu.fusion import fused_elementwise
-from flowgpu.io import sources
-from flowgpu.io.sinks import SUMMARY_MAX_ELEMENTS
+from flowgpu.io import sinks, sources
 from flowgpu.ops import registry
+from flowgpu.ops.signature import bind_arguments
 from flowgpu.pipeline import compose
-from flowgpu.pipeline.build import Origin, from_dict
+from flowgpu.pipeline.build import Origin, build, from_dict, load
 from flowgpu.pipeline.fusing import FusionPlan, plan_fusion
 from flowgpu.pipeline.graph import order, step_refs
 from flowgpu.pipeline.loader import SourceMap
@@ -91,11 +90,8 @@ def _describe(x: Any) -> str:
 
 
 def _get_op(name: str, op_name: str, smap: SourceMap) -> registry.Op:
-    known = registry.names()
-    if op_name not in known:
-        close = difflib.get_close_matches(op_name, known, n=3, cutoff=0.6)
-        hint = f"did you mean {', '.join(map(repr, close))}?" if close else "run 'flowgpu ops' to list the ops"
-        raise smap.error(f"unknown op {op_name!r}", ("steps", name, "op"), hint=hint)
+    if op_name not in registry.OPS:
+        raise smap.error(f"unknown op {op_name!r}", ("steps", name, "op"), hint=registry.OPS.suggest(op_name))
     return registry.get(op_name)
 
 
@@ -116,6 +112,7 @@ def _call_op(spec: Spec, name: str, op: registry.Op, values: dict[str, Any], sma
                          hint="give it once")
     kwargs.update(step.args)
     if op.inputs != ("**",):
+        _check_args(name, op, args, kwargs, smap, step)
         try:
             op.signature.bind(*args, **kwargs)
         except TypeError as e:
@@ -133,6 +130,22 @@ def _call_op(spec: Spec, name: str, op: registry.Op, values: dict[str, Any], sma
         raise smap.error(f"op {op.name!r} returned {type(out).__name__}, not a dask array", where,
                          hint="ops return dask arrays; wrap results with flowgpu.from_array")
     return out
+
+
+def _check_args(name: str, op: registry.Op, args: list, kwargs: dict, smap: SourceMap, step: Any) -> None:
+    """The step's arguments against the op's signature: a bad one is located at ``steps.<name>.args.<arg>``."""
+    try:
+        bind_arguments(op, kwargs, n_inputs=len(args))
+    except ArgumentError as e:
+        key = e.argument
+        if key in step.args:
+            where: tuple = ("steps", name, "args", key)
+        elif key is None or isinstance(step.inputs, dict):
+            where = ("steps", name, "inputs")
+        else:
+            where = ("steps", name, "args")
+        raise smap.error(str(e), where, hint=f"fix it under args ('flowgpu ops' shows what {op.name!r} takes)"
+                         ) from None
 
 
 def _check_expect(spec: Spec, name: str, x: da.Array, smap: SourceMap) -> None:
@@ -222,10 +235,10 @@ def _output_arrays(spec: Spec, values: dict, smap: SourceMap) -> dict[str, da.Ar
         if not isinstance(value, da.Array):
             raise smap.error(f"{out.from_!r} is not an array", ("outputs", out_name, "from"),
                              hint="name a single result, e.g. 'step.output' for a uses step")
-        if out.sink == "summary" and value.size > SUMMARY_MAX_ELEMENTS:
-            raise smap.error(f"output {out_name!r} has {value.size} values; a summary output holds at most "
-                             f"{SUMMARY_MAX_ELEMENTS}", ("outputs", out_name),
-                             hint="write it to a file: sink: zarr (or npy) with a path")
+        if sinks.sink_entry(out.sink).has(sinks.IN_SUMMARY) and value.size > sinks.SUMMARY_MAX_ELEMENTS:
+            raise smap.error(f"output {out_name!r} has {value.size} values; a {out.sink} output holds at most "
+                             f"{sinks.SUMMARY_MAX_ELEMENTS}", ("outputs", out_name),
+                             hint="write it to a file: a sink that writes a path (see `flowgpu sinks`)")
         outs[out_name] = value
     return outs
 
@@ -289,8 +302,6 @@ def compile(spec: Spec | str | os.PathLike | dict, params: dict[str, Any] | None
     -------
     Plan, whose ``outputs`` maps each output name to its lazy dask array.
     """
-    from flowgpu.pipeline.build import build, load
-
     extra = {f"params.{k}": v for k, v in (params or {}).items()}
     extra.update(overrides or {})
     if isinstance(spec, (str, os.PathLike)):

@@ -13,7 +13,10 @@ from typing import Any
 import dask.array as da
 import numpy as np
 
+from flowgpu import config
+from flowgpu.backend import current_backend
 from flowgpu.pipeline.compiler import Plan
+from flowgpu.runtime.options import GPU_THREADS
 
 __all__ = ["describe", "graph_size"]
 
@@ -38,11 +41,6 @@ def graph_size(arrays: list[Any]) -> int:
 
 
 def _threads(plan: Plan) -> int:
-    from flowgpu import config
-
-    from flowgpu.backend import current_backend
-    from flowgpu.runtime.options import GPU_THREADS
-
     t = plan.spec.cluster.threads_per_worker or config.get("threads-per-worker")
     return int(t) if t else (GPU_THREADS if current_backend() == "cupy" else 1)
 

@@ -18,11 +18,12 @@ from typing import Any
 
 from rich.console import Console
 
-from flowgpu import __version__
+from flowgpu import __version__, runtime
+from flowgpu.backend import current_backend
 from flowgpu.diagnostics import compute_with_progress, render_summary
 from flowgpu.errors import ConfigError, FlowgpuError, OutputExistsError, RunError
 from flowgpu.io import sinks
-from flowgpu.pipeline.build import load
+from flowgpu.pipeline.build import build, from_dict, load, read_params_file
 from flowgpu.pipeline.compiler import Plan, compile
 from flowgpu.pipeline.planning import graph_size
 from flowgpu.pipeline.spec import Spec
@@ -66,13 +67,10 @@ def session_options(spec: Spec, cluster: dict[str, Any] | None = None) -> dict[s
 
 
 def _start_session(spec: Spec, cluster: dict[str, Any] | None):
-    from flowgpu.errors import ConfigError
-    from flowgpu.runtime.session import Session
-
     opts = session_options(spec, cluster)
     address = opts.pop("address", None)
     try:
-        return Session(address, **opts)
+        return runtime.Session(address, **opts)
     except ConfigError as e:
         raise spec._origin.smap.error(str(e), ("cluster",), hint="fix the cluster: block or the CLI option") from None
 
@@ -85,9 +83,10 @@ class _LocalRun:
     n_workers = 1
     dashboard_link = None
 
-    def info(self) -> dict:
-        from flowgpu.backend import current_backend
+    def memory_summary(self) -> None:
+        return None  # no workers, no flowgpu data store
 
+    def info(self) -> dict:
         return {"backend": f"local ({current_backend()})", "n_workers": 1, "threads_per_worker": os.cpu_count(),
                 "address": None, "dashboard": None}
 
@@ -125,24 +124,18 @@ def run(spec: Spec | str | os.PathLike | dict, *, overrides: dict[str, Any] | No
     if isinstance(spec, (str, os.PathLike)):
         spec = load(spec, overrides, params_file)
     elif isinstance(spec, dict):
-        from flowgpu.pipeline.build import from_dict, read_params_file
-
         spec = from_dict(spec, {**(read_params_file(params_file) if params_file else {}), **(overrides or {})})
     elif overrides or params_file:
-        from flowgpu.pipeline.build import build, read_params_file
-
         merged = {**spec._origin.overrides, **(read_params_file(params_file) if params_file else {}),
                   **(overrides or {})} if spec._origin else dict(overrides or {})
         spec = build(spec._origin.raw, spec._origin.smap, merged)
-    from flowgpu.runtime.session import current_session
-
     own = None
     if isinstance(session, str):
         if session != "local":
             raise ConfigError(f"session={session!r}: give a flowgpu.Session, None, or \"local\"")
         session = _LocalRun()
     if session is None:
-        session = current_session()
+        session = runtime.current_session()
     if session is None:
         compile(spec)  # every check before any cluster starts (_execute checks again inside it)
     check_outputs(spec, overwrite)
@@ -167,8 +160,7 @@ def _execute(spec: Spec, session: Any, overwrite: bool, summary_path: str | None
     try:
         for name, x in plan.outputs.items():
             out = spec.outputs[name]
-            options = {"component": out.component} if out.sink == "zarr" and out.component else {}
-            pending[name] = sinks.prepare_write(out.sink, x, out.path, overwrite, **options)
+            pending[name] = sinks.prepare_write(out.sink, x, out.path, overwrite, **out.sink_options())
         targets = [p.target for p in pending.values()]
         try:
             results = compute_with_progress(targets, client=getattr(session, "client", None), console=console,
@@ -179,7 +171,8 @@ def _execute(spec: Spec, session: Any, overwrite: bool, summary_path: str | None
             raise RunError(f"pipeline {spec.name!r} failed while running: {type(e).__name__}: {e}") from e
         values = {}
         for (name, p), result in zip(pending.items(), results):
-            values[name] = sinks.to_summary_value(result) if p.sink == "summary" else p.commit()
+            in_summary = sinks.sink_entry(p.sink).has(sinks.IN_SUMMARY)
+            values[name] = sinks.to_summary_value(result) if in_summary else p.commit()
         status = "ok"
     except BaseException:
         for p in pending.values():
@@ -198,16 +191,7 @@ def _execute(spec: Spec, session: Any, overwrite: bool, summary_path: str | None
 
 def _memory_moves(session: Any) -> dict | None:
     """The workers' data-store accounting summed over workers, or None (no cluster, or not flowgpu's store)."""
-    client = getattr(session, "client", None)
-    if client is None:
-        return None
-    from flowgpu.memory import stats, summary
-
-    try:
-        out = summary(client.run(stats))
-    except Exception:  # noqa: BLE001 - the accounting is a report; a worker that cannot answer must not fail the run
-        return None
-    return out if "flowgpu" in out["stores"] else None
+    return session.memory_summary()
 
 
 def _moves_delta(before: dict | None, after: dict | None) -> dict | None:
@@ -233,11 +217,13 @@ def _summary(spec: Spec, plan: Plan, session: Any, values: dict, wall: float, st
         out = spec.outputs[name]
         entry = {"from": out.from_, "sink": out.sink, "shape": list(x.shape), "dtype": str(x.dtype),
                  "chunks": [list(c) for c in x.chunks] if x.npartitions <= 64 else list(x.chunksize)}
-        if out.sink == "summary":
+        sink = sinks.sink_entry(out.sink)
+        if sink.has(sinks.IN_SUMMARY):
             entry["value"] = values[name]
         else:
             entry["location"] = values[name]
-            written += _disk_bytes(values[name])
+            if sink.has(sinks.WRITES_PATH) and values[name] and os.path.exists(values[name]):
+                written += _disk_bytes(values[name])
         outputs[name] = entry
     read = sum(int(n.array.nbytes) for n in plan.nodes.values() if n.reads_files and n.array is not None)
     info = session.info() if hasattr(session, "info") else {}

@@ -5,6 +5,11 @@ sources), ``steps`` (named ops, or other spec files through ``uses``), ``outputs
 and an optional ``cluster`` block. Unknown keys are refused everywhere, and the JSON schema that
 editors use (``flowgpu schema``) is generated from these same models.
 
+The models of ``inputs`` and ``outputs`` are not written here: :func:`spec_model` generates them
+from the source and sink registries (each entry's options model, tagged by its name), caches the
+result and rebuilds it when a registry changes, so a source registered in Python or by a plugin
+is validated, located in errors and listed in the schema like a built-in one.
+
 Examples
 --------
 >>> from flowgpu.pipeline.spec import Spec
@@ -23,17 +28,19 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, PrivateAttr, Tag, create_model, model_validator
 from pydantic.json_schema import GenerateJsonSchema
 
+from flowgpu.io import sinks, sources
+
 __all__ = [
-    "Spec", "Param", "Step", "Output", "Cluster", "Input", "Expect", "SOURCE_MODELS", "NAME_PATTERN",
-    "PARAM_REF", "json_schema",
+    "Spec", "Param", "Step", "Output", "Cluster", "Expect", "NAME_PATTERN", "PARAM_REF", "json_schema",
+    "spec_model", "input_model", "output_model",
 ]
 
 NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 PARAM_REF = re.compile(r"\$\{params\.([A-Za-z_][A-Za-z0-9_]*)\}")
-Chunks = Union[Literal["auto"], int, str, list[Union[int, Literal["auto"], list[int]]]]
+Name = Annotated[str, Field(pattern=NAME_PATTERN)]
 Scalar = Union[bool, int, float, str, None]
 
 
@@ -51,96 +58,9 @@ class Param(_Model):
     description: str = ""
 
 
-# -- inputs (sources) -------------------------------------------------------------------------------
-class _Source(_Model):
-    chunks: Chunks = Field("auto", description="Chunk shape, a byte size such as '256MiB', or 'auto'.")
-
-
-class _Generated(_Source):
-    shape: list[int] = Field(..., description="Array shape, e.g. [10000, 10000].")
-    dtype: str = "float64"
-
-    @field_validator("shape")
-    @classmethod
-    def _non_negative(cls, v: list[int]) -> list[int]:
-        if any(s < 0 for s in v):
-            raise ValueError("shape lengths must be >= 0")
-        return v
-
-
-class RandomSource(_Generated):
-    """Uniform random numbers in [0, 1), reproducible per seed."""
-
-    source: Literal["random"]
-    seed: int | None = None
-
-
-class NormalSource(_Generated):
-    """Normal random numbers, reproducible per seed."""
-
-    source: Literal["normal"]
-    seed: int | None = None
-    loc: float = 0.0
-    scale: float = 1.0
-
-
-class ZerosSource(_Generated):
-    source: Literal["zeros"]
-
-
-class OnesSource(_Generated):
-    source: Literal["ones"]
-
-
-class FullSource(_Generated):
-    source: Literal["full"]
-    fill_value: float | int | bool
-
-
-class ArangeSource(_Source):
-    """Evenly spaced values in [start, stop)."""
-
-    source: Literal["arange"]
-    start: float | int = 0
-    stop: float | int
-    step: float | int = 1
-    dtype: str | None = None
-
-
-class ZarrSource(_Source):
-    """A Zarr array (path relative to the working directory)."""
-
-    source: Literal["zarr"]
-    path: str
-    component: str | None = None
-    chunks: Chunks | None = None
-
-
-class NpySource(_Source):
-    """A ``.npy`` file, read chunk by chunk (path relative to the working directory)."""
-
-    source: Literal["npy"]
-    path: str
-
-
-class PythonSource(_Source):
-    """An array returned by a Python callable given by import path, ``package.module:function``."""
-
-    source: Literal["python"]
-    callable: str = Field(..., description="Import path of a function returning an array, e.g. 'mypkg.data:load'.")
-    args: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for the callable.")
-
-    @field_validator("callable")
-    @classmethod
-    def _import_path(cls, v: str) -> str:
-        if not re.match(r"^[A-Za-z_][\w.]*[:.][A-Za-z_]\w*$", v):
-            raise ValueError("give an import path such as 'mypkg.data:load'")
-        return v
-
-
-SOURCE_MODELS = (RandomSource, NormalSource, ZerosSource, OnesSource, FullSource, ArangeSource, ZarrSource,
-                 NpySource, PythonSource)
-Input = Annotated[Union[SOURCE_MODELS], Field(discriminator="source")]
+# -- inputs (sources) and outputs (sinks): generated from the registries, see spec_model() ---------
+def _source_tag(v: Any) -> Any:
+    return v.get("source") if isinstance(v, dict) else getattr(v, "source", None)
 
 
 # -- steps ------------------------------------------------------------------------------------------
@@ -177,22 +97,30 @@ class Step(_Model):
         return self
 
 
-# -- outputs (sinks) --------------------------------------------------------------------------------
 class Output(_Model):
-    """Where a result goes: a Zarr store, a .npy file, or the run summary (scalars, small arrays)."""
+    """Where a result goes: a file or store (sinks that write a path), or the run summary."""
 
     from_: str = Field(..., alias="from", description="Name of the input or step (or `step.output`) to write.")
-    sink: Literal["zarr", "npy", "summary"] = "summary"
-    path: str | None = Field(None, description="Destination for zarr/npy sinks (relative to the working directory).")
-    component: str | None = None
+    path: str | None = Field(None, description="Destination of sinks that write a file or store (relative to the "
+                                               "working directory).")
 
     @model_validator(mode="after")
     def _path(self) -> "Output":
-        if self.sink in ("zarr", "npy") and not self.path:
+        entry = sinks.sink_entry(self.sink)
+        if entry.has(sinks.WRITES_PATH) and not self.path:
             raise ValueError(f"a {self.sink} output needs a 'path'")
-        if self.sink == "summary" and self.path:
-            raise ValueError("a summary output has no 'path'; use sink: zarr or npy to write a file")
+        if not entry.has(sinks.WRITES_PATH) and self.path:
+            raise ValueError(f"a {self.sink} output has no 'path'; choose a sink that writes a file "
+                             f"({', '.join(n for n in sinks.sink_names() if sinks.sink_entry(n).has(sinks.WRITES_PATH))})")
         return self
+
+    def sink_options(self) -> dict[str, Any]:
+        """The options this output gives its sink (all but from, sink and path)."""
+        return self.model_dump(exclude={"from_", "sink", "path"})
+
+
+def _sink_tag(v: Any) -> Any:
+    return v.get("sink", sinks.DEFAULT_SINK) if isinstance(v, dict) else getattr(v, "sink", None)
 
 
 # -- cluster ----------------------------------------------------------------------------------------
@@ -218,11 +146,11 @@ class Spec(_Model):
     version: Literal[1] = 1
     name: str = "pipeline"
     description: str = ""
-    params: dict[Annotated[str, Field(pattern=NAME_PATTERN)], Union[Param, Scalar, list[Any]]] = Field(
+    params: dict[Name, Union[Param, Scalar, list[Any]]] = Field(
         default_factory=dict, description="Typed defaults: `n: 1000` or `n: {type: int, default: 1000}`.")
-    inputs: dict[Annotated[str, Field(pattern=NAME_PATTERN)], Input] = Field(default_factory=dict)
-    steps: dict[Annotated[str, Field(pattern=NAME_PATTERN)], Step] = Field(default_factory=dict)
-    outputs: dict[Annotated[str, Field(pattern=NAME_PATTERN)], Output] = Field(default_factory=dict)
+    inputs: dict[Name, Any] = Field(default_factory=dict, description="Named sources (see `flowgpu sources`).")
+    steps: dict[Name, Step] = Field(default_factory=dict)
+    outputs: dict[Name, Any] = Field(default_factory=dict, description="Named sinks (see `flowgpu sinks`).")
     cluster: Cluster = Field(default_factory=Cluster)
     # where the spec came from (file, source map, data before params were substituted); set by load()
     _origin: Any = PrivateAttr(default=None)
@@ -233,6 +161,60 @@ class Spec(_Model):
         if both:
             raise ValueError(f"{both[0]!r} is both an input and a step; give them different names")
         return self
+
+    @classmethod
+    def model_validate(cls, obj: Any, **kwargs: Any) -> "Spec":
+        """Validate with the model generated from the registered sources and sinks."""
+        if cls is Spec:
+            return spec_model().model_validate(obj, **kwargs)
+        return super().model_validate(obj, **kwargs)
+
+
+def _tagged(model: type[BaseModel], field: str, name: str, base: type[BaseModel] | None = None,
+            default: bool = False) -> type[BaseModel]:
+    """``model`` with ``field: Literal[name]`` (the tag of the union), on ``base`` when given."""
+    bases = (base, model) if base is not None else model
+    title = "".join(part.capitalize() for part in name.replace(".", "_").split("_"))
+    return create_model(f"{title}{'Source' if field == 'source' else 'Output'}", __base__=bases, __doc__=model.__doc__,
+                        **{field: (Literal[name], name if default else ...)})
+
+
+_cache: dict[tuple[int, int], tuple[type[Spec], dict[str, type], dict[str, type]]] = {}
+
+
+def _generate() -> tuple[type[Spec], dict[str, type], dict[str, type]]:
+    source_entries, sink_entries = sources.SOURCES.entries(), sinks.SINKS.entries()
+    key = (sources.SOURCES.version, sinks.SINKS.version)
+    if key not in _cache:
+        ins = {e.name: _tagged(e.options, "source", e.name) for e in source_entries}
+        outs = {e.name: _tagged(e.options, "sink", e.name, Output, e.name == sinks.DEFAULT_SINK) for e in sink_entries}
+        input_union = Annotated[Union[tuple(Annotated[m, Tag(n)] for n, m in ins.items())],
+                                Discriminator(_source_tag)]
+        output_union = Annotated[Union[tuple(Annotated[m, Tag(n)] for n, m in outs.items())],
+                                 Discriminator(_sink_tag)]
+        model = create_model("Spec", __base__=Spec, __doc__=Spec.__doc__,
+                             inputs=(dict[Name, input_union], Field(default_factory=dict, description=(
+                                 "Named sources (see `flowgpu sources`)."))),
+                             outputs=(dict[Name, output_union], Field(default_factory=dict, description=(
+                                 "Named sinks (see `flowgpu sinks`)."))))
+        _cache.clear()
+        _cache[key] = (model, ins, outs)
+    return _cache[key]
+
+
+def spec_model() -> type[Spec]:
+    """The spec model for the sources and sinks registered now (cached; rebuilt when they change)."""
+    return _generate()[0]
+
+
+def input_model(source: Any) -> type[BaseModel] | None:
+    """The model of an input of ``source``, or None for an unknown source."""
+    return _generate()[1].get(source)
+
+
+def output_model(sink: Any) -> type[BaseModel] | None:
+    """The model of an output to ``sink``, or None for an unknown sink."""
+    return _generate()[2].get(sink)
 
 
 class _ParamFriendly(GenerateJsonSchema):
@@ -252,7 +234,7 @@ class _ParamFriendly(GenerateJsonSchema):
 
 def json_schema() -> dict:
     """The JSON schema of a spec file (what ``flowgpu schema`` prints)."""
-    out = Spec.model_json_schema(by_alias=True, schema_generator=_ParamFriendly)
+    out = spec_model().model_json_schema(by_alias=True, schema_generator=_ParamFriendly)
     out["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     out["title"] = "flowgpu pipeline spec"
     return out

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import zarr
 
-from flowgpu.errors import ConfigError
+from flowgpu.errors import ConfigError, ImportPathError
 from flowgpu.io import sinks, sources
 
 
@@ -23,7 +23,7 @@ def test_synthetic_sources_match_flowgpu_arrays():
 def test_unknown_source_and_bad_callable():
     with pytest.raises(ConfigError, match="unknown source 'nope'"):
         sources.get_source("nope")
-    with pytest.raises(ConfigError, match="cannot import module"):
+    with pytest.raises(ImportPathError, match="callable .no_such_module_xyz:f.: no module named .no_such_module_xyz."):
         sources.open_source("python", callable="no_such_module_xyz:f")
     with pytest.raises(ConfigError, match="does not take arguments"):
         sources.open_source("python", callable="tests.pipeline.helpers:make_matrix", args={"bogus": 1})

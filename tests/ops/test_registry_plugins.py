@@ -16,10 +16,10 @@ from tests.tolerance import assert_within_terms
 @pytest.fixture
 def scratch_ops():
     """Names registered by a test are removed afterwards."""
-    before = set(registry._ops)
+    before = set(registry.OPS.names())
     yield
-    for name in set(registry._ops) - before:
-        registry._ops.pop(name)
+    for name in set(registry.OPS.names()) - before:
+        registry.OPS.remove(name)
 
 
 def test_decorator_registers_a_user_op(scratch_ops, rng, backend):

@@ -40,7 +40,14 @@ CASES = {
     "unknown op": (GOOD_INPUTS + "steps:\n  s: {op: summ, inputs: [x]}\n", {}, [], 4, "steps.s.op",
                    "did you mean 'sum'"),
     "bad op argument": (GOOD_INPUTS + "steps:\n  s: {op: sum, inputs: [x], args: {axes: 0}}\n", {}, [], 4,
-                        "steps.s", "cannot take these inputs/args"),
+                        "steps.s.args.axes", "unknown argument 'axes'; did you mean 'axis'"),
+    "bad op argument type": (GOOD_INPUTS + "steps:\n  s:\n    op: sum\n    inputs: [x]\n    args:\n"
+                             "      keepdims: 'yes'\n", {}, [], 8, "steps.s.args.keepdims",
+                             "argument 'keepdims' must be bool, not str"),
+    "missing op argument": (GOOD_INPUTS + "steps:\n  s: {op: clip, inputs: [x], args: {lo: 0}}\n", {}, [], 4,
+                            "steps.s.args", "missing argument 'hi'"),
+    "too many op inputs": (GOOD_INPUTS + "steps:\n  s: {op: sqrt, inputs: [x, x]}\n", {}, [], 4,
+                           "steps.s.inputs", "takes 1 input(s) (x), got 2"),
     "include spelled out": (GOOD_INPUTS + "steps:\n  sub: {include: other.yaml}\n", {}, [], 4,
                             "steps.sub.include", "did you mean 'uses'"),
     "expr inputs by position": (GOOD_INPUTS + "steps:\n  e:\n    op: expr\n    inputs: [x]\n"

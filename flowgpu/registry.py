@@ -1,0 +1,269 @@
+"""Registries: a name maps to an entry (its callable, options model, docstring and capabilities).
+
+flowgpu keeps three: ops (``flowgpu.ops``), sources (``flowgpu.sources``) and sinks
+(``flowgpu.sinks``). Each is filled by flowgpu's built-ins and, lazily on first use, by the
+entry points of its group, so a package adds its own with one line of packaging metadata::
+
+    [project.entry-points."flowgpu.sources"]
+    sensor = "mypkg.io:read_sensor"
+
+An entry point names a callable (registered under the entry point's name) or a module (imported;
+it registers what it defines). A plugin that fails to load is reported with a warning and left
+out; the other entries keep working. Nothing else in flowgpu lists these names: the pipeline
+spec model and its JSON schema are generated from the registries.
+
+This module also holds :func:`import_object`, the one resolver of import paths
+(``"package.module:name"``) used by the ``python`` source, ``map_blocks`` and spec validation.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import inspect
+import os
+import sys
+import threading
+import typing
+import warnings
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from typing import Any, Generic, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, create_model
+
+from flowgpu.errors import ImportPathError
+
+__all__ = ["Entry", "Registry", "Options", "OpenOptions", "options_model", "import_object", "add_import_dirs"]
+
+T = TypeVar("T", bound="Entry")
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One registered thing: ``func``, the model of its options, its docstring and capabilities."""
+
+    name: str
+    func: Callable[..., Any]
+    doc: str = ""
+    options: type[BaseModel] | None = None
+    capabilities: frozenset[str] = frozenset()
+
+    @property
+    def summary(self) -> str:
+        """The first line of the docstring."""
+        return (self.doc.strip().splitlines() or [""])[0]
+
+    def has(self, capability: str) -> bool:
+        return capability in self.capabilities
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.func(*args, **kwargs)
+
+
+class Registry(Generic[T]):
+    """Entries by name, filled by built-ins and lazily from the entry-point group ``group``.
+
+    Parameters
+    ----------
+    group : the entry-point group, e.g. ``"flowgpu.sources"``.
+    what : what an entry is called in messages (``"source"``).
+    error : the exception type of an unknown name.
+    from_plugin : turns an entry point's name and loaded object into an entry (None: it registered
+        itself, e.g. a module whose import calls ``register``).
+    """
+
+    def __init__(self, group: str, what: str, *, error: type[Exception],
+                 from_plugin: Callable[[str, Any], T | None]):
+        self.group = group
+        self.what = what
+        self.error = error
+        self._from_plugin = from_plugin
+        self._entries: dict[str, T] = {}
+        self._lock = threading.RLock()
+        self._plugins_loaded = False
+        self.version = 0  # bumped on every change, so what is generated from a registry can be rebuilt
+
+    def add(self, entry: T, *, replace: bool = False) -> T:
+        """Add ``entry``; an existing name with another callable is refused unless ``replace``."""
+        with self._lock:
+            old = self._entries.get(entry.name)
+            if old is not None and not replace and old.func is not entry.func:
+                module = getattr(old.func, "__module__", "?")
+                raise self.error(f"{self.what} {entry.name!r} is already registered (by {module}); "
+                                 "pick another name or pass replace=True")
+            self._entries[entry.name] = entry
+            self.version += 1
+        return entry
+
+    def remove(self, name: str) -> None:
+        with self._lock:
+            if self._entries.pop(name, None) is not None:
+                self.version += 1
+
+    def _load_plugins(self) -> None:
+        with self._lock:
+            if self._plugins_loaded:
+                return
+            self._plugins_loaded = True
+            for ep in entry_points(group=self.group):
+                try:
+                    entry = self._from_plugin(ep.name, ep.load())
+                    if entry is not None and entry.name not in self._entries:
+                        self.add(entry)
+                except Exception as e:  # noqa: BLE001 - a broken plugin must not break every pipeline
+                    warnings.warn(f"flowgpu: could not load {self.what} plugin {ep.name!r} ({ep.value}) from "
+                                  f"entry-point group {self.group!r}: {type(e).__name__}: {e}", stacklevel=3)
+
+    def get(self, name: str) -> T:
+        """The entry registered as ``name``; an unknown name suggests close matches."""
+        self._load_plugins()
+        with self._lock:
+            entry = self._entries.get(name)
+            if entry is not None:
+                return entry
+            known = sorted(self._entries)
+        raise self.error(f"unknown {self.what} {name!r}; {self.suggest(name, known)}")
+
+    def suggest(self, name: Any, known: Iterable[str] | None = None) -> str:
+        """'did you mean ...?' for ``name``, else the names to choose from."""
+        known = sorted(known if known is not None else self.names())
+        close = difflib.get_close_matches(str(name), known, n=3, cutoff=0.6)
+        if close:
+            return f"did you mean {', '.join(repr(c) for c in close)}?"
+        listing = f"run 'flowgpu {self.what}s' to list them"
+        return f"choose one of {', '.join(known)} ({listing})" if len(known) <= 12 else listing
+
+    def names(self) -> list[str]:
+        self._load_plugins()
+        with self._lock:
+            return sorted(self._entries)
+
+    def entries(self) -> list[T]:
+        self._load_plugins()
+        with self._lock:
+            return [self._entries[n] for n in sorted(self._entries)]
+
+    def __contains__(self, name: object) -> bool:
+        self._load_plugins()
+        return name in self._entries
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())
+
+    def __len__(self) -> int:
+        return len(self.names())
+
+
+class Options(BaseModel):
+    """Base of options models: unknown keys are refused."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, arbitrary_types_allowed=True)
+
+
+class OpenOptions(Options):
+    """Options of a function that takes ``**kwargs``: unknown keys are passed through."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+def options_model(name: str, func: Callable, *, skip: Iterable[str] = (),
+                  base: type[BaseModel] = Options) -> type[BaseModel]:
+    """A pydantic model of ``func``'s keyword options, from its type-hinted signature.
+
+    Parameters without a default are required, unannotated ones take any value, and ``**kwargs``
+    lets unknown keys through. ``skip`` names parameters that are not options (a sink's array).
+    """
+    try:
+        hints = typing.get_type_hints(func)
+    except Exception:  # noqa: BLE001 - annotations that do not resolve are simply not checked
+        hints = {}
+    fields: dict[str, Any] = {}
+    for p in inspect.signature(func).parameters.values():
+        if p.name in skip or p.kind == p.VAR_POSITIONAL:
+            continue
+        if p.kind == p.VAR_KEYWORD:
+            base = OpenOptions if base is Options else base
+            continue
+        default = ... if p.default is p.empty else p.default
+        fields[p.name] = (hints.get(p.name, Any), Field(default))
+    return create_model(f"{name}_options", __base__=base, __doc__=inspect.getdoc(func) or None, **fields)
+
+
+def add_import_dirs(*dirs: str | os.PathLike) -> None:
+    """Make modules in ``dirs`` importable (appended to ``sys.path`` once; existing entries win).
+
+    The pipeline layer calls this with a spec's own folder and the working directory, so a module
+    beside the spec imports the same under the ``flowgpu`` script and ``python -m flowgpu``.
+    """
+    for d in dirs:
+        d = os.path.abspath(os.fspath(d))
+        if d not in (os.path.abspath(p or os.curdir) for p in sys.path):
+            sys.path.append(d)
+
+
+def _candidates(path: str) -> list[tuple[str, str]]:
+    """(module, attribute path) pairs for ``path``, the longest module first."""
+    if ":" in path:
+        module, _, attr = path.partition(":")
+        return [(module, attr)]
+    parts = path.split(".")
+    return [(".".join(parts[:i]), ".".join(parts[i:])) for i in range(len(parts) - 1, 0, -1)]
+
+
+def _fail(what: str, path: str, problem: str, fix: str) -> ImportPathError:
+    return ImportPathError(f"{what} {path!r}: {problem}; {fix}")
+
+
+def import_object(path: Any, *, what: str = "import path") -> Any:
+    """The object at ``"package.module:name"`` (or ``"package.module.name"``).
+
+    The module is imported from ``sys.path`` (see :func:`add_import_dirs` for a spec's folder).
+
+    Raises
+    ------
+    ImportPathError
+        one message style for every failure: ``{what} 'path': problem; how to fix it``.
+
+    Examples
+    --------
+    >>> import_object("numpy:sqrt").__name__
+    'sqrt'
+    >>> import_object("os.path.join").__name__
+    'join'
+    """
+    form = "write 'package.module:name' (or 'package.module.name')"
+    if not isinstance(path, str) or not path.strip():
+        raise _fail(what, str(path), "is not an import path", form)
+    path = path.strip()
+    if path.count(":") > 1 or (":" not in path and "." not in path):
+        raise _fail(what, path, "is not an import path", form)
+    missing: str | None = None
+    for module_name, attr in _candidates(path):
+        if not module_name or not attr or not all(p.isidentifier() for p in (*module_name.split("."),
+                                                                            *attr.split("."))):
+            raise _fail(what, path, "is not an import path", form)
+        try:
+            obj: Any = importlib.import_module(module_name)
+        except ModuleNotFoundError as e:
+            if e.name is not None and not module_name.startswith(e.name):  # found, but it imports a missing one
+                raise _fail(what, path, f"importing {module_name!r} failed: {e}",
+                            "install what it needs (here and on the workers)") from None
+            missing = missing or f"no module named {module_name!r}"
+            continue
+        except Exception as e:  # noqa: BLE001 - the user's module raised while importing
+            raise _fail(what, path, f"importing {module_name!r} failed: {type(e).__name__}: {e}",
+                        "fix the module") from None
+        owner = module_name
+        for name in attr.split("."):
+            if not hasattr(obj, name):
+                close = difflib.get_close_matches(name, [n for n in dir(obj) if not n.startswith("_")], n=3)
+                fix = f"did you mean {', '.join(repr(c) for c in close)}?" if close else "check the spelling"
+                raise _fail(what, path, f"{owner!r} has no attribute {name!r}", fix)
+            obj = getattr(obj, name)
+            owner = f"{owner}.{name}"
+        return obj
+    raise _fail(what, path, missing or "not found",
+                "check the spelling, that the package is installed (here and on the workers), or put the "
+                "module beside the spec file")

@@ -1,0 +1,182 @@
+"""Third-party sources and sinks: through entry points (a tiny distribution on sys.path, nothing
+installed) and through register_source in Python. They run, validate, list and appear in the
+schema exactly like the built-ins."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from flowgpu import pipeline
+from flowgpu.errors import SpecError
+from flowgpu.io import sources
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+PLUGIN = '''
+"""A third-party package adding one source and one sink to flowgpu through entry points."""
+import dask
+import dask.array as da
+import numpy as np
+
+from flowgpu.io.sinks import PendingWrite
+
+
+def ramp(n: int, step: float = 1.0, start: float = 0.0, chunks: int = 4) -> da.Array:
+    """Values start, start + step, ... (n of them)."""
+    return start + da.arange(n, chunks=chunks) * step
+
+
+def _write(values, path, fmt):
+    np.savetxt(path, np.atleast_1d(np.asarray(values)), fmt=fmt)
+    return path
+
+
+def text(x, path=None, overwrite=False, fmt: str = "%.17g"):
+    """A plain-text file, one value per line."""
+    return PendingWrite("text", dask.delayed(_write)(x, path, fmt), path)
+'''
+
+ENTRY_POINTS = """\
+[flowgpu.sources]
+ramp = flowgpu_test_plugin:ramp
+
+[flowgpu.sinks]
+text = flowgpu_test_plugin:text
+"""
+
+BESIDE = '''
+import numpy as np
+
+
+def wave(n: int):
+    return np.sin(np.arange(n) / 3.0)
+'''
+
+SPEC = """\
+inputs:
+  r: {{source: ramp, n: {n}, step: {step}, start: {start}}}
+  w: {{source: python, callable: "beside_mod:wave", args: {{n: {n}}}}}
+steps:
+  s: {{op: add, inputs: [r, w]}}
+outputs:
+  t: {{from: s, sink: text, path: {out}}}
+cluster: {{backend: cpu, n_workers: 1, threads_per_worker: 2, dashboard_address: null}}
+"""
+
+
+@pytest.fixture
+def plugin_dist(tmp_path):
+    """A distribution a plain sys.path entry makes visible to importlib.metadata, nothing installed."""
+    site = tmp_path / "site"
+    info = site / "flowgpu_test_plugin-0.1.dist-info"
+    info.mkdir(parents=True)
+    (site / "flowgpu_test_plugin.py").write_text(PLUGIN)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: flowgpu-test-plugin\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(ENTRY_POINTS)
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    (specs / "beside_mod.py").write_text(BESIDE)  # importable because it is beside the spec
+    work = tmp_path / "work"  # the cwd: neither the spec folder nor on PYTHONPATH
+    work.mkdir()
+    return site, specs, work
+
+
+def _console_script(tmp_path) -> list[str]:
+    """The ``flowgpu`` console script (sys.path[0] is its bin folder, not the cwd)."""
+    script = pathlib.Path(sys.executable).parent / "flowgpu"
+    if not script.exists():  # the same text pip writes
+        script = tmp_path / "bin" / "flowgpu"
+        script.parent.mkdir(exist_ok=True)
+        script.write_text("import sys\nfrom flowgpu.cli import main\nif __name__ == '__main__':\n    sys.exit(main())\n")
+    return [sys.executable, str(script)]
+
+
+def _flowgpu(how: list[str], args: list[str], site, work) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(site)])}
+    return subprocess.run([*how, *args], cwd=work, env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("how", ["python -m flowgpu", "console script"])
+def test_entry_point_source_and_sink_run_from_yaml(how, plugin_dist, tmp_path, rng):
+    site, specs, work = plugin_dist
+    cmd = [sys.executable, "-m", "flowgpu"] if how == "python -m flowgpu" else _console_script(tmp_path)
+    n, step, start = int(rng.integers(5, 40)), float(rng.normal()), float(rng.normal())
+    out = tmp_path / "result.txt"
+    (specs / "spec.yaml").write_text(SPEC.format(n=n, step=step, start=start, out=out))
+    done = _flowgpu(cmd, ["run", str(specs / "spec.yaml"), "--quiet"], site, work)
+    assert done.returncode == 0, done.stderr
+    expected = start + np.arange(n) * step + np.sin(np.arange(n) / 3.0)
+    np.testing.assert_allclose(np.loadtxt(out), expected, rtol=1e-12, atol=1e-12)
+
+    bad = SPEC.format(n="ten", step=step, start=start, out=out)
+    (specs / "bad.yaml").write_text(bad)
+    refused = _flowgpu(cmd, ["run", str(specs / "bad.yaml"), "--quiet"], site, work)
+    assert refused.returncode == 2, refused.stderr
+    where = re.search(r"bad\.yaml:(\d+):(\d+): inputs\.r\.n: ", refused.stderr)
+    assert where, refused.stderr
+    assert (int(where.group(1)), int(where.group(2))) == (2, bad.splitlines()[1].index("ten") + 1)
+    assert "(hint: " in refused.stderr
+
+    typo = SPEC.format(n=n, step=step, start=start, out=out).replace("step:", "stepp:")
+    (specs / "typo.yaml").write_text(typo)
+    refused = _flowgpu(cmd, ["validate", str(specs / "typo.yaml")], site, work)
+    assert refused.returncode == 2
+    assert "typo.yaml:2:" in refused.stderr and "inputs.r.stepp" in refused.stderr
+    assert "did you mean 'step'" in refused.stderr
+
+
+def test_plugins_are_listed_and_in_the_schema(plugin_dist):
+    site, _, work = plugin_dist
+    cmd = [sys.executable, "-m", "flowgpu"]
+    listed = _flowgpu(cmd, ["sources"], site, work)
+    assert listed.returncode == 0 and re.search(r"ramp .*Values start, start \+ step", listed.stdout), listed.stdout
+    listed = _flowgpu(cmd, ["sinks"], site, work)
+    assert listed.returncode == 0 and re.search(r"text .*writes_path.*fmt='%.17g'", listed.stdout), listed.stdout
+    schema = json.loads(_flowgpu(cmd, ["schema"], site, work).stdout)
+    ramp = schema["$defs"]["RampSource"]
+    assert ramp["properties"]["source"]["const"] == "ramp" and set(ramp["required"]) == {"n", "source"}
+    assert schema["$defs"]["TextOutput"]["properties"]["sink"]["const"] == "text"
+    refs = json.dumps(schema["properties"]["inputs"]) + json.dumps(schema["properties"]["outputs"])
+    assert "#/$defs/RampSource" in refs and "#/$defs/TextOutput" in refs
+
+
+def test_a_broken_plugin_warns_and_the_rest_works(plugin_dist):
+    site, _, work = plugin_dist
+    (site / "flowgpu_test_plugin-0.1.dist-info" / "entry_points.txt").write_text(
+        ENTRY_POINTS + "broken = flowgpu_test_plugin:does_not_exist\n")
+    listed = _flowgpu([sys.executable, "-m", "flowgpu"], ["sinks"], site, work)
+    assert listed.returncode == 0
+    assert "could not load sink plugin 'broken'" in listed.stderr
+    assert re.search(r"text .*writes_path", listed.stdout) and re.search(r"zarr .*atomic", listed.stdout)
+
+
+@pytest.fixture
+def scratch_source():
+    yield "test_checkerboard"
+    sources.SOURCES.remove("test_checkerboard")
+
+
+def test_register_source_then_run(scratch_source, rng):
+    def checkerboard(rows: int, cols: int, high: float = 1.0):
+        """A checkerboard of 0 and high."""
+        return (np.add.outer(np.arange(rows), np.arange(cols)) % 2) * high
+
+    sources.register_source(scratch_source, checkerboard)
+    rows, cols, high = int(rng.integers(2, 9)), int(rng.integers(2, 9)), float(rng.normal())
+    spec = {"inputs": {"b": {"source": scratch_source, "rows": rows, "cols": cols, "high": high}},
+            "steps": {"total": {"op": "sum", "inputs": ["b"]}},
+            "outputs": {"total": {"from": "total"}}}
+    result = pipeline.run(spec, session="local", progress=False)
+    expected = (np.add.outer(np.arange(rows), np.arange(cols)) % 2).sum() * high
+    assert result.outputs["total"] == pytest.approx(expected, rel=1e-12)
+    with pytest.raises(SpecError, match=r"inputs\.b\.rows: .*valid integer"):
+        pipeline.validate({**spec, "inputs": {"b": {"source": scratch_source, "rows": "many", "cols": 2}}})
+    assert "#/$defs/TestCheckerboardSource" in json.dumps(pipeline.json_schema()["properties"]["inputs"])

@@ -1,0 +1,68 @@
+"""The generic registry and the one import-path resolver."""
+
+from __future__ import annotations
+
+import importlib.metadata
+
+import pytest
+from pydantic import ValidationError
+
+from flowgpu import registry
+from flowgpu.errors import ConfigError, ImportPathError
+from flowgpu.registry import Entry, Registry, import_object, options_model
+
+
+def _registry(monkeypatch, eps=()):
+    monkeypatch.setattr(registry, "entry_points", lambda group: [e for e in eps if e.group == group])
+    return Registry("flowgpu.test", "thing", error=ConfigError,
+                    from_plugin=lambda name, obj: Entry(name, obj, obj.__doc__ or ""))
+
+
+def test_unknown_names_suggest_close_ones(monkeypatch):
+    reg = _registry(monkeypatch)
+    reg.add(Entry("gaussian", abs))
+    reg.add(Entry("uniform", abs))
+    with pytest.raises(ConfigError, match="unknown thing 'gausian'; did you mean 'gaussian'"):
+        reg.get("gausian")
+    with pytest.raises(ConfigError, match="choose one of gaussian, uniform"):
+        reg.get("zzz")
+    with pytest.raises(ConfigError, match="'uniform' is already registered"):
+        reg.add(Entry("uniform", round))
+    before = reg.version
+    reg.remove("uniform")
+    assert reg.names() == ["gaussian"] and reg.version > before
+
+
+def test_plugins_load_lazily_and_a_broken_one_warns(monkeypatch):
+    eps = [importlib.metadata.EntryPoint("good", "os.path:join", "flowgpu.test"),
+           importlib.metadata.EntryPoint("bad", "no_such_module_xyz:f", "flowgpu.test")]
+    reg = _registry(monkeypatch, eps)
+    with pytest.warns(UserWarning, match="could not load thing plugin 'bad'"):
+        assert reg.names() == ["good"]
+    assert reg.get("good").func.__name__ == "join"
+
+
+def test_options_model_from_a_type_hinted_signature():
+    def f(n: int, scale: float = 1.0, label="x"):
+        """Doc."""
+
+    model = options_model("f", f)
+    assert model(n=3).model_dump() == {"n": 3, "scale": 1.0, "label": "x"}
+    with pytest.raises(ValidationError, match="n\n  Input should be a valid integer"):
+        model(n="three")
+    with pytest.raises(ValidationError, match="Extra inputs are not permitted"):
+        model(n=1, other=2)
+    assert options_model("g", lambda x, **kw: x, skip=("x",))(anything=1).model_dump() == {"anything": 1}
+
+
+@pytest.mark.parametrize("path, message", [
+    ("no_such_package_xyz.mod:f", "thing 'no_such_package_xyz.mod:f': no module named 'no_such_package_xyz.mod'; "),
+    ("os.path:jion", "thing 'os.path:jion': 'os.path' has no attribute 'jion'; did you mean 'join'"),
+    ("justaname", "thing 'justaname': is not an import path; write 'package.module:name'"),
+    ("a:b:c", "is not an import path"),
+    ("os.path:join-x", "is not an import path"),
+])
+def test_import_object_errors_have_one_style(path, message):
+    with pytest.raises(ImportPathError, match=message.replace("(", r"\(")):
+        import_object(path, what="thing")
+    assert import_object("os.path.join") is import_object("os.path:join")
