@@ -14,11 +14,10 @@ Reading a key brings it back: a spilled device chunk returns to the device (host
 copy from its pinned buffer), a NumPy chunk returns to host memory. Other values (tuples,
 scalars, object arrays) stay where they are.
 
-Without a GPU the same store runs with tiers host -> disk on NumPy chunks, which is how
-its logic is tested in CI. Failures never lose data: a full or read-only spill directory
-keeps chunks in memory and is reported in :meth:`FlowgpuStore.stats`; pinned memory
-running out falls back to pageable buffers. What the store does is published as events
-(:mod:`flowgpu.memory.events`, :meth:`FlowgpuStore.subscribe`); its accounting is one subscriber.
+Without a GPU the same store runs with tiers host -> disk on NumPy chunks (how CI tests its
+logic). Failures never lose data: a full or read-only spill directory keeps chunks in memory and
+is reported in :meth:`FlowgpuStore.stats`; pinned memory running out falls back to pageable
+buffers. What the store does is published as events (:meth:`FlowgpuStore.subscribe`).
 """
 
 from __future__ import annotations
@@ -136,14 +135,12 @@ class FlowgpuStore(MutableMapping):
         return self.events.subscribe(callback, *kinds)
 
     # -- the device copier ------------------------------------------------------------------
-    @property
-    def transfer(self):
-        return self._copier()
-
     def _copier(self):
         if self._transfer is None:
             self._transfer = CupyTransfer()
         return self._transfer
+
+    transfer = property(_copier, doc="The device copier (CuPy's, made on first use, unless one was given).")
 
     def _is_device(self, value: Any) -> bool:
         if self._transfer is not None:
@@ -409,10 +406,8 @@ class FlowgpuStore(MutableMapping):
         with self._lock:
             return self.disk.data_bytes, self.disk.nbytes
 
-    @property
-    def cumulative_metrics(self) -> dict:
-        """Moves per tier in the shape distributed's Prometheus collector exports."""
-        return self.metrics.cumulative_metrics()
+    cumulative_metrics = property(lambda self: self.metrics.cumulative_metrics(),
+                                  doc="Moves per tier in the shape distributed's Prometheus collector exports.")
 
     def set_address(self, addr: str) -> None:  # dask-cuda's LoggedWorker calls this
         self.address = addr

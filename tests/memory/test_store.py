@@ -316,6 +316,28 @@ def test_delete_while_loading_discards_the_load(tmp_path, rng):
     t.to_device = to_device_then_delete
     store._fetch("a", prefetch=True)
     assert "a" not in store and len(store) == 1 and store.device.nbytes == a.nbytes
+    store.check()
+
+
+def test_a_key_deleted_while_its_upload_is_in_flight_keeps_its_buffer_until_the_upload_ends(tmp_path, rng):
+    a = rng.standard_normal(1000)
+    store, t = _device_store(tmp_path, 1, a.nbytes, transfer=FakeTransfer(hold_uploads=True))
+    store["a"] = FakeDeviceArray(a)
+    store["b"] = FakeDeviceArray(a + 1)  # a spilled to a pinned buffer
+    upload = t.to_device_async
+
+    def upload_then_delete(host, meta, pinned):
+        out = upload(host, meta, pinned)
+        del store["a"]  # the event loop drops the key while the prefetcher's upload still reads the buffer
+        return out
+
+    t.to_device_async = upload_then_delete
+    store._fetch("a", prefetch=True)
+    assert "a" not in store and len(store) == 1
+    assert store.pool.stats()["in_use"] > 0 and store.host.orphans  # not handed out for reuse yet
+    t.finish_all()
+    assert store.stats()["pinned_pool"]["in_use"] == 0 and not store.host.orphans
+    store.check()
 
 
 def test_chunks_read_back_unchanged_are_evicted_again_without_a_write(tmp_path, rng):
@@ -431,3 +453,4 @@ def test_releasing_everything_after_passes_returns_every_byte(tmp_path, rng, hol
     assert [st["tiers"][tier]["bytes"] for tier in ("device", "host", "disk")] == [0, 0, 0]
     assert st["tiers"]["device"]["pending_bytes"] == 0 and st["tiers"]["host"]["clean_copies"] == 0
     assert st["pinned_pool"]["in_use"] == 0 and not store.host.orphans and not store.copies.down
+    store.check()
