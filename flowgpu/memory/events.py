@@ -50,6 +50,7 @@ __all__ = [
     "PinnedAllocated",
     "CleanCopyDropped",
     "Noted",
+    "thread_name",
 ]
 
 logger = logging.getLogger("flowgpu.memory")
@@ -178,4 +179,5 @@ class Events:
 
 
 def thread_name() -> str:
+    """The calling thread's name, as events record it."""
     return threading.current_thread().name
