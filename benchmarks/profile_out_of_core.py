@@ -3,9 +3,10 @@
 ``python benchmarks/profile_out_of_core.py [--gib 32] [--limit 8GB] [--chunk-rows 2048] [--npy]``
 
 Persists ``--gib`` of float32 under ``--limit`` on a flowgpu session (4 threads), then runs the chain
-pass ``((x*2+1)**2 - x).sum()`` twice with the worker's store traced: each ``data[key]`` (which thread,
-how long, from which tier), each pinned allocation, each device-to-host spill, and every copy's
-start and end on the device (CUDA events). It prints totals and a coarse timeline: per slice of the
+pass ``((x*2+1)**2 - x).sum()`` twice with the worker's store traced through its events
+(``store.subscribe``, ``flowgpu.memory.events``): each ``data[key]`` (which thread, how long, from
+which tier), each pinned allocation, each device-to-host spill, and every copy's start and end on
+the device (CUDA events). It prints totals and a coarse timeline: per slice of the
 pass, how busy the upload and spill copies were, how many tasks ran, and how long the event loop sat
 in the store. With ``--npy`` it also writes the data to a ``.npy`` and times ``fg.from_npy`` passes.
 """
@@ -16,81 +17,40 @@ import argparse
 import os
 import shutil
 import tempfile
-import threading
 import time
 
 import numpy as np
 
 
 def _install(dask_worker=None):
-    """Wrap the worker store's methods so they record what they do (benchmark only)."""
+    """Subscribe a recorder to the worker store's events (``flowgpu.memory.events``)."""
     import cupy as cp
 
-    store = dask_worker.data
-    t = store.transfer
+    from flowgpu.memory import events as ev
+
+    old = getattr(dask_worker, "_flowgpu_profile", None)
+    if old is not None:
+        old[1]()  # unsubscribe the previous recorder
     tr = {"fetch": [], "alloc": [], "d2h": [], "copies": [], "clean_drop": []}
     ref = cp.cuda.Event()
     ref.record()
     ref.synchronize()
     tr["ref"] = (ref, time.time())
-    store._trace = tr
 
-    fetch = store._fetch
+    def record(e):
+        if isinstance(e, ev.FetchEnded):
+            tr["fetch"].append((e.start, e.end, str(e.key), e.tier, e.prefetch, e.thread))
+        elif isinstance(e, ev.PinnedAllocated):
+            tr["alloc"].append((e.start, e.end, e.nbytes, e.thread))
+        elif isinstance(e, ev.SpillEnded):  # the whole spill call: room made, buffer taken, waits
+            tr["d2h"].append((e.start, e.end, str(e.key), e.thread))
+        elif isinstance(e, ev.CopyEnqueued):
+            tr["copies"].append(("h2d" if e.activity == "host_to_device" else "d2h", e.time, e.nbytes, e.copy))
+        elif isinstance(e, ev.CleanCopyDropped):
+            tr["clean_drop"].append((e.start, e.end))
 
-    def _fetch(key, prefetch):
-        with store._lock:
-            where = ("device" if key in store._device else "host" if key in store._host
-                     else "disk" if key in store._disk else "other")
-        t0 = time.time()
-        try:
-            return fetch(key, prefetch)
-        finally:
-            tr["fetch"].append((t0, time.time(), str(key), where, prefetch, threading.current_thread().name))
-
-    store._fetch = _fetch
-    d2h = store._device_to_host
-
-    def _d2h(key, value):
-        t0 = time.time()
-        try:
-            return d2h(key, value)
-        finally:
-            tr["d2h"].append((t0, time.time(), str(key), threading.current_thread().name))
-
-    store._device_to_host = _d2h
-    alloc = store.pool._allocator
-
-    def _alloc(size):
-        t0 = time.time()
-        try:
-            return alloc(size)
-        finally:
-            tr["alloc"].append((t0, time.time(), size, threading.current_thread().name))
-
-    store.pool._allocator = _alloc
-    up, down = t.to_device_async, t.to_host_async
-
-    def _up(host, meta, pinned):
-        out, pc = up(host, meta, pinned)
-        tr["copies"].append(("h2d", time.time(), meta.nbytes, pc))
-        return out, pc
-
-    def _down(value, buf, meta):
-        pc = down(value, buf, meta)
-        tr["copies"].append(("d2h", time.time(), meta.nbytes, pc))
-        return pc
-
-    t.to_device_async, t.to_host_async = _up, _down
-    drop = store._drop_clean_one
-
-    def _drop():
-        t0 = time.time()
-        try:
-            return drop()
-        finally:
-            tr["clean_drop"].append((t0, time.time()))
-
-    store._drop_clean_one = _drop
+    kinds = (ev.FetchEnded, ev.PinnedAllocated, ev.SpillEnded, ev.CopyEnqueued, ev.CleanCopyDropped)
+    dask_worker._flowgpu_profile = (tr, dask_worker.data.subscribe(record, *kinds))
     return True
 
 
@@ -98,8 +58,7 @@ def _collect(dask_worker=None):
     """The recorded events, copies turned into wall-clock device intervals; clears the record."""
     import cupy as cp
 
-    store = dask_worker.data
-    tr = store._trace
+    tr = dask_worker._flowgpu_profile[0]
     ref, t_ref = tr["ref"]
     copies = []
     for kind, t_enq, nbytes, pc in tr["copies"]:
@@ -111,7 +70,7 @@ def _collect(dask_worker=None):
                        t_ref + cp.cuda.get_elapsed_time(ref, e) / 1e3, nbytes))
     out = {k: list(v) for k, v in tr.items() if k not in ("ref", "copies")}
     out["copies"] = copies
-    out["stats"] = store.stats()
+    out["stats"] = dask_worker.data.stats()
     for k in tr:
         if k != "ref":
             tr[k].clear()

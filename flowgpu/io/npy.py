@@ -10,7 +10,7 @@ import numpy as np
 
 from flowgpu.arrays.chunks import resolve_chunks
 from flowgpu.arrays.movement import to_device, to_host
-from flowgpu.backend import current_backend
+from flowgpu.backend import current_backend, file_rows_to_device, host_to_device, import_cupy
 from flowgpu.errors import ConfigError
 from flowgpu.io.atomic import atomic_output
 
@@ -21,10 +21,11 @@ class NpyReader:
     """Reads slices of a ``.npy`` file in the task that needs them; only the path travels in the graph.
 
     ``device=False``: a NumPy chunk, through a memory map, with one copy. ``device=True``: a CuPy
-    chunk. A block of whole rows of a C-ordered file is one byte range: it is read with
+    chunk. A block of whole rows of a C-ordered file is one byte range, handed to
+    :func:`flowgpu.backend.file_rows_to_device` (with flowgpu.memory imported: read with
     ``os.preadv`` straight into pinned staging buffers and copied on to the device while the next
-    slice is read (:func:`flowgpu.memory.staging.file_rows_to_device`), never through pageable
-    memory. Other blocks go from the memory map through the same staging buffers.
+    slice is read, never through pageable memory). Other blocks go from the memory map through
+    :func:`flowgpu.backend.host_to_device` (the same staging buffers).
     """
 
     def __init__(self, path: str, device: bool = False):
@@ -51,14 +52,12 @@ class NpyReader:
 
     def __getitem__(self, key):
         if self.device:
-            from flowgpu.memory import staging
-
             rows = self._rows(key)
             if rows is not None:
                 row_bytes = int(np.prod(self.shape[1:], dtype=np.int64)) * self.dtype.itemsize
-                return staging.file_rows_to_device(self.path, self.offset + rows[0] * row_bytes,
-                                                   (rows[1] - rows[0], *self.shape[1:]), self.dtype)
-            return staging.to_device_staged(np.load(self.path, mmap_mode="r")[key])
+                return file_rows_to_device(self.path, self.offset + rows[0] * row_bytes,
+                                           (rows[1] - rows[0], *self.shape[1:]), self.dtype)
+            return host_to_device(np.load(self.path, mmap_mode="r")[key])
         m = np.load(self.path, mmap_mode="r")
         return np.array(m[key])
 
@@ -77,8 +76,6 @@ def from_npy(path: str, chunks: Any = "auto") -> da.Array:
     chunks = resolve_chunks(chunks, reader.shape, reader.dtype)
     token = da.core.tokenize(reader.path, os.path.getmtime(path), chunks)
     if current_backend() == "cupy":  # straight to the device through pinned staging buffers
-        from flowgpu.backend import import_cupy
-
         reader.device = True
         meta = import_cupy().empty((0,) * reader.ndim, reader.dtype)
         return da.from_array(reader, chunks=chunks, asarray=False, meta=meta, name=f"from-npy-gpu-{token}")

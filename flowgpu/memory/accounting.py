@@ -16,6 +16,9 @@ The counters are exposed three ways: :meth:`Accounting.snapshot` (what
 ``{(activity, unit): value}`` shape that distributed's Prometheus collector exports as
 ``dask_worker_spill_bytes{activity=...}`` / ``spill_count`` / ``spill_time_seconds``,
 and the worker metric installed by :class:`flowgpu.memory.plugin.MemoryPlugin`.
+
+The store feeds it as one more subscriber of its events (:meth:`Accounting.record` takes
+:class:`~flowgpu.memory.events.Moved` and :class:`~flowgpu.memory.events.Noted`).
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ import threading
 import time
 from collections import defaultdict
 from contextlib import contextmanager
+
+from flowgpu.memory.events import Moved, Noted
 
 __all__ = ["Accounting", "ACTIVITIES"]
 
@@ -46,6 +51,13 @@ class Accounting:
         self._seconds: dict[str, float] = defaultdict(float)
         self.events: dict[str, int] = defaultdict(int)  # e.g. disk_failures, pageable_fallbacks
         self.errors: list[str] = []  # first few distinct error messages, for the run summary
+
+    def record(self, event: Moved | Noted) -> None:
+        """Count a store event: a finished move, or a noted fallback or failure."""
+        if isinstance(event, Moved):
+            self.add(event.activity, event.nbytes, event.seconds)
+        else:
+            self.note(event.name, event.message)
 
     def add(self, activity: str, nbytes: int, seconds: float) -> None:
         """Record one move of ``nbytes`` that took ``seconds``."""

@@ -1,6 +1,7 @@
 """The disk tier: arrays as raw bytes behind a ``.npy`` header, one file per key, no pickle.
 
-Files live in ``<worker local directory>/flowgpu-spill``. A write that fails (read-only
+Files live in ``<worker local directory>/flowgpu-spill``, one per write (a chunk written again
+gets a new name). A write that fails (read-only
 directory, disk full, ...) removes its partial file and raises :class:`DiskFull`; the store
 then keeps the chunk in memory and records why.
 """
@@ -8,13 +9,16 @@ then keeps the chunk in memory and records why.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import threading
 from typing import Any
 
 import numpy as np
 
-__all__ = ["DiskTier", "DiskFull", "can_store"]
+from flowgpu.memory.transfer import ArrayMeta
+
+__all__ = ["DiskTier", "DiskFile", "DiskFull", "can_store"]
 
 
 class DiskFull(OSError):
@@ -48,24 +52,52 @@ def _write_file(path: str, array: np.ndarray) -> None:
             f.write(memoryview(array.reshape(-1, order="A")).cast("B"))
 
 
+class DiskFile:
+    """One chunk on disk: its file, the file's size, and what it was (``origin``, layout)."""
+
+    __slots__ = ("path", "size", "origin", "meta")
+
+    def __init__(self, path: str, size: int, origin: str, meta: ArrayMeta):
+        self.path = path
+        self.size = size
+        self.origin = origin  # "host" (a NumPy chunk) or "device" (a spilled device chunk)
+        self.meta = meta
+
+    def discard(self) -> None:
+        try:
+            os.remove(self.path)
+        except OSError:
+            pass
+
+
 class DiskTier:
-    """Chunks on local disk, addressed by task key.
+    """Chunks on local disk, addressed by task key; a :class:`~flowgpu.memory.tiers.Tier`.
+
+    Besides the chunks it holds, it remembers *kept* files: those of chunks read back into
+    memory and unchanged since (chunks are immutable), so that evicting such a chunk again
+    takes no write (:meth:`reattach`). Kept files are not counted in :attr:`nbytes`.
 
     Parameters
     ----------
     directory : where the files go; created on first write.
     """
 
+    name = "disk"
+
     def __init__(self, directory: str):
         self.directory = directory
         self._lock = threading.Lock()
-        self._files: dict[Any, tuple[str, int]] = {}  # key -> (path, bytes on disk)
-        self.nbytes = 0
+        self._files: dict[Any, DiskFile] = {}
+        self._kept: dict[Any, DiskFile] = {}
+        self._written = itertools.count()
+        self.nbytes = 0  # bytes of the files
+        self.data_bytes = 0  # bytes of the arrays in them
         self.disabled_reason: str | None = None
 
     def _path(self, key: Any) -> str:
         digest = hashlib.sha1(repr(key).encode(), usedforsecurity=False).hexdigest()
-        return os.path.join(self.directory, f"{digest}.npy")
+        # a new name per write: a file still being read for an older value is never overwritten
+        return os.path.join(self.directory, f"{digest}-{next(self._written)}.npy")
 
     def __contains__(self, key: Any) -> bool:
         return key in self._files
@@ -73,10 +105,13 @@ class DiskTier:
     def __len__(self) -> int:
         return len(self._files)
 
-    def keys(self):
+    def keys(self) -> list:
         return list(self._files)
 
-    def write(self, key: Any, array: np.ndarray) -> int:
+    def kept_keys(self) -> list:
+        return list(self._kept)
+
+    def put(self, key: Any, array: np.ndarray, origin: str = "host", meta: ArrayMeta | None = None) -> int:
         """Write ``array`` under ``key``; returns bytes written. Raises :class:`DiskFull`."""
         if self.disabled_reason is not None:
             raise DiskFull(self.disabled_reason)
@@ -91,24 +126,17 @@ class DiskTier:
             except OSError:
                 pass
             raise DiskFull(f"could not write to the spill directory {self.directory!r}: {e}") from e
-        with self._lock:
-            self._files[key] = (path, size)
-            self.nbytes += size
+        self.attach(key, DiskFile(path, size, origin, meta or ArrayMeta.of(array)))
         return size
 
-    def header(self, key: Any) -> tuple[tuple, np.dtype, bool]:
-        """``(shape, dtype, fortran_order)`` of the array stored under ``key``."""
-        path, _ = self._files[key]
-        with open(path, "rb") as f:
-            return _read_header(f)
+    def get(self, key: Any, out: np.ndarray | None = None) -> np.ndarray:
+        """The array under ``key`` (see :meth:`read`); the file stays until :meth:`pop`."""
+        return self.read(self._files[key], out)
 
-    def read(self, key: Any, out: np.ndarray | None = None) -> np.ndarray:
-        """Read the array under ``key``; into ``out`` (a flat uint8 buffer) when given.
-
-        The file stays until :meth:`remove`.
-        """
-        path, _ = self._files[key]
-        with open(path, "rb") as f:
+    @staticmethod
+    def read(rec: DiskFile, out: np.ndarray | None = None) -> np.ndarray:
+        """Read the array in ``rec``'s file; into ``out`` (a flat uint8 buffer) when given."""
+        with open(rec.path, "rb") as f:
             shape, dtype, fortran = _read_header(f)
             n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
             order = "F" if fortran else "C"
@@ -121,37 +149,49 @@ class DiskTier:
             if n:
                 got = f.readinto(memoryview(target))
                 if got != n:
-                    raise OSError(f"spill file {path!r} is truncated: {got} of {n} bytes")
+                    raise OSError(f"spill file {rec.path!r} is truncated: {got} of {n} bytes")
         return arr
 
-    def detach(self, key: Any) -> tuple[str, int]:
-        """Forget ``key`` but keep its file; returns the record for :meth:`attach` or :meth:`discard`."""
+    def info(self, key: Any) -> DiskFile:
+        return self._files[key]
+
+    def detach(self, key: Any) -> DiskFile:
+        """Forget ``key`` but keep its file; returns the record for :meth:`attach`, :meth:`keep` or
+        ``record.discard()``."""
         with self._lock:
             rec = self._files.pop(key)
-            self.nbytes -= rec[1]
+            self.nbytes -= rec.size
+            self.data_bytes -= rec.meta.nbytes
         return rec
 
-    def attach(self, key: Any, rec: tuple[str, int]) -> None:
-        """Take back a file from :meth:`detach`: the chunk is on disk again without a write."""
+    def attach(self, key: Any, rec: DiskFile) -> None:
+        """Hold ``rec`` under ``key``: the chunk is on disk (again, without a write)."""
         with self._lock:
             self._files[key] = rec
-            self.nbytes += rec[1]
+            self.nbytes += rec.size
+            self.data_bytes += rec.meta.nbytes
 
-    @staticmethod
-    def discard(rec: tuple[str, int]) -> None:
-        try:
-            os.remove(rec[0])
-        except OSError:
-            pass
+    def pop(self, key: Any) -> None:
+        """Remove ``key`` and its file."""
+        self.detach(key).discard()
 
-    def remove(self, key: Any) -> None:
-        with self._lock:
-            path, size = self._files.pop(key)
-            self.nbytes -= size
-        try:
-            os.remove(path)
-        except OSError:
-            pass
+    # -- files of chunks read back, still good -----------------------------------------------
+    def keep(self, key: Any, rec: DiskFile) -> None:
+        """Remember the file of ``key``, now read back into memory, for :meth:`reattach`."""
+        self._kept[key] = rec
+
+    def reattach(self, key: Any) -> DiskFile | None:
+        """Hold ``key`` again through its kept file, if it has one (no write); the record or None."""
+        rec = self._kept.pop(key, None)
+        if rec is not None:
+            self.attach(key, rec)
+        return rec
+
+    def forget(self, key: Any) -> None:
+        """``key``'s value is gone or changed: remove its kept file, if any."""
+        rec = self._kept.pop(key, None)
+        if rec is not None:
+            rec.discard()
 
     def disable(self, reason: str) -> None:
         """Stop writing (after a failure); reads and removals still work."""
@@ -159,7 +199,9 @@ class DiskTier:
 
     def clear(self) -> None:
         for key in list(self._files):
-            self.remove(key)
+            self.pop(key)
+        for key in list(self._kept):
+            self.forget(key)
 
 
 def _read_header(f) -> tuple[tuple, np.dtype, bool]:

@@ -16,10 +16,13 @@ from __future__ import annotations
 from typing import Any
 
 import psutil
+from dask.utils import parse_bytes
 
 from flowgpu import backend as _backend
 from flowgpu import config
 from flowgpu.errors import ConfigError, MemoryLimitError
+from flowgpu.memory.plugin import MemoryPlugin
+from flowgpu.memory.store import FlowgpuStore
 
 __all__ = [
     "STORES",
@@ -28,7 +31,6 @@ __all__ = [
     "worker_data_kwargs",
     "worker_environ",
     "install",
-    "check_chunk_fits",
 ]
 
 STORES = ("flowgpu", "dask-cuda", "dask")
@@ -44,8 +46,6 @@ def store_choice(override: str | None = None) -> str:
 
 
 def _bytes(value: Any, name: str) -> int | None:
-    from dask.utils import parse_bytes
-
     if value in (None, 0, "0"):
         return None
     if isinstance(value, bool):
@@ -69,7 +69,8 @@ def resolved_limits(options) -> dict:
     """Per-worker ``{"device": bytes|None, "host": bytes|"auto"|None}`` the store would use.
 
     ``host="auto"`` means: a fraction (``flowgpu.spill.host-fraction``) of the worker's own
-    memory limit, adopted when the worker starts.
+    memory limit, adopted when the worker starts. A device limit in bytes was checked against the
+    GPUs' memory when the options were resolved (:func:`flowgpu.runtime.options.resolve`).
     """
     frac = _host_fraction()
     total_ram = psutil.virtual_memory().total
@@ -88,20 +89,17 @@ def resolved_limits(options) -> dict:
         if dev in (None, 0, "auto"):
             device = None
         else:
-            totals = [_backend.device_total_memory(g) for g in (options.gpus or (0,))]
-            total = min(totals)
             if dev == "default":
-                device = int(total * DASK_CUDA_DEFAULT_FRACTION)
+                device = int(_device_total(options) * DASK_CUDA_DEFAULT_FRACTION)
             elif isinstance(dev, float) and 0 < dev <= 1:
-                device = int(total * dev)
+                device = int(_device_total(options) * dev)
             else:
                 device = int(dev)
-            if device > total:
-                raise MemoryLimitError(
-                    f"device_memory_limit={device} bytes is larger than the GPU's {total} bytes; "
-                    "give at most the device's memory, e.g. a fraction like 0.8"
-                )
     return {"device": device, "host": host}
+
+
+def _device_total(options) -> int:
+    return min(_backend.device_total_memory(g) for g in (options.gpus or (0,)))
 
 
 def worker_data_kwargs(options) -> dict:
@@ -118,8 +116,6 @@ def worker_data_kwargs(options) -> dict:
     """
     if store_choice() != "flowgpu":
         return {}
-    from flowgpu.memory.store import FlowgpuStore
-
     limits = resolved_limits(options)
     pool = config.get("spill.pinned-pool-size")
     if pool in ("auto", None):
@@ -159,27 +155,4 @@ def install(client, options=None) -> None:
     """Register the :class:`~flowgpu.memory.plugin.MemoryPlugin` on every worker of ``client``."""
     if store_choice() != "flowgpu":
         return
-    from flowgpu.memory.plugin import MemoryPlugin
-
     client.register_plugin(MemoryPlugin(prefetch=bool(config.get("spill.prefetch"))), name=MemoryPlugin.name)
-
-
-def check_chunk_fits(chunk_nbytes: int, options, threads: int | None = None) -> None:
-    """Raise :class:`MemoryLimitError` before a run whose chunks cannot fit the limits.
-
-    A GPU worker must hold at least one chunk per thread (its input and its output) under
-    the device limit; a CPU worker the same under its host limit.
-    """
-    limits = resolved_limits(options)
-    threads = threads or options.threads_per_worker or 1
-    need = 2 * int(chunk_nbytes) * threads
-    if options.backend == "gpu":
-        limit, name = limits["device"], "device_memory_limit"
-    else:
-        limit, name = limits["host"], "memory_limit"
-    if isinstance(limit, int) and need > limit:
-        raise MemoryLimitError(
-            f"{name} allows {limit} bytes per worker for chunks, too small for chunks of {int(chunk_nbytes)} bytes "
-            f"({threads} thread(s) x input and output = {need} bytes); use smaller chunks "
-            f"(e.g. chunks of at most {max(limit // (2 * threads), 1)} bytes) or raise {name}"
-        )

@@ -24,12 +24,16 @@ import ctypes
 import mmap
 import os
 import threading
+import time
 import warnings
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
 import numpy as np
+
+from flowgpu.backend import import_cupy
+from flowgpu.memory.events import Events, Noted, PinnedAllocated, thread_name
 
 __all__ = ["HostBuffer", "PinnedPool", "size_class", "cupy_pinned_allocator", "registered_pinned_allocator",
            "shared_executor"]
@@ -87,8 +91,6 @@ def _pageable(size: int) -> HostBuffer:
 
 def cupy_pinned_allocator(size: int) -> HostBuffer:
     """Allocate ``size`` bytes of pinned memory through CuPy (``cudaHostAlloc``)."""
-    from flowgpu.backend import import_cupy
-
     cp = import_cupy()
     mem = cp.cuda.PinnedMemory(size)  # freed when the last reference goes
     raw = (ctypes.c_uint8 * size).from_address(int(mem.ptr))
@@ -152,8 +154,6 @@ def registered_pinned_allocator(size: int) -> HostBuffer:
 
     Falls back to :func:`cupy_pinned_allocator` when the mapping cannot be pinned.
     """
-    from flowgpu.backend import import_cupy
-
     cp = import_cupy()
     huge = size >= 16 * _MiB and hasattr(mmap, "MADV_HUGEPAGE")
     extra = _HUGE if huge else 0
@@ -195,16 +195,22 @@ class PinnedPool:
         None for no limit.
     allocator : ``size -> HostBuffer``; :func:`registered_pinned_allocator` by default. Tests
         pass a fake one.
+    events : where :class:`~flowgpu.memory.events.PinnedAllocated` and fallback
+        :class:`~flowgpu.memory.events.Noted` events go (a store passes its own).
     """
 
-    def __init__(self, capacity: int | None = None, allocator: Callable[[int], HostBuffer] | None = None):
+    def __init__(self, capacity: int | None = None, allocator: Callable[[int], HostBuffer] | None = None,
+                 events: Events | None = None):
         self.capacity = capacity
         self._allocator = allocator or registered_pinned_allocator
+        self.events = events if events is not None else Events()
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._spare: dict[int, int] = {}  # size class -> free buffers to keep ready
         self._growing: set[int] = set()  # size classes being allocated in the background
-        self._grower: threading.Thread | None = None
+        # True from the grower thread's start until it decides, under the lock, to stop: a thread
+        # that is still alive but past that point takes no more work (is_alive() would say it does)
+        self._grower_running = False
         self.background_allocations = 0
         self._free: dict[int, list[HostBuffer]] = defaultdict(list)
         self.allocated = 0  # pinned bytes held, in use or cached
@@ -215,7 +221,13 @@ class PinnedPool:
         self.alloc_failures = 0
         self.transient_pageable = 0
         self._warned = False
-        self.on_fallback: Callable[[str], None] | None = None
+
+    def _allocate(self, size: int, background: bool) -> HostBuffer:
+        start = time.time()
+        try:
+            return self._allocator(size)
+        finally:
+            self.events.emit(PinnedAllocated, size, thread_name(), background, start, time.time())
 
     @property
     def cached(self) -> int:
@@ -252,7 +264,7 @@ class PinnedPool:
                 return _pageable(size_class(nbytes))
             return self._fallback(nbytes, f"the pinned pool is full ({self.capacity} bytes)")
         try:
-            buf = self._allocator(size)
+            buf = self._allocate(size, background=False)
         except Exception as e:  # the driver refused: cudaErrorMemoryAllocation and friends
             with self._lock:
                 self.allocated -= size
@@ -274,8 +286,7 @@ class PinnedPool:
         if warn:
             warnings.warn(msg + "; raise flowgpu.spill.pinned-pool-size or lower the device limit",
                           RuntimeWarning, stacklevel=3)
-        if self.on_fallback is not None:
-            self.on_fallback(msg)
+        self.events.emit(Noted, "pageable_fallbacks", msg)
         return _pageable(size_class(nbytes))
 
     def give(self, buf: HostBuffer) -> None:
@@ -308,23 +319,24 @@ class PinnedPool:
         return None
 
     def _wake_grower_locked(self) -> None:
-        if not self._spare or self._wanted_locked() is None:
+        if not self._spare or self._grower_running or self._wanted_locked() is None:
             return
-        if self._grower is None or not self._grower.is_alive():
-            self._grower = threading.Thread(target=self._grow, name="flowgpu-pinned-spares", daemon=True)
-            self._grower.start()
+        self._grower_running = True
+        threading.Thread(target=self._grow, name="flowgpu-pinned-spares", daemon=True).start()
 
     def _grow(self) -> None:
         while True:
             with self._lock:
                 size = self._wanted_locked()
                 if size is None:
+                    self._grower_running = False
+                    self._cond.notify_all()
                     return
                 self.allocated += size
                 self._growing.add(size)
             buf = None
             try:
-                buf = self._allocator(size)
+                buf = self._allocate(size, background=True)
             except Exception:  # the driver refused: stop growing; take() falls back as usual
                 with self._lock:
                     self.alloc_failures += 1
@@ -337,6 +349,8 @@ class PinnedPool:
                     self._free[size].append(buf)
                     self.allocations += 1
                     self.background_allocations += 1
+                if buf is None:
+                    self._grower_running = False
                 self._cond.notify_all()
                 if buf is None:
                     return
@@ -354,10 +368,13 @@ class PinnedPool:
         return freed
 
     def trim(self, nbytes: int | None = None) -> int:
-        """Free cached buffers (all of them by default, and keep no spares); returns the bytes freed."""
+        """Free cached buffers (all of them by default, and keep no spares: a spare being allocated
+        in the background is waited for and freed too); returns the bytes freed."""
         with self._lock:
             if nbytes is None:
                 self._spare.clear()
+                while self._grower_running:
+                    self._cond.wait()
             return self._trim_locked(self.cached if nbytes is None else nbytes)
 
     def stats(self) -> dict:

@@ -23,8 +23,10 @@ import logging
 import queue
 import threading
 
+from distributed import get_worker
 from distributed.diagnostics.plugin import WorkerPlugin
 
+from flowgpu.backend import import_cupy
 from flowgpu.memory.store import FlowgpuStore
 from flowgpu.memory.transfer import sync_current_stream
 
@@ -42,8 +44,6 @@ def stats(dask_worker=None) -> dict:
     for a flowgpu store, or ``{"store": "<class name>"}`` for any other (dask-cuda's, dask's).
     """
     if dask_worker is None:
-        from distributed import get_worker
-
         dask_worker = get_worker()
     data = dask_worker.data
     if isinstance(data, FlowgpuStore):
@@ -138,8 +138,6 @@ class MemoryPlugin(WorkerPlugin):
             self._thread.start()
 
     def _wrap_executor(self, worker) -> None:
-        from flowgpu.backend import import_cupy
-
         store = self.store
         if import_cupy(strict=False) is None:
             return

@@ -35,6 +35,12 @@ class ArrayMeta:
     dtype: np.dtype
     order: str  # "C" or "F"
 
+    @classmethod
+    def of(cls, value: Any) -> "ArrayMeta":
+        """The layout of a NumPy or CuPy array (non-contiguous ones are copied in C order)."""
+        order = "F" if (value.flags.f_contiguous and not value.flags.c_contiguous) else "C"
+        return cls(tuple(value.shape), np.dtype(value.dtype), order)
+
     @property
     def nbytes(self) -> int:
         return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
@@ -108,9 +114,9 @@ class CupyTransfer:
     def is_device(value: Any) -> bool:
         return is_cupy(value) and hasattr(value, "data") and hasattr(value, "nbytes")
 
-    def meta(self, value: Any) -> ArrayMeta:
-        order = "F" if (value.flags.f_contiguous and not value.flags.c_contiguous) else "C"
-        return ArrayMeta(tuple(value.shape), np.dtype(value.dtype), order)
+    @staticmethod
+    def meta(value: Any) -> ArrayMeta:
+        return ArrayMeta.of(value)
 
     def to_host_async(self, value: Any, buf: HostBuffer, meta: ArrayMeta) -> PendingCopy:
         """Enqueue a copy of device ``value`` into ``buf``; returns at once."""

@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 
 import flowgpu as fg
+import flowgpu.memory  # noqa: F401 - registers pinned staging as the backend's hooks, as a session does
 from flowgpu.io.npy import NpyReader
+from tests.memory.fakes import fake_staging
 
 
 def test_row_blocks_are_recognised_as_one_byte_range(tmp_path, rng):
@@ -24,6 +26,23 @@ def test_row_blocks_are_recognised_as_one_byte_range(tmp_path, rng):
     np.save(fpath, np.asfortranarray(rng.random((6, 5))))
     assert NpyReader(fpath)._rows((slice(0, 3),)) is None  # Fortran order: not contiguous rows
     assert NpyReader(fpath).offset == np.load(fpath, mmap_mode="r").offset
+
+
+@pytest.mark.parametrize("order", ["C", "F"])
+def test_device_reads_go_through_the_staging_hooks(tmp_path, rng, monkeypatch, order):
+    """Row blocks of a C-ordered file are one byte range read into staging buffers; other blocks
+    (and Fortran files) come from the memory map through the host-to-device hook."""
+    cp = fake_staging(monkeypatch)
+    data = rng.standard_normal((40, 30)).astype(np.float32)
+    data = np.asfortranarray(data) if order == "F" else data
+    path = str(tmp_path / "x.npy")
+    np.save(path, data)
+    r = NpyReader(path, device=True)
+    rows, part = r[(slice(5, 25), slice(0, 30))], r[(slice(5, 25), slice(3, 9))]
+    np.testing.assert_array_equal(rows.a, data[5:25])
+    np.testing.assert_array_equal(part.a, data[5:25, 3:9])
+    # small blocks: cupy.asarray, except the row block of a C file, which is read by the file hook
+    assert cp.plain_copies == (1 if order == "C" else 2)
 
 
 @pytest.mark.gpu

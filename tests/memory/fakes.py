@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from flowgpu.memory.pinned import HostBuffer
+from flowgpu.memory import staging
+from flowgpu.memory.pinned import HostBuffer, PinnedPool
 from flowgpu.memory.transfer import ArrayMeta, PendingCopy
 
 
@@ -148,3 +149,20 @@ class LazyCopyCupy:
     @staticmethod
     def empty(shape, dtype=np.float64):
         return _DeviceBlock(shape, dtype)
+
+    def asarray(self, a):
+        """A synchronous copy, as ``cupy.asarray`` of host memory is."""
+        a = np.asarray(a)
+        out = _DeviceBlock(a.shape, a.dtype)
+        self.plain_copies = getattr(self, "plain_copies", 0) + 1
+        np.copyto(out.a, a)
+        return out
+
+
+def fake_staging(monkeypatch) -> LazyCopyCupy:
+    """Make ``flowgpu.memory.staging`` copy with a :class:`LazyCopyCupy` from a process-wide pool of
+    fake pinned buffers (what the backend's staging hooks use once flowgpu.memory is imported)."""
+    cp = LazyCopyCupy()
+    monkeypatch.setattr(staging, "import_cupy", lambda: cp)
+    monkeypatch.setattr(staging, "_pool", PinnedPool(capacity=128 * staging.STAGING_BYTES, allocator=fake_pinned))
+    return cp

@@ -10,6 +10,7 @@ import pytest
 
 import flowgpu as fg
 from flowgpu.backend import import_cupy
+from flowgpu.memory.events import CopyEnqueued, PinnedAllocated
 from flowgpu.memory.pinned import PinnedPool
 from flowgpu.memory.staging import to_device_staged
 from flowgpu.memory.store import FlowgpuStore
@@ -110,6 +111,32 @@ def test_store_evicts_device_chunks_to_pinned_host_and_back(tmp_path, rng):
     assert st["pinned_pool"]["pageable_fallbacks"] == 0
     assert st["moves"]["device_to_host"]["bytes"] >= 5 * nb
     assert st["moves"]["host_to_device"]["gbps"] > 5  # pinned copies; pageable would be ~6 GB/s at best
+    store.check()
+    store.close()
+
+
+def test_store_events_time_each_copy_on_the_device(tmp_path, rng):
+    """What benchmarks/profile_out_of_core.py subscribes to: each copy enqueued, with CUDA events."""
+    cp = import_cupy()
+    chunks = {i: cp.asarray(rng.standard_normal((2048, 2048), dtype=np.float32)) for i in range(4)}  # 16 MiB each
+    nb = chunks[0].nbytes
+    store = FlowgpuStore(str(tmp_path), device_memory_limit=2 * nb)
+    enqueued, allocs = [], []
+    store.subscribe(enqueued.append, CopyEnqueued)
+    store.subscribe(allocs.append, PinnedAllocated)
+    want = {i: cp.asnumpy(v) for i, v in chunks.items()}
+    for i, v in chunks.items():
+        store[i] = v
+    del chunks, v
+    for i in range(4):
+        assert cp.asnumpy(store[i]).tobytes() == want[i].tobytes()
+    store.check()
+    downs = [e for e in enqueued if e.activity == "device_to_host"]
+    ups = [e for e in enqueued if e.activity == "host_to_device"]
+    assert len(downs) >= 2 and len(ups) >= 2 and allocs and all(a.end >= a.start for a in allocs)
+    for e in downs + ups:
+        e.copy.wait()
+        assert e.nbytes == nb and e.copy.seconds > 0
     store.close()
 
 

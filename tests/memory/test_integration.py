@@ -7,7 +7,7 @@ import psutil
 import pytest
 
 from flowgpu.errors import ConfigError, MemoryLimitError
-from flowgpu.memory import check_chunk_fits, resolved_limits, stats, summary, worker_data_kwargs, worker_environ
+from flowgpu.memory import resolved_limits, stats, summary, worker_data_kwargs, worker_environ
 from flowgpu.memory.store import FlowgpuStore
 from flowgpu.runtime.options import SessionOptions
 
@@ -47,13 +47,6 @@ def test_bad_spill_config_is_a_clear_error():
     with dask.config.set({"flowgpu.spill.pinned-pool-size": "100PiB"}):
         with pytest.raises(MemoryLimitError, match="larger than this machine"):
             worker_data_kwargs(_cpu())
-
-
-def test_chunks_too_big_for_the_limit_fail_before_the_run():
-    opts = _cpu(memory_limit=100_000_000, threads_per_worker=2)
-    check_chunk_fits(10_000_000, opts)
-    with pytest.raises(MemoryLimitError, match="too small for chunks of 20000000 bytes.*smaller chunks"):
-        check_chunk_fits(20_000_000, opts)
 
 
 def test_stats_of_other_stores_and_summary(tmp_path, rng):

@@ -93,3 +93,27 @@ def test_shared_executor_is_one_bounded_pool_per_name():
     assert shared_executor("flowgpu-test-other", 1) is not a
     names = set(a.map(lambda _: threading.current_thread().name, range(8)))
     assert all(n.startswith("flowgpu-test-pool") for n in names)
+
+
+def test_trim_waits_for_a_spare_being_allocated_and_frees_it():
+    """Freeing the pool (a store's close) while a spare is being allocated in the background
+    leaves nothing allocated: trim waits for that allocation, then frees it too."""
+    gate = threading.Event()
+    started = threading.Event()
+
+    def slow(size):
+        started.set()
+        gate.wait(10)
+        return fake_pinned(size)
+
+    pool = PinnedPool(allocator=slow)
+    pool.keep_spare(2 * MiB, 1)
+    assert started.wait(10)
+    freed = []
+    trimmer = threading.Thread(target=lambda: freed.append(pool.trim()))
+    trimmer.start()
+    trimmer.join(0.2)
+    assert trimmer.is_alive()  # waiting for the allocation in flight
+    gate.set()
+    trimmer.join(10)
+    assert freed == [size_class(2 * MiB)] and pool.stats()["allocated"] == 0

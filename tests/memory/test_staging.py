@@ -3,19 +3,21 @@ CUDA may, so a staging buffer refilled before its copy has run shows up as wrong
 
 from __future__ import annotations
 
+import types
+
 import numpy as np
 import pytest
 
+from flowgpu import backend
+from flowgpu.arrays.movement import _to_cupy_block
 from flowgpu.memory import staging
 from flowgpu.memory.pinned import PinnedPool
-from tests.memory.fakes import LazyCopyCupy, fake_pinned
+from tests.memory.fakes import fake_pinned, fake_staging
 
 
 @pytest.fixture
 def fake_cp(monkeypatch):
-    cp = LazyCopyCupy()
-    monkeypatch.setattr(staging, "import_cupy", lambda: cp)
-    return cp
+    return fake_staging(monkeypatch)
 
 
 @pytest.mark.parametrize("depth", [1, 2, 4, 9])
@@ -62,3 +64,49 @@ def test_a_failing_fill_returns_every_buffer(rng, fake_cp):
         staging._staged((60, 8), np.dtype(np.float64), (60, 8),
                         lambda staged, a, b: np.copyto(staged, np.asarray(data[a:b])), 8 * 8 * 5, pool)
     assert pool.stats()["in_use"] == 0
+
+
+def test_flowgpu_memory_registers_pinned_staging_as_the_backend_hooks(tmp_path, rng, fake_cp):
+    """flowgpu.to_device (arrays) and from_npy (io) reach the device through flowgpu.backend's hooks;
+    importing flowgpu.memory makes those pinned staging (without it, here, they would need CuPy)."""
+    big = rng.standard_normal(staging.STAGE_MIN // 8 + 3)
+    small = rng.integers(0, 100, (7, 5))
+    got_big, got_small = _to_cupy_block(big), backend.host_to_device(small)
+    np.testing.assert_array_equal(got_big.a, big)
+    np.testing.assert_array_equal(got_small.a, small)
+    pool = staging.staging_pool().stats()
+    assert pool["allocations"] >= 1 and pool["in_use"] == 0  # the large block went through staging
+    assert fake_cp.plain_copies == 1  # the small one straight through asarray
+    data = rng.standard_normal((40, 9))
+    path = str(tmp_path / "x.npy")
+    np.save(path, data)
+    offset = np.load(path, mmap_mode="r").offset
+    takes = pool["allocations"] + pool["reuses"]
+    rows = backend.file_rows_to_device(path, offset + 3 * 9 * 8, (30, 9), data.dtype)
+    np.testing.assert_array_equal(rows.a, data[3:33])
+    pool = staging.staging_pool().stats()
+    assert fake_cp.plain_copies == 1 and pool["allocations"] + pool["reuses"] > takes
+
+
+@pytest.fixture
+def plain_hooks(monkeypatch):
+    """The backend's own staging hooks (on a NumPy stand-in for CuPy), restored afterwards."""
+    monkeypatch.setattr(backend, "import_cupy", lambda strict=True: types.SimpleNamespace(asarray=np.array,
+                                                                                        empty=np.empty))
+    old = backend.set_host_to_device(None), backend.set_file_rows_to_device(None)
+    yield old
+    backend.set_host_to_device(old[0])
+    backend.set_file_rows_to_device(old[1])
+
+
+def test_the_backend_defaults_copy_plainly(tmp_path, rng, plain_hooks):
+    assert plain_hooks == (staging.host_to_device, staging.file_rows_to_device)  # what flowgpu.memory set
+    block = rng.standard_normal((6, 4))
+    np.testing.assert_array_equal(backend.host_to_device(block), block)
+    data = rng.integers(-50, 50, (20, 3, 2), dtype=np.int16)
+    path = str(tmp_path / "x.npy")
+    np.save(path, data)
+    offset = np.load(path, mmap_mode="r").offset
+    got = backend.file_rows_to_device(path, offset + 5 * 6 * 2, (10, 3, 2), np.int16)
+    np.testing.assert_array_equal(got, data[5:15])
+    assert backend.file_rows_to_device(path, offset, (0, 3, 2), np.int16).shape == (0, 3, 2)

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
 import warnings
 
 import numpy as np
 import pytest
 
 from flowgpu.memory import disk as disk_mod
+from flowgpu.memory.events import PinnedAllocated
 from flowgpu.memory.store import FlowgpuStore
 from tests.memory.fakes import FakeDeviceArray, FakeTransfer, failing_pinned, fake_pinned
 
@@ -19,13 +21,8 @@ def _chunks(rng, n, shape=(64, 128)):
 
 
 def _tier(store, key):
-    if key in store._device:
-        return "device"
-    if key in store._host:
-        return "host"
-    if key in store._disk:
-        return "disk"
-    return "other"
+    store.check()  # each key in exactly one tier, every tier's bytes add up
+    return store.tier_of(key)
 
 
 # -- host -> disk (CPU mode) --------------------------------------------------------------------
@@ -36,7 +33,7 @@ def test_host_over_limit_goes_to_disk_least_recently_used_first(tmp_path, rng):
     for k, v in chunks.items():
         store[k] = v
     assert [_tier(store, k) for k in chunks] == ["disk"] * 3 + ["host"] * 3
-    assert store.host_bytes == 3 * nb
+    assert store.host.nbytes == 3 * nb
     # touching x0 brings it back and pushes the least recently used host chunk (x3) out
     np.testing.assert_array_equal(store[("x", 0)], chunks[("x", 0)])
     assert _tier(store, ("x", 0)) == "host" and _tier(store, ("x", 3)) == "disk"
@@ -91,7 +88,7 @@ def test_overwrite_replaces_in_place(tmp_path, rng):
     a, b = rng.standard_normal(100), rng.standard_normal(200)
     store["k"] = a
     store["k"] = b
-    assert len(store) == 1 and store.host_bytes == b.nbytes
+    assert len(store) == 1 and store.host.nbytes == b.nbytes
     np.testing.assert_array_equal(store["k"], b)
 
 
@@ -161,7 +158,7 @@ def test_device_over_limit_goes_to_pinned_host_and_comes_back(tmp_path, rng):
     for k, v in chunks.items():
         store[k] = FakeDeviceArray(v)
     assert [_tier(store, k) for k in chunks] == ["host"] * 3 + ["device"] * 2
-    assert all(store._host[k].buf.pinned for k in store._host)
+    assert all(store.host.peek(k).buf.pinned for k in store.host)
     got = store[("x", 0)]
     assert isinstance(got, FakeDeviceArray)  # back on the device, not a host array
     np.testing.assert_array_equal(got.a, chunks[("x", 0)])
@@ -231,7 +228,7 @@ def test_device_host_disk_chain_is_bit_identical(tmp_path, rng):
     st = store.stats()
     assert st["moves"]["disk_to_host"]["count"] == 4
     assert st["pinned_pool"]["pageable_fallbacks"] == 0
-    assert st["pinned_pool"]["in_use"] == sum(e.buf.size for e in store._host.values() if e.buf is not None)
+    assert st["pinned_pool"]["in_use"] == sum(e.buf.size for e in store.host.values() if e.buf is not None)
 
 
 def test_reading_a_chunk_whose_copy_is_in_flight_reclaims_it(tmp_path, rng):
@@ -242,7 +239,7 @@ def test_reading_a_chunk_whose_copy_is_in_flight_reclaims_it(tmp_path, rng):
     dev = {k: FakeDeviceArray(v) for k, v in chunks.items()}
     for k, v in dev.items():
         store[k] = v
-    assert store.pending_bytes == 2 * nb
+    assert store.copies.down_bytes == 2 * nb
     assert store[("x", 0)] is dev[("x", 0)]  # no copy back: it never left
     assert store.stats()["events"]["reclaimed_in_flight"] == 1
     t.finish_all()
@@ -260,7 +257,7 @@ def test_pending_copies_are_bounded(tmp_path, rng):
     store, _ = _device_store(tmp_path, 1, nb, transfer=t, max_pending_bytes=2 * nb)
     for k, v in chunks.items():
         store[k] = FakeDeviceArray(v)
-    assert store.pending_bytes <= 2 * nb
+    assert store.copies.down_bytes <= 2 * nb
 
 
 def test_pinned_pool_exhausted_falls_back_to_pageable(tmp_path, rng):
@@ -270,7 +267,7 @@ def test_pinned_pool_exhausted_falls_back_to_pageable(tmp_path, rng):
     with pytest.warns(RuntimeWarning, match="pageable"):
         for k, v in chunks.items():
             store[k] = FakeDeviceArray(v)
-    assert not any(e.buf.pinned for e in store._host.values())
+    assert not any(e.buf.pinned for e in store.host.values())
     for k, v in chunks.items():
         np.testing.assert_array_equal(store[k].a, v)
     st = store.stats()
@@ -318,7 +315,29 @@ def test_delete_while_loading_discards_the_load(tmp_path, rng):
 
     t.to_device = to_device_then_delete
     store._fetch("a", prefetch=True)
-    assert "a" not in store and len(store) == 1 and store.device_bytes == a.nbytes
+    assert "a" not in store and len(store) == 1 and store.device.nbytes == a.nbytes
+    store.check()
+
+
+def test_a_key_deleted_while_its_upload_is_in_flight_keeps_its_buffer_until_the_upload_ends(tmp_path, rng):
+    a = rng.standard_normal(1000)
+    store, t = _device_store(tmp_path, 1, a.nbytes, transfer=FakeTransfer(hold_uploads=True))
+    store["a"] = FakeDeviceArray(a)
+    store["b"] = FakeDeviceArray(a + 1)  # a spilled to a pinned buffer
+    upload = t.to_device_async
+
+    def upload_then_delete(host, meta, pinned):
+        out = upload(host, meta, pinned)
+        del store["a"]  # the event loop drops the key while the prefetcher's upload still reads the buffer
+        return out
+
+    t.to_device_async = upload_then_delete
+    store._fetch("a", prefetch=True)
+    assert "a" not in store and len(store) == 1
+    assert store.pool.stats()["in_use"] > 0 and store.host.orphans  # not handed out for reuse yet
+    t.finish_all()
+    assert store.stats()["pinned_pool"]["in_use"] == 0 and not store.host.orphans
+    store.check()
 
 
 def test_chunks_read_back_unchanged_are_evicted_again_without_a_write(tmp_path, rng):
@@ -387,11 +406,6 @@ def test_memory_monitor_eviction_frees_clean_copies_first(tmp_path, rng):
 def test_spills_find_spare_buffers_allocated_ahead(tmp_path, rng):
     """Once chunks spill, the pool keeps a buffer allocated ahead, so the next spill reuses it
     instead of allocating in the thread that stores the chunk."""
-    import threading
-    import time
-
-    from flowgpu.memory.pinned import size_class
-
     chunks = _chunks(rng, 4)
     nb = chunks[("x", 0)].nbytes
     calls = []
@@ -401,19 +415,19 @@ def test_spills_find_spare_buffers_allocated_ahead(tmp_path, rng):
         return fake_pinned(size)
 
     store, _ = _device_store(tmp_path, 1, nb, pinned_allocator=recording, spare_bytes=nb)
+    spares = threading.Semaphore(0)
+    store.subscribe(lambda ev: ev.background and spares.release(), PinnedAllocated)
     for i, (k, v) in enumerate(chunks.items()):
         store[k] = FakeDeviceArray(v)
-        deadline = time.monotonic() + 10
-        while i and store.pool.stats()["cached"] < size_class(nb):  # from the first spill on
-            assert time.monotonic() < deadline, "no spare buffer was allocated ahead"
-            time.sleep(0.01)
+        if i:  # from the first spill on, each spill has a spare allocated behind it
+            assert spares.acquire(timeout=30), "no spare buffer was allocated ahead"
     st = store.stats()["pinned_pool"]
     assert calls[0] == threading.current_thread().name  # the very first spill had nothing ready
-    assert calls.count("flowgpu-pinned-spares") == len(calls) - 1  # every later one was ready
+    assert calls.count("flowgpu-pinned-spares") == len(calls) - 1 == 3  # every later one was ready
     assert st["reuses"] == 2 and st["in_use"] == 3 * st["allocated"] // 4 and st["cached"] > 0
     for k, v in chunks.items():
         np.testing.assert_array_equal(store[k].a, v)
-    store.close()
+    store.close()  # waits for a spare still being allocated, then frees it with the rest
     assert store.pool.stats()["allocated"] == 0
 
 
@@ -438,4 +452,5 @@ def test_releasing_everything_after_passes_returns_every_byte(tmp_path, rng, hol
     assert len(store) == 0
     assert [st["tiers"][tier]["bytes"] for tier in ("device", "host", "disk")] == [0, 0, 0]
     assert st["tiers"]["device"]["pending_bytes"] == 0 and st["tiers"]["host"]["clean_copies"] == 0
-    assert st["pinned_pool"]["in_use"] == 0 and not store._orphans and not store._pending
+    assert st["pinned_pool"]["in_use"] == 0 and not store.host.orphans and not store.copies.down
+    store.check()

@@ -1,0 +1,85 @@
+"""Which tier holds each key: the one index of a store, and the one place its invariants are checked.
+
+A :class:`~flowgpu.memory.store.FlowgpuStore` never asks each of its tiers whether it has a key;
+it asks its :class:`Placement`, and changes it only through :meth:`Placement.put`,
+:meth:`Placement.pop`, :meth:`Placement.adopt` and :meth:`Placement.disown`, together with the
+tier. :meth:`Placement.check` says whether the index and the tiers agree.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Iterator
+
+from flowgpu.memory.tiers import LRUTier, Tier
+
+__all__ = ["Placement", "Load"]
+
+
+class Load:
+    """A key being brought up a tier outside the store's lock (held in the ``"loading"`` tier);
+    readers of the key wait for ``done``."""
+
+    __slots__ = ("done", "dropped")
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.dropped = False  # deleted (or overwritten) meanwhile: what the load brings is discarded
+
+
+class Placement:
+    """``key -> tier name`` over named tiers, each key in exactly one of them.
+
+    Reads (``in``, ``len``, :meth:`where`) are single dictionary operations and need no lock;
+    changes are made under the store's lock.
+    """
+
+    def __init__(self, tiers: dict[str, Tier]):
+        self.tiers = tiers
+        self._where: dict[Any, str] = {}
+
+    def where(self, key: Any) -> str | None:
+        return self._where.get(key)
+
+    def put(self, key: Any, tier: str, value: Any) -> None:
+        """``tier`` holds ``value`` under ``key`` from now on (``key`` must be nowhere yet)."""
+        if key in self._where:
+            raise KeyError(f"{key!r} is in the {self._where[key]} tier already")
+        self.tiers[tier].put(key, value)
+        self._where[key] = tier
+
+    def pop(self, key: Any) -> Any:
+        """Take ``key`` out of its tier; returns what that tier held."""
+        return self.tiers[self._where.pop(key)].pop(key)
+
+    def adopt(self, key: Any, tier: str) -> None:
+        """``tier`` took ``key`` by itself (a disk file written or attached); ``key`` leaves the tier
+        it was in, which must have given it up already."""
+        self._where[key] = tier
+
+    def disown(self, key: Any) -> str:
+        """Forget ``key`` whose tier gave it up by itself (a disk file detached for a read)."""
+        return self._where.pop(key)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._where
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(list(self._where))
+
+    def items(self) -> list[tuple[Any, str]]:
+        return list(self._where.items())
+
+    def check(self) -> None:
+        """Raise AssertionError unless each tier holds exactly the keys placed in it and each
+        in-memory tier's bytes add up."""
+        for name, tier in self.tiers.items():
+            placed = {k for k, t in self._where.items() if t == name}
+            held = set(tier.keys())
+            assert held == placed, f"the {name} tier holds {held - placed or 'no'} keys placed elsewhere " \
+                                   f"and lacks {placed - held or 'none'} placed in it"
+            if isinstance(tier, LRUTier):
+                assert tier.nbytes == tier.counted(), f"the {name} tier counts {tier.nbytes} B of {tier.counted()}"

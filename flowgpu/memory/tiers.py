@@ -1,0 +1,211 @@
+"""The tiers a worker's store stacks: small mappings from task key to chunk, each with its own bytes.
+
+Every tier follows :class:`Tier`: ``put`` / ``get`` / ``pop`` / ``in`` / ``len`` / ``keys`` and a
+running ``nbytes``. A tier only holds and counts; which key goes where, and when, is the policy of
+:class:`~flowgpu.memory.store.FlowgpuStore`, which composes
+
+* :class:`LRUTier` ``"device"``: CuPy chunks, least recently used first;
+* :class:`HostTier` ``"host"``: chunks in host memory, in buffers of a
+  :class:`~flowgpu.memory.pinned.PinnedPool` (pinned, or pageable as a fallback) for spilled device
+  chunks, in their own NumPy arrays otherwise (all of a CPU worker's chunks); it also holds the
+  *clean copies*, host copies of chunks that are back on the device;
+* :class:`~flowgpu.memory.disk.DiskTier` ``"disk"``: raw ``.npy`` files, no pickle.
+
+Each key lives in exactly one tier; the store keeps that index and checks it in one place
+(:meth:`FlowgpuStore.check <flowgpu.memory.store.FlowgpuStore.check>`).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any, Callable, Iterator, Protocol, runtime_checkable
+
+import numpy as np
+
+from flowgpu.memory.pinned import HostBuffer, PinnedPool
+from flowgpu.memory.transfer import ArrayMeta, PendingCopy
+
+__all__ = ["Tier", "LRUTier", "HostEntry", "HostTier"]
+
+
+@runtime_checkable
+class Tier(Protocol):
+    """What the store needs of a tier."""
+
+    name: str
+    nbytes: int  # bytes this tier holds, kept up to date by put and pop
+
+    def put(self, key: Any, value: Any) -> Any: ...
+
+    def get(self, key: Any) -> Any: ...
+
+    def pop(self, key: Any) -> Any: ...
+
+    def __contains__(self, key: Any) -> bool: ...
+
+    def __len__(self) -> int: ...
+
+    def keys(self) -> list: ...
+
+
+def _nbytes(value: Any) -> int:
+    return int(value.nbytes)
+
+
+def _nothing(value: Any) -> int:
+    return 0
+
+
+class LRUTier:
+    """Values in memory, least recently used first; ``nbytes`` sums ``sizeof(value)``.
+
+    Parameters
+    ----------
+    name : what the store and its stats call it.
+    sizeof : bytes a value counts for (``value.nbytes`` by default; ``counted=False``: none).
+    """
+
+    def __init__(self, name: str, sizeof: Callable[[Any], int] = _nbytes, counted: bool = True):
+        self.name = name
+        self._sizeof = sizeof if counted else _nothing
+        self._items: OrderedDict[Any, Any] = OrderedDict()
+        self.nbytes = 0
+
+    def put(self, key: Any, value: Any) -> None:
+        """Hold ``value`` under ``key`` as the most recently used."""
+        if key in self._items:
+            raise KeyError(f"{key!r} is already in the {self.name} tier")
+        self._items[key] = value
+        self.nbytes += self._sizeof(value)
+
+    def get(self, key: Any) -> Any:
+        """The value under ``key``, now the most recently used."""
+        self._items.move_to_end(key)
+        return self._items[key]
+
+    def peek(self, key: Any) -> Any:
+        """The value under ``key``, leaving the order alone."""
+        return self._items[key]
+
+    def pop(self, key: Any) -> Any:
+        value = self._items.pop(key)
+        self.nbytes -= self._sizeof(value)
+        return value
+
+    def oldest(self, exclude: Any = None) -> Any:
+        """The least recently used key other than ``exclude``; ``exclude`` itself when it is the
+        only one; None when empty."""
+        return next((k for k in self._items if k != exclude), exclude if self._items else None)
+
+    def __contains__(self, key: Any) -> bool:
+        return key in self._items
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._items)
+
+    def keys(self) -> list:
+        return list(self._items)
+
+    def values(self) -> list:
+        return list(self._items.values())
+
+    def counted(self) -> int:
+        """``nbytes`` recomputed from the values (for :meth:`FlowgpuStore.check`)."""
+        return sum(self._sizeof(v) for v in self._items.values())
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name}: {len(self)} keys, {self.nbytes} B>"
+
+
+class HostEntry:
+    """A chunk in host memory: a NumPy chunk (``origin="host"``) or a spilled device chunk in a
+    pool buffer (``origin="device"``), with the copies still reading or writing that buffer."""
+
+    __slots__ = ("value", "buf", "meta", "origin", "pending", "up", "nbytes")
+
+    def __init__(self, value: np.ndarray, origin: str, meta: ArrayMeta | None = None,
+                 buf: HostBuffer | None = None, pending: PendingCopy | None = None):
+        self.value = value
+        self.origin = origin
+        self.meta = meta
+        self.buf = buf
+        self.pending = pending  # a device-to-host copy writing into buf
+        self.up: PendingCopy | None = None  # a host-to-device copy reading from buf
+        self.nbytes = int(value.nbytes)
+
+    def busy(self) -> bool:
+        """True while a copy still reads or writes the buffer."""
+        return (self.pending is not None and not self.pending.done()) or (self.up is not None and not self.up.done())
+
+
+def _entry_nbytes(entry: HostEntry) -> int:
+    return entry.nbytes
+
+
+class HostTier(LRUTier):
+    """Host-memory chunks (:class:`HostEntry`), least recently used first, plus clean copies.
+
+    A *clean copy* is the host entry of a chunk that is back on the device and unchanged since
+    (chunks are immutable): evicting that chunk again drops its device copy and copies nothing.
+    Clean copies count in ``nbytes`` (they hold memory) but not in ``len``/``keys`` (their keys live
+    on the device). Buffers go back to ``pool`` through :meth:`release`, once no copy uses them.
+    """
+
+    def __init__(self, pool: PinnedPool):
+        super().__init__("host", sizeof=_entry_nbytes)
+        self.pool = pool
+        self._clean: OrderedDict[Any, HostEntry] = OrderedDict()
+        self.orphans: list[HostEntry] = []  # released while a copy still used their buffer
+
+    # -- clean copies -------------------------------------------------------------------------
+    def keep_clean(self, key: Any, entry: HostEntry) -> None:
+        self._clean[key] = entry
+        self.nbytes += entry.nbytes
+
+    def pop_clean(self, key: Any) -> HostEntry | None:
+        entry = self._clean.pop(key, None)
+        if entry is not None:
+            self.nbytes -= entry.nbytes
+        return entry
+
+    def oldest_clean(self, exclude: Any = None) -> Any:
+        """The key of the oldest clean copy other than ``exclude``, or None."""
+        return next((k for k in self._clean if k != exclude), None)
+
+    @property
+    def clean_count(self) -> int:
+        return len(self._clean)
+
+    def clean_keys(self) -> list:
+        return list(self._clean)
+
+    def counted(self) -> int:
+        return super().counted() + sum(e.nbytes for e in self._clean.values())
+
+    # -- buffers ------------------------------------------------------------------------------
+    def release(self, entry: HostEntry) -> None:
+        """Give an entry's pool buffer back, now or (while a copy still uses it) once :meth:`reap`
+        finds it idle."""
+        if entry.buf is None:
+            return
+        if entry.busy():
+            self.orphans.append(entry)
+            return
+        self.pool.give(entry.buf)
+        entry.buf = None
+
+    def reap(self) -> None:
+        """Give back the buffers of released entries whose copies have finished."""
+        if not self.orphans:
+            return
+        busy = []
+        for entry in self.orphans:
+            if entry.busy():
+                busy.append(entry)
+            else:
+                self.pool.give(entry.buf)
+                entry.buf = None
+        self.orphans = busy
