@@ -8,7 +8,6 @@ the dependency from a reader of the module's top, so the AST scan below refuses 
 from __future__ import annotations
 
 import ast
-import fnmatch
 import pathlib
 import shutil
 import subprocess
@@ -23,13 +22,6 @@ PACKAGE = ROOT / "flowgpu"
 # package, which loads the public API from its ``_EXPORTS`` table on first use so that
 # ``import flowgpu`` stays instant (and never imports CuPy).
 EXCEPTIONS = {("flowgpu/__init__.py", "__getattr__")}
-
-# Files other branches of the architecture step fix; the lead empties this list at merge.
-ALLOWED: dict[str, str] = {
-    "flowgpu/memory/*": "memory branch",
-    "flowgpu/io/*": "registries / memory branch",
-    "flowgpu/arrays/movement.py": "memory branch",
-}
 
 
 def test_layers_import_downward_only():
@@ -110,19 +102,10 @@ def _package_findings() -> dict[str, list[str]]:
     return out
 
 
-def _allowed(rel: str) -> bool:
-    return any(fnmatch.fnmatch(rel, pattern) for pattern in ALLOWED)
-
-
 def test_no_function_level_imports_of_our_modules():
-    bad = [line for rel, lines in _package_findings().items() if not _allowed(rel) for line in lines]
+    bad = [line for rel, lines in _package_findings().items() for line in lines]
     assert not bad, "import these at the top of the module (the layer map says which may):\n" + "\n".join(bad)
 
-
-def test_the_allow_list_holds_only_files_that_still_need_it():
-    found = _package_findings()
-    stale = [p for p in ALLOWED if not any(fnmatch.fnmatch(rel, p) for rel in found)]
-    assert not stale, f"nothing in {stale} imports our modules inside a function any more; drop them from ALLOWED"
 
 
 @pytest.mark.parametrize("code, hits", [
