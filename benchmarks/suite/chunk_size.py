@@ -6,68 +6,60 @@ chunks lose to per-task overhead (about a millisecond per task in the distribute
 large chunks hold more memory per thread and leave fewer chunks to overlap. The suggested target
 is the smallest chunk that reaches 90% of the best throughput.
 
-    python -m benchmarks.chunk_size                 # GPU: a flowgpu Session on this machine's GPU
-    python -m benchmarks.chunk_size --cpu           # CPU: dask's threaded scheduler
-    python -m benchmarks.chunk_size --cpu --distributed   # CPU: a local distributed cluster
+    python -m benchmarks.suite.chunk_size                 # GPU: a flowgpu Session on this machine's GPU
+    python -m benchmarks.suite.chunk_size --cpu           # CPU: dask's threaded scheduler
+    python -m benchmarks.suite.chunk_size --cpu --distributed   # CPU: a local distributed cluster
+    python -m benchmarks.suite.chunk_size --cpu --size small    # CPU: 64 MiB, 2 and 8 MiB chunks
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import json
 import os
-import statistics
 import sys
-import time
 
 import dask
 import numpy as np
+from distributed import wait
+
+import flowgpu as fg
+from benchmarks import harness
+from benchmarks.suite.workloads import chain_sum
 
 MiB = 1 << 20
 
-DEFAULTS = {
-    "gpu": {"total": 16 << 30, "chunks": [64, 128, 256, 512, 1024, 2048, 4096]},
-    "cpu": {"total": 1 << 30, "chunks": [1, 4, 16, 32, 64, 128, 256]},
+DEFAULTS = {  # (mode, size): total bytes, chunk sizes in MiB
+    ("gpu", "full"): {"total": 16 << 30, "chunks": [64, 128, 256, 512, 1024, 2048, 4096]},
+    ("gpu", "small"): {"total": 1 << 30, "chunks": [64, 256]},
+    ("cpu", "full"): {"total": 1 << 30, "chunks": [1, 4, 16, 32, 64, 128, 256]},
+    ("cpu", "small"): {"total": 64 << 20, "chunks": [2, 8]},
 }
 
 
-def chain_sum(x):
-    return ((x * 2 + 1) ** 2 - x).sum()
-
-
-def measure(x, fused, repeats: int) -> list[float]:
-    float(fused(x).compute())  # warm-up: compiles the kernel
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        float(fused(x).compute())
-        times.append(time.perf_counter() - t0)
-    return times
-
-
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.chunk_size", description=__doc__.splitlines()[0])
-    p.add_argument("--cpu", action="store_true")
+def parser():
+    p = harness.parser(__spec__.name, __doc__, cpu="dask's threaded scheduler on NumPy instead of a GPU Session",
+                       size="small: a quick smoke run (1 GiB on GPU, 64 MiB on CPU)", repeats=3)
     p.add_argument("--distributed", action="store_true", help="on CPU, use a local distributed cluster")
     p.add_argument("--total", type=float, default=None, help="GiB of data (default 16 on GPU, 1 on CPU)")
     p.add_argument("--chunks", type=str, default=None, help="comma-separated chunk sizes in MiB")
-    p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=str, default=None,
                    help="GPU: comma-separated threads per worker to sweep too (default: the Session's default)")
-    p.add_argument("--out", default="benchmarks/results")
-    args = p.parse_args(argv)
+    return p
 
-    import flowgpu as fg
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    report = harness.Report(args, argv)
 
     mode = "cpu" if args.cpu else "gpu"
-    total = int(args.total * (1 << 30)) if args.total else DEFAULTS[mode]["total"]
-    sizes = [float(s) for s in args.chunks.split(",")] if args.chunks else DEFAULTS[mode]["chunks"]
+    defaults = DEFAULTS[mode, args.size]
+    total = int(args.total * (1 << 30)) if args.total else defaults["total"]
+    sizes = [float(s) for s in args.chunks.split(",")] if args.chunks else defaults["chunks"]
     cols = 1 << 14
     rows_total = total // 4 // cols
     shape = (rows_total, cols)
     fused = fg.fuse(chain_sum)
-    thread_counts = [int(t) for t in args.threads.split(",")] if args.threads and not args.cpu else [None]
+    thread_counts = harness.ints(args.threads) if args.threads and not args.cpu else [None]
     rows_out = []
     seed = int(np.random.SeedSequence().entropy % (2**31))
     for threads in thread_counts:
@@ -84,16 +76,14 @@ def main(argv=None) -> int:
                     x = fg.random(shape, dtype="float32", seed=seed, chunks=(rows, cols))
                     x = x.persist()
                     if session is not None:
-                        from distributed import wait
-
                         wait(x)
-                    times = measure(x, fused, args.repeats)
-                    t = statistics.median(times)
+                    timing = harness.timed(lambda: float(fused(x).compute()), args.repeats)  # noqa: B023
+                    t = timing.median
                     row = {"chunk_MiB": mib, "threads": session.threads_per_worker if session else None,
-                           "chunks": x.npartitions, "time_s": t, "GBps": total / t / 1e9, "times": times}
+                           "chunks": x.npartitions, "time_s": t, "GBps": total / t / 1e9, "times": timing.times}
                     rows_out.append(row)
-                    print(f"threads {row['threads']}  chunk {mib:8.1f} MiB  {x.npartitions:6d} chunks  "
-                          f"{t * 1e3:9.2f} ms  {row['GBps']:8.1f} GB/s", flush=True)
+                    report.line(f"threads {row['threads']}  chunk {mib:8.1f} MiB  {x.npartitions:6d} chunks  "
+                                f"{t * 1e3:9.2f} ms  {row['GBps']:8.1f} GB/s")
                     del x
         finally:
             if session is not None:
@@ -102,22 +92,13 @@ def main(argv=None) -> int:
     good = [r for r in rows_out if r["GBps"] >= 0.9 * best]
     suggest = min(good, key=lambda r: r["chunk_MiB"])["chunk_MiB"] if good else None
     key = "gpu-target" if not args.cpu else "cpu-target"
-    lines = [f"# chunk size against throughput ({mode}{', distributed' if args.distributed else ''}, "
-             f"{total / (1 << 30):g} GiB float32, fused chain + sum)", "",
-             "| chunk (MiB) | threads | chunks | time (ms) | GB/s | of best |", "|---|---|---|---|---|---|"]
-    lines += [f"| {r['chunk_MiB']:g} | {r['threads'] or '-'} | {r['chunks']} | {r['time_s'] * 1e3:.2f} | {r['GBps']:.1f} | "
-              f"{r['GBps'] / best:.0%} |" for r in rows_out]
-    lines += ["", f"Smallest chunk within 90% of the best: {suggest:g} MiB -> flowgpu.chunks.{key}: {suggest:g}MiB"]
-    table = "\n".join(lines)
-    os.makedirs(args.out, exist_ok=True)
-    name = f"chunk_size-{mode}{'-distributed' if args.distributed else ''}"
-    with open(os.path.join(args.out, name + ".json"), "w") as f:
-        json.dump({"mode": mode, "distributed": args.distributed, "total_bytes": total, "rows": rows_out,
-                   "suggested_MiB": suggest}, f, indent=1)
-    with open(os.path.join(args.out, name + ".md"), "w") as f:
-        f.write(table + "\n")
-    print()
-    print(table)
+    title = (f"chunk size against throughput ({mode}{', distributed' if args.distributed else ''}, "
+             f"{total / (1 << 30):g} GiB float32, fused chain + sum); smallest chunk within 90% of the best: "
+             f"{suggest:g} MiB -> flowgpu.chunks.{key}: {suggest:g}MiB")
+    rows = [(f"{r['chunk_MiB']:g}", r["threads"] or "-", r["chunks"], round(r["time_s"] * 1e3, 2),
+             round(r["GBps"], 1), f"{r['GBps'] / best:.0%}") for r in rows_out]
+    report.finish(("chunk (MiB)", "threads", "chunks", "time (ms)", "GB/s", "of best"), rows, title=title,
+                  mode=mode, distributed=args.distributed, total_bytes=total, sweep=rows_out, suggested_MiB=suggest)
     return 0
 
 

@@ -1,41 +1,40 @@
-"""Run the side-by-side benchmark suite: ``python -m benchmarks.run [--cpu] [--size small|full]``.
+"""The side-by-side suite: each workload on raw CuPy, hand-fused CuPy, dask-cuda and flowgpu.
 
-Writes ``results-<mode>-<size>.json`` and ``.md`` under ``--out`` and prints the markdown table last.
 GPU mode starts a dask-cuda cluster and a flowgpu Session on this machine's GPU(s); ``--cpu`` runs
-the same workloads, scaled down, on NumPy with dask's threaded scheduler.
+the same workloads, scaled down, on NumPy, numba and dask's threaded scheduler. Every column is
+checked against a float64 reference; the markdown table comes last.
+
+    python -m benchmarks.suite.run --only chain_sum --only transpose_sum --repeats 5   # GPU
+    python -m benchmarks.suite.run --cpu --size small --repeats 1                      # CPU smoke run
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 
 from benchmarks import harness
-from benchmarks.workloads import WORKLOADS, Context
+from benchmarks.suite.workloads import WORKLOADS, Context
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.splitlines()[0])
-    p.add_argument("--cpu", action="store_true", help="NumPy / numba / dask threaded instead of the GPU")
-    p.add_argument("--size", choices=("small", "full"), default="full", help="small: a quick smoke run")
+def parser():
+    p = harness.parser(__spec__.name, __doc__, cpu="NumPy / numba / dask threaded instead of the GPU",
+                       size="small: a quick smoke run", repeats=3)
     p.add_argument("--only", action="append", choices=sorted(WORKLOADS), help="run only this workload (repeatable)")
-    p.add_argument("--out", default="benchmarks/results", help="directory for the JSON and markdown results")
-    p.add_argument("--repeats", type=int, default=3, help="timed runs per column after one warm-up (median)")
-    return p.parse_args(argv)
+    return p
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
+    args = parser().parse_args(argv)
+    report = harness.Report(args, argv)
     ctx = Context(cpu=args.cpu, repeats=args.repeats, size=args.size)
-    t0 = time.perf_counter()
     workloads = []
     try:
         ctx.start()
         rate = ctx.measure_copy_rate()
-        print(f"copy rate (read + write): {rate / 1e9:.1f} GB/s", flush=True)
+        report.line(f"copy rate (read + write): {rate / 1e9:.1f} GB/s")
         for name in args.only or list(WORKLOADS):
-            print(f"== {name}", flush=True)
+            report.line(f"== {name}")
             try:
                 workloads += WORKLOADS[name](ctx)
             except Exception as e:  # a workload whose data could not even be made
@@ -45,13 +44,10 @@ def main(argv=None) -> int:
             ctx.free()
     finally:
         ctx.close()
-    mode = "cpu" if args.cpu else "gpu"
     columns = harness.COLUMNS_CPU if args.cpu else harness.COLUMNS_GPU
-    table = harness.write(args.out, f"results-{mode}-{args.size}", workloads, columns,
-                          {"command": " ".join(["python -m benchmarks.run"] + (argv if argv is not None else sys.argv[1:])),
-                           "copy_rate_Bps": ctx.copy_rate, "wall_s": time.perf_counter() - t0})
-    print(f"\nwall time {time.perf_counter() - t0:.0f} s; copy rate {ctx.copy_rate / 1e9:.1f} GB/s\n")
-    print(table)
+    report.line(f"\nwall time {time.perf_counter() - report.t0:.0f} s; copy rate {ctx.copy_rate / 1e9:.1f} GB/s")
+    report.finish(text=harness.markdown(workloads, columns), title=f"{'cpu' if args.cpu else 'gpu'}, size {args.size}",
+                  copy_rate_Bps=ctx.copy_rate, workloads=harness.workloads_json(workloads))
     return 0
 
 

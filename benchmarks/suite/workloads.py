@@ -11,9 +11,8 @@ the same values for any chunking, in this process and on the workers. Seeds are 
 
 from __future__ import annotations
 
-import itertools
-
 import contextlib
+import itertools
 import os
 import secrets
 import shutil
@@ -25,8 +24,14 @@ import dask
 import dask.array as da
 import numpy as np
 
-from benchmarks import data
+import flowgpu as fg
+from benchmarks import harness
 from benchmarks.harness import Workload, rel_check
+from benchmarks.suite import data
+from flowgpu import pipeline
+from flowgpu.arrays import resolve_chunks, target_chunk_bytes
+from flowgpu.backend import is_cupy
+from flowgpu.ops.stencil import gaussian_filter
 
 GiB = 1 << 30
 SIGMA = 2.0
@@ -78,7 +83,6 @@ class Context:
             return
         from distributed import Client
 
-        import flowgpu as fg
 
         dask.config.set({"array.backend": "cupy"})
         try:
@@ -144,7 +148,6 @@ class Context:
     # -------------------------------------------------------------- data
     def host_array(self, shape, dtype, seed) -> Any:
         """The data in this process (NumPy or CuPy), filled slab by slab from flowgpu.random."""
-        import flowgpu as fg
 
         out = self.xp.empty(shape, dtype=dtype)
         rows = max(1, (256 << 20) // (int(np.prod(shape[1:])) * np.dtype(dtype).itemsize))
@@ -162,7 +165,6 @@ class Context:
         chunks = da.core.normalize_chunks("auto", shape, dtype=np.dtype(dtype))
         if self.cpu:
             return da.from_array(x, chunks=chunks)
-        import flowgpu as fg
 
         with self.on_dask():
             arr = fg.random(shape, dtype=dtype, seed=seed, chunks=chunks)
@@ -170,8 +172,6 @@ class Context:
 
     def flowgpu_array(self, x, shape, dtype, seed, chunks: Any = "auto") -> da.Array:
         """The data for flowgpu's columns with flowgpu's ``chunks="auto"`` (or the given chunks)."""
-        import flowgpu as fg
-        from flowgpu.arrays import resolve_chunks
 
         if self.cpu:
             return da.from_array(x, chunks=resolve_chunks(chunks, shape, dtype))
@@ -188,33 +188,20 @@ class Context:
 
     def measure_copy_rate(self) -> float:
         """Bytes read plus written per second by a device (or host) copy, as the floor's unit."""
-        import statistics
-        import time
-
         n = (1 * GiB if not self.cpu else 256 << 20) if self.size == "full" else 128 << 20
         src = self.xp.asarray(np.random.default_rng().random(n // 8))
         dst = self.xp.empty_like(src)
-        times = []
-        for _ in range(self.repeats + 2):
-            self.sync()
-            t0 = time.perf_counter()
-            self.xp.copyto(dst, src)
-            self.sync()
-            times.append(time.perf_counter() - t0)
-        self.copy_rate = 2 * src.nbytes / statistics.median(times[1:])
+        self.sync()
+        t = harness.timed(lambda: self.xp.copyto(dst, src), self.repeats + 1, sync=self.sync)
+        self.copy_rate = 2 * src.nbytes / t.median
         del src, dst
         self.free()
         return self.copy_rate
 
     def pipeline_available(self) -> str | None:
-        try:
-            from flowgpu.pipeline import run  # noqa: F401
-        except Exception as e:
-            return f"flowgpu.pipeline.run is not available ({type(e).__name__}: {e})"
-        return None
+        return None if callable(getattr(pipeline, "run", None)) else "flowgpu.pipeline.run is not available"
 
     def run_yaml(self, spec: dict) -> Any:
-        from flowgpu import pipeline
 
         session = "local" if self.cpu else self.session
         return pipeline.run(spec, session=session, progress=False, overwrite=True)
@@ -250,7 +237,7 @@ def _numba_chain():
 
 
 def _yaml_inputs(name: str, dtype: str = "float32") -> dict:
-    return {"source": "python", "callable": "benchmarks.data:shared", "args": {"name": name}}
+    return {"source": "python", "callable": "benchmarks.suite.data:shared", "args": {"name": name}}
 
 
 # ====================================================================== workloads
@@ -309,7 +296,6 @@ def _yaml_column(ctx: Context, w: Workload, arrays: dict, name: str, steps: dict
 
 
 def _cluster_columns(ctx: Context, w: Workload, shape, seed, check, dask_col, x) -> None:
-    import flowgpu as fg
 
     try:
         xd = ctx.dask_array(x, shape, "float32", seed)
@@ -334,7 +320,6 @@ def _cluster_columns(ctx: Context, w: Workload, shape, seed, check, dask_col, x)
 
 def run_transpose_sum(ctx: Context, n: int) -> Workload:
     """``(x + x.T).sum()`` on an n x n float32 matrix (dask-cuda's transpose_sum)."""
-    import flowgpu as fg
 
     seed = _seed()
     shape = (n, n)
@@ -389,7 +374,6 @@ def run_transpose_sum(ctx: Context, n: int) -> Workload:
 
 def run_matmul(ctx: Context, n: int, dtype: str) -> Workload:
     """``x @ y`` for n x n matrices, checked through ``sum(x @ y) == colsum(x) . rowsum(y)``."""
-    import flowgpu as fg
 
     seed_x, seed_y = _seed(), _seed()
     shape = (n, n)
@@ -422,7 +406,6 @@ def run_matmul(ctx: Context, n: int, dtype: str) -> Workload:
         w.skip(dask_col, f"{type(e).__name__}: {e}")
     ctx.free()
     # flowgpu: rows of x times all of y, so each output block is ONE GEMM with no partial sums
-    from flowgpu.arrays import target_chunk_bytes
 
     rows = max(1, min(n, target_chunk_bytes() // (n * np.dtype(dtype).itemsize)))
     xf = ctx.flowgpu_array(x, shape, dtype, seed_x, chunks=(rows, n))
@@ -461,7 +444,6 @@ def _persisted(ctx: Context, arr: da.Array) -> da.Array:
 
 
 def _gaussian(block, sigma=SIGMA):
-    from flowgpu.backend import is_cupy
 
     if is_cupy(block):
         from cupyx.scipy import ndimage
@@ -472,7 +454,6 @@ def _gaussian(block, sigma=SIGMA):
 
 def run_stencil(ctx: Context, n: int) -> Workload:
     """2-D gaussian filter (sigma 2, mode reflect) of an n x n float32 image."""
-    from flowgpu.ops.stencil import gaussian_filter
 
     seed = _seed()
     shape = (n, n)
@@ -533,7 +514,6 @@ def run_zarr(ctx: Context, n: int) -> Workload:
     """Read an n x n float32 Zarr array, apply the chain, write Zarr (compressed, default codecs)."""
     import zarr
 
-    import flowgpu as fg
 
     seed = _seed()
     shape = (n, n)
