@@ -18,6 +18,8 @@ the check is reported next to the time.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import math
 import os
@@ -26,7 +28,7 @@ import statistics
 import sys
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -130,6 +132,7 @@ class Result:
     check: str = ""
     error: str | None = None
     note: str = ""
+    value: float | None = None  # the checked result, where it is a number
 
 
 @dataclass
@@ -142,6 +145,8 @@ class Workload:
     floor_s: float | None = None
     results: list[Result] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    inputs: dict[str, Any] = field(default_factory=dict)  # how to make the data again (shape, dtype, seed)
+    reference: float | None = None  # the float64 value every column is checked against
 
     def column(self, column: str, fn: Callable[[], Any], check: Callable[[Any], str] | None = None, *,
                repeats: int = 3, sync: Callable[[], None] | None = None, note: str = "") -> Result:
@@ -156,6 +161,8 @@ class Workload:
                     if sync:
                         sync()
                     checked.append(check(value) if check else "not checked")
+                    if isinstance(value, (int, float)):
+                        res.value = float(value)
                 return value
 
             t = timed(first, repeats, sync=sync)
@@ -294,13 +301,41 @@ class Report:
         print(text, flush=True)
         self.lines.append(text)
 
+    @contextlib.contextmanager
+    def capture(self) -> Iterator[None]:
+        """Inside, what is printed goes to stdout and, line by line, to the JSON (for probes that
+        print one line per measurement)."""
+        report = self
+
+        class Tee(io.TextIOBase):
+            def __init__(self, out):
+                self.out, self.part = out, ""
+
+            def write(self, text: str) -> int:
+                self.out.write(text)
+                *done, self.part = (self.part + text).split("\n")
+                report.lines.extend(done)
+                return len(text)
+
+            def flush(self) -> None:
+                self.out.flush()
+
+        tee = Tee(sys.stdout)
+        with contextlib.redirect_stdout(tee):
+            try:
+                yield
+            finally:
+                if tee.part:
+                    report.lines.append(tee.part)
+
     def finish(self, headers: Sequence[str] = (), rows: Sequence[Sequence[Any]] = (), *, title: str = "",
                text: str | None = None, **extra: Any) -> str:
         """Print the environment line, ``title`` and the table (or ``text``, a table already
         rendered); write the JSON if asked. Returns what was printed last."""
         env = environment()
-        out = text if text is not None else table(headers, rows)
-        print(f"\n{environment_line(env)}\n" + (f"\n{title}\n" if title else "") + f"\n{out}", flush=True)
+        out = text if text is not None else table(headers, rows) if headers else ""
+        print(f"\n{environment_line(env)}\n" + (f"\n{title}\n" if title else "") + (f"\n{out}" if out else ""),
+              flush=True)
         if self.args.json:
             doc = {"command": self.command, "environment": env, "wall_s": time.perf_counter() - self.t0,
                    **extra, "title": title, "headers": list(headers),
@@ -321,4 +356,5 @@ def write_json(path: str, doc: dict) -> None:
 
 def workloads_json(workloads: list[Workload]) -> list[dict]:
     return [{"name": w.name, "work": w.work, "unit": w.unit, "floor_s": w.floor_s, "notes": w.notes,
-             "results": [asdict(r) for r in w.results]} for w in workloads]
+             "inputs": w.inputs, "reference": w.reference, "results": [asdict(r) for r in w.results]}
+            for w in workloads]

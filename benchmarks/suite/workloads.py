@@ -259,6 +259,7 @@ def run_chain_sum(ctx: Context, gib: float) -> Workload:
         slab = x[start:start + max(1, shape[0] // 16)].astype(np.float64)
         want += float(((slab * 2 + 1) ** 2 - slab).sum())
         del slab
+    w.inputs, w.reference = {"shape": shape, "dtype": "float32", "seed": seed}, want
     check = lambda v: rel_check(v, want, 1e-5)  # noqa: E731
     raw, fused, dask_col = ("NumPy", "numba fused", "dask threaded") if ctx.cpu else \
         ("raw CuPy", "CuPy fused", "dask-cuda")
@@ -327,6 +328,8 @@ def run_transpose_sum(ctx: Context, n: int) -> Workload:
     w.floor_s = 2 * n * n * 4.0 / ctx.copy_rate  # read x twice (x and x.T)
     x = ctx.host_array(shape, "float32", seed)
     want = 2 * float(x.astype(np.float64).sum()) if ctx.cpu else 2 * float(ctx.xp.sum(x, dtype=np.float64))
+    w.inputs, w.reference = {"shape": shape, "dtype": "float32", "seed": seed}, want
+    w.inputs, w.reference = {"shape": shape, "dtype": "float32", "seed": seed}, want
     check = lambda v: rel_check(v, want, 1e-5)  # noqa: E731
     raw, fused, dask_col = ("NumPy", "numba fused", "dask threaded") if ctx.cpu else \
         ("raw CuPy", "CuPy fused", "dask-cuda")
