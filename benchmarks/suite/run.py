@@ -14,7 +14,8 @@ import sys
 import time
 
 from benchmarks import harness
-from benchmarks.suite.workloads import WORKLOADS, Context
+from benchmarks.suite.context import Context
+from benchmarks.suite.workloads import WORKLOADS
 
 
 def parser():
