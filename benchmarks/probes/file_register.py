@@ -163,7 +163,6 @@ def _probe(a) -> None:
                 print(f"{a.file_gib} GiB file -> device, {n} thread(s), {how}: {sweep(n, how):.1f} GB/s", flush=True)
 
         # does registering on one thread slow pinned copies on another?
-    
         buf = registered_pinned_allocator(GiB)
         d2 = cp.empty(GiB, dtype=cp.uint8)
         st2 = cp.cuda.Stream(non_blocking=True)

@@ -133,7 +133,6 @@ def _probe(a) -> None:
         print(f"mmap{' +MADV_HUGEPAGE' if huge else ''} {a.gib} GiB: touch {r[-1][0]:.3f} s, "
               f"cudaHostRegister {r[-1][1]:.3f} s, unregister {r[-1][2]:.3f} s")
 
-
     regs = []
     for _ in range(3):
         t = time.perf_counter()
