@@ -4,6 +4,7 @@
 # Run from the repository root on a machine whose Python has CuPy, dask-cuda and the rest of flowgpu's
 # dependencies, or on the lent H200 with the wheels of ../shared/gpu/fetch-wheels.sh in .whl/:
 #   bash benchmarks/h200.sh [OUTDIR] [1|2|all]
+# Each step prints its table last (the tail below) and writes OUTDIR/<name>.json and OUTDIR/<name>.log.
 set -uo pipefail
 out=${1:-${OUT:-bench-out}}
 part=${2:-all}
@@ -13,13 +14,18 @@ if [ -d .whl ] && ! python3 -c "import dask_cuda" 2>/dev/null; then
   export PYTHONPATH=/tmp/site:$PWD
 fi
 export PYTHONUNBUFFERED=1
+step() {  # step NAME LINES MODULE ARGS...: run python3 -m MODULE, keep its log and JSON, show its table
+  local name=$1 lines=$2 module=$3
+  shift 3
+  python3 -m "$module" "$@" --json "$out/$name.json" 2>&1 | tee "$out/$name.log" | tail -"$lines"
+}
 if [ "$part" != 2 ]; then
-  python3 -m benchmarks.run --only chain_sum --only transpose_sum --only matmul --repeats 5 --out "$out" 2>&1 | tee "$out/suite.log" | tail -30
-  python3 -m benchmarks.chunk_size --total 32 --chunks 2048,4096 --threads 1,2,4 --repeats 3 --out "$out" 2>&1 | tail -12
-  python3 benchmarks/profile_worker.py --gib 8 --chunk-mib 2048,1024 --repeats 10 2>&1 | tee "$out/profile_worker.log" | tail -30
-  python3 benchmarks/profile_transpose.py --n 20000 2>&1 | tail -9
-  python3 benchmarks/vectorize_bench.py --gib 8 --repeat 3 2>&1 | tail -8
+  step suite 30 benchmarks.suite.run --only chain_sum --only transpose_sum --only matmul --repeats 5
+  step chunk_size 12 benchmarks.suite.chunk_size --total 32 --chunks 2048,4096 --threads 1,2,4 --repeats 3
+  step profile_worker 30 benchmarks.probes.worker --gib 8 --chunk-mib 2048,1024 --repeats 10
+  step profile_transpose 9 benchmarks.probes.transpose --n 20000
+  step vectorize 8 benchmarks.suite.vectorize --gib 8 --repeats 3
 fi
 if [ "$part" != 1 ]; then
-  python3 benchmarks/out_of_core.py --size full 2>&1 | tee "$out/out_of_core.log" | tail -18
+  step out_of_core 18 benchmarks.out_of_core.run --size full
 fi

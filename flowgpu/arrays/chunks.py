@@ -2,7 +2,7 @@
 
 dask's own ``"auto"`` aims at ``array.chunk-size`` (128 MiB), a CPU default. On GPU workers a task
 costs about a millisecond of scheduling, and an H200 streams ~4 TB/s, so chunks must be large (about
-1 GiB) to keep the device busy, yet bounded by device memory. ``benchmarks/chunk_size.py`` measures
+1 GiB) to keep the device busy, yet bounded by device memory. ``python -m benchmarks.suite.chunk_size`` measures
 throughput against chunk size; the defaults in ``flowgpu.yaml`` come from that curve.
 
 The worker budget comes from dask.config: an open :class:`~flowgpu.Session` publishes

@@ -3,7 +3,7 @@
 A CuPy ``ReductionKernel`` walks its inputs in one index order. When one input is the
 transpose of a C-ordered block (an F-ordered view), neighbouring threads read addresses a
 whole row apart: on an H200 a 20000² pair then reduces at half the speed of two C-ordered
-inputs (2.5 against 1.3 ms, ``benchmarks/profile_transpose.py``). This kernel reduces in
+inputs (2.5 against 1.3 ms, ``python -m benchmarks.probes.transpose``). This kernel reduces in
 32 x 32 tiles: each F-ordered input's tile is read along its own contiguous axis into shared
 memory, then every input is read in the same (row, column) order from registers or the tile.
 Each thread block writes one partial; the partials are combined on the device in a fixed

@@ -35,7 +35,7 @@ def _write_file(path: str, array: np.ndarray) -> None:
 
     The header comes from NumPy; the data goes in one ``write`` of the array's own memory (no
     copy for C- or Fortran-ordered arrays). ``np.save``'s ``tofile`` path took about 1.5x as long
-    per spilled chunk on the 2-core CI machine (``benchmarks/out_of_core.py --cpu``).
+    per spilled chunk on the 2-core CI machine (``python -m benchmarks.out_of_core.run --cpu``).
     """
     fmt = np.lib.format
     header = fmt.header_data_from_array_1_0(array)

@@ -116,7 +116,7 @@ def test_store_evicts_device_chunks_to_pinned_host_and_back(tmp_path, rng):
 
 
 def test_store_events_time_each_copy_on_the_device(tmp_path, rng):
-    """What benchmarks/profile_out_of_core.py subscribes to: each copy enqueued, with CUDA events."""
+    """What benchmarks.probes.out_of_core subscribes to: each copy enqueued, with CUDA events."""
     cp = import_cupy()
     chunks = {i: cp.asarray(rng.standard_normal((2048, 2048), dtype=np.float32)) for i in range(4)}  # 16 MiB each
     nb = chunks[0].nbytes

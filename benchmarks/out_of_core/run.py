@@ -16,28 +16,37 @@ their median and each pass; the first pass after writing the ``.npy`` has varied
   same computation held in device memory (bit-identical or not).
 
 CPU (``--cpu``): a 4 GiB elementwise pass under two workers of 600 MB, flowgpu's store
-against dask's own spilling.
+against dask's own spilling (``--size small``: 1 GiB under two workers of 300 MB).
 
 Run::
 
-    python benchmarks/out_of_core.py --size full          # GPU, about 4-5 minutes
-    python benchmarks/out_of_core.py --size small         # GPU, a quarter of the data
-    python benchmarks/out_of_core.py --cpu                # CPU, 2 workers x 600 MB
+    python -m benchmarks.out_of_core.run                  # GPU, about 4-5 minutes
+    python -m benchmarks.out_of_core.run --size small     # GPU, a quarter of the data
+    python -m benchmarks.out_of_core.run --cpu            # CPU, 2 workers x 600 MB
+    python -m benchmarks.out_of_core.run --cpu --size small   # CPU, 1 GiB, 2 workers x 300 MB
 
 The markdown table comes last in the output.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
+import sys
 import tempfile
 import time
 
 import dask
 import dask.array as da
 import numpy as np
+from distributed import get_task_stream, wait
+
+import flowgpu as fg
+import flowgpu.config  # noqa: F401 - load flowgpu's defaults before setting one of them
+from benchmarks import harness
+from benchmarks.out_of_core.data import chain, npy_array, pinned_h2d_gbps, transpose_sum
+from flowgpu.backend import import_cupy
+from flowgpu.memory import staging, stats, summary
 
 GiB = 1 << 30
 
@@ -45,60 +54,10 @@ SIZES = {  # chain shape (float32), chain chunk rows, transpose n, transpose chu
     "full": dict(chain=(65536, 131072), rows=2048, tn=80000, tchunk=10000, limit="8GB"),
     "small": dict(chain=(16384, 131072), rows=2048, tn=40000, tchunk=10000, limit="2GB"),
 }
-
-
-def chain(a):
-    return ((a * 2 + 1) ** 2 - a).sum()
-
-
-def transpose_sum(a):
-    return (a + a.T).sum()
-
-
-def pinned_h2d_gbps(nbytes: int = GiB, reps: int = 5) -> float:
-    """Median host-to-device bandwidth of one pinned copy of ``nbytes``."""
-    from flowgpu.backend import import_cupy
-    from flowgpu.memory.pinned import PinnedPool
-
-    cp = import_cupy()
-    pool = PinnedPool()
-    buf = pool.take(nbytes)
-    buf.view[:] = 7
-    dev = cp.empty(nbytes, dtype=cp.uint8)
-    stream = cp.cuda.Stream(non_blocking=True)
-    times = []
-    for _ in range(reps):
-        start, stop = cp.cuda.Event(), cp.cuda.Event()
-        start.record(stream)
-        cp.cuda.runtime.memcpyAsync(dev.data.ptr, buf.ptr, nbytes, cp.cuda.runtime.memcpyHostToDevice, stream.ptr)
-        stop.record(stream)
-        stop.synchronize()
-        times.append(cp.cuda.get_elapsed_time(start, stop) / 1e3)
-    del dev
-    pool.give(buf)
-    pool.trim()
-    return nbytes / float(np.median(times)) / 1e9
-
-
-def dask_from_npy(path: str, chunks) -> da.Array:
-    """What a dask-cuda user gets without flowgpu's staging: each chunk read into pageable host
-    memory (a memory map, one copy; only the path in the graph) and moved with ``cupy.asarray``."""
-    from flowgpu.backend import import_cupy
-    from flowgpu.io.npy import NpyReader
-
-    cp = import_cupy()
-    r = NpyReader(path)
-    x = da.from_array(r, chunks=chunks, asarray=False, meta=np.empty((0,) * r.ndim, r.dtype),
-                      name=f"dask-npy-{dask.base.tokenize(path, chunks)}")
-    return x.map_blocks(cp.asarray, dtype=r.dtype, meta=cp.empty((0,) * r.ndim, r.dtype))
-
-
-def _npy_array(store: str, path: str, chunks) -> da.Array:
-    """flowgpu: ``fg.from_npy``, read into pinned staging buffers (``os.preadv``) and on to the
-    device; dask-cuda: :func:`dask_from_npy`."""
-    import flowgpu as fg
-
-    return fg.from_npy(path, chunks=chunks) if store == "flowgpu" else dask_from_npy(path, chunks)
+CPU_SIZES = {  # bytes of float64, elements per chunk, memory limit of each of the two workers
+    "full": dict(total=4 * GiB, chunk=4 * 2**20, limit="600MB"),
+    "small": dict(total=1 * GiB, chunk=1 * 2**20, limit="300MB"),
+}
 
 
 def _wait_released(client, timeout: float = 30.0) -> None:
@@ -126,17 +85,12 @@ def _timed(fn):
 
 
 def _persisted(x: da.Array) -> da.Array:
-    from distributed import wait
-
     xp = x.persist()
     wait(xp)
     return xp
 
 
 def _session(store: str, **kw):
-    import flowgpu as fg
-    import flowgpu.config  # noqa: F401 - load flowgpu's defaults before setting one of them
-
     with dask.config.set({"flowgpu.spill.store": store}):
         return fg.Session(dashboard_address=None, **kw)
 
@@ -155,13 +109,9 @@ def _worker_memory(dask_worker=None) -> dict:
     pool = getattr(data, "pool", None)
     out = {"pinned_pool": pool.stats() if pool is not None else None}
     try:
-        import cupy as cp
-
-        out["cupy_pool_total_gib"] = cp.get_default_memory_pool().total_bytes() / 2**30
+        out["cupy_pool_total_gib"] = import_cupy().get_default_memory_pool().total_bytes() / 2**30
     except Exception:
         pass
-    from flowgpu.memory import staging
-
     out["staging_pool"] = staging._pool.stats() if staging._pool is not None else None
     out["keys"] = len(data)
     return out
@@ -176,13 +126,10 @@ def _print_host_memory(client, store: str) -> None:
 
 
 def _passes(fn, n: int) -> tuple[list[float], list[float]]:
-    """Run ``fn`` ``n`` times: (the seconds of each run, each result)."""
-    times, results = [], []
-    for _ in range(n):
-        r, t = _timed(fn)
-        results.append(r)
-        times.append(t)
-    return times, results
+    """Run ``fn`` ``n`` times, no warm-up (each cluster warmed up on a few chunks): (the seconds of
+    each run, each result)."""
+    t = harness.timed(fn, n, warmup=0, keep=True)
+    return t.times, t.values
 
 
 def _pass_row(workload: str, store: str, key: str, nbytes: int, times: list[float], results: list[float]) -> dict:
@@ -195,9 +142,6 @@ def _pass_row(workload: str, store: str, key: str, nbytes: int, times: list[floa
 
 
 def run_gpu(size: str, workloads: list[str], stores: list[str], npy_dir: str, repeats: int = 3) -> list[dict]:
-    import flowgpu as fg
-    from flowgpu.memory import stats, summary
-
     p = SIZES[size]
     rows = []
     bw = pinned_h2d_gbps()
@@ -222,8 +166,6 @@ def run_gpu(size: str, workloads: list[str], stores: list[str], npy_dir: str, re
                     rows.append(dict(workload=f"persist {nbytes / GiB:.0f} GiB f32", store=store,
                                      seconds=t_persist, gbps=nbytes / t_persist / 1e9))
                     if "chain" in workloads:
-                        from distributed import get_task_stream
-
                         with get_task_stream(s.client) as ts:
                             times, each = _passes(lambda: float(chain(xp).compute()), repeats)  # noqa: B023
                         _print_stream(store, ts.data)
@@ -238,9 +180,9 @@ def run_gpu(size: str, workloads: list[str], stores: list[str], npy_dir: str, re
                     _wait_released(s.client)
                 if "npy" in workloads:
                     # the read path's one-time costs (staging buffers for every thread, its kernels)
-                    float(chain(_npy_array(store, npy_path, chunks)[:max(2, threads) * chunks[0]]).compute())
+                    float(chain(npy_array(store, npy_path, chunks)[:max(2, threads) * chunks[0]]).compute())
                     _print_host_memory(s.client, store)
-                    y = _npy_array(store, npy_path, chunks)
+                    y = npy_array(store, npy_path, chunks)
                     times, each = _passes(lambda: float(chain(y).compute()), repeats)  # noqa: B023
                     results[("npy", store)] = each[0]
                     rows.append(_pass_row(f"chain+sum, {nbytes / GiB:.0f} GiB from host .npy", store, "npy", nbytes,
@@ -275,10 +217,11 @@ def run_gpu(size: str, workloads: list[str], stores: list[str], npy_dir: str, re
     return rows
 
 
-def run_cpu(total: int = 4 * GiB, limit: str = "600MB") -> list[dict]:
+def run_cpu(size: str = "full") -> list[dict]:
+    total, chunk, limit = (CPU_SIZES[size][k] for k in ("total", "chunk", "limit"))
     rows = []
     n = total // 8
-    x = da.random.default_rng(3).standard_normal(n, chunks=4 * 2**20)  # 32 MiB chunks of float64
+    x = da.random.default_rng(3).standard_normal(n, chunks=chunk)  # 32 MiB chunks of float64 at full size
     want = None
     for store in ("flowgpu", "dask"):
         with _session(store, backend="cpu", n_workers=2, threads_per_worker=1, memory_limit=limit):
@@ -320,18 +263,20 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--size", choices=sorted(SIZES), default="small")
-    ap.add_argument("--cpu", action="store_true", help="the CPU comparison (2 workers x 600 MB)")
-    ap.add_argument("--workloads", default="chain,npy,transpose")
-    ap.add_argument("--stores", default="flowgpu,dask-cuda")
-    ap.add_argument("--npy-dir", default=None, help="where the temporary .npy goes (default: a temp dir)")
-    ap.add_argument("--repeats", type=int, default=3,
-                    help="GPU: timed passes of each workload, in a row; the table has their median and each one")
-    a = ap.parse_args()
+def parser():
+    p = harness.parser(__spec__.name, __doc__, cpu="the CPU comparison (2 workers x 600 MB) instead of the GPU",
+                       size="small: a quarter of the data (GPU), 1 GiB under 2 x 300 MB (CPU)", repeats=3)
+    p.add_argument("--workloads", default="chain,npy,transpose", help="GPU: comma-separated, of chain, npy, transpose")
+    p.add_argument("--stores", default="flowgpu,dask-cuda", help="GPU: comma-separated, of flowgpu, dask-cuda")
+    p.add_argument("--npy-dir", default=None, help="where the temporary .npy goes (default: a temp dir)")
+    return p
+
+
+def main(argv=None) -> int:
+    a = parser().parse_args(argv)
+    report = harness.Report(a, argv)
     if a.cpu:
-        rows = run_cpu()
+        rows = run_cpu(a.size)
     else:
         d = a.npy_dir or tempfile.mkdtemp(prefix="flowgpu-bench-")
         try:
@@ -339,9 +284,9 @@ def main() -> None:
         finally:
             if a.npy_dir is None:
                 shutil.rmtree(d, ignore_errors=True)
-    print()
-    print(table(rows))
+    report.finish(text=table(rows), title=f"out of core, {'cpu' if a.cpu else 'gpu'}, size {a.size}", results=rows)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -8,5 +8,5 @@ ARRAYS: dict[str, Any] = {}
 
 
 def shared(name: str) -> Any:
-    """The array registered as ``name`` (used as ``source: python, callable: benchmarks.data:shared``)."""
+    """The array registered as ``name`` (used as ``source: python, callable: benchmarks.suite.data:shared``)."""
     return ARRAYS[name]

@@ -1,6 +1,7 @@
 """What host memory costs on this machine: pinned allocation, pinning, copies both ways, file reads.
 
-``python benchmarks/probe_host_memory.py [--gib 1] [--file-gib 8]`` prints one line per measurement:
+``python -m benchmarks.probes.host_memory [--gib 1] [--file-gib 8]`` prints one line per measurement
+(GPU only):
 
 - ``cudaHostAlloc`` of ``--gib``, one at a time and from 4 threads at once; ``cudaFreeHost``;
 - pageable memory (transparent huge pages asked for with ``madvise``) touched, then registered with
@@ -14,23 +15,25 @@ These numbers decide how the store grows its pinned pool and how ``from_npy`` re
 
 from __future__ import annotations
 
-import argparse
 import ctypes
 import mmap
 import os
+import sys
 import tempfile
 import threading
 import time
 
 import numpy as np
 
+from benchmarks import harness
+from flowgpu.backend import import_cupy
+from flowgpu.memory.pinned import registered_pinned_allocator
+
 GiB = 1 << 30
 
 
 def _cp():
-    import cupy as cp
-
-    return cp
+    return import_cupy()
 
 
 def host_alloc(nbytes: int):
@@ -72,12 +75,24 @@ def copy_gbps(dst, src, nbytes, kind, stream, reps=5):
     return nbytes / float(np.median(times)) / 1e9
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--gib", type=float, default=1.0)
-    ap.add_argument("--file-gib", type=float, default=8.0)
-    ap.add_argument("--dir", default=None)
-    a = ap.parse_args()
+def parser():
+    p = harness.parser(__spec__.name, __doc__)
+    p.add_argument("--gib", type=float, default=1.0, help="size of each pinned allocation and copy")
+    p.add_argument("--file-gib", type=float, default=8.0, help="size of the file read from the page cache")
+    p.add_argument("--dir", default=None, help="where the file goes (default: a temp dir)")
+    return p
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    report = harness.Report(args, argv)
+    with report.capture():
+        _probe(args)
+    report.finish()
+    return 0
+
+
+def _probe(a) -> None:
     cp = _cp()
     n = int(a.gib * GiB)
     for p in ("enabled", "defrag"):
@@ -117,8 +132,6 @@ def main() -> None:
         r = [register(n, huge) for _ in range(2)]
         print(f"mmap{' +MADV_HUGEPAGE' if huge else ''} {a.gib} GiB: touch {r[-1][0]:.3f} s, "
               f"cudaHostRegister {r[-1][1]:.3f} s, unregister {r[-1][2]:.3f} s")
-
-    from flowgpu.memory.pinned import registered_pinned_allocator
 
     regs = []
     for _ in range(3):
@@ -228,4 +241,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -12,36 +12,23 @@ the same values for any chunking, in this process and on the workers. Seeds are 
 from __future__ import annotations
 
 import itertools
-
-import contextlib
 import os
 import secrets
-import shutil
-import tempfile
 from collections.abc import Callable
-from typing import Any
 
-import dask
 import dask.array as da
 import numpy as np
 
-from benchmarks import data
+import flowgpu as fg
 from benchmarks.harness import Workload, rel_check
+from benchmarks.suite import data
+from benchmarks.suite.context import Context
+from flowgpu.arrays import target_chunk_bytes
+from flowgpu.backend import is_cupy
+from flowgpu.ops.stencil import gaussian_filter
 
 GiB = 1 << 30
 SIGMA = 2.0
-
-SIZES = {
-    # workload -> {mode: parameter}
-    "gpu": {
-        "full": {"chain": [8, 32], "tsum": 40000, "matmul": 20000, "stencil": 32768, "zarr": 16384},
-        "small": {"chain": [0.5, 2], "tsum": 10000, "matmul": 4096, "stencil": 8192, "zarr": 4096},
-    },
-    "cpu": {
-        "full": {"chain": [0.25, 1], "tsum": 8000, "matmul": 2000, "stencil": 4096, "zarr": 4096},
-        "small": {"chain": [1 / 64, 1 / 16], "tsum": 1000, "matmul": 400, "stencil": 512, "zarr": 512},
-    },
-}
 
 
 def chain(x):
@@ -50,174 +37,6 @@ def chain(x):
 
 def chain_sum(x):
     return ((x * 2 + 1) ** 2 - x).sum()
-
-
-class Context:
-    """What the columns share: the array module, schedulers/clusters, timing settings."""
-
-    def __init__(self, cpu: bool, repeats: int, size: str):
-        self.cpu = cpu
-        self.repeats = repeats
-        self.size = size
-        self.sizes = SIZES["cpu" if cpu else "gpu"][size]
-        self.dask_client = None
-        self.session = None
-        self.cluster = None
-        self.tmp = tempfile.mkdtemp(prefix="flowgpu-bench-")
-        if cpu:
-            self.xp = np
-        else:
-            import cupy
-
-            self.xp = cupy
-        self.copy_rate = None
-
-    # -------------------------------------------------------------- setup and teardown
-    def start(self) -> None:
-        if self.cpu:
-            return
-        from distributed import Client
-
-        import flowgpu as fg
-
-        dask.config.set({"array.backend": "cupy"})
-        try:
-            from dask_cuda import LocalCUDACluster
-
-            self.cluster = LocalCUDACluster(n_workers=1, dashboard_address=None)
-            self.dask_client = Client(self.cluster, set_as_default=False)
-        except Exception as e:  # the dask-cuda columns then report this
-            self.dask_error = f"{type(e).__name__}: {e}"
-            print(f"dask-cuda cluster not started: {self.dask_error}", flush=True)
-        self.session = fg.Session(backend="gpu", gpus=[0], dashboard_address=None)
-
-    def close(self) -> None:
-        for thing in (self.session, self.dask_client, self.cluster):
-            if thing is not None:
-                with contextlib.suppress(Exception):
-                    thing.close()
-        shutil.rmtree(self.tmp, ignore_errors=True)
-
-    def sync(self) -> None:
-        if not self.cpu:
-            self.xp.cuda.Device().synchronize()
-
-    def free(self) -> None:
-        """Give cached device memory back (in this process and on the workers)."""
-        if self.cpu:
-            return
-
-        def _free():
-            import gc
-
-            import cupy
-
-            gc.collect()
-            cupy.get_default_memory_pool().free_all_blocks()
-
-        _free()
-        for c in (self.dask_client, self.session.client if self.session else None):
-            if c is not None:
-                with contextlib.suppress(Exception):
-                    c.run(_free)
-
-    @contextlib.contextmanager
-    def on_dask(self):
-        if self.cpu:
-            with dask.config.set(scheduler="threads"):
-                yield
-        else:
-            if self.dask_client is None:
-                raise RuntimeError(getattr(self, "dask_error", "no dask-cuda cluster"))
-            with self.dask_client.as_current(), dask.config.set(scheduler=self.dask_client):
-                yield
-
-    @contextlib.contextmanager
-    def on_flowgpu(self):
-        if self.cpu:
-            with dask.config.set(scheduler="threads"):
-                yield
-        else:
-            with self.session.client.as_current(), dask.config.set(scheduler=self.session.client):
-                yield
-
-    # -------------------------------------------------------------- data
-    def host_array(self, shape, dtype, seed) -> Any:
-        """The data in this process (NumPy or CuPy), filled slab by slab from flowgpu.random."""
-        import flowgpu as fg
-
-        out = self.xp.empty(shape, dtype=dtype)
-        rows = max(1, (256 << 20) // (int(np.prod(shape[1:])) * np.dtype(dtype).itemsize))
-        lazy = fg.random(shape, dtype=dtype, seed=seed, chunks=(rows,) + tuple(shape[1:]))
-        start = 0
-        with dask.config.set(scheduler="sync"):
-            for i in range(lazy.numblocks[0]):
-                block = lazy.blocks[i].compute()
-                out[start:start + block.shape[0]] = self.xp.asarray(block)
-                start += block.shape[0]
-        return out
-
-    def dask_array(self, x, shape, dtype, seed) -> da.Array:
-        """The data for dask.array with dask's own default chunks."""
-        chunks = da.core.normalize_chunks("auto", shape, dtype=np.dtype(dtype))
-        if self.cpu:
-            return da.from_array(x, chunks=chunks)
-        import flowgpu as fg
-
-        with self.on_dask():
-            arr = fg.random(shape, dtype=dtype, seed=seed, chunks=chunks)
-            return self._persist(self.dask_client, arr)
-
-    def flowgpu_array(self, x, shape, dtype, seed, chunks: Any = "auto") -> da.Array:
-        """The data for flowgpu's columns with flowgpu's ``chunks="auto"`` (or the given chunks)."""
-        import flowgpu as fg
-        from flowgpu.arrays import resolve_chunks
-
-        if self.cpu:
-            return da.from_array(x, chunks=resolve_chunks(chunks, shape, dtype))
-        with self.on_flowgpu():
-            return self._persist(self.session.client, fg.random(shape, dtype=dtype, seed=seed, chunks=chunks))
-
-    @staticmethod
-    def _persist(client, arr):
-        from distributed import wait
-
-        arr = client.persist(arr)
-        wait(arr)
-        return arr
-
-    def measure_copy_rate(self) -> float:
-        """Bytes read plus written per second by a device (or host) copy, as the floor's unit."""
-        import statistics
-        import time
-
-        n = (1 * GiB if not self.cpu else 256 << 20) if self.size == "full" else 128 << 20
-        src = self.xp.asarray(np.random.default_rng().random(n // 8))
-        dst = self.xp.empty_like(src)
-        times = []
-        for _ in range(self.repeats + 2):
-            self.sync()
-            t0 = time.perf_counter()
-            self.xp.copyto(dst, src)
-            self.sync()
-            times.append(time.perf_counter() - t0)
-        self.copy_rate = 2 * src.nbytes / statistics.median(times[1:])
-        del src, dst
-        self.free()
-        return self.copy_rate
-
-    def pipeline_available(self) -> str | None:
-        try:
-            from flowgpu.pipeline import run  # noqa: F401
-        except Exception as e:
-            return f"flowgpu.pipeline.run is not available ({type(e).__name__}: {e})"
-        return None
-
-    def run_yaml(self, spec: dict) -> Any:
-        from flowgpu import pipeline
-
-        session = "local" if self.cpu else self.session
-        return pipeline.run(spec, session=session, progress=False, overwrite=True)
 
 
 def _seed() -> int:
@@ -250,7 +69,7 @@ def _numba_chain():
 
 
 def _yaml_inputs(name: str, dtype: str = "float32") -> dict:
-    return {"source": "python", "callable": "benchmarks.data:shared", "args": {"name": name}}
+    return {"source": "python", "callable": "benchmarks.suite.data:shared", "args": {"name": name}}
 
 
 # ====================================================================== workloads
@@ -272,6 +91,7 @@ def run_chain_sum(ctx: Context, gib: float) -> Workload:
         slab = x[start:start + max(1, shape[0] // 16)].astype(np.float64)
         want += float(((slab * 2 + 1) ** 2 - slab).sum())
         del slab
+    w.inputs, w.reference = {"shape": shape, "dtype": "float32", "seed": seed}, want
     check = lambda v: rel_check(v, want, 1e-5)  # noqa: E731
     raw, fused, dask_col = ("NumPy", "numba fused", "dask threaded") if ctx.cpu else \
         ("raw CuPy", "CuPy fused", "dask-cuda")
@@ -309,7 +129,6 @@ def _yaml_column(ctx: Context, w: Workload, arrays: dict, name: str, steps: dict
 
 
 def _cluster_columns(ctx: Context, w: Workload, shape, seed, check, dask_col, x) -> None:
-    import flowgpu as fg
 
     try:
         xd = ctx.dask_array(x, shape, "float32", seed)
@@ -334,14 +153,14 @@ def _cluster_columns(ctx: Context, w: Workload, shape, seed, check, dask_col, x)
 
 def run_transpose_sum(ctx: Context, n: int) -> Workload:
     """``(x + x.T).sum()`` on an n x n float32 matrix (dask-cuda's transpose_sum)."""
-    import flowgpu as fg
-
     seed = _seed()
     shape = (n, n)
     w = Workload(f"transpose_sum {n}²", work=2 * n * n * 4.0)
     w.floor_s = 2 * n * n * 4.0 / ctx.copy_rate  # read x twice (x and x.T)
     x = ctx.host_array(shape, "float32", seed)
     want = 2 * float(x.astype(np.float64).sum()) if ctx.cpu else 2 * float(ctx.xp.sum(x, dtype=np.float64))
+    w.inputs, w.reference = {"shape": shape, "dtype": "float32", "seed": seed}, want
+    w.inputs, w.reference = {"shape": shape, "dtype": "float32", "seed": seed}, want
     check = lambda v: rel_check(v, want, 1e-5)  # noqa: E731
     raw, fused, dask_col = ("NumPy", "numba fused", "dask threaded") if ctx.cpu else \
         ("raw CuPy", "CuPy fused", "dask-cuda")
@@ -389,8 +208,6 @@ def run_transpose_sum(ctx: Context, n: int) -> Workload:
 
 def run_matmul(ctx: Context, n: int, dtype: str) -> Workload:
     """``x @ y`` for n x n matrices, checked through ``sum(x @ y) == colsum(x) . rowsum(y)``."""
-    import flowgpu as fg
-
     seed_x, seed_y = _seed(), _seed()
     shape = (n, n)
     w = Workload(f"matmul {n}² {dtype}", work=2.0 * n ** 3, unit="TFLOP/s")
@@ -422,7 +239,6 @@ def run_matmul(ctx: Context, n: int, dtype: str) -> Workload:
         w.skip(dask_col, f"{type(e).__name__}: {e}")
     ctx.free()
     # flowgpu: rows of x times all of y, so each output block is ONE GEMM with no partial sums
-    from flowgpu.arrays import target_chunk_bytes
 
     rows = max(1, min(n, target_chunk_bytes() // (n * np.dtype(dtype).itemsize)))
     xf = ctx.flowgpu_array(x, shape, dtype, seed_x, chunks=(rows, n))
@@ -461,7 +277,6 @@ def _persisted(ctx: Context, arr: da.Array) -> da.Array:
 
 
 def _gaussian(block, sigma=SIGMA):
-    from flowgpu.backend import is_cupy
 
     if is_cupy(block):
         from cupyx.scipy import ndimage
@@ -472,8 +287,6 @@ def _gaussian(block, sigma=SIGMA):
 
 def run_stencil(ctx: Context, n: int) -> Workload:
     """2-D gaussian filter (sigma 2, mode reflect) of an n x n float32 image."""
-    from flowgpu.ops.stencil import gaussian_filter
-
     seed = _seed()
     shape = (n, n)
     w = Workload(f"gaussian {n}²", work=2 * n * n * 4.0)
@@ -533,7 +346,6 @@ def run_zarr(ctx: Context, n: int) -> Workload:
     """Read an n x n float32 Zarr array, apply the chain, write Zarr (compressed, default codecs)."""
     import zarr
 
-    import flowgpu as fg
 
     seed = _seed()
     shape = (n, n)

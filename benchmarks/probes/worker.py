@@ -1,7 +1,7 @@
 """Where a distributed GPU worker spends the time of a fused chain + sum, task by task.
 
-``python benchmarks/profile_worker.py [--gib 8] [--chunk-mib 1024,256] [--repeats 10]`` prints, for a
-``flowgpu.Session`` holding persisted data:
+``python -m benchmarks.probes.worker [--gib 8] [--chunk-mib 1024,256] [--repeats 10]`` prints, for a
+``flowgpu.Session`` holding persisted data (GPU only):
 
 - the wall time of ``compute()`` and how it splits: client/scheduler time before the first task starts,
   the tasks' own compute time, the gaps between tasks on the worker, and the time after the last one;
@@ -12,9 +12,19 @@
 
 from __future__ import annotations
 
-import argparse
 import statistics
+import sys
+import threading
 import time
+
+import dask
+import numpy as np
+from distributed import get_task_stream, wait
+
+import flowgpu as fg
+from benchmarks import harness
+from flowgpu.backend import import_cupy
+from flowgpu.fusion.chunk import FusedChunk
 
 
 def _flatten(profile: dict, out: dict) -> int:
@@ -34,13 +44,6 @@ def _tiny(b):
 
 
 def _in_worker(keys, repeats, dask_worker=None):
-    import threading
-
-    import numpy as np
-
-    from flowgpu.backend import import_cupy
-    from flowgpu.fusion.chunk import FusedChunk
-
     cp = import_cupy(strict=False)
     sync = cp.cuda.Device().synchronize if cp is not None else (lambda: None)
 
@@ -69,8 +72,6 @@ def _in_worker(keys, repeats, dask_worker=None):
 
 
 def _stream_stats(client, run, repeats: int) -> dict:
-    from distributed import get_task_stream
-
     run()
     walls, before, after, comp, gaps, ntask = [], [], [], [], [], []
     for _ in range(repeats):
@@ -99,18 +100,16 @@ def _fmt(label, st):
             f"({st['task_compute_max']:.2f}) | {st['gap']:.3f} | {st['after_last']:.2f} |")
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__)
+def parser():
+    p = harness.parser(__spec__.name, __doc__, repeats=10)
     p.add_argument("--gib", type=float, default=8)
-    p.add_argument("--chunk-mib", default="1024,256")
-    p.add_argument("--repeats", type=int, default=10)
-    args = p.parse_args()
+    p.add_argument("--chunk-mib", default="1024,256", help="comma-separated chunk sizes in MiB")
+    return p
 
-    import dask
-    from distributed import wait
 
-    import flowgpu as fg
-
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    report = harness.Report(args, argv)
     cols = 1 << 14
     n_total = int(args.gib * (1 << 30)) // 4
     chain = fg.fuse(lambda v: ((v * 2 + 1) ** 2 - v).sum())
@@ -130,7 +129,7 @@ def main() -> None:
                 if saturation is not None:
                     s.client.run_on_scheduler(lambda dask_scheduler, v=saturation: setattr(
                         dask_scheduler, "WORKER_SATURATION", v))
-                for mib in (int(m) for m in args.chunk_mib.split(",")):
+                for mib in harness.ints(args.chunk_mib):
                     chunk = (mib * (1 << 20) // 4 // cols, cols)
                     x = s.client.persist(fg.random((n_total // cols, cols), dtype="float32", seed=1, chunks=chunk))
                     wait(x)
@@ -138,14 +137,9 @@ def main() -> None:
                     lines.append(_fmt(f"{tag}: fused chain+sum", _stream_stats(
                         s.client, lambda: float(chain(x).compute()), args.repeats)))
                     if variant == "flowgpu":
-                        builds = []
-                        for _ in range(args.repeats):
-                            t0 = time.perf_counter()
-                            y = chain(x)
-                            dask.optimize(y)
-                            builds.append((time.perf_counter() - t0) * 1e3)
+                        build = harness.timed(lambda: dask.optimize(chain(x)), args.repeats, warmup=0)  # noqa: B023
                         notes.append(f"- {tag}: building the fused graph and dask.optimize on the client: "
-                                     f"{statistics.median(builds):.2f} ms")
+                                     f"{build.median * 1e3:.2f} ms")
                         lines.append(_fmt(f"{tag}: one trivial task (round trip)", _stream_stats(
                             s.client, lambda: s.client.submit(int, 1, pure=False).result(), args.repeats)))
                         tiny = x.map_blocks(_tiny, chunks=(1, 1), dtype=x.dtype)
@@ -170,11 +164,11 @@ def main() -> None:
                         notes.append(f"\nworker profile, {tag}, {args.repeats * 3} fused runs, {total} samples:\n")
                         notes.extend(f"    {n:5d} {name}" for name, n in top)
                     del x
-    print(f"\n{args.gib:g} GiB float32, one GPU worker, medians of {args.repeats}\n")
-    print("\n".join(lines))
-    print()
-    print("\n".join(notes))
+    for n in notes:
+        report.line(n)
+    report.finish(text="\n".join(lines), title=f"{args.gib:g} GiB float32, one GPU worker, medians of {args.repeats}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

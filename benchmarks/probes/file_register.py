@@ -1,6 +1,7 @@
 """Can a cached file's pages go to the device without a host copy? Pinning a read-only file mapping.
 
-``python benchmarks/probe_file_register.py [--file-gib 16] [--piece-mib 1024] [--threads 1,4,8]``
+``python -m benchmarks.probes.file_register [--file-gib 16] [--piece-mib 1024] [--threads 1,4,8] [--ceiling]``
+(GPU only)
 
 Reading a ``.npy`` into pinned staging buffers copies every byte once on the CPU (page cache ->
 pinned) before the device copy reads it again: host memory traffic, not PCIe, limits that path.
@@ -20,15 +21,20 @@ and the copy engine then reads the page cache itself. This prints, for pieces of
 
 from __future__ import annotations
 
-import argparse
 import ctypes
 import mmap
 import os
+import sys
 import tempfile
 import threading
 import time
 
 import numpy as np
+
+from benchmarks import harness
+from flowgpu.backend import import_cupy
+from flowgpu.memory.pinned import registered_pinned_allocator
+from flowgpu.memory.staging import file_rows_to_device
 
 MiB, GiB = 1 << 20, 1 << 30
 READ_ONLY, PORTABLE = 8, 1  # cudaHostRegisterReadOnly, cudaHostRegisterPortable
@@ -69,19 +75,27 @@ def _one(cp, fd, offset, length, dev, stream, populate=True, flags=READ_ONLY | P
     return dict(zip(("mmap", "register", "copy", "unregister", "munmap"), np.diff(t)))
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--file-gib", type=int, default=16)
-    ap.add_argument("--piece-mib", type=int, default=1024)
-    ap.add_argument("--threads", default="1,4,8")
-    ap.add_argument("--dir", default=None)
-    ap.add_argument("--ceiling", action="store_true", help="only the host memory ceiling measurements")
-    a = ap.parse_args()
+def parser():
+    p = harness.parser(__spec__.name, __doc__)
+    p.add_argument("--file-gib", type=int, default=16)
+    p.add_argument("--piece-mib", type=int, default=1024, help="size of each pinned piece of the file")
+    p.add_argument("--threads", default="1,4,8", help="comma-separated thread counts of the whole-file sweep")
+    p.add_argument("--dir", default=None, help="where the file goes (default: a temp dir)")
+    p.add_argument("--ceiling", action="store_true", help="only the host memory ceiling measurements")
+    return p
 
-    import cupy as cp
 
-    from flowgpu.memory.staging import file_rows_to_device
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    report = harness.Report(args, argv)
+    with report.capture():
+        _probe(args)
+    report.finish()
+    return 0
 
+
+def _probe(a) -> None:
+    cp = import_cupy()
     print(f"kernel {os.uname().release}; /sys THP: "
           + open("/sys/kernel/mm/transparent_hugepage/enabled").read().strip(), flush=True)
     d = tempfile.mkdtemp(prefix="flowgpu-reg-", dir=a.dir)
@@ -144,13 +158,11 @@ def main() -> None:
 
             return total / _threads(nthreads, work) / 1e9
 
-        for n in [int(x) for x in a.threads.split(",")]:
+        for n in harness.ints(a.threads):
             for how in ("register", "staging"):
                 print(f"{a.file_gib} GiB file -> device, {n} thread(s), {how}: {sweep(n, how):.1f} GB/s", flush=True)
 
         # does registering on one thread slow pinned copies on another?
-        from flowgpu.memory.pinned import registered_pinned_allocator
-
         buf = registered_pinned_allocator(GiB)
         d2 = cp.empty(GiB, dtype=cp.uint8)
         st2 = cp.cuda.Stream(non_blocking=True)
@@ -205,8 +217,6 @@ def _threads(n: int, fn) -> float:
 def ceiling(cp, fd: int, total: int, header: int) -> None:
     """Host memory bandwidth: copies between host buffers, and page-cache reads with and without
     the copy engine reading host memory at the same time."""
-    from flowgpu.memory.pinned import registered_pinned_allocator
-
     piece, rounds = 256 * MiB, 4
     src = [np.random.default_rng(i).integers(0, 255, piece, dtype=np.uint8) for i in range(16)]
     dst = [np.empty_like(x) for x in src]
@@ -268,4 +278,4 @@ def ceiling(cp, fd: int, total: int, header: int) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,6 +1,6 @@
 """Timeline of one out-of-core pass on a GPU worker: what the store, the copy engines and the tasks did when.
 
-``python benchmarks/profile_out_of_core.py [--gib 32] [--limit 8GB] [--chunk-rows 2048] [--npy]``
+``python -m benchmarks.probes.out_of_core [--gib 32] [--limit 8GB] [--chunk-rows 2048] [--npy]`` (GPU only)
 
 Persists ``--gib`` of float32 under ``--limit`` on a flowgpu session (4 threads), then runs the chain
 pass ``((x*2+1)**2 - x).sum()`` twice with the worker's store traced through its events
@@ -13,13 +13,18 @@ in the store. With ``--npy`` it also writes the data to a ``.npy`` and times ``f
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
+import sys
 import tempfile
 import time
 
 import numpy as np
+from distributed import get_task_stream, wait
+
+import flowgpu as fg
+from benchmarks import harness
+from benchmarks.out_of_core.data import chain
 
 
 def _install(dask_worker=None):
@@ -151,8 +156,8 @@ def report(name: str, t0: float, t1: float, tr: dict, stream: list) -> None:
         print(f"{a - t0:5.2f}  {u:6.0%}  {d:6.0%}  {k:5.1f}  {lp:6.0%}")
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def parser():
+    ap = harness.parser(__spec__.name, __doc__)
     ap.add_argument("--gib", type=int, default=32)
     ap.add_argument("--limit", default="8GB")
     ap.add_argument("--chunk-rows", type=int, default=2048)
@@ -161,13 +166,12 @@ def main() -> None:
     ap.add_argument("--depths", default="", help="also time npy passes with these staging depths, e.g. 2,4,6")
     ap.add_argument("--budgets", default="", help="also time npy passes with these staging slice sizes in MiB, e.g. 4,16")
     ap.add_argument("--skip-persisted", action="store_true", help="only the npy passes")
-    a = ap.parse_args()
+    return ap
 
-    from distributed import get_task_stream, wait
 
-    import flowgpu as fg
-    from benchmarks.out_of_core import chain
-
+def main(argv=None) -> int:
+    a = parser().parse_args(argv)
+    out = harness.Report(a, argv)
     cols = 131072
     rows = a.gib * 2**30 // (4 * cols)
     with fg.Session(backend="gpu", gpus=[0], device_memory_limit=a.limit, threads_per_worker=4,
@@ -221,7 +225,9 @@ def main() -> None:
                 print(f"task durations: median {np.median(durs) * 1e3:.0f} ms, max {durs[-1] * 1e3:.0f} ms "
                       f"({len(durs)} tasks); same result as the first pass: {r2 == r}")
             shutil.rmtree(tmp, ignore_errors=True)
+    out.finish()
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

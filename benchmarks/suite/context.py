@@ -1,0 +1,178 @@
+"""What the suite's columns share: the array module, the clusters and Session, the data, the copy rate."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import tempfile
+from typing import Any
+
+import dask
+import dask.array as da
+import numpy as np
+
+import flowgpu as fg
+from benchmarks import harness
+from flowgpu import pipeline
+from flowgpu.arrays import resolve_chunks
+
+GiB = 1 << 30
+
+SIZES = {
+    # workload -> {mode: parameter}
+    "gpu": {
+        "full": {"chain": [8, 32], "tsum": 40000, "matmul": 20000, "stencil": 32768, "zarr": 16384},
+        "small": {"chain": [0.5, 2], "tsum": 10000, "matmul": 4096, "stencil": 8192, "zarr": 4096},
+    },
+    "cpu": {
+        "full": {"chain": [0.25, 1], "tsum": 8000, "matmul": 2000, "stencil": 4096, "zarr": 4096},
+        "small": {"chain": [1 / 64, 1 / 16], "tsum": 1000, "matmul": 400, "stencil": 512, "zarr": 512},
+    },
+}
+
+
+
+class Context:
+    """What the columns share: the array module, schedulers/clusters, timing settings."""
+    def __init__(self, cpu: bool, repeats: int, size: str):
+        self.cpu = cpu
+        self.repeats = repeats
+        self.size = size
+        self.sizes = SIZES["cpu" if cpu else "gpu"][size]
+        self.dask_client = None
+        self.session = None
+        self.cluster = None
+        self.tmp = tempfile.mkdtemp(prefix="flowgpu-bench-")
+        if cpu:
+            self.xp = np
+        else:
+            import cupy
+
+            self.xp = cupy
+        self.copy_rate = None
+
+    # -------------------------------------------------------------- setup and teardown
+    def start(self) -> None:
+        if self.cpu:
+            return
+        from distributed import Client
+
+
+        dask.config.set({"array.backend": "cupy"})
+        try:
+            from dask_cuda import LocalCUDACluster
+
+            self.cluster = LocalCUDACluster(n_workers=1, dashboard_address=None)
+            self.dask_client = Client(self.cluster, set_as_default=False)
+        except Exception as e:  # the dask-cuda columns then report this
+            self.dask_error = f"{type(e).__name__}: {e}"
+            print(f"dask-cuda cluster not started: {self.dask_error}", flush=True)
+        self.session = fg.Session(backend="gpu", gpus=[0], dashboard_address=None)
+
+    def close(self) -> None:
+        for thing in (self.session, self.dask_client, self.cluster):
+            if thing is not None:
+                with contextlib.suppress(Exception):
+                    thing.close()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def sync(self) -> None:
+        if not self.cpu:
+            self.xp.cuda.Device().synchronize()
+
+    def free(self) -> None:
+        """Give cached device memory back (in this process and on the workers)."""
+        if self.cpu:
+            return
+
+        def _free():
+            import gc
+
+            import cupy
+
+            gc.collect()
+            cupy.get_default_memory_pool().free_all_blocks()
+
+        _free()
+        for c in (self.dask_client, self.session.client if self.session else None):
+            if c is not None:
+                with contextlib.suppress(Exception):
+                    c.run(_free)
+
+    @contextlib.contextmanager
+    def on_dask(self):
+        if self.cpu:
+            with dask.config.set(scheduler="threads"):
+                yield
+        else:
+            if self.dask_client is None:
+                raise RuntimeError(getattr(self, "dask_error", "no dask-cuda cluster"))
+            with self.dask_client.as_current(), dask.config.set(scheduler=self.dask_client):
+                yield
+
+    @contextlib.contextmanager
+    def on_flowgpu(self):
+        if self.cpu:
+            with dask.config.set(scheduler="threads"):
+                yield
+        else:
+            with self.session.client.as_current(), dask.config.set(scheduler=self.session.client):
+                yield
+
+    # -------------------------------------------------------------- data
+    def host_array(self, shape, dtype, seed) -> Any:
+        """The data in this process (NumPy or CuPy), filled slab by slab from flowgpu.random."""
+        out = self.xp.empty(shape, dtype=dtype)
+        rows = max(1, (256 << 20) // (int(np.prod(shape[1:])) * np.dtype(dtype).itemsize))
+        lazy = fg.random(shape, dtype=dtype, seed=seed, chunks=(rows,) + tuple(shape[1:]))
+        start = 0
+        with dask.config.set(scheduler="sync"):
+            for i in range(lazy.numblocks[0]):
+                block = lazy.blocks[i].compute()
+                out[start:start + block.shape[0]] = self.xp.asarray(block)
+                start += block.shape[0]
+        return out
+
+    def dask_array(self, x, shape, dtype, seed) -> da.Array:
+        """The data for dask.array with dask's own default chunks."""
+        chunks = da.core.normalize_chunks("auto", shape, dtype=np.dtype(dtype))
+        if self.cpu:
+            return da.from_array(x, chunks=chunks)
+
+        with self.on_dask():
+            arr = fg.random(shape, dtype=dtype, seed=seed, chunks=chunks)
+            return self._persist(self.dask_client, arr)
+
+    def flowgpu_array(self, x, shape, dtype, seed, chunks: Any = "auto") -> da.Array:
+        """The data for flowgpu's columns with flowgpu's ``chunks="auto"`` (or the given chunks)."""
+        if self.cpu:
+            return da.from_array(x, chunks=resolve_chunks(chunks, shape, dtype))
+        with self.on_flowgpu():
+            return self._persist(self.session.client, fg.random(shape, dtype=dtype, seed=seed, chunks=chunks))
+
+    @staticmethod
+    def _persist(client, arr):
+        from distributed import wait
+
+        arr = client.persist(arr)
+        wait(arr)
+        return arr
+
+    def measure_copy_rate(self) -> float:
+        """Bytes read plus written per second by a device (or host) copy, as the floor's unit."""
+        n = (1 * GiB if not self.cpu else 256 << 20) if self.size == "full" else 128 << 20
+        src = self.xp.asarray(np.random.default_rng().random(n // 8))
+        dst = self.xp.empty_like(src)
+        self.sync()
+        t = harness.timed(lambda: self.xp.copyto(dst, src), self.repeats + 1, sync=self.sync)
+        self.copy_rate = 2 * src.nbytes / t.median
+        del src, dst
+        self.free()
+        return self.copy_rate
+
+    def pipeline_available(self) -> str | None:
+        return None if callable(getattr(pipeline, "run", None)) else "flowgpu.pipeline.run is not available"
+
+    def run_yaml(self, spec: dict) -> Any:
+        session = "local" if self.cpu else self.session
+        return pipeline.run(spec, session=session, progress=False, overwrite=True)

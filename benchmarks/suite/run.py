@@ -1,0 +1,56 @@
+"""The side-by-side suite: each workload on raw CuPy, hand-fused CuPy, dask-cuda and flowgpu.
+
+GPU mode starts a dask-cuda cluster and a flowgpu Session on this machine's GPU(s); ``--cpu`` runs
+the same workloads, scaled down, on NumPy, numba and dask's threaded scheduler. Every column is
+checked against a float64 reference; the markdown table comes last.
+
+    python -m benchmarks.suite.run --only chain_sum --only transpose_sum --repeats 5   # GPU
+    python -m benchmarks.suite.run --cpu --size small --repeats 1                      # CPU smoke run
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from benchmarks import harness
+from benchmarks.suite.context import Context
+from benchmarks.suite.workloads import WORKLOADS
+
+
+def parser():
+    p = harness.parser(__spec__.name, __doc__, cpu="NumPy / numba / dask threaded instead of the GPU",
+                       size="small: a quick smoke run", repeats=3)
+    p.add_argument("--only", action="append", choices=sorted(WORKLOADS), help="run only this workload (repeatable)")
+    return p
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    report = harness.Report(args, argv)
+    ctx = Context(cpu=args.cpu, repeats=args.repeats, size=args.size)
+    workloads = []
+    try:
+        ctx.start()
+        rate = ctx.measure_copy_rate()
+        report.line(f"copy rate (read + write): {rate / 1e9:.1f} GB/s")
+        for name in args.only or list(WORKLOADS):
+            report.line(f"== {name}")
+            try:
+                workloads += WORKLOADS[name](ctx)
+            except Exception as e:  # a workload whose data could not even be made
+                w = harness.Workload(name, work=0.0)
+                w.skip("all", f"{type(e).__name__}: {e}")
+                workloads.append(w)
+            ctx.free()
+    finally:
+        ctx.close()
+    columns = harness.COLUMNS_CPU if args.cpu else harness.COLUMNS_GPU
+    report.line(f"\nwall time {time.perf_counter() - report.t0:.0f} s; copy rate {ctx.copy_rate / 1e9:.1f} GB/s")
+    report.finish(text=harness.markdown(workloads, columns), title=f"{'cpu' if args.cpu else 'gpu'}, size {args.size}",
+                  copy_rate_Bps=ctx.copy_rate, workloads=harness.workloads_json(workloads))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
