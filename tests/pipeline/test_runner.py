@@ -126,7 +126,7 @@ def test_a_spec_error_in_the_summary_names_its_step(tmp_path, x_file):
     ("example.org:8787", False),
 ])
 def test_loopback_addresses(address, loopback):
-    from flowgpu.pipeline.runner import _loopback
+    from flowgpu.pipeline.checks import _loopback
 
     assert _loopback(address) is loopback
 
