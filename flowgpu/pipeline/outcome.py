@@ -56,6 +56,7 @@ def _failed_step(spec: Spec, plan: Plan | None, error: BaseException) -> str | N
 
 def failure_summary(spec: Any, state: dict[str, Any], error: BaseException, wall: float) -> dict[str, Any]:
     """The summary of a run that failed: the error, its step when known, and what was (not) written."""
+    given = os.fspath(spec) if isinstance(spec, (str, os.PathLike)) else None  # a spec file that did not load
     spec = spec if isinstance(spec, Spec) else None
     plan = state.get("plan")
     outputs = {}
@@ -67,7 +68,7 @@ def failure_summary(spec: Any, state: dict[str, Any], error: BaseException, wall
     return {
         "flowgpu": __version__,
         "name": spec.name if spec is not None else None,
-        "file": spec._origin.file if spec is not None and spec._origin else None,
+        "file": spec._origin.file if spec is not None and spec._origin else given,
         "status": "failed",
         "error": message,
         "error_type": type(error).__name__,
