@@ -153,10 +153,11 @@ def run(spec: str, sets: tuple[str, ...], params_file: str | None, scheduler: st
 @click.argument("specs", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @spec_options
 @click.option("--overwrite", is_flag=True, help="Check the outputs as 'run --overwrite' would.")
+@click.option("--scheduler", default=None, metavar="ADDRESS", help="Check the spec as 'run --scheduler' would.")
 @allow_address_option
 @handle_errors
 def validate(specs: tuple[str, ...], sets: tuple[str, ...], params_file: str | None, overwrite: bool,
-             allow_spec_address: bool) -> None:
+             scheduler: str | None, allow_spec_address: bool) -> None:
     """Check spec files completely, refusing all that run would refuse before computing; runs nothing.
 
     Prints each callable a spec would import (and so run when it runs).
@@ -166,7 +167,7 @@ def validate(specs: tuple[str, ...], sets: tuple[str, ...], params_file: str | N
     for path in specs:
         try:
             _, imported = pipeline.imports(path, overrides, params_file, overwrite=overwrite,
-                                           allow_spec_address=allow_spec_address)
+                                           cluster={"address": scheduler}, allow_spec_address=allow_spec_address)
             click.echo(f"{path}: ok")
             for what, target in imported:
                 click.echo(f"  imports {target} ({what}; runs when the spec runs)")
