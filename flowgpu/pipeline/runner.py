@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from dataclasses import dataclass, field
@@ -171,7 +170,8 @@ def _execute(spec: Spec, session: Any, overwrite: bool, summary_path: str | None
         for (name, p), result in zip(pending.items(), results):
             in_summary = sinks.sink_entry(p.sink).has(sinks.IN_SUMMARY)
             values[name] = sinks.to_summary_value(result) if in_summary else p.commit()
-            state["written"][name] = values[name]
+            if not in_summary:
+                state["written"][name] = values[name]  # moved into place (a failed run's summary says so)
         status = "ok"
     except BaseException:
         for p in pending.values():
@@ -239,6 +239,3 @@ def _summary(spec: Spec, plan: Plan, session: Any, values: dict, wall: float, st
         "session": {k: info.get(k) for k in ("backend", "n_workers", "threads_per_worker", "address", "dashboard")},
         "outputs": outputs,
     }
-
-
-
