@@ -23,7 +23,7 @@ from flowgpu.errors import BackendError, ConfigError, FlowgpuError, OpError, Out
 from flowgpu.io.sinks import SINKS
 from flowgpu.io.sources import SOURCES
 from flowgpu.ops import all_ops
-from flowgpu.registry import Entry
+from flowgpu.registry import Entry, trusting
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
 
@@ -69,12 +69,29 @@ def _parse_sets(values: tuple[str, ...]) -> dict[str, str]:
 
 
 def spec_options(func: Callable) -> Callable:
-    """--set and --params, shared by run, validate and plan."""
+    """--set, --params and --trust, shared by run, validate and plan (--trust applies while the command runs)."""
+
+    command = func
+
+    @functools.wraps(command)
+    def trusted(*args: Any, trust: tuple[str, ...] = (), **kwargs: Any) -> Any:
+        with trusting(trust):
+            return command(*args, **kwargs)
+
+    func = click.option("--trust", "trust", multiple=True, metavar="MODULE",
+                        help="Let the spec import callables from MODULE (and its submodules) only, with the "
+                             "flowgpu.trusted-modules setting; repeatable. A spec's callables run when it runs.")(trusted)
     func = click.option("--params", "params_file", type=click.Path(dir_okay=False),
                         help="YAML file of param values (name: value).")(func)
     func = click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
                         help="Set a value, e.g. params.n=1000 or cluster.n_workers=2 (repeatable).")(func)
     return func
+
+
+def allow_address_option(func: Callable) -> Callable:
+    return click.option("--allow-spec-address", is_flag=True,
+                        help="Let the spec's cluster.address (another scheduler) or a dashboard_address open to "
+                             "the network take effect; otherwise they are refused.")(func)
 
 
 @click.group(name="flowgpu", context_settings={"help_option_names": ["-h", "--help"]})
@@ -106,21 +123,21 @@ def info() -> None:
 @click.option("--overwrite", is_flag=True, help="Replace output paths that hold data flowgpu did not write.")
 @click.option("--dry-run", is_flag=True, help="Check and plan only; start no cluster, write nothing.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar or summary table.")
+@allow_address_option
 @handle_errors
 def run(spec: str, sets: tuple[str, ...], params_file: str | None, scheduler: str | None, gpus: str | None,
         backend: str | None, n_workers: int | None, summary_path: str | None, overwrite: bool, dry_run: bool,
-        quiet: bool) -> None:
+        quiet: bool, allow_spec_address: bool) -> None:
     """Run the pipeline SPEC (a YAML file)."""
     overrides = _parse_sets(sets)
     console = _console()
+    cluster = {"address": scheduler, "gpus": gpus, "backend": backend, "n_workers": n_workers}
     if dry_run:
-        s = pipeline.load(spec, overrides, params_file)
-        plan = pipeline.compile(s)
-        pipeline.runner.check_outputs(s, overwrite)
-        render_plan(pipeline.describe(plan), _console(stderr=False))
+        s = pipeline.validate(spec, overrides, params_file, overwrite=overwrite, cluster=cluster,
+                              allow_spec_address=allow_spec_address)
+        render_plan(pipeline.describe(pipeline.compile(s)), _console(stderr=False))
         click.echo("dry run: nothing was run or written")
         return
-    cluster = {"address": scheduler, "gpus": gpus, "backend": backend, "n_workers": n_workers}
 
     def announce(session: Any) -> None:
         link = getattr(session, "dashboard_link", None)
@@ -129,21 +146,31 @@ def run(spec: str, sets: tuple[str, ...], params_file: str | None, scheduler: st
 
     pipeline.run(spec, overrides=overrides, params_file=params_file, overwrite=overwrite,
                  summary_path=summary_path, cluster=cluster, console=console if not quiet else None,
-                 progress=not quiet, on_session=announce)
+                 progress=not quiet, on_session=announce, allow_spec_address=allow_spec_address)
 
 
 @cli.command()
 @click.argument("specs", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @spec_options
+@click.option("--overwrite", is_flag=True, help="Check the outputs as 'run --overwrite' would.")
+@click.option("--scheduler", default=None, metavar="ADDRESS", help="Check the spec as 'run --scheduler' would.")
+@allow_address_option
 @handle_errors
-def validate(specs: tuple[str, ...], sets: tuple[str, ...], params_file: str | None) -> None:
-    """Check spec files completely (schema, references, includes, shapes, dtypes); runs nothing."""
+def validate(specs: tuple[str, ...], sets: tuple[str, ...], params_file: str | None, overwrite: bool,
+             scheduler: str | None, allow_spec_address: bool) -> None:
+    """Check spec files completely, refusing all that run would refuse before computing; runs nothing.
+
+    Prints each callable a spec would import (and so run when it runs).
+    """
     overrides = _parse_sets(sets)
     bad = 0
     for path in specs:
         try:
-            pipeline.validate(path, overrides, params_file)
+            _, imported = pipeline.imports(path, overrides, params_file, overwrite=overwrite,
+                                           cluster={"address": scheduler}, allow_spec_address=allow_spec_address)
             click.echo(f"{path}: ok")
+            for what, target in imported:
+                click.echo(f"  imports {target} ({what}; runs when the spec runs)")
         except SpecError as e:
             bad += 1
             click.echo(f"error: {e}", err=True)

@@ -13,7 +13,8 @@ out; the other entries keep working. Nothing else in flowgpu lists these names: 
 spec model and its JSON schema are generated from the registries.
 
 This module also holds :func:`import_object`, the one resolver of import paths
-(``"package.module:name"``) used by the ``python`` source, ``map_blocks`` and spec validation.
+(``"package.module:name"``) used by the ``python`` source, ``map_blocks`` and spec validation,
+and of the ``flowgpu.trusted-modules`` setting that, when set, limits what it may import.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ import inspect
 import os
 import sys
 import threading
+import contextlib
+import contextvars
 import typing
 import warnings
 from collections.abc import Callable, Iterable, Iterator
@@ -31,11 +34,13 @@ from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any, Generic, TypeVar
 
+import dask.config
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from flowgpu.errors import ImportPathError
 
-__all__ = ["Entry", "Registry", "Options", "OpenOptions", "options_model", "import_object", "add_import_dirs"]
+__all__ = ["Entry", "Registry", "Options", "OpenOptions", "options_model", "import_object", "add_import_dirs",
+           "trusted_modules", "trusting", "check_trusted", "recording_imports"]
 
 T = TypeVar("T", bound="Entry")
 
@@ -216,10 +221,70 @@ def _fail(what: str, path: str, problem: str, fix: str) -> ImportPathError:
     return ImportPathError(f"{what} {path!r}: {problem}; {fix}")
 
 
+_recorded: contextvars.ContextVar[list[tuple[str, str]] | None] = contextvars.ContextVar("flowgpu_imports",
+                                                                                         default=None)
+
+
+@contextlib.contextmanager
+def recording_imports() -> Iterator[list[tuple[str, str]]]:
+    """Collect ``(what, path)`` of every import path :func:`import_object` resolves inside the block
+    (each once, in order): what a spec would import, and so run, e.g. for ``flowgpu validate``."""
+    seen: list[tuple[str, str]] = []
+    token = _recorded.set(seen)
+    try:
+        yield seen
+    finally:
+        _recorded.reset(token)
+
+
+def trusted_modules() -> list[str] | None:
+    """The module prefixes import paths may come from (``flowgpu.trusted-modules``); None: any."""
+    value = dask.config.get("flowgpu.trusted-modules", None)
+    if value is None:
+        return None
+    return [value] if isinstance(value, str) else [str(v) for v in value]
+
+
+@contextlib.contextmanager
+def trusting(modules: Iterable[str]) -> Iterator[list[str] | None]:
+    """Trust ``modules`` too inside the block (what ``--trust MODULE`` does); none given: no change.
+
+    Once any module is trusted, import paths outside the trusted ones are refused.
+    """
+    extra = [m.strip() for m in modules if m and m.strip()]
+    if not extra:
+        yield trusted_modules()
+        return
+    trusted = [*(trusted_modules() or []), *extra]
+    with dask.config.set({"flowgpu.trusted-modules": trusted}):
+        yield trusted
+
+
+def check_trusted(path: Any, *, what: str = "import path") -> None:
+    """Refuse ``path`` unless its module is under a prefix of ``flowgpu.trusted-modules`` (when set).
+
+    A prefix ``"mypkg"`` trusts ``mypkg`` and ``mypkg.sub``, not ``mypkgx``. Nothing is imported.
+    """
+    trusted = trusted_modules()
+    if trusted is None or not isinstance(path, str):
+        return
+    path = path.strip()
+    module = path.partition(":")[0] if ":" in path else path
+    if any(module == t or module.startswith(t.rstrip(".") + ".") for t in trusted if t):
+        return
+    listed = ", ".join(repr(t) for t in trusted) or "none"
+    suggested = module if ":" in path else path.rpartition(".")[0]
+    raise _fail(what, path, f"is outside the trusted modules ({listed}), so it was not imported",
+                f"trust it with --trust {suggested} (or flowgpu.trusted-modules in your dask config) "
+                "if you mean to run its code")
+
+
 def import_object(path: Any, *, what: str = "import path") -> Any:
     """The object at ``"package.module:name"`` (or ``"package.module.name"``).
 
-    The module is imported from ``sys.path`` (see :func:`add_import_dirs` for a spec's folder).
+    The module is imported from ``sys.path`` (see :func:`add_import_dirs` for a spec's folder),
+    only when it is trusted (:func:`check_trusted`): importing runs the module, and a spec that
+    names a callable runs it.
 
     Raises
     ------
@@ -239,6 +304,7 @@ def import_object(path: Any, *, what: str = "import path") -> Any:
     path = path.strip()
     if path.count(":") > 1 or (":" not in path and "." not in path):
         raise _fail(what, path, "is not an import path", form)
+    check_trusted(path, what=what)
     missing: str | None = None
     for module_name, attr in _candidates(path):
         if not module_name or not attr or not all(p.isidentifier() for p in (*module_name.split("."),
@@ -263,6 +329,9 @@ def import_object(path: Any, *, what: str = "import path") -> Any:
                 raise _fail(what, path, f"{owner!r} has no attribute {name!r}", fix)
             obj = getattr(obj, name)
             owner = f"{owner}.{name}"
+        seen = _recorded.get()
+        if seen is not None and (what, path) not in seen:
+            seen.append((what, path))
         return obj
     raise _fail(what, path, missing or "not found",
                 "check the spelling, that the package is installed (here and on the workers), or put the "

@@ -66,3 +66,28 @@ def test_import_object_errors_have_one_style(path, message):
     with pytest.raises(ImportPathError, match=message.replace("(", r"\(")):
         import_object(path, what="thing")
     assert import_object("os.path.join") is import_object("os.path:join")
+
+
+def test_trusted_modules_refuse_import_paths_outside_them_before_importing(tmp_path, monkeypatch):
+    (tmp_path / "noisy_mod_xyz.py").write_text("raise SystemExit('imported')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert registry.trusted_modules() is None and import_object("os:getcwd")  # the default: anything importable
+    with registry.trusting(["numpy", "os.path"]):
+        assert registry.trusted_modules() == ["numpy", "os.path"]
+        assert import_object("numpy.linalg:norm") and import_object("os.path.join")
+        for path in ("noisy_mod_xyz:f", "os:system", "numpyx:f", "os.pathx:f"):
+            with pytest.raises(ImportPathError, match=f"'{path}': is outside the trusted modules "
+                                                      r"\('numpy', 'os.path'\), so it was not imported"):
+                import_object(path, what="callable")
+    with registry.trusting([]):  # --trust not given: the setting as it is
+        assert registry.trusted_modules() is None
+
+
+def test_recording_imports_lists_each_path_once():
+    with registry.recording_imports() as seen:
+        import_object("os.path:join", what="function")
+        import_object("os.path:join", what="function")
+        import_object("numpy:sqrt", what="callable")
+    assert seen == [("function", "os.path:join"), ("callable", "numpy:sqrt")]
+    import_object("os:getcwd")
+    assert len(seen) == 2

@@ -10,25 +10,31 @@ signature becomes its options model.
 
 from __future__ import annotations
 
+import functools
 import inspect
+import warnings
 from collections.abc import Callable
 from typing import Any, Literal, Union
 
 import dask.array as da
 import numpy as np
-from pydantic import Field, field_validator
+from dask.base import tokenize
+from pydantic import Field, field_validator, model_validator
 
 from flowgpu import arrays
-from flowgpu.errors import ConfigError
+from flowgpu.arrays.creation import meta_for
+from flowgpu.errors import ConfigError, RunError
 from flowgpu.io.npy import from_npy
 from flowgpu.io.zarr import from_zarr
 from flowgpu.registry import Entry, Options, Registry, import_object, options_model
 
 __all__ = ["register_source", "get_source", "source_entry", "source_names", "open_source", "reads_files",
-           "SOURCES", "Chunks"]
+           "calls_user_code", "SOURCES", "Chunks"]
 
 Chunks = Union[Literal["auto"], int, str, list[Union[int, Literal["auto"], list[int]]]]
 READS_FILES = "reads_files"
+# A source that calls user code takes ``call=``: True only when a run compiles (validate and plan never call it).
+CALLS_USER_CODE = "calls_user_code"
 
 
 def _from_plugin(name: str, obj: Any) -> Entry | None:
@@ -38,24 +44,29 @@ def _from_plugin(name: str, obj: Any) -> Entry | None:
 SOURCES: Registry[Entry] = Registry("flowgpu.sources", "source", error=ConfigError, from_plugin=_from_plugin)
 
 
-def _entry(name: str, func: Callable, *, reads_files: bool = False, options: type | None = None) -> Entry:
+def _entry(name: str, func: Callable, *, reads_files: bool = False, options: type | None = None,
+           calls_user_code: bool = False) -> Entry:
     if not callable(func):
         raise ConfigError(f"source {name!r}: {func!r} is not callable")
-    model = options or options_model(name, func)
+    model = options or options_model(name, func, skip=("call",) if calls_user_code else ())
+    caps = {READS_FILES} if reads_files else set()
     return Entry(name, func, inspect.getdoc(model) or inspect.getdoc(func) or "", model,
-                 frozenset({READS_FILES} if reads_files else ()))
+                 frozenset(caps | ({CALLS_USER_CODE} if calls_user_code else set())))
 
 
 def register_source(name: str, func: Callable[..., da.Array], *, reads_files: bool = False,
-                    options: type | None = None, replace: bool = True) -> Entry:
+                    options: type | None = None, replace: bool = True, calls_user_code: bool = False) -> Entry:
     """Register ``func(**options) -> dask.array.Array`` as source ``name``.
 
     Parameters
     ----------
     reads_files : the source reads stored data (its bytes count as read in run summaries).
     options : a pydantic model of its options; default: one made from ``func``'s signature.
+    calls_user_code : the source runs code the spec names; it takes ``call=``, True only when a
+        run compiles the spec (``validate`` and ``plan`` pass False and must get a lazy stand-in).
     """
-    return SOURCES.add(_entry(name, func, reads_files=reads_files, options=options), replace=replace)
+    return SOURCES.add(_entry(name, func, reads_files=reads_files, options=options,
+                              calls_user_code=calls_user_code), replace=replace)
 
 
 def source_entry(name: str) -> Entry:
@@ -76,9 +87,19 @@ def reads_files(name: str) -> bool:
     return SOURCES.get(name).has(READS_FILES)
 
 
-def open_source(name: str, **options: Any) -> da.Array:
-    """The lazy array of source ``name`` configured by ``options``; nothing is read yet."""
-    return get_source(name)(**options)
+def calls_user_code(name: str) -> bool:
+    """Whether source ``name`` runs code the spec names (it is called with ``call=``)."""
+    return SOURCES.get(name).has(CALLS_USER_CODE)
+
+
+def open_source(name: str, *, call: bool = False, **options: Any) -> da.Array:
+    """The lazy array of source ``name`` configured by ``options``; nothing is read yet.
+
+    ``call``: a run is compiling, so a source that calls user code may call it (validate and plan
+    pass False and get a stand-in of the declared shape and dtype).
+    """
+    entry = SOURCES.get(name)
+    return entry(**options, call=call) if entry.has(CALLS_USER_CODE) else entry(**options)
 
 
 # -- the built-in sources' options ------------------------------------------------------------------
@@ -150,17 +171,51 @@ class NpyOptions(_Source):
 
 
 class PythonOptions(_Source):
-    """An array returned by a Python callable given by import path, ``package.module:function``."""
+    """An array returned by a Python callable given by import path, ``package.module:function``.
+
+    ``validate`` and ``plan`` never call it: they use the declared ``shape`` and ``dtype``, and only
+    ``run`` calls it (and checks its result against them). ``plan_call: true`` instead calls it at
+    plan time too, with a warning, and takes shape and dtype from what it returns.
+    """
 
     callable: str = Field(..., description="Import path of a function returning an array, e.g. 'mypkg.data:load'; "
                                            "modules beside the spec file are importable.")
     args: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for the callable.")
+    shape: list[int] | None = Field(None, description="Shape of the array the callable returns (validate and "
+                                                      "plan use it instead of calling it).")
+    dtype: str | None = Field(None, description="Dtype of the array the callable returns.")
+    plan_call: bool = Field(False, description="Call it at validate/plan time too (with a warning), instead of "
+                                               "declaring shape and dtype.")
 
     @field_validator("callable")
     @classmethod
     def _import_path(cls, v: str) -> str:
         _callable(v)
         return v
+
+    @field_validator("shape")
+    @classmethod
+    def _lengths(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None and any(s < 0 for s in v):
+            raise ValueError("shape lengths must be >= 0")
+        return v
+
+    @field_validator("dtype")
+    @classmethod
+    def _dtype(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                np.dtype(v)
+            except TypeError:
+                raise ValueError(f"{v!r} is not a dtype; give e.g. 'float64' or 'int32'") from None
+        return v
+
+    @model_validator(mode="after")
+    def _declared(self) -> "PythonOptions":
+        if not self.plan_call and (self.shape is None or self.dtype is None):
+            raise ValueError("declare the array the callable returns with 'shape' and 'dtype' (validate and plan "
+                             "never call it), or set 'plan_call: true' to call it at plan time too")
+        return self
 
 
 def _callable(path: str) -> Callable:
@@ -170,7 +225,32 @@ def _callable(path: str) -> Callable:
     return func
 
 
-def _python(callable: str, args: dict | None = None, chunks: Any = "auto") -> da.Array:  # noqa: A002
+def _not_called(path: str) -> None:
+    raise ConfigError(f"python source {path!r} is called only by a run (flowgpu run, pipeline.run); "
+                      "this array only stands for its declared shape and dtype")
+
+
+def _placeholder(path: str, shape: list[int], dtype: str, chunks: Any) -> da.Array:
+    """A lazy array of the declared shape and dtype that refuses to be computed (validate, plan)."""
+    dt = np.dtype(dtype)
+    normalized = arrays.resolve_chunks(chunks, tuple(shape), dt)
+    return da.map_blocks(functools.partial(_not_called, path), chunks=normalized, dtype=dt,
+                         meta=meta_for(dt, len(shape)), name=f"python-placeholder-{tokenize(path, shape, dt)}")
+
+
+def _check_declared(path: str, out: Any, shape: list[int] | None, dtype: str | None) -> None:
+    got_shape, got_dtype = [int(n) for n in out.shape], np.dtype(out.dtype)
+    if shape is not None and got_shape != list(shape):
+        raise ConfigError(f"callable {path!r} returned shape {got_shape}, but the spec declares {list(shape)}; "
+                          "fix 'shape' (or the callable's args)")
+    if dtype is not None and got_dtype != np.dtype(dtype):
+        raise ConfigError(f"callable {path!r} returned dtype {got_dtype}, but the spec declares "
+                          f"{np.dtype(dtype)}; fix 'dtype'")
+
+
+def _python(callable: str, args: dict | None = None, chunks: Any = "auto", shape: list[int] | None = None,  # noqa: A002
+            dtype: str | None = None, plan_call: bool = False, call: bool = False) -> da.Array:
+    """``call``: a run is compiling (call the function); else only ``plan_call`` calls it."""
     func = _callable(callable)
     try:
         inspect.signature(func).bind(**(args or {}))
@@ -178,11 +258,21 @@ def _python(callable: str, args: dict | None = None, chunks: Any = "auto") -> da
         raise ConfigError(f"{callable} does not take arguments {sorted(args or {})}: {e}") from None
     except ValueError:  # builtins without a signature
         pass
-    out = func(**(args or {}))
+    if not call and not plan_call:
+        return _placeholder(callable, shape, dtype, chunks)
+    if not call:
+        warnings.warn(f"python source {callable!r} is called at plan time (plan_call: true): validate and plan "
+                      "run its code", stacklevel=2)
+    try:
+        out = func(**(args or {}))
+    except Exception as e:  # noqa: BLE001 - the user's code failed: a failure while running, not a bad spec
+        raise RunError(f"python source {callable!r} raised {type(e).__name__}: {e}") from e
     if isinstance(out, da.Array):
+        _check_declared(callable, out, shape, dtype)
         return arrays.to_device(out if chunks in (None, "auto") else out.rechunk(chunks))
     if not hasattr(out, "shape") or not hasattr(out, "dtype"):
         out = np.asarray(out)
+    _check_declared(callable, out, shape, dtype)
     return arrays.from_array(out, chunks=chunks)
 
 
@@ -203,4 +293,4 @@ register_source("zarr", lambda path, component=None, chunks=None: from_zarr(path
                 reads_files=True, options=ZarrOptions)
 register_source("npy", lambda path, chunks="auto": from_npy(path, chunks=chunks), reads_files=True,
                 options=NpyOptions)
-register_source("python", _python, options=PythonOptions)
+register_source("python", _python, options=PythonOptions, calls_user_code=True)

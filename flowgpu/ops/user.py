@@ -18,12 +18,39 @@ from collections.abc import Callable
 from typing import Any
 
 import dask.array as da
+import numpy as np
+from dask.base import tokenize
 
-from flowgpu.errors import OpError
+from flowgpu.errors import OpError, RunError
 from flowgpu.ops._common import Array, DType, defop, dtype_arg, meta_like, same_backend
 from flowgpu.registry import import_object
 
 __all__ = ["map_blocks"]
+
+
+class _Checked:
+    """The user function, checking that each block it returns has the dtype and ndim the step declared
+    (dask never calls it to find them out: validate and plan run no user code)."""
+
+    def __init__(self, func: Callable, path: str, dtype: np.dtype, ndim: int):
+        self.func, self.path, self.dtype, self.ndim = func, path, dtype, ndim
+        self.__name__ = getattr(func, "__name__", "map_blocks")
+
+    def __call__(self, *blocks: Any, **kwargs: Any) -> Any:
+        try:
+            out = self.func(*blocks, **kwargs)
+        except Exception as e:
+            e.add_note(f"in map_blocks function {self.path!r}")  # the run's summary names the step from it
+            raise
+        dtype, ndim = getattr(out, "dtype", None), getattr(out, "ndim", None)
+        if dtype != self.dtype or ndim != self.ndim:
+            raise RunError(f"map_blocks function {self.path!r} returned a block of dtype {dtype} with {ndim} "
+                           f"dimension(s); the step declares dtype {self.dtype} (args.dtype; default: its "
+                           f"input's) and {self.ndim} dimension(s) (drop_axis/new_axis); declare what it returns")
+        return out
+
+    def __dask_tokenize__(self) -> Any:
+        return ("flowgpu-map-blocks", self.path, str(self.dtype), self.ndim, tokenize(self.func))
 
 
 def _axes(value: Any) -> list[int]:
@@ -47,7 +74,9 @@ def map_blocks(*arrays: Array, function: str, dtype: DType | None = None,
         ``"package.module:function"`` or ``"package.module.function"``; it must be importable on the
         workers too. Use ``flowgpu.backend.array_module(block)`` inside it to work on NumPy and CuPy.
     dtype : str, optional
-        The dtype of the result; when omitted dask calls the function on an empty block to find it.
+        The dtype of the blocks the function returns; default: the inputs' (their result type).
+        The function is never called to find it out (validate and plan run no user code), and a
+        block of another dtype fails the run with a message.
     drop_axis, new_axis : int or list of int, optional
         Axes the function removes from, or adds to, each block (as in ``dask.array.map_blocks``).
     chunks : list, optional
@@ -66,14 +95,14 @@ def map_blocks(*arrays: Array, function: str, dtype: DType | None = None,
         raise OpError(f"op 'map_blocks': {function!r} is a {type(func).__name__}, not a function")
     arrays = tuple(same_backend(*arrays))
     dt = dtype_arg("map_blocks", dtype)
+    dt = np.result_type(*(a.dtype for a in arrays)) if dt is None else dt
     drop, new = _axes(drop_axis), _axes(new_axis)
-    options: dict[str, Any] = {}
-    if dt is not None:
-        options["meta"] = meta_like(arrays[0], dt, arrays[0].ndim - len(drop) + len(new))
-        options["dtype"] = dt
+    ndim = max(a.ndim for a in arrays) - len(drop) + len(new)
+    options: dict[str, Any] = {"meta": meta_like(arrays[0], dt, ndim), "dtype": dt}
     if chunks is not None:
         options["chunks"] = tuple(tuple(c) if isinstance(c, list) else c for c in chunks)
     try:
-        return da.map_blocks(func, *arrays, drop_axis=drop, new_axis=new or None, **options, **(kwargs or {}))
+        return da.map_blocks(_Checked(func, function, dt, ndim), *arrays, drop_axis=drop, new_axis=new or None,
+                             **options, **(kwargs or {}))
     except (ValueError, TypeError) as e:
         raise OpError(f"op 'map_blocks': applying {function!r}: {e}") from None

@@ -14,16 +14,23 @@ from typing import Any
 from flowgpu.pipeline.build import from_dict, load
 from flowgpu.pipeline.compiler import Plan, compile
 from flowgpu.pipeline.planning import describe
-from flowgpu.pipeline.runner import RunResult, run
+from flowgpu.pipeline.runner import RunResult, check_outputs, run, session_options
 from flowgpu.pipeline.spec import Spec, json_schema
+from flowgpu.registry import recording_imports
 
-__all__ = ["Plan", "RunResult", "Spec", "compile", "describe", "from_dict", "json_schema", "load", "run",
+__all__ = ["Plan", "RunResult", "Spec", "compile", "describe", "from_dict", "imports", "json_schema", "load", "run",
            "validate"]
 
 
 def validate(spec: Spec | str | os.PathLike | dict, overrides: dict[str, Any] | None = None,
-             params_file: str | None = None) -> Spec:
-    """Check a spec completely (schema, references, includes, shapes and dtypes); runs nothing.
+             params_file: str | None = None, *, overwrite: bool = False, cluster: dict[str, Any] | None = None,
+             allow_spec_address: bool = False) -> Spec:
+    """Check a spec completely; refuses all that :func:`run` would refuse before computing, runs nothing.
+
+    That is the schema, references, includes, shapes and dtypes, the output paths (taken, given
+    twice, or holding the run's own files, as ``run(..., overwrite=overwrite)`` checks them) and the
+    ``cluster:`` block (as ``run(..., cluster=cluster, allow_spec_address=...)`` checks it). No user
+    code is called: ``python`` sources stand for their declared shape and dtype.
 
     Returns the validated :class:`Spec`; raises :class:`~flowgpu.errors.SpecError` otherwise.
     """
@@ -32,4 +39,16 @@ def validate(spec: Spec | str | os.PathLike | dict, overrides: dict[str, Any] | 
     elif isinstance(spec, dict):
         spec = from_dict(spec, overrides)
     compile(spec)
+    check_outputs(spec, overwrite, {params_file: f"the params file {params_file!r}"} if params_file else None)
+    session_options(spec, cluster, allow_spec_address)
     return spec
+
+
+def imports(spec: Spec | str | os.PathLike | dict, overrides: dict[str, Any] | None = None,
+            params_file: str | None = None, **checks: Any) -> tuple[Spec, list[tuple[str, str]]]:
+    """:func:`validate` ``spec`` and say what it would import: ``(what, "package.module:name")`` for
+    every callable it names (``python`` sources, ``map_blocks`` functions, in included specs too).
+    Running the spec runs them; ``flowgpu.trusted-modules`` limits where they may come from."""
+    with recording_imports() as seen:
+        checked = validate(spec, overrides, params_file, **checks)
+    return checked, list(seen)

@@ -9,6 +9,7 @@ not broadcast, a dtype it does not take) or whose result differs from its ``expe
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 import warnings
@@ -18,7 +19,7 @@ from typing import Any
 import dask.array as da
 import numpy as np
 
-from flowgpu.errors import ArgumentError, ConfigError, FlowgpuError, SpecError
+from flowgpu.errors import ArgumentError, ConfigError, FlowgpuError, ImportPathError, RunError, SpecError
 from flowgpu.fusion import fused_elementwise
 from flowgpu.io import sinks, sources
 from flowgpu.ops import registry
@@ -73,11 +74,13 @@ def _origin(spec: Spec) -> Origin:
     return spec._origin
 
 
-def _open_input(spec: Spec, name: str, smap: SourceMap) -> da.Array:
+def _open_input(spec: Spec, name: str, smap: SourceMap, for_run: bool) -> da.Array:
     model = spec.inputs[name]
     options = model.model_dump(exclude={"source"})
     try:
-        return sources.open_source(model.source, **options)
+        return sources.open_source(model.source, call=for_run, **options)
+    except RunError:
+        raise  # the user's callable failed while a run compiled: not a problem of the spec
     except (FlowgpuError, ValueError, TypeError, OSError, ImportError) as e:
         raise smap.error(f"input {name!r} ({model.source}) cannot be opened: {e}", ("inputs", name),
                          hint="check its path, shape, dtype and chunks") from None
@@ -120,6 +123,9 @@ def _call_op(spec: Spec, name: str, op: registry.Op, values: dict[str, Any], sma
                              hint=f"its signature is {op.name}{op.signature}") from None
     try:
         out = op(*args, **kwargs)
+    except ImportPathError as e:  # point at the argument that names it (e.g. map_blocks' function)
+        arg = next((k for k, v in step.args.items() if isinstance(v, str) and repr(v.strip()) in str(e)), None)
+        raise smap.error(f"step {name!r} (op {op.name!r}): {e}", where + (("args", arg) if arg else ())) from None
     except (FlowgpuError, ValueError, TypeError, IndexError, NotImplementedError) as e:
         given = ", ".join(_describe(a) for a in (*args, *kwargs.values()) if isinstance(a, da.Array))
         raise smap.error(f"step {name!r} (op {op.name!r}) fails on its inputs ({given}): {e}", where,
@@ -171,14 +177,18 @@ def _lookup(values: dict[str, Any], ref: str) -> Any:
 
 
 def _build_graph(spec: Spec, smap: SourceMap, names: list[str], bindings: dict[str, da.Array],
-                 stack: tuple[str, ...], fusion: FusionPlan | None, fused_fn) -> tuple[dict, dict, dict]:
+                 stack: tuple[str, ...], fusion: FusionPlan | None, fused_fn, opened: dict[str, da.Array],
+                 for_run: bool) -> tuple[dict, dict, dict]:
+    """``opened``: inputs opened by an earlier build of the same spec (a source is opened once)."""
     values: dict[str, Any] = {}
     nodes: dict[str, Node] = {}
     children: dict[str, Plan] = {}
     for name in names:
         if name in spec.inputs:
             src = spec.inputs[name].source
-            x = bindings[name] if name in bindings else _open_input(spec, name, smap)
+            if name not in bindings and name not in opened:
+                opened[name] = _open_input(spec, name, smap, for_run)
+            x = bindings[name] if name in bindings else opened[name]
             values[name] = x
             nodes[name] = Node(name, "input", "bound" if name in bindings else src, x,
                                reads_files=name not in bindings and sources.reads_files(src))
@@ -186,7 +196,8 @@ def _build_graph(spec: Spec, smap: SourceMap, names: list[str], bindings: dict[s
         step = spec.steps[name]
         deps = sorted({ref.split(".")[0] for _, ref in step_refs(spec, name)})
         if step.uses is not None:
-            child = compose.compile_uses(spec, name, smap, values, stack, compile_spec=_compile)
+            child = compose.compile_uses(spec, name, smap, values, stack,
+                                         compile_spec=functools.partial(_compile, for_run=for_run))
             children[name] = child
             values[name] = dict(child.outputs)
             nodes[name] = Node(name, "uses", step.uses, None, deps)
@@ -244,12 +255,13 @@ def _output_arrays(spec: Spec, values: dict, smap: SourceMap) -> dict[str, da.Ar
 
 
 def _compile(spec: Spec, bindings: dict[str, da.Array] | None = None, stack: tuple[str, ...] = (),
-             fuse: bool = True) -> Plan:
+             fuse: bool = True, for_run: bool = False) -> Plan:
     origin = _origin(spec)
     smap = origin.smap
     names = order(spec, smap)
     bindings = bindings or {}
-    values, nodes, children = _build_graph(spec, smap, names, bindings, stack, None, None)
+    opened: dict[str, da.Array] = {}
+    values, nodes, children = _build_graph(spec, smap, names, bindings, stack, None, None, opened, for_run)
     outputs = _output_arrays(spec, values, smap)
     plan = Plan(spec, nodes, names, values, outputs, FusionPlan(), False, dict(origin.params), children)
     fused_fn = fused_elementwise if fuse else None
@@ -264,7 +276,7 @@ def _compile(spec: Spec, bindings: dict[str, da.Array] | None = None, stack: tup
     if not fusion.roots:
         return plan
     try:
-        f_values, f_nodes, _ = _build_graph(spec, smap, names, bindings, stack, fusion, fused_fn)
+        f_values, f_nodes, _ = _build_graph(spec, smap, names, bindings, stack, fusion, fused_fn, opened, for_run)
         f_outputs = _output_arrays(spec, f_values, smap)
         for k, x in f_outputs.items():
             if x.shape != outputs[k].shape or x.dtype != outputs[k].dtype:
@@ -288,8 +300,8 @@ def _compile(spec: Spec, bindings: dict[str, da.Array] | None = None, stack: tup
 
 
 def compile(spec: Spec | str | os.PathLike | dict, params: dict[str, Any] | None = None, *,
-            overrides: dict[str, Any] | None = None, fuse: bool = True) -> Plan:  # noqa: A001
-    """Build and check the lazy graph of ``spec``; starts no cluster, computes nothing.
+            overrides: dict[str, Any] | None = None, fuse: bool = True, for_run: bool = False) -> Plan:  # noqa: A001
+    """Build and check the lazy graph of ``spec``; starts no cluster, computes nothing, calls no user code.
 
     Parameters
     ----------
@@ -297,6 +309,8 @@ def compile(spec: Spec | str | os.PathLike | dict, params: dict[str, Any] | None
     params : param values to use instead of the spec's defaults, e.g. ``{"n": 1000}``.
     overrides : other dotted keys to set, as ``--set`` does.
     fuse : fuse chains of elementwise steps into one kernel per chunk.
+    for_run : compile for a run: ``python`` sources call their callable (only ``run`` passes True;
+        otherwise they stand for their declared shape and dtype, unless ``plan_call: true``).
 
     Returns
     -------
@@ -312,7 +326,7 @@ def compile(spec: Spec | str | os.PathLike | dict, params: dict[str, Any] | None
         origin = _origin(spec)
         spec = build(origin.raw, origin.smap, {**origin.overrides, **extra})
     try:
-        return _compile(spec, fuse=fuse)
+        return _compile(spec, fuse=fuse, for_run=for_run)
     except ConfigError as e:  # e.g. bad chunks
         raise SpecError(str(e), file=_origin(spec).file, line=1, col=1, path="<document>",
                         hint="check the spec's inputs and args") from None

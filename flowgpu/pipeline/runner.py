@@ -1,16 +1,18 @@
 """Running a pipeline: one Dask graph for all outputs, submitted to a Session, written atomically.
 
 1. load and compile the spec (pure; any problem is a :class:`SpecError` and nothing runs);
-2. refuse output paths that hold data flowgpu did not write (unless ``overwrite``);
-3. use the given (or current) Session, or start one from the spec's ``cluster:`` block;
+2. refuse output paths that hold data flowgpu did not write (unless ``overwrite``), or that are or
+   contain the run's own files (:mod:`flowgpu.pipeline.checks`);
+3. use the given (or current) Session, or start one from the spec's ``cluster:`` block (whose
+   address or open dashboard needs ``allow_spec_address``);
 4. compile again inside the session (CuPy chunks on GPUs, chunks sized for its workers), set up
    every output's write under a temporary name, compute all of them together, and move them into
-   place only when all succeeded. A failure removes the temporaries and raises :class:`RunError`.
+   place only when all succeeded. A failure removes the temporaries and raises :class:`RunError`
+   (and still writes ``summary_path``, with what failed: :mod:`flowgpu.pipeline.outcome`).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from dataclasses import dataclass, field
@@ -21,14 +23,16 @@ from rich.console import Console
 from flowgpu import __version__, runtime
 from flowgpu.backend import current_backend
 from flowgpu.diagnostics import compute_with_progress, render_summary
-from flowgpu.errors import ConfigError, FlowgpuError, OutputExistsError, RunError
+from flowgpu.errors import ConfigError, FlowgpuError, RunError
 from flowgpu.io import sinks
 from flowgpu.pipeline.build import build, from_dict, load, read_params_file
 from flowgpu.pipeline.compiler import Plan, compile
+from flowgpu.pipeline.checks import check_outputs, protected_paths, session_options
+from flowgpu.pipeline.outcome import failure_summary, write_json
 from flowgpu.pipeline.planning import graph_size
 from flowgpu.pipeline.spec import Spec
 
-__all__ = ["RunResult", "run", "check_outputs", "session_options"]
+__all__ = ["RunResult", "run", "check_outputs", "protected_paths", "session_options"]
 
 
 @dataclass
@@ -40,34 +44,8 @@ class RunResult:
     plan: Plan | None = field(default=None, repr=False)
 
 
-def check_outputs(spec: Spec, overwrite: bool = False) -> None:
-    """Refuse, before anything runs, output paths that are taken or given twice."""
-    smap = spec._origin.smap
-    seen: dict[str, str] = {}
-    for name, out in spec.outputs.items():
-        if out.path is None:
-            continue
-        path = os.path.abspath(out.path)
-        if path in seen:
-            raise smap.error(f"outputs {seen[path]!r} and {name!r} both write {out.path!r}", ("outputs", name, "path"),
-                             hint="give each output its own path")
-        seen[path] = name
-        try:
-            sinks.check_destination(path, overwrite)
-        except OutputExistsError as e:
-            raise smap.error(str(e).split(";")[0], ("outputs", name, "path"),
-                             hint="choose another path, or pass --overwrite (overwrite=True) to replace it") from None
-
-
-def session_options(spec: Spec, cluster: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Session keyword arguments: the spec's ``cluster:`` block, then ``cluster`` (CLI) overrides."""
-    opts = {k: v for k, v in spec.cluster.model_dump().items() if v is not None}
-    opts.update({k: v for k, v in (cluster or {}).items() if v is not None})
-    return opts
-
-
-def _start_session(spec: Spec, cluster: dict[str, Any] | None):
-    opts = session_options(spec, cluster)
+def _start_session(spec: Spec, cluster: dict[str, Any] | None, allow_spec_address: bool = False):
+    opts = session_options(spec, cluster, allow_spec_address)
     address = opts.pop("address", None)
     try:
         return runtime.Session(address, **opts)
@@ -103,7 +81,7 @@ def _disk_bytes(path: str) -> int:
 def run(spec: Spec | str | os.PathLike | dict, *, overrides: dict[str, Any] | None = None, params_file: str | None = None,
         session: Any = None, overwrite: bool = False, summary_path: str | None = None,
         cluster: dict[str, Any] | None = None, console: Console | None = None, progress: bool = True,
-        on_session: Any = None) -> RunResult:
+        on_session: Any = None, allow_spec_address: bool = False) -> RunResult:
     """Run a pipeline and return its outputs and summary.
 
     Parameters
@@ -115,20 +93,37 @@ def run(spec: Spec | str | os.PathLike | dict, *, overrides: dict[str, Any] | No
         the spec's ``cluster:`` block (and closed at the end). ``"local"`` runs on dask's threaded
         scheduler in this process, with no cluster (small runs and tests).
     overwrite : replace output paths that hold data flowgpu did not write.
-    summary_path : also write the summary as JSON there.
+    summary_path : also write the summary as JSON there (atomically); a failed run writes one too,
+        with ``status: "failed"``, the error, the step it came from when known, and what was written.
     cluster : Session options overriding the spec's ``cluster:`` block (``--scheduler``, ``--gpus``).
     console : where to print progress and the summary (default: stderr); ``progress=False`` is quiet.
     on_session : called with the session once it is ready (the CLI prints the dashboard link).
+    allow_spec_address : let the spec's ``cluster.address`` (another scheduler) or a dashboard open to
+        the network take effect; without it they are refused (see :func:`session_options`).
     """
     console = console or Console(stderr=True, quiet=not progress)
-    if isinstance(spec, (str, os.PathLike)):
-        spec = load(spec, overrides, params_file)
-    elif isinstance(spec, dict):
-        spec = from_dict(spec, {**(read_params_file(params_file) if params_file else {}), **(overrides or {})})
-    elif overrides or params_file:
-        merged = {**spec._origin.overrides, **(read_params_file(params_file) if params_file else {}),
-                  **(overrides or {})} if spec._origin else dict(overrides or {})
-        spec = build(spec._origin.raw, spec._origin.smap, merged)
+    started = time.perf_counter()
+    state: dict[str, Any] = {"written": {}}
+    try:
+        if isinstance(spec, (str, os.PathLike)):
+            spec = load(spec, overrides, params_file)
+        elif isinstance(spec, dict):
+            spec = from_dict(spec, {**(read_params_file(params_file) if params_file else {}), **(overrides or {})})
+        elif overrides or params_file:
+            merged = {**spec._origin.overrides, **(read_params_file(params_file) if params_file else {}),
+                      **(overrides or {})} if spec._origin else dict(overrides or {})
+            spec = build(spec._origin.raw, spec._origin.smap, merged)
+        return _run(spec, session, overwrite, summary_path, cluster, console, progress, on_session,
+                    allow_spec_address, params_file, state)
+    except BaseException as e:
+        if summary_path:
+            write_json(summary_path, failure_summary(spec, state, e, time.perf_counter() - started))
+        raise
+
+
+def _run(spec: Spec, session: Any, overwrite: bool, summary_path: str | None, cluster: dict[str, Any] | None,
+         console: Console, progress: bool, on_session: Any, allow_spec_address: bool, params_file: str | None,
+         state: dict[str, Any]) -> RunResult:
     own = None
     if isinstance(session, str):
         if session != "local":
@@ -138,23 +133,25 @@ def run(spec: Spec | str | os.PathLike | dict, *, overrides: dict[str, Any] | No
         session = runtime.current_session()
     if session is None:
         compile(spec)  # every check before any cluster starts (_execute checks again inside it)
-    check_outputs(spec, overwrite)
+    check_outputs(spec, overwrite, {params_file: f"the params file {params_file!r}"} if params_file else None)
     if session is None:
-        own = session = _start_session(spec, cluster)
+        own = session = _start_session(spec, cluster, allow_spec_address)
     try:
         if on_session is not None:
             on_session(session)
-        return _execute(spec, session, overwrite, summary_path, console, progress)
+        return _execute(spec, session, overwrite, summary_path, console, progress, state)
     finally:
         if own is not None:
             own.close()
 
 
 def _execute(spec: Spec, session: Any, overwrite: bool, summary_path: str | None, console: Console,
-             progress: bool) -> RunResult:
+             progress: bool, state: dict[str, Any]) -> RunResult:
     start = time.perf_counter()
     moves_before = _memory_moves(session)
-    plan = compile(spec)  # inside the session (its backend and chunk sizes), before anything is written
+    # inside the session (its backend and chunk sizes), before anything is written; python sources
+    # are called here, and only here
+    plan = state["plan"] = compile(spec, for_run=True)
     pending: dict[str, sinks.PendingWrite] = {}
     status = "failed"
     try:
@@ -173,6 +170,8 @@ def _execute(spec: Spec, session: Any, overwrite: bool, summary_path: str | None
         for (name, p), result in zip(pending.items(), results):
             in_summary = sinks.sink_entry(p.sink).has(sinks.IN_SUMMARY)
             values[name] = sinks.to_summary_value(result) if in_summary else p.commit()
+            if not in_summary:
+                state["written"][name] = values[name]  # moved into place (a failed run's summary says so)
         status = "ok"
     except BaseException:
         for p in pending.values():
@@ -183,8 +182,7 @@ def _execute(spec: Spec, session: Any, overwrite: bool, summary_path: str | None
     summary = _summary(spec, plan, session, values, wall, status)
     summary["memory"] = _moves_delta(moves_before, _memory_moves(session))
     if summary_path:
-        with open(summary_path, "w") as f:
-            json.dump(summary, f, indent=2, default=str)
+        write_json(summary_path, summary)
     render_summary(summary, console)
     return RunResult(values, summary, plan)
 
@@ -241,5 +239,3 @@ def _summary(spec: Spec, plan: Plan, session: Any, values: dict, wall: float, st
         "session": {k: info.get(k) for k in ("backend", "n_workers", "threads_per_worker", "address", "dashboard")},
         "outputs": outputs,
     }
-
-

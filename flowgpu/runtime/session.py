@@ -16,6 +16,7 @@ import logging
 import threading
 import warnings
 from typing import Any
+from urllib.parse import urlsplit
 
 import dask.config
 import psutil
@@ -203,7 +204,14 @@ class Session:
             info = self.client.scheduler_info()
             if "dashboard" not in info.get("services", {}):
                 return None
-            return self.client.dashboard_link
+            # dask's link names the scheduler's host; say where the dashboard really listens
+            # (0.0.0.0 when it is open to the network)
+            hosts = self.client.run_on_scheduler(_dashboard_hosts)
+            link = urlsplit(self.client.dashboard_link)
+            if not hosts or link.hostname in hosts:
+                return link.geturl()
+            host = f"[{hosts[0]}]" if ":" in hosts[0] else hosts[0]
+            return link._replace(netloc=f"{host}:{link.port}" if link.port else host).geturl()
         except Exception:
             return None
 
@@ -284,6 +292,12 @@ class Session:
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"{self.n_workers} worker(s)"
         return f"<flowgpu.Session backend={getattr(self, 'backend', '?')} {state} dashboard={self.dashboard_link}>"
+
+
+def _dashboard_hosts(dask_scheduler: Any = None) -> list[str]:
+    """The addresses the scheduler's dashboard listens on (run on the scheduler)."""
+    server = getattr(dask_scheduler, "http_server", None)
+    return [str(sock.getsockname()[0]) for sock in getattr(server, "_sockets", {}).values()]
 
 
 def worker_budget(workers: dict[str, dict], backend: str) -> int:

@@ -73,7 +73,8 @@ def test_pipeline_summary_reports_what_the_run_moved_between_tiers(rng):
     seed = int(rng.integers(2**31))
     x = da.random.default_rng(seed).standard_normal(2**25, chunks=2**20)  # 256 MiB of float64, 8 MiB chunks
     spec = {"version": 1, "name": "spilled", "inputs": {"x": {"source": "python", "callable": f"{__name__}:held",
-                                                               "args": {"name": "x"}}},
+                                                               "args": {"name": "x"}, "shape": [2**25],
+                                                               "dtype": "float64"}},
             "steps": {"total": {"op": "sum", "inputs": ["x"]}}, "outputs": {"total": {"from": "total"}}}
     with flowgpu.Session(backend="cpu", n_workers=1, threads_per_worker=1, memory_limit="200MB",
                          dashboard_address=None) as s:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from flowgpu.backend import array_module
-from flowgpu.errors import ImportPathError, OpError
+from flowgpu.errors import ImportPathError, OpError, RunError
 from flowgpu.ops import get
 from flowgpu.registry import import_object
 from tests.ops.conftest import chunked, computed
@@ -87,3 +87,40 @@ def test_not_callable(rng):
 
     with pytest.raises(OpError, match="not a function"):
         get("map_blocks")(da.from_array(rng.random(4)), function="math:pi")
+
+
+CALLED = {"n": 0}
+
+
+def counted_half(block):
+    CALLED["n"] += 1
+    return (block / 2).astype("float32")
+
+
+def test_map_blocks_never_calls_the_function_to_build_the_graph(rng, backend):
+    a = rng.normal(size=(11, 6))
+    CALLED["n"] = 0
+    out = get("map_blocks")(chunked(a, (4, 6), backend), function="tests.ops.test_user:counted_half", dtype="float32")
+    assert CALLED["n"] == 0 and out.dtype == np.float32  # dask took dtype and meta from the step
+    np.testing.assert_allclose(computed(out, backend), a / 2, rtol=1e-6)
+    assert CALLED["n"] == 3
+
+
+def test_map_blocks_takes_its_inputs_dtype_by_default_and_refuses_blocks_of_another(rng):
+    import dask.array as da
+
+    a = rng.normal(size=(9,))
+    CALLED["n"] = 0
+    out = get("map_blocks")(da.from_array(a, chunks=4), function="tests.ops.test_user:counted_half")
+    assert out.dtype == np.float64 and CALLED["n"] == 0
+    with pytest.raises(RunError, match="returned a block of dtype float32 .* the step declares dtype float64"):
+        out.compute(scheduler="sync")
+
+
+def test_an_exception_of_the_function_names_it(rng):
+    import dask.array as da
+
+    out = get("map_blocks")(da.from_array(rng.random(4), chunks=2), function="numpy:reshape", kwargs={"newshape": 7})
+    with pytest.raises((TypeError, ValueError)) as e:
+        out.compute(scheduler="sync")
+    assert "in map_blocks function 'numpy:reshape'" in "".join(getattr(e.value, "__notes__", []))

@@ -94,12 +94,12 @@ def test_python_callable_and_tuple_results(rng):
     seed = int(rng.integers(1 << 30))
     spec = {
         "inputs": {"m": {"source": "python", "callable": "tests.pipeline.helpers:make_matrix",
-                         "args": {"rows": 9, "cols": 4, "seed": seed}}},
+                         "args": {"rows": 9, "cols": 4, "seed": seed}, "shape": [9, 4], "dtype": "float64"}},
         "steps": {"parts": {"op": "test_split", "inputs": ["m"], "args": {"at": 3}},
                   "head_sum": {"op": "sum", "inputs": ["parts.0"]}},
         "outputs": {"head": {"from": "head_sum"}, "tail": {"from": "parts.1"}},
     }
-    plan = pipeline.compile(spec)
+    plan = pipeline.compile(spec, for_run=True)  # as a run compiles it: the callable is called
     m = helpers.make_matrix(9, 4, seed)
     np.testing.assert_allclose(plan.outputs["head"].compute(), m[:3].sum())
     np.testing.assert_allclose(plan.outputs["tail"].compute(), m[3:])

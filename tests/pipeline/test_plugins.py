@@ -63,7 +63,7 @@ def wave(n: int):
 SPEC = """\
 inputs:
   r: {{source: ramp, n: {n}, step: {step}, start: {start}}}
-  w: {{source: python, callable: "beside_mod:wave", args: {{n: {n}}}}}
+  w: {{source: python, callable: "beside_mod:wave", args: {{n: {n}}}, shape: [{n}], dtype: float64}}
 steps:
   s: {{op: add, inputs: [r, w]}}
 outputs:

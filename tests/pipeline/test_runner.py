@@ -11,6 +11,7 @@ import zarr
 
 import tests.pipeline.helpers  # noqa: F401  (registers the test ops)
 from flowgpu import pipeline
+from flowgpu.pipeline import runner
 from flowgpu.errors import RunError, SpecError
 from flowgpu.io.atomic import written_by_flowgpu
 
@@ -93,3 +94,69 @@ def test_summary_outputs_must_be_small(tmp_path):
     with pytest.raises(SpecError, match="holds at most 10000") as e:
         pipeline.run(spec, session="local", progress=False)
     assert e.value.path == "outputs.x"
+
+
+def test_a_failed_run_writes_its_summary_naming_the_step(tmp_path, x_file):
+    _, path = x_file
+    spec = spec_for(tmp_path, path)
+    spec["steps"]["c"] = {"op": "map_blocks", "inputs": ["x"], "args": {"function": "tests.pipeline.helpers:_explode"}}
+    with pytest.raises(RunError, match="boom while running"):
+        pipeline.run(spec, session="local", progress=False, summary_path=str(tmp_path / "run.json"))
+    summary = json.loads((tmp_path / "run.json").read_text())
+    assert summary["status"] == "failed" and "boom while running" in summary["error"]
+    assert summary["step"] == "c" and summary["error_type"] == "RunError"
+    assert summary["written"] == [] and summary["not_written"] == ["n", "s", "z"]
+    assert not (tmp_path / "out" / "c.npy").exists()
+    assert [f for f in os.listdir(tmp_path) if f.startswith(".run.json")] == []  # written atomically
+
+
+def test_a_spec_error_in_the_summary_names_its_step(tmp_path, x_file):
+    _, path = x_file
+    spec = spec_for(tmp_path, path)
+    spec["steps"]["s"]["args"]["axis"] = 5
+    with pytest.raises(SpecError):
+        pipeline.run(spec, session="local", progress=False, summary_path=str(tmp_path / "run.json"))
+    summary = json.loads((tmp_path / "run.json").read_text())
+    assert summary["status"] == "failed" and summary["step"] == "s"
+
+
+@pytest.mark.parametrize("address, loopback", [
+    ("127.0.0.1:8787", True), ("localhost:0", True), ("[::1]:8787", True), ("tcp://127.0.0.2:1", True),
+    ("0.0.0.0:0", False), (":8787", False), ("8787", False), ("[::]:0", False), ("10.0.0.5:8787", False),
+    ("example.org:8787", False),
+])
+def test_loopback_addresses(address, loopback):
+    from flowgpu.pipeline.checks import _loopback
+
+    assert _loopback(address) is loopback
+
+
+def test_session_options_refuse_a_spec_address_unless_confirmed():
+    spec = pipeline.validate({"inputs": {"x": {"source": "random", "shape": [4]}}, "outputs": {"x": {"from": "x"}},
+                              "cluster": {"address": "tcp://10.9.8.7:8786", "n_workers": 2}},
+                             allow_spec_address=True)
+    with pytest.raises(SpecError, match="sends this run, and its data, to the scheduler at") as e:
+        runner.session_options(spec)
+    assert e.value.path == "cluster.address"
+    assert runner.session_options(spec, allow_spec_address=True)["address"] == "tcp://10.9.8.7:8786"
+    assert runner.session_options(spec, {"address": "tcp://10.9.8.7:8786"})["n_workers"] == 2
+    assert runner.session_options(spec, {"address": "tcp://127.0.0.1:1"})["address"] == "tcp://127.0.0.1:1"
+    with pytest.raises(SpecError, match="sends this run"):
+        pipeline.validate(spec)
+    confirmed = pipeline.validate({**spec.model_dump(by_alias=True)}, {"cluster.address": "tcp://10.9.8.7:8786"})
+    assert runner.session_options(confirmed)["address"] == "tcp://10.9.8.7:8786"  # set on the command line
+
+
+def test_protected_paths_and_outputs_that_contain_them(tmp_path, x_file, monkeypatch):
+    _, path = x_file
+    monkeypatch.chdir(tmp_path)
+    spec = pipeline.validate(spec_for(tmp_path, path))
+    protected = runner.protected_paths(spec)
+    assert protected[os.path.realpath(tmp_path)] == "the working directory"
+    assert protected[os.path.realpath(path)] == f"input 'x' ({path})"
+    data = spec_for(tmp_path, path)
+    data["outputs"]["n"]["path"] = str(tmp_path / "x.npy")
+    with pytest.raises(SpecError, match="which is input 'x'") as e:
+        pipeline.run(data, session="local", progress=False, overwrite=True)
+    assert e.value.path == "outputs.n.path"
+    assert (tmp_path / "x.npy").exists()
