@@ -15,6 +15,7 @@ import itertools
 import os
 import secrets
 from collections.abc import Callable
+from typing import Any
 
 import dask.array as da
 import numpy as np
@@ -68,8 +69,10 @@ def _numba_chain():
     return f
 
 
-def _yaml_inputs(name: str, dtype: str = "float32") -> dict:
-    return {"source": "python", "callable": "benchmarks.suite.data:shared", "args": {"name": name}}
+def _yaml_inputs(name: str, x: Any) -> dict:
+    """A python source for the shared array ``x``, declaring its shape and dtype (specs never call it to find out)."""
+    return {"source": "python", "callable": "benchmarks.suite.data:shared", "args": {"name": name},
+            "shape": list(x.shape), "dtype": str(x.dtype)}
 
 
 # ====================================================================== workloads
@@ -117,7 +120,7 @@ def _yaml_column(ctx: Context, w: Workload, arrays: dict, name: str, steps: dict
     if why:
         w.skip("flowgpu YAML", why)
         return
-    spec = {"version": 1, "name": name, "inputs": {k: _yaml_inputs(k) for k in arrays},
+    spec = {"version": 1, "name": name, "inputs": {k: _yaml_inputs(k, v) for k, v in arrays.items()},
             "steps": steps, "outputs": {output: {"from": output}}}
     data.ARRAYS.update(arrays)
     try:
