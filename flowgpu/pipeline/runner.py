@@ -2,14 +2,17 @@
 
 1. load and compile the spec (pure; any problem is a :class:`SpecError` and nothing runs);
 2. refuse output paths that hold data flowgpu did not write (unless ``overwrite``);
-3. use the given (or current) Session, or start one from the spec's ``cluster:`` block;
-4. compile again inside the session (CuPy chunks on GPUs, chunks sized for its workers), set up
-   every output's write under a temporary name, compute all of them together, and move them into
-   place only when all succeeded. A failure removes the temporaries and raises :class:`RunError`.
+3. hold every output path's write lock (one run per output; waiting, or failing with
+   ``wait=False``), which also finishes commits that dead runs left half-done there;
+4. use the given (or current) Session, or start one from the spec's ``cluster:`` block;
+5. compile again inside the session (CuPy chunks on GPUs, chunks sized for its workers), stage
+   every output's write, compute all of them together, and commit them in one transaction (all
+   new or all old) only when all succeeded. A failure removes the staging and raises :class:`RunError`.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import time
@@ -21,8 +24,8 @@ from rich.console import Console
 from flowgpu import __version__, runtime
 from flowgpu.backend import current_backend
 from flowgpu.diagnostics import compute_with_progress, render_summary
-from flowgpu.errors import ConfigError, FlowgpuError, OutputExistsError, RunError
-from flowgpu.io import sinks
+from flowgpu.errors import ConfigError, FlowgpuError, OutputError, OutputExistsError, RunError
+from flowgpu.io import faults, sinks
 from flowgpu.pipeline.build import build, from_dict, load, read_params_file
 from flowgpu.pipeline.compiler import Plan, compile
 from flowgpu.pipeline.planning import graph_size
@@ -103,7 +106,7 @@ def _disk_bytes(path: str) -> int:
 def run(spec: Spec | str | os.PathLike | dict, *, overrides: dict[str, Any] | None = None, params_file: str | None = None,
         session: Any = None, overwrite: bool = False, summary_path: str | None = None,
         cluster: dict[str, Any] | None = None, console: Console | None = None, progress: bool = True,
-        on_session: Any = None) -> RunResult:
+        on_session: Any = None, wait: bool = True) -> RunResult:
     """Run a pipeline and return its outputs and summary.
 
     Parameters
@@ -119,6 +122,8 @@ def run(spec: Spec | str | os.PathLike | dict, *, overrides: dict[str, Any] | No
     cluster : Session options overriding the spec's ``cluster:`` block (``--scheduler``, ``--gpus``).
     console : where to print progress and the summary (default: stderr); ``progress=False`` is quiet.
     on_session : called with the session once it is ready (the CLI prints the dashboard link).
+    wait : when another run is writing one of the outputs, wait for it (a line on stderr says so);
+        ``False`` (``--no-wait``): fail at once with :class:`OutputLockedError`.
     """
     console = console or Console(stderr=True, quiet=not progress)
     if isinstance(spec, (str, os.PathLike)):
@@ -139,15 +144,16 @@ def run(spec: Spec | str | os.PathLike | dict, *, overrides: dict[str, Any] | No
     if session is None:
         compile(spec)  # every check before any cluster starts (_execute checks again inside it)
     check_outputs(spec, overwrite)
-    if session is None:
-        own = session = _start_session(spec, cluster)
-    try:
-        if on_session is not None:
-            on_session(session)
-        return _execute(spec, session, overwrite, summary_path, console, progress)
-    finally:
-        if own is not None:
-            own.close()
+    with sinks.hold_outputs([o.path for o in spec.outputs.values() if o.path is not None], wait):
+        if session is None:
+            own = session = _start_session(spec, cluster)
+        try:
+            if on_session is not None:
+                on_session(session)
+            return _execute(spec, session, overwrite, summary_path, console, progress)
+        finally:
+            if own is not None:
+                own.close()
 
 
 def _execute(spec: Spec, session: Any, overwrite: bool, summary_path: str | None, console: Console,
@@ -162,17 +168,25 @@ def _execute(spec: Spec, session: Any, overwrite: bool, summary_path: str | None
             out = spec.outputs[name]
             pending[name] = sinks.prepare_write(out.sink, x, out.path, overwrite, **out.sink_options())
         targets = [p.target for p in pending.values()]
+        faults.point("after-prepare")
         try:
             results = compute_with_progress(targets, client=getattr(session, "client", None), console=console,
                                             show=progress, description=spec.name)
         except FlowgpuError:
             raise
+        except OSError as e:
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+                raise RunError(f"pipeline {spec.name!r} failed while running: {type(e).__name__}: {e}") from e
+            paths = ", ".join(repr(p.location) for p in pending.values() if p.location)
+            raise OutputError(f"pipeline {spec.name!r} failed writing its outputs ({paths}): {e.strerror}; free "
+                              "space there or choose a path on another filesystem. Nothing was replaced") from e
         except Exception as e:
             raise RunError(f"pipeline {spec.name!r} failed while running: {type(e).__name__}: {e}") from e
         values = {}
-        for (name, p), result in zip(pending.items(), results):
+        locations = sinks.commit_all(list(pending.values()))  # one transaction: all new or all old
+        for (name, p), result, location in zip(pending.items(), results, locations):
             in_summary = sinks.sink_entry(p.sink).has(sinks.IN_SUMMARY)
-            values[name] = sinks.to_summary_value(result) if in_summary else p.commit()
+            values[name] = sinks.to_summary_value(result) if in_summary else location
         status = "ok"
     except BaseException:
         for p in pending.values():
