@@ -23,7 +23,7 @@ from flowgpu.io import faults
 from flowgpu.io.journal import (MARKER, STAGE_TAG, Output, Transaction, journals_in, marker_path, new_id,
                                 recover_journal, referenced_stages, remove, stage_dir, stages_in,
                                 written_by_flowgpu)
-from flowgpu.io.lock import OutputLock, alive, describe, held, owner
+from flowgpu.io.lock import OutputLock, alive, describe, held, locked_targets, owner
 
 __all__ = ["MARKER", "TMP_TAG", "AtomicPath", "atomic_output", "check_writable", "clean", "commit_together",
            "hold", "marker_path", "output_error", "written_by_flowgpu"]
@@ -100,6 +100,10 @@ def _clean_dir(directory: str, only: str | None, blocking: bool) -> list[str]:
         finally:
             if lock is not None:
                 lock.release()
+    for out in locked_targets(directory):  # lock files of runs that died: free, so removed
+        if only in (None, out) and held(out) is None:
+            with contextlib.suppress(OutputLockedError):
+                OutputLock(out).acquire(wait=False).release()
     return notes
 
 
@@ -169,7 +173,7 @@ class AtomicPath:
         self._lock: OutputLock | None = None
 
     def begin(self) -> str:
-        try:
+        with self.preparing():
             os.makedirs(os.path.dirname(self.path), exist_ok=True)
             if held(self.path) is None:
                 self._lock = OutputLock(self.path).acquire(True, _stderr)
@@ -179,6 +183,13 @@ class AtomicPath:
             os.mkdir(self.stage)
             with open(os.path.join(self.stage, "owner.json"), "w") as f:
                 json.dump(owner(), f)
+        return self.tmp
+
+    @contextlib.contextmanager
+    def preparing(self) -> Iterator[str]:
+        """For setting up the staged output: on failure abort, and name an OS error's path and fix."""
+        try:
+            yield self.tmp
         except FlowgpuError:
             self.abort()
             raise
@@ -188,7 +199,6 @@ class AtomicPath:
         except BaseException:
             self.abort()
             raise
-        return self.tmp
 
     def _release(self) -> None:
         if self._lock is not None:

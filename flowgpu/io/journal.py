@@ -182,6 +182,8 @@ def _flag(journals: list[str]) -> str:
 
 def _finish(outputs: list[Output], journals: list[str]) -> None:
     """Remove staging dirs, then journals (the first last), then the decision."""
+    for d in {os.path.dirname(o.path) for o in outputs}:
+        _fsync_dir(d)  # the moves are on disk before the journal that could redo them is gone
     for o in outputs:
         remove(o.stage)
     for j in [*journals[1:], journals[0], _flag(journals)]:
@@ -212,16 +214,10 @@ class Transaction:
                 _write_durable(o.staged_marker(), json.dumps({"writer": "flowgpu", "run": o.id, **o.meta}))
             self._write_journals()
             faults.point("commit:after-journal")
-            for i, o in enumerate(self.outputs):
-                self._set_aside(o)
-                if i == 0:
-                    faults.point("commit:after-aside")
+            self._each(self._set_aside, "commit:after-aside")
             self._decide()
             faults.point("commit:after-decision")
-            for i, o in enumerate(self.outputs):
-                self._move_in(o)
-                if i == 0:
-                    faults.point("commit:after-first-rename")
+            self._each(self._move_in, "commit:after-first-rename")
             faults.point("commit:before-cleanup")
         except BaseException as e:
             try:
@@ -243,6 +239,12 @@ class Transaction:
             raise
         _finish(self.outputs, self.journals)
         self._close()
+
+    def _each(self, step, after_first: str) -> None:
+        for i, o in enumerate(self.outputs):
+            step(o)
+            if i == 0:
+                faults.point(after_first)
 
     def _write_journals(self) -> None:
         text = json.dumps({"run": self.run, "owner": owner(), "journals": self.journals,

@@ -19,7 +19,7 @@ import psutil
 
 from flowgpu.errors import OutputLockedError
 
-__all__ = ["OutputLock", "owner", "alive", "lock_path", "held", "describe"]
+__all__ = ["OutputLock", "owner", "alive", "lock_path", "held", "describe", "locked_targets"]
 
 LOCK_TAG = ".flowgpu-lock"
 _held = threading.local()  # target path -> OutputLock held by this thread
@@ -57,6 +57,16 @@ def describe(record: dict | None) -> str:
 def lock_path(target: str) -> str:
     head, tail = os.path.split(target)
     return os.path.join(head, f".{tail}{LOCK_TAG}")
+
+
+def locked_targets(directory: str) -> list[str]:
+    """The outputs in ``directory`` that have a lock file (held now, or left by a run that died)."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return []
+    return sorted(os.path.join(directory, n[1:-len(LOCK_TAG)]) for n in names
+                  if n.startswith(".") and n.endswith(LOCK_TAG) and len(n) > len(LOCK_TAG) + 1)
 
 
 def held(target: str) -> OutputLock | None:

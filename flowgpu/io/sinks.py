@@ -25,7 +25,7 @@ import numpy as np
 
 from flowgpu.arrays.movement import to_host
 from flowgpu.errors import ConfigError
-from flowgpu.io.atomic import AtomicPath, check_writable, commit_together, hold, output_error
+from flowgpu.io.atomic import AtomicPath, check_writable, commit_together, hold
 from flowgpu.io.npy import _allocate, _write_block
 from flowgpu.io.zarr import _regular
 from flowgpu.registry import Entry, Registry, options_model
@@ -131,14 +131,8 @@ def _npy(x: da.Array, path: str | None = None, overwrite: bool = False) -> Pendi
     x = to_host(x)
     atomic = AtomicPath(path, overwrite, meta={"format": "npy"})
     tmp = atomic.begin()
-    try:
+    with atomic.preparing():
         _allocate(tmp, x.dtype, x.shape)  # a full filesystem fails now, not in a worker
-    except OSError as e:
-        atomic.abort()
-        raise output_error(atomic.path, e) from None
-    except BaseException:
-        atomic.abort()
-        raise
     done = x.map_blocks(_write_block, path=tmp, dtype=np.int8, chunks=tuple((1,) * len(c) for c in x.chunks))
     return PendingWrite("npy", done, atomic.path, atomic)
 
@@ -148,14 +142,8 @@ def _zarr(x: da.Array, path: str | None = None, overwrite: bool = False, compone
     x = _regular(to_host(x))
     atomic = AtomicPath(path, overwrite, meta={"format": "zarr"})
     tmp = atomic.begin()
-    try:
+    with atomic.preparing():
         target = da.to_zarr(x, tmp, component=component, compute=False)
-    except OSError as e:
-        atomic.abort()
-        raise output_error(atomic.path, e) from None
-    except BaseException:
-        atomic.abort()
-        raise
     return PendingWrite("zarr", target, atomic.path, atomic)
 
 
