@@ -171,6 +171,7 @@ class AtomicPath:
         self.stage = stage_dir(self.path, self.id)
         self.tmp = os.path.join(self.stage, "data")
         self._lock: OutputLock | None = None
+        self.stuck = False
 
     def begin(self) -> str:
         with self.preparing():
@@ -206,7 +207,8 @@ class AtomicPath:
             self._lock = None
 
     def abort(self) -> None:
-        remove(self.stage)
+        if not self.stuck:  # else its journal names it, and recovery puts the old output back from it
+            remove(self.stage)
         self._release()
 
     def commit(self) -> str:
@@ -215,10 +217,11 @@ class AtomicPath:
 
 def commit_together(targets: list[AtomicPath]) -> list[str]:
     """Move every target into place in one transaction: all of them, or (on any failure) none."""
+    tx = Transaction([Output(t.path, t.stage, t.id, t.overwrite, t.meta) for t in targets])
     try:
         faults.point("after-compute")
         if targets:
-            Transaction([Output(t.path, t.stage, t.id, t.overwrite, t.meta) for t in targets]).commit()
+            tx.commit()
     except FlowgpuError:
         raise
     except OSError as e:
@@ -227,6 +230,7 @@ def commit_together(targets: list[AtomicPath]) -> list[str]:
         raise output_error(path, e) from None
     finally:
         for t in targets:
+            t.stuck = tx.stuck
             t._release()
     return [t.path for t in targets]
 

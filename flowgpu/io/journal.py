@@ -205,6 +205,7 @@ class Transaction:
         self.by_journal = {os.path.join(d, f"{JOURNAL_TAG}{self.run}.json"): o for d, o in firsts.items()}
         self.journals = sorted(self.by_journal)
         self.fds: list[int] = []
+        self.stuck = False
 
     def commit(self) -> None:
         notes: list[str] = []
@@ -228,6 +229,7 @@ class Transaction:
                     _roll_back(o, notes)
                 _finish(self.outputs, self.journals)
             except Exception as undo:
+                self.stuck = True  # the staging dirs hold old outputs: only recovery may remove them
                 self._close()  # unlocked: the next run or `flowgpu clean` finishes the undo
                 raise OutputError(f"the commit of {', '.join(o.path for o in self.outputs)} failed ({e}) and "
                                   f"could not be undone ({undo}); `flowgpu clean` on those paths restores the "

@@ -11,6 +11,7 @@ import pytest
 
 from flowgpu.errors import OutputError, OutputExistsError, OutputLockedError
 from flowgpu.io.atomic import AtomicPath, atomic_output, clean, commit_together, hold, written_by_flowgpu
+from flowgpu.io import journal
 from flowgpu.io.lock import OutputLock, owner
 
 TAGS = (".flowgpu-tmp-", ".flowgpu-journal-", ".flowgpu-lock")
@@ -119,3 +120,24 @@ def test_staging_of_dead_runs_is_removed_and_of_live_ones_kept(tmp_path):
     other = _stage(tmp_path, "other.bin", {"pid": 1, "host": "elsewhere", "start": 0})
     notes = clean([str(tmp_path)])
     assert not other.exists() and live.exists() and any("still running" in n for n in notes)
+
+
+def test_a_commit_that_cannot_be_undone_is_finished_by_clean(tmp_path, rng, monkeypatch):
+    old = {name: rng.bytes(64) for name in ("a.bin", "b.bin")}
+    commit_together([staged(tmp_path / name, data) for name, data in old.items()])
+    monkeypatch.setenv("FLOWGPU_TEST_FAULT", "commit:after-first-rename@raise")
+
+    def broken(o, notes):
+        raise OSError(5, "disk went away")
+
+    monkeypatch.setattr(journal, "_roll_back", broken)
+    targets = [staged(tmp_path / name, rng.bytes(64)) for name in old]
+    with pytest.raises(OutputError, match="could not be undone .*flowgpu clean"):
+        commit_together(targets)
+    for t in targets:
+        t.abort()  # what the runner does on failure: it must not delete the staged old output
+    monkeypatch.undo()
+    notes = clean([str(tmp_path)])
+    assert any("was undone (all old)" in n for n in notes), notes
+    assert {name: (tmp_path / name).read_bytes() for name in old} == old, "lost: an old output"
+    assert leftovers(tmp_path) == []
