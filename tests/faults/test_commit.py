@@ -141,6 +141,16 @@ def test_signal_mid_run_leaves_only_staging_that_the_next_run_removes(job, sig):
     assert generation(x, tmp / "out") == 3.0 and leftovers(tmp) == [], "the dead run's staging was not removed"
 
 
+def test_user_function_raising_leaves_nothing(job):
+    x, spec, tmp = job
+    spec.write_text(spec.read_text().replace(
+        "{op: multiply, inputs: [x], args: {b: \"${params.k}\"}}",
+        "{op: map_blocks, inputs: [x], args: {function: \"tests.faults.userfuncs:explode\", dtype: float64}}"))
+    failed = flowgpu("run", str(spec), "-q", cwd=tmp)
+    assert failed.returncode == 1 and "user function failed" in failed.stderr, failed.stderr
+    assert generation(x, tmp / "out") == 2.0 and leftovers(tmp) == [], "staging left behind, or old outputs lost"
+
+
 @pytest.mark.parametrize("point", ["commit:after-aside", "commit:after-first-rename"])
 def test_second_output_failing_to_commit_keeps_both_old(job, point):
     x, spec, tmp = job
