@@ -97,7 +97,8 @@ def _allocate(path: str, dtype: Any, shape: tuple[int, ...]) -> None:
     fd = os.open(path, os.O_RDWR)
     try:
         try:
-            os.posix_fallocate(fd, start, size - start) if size > start else None
+            if size > start:
+                os.posix_fallocate(fd, start, size - start)
         except OSError as e:
             if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
                 raise
