@@ -16,6 +16,7 @@ import errno
 import json
 import os
 import sys
+import time
 from collections.abc import Callable, Iterable, Iterator
 
 from flowgpu.errors import FlowgpuError, OutputError, OutputExistsError, OutputLockedError
@@ -154,6 +155,17 @@ def hold(targets: Iterable[str], wait: bool = True, notify: Callable[[str], None
             lock.release()
 
 
+def _remove_settled(path: str, limit: float = 5.0) -> None:
+    """Remove ``path``, again if tasks of a failed compute that were still running write into it."""
+    deadline = time.monotonic() + limit
+    remove(path)
+    while time.monotonic() < deadline:
+        time.sleep(0.1)
+        if not os.path.lexists(path):
+            return
+        remove(path)
+
+
 class AtomicPath:
     """One output written into a staging dir and moved into place by :meth:`commit`.
 
@@ -207,8 +219,8 @@ class AtomicPath:
             self._lock = None
 
     def abort(self) -> None:
-        if not self.stuck:  # else its journal names it, and recovery puts the old output back from it
-            remove(self.stage)
+        if not self.stuck and os.path.lexists(self.stage):  # stuck: its journal names it, for recovery
+            _remove_settled(self.stage)
         self._release()
 
     def commit(self) -> str:

@@ -147,21 +147,23 @@ def run(spec: Spec | str | os.PathLike | dict, *, overrides: dict[str, Any] | No
     with sinks.hold_outputs([o.path for o in spec.outputs.values() if o.path is not None], wait):
         if session is None:
             own = session = _start_session(spec, cluster)
+        pending: dict[str, sinks.PendingWrite] = {}
         try:
             if on_session is not None:
                 on_session(session)
-            return _execute(spec, session, overwrite, summary_path, console, progress)
+            return _execute(spec, session, overwrite, summary_path, console, progress, pending)
         finally:
             if own is not None:
                 own.close()
+                for p in pending.values():  # again, now that no worker can still be writing into the staging
+                    p.abort()
 
 
 def _execute(spec: Spec, session: Any, overwrite: bool, summary_path: str | None, console: Console,
-             progress: bool) -> RunResult:
+             progress: bool, pending: dict[str, sinks.PendingWrite]) -> RunResult:
     start = time.perf_counter()
     moves_before = _memory_moves(session)
     plan = compile(spec)  # inside the session (its backend and chunk sizes), before anything is written
-    pending: dict[str, sinks.PendingWrite] = {}
     status = "failed"
     try:
         for name, x in plan.outputs.items():
