@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import signal
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -20,6 +21,7 @@ from rich.table import Table
 from flowgpu import backend, pipeline
 from flowgpu.diagnostics import render_plan
 from flowgpu.errors import BackendError, ConfigError, FlowgpuError, OpError, OutputExistsError, SpecError
+from flowgpu.io import atomic
 from flowgpu.io.sinks import SINKS
 from flowgpu.io.sources import SOURCES
 from flowgpu.ops import all_ops
@@ -122,13 +124,15 @@ def info() -> None:
               help="Also write the run summary as JSON here.")
 @click.option("--overwrite", is_flag=True, help="Replace output paths that hold data flowgpu did not write.")
 @click.option("--dry-run", is_flag=True, help="Check and plan only; start no cluster, write nothing.")
+@click.option("--no-wait", is_flag=True, help="Fail at once if another run is writing one of the outputs.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar or summary table.")
 @allow_address_option
 @handle_errors
 def run(spec: str, sets: tuple[str, ...], params_file: str | None, scheduler: str | None, gpus: str | None,
         backend: str | None, n_workers: int | None, summary_path: str | None, overwrite: bool, dry_run: bool,
-        quiet: bool, allow_spec_address: bool) -> None:
+        no_wait: bool, quiet: bool, allow_spec_address: bool) -> None:
     """Run the pipeline SPEC (a YAML file)."""
+    signal.signal(signal.SIGTERM, _terminated)  # like Ctrl-C: staging removed, nothing moved into place
     overrides = _parse_sets(sets)
     console = _console()
     cluster = {"address": scheduler, "gpus": gpus, "backend": backend, "n_workers": n_workers}
@@ -146,7 +150,29 @@ def run(spec: str, sets: tuple[str, ...], params_file: str | None, scheduler: st
 
     pipeline.run(spec, overrides=overrides, params_file=params_file, overwrite=overwrite,
                  summary_path=summary_path, cluster=cluster, console=console if not quiet else None,
-                 progress=not quiet, on_session=announce, allow_spec_address=allow_spec_address)
+                 progress=not quiet, on_session=announce, allow_spec_address=allow_spec_address,
+                 wait=not no_wait)
+
+
+def _terminated(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+@cli.command()
+@click.argument("paths", nargs=-1, type=click.Path())
+@handle_errors
+def clean(paths: tuple[str, ...]) -> None:
+    """Finish what interrupted runs left at output PATHs (default: the current folder).
+
+    A commit a run left half-done is completed or undone (every output of that run all new or all
+    old), and the staging dirs of runs that no longer run are removed; a PATH that is a folder
+    but not an output is cleaned of all of them. Runs still alive are left alone.
+    """
+    notes = atomic.clean(paths or (".",))
+    for note in notes:
+        click.echo(note)
+    if not notes:
+        click.echo("nothing to clean")
 
 
 @cli.command()

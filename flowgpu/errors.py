@@ -19,6 +19,8 @@ __all__ = [
     "ArgumentError",
     "KernelError",
     "OutputExistsError",
+    "OutputError",
+    "OutputLockedError",
     "RunError",
     "MemoryLimitError",
 ]
@@ -113,6 +115,15 @@ class SpecError(FlowgpuError, ValueError):
 
 class OutputExistsError(FlowgpuError, FileExistsError):
     """An output path already holds something flowgpu did not write."""
+
+
+class OutputError(FlowgpuError, OSError):
+    """An output that could not be written or moved into place (a read-only or full filesystem,
+    data that appeared at its path during the run); the old output, if any, is left as it was."""
+
+
+class OutputLockedError(OutputError):
+    """Another run is writing the same output (``--no-wait``)."""
 
 
 class RunError(FlowgpuError, RuntimeError):

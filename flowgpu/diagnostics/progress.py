@@ -50,7 +50,11 @@ def _distributed(client, targets: Sequence[Any], progress: Progress | None, task
             _Feed(futures, scheduler=client.scheduler.address, interval="200ms", complete=True)
         except Exception:  # noqa: S110 - the bar is a courtesy; the results below are what matters
             pass
-    return client.gather(futures)
+    try:
+        return client.gather(futures)
+    except BaseException:
+        client.cancel(futures)  # the rest of a failed graph stops, and stops writing into staged outputs
+        raise
 
 
 def compute_with_progress(targets: Sequence[Any], *, client: Any = None, console: Console | None = None,

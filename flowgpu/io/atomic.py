@@ -1,35 +1,55 @@
-"""Writes that never leave an output looking finished when it is not.
+"""Writes that never leave an output looking finished when it is not, nor lose the old one.
 
-Every output is written under a temporary name beside its destination and moved into place only
-when complete. A marker records that flowgpu wrote it, so an existing path that flowgpu did not
-write is never replaced unless the caller says ``overwrite=True``.
+Every output is written into a staging dir beside its destination (``.NAME.flowgpu-tmp-<id>/``,
+recording the run's pid, host and start time) and moved into place only when complete, with a
+marker that flowgpu wrote it, so an existing path that flowgpu did not write is never replaced
+unless the caller says ``overwrite=True``. The outputs of one run are committed together through
+a journal (:mod:`flowgpu.io.journal`): all new or all old, whatever happens. One run at a time
+writes an output (:mod:`flowgpu.io.lock`); taking that lock also finishes any commit a dead run
+left half-done on that path and removes the staging dirs of runs that no longer run.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
-import shutil
-import uuid
-from collections.abc import Iterator
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator
 
-from flowgpu.errors import OutputExistsError
+from flowgpu.errors import FlowgpuError, OutputError, OutputExistsError, OutputLockedError
+from flowgpu.io import faults
+from flowgpu.io.journal import (MARKER, STAGE_TAG, Output, Transaction, journals_in, marker_path, new_id,
+                                recover_journal, referenced_stages, remove, stage_dir, stages_in,
+                                written_by_flowgpu)
+from flowgpu.io.lock import OutputLock, alive, describe, held, locked_targets, owner
 
-MARKER = ".flowgpu-output.json"
-TMP_TAG = ".flowgpu-tmp-"
+__all__ = ["MARKER", "TMP_TAG", "AtomicPath", "atomic_output", "check_writable", "clean", "commit_together",
+           "hold", "marker_path", "output_error", "written_by_flowgpu"]
+
+TMP_TAG = STAGE_TAG
+_FIXES = {
+    errno.EROFS: "its filesystem is read-only: choose a path on a writable one",
+    errno.ENOSPC: "its filesystem is full: free space there, or choose a path on another filesystem",
+    errno.EDQUOT: "the disk quota is used up: free space there, or choose a path on another filesystem",
+    errno.EACCES: "check the permissions of its folder, or choose another path",
+    errno.EPERM: "check the permissions of its folder, or choose another path",
+}
 
 
-def marker_path(path: str) -> str:
-    """Where the marker of ``path`` lives: inside a directory output, beside a file output."""
-    if os.path.isdir(path):
-        return os.path.join(path, MARKER)
-    head, tail = os.path.split(path)
-    return os.path.join(head, f".{tail}{MARKER}")
+def _stderr(message: str) -> None:
+    print(f"flowgpu: {message}", file=sys.stderr, flush=True)
 
 
-def written_by_flowgpu(path: str) -> bool:
-    return os.path.exists(marker_path(path))
+def output_error(path: str, e: OSError) -> OutputError:
+    """A clear message for an OS error met while writing ``path``: what, the OS's words, the fix."""
+    code = errno.errorcode.get(e.errno, "") if e.errno else ""
+    fix = _FIXES.get(e.errno, "check that path and its filesystem")
+    what = e.strerror or str(e)
+    return OutputError(f"cannot write output {path!r}: {what}{f' ({code})' if code else ''}; {fix}. "
+                       "Nothing was replaced: an old output there is as it was")
 
 
 def check_writable(path: str, overwrite: bool = False) -> None:
@@ -45,50 +65,186 @@ def check_writable(path: str, overwrite: bool = False) -> None:
         )
 
 
-def _remove(path: str) -> None:
-    if os.path.isdir(path) and not os.path.islink(path):
-        shutil.rmtree(path, ignore_errors=True)
-    elif os.path.lexists(path):
-        os.remove(path)
+def _stage_owner(stage: str) -> dict | None:
+    try:
+        with open(os.path.join(stage, "owner.json")) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def _clean_dir(directory: str, only: str | None, blocking: bool) -> list[str]:
+    """Finish dead runs' commits in ``directory`` (those naming ``only``, if given) and remove their staging."""
+    notes = []
+    for j in journals_in(directory):
+        done = recover_journal(j, blocking, only)
+        notes += [f"{j}: a run that is still committing holds it; left alone"] if done is None else done
+    keep = referenced_stages(directory)
+    for stage, out in stages_in(directory):
+        if only not in (None, out) or stage in keep:
+            continue
+        who = _stage_owner(stage)
+        if alive(who):
+            if only is None:
+                notes.append(f"{stage}: staging of {describe(who)}, still running; left alone")
+            continue
+        lock = None
+        if held(out) is None:
+            try:
+                lock = OutputLock(out).acquire(wait=False)
+            except OutputLockedError:
+                notes.append(f"{stage}: {out} is being written by another run; left alone")
+                continue
+        try:
+            remove(stage)
+            notes.append(f"removed {stage}, left by {describe(who)} that is no longer running")
+        finally:
+            if lock is not None:
+                lock.release()
+    for out in locked_targets(directory):  # lock files of runs that died: free, so removed
+        if only in (None, out) and held(out) is None:
+            with contextlib.suppress(OutputLockedError):
+                OutputLock(out).acquire(wait=False).release()
+    return notes
+
+
+def recover(target: str) -> list[str]:
+    """With ``target``'s lock held: finish its interrupted commits, remove stale staging dirs."""
+    return _clean_dir(os.path.dirname(target), target, blocking=True)
+
+
+def clean(paths: Iterable[str]) -> list[str]:
+    """What ``flowgpu clean`` does: recover every output ``path`` (and, for a folder that is not an
+    output, everything in it); runs still alive are left alone. Returns what was done."""
+    notes = []
+    try:
+        for path in map(os.path.abspath, paths):
+            notes += _clean_dir(os.path.dirname(path), path, blocking=False)
+            if os.path.isdir(path) and not written_by_flowgpu(path):
+                notes += _clean_dir(path, None, blocking=False)
+    except OSError as e:
+        raise output_error(e.filename or path, e) from None
+    return notes
+
+
+@contextlib.contextmanager
+def hold(targets: Iterable[str], wait: bool = True, notify: Callable[[str], None] | None = None) -> Iterator[None]:
+    """Hold the write lock of every target (in path order, so runs never deadlock) for the block.
+
+    ``wait=False``: fail at once with :class:`OutputLockedError` if another run holds one.
+    ``notify``: told when waiting and what was recovered (default: a line on stderr).
+    """
+    notify = notify or _stderr
+    locks = []
+    try:
+        for target in sorted(set(map(os.path.abspath, targets))):
+            if held(target) is not None:
+                continue
+            try:
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                locks.append(OutputLock(target).acquire(wait, notify))
+                for note in recover(target):
+                    notify(note)
+            except FlowgpuError:
+                raise
+            except OSError as e:
+                raise output_error(target, e) from None
+        yield
+    finally:
+        for lock in reversed(locks):
+            lock.release()
+
+
+def _remove_settled(path: str, limit: float = 5.0) -> None:
+    """Remove ``path``, again if tasks of a failed compute that were still running write into it."""
+    deadline = time.monotonic() + limit
+    remove(path)
+    while time.monotonic() < deadline:
+        time.sleep(0.1)
+        if not os.path.lexists(path):
+            return
+        remove(path)
 
 
 class AtomicPath:
-    """One output written under a temporary name and moved into place by :meth:`commit`.
+    """One output written into a staging dir and moved into place by :meth:`commit`.
 
-    ``begin()`` checks the destination and returns the temporary path; ``commit()`` moves it into
-    place with flowgpu's marker; ``abort()`` removes the temporary and leaves the destination as it was.
+    ``begin()`` takes the output's lock (unless :func:`hold` has), checks the destination and
+    returns the path to write; ``commit()`` moves it into place with flowgpu's marker (several
+    together: :func:`commit_together`); ``abort()`` removes the staging dir and leaves the
+    destination as it was.
     """
 
     def __init__(self, path: str, overwrite: bool = False, meta: dict | None = None):
         self.path = os.path.abspath(path)
         self.overwrite = overwrite
         self.meta = meta or {}
-        parent, name = os.path.split(self.path)
-        self.tmp = os.path.join(parent, f".{name}{TMP_TAG}{uuid.uuid4().hex[:12]}")
+        self.id = new_id()
+        self.stage = stage_dir(self.path, self.id)
+        self.tmp = os.path.join(self.stage, "data")
+        self._lock: OutputLock | None = None
+        self.stuck = False
 
     def begin(self) -> str:
-        check_writable(self.path, self.overwrite)
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        with self.preparing():
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            if held(self.path) is None:
+                self._lock = OutputLock(self.path).acquire(True, _stderr)
+                for note in recover(self.path):
+                    _stderr(note)
+            check_writable(self.path, self.overwrite)
+            os.mkdir(self.stage)
+            with open(os.path.join(self.stage, "owner.json"), "w") as f:
+                json.dump(owner(), f)
         return self.tmp
 
+    @contextlib.contextmanager
+    def preparing(self) -> Iterator[str]:
+        """For setting up the staged output: on failure abort, and name an OS error's path and fix."""
+        try:
+            yield self.tmp
+        except FlowgpuError:
+            self.abort()
+            raise
+        except OSError as e:
+            self.abort()
+            raise output_error(self.path, e) from None
+        except BaseException:
+            self.abort()
+            raise
+
+    def _release(self) -> None:
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
     def abort(self) -> None:
-        _remove(self.tmp)
+        if not self.stuck and os.path.lexists(self.stage):  # stuck: its journal names it, for recovery
+            _remove_settled(self.stage)
+        self._release()
 
     def commit(self) -> str:
-        parent, name = os.path.split(self.path)
-        old = None
-        if os.path.lexists(self.path):
-            old = os.path.join(parent, f".{name}{TMP_TAG}old-{uuid.uuid4().hex[:12]}")
-            old_marker = marker_path(self.path)
-            os.rename(self.path, old)
-            if os.path.exists(old_marker):
-                os.remove(old_marker)
-        os.rename(self.tmp, self.path)
-        with open(marker_path(self.path), "w") as f:
-            json.dump({"writer": "flowgpu", **self.meta}, f)
-        if old is not None:
-            _remove(old)
-        return self.path
+        return commit_together([self])[0]
+
+
+def commit_together(targets: list[AtomicPath]) -> list[str]:
+    """Move every target into place in one transaction: all of them, or (on any failure) none."""
+    tx = Transaction([Output(t.path, t.stage, t.id, t.overwrite, t.meta) for t in targets])
+    try:
+        faults.point("after-compute")
+        if targets:
+            tx.commit()
+    except FlowgpuError:
+        raise
+    except OSError as e:
+        where = os.fspath(e.filename or "")
+        path = next((t.path for t in targets if where.startswith((t.stage, t.path))), targets[0].path)
+        raise output_error(path, e) from None
+    finally:
+        for t in targets:
+            t.stuck = tx.stuck
+            t._release()
+    return [t.path for t in targets]
 
 
 @contextlib.contextmanager

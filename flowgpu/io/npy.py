@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 from typing import Any
 
@@ -84,6 +85,28 @@ def from_npy(path: str, chunks: Any = "auto") -> da.Array:
     return to_device(x)
 
 
+def _allocate(path: str, dtype: Any, shape: tuple[int, ...]) -> None:
+    """Create the ``.npy`` file at ``path`` with every block on disk, not sparse: a full filesystem
+    fails here, with a message, rather than as SIGBUS in the worker that writes into the map."""
+    m = np.lib.format.open_memmap(path, mode="w+", dtype=dtype, shape=shape)
+    start, size = int(m.offset), int(m.offset) + int(m.nbytes)
+    del m
+    fd = os.open(path, os.O_RDWR)
+    try:
+        try:
+            if size > start:
+                os.posix_fallocate(fd, start, size - start)
+        except OSError as e:
+            if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+                raise
+            zeros = bytes(1 << 20)
+            for at in range(start, size, len(zeros)):
+                os.pwrite(fd, zeros[: size - at], at)
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _write_block(block, path=None, block_info=None):
     loc = block_info[0]["array-location"]
     m = np.load(path, mmap_mode="r+")
@@ -97,7 +120,7 @@ def to_npy(x: da.Array, path: str, overwrite: bool = False):
     """Write ``x`` to a ``.npy`` file, chunks in parallel, moved into place only when complete."""
     x = to_host(x)
     with atomic_output(path, overwrite, meta={"format": "npy"}) as tmp:
-        np.lib.format.open_memmap(tmp, mode="w+", dtype=x.dtype, shape=x.shape).flush()
+        _allocate(tmp, x.dtype, x.shape)
         done = x.map_blocks(_write_block, path=tmp, dtype=np.int8,
                             chunks=tuple((1,) * len(c) for c in x.chunks))
         done.compute()

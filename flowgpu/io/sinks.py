@@ -25,12 +25,12 @@ import numpy as np
 
 from flowgpu.arrays.movement import to_host
 from flowgpu.errors import ConfigError
-from flowgpu.io.atomic import AtomicPath, check_writable
-from flowgpu.io.npy import _write_block
+from flowgpu.io.atomic import AtomicPath, check_writable, commit_together, hold
+from flowgpu.io.npy import _allocate, _write_block
 from flowgpu.io.zarr import _regular
 from flowgpu.registry import Entry, Registry, options_model
 
-__all__ = ["PendingWrite", "register_sink", "get_sink", "sink_entry", "sink_names", "prepare_write",
+__all__ = ["PendingWrite", "commit_all", "hold_outputs", "register_sink", "get_sink", "sink_entry", "sink_names", "prepare_write",
            "check_destination", "SUMMARY_MAX_ELEMENTS", "to_summary_value", "SINKS", "DEFAULT_SINK"]
 
 SUMMARY_MAX_ELEMENTS = 10_000
@@ -46,7 +46,7 @@ class PendingWrite:
     atomic: AtomicPath | None = None
 
     def commit(self) -> str | None:
-        return self.atomic.commit() if self.atomic is not None else self.location
+        return commit_all([self])[0]
 
     def abort(self) -> None:
         if self.atomic is not None:
@@ -109,6 +109,18 @@ def prepare_write(sink: str, x: da.Array, path: str | None = None, overwrite: bo
     return get_sink(sink)(x, path=path, overwrite=overwrite, **options)
 
 
+def commit_all(pending: list[PendingWrite]) -> list[str | None]:
+    """Commit every write together: the atomic ones in one transaction (all new or all old), then
+    the others; returns each one's location."""
+    commit_together([p.atomic for p in pending if p.atomic is not None])
+    return [p.location for p in pending]
+
+
+def hold_outputs(paths: list[str], wait: bool = True, notify: Callable[[str], None] | None = None):
+    """Hold the write lock of every output path while the block runs (see :func:`flowgpu.io.atomic.hold`)."""
+    return hold(paths, wait, notify)
+
+
 def check_destination(path: str, overwrite: bool = False) -> None:
     """Refuse an existing path flowgpu did not write (unless ``overwrite``); touches nothing."""
     check_writable(os.path.abspath(path), overwrite)
@@ -119,7 +131,8 @@ def _npy(x: da.Array, path: str | None = None, overwrite: bool = False) -> Pendi
     x = to_host(x)
     atomic = AtomicPath(path, overwrite, meta={"format": "npy"})
     tmp = atomic.begin()
-    np.lib.format.open_memmap(tmp, mode="w+", dtype=x.dtype, shape=x.shape).flush()
+    with atomic.preparing():
+        _allocate(tmp, x.dtype, x.shape)  # a full filesystem fails now, not in a worker
     done = x.map_blocks(_write_block, path=tmp, dtype=np.int8, chunks=tuple((1,) * len(c) for c in x.chunks))
     return PendingWrite("npy", done, atomic.path, atomic)
 
@@ -129,11 +142,8 @@ def _zarr(x: da.Array, path: str | None = None, overwrite: bool = False, compone
     x = _regular(to_host(x))
     atomic = AtomicPath(path, overwrite, meta={"format": "zarr"})
     tmp = atomic.begin()
-    try:
+    with atomic.preparing():
         target = da.to_zarr(x, tmp, component=component, compute=False)
-    except BaseException:
-        atomic.abort()
-        raise
     return PendingWrite("zarr", target, atomic.path, atomic)
 
 

@@ -3,16 +3,20 @@
 1. load and compile the spec (pure; any problem is a :class:`SpecError` and nothing runs);
 2. refuse output paths that hold data flowgpu did not write (unless ``overwrite``), or that are or
    contain the run's own files (:mod:`flowgpu.pipeline.checks`);
-3. use the given (or current) Session, or start one from the spec's ``cluster:`` block (whose
+3. hold every output path's write lock (one run per output; waiting, or failing with
+   ``wait=False``), which also finishes commits that dead runs left half-done there;
+4. use the given (or current) Session, or start one from the spec's ``cluster:`` block (whose
    address or open dashboard needs ``allow_spec_address``);
-4. compile again inside the session (CuPy chunks on GPUs, chunks sized for its workers), set up
-   every output's write under a temporary name, compute all of them together, and move them into
-   place only when all succeeded. A failure removes the temporaries and raises :class:`RunError`
+5. compile again inside the session (CuPy chunks on GPUs, chunks sized for its workers), stage
+   every output's write, compute all of them together, and commit them in one transaction (all
+   new or all old) only when all succeeded. A failure removes the staging and raises :class:`RunError`
    (and still writes ``summary_path``, with what failed: :mod:`flowgpu.pipeline.outcome`).
 """
 
 from __future__ import annotations
 
+import errno
+import json
 import os
 import time
 from dataclasses import dataclass, field
@@ -23,8 +27,8 @@ from rich.console import Console
 from flowgpu import __version__, runtime
 from flowgpu.backend import current_backend
 from flowgpu.diagnostics import compute_with_progress, render_summary
-from flowgpu.errors import ConfigError, FlowgpuError, RunError
-from flowgpu.io import sinks
+from flowgpu.errors import ConfigError, FlowgpuError, OutputError, RunError
+from flowgpu.io import faults, sinks
 from flowgpu.pipeline.build import build, from_dict, load, read_params_file
 from flowgpu.pipeline.compiler import Plan, compile
 from flowgpu.pipeline.checks import check_outputs, protected_paths, session_options
@@ -81,7 +85,7 @@ def _disk_bytes(path: str) -> int:
 def run(spec: Spec | str | os.PathLike | dict, *, overrides: dict[str, Any] | None = None, params_file: str | None = None,
         session: Any = None, overwrite: bool = False, summary_path: str | None = None,
         cluster: dict[str, Any] | None = None, console: Console | None = None, progress: bool = True,
-        on_session: Any = None, allow_spec_address: bool = False) -> RunResult:
+        on_session: Any = None, allow_spec_address: bool = False, wait: bool = True) -> RunResult:
     """Run a pipeline and return its outputs and summary.
 
     Parameters
@@ -100,6 +104,8 @@ def run(spec: Spec | str | os.PathLike | dict, *, overrides: dict[str, Any] | No
     on_session : called with the session once it is ready (the CLI prints the dashboard link).
     allow_spec_address : let the spec's ``cluster.address`` (another scheduler) or a dashboard open to
         the network take effect; without it they are refused (see :func:`session_options`).
+    wait : when another run is writing one of the outputs, wait for it (a line on stderr says so);
+        ``False`` (``--no-wait``): fail at once with :class:`OutputLockedError`.
     """
     console = console or Console(stderr=True, quiet=not progress)
     started = time.perf_counter()
@@ -114,7 +120,7 @@ def run(spec: Spec | str | os.PathLike | dict, *, overrides: dict[str, Any] | No
                       **(overrides or {})} if spec._origin else dict(overrides or {})
             spec = build(spec._origin.raw, spec._origin.smap, merged)
         return _run(spec, session, overwrite, summary_path, cluster, console, progress, on_session,
-                    allow_spec_address, params_file, state)
+                    allow_spec_address, params_file, wait, state)
     except BaseException as e:
         if summary_path:
             write_json(summary_path, failure_summary(spec, state, e, time.perf_counter() - started))
@@ -123,7 +129,7 @@ def run(spec: Spec | str | os.PathLike | dict, *, overrides: dict[str, Any] | No
 
 def _run(spec: Spec, session: Any, overwrite: bool, summary_path: str | None, cluster: dict[str, Any] | None,
          console: Console, progress: bool, on_session: Any, allow_spec_address: bool, params_file: str | None,
-         state: dict[str, Any]) -> RunResult:
+         wait: bool, state: dict[str, Any]) -> RunResult:
     own = None
     if isinstance(session, str):
         if session != "local":
@@ -134,44 +140,55 @@ def _run(spec: Spec, session: Any, overwrite: bool, summary_path: str | None, cl
     if session is None:
         compile(spec)  # every check before any cluster starts (_execute checks again inside it)
     check_outputs(spec, overwrite, {params_file: f"the params file {params_file!r}"} if params_file else None)
-    if session is None:
-        own = session = _start_session(spec, cluster, allow_spec_address)
-    try:
-        if on_session is not None:
-            on_session(session)
-        return _execute(spec, session, overwrite, summary_path, console, progress, state)
-    finally:
-        if own is not None:
-            own.close()
+    with sinks.hold_outputs([o.path for o in spec.outputs.values() if o.path is not None], wait):
+        if session is None:
+            own = session = _start_session(spec, cluster, allow_spec_address)
+        pending: dict[str, sinks.PendingWrite] = {}
+        try:
+            if on_session is not None:
+                on_session(session)
+            return _execute(spec, session, overwrite, summary_path, console, progress, state, pending)
+        finally:
+            if own is not None:
+                own.close()
+                for p in pending.values():  # again, now that no worker can still be writing into the staging
+                    p.abort()
 
 
 def _execute(spec: Spec, session: Any, overwrite: bool, summary_path: str | None, console: Console,
-             progress: bool, state: dict[str, Any]) -> RunResult:
+             progress: bool, state: dict[str, Any], pending: dict[str, sinks.PendingWrite]) -> RunResult:
     start = time.perf_counter()
     moves_before = _memory_moves(session)
     # inside the session (its backend and chunk sizes), before anything is written; python sources
     # are called here, and only here
     plan = state["plan"] = compile(spec, for_run=True)
-    pending: dict[str, sinks.PendingWrite] = {}
     status = "failed"
     try:
         for name, x in plan.outputs.items():
             out = spec.outputs[name]
             pending[name] = sinks.prepare_write(out.sink, x, out.path, overwrite, **out.sink_options())
         targets = [p.target for p in pending.values()]
+        faults.point("after-prepare")
         try:
             results = compute_with_progress(targets, client=getattr(session, "client", None), console=console,
                                             show=progress, description=spec.name)
         except FlowgpuError:
             raise
+        except OSError as e:
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+                raise RunError(f"pipeline {spec.name!r} failed while running: {type(e).__name__}: {e}") from e
+            paths = ", ".join(repr(p.location) for p in pending.values() if p.location)
+            raise OutputError(f"pipeline {spec.name!r} failed writing its outputs ({paths}): {e.strerror}; free "
+                              "space there or choose a path on another filesystem. Nothing was replaced") from e
         except Exception as e:
             raise RunError(f"pipeline {spec.name!r} failed while running: {type(e).__name__}: {e}") from e
         values = {}
-        for (name, p), result in zip(pending.items(), results):
+        locations = sinks.commit_all(list(pending.values()))  # one transaction: all new or all old
+        for (name, p), result, location in zip(pending.items(), results, locations):
             in_summary = sinks.sink_entry(p.sink).has(sinks.IN_SUMMARY)
-            values[name] = sinks.to_summary_value(result) if in_summary else p.commit()
+            values[name] = sinks.to_summary_value(result) if in_summary else location
             if not in_summary:
-                state["written"][name] = values[name]  # moved into place (a failed run's summary says so)
+                state["written"][name] = location  # moved into place (a failed run's summary says so)
         status = "ok"
     except BaseException:
         for p in pending.values():

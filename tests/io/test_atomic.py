@@ -2,13 +2,30 @@
 
 from __future__ import annotations
 
+import json
 import os
+import socket
 
 import numpy as np
 import pytest
 
-from flowgpu.errors import OutputExistsError
-from flowgpu.io.atomic import AtomicPath, atomic_output, written_by_flowgpu
+from flowgpu.errors import OutputError, OutputExistsError, OutputLockedError
+from flowgpu.io.atomic import AtomicPath, atomic_output, clean, commit_together, hold, written_by_flowgpu
+from flowgpu.io import journal
+from flowgpu.io.lock import OutputLock, owner
+
+TAGS = (".flowgpu-tmp-", ".flowgpu-journal-", ".flowgpu-lock")
+
+
+def leftovers(root):
+    return [f for _, dirs, files in os.walk(root) for f in dirs + files if any(t in f for t in TAGS)]
+
+
+def staged(path, data: bytes) -> AtomicPath:
+    target = AtomicPath(str(path))
+    with open(target.begin(), "wb") as f:
+        f.write(data)
+    return target
 
 
 def test_commit_moves_into_place_with_marker(tmp_path):
@@ -51,3 +68,76 @@ def test_foreign_data_needs_overwrite(tmp_path):
     again = AtomicPath(str(dest))  # now it is flowgpu's: replaced without overwrite
     os.makedirs(again.begin())
     again.commit()
+
+
+def test_outputs_commit_together_or_not_at_all(tmp_path, rng, monkeypatch):
+    old = {name: rng.bytes(64) for name in ("a.bin", "b.bin")}
+    commit_together([staged(tmp_path / name, data) for name, data in old.items()])
+    monkeypatch.setenv("FLOWGPU_TEST_FAULT", "commit:after-first-rename@raise")
+    with pytest.raises(OutputError, match="injected at commit:after-first-rename"):
+        commit_together([staged(tmp_path / name, rng.bytes(64)) for name in old])
+    assert {name: (tmp_path / name).read_bytes() for name in old} == old, "lost: one output new, one old"
+    assert all(written_by_flowgpu(str(tmp_path / name)) for name in old) and leftovers(tmp_path) == []
+    monkeypatch.delenv("FLOWGPU_TEST_FAULT")
+    new = {name: rng.bytes(64) for name in old}
+    commit_together([staged(tmp_path / name, data) for name, data in new.items()])
+    assert {name: (tmp_path / name).read_bytes() for name in old} == new and leftovers(tmp_path) == []
+
+
+def test_data_appearing_during_the_run_is_put_back_at_commit(tmp_path, rng):
+    target = staged(tmp_path / "out.bin", rng.bytes(64))
+    theirs = rng.bytes(64)
+    (tmp_path / "out.bin").write_bytes(theirs)
+    with pytest.raises(OutputError, match="created or replaced while the run was in progress"):
+        target.commit()
+    assert (tmp_path / "out.bin").read_bytes() == theirs and leftovers(tmp_path) == []
+
+
+def test_one_writer_at_a_time(tmp_path):
+    out = str(tmp_path / "out.bin")
+    with hold([out]):
+        with pytest.raises(OutputLockedError, match=f"being written by flowgpu run pid {os.getpid()}"):
+            OutputLock(out).acquire(wait=False)
+    OutputLock(out).acquire(wait=False).release()  # free again, and the lock file is gone
+    assert leftovers(tmp_path) == []
+
+
+def _stage(tmp_path, name, who):
+    stage = tmp_path / f".{name}.flowgpu-tmp-r{os.urandom(8).hex()}"
+    stage.mkdir()
+    (stage / "data").write_bytes(b"half")
+    (stage / "owner.json").write_text(json.dumps(who))
+    return stage
+
+
+def test_staging_of_dead_runs_is_removed_and_of_live_ones_kept(tmp_path):
+    dead = _stage(tmp_path, "out.bin", {"pid": os.getpid(), "host": socket.gethostname(), "start": 1.0})
+    live = _stage(tmp_path, "out.bin", owner())
+    target = AtomicPath(str(tmp_path / "out.bin"))
+    target.begin()
+    assert not dead.exists() and live.exists()
+    target.abort()
+    other = _stage(tmp_path, "other.bin", {"pid": 1, "host": "elsewhere", "start": 0})
+    notes = clean([str(tmp_path)])
+    assert not other.exists() and live.exists() and any("still running" in n for n in notes)
+
+
+def test_a_commit_that_cannot_be_undone_is_finished_by_clean(tmp_path, rng, monkeypatch):
+    old = {name: rng.bytes(64) for name in ("a.bin", "b.bin")}
+    commit_together([staged(tmp_path / name, data) for name, data in old.items()])
+    monkeypatch.setenv("FLOWGPU_TEST_FAULT", "commit:after-first-rename@raise")
+
+    def broken(o, notes):
+        raise OSError(5, "disk went away")
+
+    monkeypatch.setattr(journal, "_roll_back", broken)
+    targets = [staged(tmp_path / name, rng.bytes(64)) for name in old]
+    with pytest.raises(OutputError, match="could not be undone .*flowgpu clean"):
+        commit_together(targets)
+    for t in targets:
+        t.abort()  # what the runner does on failure: it must not delete the staged old output
+    monkeypatch.undo()
+    notes = clean([str(tmp_path)])
+    assert any("was undone (all old)" in n for n in notes), notes
+    assert {name: (tmp_path / name).read_bytes() for name in old} == old, "lost: an old output"
+    assert leftovers(tmp_path) == []
