@@ -16,9 +16,10 @@ from typing import Any, Literal, Union
 
 import dask.array as da
 import numpy as np
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from flowgpu import arrays
+from flowgpu.arrays.creation import arange_length, check_fill_value, check_size
 from flowgpu.errors import ConfigError
 from flowgpu.io.npy import from_npy
 from flowgpu.io.zarr import from_zarr
@@ -86,15 +87,24 @@ class _Source(Options):
     chunks: Chunks = Field("auto", description="Chunk shape, a byte size such as '256MiB', or 'auto'.")
 
 
+def _dtype(info: ValidationInfo) -> np.dtype | None:
+    """The ``dtype`` already validated beside the field being checked (None when it is bad: its own error)."""
+    try:
+        return np.dtype(info.data.get("dtype") or "float64")
+    except TypeError:
+        return None
+
+
 class _Generated(_Source):
+    dtype: str = "float64"  # before shape: the shape's size check reads it
     shape: list[int] = Field(..., description="Array shape, e.g. [10000, 10000].")
-    dtype: str = "float64"
 
     @field_validator("shape")
     @classmethod
-    def _non_negative(cls, v: list[int]) -> list[int]:
+    def _non_negative(cls, v: list[int], info: ValidationInfo) -> list[int]:
         if any(s < 0 for s in v):
             raise ValueError("shape lengths must be >= 0")
+        check_size(tuple(v), _dtype(info))
         return v
 
 
@@ -125,6 +135,14 @@ class FullOptions(_Generated):
 
     fill_value: float | int | bool
 
+    @field_validator("fill_value")
+    @classmethod
+    def _fits_dtype(cls, v: float | int | bool, info: ValidationInfo) -> float | int | bool:
+        dtype = _dtype(info)
+        if dtype is not None:
+            check_fill_value(v, dtype)
+        return v
+
 
 class ArangeOptions(_Source):
     """Evenly spaced values in [start, stop)."""
@@ -133,6 +151,11 @@ class ArangeOptions(_Source):
     stop: float | int
     step: float | int = 1
     dtype: str | None = None
+
+    @model_validator(mode="after")
+    def _finite(self) -> "ArangeOptions":
+        arange_length(self.start, self.stop, self.step)
+        return self
 
 
 class ZarrOptions(_Source):
