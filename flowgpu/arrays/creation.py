@@ -191,7 +191,7 @@ def arange_length(start: Any, stop: Any, step: Any) -> int:
     for name, v in (("start", start), ("stop", stop), ("step", step)):
         if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or not math.isfinite(v):
             raise ConfigError(f"arange {name}={v!r} is not a finite number; give a number such as 1000")
-        if abs(v) > _INDEX_MAX:
+        if isinstance(v, (int, np.integer)) and abs(v) > _INDEX_MAX:
             raise ConfigError(f"arange {name}={v!r} is beyond 64-bit numbers; give a smaller one")
     if step == 0:
         raise ConfigError("arange step must not be 0")

@@ -30,7 +30,7 @@ def resolve_uses(spec: Spec, name: str, smap: SourceMap, stack: tuple[str, ...])
     base = origin.base_dir if origin is not None else os.getcwd()
     path = os.path.abspath(os.path.join(base, os.path.expanduser(spec.steps[name].uses)))
     where = ("steps", name, "uses")
-    if not os.path.isfile(path):
+    if not os.path.exists(path):  # a FIFO or device is refused by read_yaml, by name
         here = os.path.dirname(path)
         near = difflib.get_close_matches(os.path.basename(path), os.listdir(here), n=1) if os.path.isdir(here) else []
         hint = f"did you mean {near[0]!r}?" if near else "paths are relative to the spec file that uses them"

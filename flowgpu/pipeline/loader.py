@@ -192,14 +192,15 @@ def _read_text(path: str) -> str:
     """The text of regular file ``path``, up to ``flowgpu.spec.max-bytes``; the file is checked
     after it is opened without blocking (a FIFO would wait for a writer), so nothing can swap it."""
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        kind = ("a directory" if stat.S_ISDIR(info.st_mode) else "a FIFO" if stat.S_ISFIFO(info.st_mode)
+                else "a device" if stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode) else "a socket")
+        raise SpecLimitError(f"{path!r} is {kind}, not a regular file", file=path, path="<document>",
+                             hint="give the path of a YAML file")
+    most = limit("max-bytes")
     with os.fdopen(fd, "rb") as f:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            kind = ("a directory" if stat.S_ISDIR(info.st_mode) else "a FIFO" if stat.S_ISFIFO(info.st_mode)
-                    else "a device" if stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode) else "a socket")
-            raise SpecLimitError(f"{path!r} is {kind}, not a regular file", file=path, path="<document>",
-                                 hint="give the path of a YAML file")
-        most = limit("max-bytes")
         data = f.read(most + 1)
     if info.st_size > most or len(data) > most:
         raise SpecLimitError(f"{path!r} holds {max(info.st_size, len(data)):,} bytes, more than the "
