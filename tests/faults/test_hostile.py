@@ -94,6 +94,12 @@ BAD_INPUTS = {
     "chunks [0]": (input_spec("source: random, shape: [4, 4], chunks: [0, 2]"), "block length of 0"),
     "chunks 0": (input_spec("source: random, shape: [4, 4], chunks: 0"), "block length of 0"),
     "arange to .inf": (input_spec("source: arange, stop: .inf"), "stop=inf is not a finite number"),
+    "expression 5000 operations long": (input_spec("source: random, shape: [4, 4]").replace(
+        "outputs:", "steps:\n  e: {op: expr, inputs: {x: x}, args: {expression: 'x" + " + x" * 5000 + "'}}\noutputs:"),
+        "nests more than 200 operations deep"),
+    "expression 300 parentheses deep": (input_spec("source: random, shape: [4, 4]").replace(
+        "outputs:", "steps:\n  e: {op: expr, inputs: {x: x}, args: {expression: '" + "(" * 300 + "x" + ")" * 300
+        + "'}}\noutputs:"), "too many nested parentheses"),
     "arange by a tiny step": (input_spec("source: arange, stop: 1.0e+300, step: 1.0e-300"), "too many values"),
 }
 
