@@ -11,6 +11,8 @@ signature becomes its options model.
 from __future__ import annotations
 
 import inspect
+import os
+import stat
 from collections.abc import Callable
 from typing import Any, Literal, Union
 
@@ -158,18 +160,36 @@ class ArangeOptions(_Source):
         return self
 
 
-class ZarrOptions(_Source):
+def _not_special(path: str) -> str:
+    """Refuse a local path that is a FIFO, device or socket: reading one blocks forever or never ends."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return path  # missing, or a URL: the source says so when it opens it
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        raise ValueError(f"{path!r} is {'a FIFO' if stat.S_ISFIFO(mode) else 'a device or socket'}, not a file; "
+                         "give the path of stored data")
+    return path
+
+
+class _Stored(_Source):
+    path: str
+
+    @field_validator("path")
+    @classmethod
+    def _file(cls, v: str) -> str:
+        return _not_special(v)
+
+
+class ZarrOptions(_Stored):
     """A Zarr array (path relative to the working directory)."""
 
-    path: str
     component: str | None = None
     chunks: Chunks | None = None
 
 
-class NpyOptions(_Source):
+class NpyOptions(_Stored):
     """A ``.npy`` file, read chunk by chunk (path relative to the working directory)."""
-
-    path: str
 
 
 class PythonOptions(_Source):

@@ -93,6 +93,9 @@ BAD_INPUTS = {
                            "outside int32's range"),
     "chunks [0]": (input_spec("source: random, shape: [4, 4], chunks: [0, 2]"), "block length of 0"),
     "chunks 0": (input_spec("source: random, shape: [4, 4], chunks: 0"), "block length of 0"),
+    "chunks of 1e400": (input_spec("source: random, shape: [4, 4], chunks: 1e400"), "do not fit shape"),
+    "npy input /dev/zero": (input_spec("source: npy, path: /dev/zero"), "is a device or socket, not a file"),
+    "zarr input /dev/zero": (input_spec("source: zarr, path: /dev/zero"), "is a device or socket, not a file"),
     "arange to .inf": (input_spec("source: arange, stop: .inf"), "stop=inf is not a finite number"),
     "expression 5000 operations long": (input_spec("source: random, shape: [4, 4]").replace(
         "outputs:", "steps:\n  e: {op: expr, inputs: {x: x}, args: {expression: 'x" + " + x" * 5000 + "'}}\noutputs:"),
@@ -167,6 +170,14 @@ def test_non_regular_or_large_files_are_refused_at_once(tmp_path, kind, role):
     assert wall < LIMIT_S and rss < LIMIT_MB, (wall, rss)
     if not (role != "include" and kind == "directory"):  # click's usage error is its own two lines
         assert_refused(result)
+
+
+def test_a_fifo_as_input_data_is_refused_at_once(tmp_path):
+    """Opening a FIFO waits for a writer forever; the input's path is checked by stat first."""
+    os.mkfifo(tmp_path / "x.npy")
+    (tmp_path / "spec.yaml").write_text(input_spec("source: npy, path: x.npy"))
+    assert "inputs.x.path" in assert_refused(flowgpu("run", "spec.yaml", cwd=tmp_path, kill_after=20), "a FIFO")
+    assert not (tmp_path / "out.zarr").exists(), "nothing written"
 
 
 def test_an_internal_error_is_one_line_and_a_log_file(tmp_path):
