@@ -43,7 +43,8 @@ GUARD = ("a script that starts a Session needs an 'if __name__ == \"__main__\":'
 def main_unguarded() -> bool:
     """Whether the main script has no top-level ``if __name__ == "__main__":`` (so spawned workers rerun it)."""
     path = getattr(sys.modules.get("__main__"), "__file__", None)
-    if not path or not str(path).endswith(".py"):
+    spawns = dask.config.get("distributed.worker.multiprocessing-method", default="spawn") != "fork"
+    if not spawns or not path or not str(path).endswith(".py"):
         return False
     try:
         with open(path, encoding="utf-8") as f:
