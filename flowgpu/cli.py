@@ -52,7 +52,8 @@ def _bug(error: BaseException) -> None:
         with os.fdopen(fd, "w") as f:
             traceback.print_exception(error, file=f)
         where = f"written to {path} (or run with --debug to show it)"
-    _fail(f"internal error {type(error).__name__}: {str(error)[:200]}; this is a bug in flowgpu, please report "
+    said = " ".join(str(error).split())[:200]
+    _fail(f"internal error {type(error).__name__}: {said}; this is a bug in flowgpu, please report "
           f"it; the traceback is {where}", EXIT_FAILED)
 
 

@@ -64,7 +64,7 @@ def check_size(shape: tuple[int, ...], dtype: Any = None) -> None:
 def check_fill_value(value: Any, dtype: Any) -> None:
     """Refuse a fill value that ``dtype`` cannot hold (``inf`` or ``1e10`` as int32 would be garbage)."""
     dtype = np.dtype(dtype)
-    if isinstance(value, (bool, np.bool_)) or dtype.kind in "cOSUV":
+    if isinstance(value, (bool, np.bool_)) or dtype.kind in "cmMOSUV":
         return
     if dtype.kind == "b":
         if value not in (0, 1):

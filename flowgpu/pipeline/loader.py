@@ -60,9 +60,10 @@ class SourceMap:
                 return (None, None) if self.file is None else (1, 1)
             path = path[:-1]
 
-    def error(self, message: str, path: Path = (), hint: str | None = None, *, key: bool = False) -> SpecError:
+    def error(self, message: str, path: Path = (), hint: str | None = None, *, key: bool = False,
+              kind: type[SpecError] = SpecError) -> SpecError:
         line, col = self.locate(path, key=key)
-        return SpecError(message, file=self.file, line=line, col=col, path=format_path(tuple(path)), hint=hint)
+        return kind(message, file=self.file, line=line, col=col, path=format_path(tuple(path)), hint=hint)
 
     def sub(self, prefix: Path) -> "SourceMap":
         """The part of this map under ``prefix``, re-rooted (used for included specs' bindings)."""
@@ -110,12 +111,13 @@ def _build(node: yaml.Node, loader: _Loader, smap: SourceMap, path: Path, depth:
     smap.values[path] = _mark(node)
     loader.nodes += 1
     if depth > loader.max_depth:
-        raise _limit_error(smap, f"the document nests deeper than {loader.max_depth} levels (a recursive alias?)",
-                           path, "remove the alias that refers to itself, or raise flowgpu.spec.max-depth")
+        raise smap.error(f"the document nests deeper than {loader.max_depth} levels (a recursive alias?)", path,
+                         hint="remove the alias that refers to itself, or raise flowgpu.spec.max-depth",
+                         kind=SpecLimitError)
     if loader.nodes > loader.max_nodes:
-        raise _limit_error(smap, f"the document holds more than {loader.max_nodes:,} values once its aliases are "
-                           "expanded (aliases of aliases, a 'billion laughs'?)", path,
-                           "write the values out instead of nesting aliases, or raise flowgpu.spec.max-nodes")
+        raise smap.error(f"the document holds more than {loader.max_nodes:,} values once its aliases are expanded "
+                         "(aliases of aliases, a 'billion laughs'?)", path, kind=SpecLimitError,
+                         hint="write the values out instead of nesting aliases, or raise flowgpu.spec.max-nodes")
     if node.tag not in _PLAIN_TAGS:
         raise smap.error(f"the YAML tag {node.tag.replace('tag:yaml.org,2002:', '!!')!r} is not allowed", path,
                          hint="specs are plain data: remove the tag (flowgpu never constructs Python objects "
@@ -147,11 +149,6 @@ def _build(node: yaml.Node, loader: _Loader, smap: SourceMap, path: Path, depth:
     if node.tag.endswith(("timestamp", "binary")):
         return node.value  # keep dates and base64 text as the strings the user wrote
     return value
-
-
-def _limit_error(smap: SourceMap, message: str, path: Path, hint: str) -> SpecLimitError:
-    e = smap.error(message, path, hint=hint)
-    return SpecLimitError(e.message, file=e.file, line=e.line, col=e.col, path=e.path, hint=e.hint)
 
 
 def _syntax_hint(text: str, mark: Any) -> str:
