@@ -240,8 +240,11 @@ def schema(output: str | None) -> None:
     """Print the JSON schema of spec files (for yaml-language-server's $schema modeline)."""
     text = json.dumps(pipeline.json_schema(), indent=2) + "\n"
     if output:
-        with open(output, "w") as f:
-            f.write(text)
+        try:
+            with open(output, "w") as f:
+                f.write(text)
+        except OSError as e:
+            _fail(f"cannot write {output}: {e.strerror}", EXIT_FAILED)
     else:
         click.echo(text, nl=False)
 

@@ -180,6 +180,17 @@ def test_a_fifo_as_input_data_is_refused_at_once(tmp_path):
     assert not (tmp_path / "out.zarr").exists(), "nothing written"
 
 
+def test_an_include_bomb_is_refused(tmp_path):
+    """Two steps using a file with two steps using the next ...: 2**20 compiles, refused after max-includes."""
+    for i in range(20):
+        (tmp_path / f"l{i}.yaml").write_text(
+            f"inputs:\n  x: {{source: random, shape: [4]}}\nsteps:\n  a: {{uses: l{i + 1}.yaml, inputs: {{x: x}}}}\n"
+            f"  b: {{uses: l{i + 1}.yaml, inputs: {{x: x}}}}\noutputs:\n  y: {{from: x, sink: zarr, path: out.zarr}}\n")
+    (tmp_path / "l20.yaml").write_text("inputs:\n  x: {source: random, shape: [4]}\noutputs:\n  y: {from: x}\n")
+    assert_refused(flowgpu("run", "l0.yaml", cwd=tmp_path, kill_after=30), "more than 200 included specs")
+    assert not (tmp_path / "out.zarr").exists(), "nothing written"
+
+
 def test_an_internal_error_is_one_line_and_a_log_file(tmp_path):
     """A bug (here: a command that raises what flowgpu never means to) is said in one line, with where the
     traceback went; --debug shows it."""
