@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
-import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -23,24 +22,38 @@ ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("P
 pytestmark = pytest.mark.timeout(120)
 
 
+# A small launcher forks and execs the command and reports its peak RSS (os.wait4). The test session
+# cannot do it itself: Linux carries the RSS peak of the process image replaced by exec into the
+# child's ru_maxrss, so a child forked from a 500 MB pytest would read 500 MB.
+LAUNCHER = """
+import os, sys
+pid = os.fork()
+if pid == 0:
+    os.execv(sys.argv[2], sys.argv[2:])
+_, status, usage = os.wait4(pid, 0)
+with open(sys.argv[1], "w") as f:
+    f.write(str(usage.ru_maxrss))
+os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
+"""
+
+
 def flowgpu(*args: str, cwd: Path, kill_after: float = 60) -> tuple[int, str, str, float, float]:
-    """Run ``python -m flowgpu ARGS``: exit code, stdout, stderr, wall seconds and the child's max RSS in MB
-    (``os.wait4`` reports that child's own, not the test session's)."""
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        start = time.monotonic()
-        p = subprocess.Popen([sys.executable, "-m", "flowgpu", *args], cwd=cwd, stdout=out, stderr=err, env=ENV,
-                             stdin=subprocess.DEVNULL)
-        timer = threading.Timer(kill_after, p.kill)
-        timer.start()
-        try:
-            _, status, usage = os.wait4(p.pid, 0)
-        finally:
-            timer.cancel()
-        p.returncode = os.waitstatus_to_exitcode(status)
-        wall = time.monotonic() - start
-        out.seek(0)
-        err.seek(0)
-        return p.returncode, out.read().decode(), err.read().decode(), wall, usage.ru_maxrss / 1024
+    """Run ``python -m flowgpu ARGS``: exit code, stdout, stderr, wall seconds and its peak RSS in MB."""
+    rss_file = cwd.parent / f".{cwd.name}.rss"
+    start = time.monotonic()
+    p = subprocess.Popen([sys.executable, "-S", "-I", "-c", LAUNCHER, str(rss_file), sys.executable, "-m", "flowgpu",
+                          *args], cwd=cwd, env=ENV, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=kill_after)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)  # the launcher and flowgpu under it: this test's own processes
+        p.communicate()
+        raise AssertionError(f"flowgpu {' '.join(args)[:80]} still ran after {kill_after}s") from None
+    wall = time.monotonic() - start
+    rss = int(rss_file.read_text()) / 1024
+    rss_file.unlink()
+    return p.returncode, out, err, wall, rss
 
 
 def assert_refused(result, *words: str) -> str:
