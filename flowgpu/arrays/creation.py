@@ -9,11 +9,11 @@ from typing import Any
 
 import dask.array as da
 import numpy as np
-from dask.utils import format_bytes
+from dask.utils import format_bytes, parse_bytes
 
 from flowgpu import config
 from flowgpu.arrays import random as _random
-from flowgpu.arrays.chunks import resolve_chunks
+from flowgpu.arrays.chunks import resolve_chunks, target_chunk_bytes
 from flowgpu.arrays.movement import to_device
 from flowgpu.backend import current_backend, import_cupy, is_cupy
 from flowgpu.errors import ChunkError, ConfigError
@@ -91,15 +91,37 @@ def _seed(seed: Any) -> int:
     return int(seed)
 
 
+def _fewest_blocks(chunks: Any, shape: tuple[int, ...], dtype: np.dtype) -> int:
+    """The fewest blocks ``chunks`` can cut ``shape`` into, counted before dask lists them all (a list
+    of 10**12 block lengths does not fit in memory): lengths divide their axis, a byte size the whole."""
+    if chunks is None or isinstance(chunks, str):
+        try:
+            per = max((target_chunk_bytes() if chunks in (None, "auto") else parse_bytes(chunks)) // dtype.itemsize, 1)
+        except (ValueError, TypeError, OverflowError):
+            return 1
+        return -(-math.prod(shape) // per)
+    if isinstance(chunks, (int, np.integer)) and not isinstance(chunks, bool):
+        chunks = (chunks,) * len(shape)
+    if not isinstance(chunks, (tuple, list)) or len(chunks) != len(shape):
+        return 1
+    lengths = [c if isinstance(c, (int, np.integer)) and not isinstance(c, bool) and c > 0 else None for c in chunks]
+    return math.prod(-(-s // c) for s, c in zip(shape, lengths) if c)
+
+
+def _check_blocks(blocks: int, shape: tuple[int, ...], chunks: Any) -> None:
+    most = int(config.get("spec.max-chunks"))
+    if blocks > most:
+        raise ChunkError(f"shape {list(shape)} in chunks of {chunks} makes {blocks:,} chunks, more than "
+                         f"flowgpu.spec.max-chunks ({most:,}); give larger chunks (a byte size such as '1GiB') or "
+                         "a smaller shape")
+
+
 def _generated(block_fn, shape, dtype, chunks, **kwargs) -> da.Array:
     backend = current_backend()
     check_size(shape, dtype)
+    _check_blocks(_fewest_blocks(chunks, shape, np.dtype(dtype)), shape, chunks)
     normalized = resolve_chunks(chunks, shape, dtype)
-    blocks, most = math.prod(len(c) for c in normalized), int(config.get("spec.max-chunks"))
-    if blocks > most:
-        raise ChunkError(f"shape {list(shape)} in chunks of {[max(c, default=0) for c in normalized]} makes "
-                         f"{blocks:,} chunks, more than flowgpu.spec.max-chunks ({most:,}); give larger chunks "
-                         "(a byte size such as '1GiB') or a smaller shape")
+    _check_blocks(math.prod(len(c) for c in normalized), shape, [max(c, default=0) for c in normalized])
 
     def block(block_info=None, _fn=block_fn, _shape=shape, _backend=backend, _kw=kwargs):
         loc = block_info[None]["array-location"]
