@@ -48,7 +48,7 @@ def set_path(data: dict, dotted: str, value: Any, smap: SourceMap) -> None:
     parts = dotted.split(".")
     if len(parts) > limit("max-depth"):
         raise SpecLimitError(f"--set {dotted[:40]}...: the key has {len(parts)} parts, more than "
-                             f"flowgpu.spec.max-depth ({limit('max-depth')})", path="--set",
+                             f"flowgpu.spec.max-depth ({limit('max-depth')})",
                              hint="set a key of the spec's own sections, e.g. params.n=1000")
     node = data
     for i, part in enumerate(parts[:-1]):
