@@ -29,7 +29,10 @@ LAUNCHER = """
 import os, sys
 pid = os.fork()
 if pid == 0:
-    os.execv(sys.argv[2], sys.argv[2:])
+    try:
+        os.execv(sys.argv[2], sys.argv[2:])
+    finally:
+        os._exit(127)
 _, status, usage = os.wait4(pid, 0)
 with open(sys.argv[1], "w") as f:
     f.write(str(usage.ru_maxrss))
