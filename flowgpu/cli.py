@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import signal
 import sys
+import tempfile
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -41,8 +44,24 @@ def _fail(message: str, code: int) -> None:
     sys.exit(code)
 
 
+def _bug(error: BaseException) -> None:
+    """An error flowgpu did not mean to raise: one line, the traceback in a log file (or shown with --debug)."""
+    if os.environ.get("FLOWGPU_DEBUG"):
+        traceback.print_exception(error)
+        where = "shown above"
+    else:
+        fd, path = tempfile.mkstemp(prefix="flowgpu-error-", suffix=".log")
+        with os.fdopen(fd, "w") as f:
+            traceback.print_exception(error, file=f)
+        where = f"written to {path} (or run with --debug to show it)"
+    said = " ".join(str(error).split())[:200]
+    _fail(f"internal error {type(error).__name__}: {said}; this is a bug in flowgpu, please report "
+          f"it; the traceback is {where}", EXIT_FAILED)
+
+
 def handle_errors(func: Callable) -> Callable:
-    """Turn flowgpu errors into one message and an exit code (2 invalid input, 1 failure while running)."""
+    """Turn flowgpu errors into one message and an exit code (2 invalid input, 1 failure while running);
+    any other error is a bug, said in one line (never a traceback)."""
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -56,6 +75,10 @@ def handle_errors(func: Callable) -> Callable:
             _fail(str(e), EXIT_FAILED)
         except KeyboardInterrupt:
             _fail("interrupted; no output was moved into place", EXIT_FAILED)
+        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise
+        except Exception as e:  # noqa: BLE001 - the last line of defence: no traceback reaches the user
+            _bug(e)
 
     return wrapper
 
@@ -98,8 +121,11 @@ def allow_address_option(func: Callable) -> Callable:
 
 @click.group(name="flowgpu", context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="flowgpu")
-def cli() -> None:
+@click.option("--debug", is_flag=True, help="Show the traceback of an internal error instead of writing it to a file.")
+def cli(debug: bool) -> None:
     """flowgpu: out-of-core dataflow pipelines on GPUs (or CPUs), scheduled by Dask."""
+    if debug:
+        os.environ["FLOWGPU_DEBUG"] = "1"
 
 
 @cli.command()
@@ -267,8 +293,11 @@ def schema(output: str | None) -> None:
     """Print the JSON schema of spec files (for yaml-language-server's $schema modeline)."""
     text = json.dumps(pipeline.json_schema(), indent=2) + "\n"
     if output:
-        with open(output, "w") as f:
-            f.write(text)
+        try:
+            with open(output, "w") as f:
+                f.write(text)
+        except OSError as e:
+            _fail(f"cannot write {output}: {e.strerror}", EXIT_FAILED)
     else:
         click.echo(text, nl=False)
 

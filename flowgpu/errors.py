@@ -15,6 +15,7 @@ __all__ = [
     "SessionError",
     "ChunkError",
     "SpecError",
+    "SpecLimitError",
     "OpError",
     "ArgumentError",
     "KernelError",
@@ -111,6 +112,11 @@ class SpecError(FlowgpuError, ValueError):
         field = f"{self.path}: " if self.path else ""
         hint = f" (hint: {self.hint})" if self.hint else ""
         return f"{head}{field}{self.message}{hint}"
+
+
+class SpecLimitError(SpecError):
+    """A spec (or params file, or ``--set`` value) beyond the ``flowgpu.spec`` limits: too large,
+    too deep, too many values once aliases expand, or not a regular file."""
 
 
 class OutputExistsError(FlowgpuError, FileExistsError):

@@ -49,7 +49,10 @@ def resolve_chunks(chunks: Any, shape: tuple[int, ...], dtype: Any) -> tuple:
                             chunks)
         else:
             out = normalize_chunks(chunks, shape, dtype=dtype)
-    except (ValueError, TypeError, NotImplementedError) as e:
+    except ZeroDivisionError:  # dask divides by each given block length
+        raise ChunkError(f"chunks={chunks!r} hold a block length of 0; give lengths of at least 1, -1 for a whole "
+                         "axis, or 'auto'") from None
+    except (ValueError, TypeError, NotImplementedError, OverflowError) as e:
         raise ChunkError(
             f"chunks={chunks!r} do not fit shape {tuple(shape)}: {e}; give 'auto', one size per axis such as "
             "(1000, 1000), or a byte size such as '256MiB'"

@@ -113,10 +113,25 @@ def is_scalar(value: Any) -> bool:
     return isinstance(value, (bool, int, float, np.bool_, np.integer, np.floating))
 
 
+MAX_DEPTH = 200  # operations one expression may nest; deeper trees pass Python's recursion in codegen
+
+
 def _fail(text: str, col: int, message: str, hint: str | None = None) -> KernelError:
-    pointer = f"\n    {text}\n    {' ' * (col - 1)}^"
+    shown, at = (text, col) if len(text) <= 120 else (text[max(col - 60, 0):col + 60], min(col, 61))
+    pointer = f"\n    {shown}\n    {' ' * (at - 1)}^"
     tail = f"; {hint}" if hint else ""
-    return KernelError(f"expression {text!r}, column {col}: {message}{tail}{pointer}")
+    quoted = repr(text) if len(text) <= 120 else f"{text[:57]!r}...({len(text):,} characters)"
+    return KernelError(f"expression {quoted}, column {col}: {message}{tail}{pointer}")
+
+
+def _depth(tree: ast.AST) -> int:
+    """How deep ``tree`` nests (without recursion: the tree may be deeper than Python's stack)."""
+    deepest, stack = 0, [(tree, 1)]
+    while stack:
+        node, d = stack.pop()
+        deepest = max(deepest, d)
+        stack.extend((child, d + 1) for child in ast.iter_child_nodes(node))
+    return deepest
 
 
 class _Builder:
@@ -216,6 +231,11 @@ def _parse_cached(text: str, allowed: frozenset[str] | None) -> "Expr":
     except SyntaxError as e:
         col = e.offset or 1
         raise _fail(text.strip(), col, f"not a valid expression ({e.msg})") from None
+    except (RecursionError, MemoryError):
+        tree = None
+    if tree is None or _depth(tree) > MAX_DEPTH:
+        raise _fail(text.strip(), 1, f"the expression nests more than {MAX_DEPTH} operations deep",
+                    "split it into several steps")
     builder = _Builder(text.strip(), allowed)
     root = builder.build(tree.body)
     return Expr(text.strip(), root, tuple(builder.names))

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
+import stat
 import warnings
 from collections.abc import Callable
 from typing import Any, Literal, Union
@@ -19,10 +21,10 @@ from typing import Any, Literal, Union
 import dask.array as da
 import numpy as np
 from dask.base import tokenize
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from flowgpu import arrays
-from flowgpu.arrays.creation import meta_for
+from flowgpu.arrays.creation import arange_length, check_fill_value, check_size, meta_for
 from flowgpu.errors import ConfigError, RunError
 from flowgpu.io.npy import from_npy
 from flowgpu.io.zarr import from_zarr
@@ -107,15 +109,24 @@ class _Source(Options):
     chunks: Chunks = Field("auto", description="Chunk shape, a byte size such as '256MiB', or 'auto'.")
 
 
+def _dtype(info: ValidationInfo) -> np.dtype | None:
+    """The ``dtype`` already validated beside the field being checked (None when it is bad: its own error)."""
+    try:
+        return np.dtype(info.data.get("dtype") or "float64")
+    except TypeError:
+        return None
+
+
 class _Generated(_Source):
+    dtype: str = "float64"  # before shape: the shape's size check reads it
     shape: list[int] = Field(..., description="Array shape, e.g. [10000, 10000].")
-    dtype: str = "float64"
 
     @field_validator("shape")
     @classmethod
-    def _non_negative(cls, v: list[int]) -> list[int]:
+    def _non_negative(cls, v: list[int], info: ValidationInfo) -> list[int]:
         if any(s < 0 for s in v):
             raise ValueError("shape lengths must be >= 0")
+        check_size(tuple(v), _dtype(info))
         return v
 
 
@@ -146,6 +157,14 @@ class FullOptions(_Generated):
 
     fill_value: float | int | bool
 
+    @field_validator("fill_value")
+    @classmethod
+    def _fits_dtype(cls, v: float | int | bool, info: ValidationInfo) -> float | int | bool:
+        dtype = _dtype(info)
+        if dtype is not None:
+            check_fill_value(v, dtype)
+        return v
+
 
 class ArangeOptions(_Source):
     """Evenly spaced values in [start, stop)."""
@@ -155,19 +174,42 @@ class ArangeOptions(_Source):
     step: float | int = 1
     dtype: str | None = None
 
+    @model_validator(mode="after")
+    def _finite(self) -> "ArangeOptions":
+        arange_length(self.start, self.stop, self.step)
+        return self
 
-class ZarrOptions(_Source):
+
+def _not_special(path: str) -> str:
+    """Refuse a local path that is a FIFO, device or socket: reading one blocks forever or never ends."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return path  # missing, or a URL: the source says so when it opens it
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        raise ValueError(f"{path!r} is {'a FIFO' if stat.S_ISFIFO(mode) else 'a device or socket'}, not a file; "
+                         "give the path of stored data")
+    return path
+
+
+class _Stored(_Source):
+    path: str
+
+    @field_validator("path")
+    @classmethod
+    def _file(cls, v: str) -> str:
+        return _not_special(v)
+
+
+class ZarrOptions(_Stored):
     """A Zarr array (path relative to the working directory)."""
 
-    path: str
     component: str | None = None
     chunks: Chunks | None = None
 
 
-class NpyOptions(_Source):
+class NpyOptions(_Stored):
     """A ``.npy`` file, read chunk by chunk (path relative to the working directory)."""
-
-    path: str
 
 
 class PythonOptions(_Source):

@@ -120,7 +120,7 @@ def build(data: Any, smap: SourceMap, overrides: dict[str, Any] | None = None) -
         if key.split(".")[0] not in S.Spec.model_fields:
             close = difflib.get_close_matches(key.split(".")[0], list(S.Spec.model_fields), n=1)
             raise SpecError(f"--set {key}: {key.split('.')[0]!r} is not a section of a spec", file=smap.file,
-                            line=1, col=1, path=key,
+                            line=1, col=1, path=key if len(key) <= 60 else key[:57] + "...",
                             hint=f"did you mean {close[0]!r}?" if close else "use e.g. params.n=1000")
         set_path(work, key, value, smap)
     values = resolve_params(work, smap, param_over)

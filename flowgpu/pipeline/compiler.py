@@ -326,7 +326,8 @@ def compile(spec: Spec | str | os.PathLike | dict, params: dict[str, Any] | None
         origin = _origin(spec)
         spec = build(origin.raw, origin.smap, {**origin.overrides, **extra})
     try:
-        return _compile(spec, fuse=fuse, for_run=for_run)
+        with compose.counting_includes():
+            return _compile(spec, fuse=fuse, for_run=for_run)
     except ConfigError as e:  # e.g. bad chunks
         raise SpecError(str(e), file=_origin(spec).file, line=1, col=1, path="<document>",
                         hint="check the spec's inputs and args") from None

@@ -8,20 +8,36 @@ outputs become ``<step>.<output>`` here. Its sinks are not written: only this pi
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from typing import Any
 
 import dask.array as da
 import numpy as np
 
-from flowgpu.errors import SpecError
+from flowgpu.errors import SpecError, SpecLimitError
 from flowgpu.pipeline.build import build
-from flowgpu.pipeline.loader import SourceMap, read_yaml
+from flowgpu.pipeline.loader import SourceMap, limit, read_yaml
 from flowgpu.pipeline.spec import Spec
 
-__all__ = ["resolve_uses", "compile_uses"]
+__all__ = ["resolve_uses", "compile_uses", "counting_includes"]
+
+_included: ContextVar[list[int] | None] = ContextVar("flowgpu_included", default=None)
+
+
+@contextlib.contextmanager
+def counting_includes() -> Iterator[None]:
+    """Count the included specs one compile builds: includes of includes multiply (two steps using a
+    file that has two steps using the next ... is 2**depth compiles), so past ``flowgpu.spec.max-includes``
+    the compile stops instead of running for hours."""
+    token = _included.set([0])
+    try:
+        yield
+    finally:
+        _included.reset(token)
 
 
 def resolve_uses(spec: Spec, name: str, smap: SourceMap, stack: tuple[str, ...]) -> str:
@@ -30,7 +46,7 @@ def resolve_uses(spec: Spec, name: str, smap: SourceMap, stack: tuple[str, ...])
     base = origin.base_dir if origin is not None else os.getcwd()
     path = os.path.abspath(os.path.join(base, os.path.expanduser(spec.steps[name].uses)))
     where = ("steps", name, "uses")
-    if not os.path.isfile(path):
+    if not os.path.exists(path):  # a FIFO or device is refused by read_yaml, by name
         here = os.path.dirname(path)
         near = difflib.get_close_matches(os.path.basename(path), os.listdir(here), n=1) if os.path.isdir(here) else []
         hint = f"did you mean {near[0]!r}?" if near else "paths are relative to the spec file that uses them"
@@ -67,6 +83,13 @@ def compile_uses(spec: Spec, name: str, smap: SourceMap, values: dict[str, Any],
     """Compile step ``name``'s included spec with its inputs bound; returns its Plan."""
     step = spec.steps[name]
     path = resolve_uses(spec, name, smap, stack)
+    count, most = _included.get(), limit("max-includes")
+    if count is not None:
+        count[0] += 1
+        if count[0] > most:
+            raise smap.error(f"more than {most} included specs to compile (includes of includes multiply)",
+                             ("steps", name, "uses"), kind=SpecLimitError,
+                             hint="include each spec from fewer steps, or raise flowgpu.spec.max-includes")
     data, child_map = read_yaml(path)
     declared = (data.get("params") or {}) if isinstance(data, dict) else {}
     for key in step.params:

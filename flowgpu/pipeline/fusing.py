@@ -5,7 +5,9 @@ An elementwise op registers an ``expression`` template over its array parameters
 read only by one other elementwise step (and is not an output) is inlined into that step's
 expression; the chain then runs as one :func:`flowgpu.fusion.fused_elementwise` call, with no
 temporary array per step. A ``sum``/``mean``/``min``/``max``/``prod`` step reading a chain takes it
-in as well. Nothing here changes results: the unfused graph is built first, and the fused one must
+in as well. A chain longer than ``MAX_FUSED_STEPS`` is cut into kernels of that many steps: one
+expression nests once per step, and Python's parser and recursion stop a few hundred levels deep.
+Nothing here changes results: the unfused graph is built first, and the fused one must
 match its shape and dtype or it is not used.
 """
 
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import graphlib
 import numbers
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,7 +23,9 @@ from typing import Any
 from flowgpu.fusion import REDUCTIONS
 from flowgpu.ops.registry import Op
 
-__all__ = ["FusionPlan", "plan_fusion"]
+__all__ = ["FusionPlan", "plan_fusion", "MAX_FUSED_STEPS"]
+
+MAX_FUSED_STEPS = 32  # steps one fused expression nests at most (each adds a few levels of parentheses)
 
 
 @dataclass
@@ -103,9 +108,17 @@ def plan_fusion(spec, ops: dict[str, Op], consumers: dict[str, list[str]], outpu
         if tree is not None:
             exprs[name], refs[name] = (tree, {}, [name]), list(step.inputs)
 
+    cut: set[str] = set()  # steps that end a segment of a long chain: read by the next one as a leaf
+
     def inlinable(ref: str, into: set | dict = exprs) -> bool:
         readers = consumers.get(ref, [])
-        return ref in exprs and ref not in outputs and len(readers) == 1 and readers[0] in into
+        return ref in exprs and ref not in outputs and ref not in cut and len(readers) == 1 and readers[0] in into
+
+    depth: dict[str, int] = {}  # steps nested in a step's expression, itself included
+    for name in graphlib.TopologicalSorter({n: [r for r in refs[n] if r in exprs] for n in exprs}).static_order():
+        depth[name] = 1 + max((depth[r] for r in refs[name] if inlinable(r)), default=0)
+        if depth[name] >= MAX_FUSED_STEPS:
+            cut.add(name)
 
     built: dict[str, tuple[ast.expr, dict[str, str], list[str]]] = {}
 

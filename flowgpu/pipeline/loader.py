@@ -5,6 +5,9 @@ plain Python data by hand, so that
 
 * duplicate keys are refused (YAML parsers silently keep the last one);
 * every tag other than the plain ones (``!!python/object/apply``, ``!custom``, ...) is refused;
+* a document is bounded (``flowgpu.spec`` in flowgpu.yaml): only regular files are read, up to
+  ``max-bytes``; nesting deeper than ``max-depth`` and more than ``max-nodes`` values once aliases
+  are expanded (a "billion laughs") are refused while composing, before memory fills;
 * a :class:`SourceMap` maps each field path, e.g. ``("steps", "norm", "op")``, to its line and
   column, and every later error (pydantic's, the compiler's) can say ``spec.yaml:14:5``.
 """
@@ -12,14 +15,16 @@ plain Python data by hand, so that
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
 
-from flowgpu.errors import SpecError
+from flowgpu import config
+from flowgpu.errors import SpecError, SpecLimitError
 
-__all__ = ["SourceMap", "read_yaml", "parse_yaml", "format_path"]
+__all__ = ["SourceMap", "read_yaml", "parse_yaml", "format_path", "limit"]
 
 _PLAIN_TAGS = {
     "tag:yaml.org,2002:" + t for t in ("str", "int", "float", "bool", "null", "map", "seq", "timestamp", "binary")
@@ -55,9 +60,10 @@ class SourceMap:
                 return (None, None) if self.file is None else (1, 1)
             path = path[:-1]
 
-    def error(self, message: str, path: Path = (), hint: str | None = None, *, key: bool = False) -> SpecError:
+    def error(self, message: str, path: Path = (), hint: str | None = None, *, key: bool = False,
+              kind: type[SpecError] = SpecError) -> SpecError:
         line, col = self.locate(path, key=key)
-        return SpecError(message, file=self.file, line=line, col=col, path=format_path(tuple(path)), hint=hint)
+        return kind(message, file=self.file, line=line, col=col, path=format_path(tuple(path)), hint=hint)
 
     def sub(self, prefix: Path) -> "SourceMap":
         """The part of this map under ``prefix``, re-rooted (used for included specs' bindings)."""
@@ -69,8 +75,32 @@ class SourceMap:
         )
 
 
+def limit(name: str) -> int:
+    """``flowgpu.spec.<name>`` as a number (byte sizes such as ``"1MiB"`` parsed)."""
+    value = config.get(f"spec.{name}")
+    return int(config.parse_size(value) if isinstance(value, str) else value)
+
+
 class _Loader(yaml.SafeLoader):
-    """SafeLoader that only composes; construction is done by :func:`_build`."""
+    """SafeLoader that only composes (construction is done by :func:`_build`), refusing to nest
+    deeper than ``flowgpu.spec.max-depth`` while it composes (its recursion is Python's)."""
+
+    def __init__(self, text: str, file: str | None):
+        super().__init__(text)
+        self.file, self.depth, self.nodes = file, 0, 0
+        self.max_depth, self.max_nodes = limit("max-depth"), limit("max-nodes")
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.depth >= self.max_depth:
+            mark = self.peek_event().start_mark
+            raise SpecLimitError(f"the document nests deeper than {self.max_depth} levels", file=self.file,
+                                 line=mark.line + 1, col=mark.column + 1, path="<document>",
+                                 hint="flatten it, or raise flowgpu.spec.max-depth")
+        self.depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
 
 
 def _mark(node: yaml.Node) -> tuple[int, int]:
@@ -79,9 +109,15 @@ def _mark(node: yaml.Node) -> tuple[int, int]:
 
 def _build(node: yaml.Node, loader: _Loader, smap: SourceMap, path: Path, depth: int = 0) -> Any:
     smap.values[path] = _mark(node)
-    if depth > 100:
-        raise smap.error("the document nests too deeply (a recursive alias?)", path,
-                         hint="remove the alias that refers to itself")
+    loader.nodes += 1
+    if depth > loader.max_depth:
+        raise smap.error(f"the document nests deeper than {loader.max_depth} levels (a recursive alias?)", path,
+                         hint="remove the alias that refers to itself, or raise flowgpu.spec.max-depth",
+                         kind=SpecLimitError)
+    if loader.nodes > loader.max_nodes:
+        raise smap.error(f"the document holds more than {loader.max_nodes:,} values once its aliases are expanded "
+                         "(aliases of aliases, a 'billion laughs'?)", path, kind=SpecLimitError,
+                         hint="write the values out instead of nesting aliases, or raise flowgpu.spec.max-nodes")
     if node.tag not in _PLAIN_TAGS:
         raise smap.error(f"the YAML tag {node.tag.replace('tag:yaml.org,2002:', '!!')!r} is not allowed", path,
                          hint="specs are plain data: remove the tag (flowgpu never constructs Python objects "
@@ -127,7 +163,7 @@ def _syntax_hint(text: str, mark: Any) -> str:
 def parse_yaml(text: str, file: str | None = None) -> tuple[Any, SourceMap]:
     """Parse YAML text into plain data and its :class:`SourceMap`; errors are :class:`SpecError`."""
     smap = SourceMap(file)
-    loader = _Loader(text)
+    loader = _Loader(text, file)
     try:
         try:
             node = loader.get_single_node()
@@ -149,12 +185,32 @@ def parse_yaml(text: str, file: str | None = None) -> tuple[Any, SourceMap]:
         loader.dispose()
 
 
+def _read_text(path: str) -> str:
+    """The text of regular file ``path``, up to ``flowgpu.spec.max-bytes``; the file is checked
+    after it is opened without blocking (a FIFO would wait for a writer), so nothing can swap it."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        kind = ("a directory" if stat.S_ISDIR(info.st_mode) else "a FIFO" if stat.S_ISFIFO(info.st_mode)
+                else "a device" if stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode) else "a socket")
+        raise SpecLimitError(f"{path!r} is {kind}, not a regular file", file=path, path="<document>",
+                             hint="give the path of a YAML file")
+    most = limit("max-bytes")
+    with os.fdopen(fd, "rb") as f:
+        data = f.read(most + 1)
+    if info.st_size > most or len(data) > most:
+        raise SpecLimitError(f"{path!r} holds {max(info.st_size, len(data)):,} bytes, more than the "
+                             f"{most:,} a spec may hold", file=path, path="<document>",
+                             hint="specs are small YAML files; raise flowgpu.spec.max-bytes if this one is meant")
+    return data.decode("utf-8")
+
+
 def read_yaml(path: str | os.PathLike) -> tuple[Any, SourceMap]:
-    """Read and parse a YAML file."""
+    """Read and parse a YAML file (a regular file, within the ``flowgpu.spec`` limits)."""
     path = os.fspath(path)
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        text = _read_text(path)
     except FileNotFoundError:
         raise SpecError(f"spec file {path!r} does not exist", file=path, line=None, col=None,
                         path="<document>", hint="check the path (relative paths start at the working directory)"

@@ -10,9 +10,8 @@ from __future__ import annotations
 import difflib
 from typing import Any
 
-import yaml
-
-from flowgpu.pipeline.loader import SourceMap
+from flowgpu.errors import SpecError, SpecLimitError
+from flowgpu.pipeline.loader import SourceMap, limit, parse_yaml
 from flowgpu.pipeline.spec import PARAM_REF
 
 __all__ = ["resolve_params", "substitute", "parse_value", "set_path", "split_overrides"]
@@ -22,12 +21,15 @@ _TYPES = {"int": int, "float": float, "str": str, "bool": bool, "list": list}
 
 def parse_value(text: Any) -> Any:
     """A command-line value as YAML would read it: ``1000`` -> int, ``true`` -> bool, ``[1, 2]`` -> list."""
-    if not isinstance(text, str):
+    if not isinstance(text, str) or not text.strip():
         return text
     try:
-        return yaml.safe_load(text) if text.strip() else text
-    except yaml.YAMLError:
-        return text
+        return parse_yaml(text)[0]  # bounded like a spec file: no tags, no alias bombs, no deep nesting
+    except SpecLimitError as e:
+        shown = text if len(text) <= 40 else text[:37] + "..."
+        raise SpecLimitError(f"the value {shown!r}: {e.message}", hint=e.hint) from None
+    except SpecError:
+        return text  # not YAML: the text itself
 
 
 def split_overrides(overrides: dict[str, Any] | None) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -44,6 +46,10 @@ def split_overrides(overrides: dict[str, Any] | None) -> tuple[dict[str, Any], d
 def set_path(data: dict, dotted: str, value: Any, smap: SourceMap) -> None:
     """Set ``data["a"]["b"] = value`` for ``dotted="a.b"``, creating mappings on the way."""
     parts = dotted.split(".")
+    if len(parts) > limit("max-depth"):
+        raise SpecLimitError(f"--set {dotted[:40]}...: the key has {len(parts)} parts, more than "
+                             f"flowgpu.spec.max-depth ({limit('max-depth')})",
+                             hint="set a key of the spec's own sections, e.g. params.n=1000")
     node = data
     for i, part in enumerate(parts[:-1]):
         nxt = node.get(part) if isinstance(node, dict) else None

@@ -12,7 +12,10 @@ dask.config, and puts back what was there when it closes: ``array.backend`` (cup
 
 from __future__ import annotations
 
+import ast
 import logging
+import multiprocessing
+import sys
 import threading
 import warnings
 from typing import Any
@@ -32,6 +35,24 @@ __all__ = ["Session", "current_session"]
 
 _lock = threading.Lock()
 _stack: list["Session"] = []
+
+
+GUARD = ("a script that starts a Session needs an 'if __name__ == \"__main__\":' guard around it: each worker "
+         "process imports the script again, and without the guard starts another Session there")
+
+
+def main_unguarded() -> bool:
+    """Whether the main script has no top-level ``if __name__ == "__main__":`` (so spawned workers rerun it)."""
+    path = getattr(sys.modules.get("__main__"), "__file__", None)
+    spawns = dask.config.get("distributed.worker.multiprocessing-method", default="spawn") != "fork"
+    if not spawns or not path or not str(path).endswith(".py"):
+        return False
+    try:
+        with open(path, encoding="utf-8") as f:
+            body = ast.parse(f.read()).body
+    except (OSError, SyntaxError, ValueError):
+        return False
+    return not any(isinstance(n, ast.If) and "'__name__'" in ast.dump(n.test) for n in body)
 
 
 def current_session() -> "Session | None":
@@ -67,6 +88,10 @@ class Session:
     """
 
     def __init__(self, address: str | None = None, **kwargs: Any):
+        if getattr(multiprocessing.current_process(), "_inheriting", False):
+            # a worker process that multiprocessing spawned is importing the main script again: its
+            # Session is not wanted; say why once, quietly (the parent's SessionError says it too)
+            raise SystemExit(f"error: in a worker process: {GUARD}")
         self.options: SessionOptions = resolve(address, **kwargs)
         self.cluster = None
         self.client: Client | None = None
@@ -83,6 +108,8 @@ class Session:
             raise
         except Exception as e:
             self._teardown()
+            if self.options.address is None and main_unguarded():
+                raise SessionError(f"could not start the local workers: {GUARD}") from None
             where = self.options.address or f"{self.options.host} ({self.options.backend})"
             raise SessionError(
                 f"could not start or join the cluster at {where}: {e.__class__.__name__}: {e}; "

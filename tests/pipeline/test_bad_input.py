@@ -99,6 +99,15 @@ CASES = {
     "two outputs one path": (GOOD_INPUTS + "outputs:\n  o: {from: x, sink: npy, path: a.npy}\n"
                              "  p: {from: x, sink: npy, path: a.npy}\n", {}, [], 5, "outputs.p.path",
                              "both write"),
+    "fill value the dtype cannot hold": ("inputs:\n  x: {source: full, shape: [4], dtype: int32, fill_value: .inf}\n",
+                                         {}, [], 2, "inputs.x.fill_value", "int32 cannot hold it"),
+    "chunks of zero": ("inputs:\n  x: {source: random, shape: [4, 4], chunks: [0, 2]}\n", {}, [], 2, "inputs.x",
+                       "block length of 0"),
+    "arange to infinity": ("inputs:\n  x: {source: arange, stop: .inf}\n", {}, [], 2, "inputs.x",
+                           "not a finite number"),
+    "shape overflowing int64": ("inputs:\n  x: {source: random, shape: [10000000000, 10000000000]}\n", {}, [], 2,
+                                "inputs.x.shape", "more than a 64-bit index can count"),
+    "nesting too deep": ("name: " + "[" * 200 + "]" * 200 + "\n", {}, [], 1, "<document>", "nests deeper than 100"),
 }
 
 

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import os
+
+import dask
 import pytest
 
-from flowgpu.errors import SpecError
-from flowgpu.pipeline.loader import format_path, parse_yaml
+from flowgpu.errors import SpecError, SpecLimitError
+from flowgpu.pipeline.loader import format_path, parse_yaml, read_yaml
+from flowgpu.pipeline.params import parse_value
 
 TEXT = """\
 name: demo
@@ -63,3 +67,38 @@ def test_merge_keys_and_duplicates_are_refused():
 
 def test_empty_document_is_empty_mapping():
     assert parse_yaml("# nothing\n")[0] == {}
+
+
+def test_values_past_max_nodes_are_refused_while_expanding_aliases():
+    text = "a: &a [1, 2, 3, 4]\nb: &b [*a, *a, *a, *a]\nc: [*b, *b, *b, *b]\n"
+    assert len(parse_yaml(text)[0]["c"]) == 4  # 4 + 16 + 64 values + lists: within the default
+    with dask.config.set({"flowgpu.spec.max-nodes": 50}), pytest.raises(SpecLimitError, match="more than 50 values"):
+        parse_yaml(text, "bomb.yaml")
+
+
+def test_nesting_past_max_depth_is_refused_while_composing():
+    with dask.config.set({"flowgpu.spec.max-depth": 5}):
+        assert parse_yaml("a: [[[1]]]")[0] == {"a": [[[1]]]}
+        with pytest.raises(SpecLimitError, match="nests deeper than 5 levels") as e:
+            parse_yaml("a: [[[[[[1]]]]]]", "deep.yaml")
+    assert e.value.file == "deep.yaml" and e.value.line == 1
+
+
+def test_only_regular_files_within_max_bytes_are_read(tmp_path):
+    os.mkfifo(tmp_path / "fifo.yaml")
+    with pytest.raises(SpecLimitError, match="is a FIFO, not a regular file"):
+        read_yaml(tmp_path / "fifo.yaml")  # at once: opened without blocking, then refused
+    with pytest.raises(SpecLimitError, match="is a device"):
+        read_yaml("/dev/zero")
+    (tmp_path / "big.yaml").write_text("name: " + "x" * 2000 + "\n")
+    with dask.config.set({"flowgpu.spec.max-bytes": "1KiB"}), pytest.raises(SpecLimitError, match="2,007 bytes"):
+        read_yaml(tmp_path / "big.yaml")
+    assert read_yaml(tmp_path / "big.yaml")[0]["name"] == "x" * 2000
+
+
+def test_command_line_values_are_bounded_like_files():
+    assert parse_value("[1, [2, 3]]") == [1, [2, 3]]
+    assert parse_value("a: [1") == "a: [1"  # not YAML: the text itself
+    assert parse_value("!!python/name:os.system") == "!!python/name:os.system"  # tags are never constructed
+    with pytest.raises(SpecLimitError, match="nests deeper than"):
+        parse_value("[" * 500 + "]" * 500)
