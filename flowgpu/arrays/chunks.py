@@ -90,6 +90,7 @@ def check_fits(chunks: tuple, dtype: Any) -> None:
     largest = int(np.prod([max(c) if c else 0 for c in chunks], dtype=np.int64)) * np.dtype(dtype).itemsize
     if largest > budget:
         raise ChunkError(
-            f"the largest chunk holds {largest:,} bytes but a worker can hold {budget:,} bytes; "
-            "use smaller chunks (chunks='auto' sizes them for the workers) or more worker memory"
+            f"the largest chunk holds {largest:,} bytes but a worker can hold {budget:,} bytes (its memory "
+            "limit, less what the worker process itself uses); use smaller chunks (chunks='auto' sizes them "
+            "for the workers) or more worker memory (cluster.memory_limit)"
         )

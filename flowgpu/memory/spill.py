@@ -41,6 +41,8 @@ class HostSpill:
             self.drop_clean_one()
         while host.nbytes + incoming > limit and len(host):
             if self.write_one() < 0:
+                if self.disk.disabled_reason is not None:  # cannot spill: fail the task now, never pause for ever
+                    raise DiskFull(f"host memory is full and {self.disk.disabled_reason}")
                 if not incoming:
                     self.events.emit(Noted, "host_over_limit")
                 break
@@ -83,8 +85,8 @@ class HostSpill:
         try:
             self.disk.put(key, entry.value, entry.origin, entry.meta)
         except DiskFull as e:
-            msg = (f"{e}; keeping spilled chunks in memory from now on "
-                   "(free space there or set flowgpu.local-directory to another disk)")
+            msg = (f"{e}; free space there or set flowgpu.local-directory (cluster.local_directory) to "
+                   "another disk")
             self.disk.disable(msg)
             self.events.emit(Noted, "disk_failures", msg)
             warnings.warn(f"flowgpu: {msg}", RuntimeWarning, stacklevel=3)

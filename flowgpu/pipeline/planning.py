@@ -3,7 +3,11 @@
 For every input and step in order: shape, dtype, chunk shape, the tasks it adds to the graph, its
 size in bytes, and which steps are fused. The peak-memory estimate per worker is the largest
 working set of one task (its input chunks plus its output chunk) times the tasks a worker runs at
-once; it is an estimate from metadata, not a measurement.
+once; it is an estimate from metadata, not a measurement (``tests/faults/test_memory.py`` holds it
+against a worker's measured peak).
+
+:func:`check_memory` refuses, inside a session and before anything runs, a plan whose largest task
+cannot fit one worker, or whose largest array cannot fit the cluster's memory and spill disk.
 """
 
 from __future__ import annotations
@@ -13,12 +17,15 @@ from typing import Any
 import dask.array as da
 import numpy as np
 
+from dask.utils import format_bytes
+
 from flowgpu import config
 from flowgpu.backend import current_backend
+from flowgpu.errors import ChunkError, SpecError
 from flowgpu.pipeline.compiler import Plan
 from flowgpu.runtime.options import GPU_THREADS
 
-__all__ = ["describe", "graph_size"]
+__all__ = ["describe", "graph_size", "footprints", "check_memory"]
 
 
 def _keys(x: da.Array) -> set:
@@ -43,6 +50,65 @@ def graph_size(arrays: list[Any]) -> int:
 def _threads(plan: Plan) -> int:
     t = plan.spec.cluster.threads_per_worker or config.get("threads-per-worker")
     return int(t) if t else (GPU_THREADS if current_backend() == "cupy" else 1)
+
+
+def footprints(plan: Plan, prefix: str = "") -> list[tuple[str, str, int, int, int]]:
+    """Per input/step (included pipelines' too): ``(name, kind, bytes one task holds, chunk bytes,
+    array bytes)``, a task holding its output chunk and one chunk of each input."""
+    out = []
+    for name in plan.order:
+        node = plan.nodes[name]
+        if node.kind == "uses":
+            out.extend((prefix + name, "steps", f[2], f[3], f[4]) for f in footprints(plan.children[name]))
+            continue
+        x = node.array
+        if not isinstance(x, da.Array):
+            continue
+        working = _chunk_bytes(x)
+        if node.what != "bound":
+            working += sum(_chunk_bytes(plan.arrays[d]) for d in node.deps if isinstance(plan.arrays.get(d), da.Array))
+        size = 0 if any(np.isnan(s) for s in x.shape) else int(x.nbytes)
+        out.append((prefix + name, "inputs" if node.kind == "input" else "steps", working, _chunk_bytes(x), size))
+    return out
+
+
+def _refuse(plan: Plan, where: tuple[str, str], message: str, hint: str) -> SpecError:
+    origin = plan.spec._origin
+    if origin is None:
+        return ChunkError(f"{where[0]}.{where[1]}: {message}; {hint}")
+    return origin.smap.error(message, (where[0], where[1].split("/")[0]), hint=hint)
+
+
+def check_memory(plan: Plan, workers: dict[str, dict], threads: int, budget: int | None) -> None:
+    """Refuse ``plan`` before it runs on ``workers`` (the session's probe results) when one task,
+    ``threads`` at a time, cannot fit a worker's ``budget`` bytes, or its largest array cannot fit
+    the workers' memory plus the free space of their spill directories.
+
+    Raises a :class:`SpecError` naming the input or step, with the numbers and the fix.
+    """
+    feet = footprints(plan)
+    if not workers or budget is None or not feet:
+        return
+    name, section, working, chunk, _ = max(feet, key=lambda f: f[2])
+    if working * threads > budget:
+        raise _refuse(plan, (section, name),
+                      f"one task of {name!r} holds about {format_bytes(working)} (chunks of {format_bytes(chunk)}, "
+                      f"its output and its inputs' chunks), {threads} at a time per worker, but a worker can hold "
+                      f"{format_bytes(budget)} (its memory limit, less what the worker process uses)",
+                      "use smaller chunks (chunks: auto sizes them for the workers), fewer threads_per_worker, "
+                      "or a larger cluster.memory_limit")
+    disks: dict[str, int] = {}
+    for w in workers.values():
+        if w.get("spill_free") is not None:
+            disks[w.get("spill_disk") or w.get("local_directory") or "?"] = int(w["spill_free"])
+    room = budget * len(workers) + sum(disks.values())
+    name, section, _, _, size = max(feet, key=lambda f: f[4])
+    if size > room:
+        raise _refuse(plan, (section, name),
+                      f"{name!r} is {format_bytes(size)}, more than the cluster can hold: {len(workers)} worker(s) "
+                      f"of {format_bytes(budget)} and {format_bytes(sum(disks.values()))} free in their spill "
+                      "directories", "make it smaller, join a larger cluster (--scheduler), or give the workers "
+                      "more memory (cluster.memory_limit) or a local_directory with more free space")
 
 
 def describe(plan: Plan, prefix: str = "") -> dict[str, Any]:

@@ -33,7 +33,8 @@ from flowgpu.pipeline.build import build, from_dict, load, read_params_file
 from flowgpu.pipeline.compiler import Plan, compile
 from flowgpu.pipeline.checks import check_outputs, protected_paths, session_options
 from flowgpu.pipeline.outcome import failure_summary, write_json
-from flowgpu.pipeline.planning import graph_size
+from flowgpu.pipeline.failures import explain
+from flowgpu.pipeline.planning import check_memory, graph_size
 from flowgpu.pipeline.spec import Spec
 
 __all__ = ["RunResult", "run", "check_outputs", "protected_paths", "session_options"]
@@ -162,6 +163,8 @@ def _execute(spec: Spec, session: Any, overwrite: bool, summary_path: str | None
     # inside the session (its backend and chunk sizes), before anything is written; python sources
     # are called here, and only here
     plan = state["plan"] = compile(spec, for_run=True)
+    if getattr(session, "workers", None):  # one task, and the largest array, fit the workers (or a SpecError)
+        check_memory(plan, session.workers, session.threads_per_worker, session.worker_budget)
     status = "failed"
     try:
         for name, x in plan.outputs.items():
@@ -181,7 +184,8 @@ def _execute(spec: Spec, session: Any, overwrite: bool, summary_path: str | None
             raise OutputError(f"pipeline {spec.name!r} failed writing its outputs ({paths}): {e.strerror}; free "
                               "space there or choose a path on another filesystem. Nothing was replaced") from e
         except Exception as e:
-            raise RunError(f"pipeline {spec.name!r} failed while running: {type(e).__name__}: {e}") from e
+            raise explain(e, plan, session) or RunError(
+                f"pipeline {spec.name!r} failed while running: {type(e).__name__}: {e}") from e
         values = {}
         locations = sinks.commit_all(list(pending.values()))  # one transaction: all new or all old
         for (name, p), result, location in zip(pending.items(), results, locations):

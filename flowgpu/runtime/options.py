@@ -9,14 +9,17 @@ the scheduler file exist, does the limit fit the memory) is checked here, before
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
+import dask.config
 import psutil
 
 from flowgpu import backend as _backend
 from flowgpu import config
-from flowgpu.errors import BackendError, ConfigError, MemoryLimitError
+from flowgpu.errors import BackendError, ConfigError, MemoryLimitError, SessionError
 
 __all__ = ["GPU_THREADS", "SessionOptions", "parse_memory", "resolve"]
 
@@ -122,8 +125,32 @@ def _gpus(values: dict, names: dict) -> tuple[tuple[int, ...] | None, list[int]]
     return (None if wanted is None else tuple(wanted)), visible
 
 
+# Least free space a spill directory must have when a local cluster starts.
+MIN_SPILL_FREE = 64 << 20
+
+
+def check_spill_directory(directory: str | None, name: str) -> None:
+    """Refuse a spill directory that cannot be written, or has less than :data:`MIN_SPILL_FREE` free:
+    workers that cannot spill pause, and a run then waits for ever."""
+    where = directory or dask.config.get("temporary-directory", default=None) or tempfile.gettempdir()
+    fix = f"give {name} a writable directory on a disk with room, or free space there"
+    try:
+        os.makedirs(where, exist_ok=True)
+        with tempfile.TemporaryFile(dir=where) as f:
+            f.write(b"flowgpu")
+            f.flush()
+            os.fsync(f.fileno())
+        free = shutil.disk_usage(where).free
+    except OSError as e:
+        raise SessionError(f"the spill directory {where!r} cannot be written ({e.strerror}); {fix}") from None
+    if free < MIN_SPILL_FREE:
+        raise SessionError(f"the spill directory {where!r} has {free:,} bytes free, less than the "
+                           f"{MIN_SPILL_FREE:,} a worker needs to spill; {fix}")
+
+
 def _gpu_options(values: dict, names: dict, chosen: tuple[int, ...], common: dict) -> SessionOptions:
     _backend.import_cupy()  # a clear install hint before any worker starts
+    check_spill_directory(values["local-directory"], names["local-directory"])
     device = parse_memory(values["device-memory-limit"])
     if isinstance(device, int) and device:
         total = min(_backend.device_total_memory(g) for g in chosen)
@@ -144,6 +171,7 @@ def _gpu_options(values: dict, names: dict, chosen: tuple[int, ...], common: dic
 
 
 def _cpu_options(values: dict, names: dict, common: dict) -> SessionOptions:
+    check_spill_directory(values["local-directory"], names["local-directory"])
     memory = parse_memory(values["memory-limit"])
     total = psutil.virtual_memory().total
     if isinstance(memory, int) and memory > total:

@@ -327,13 +327,20 @@ def _dashboard_hosts(dask_scheduler: Any = None) -> list[str]:
     return [str(sock.getsockname()[0]) for sock in getattr(server, "_sockets", {}).values()]
 
 
+def _usable_fraction() -> float:
+    """Share of a CPU worker's memory_limit it can fill: distributed pauses it at ``pause`` and kills it at ``terminate``."""
+    marks = [dask.config.get(f"distributed.worker.memory.{k}", default=False) for k in ("pause", "terminate")]
+    return min([float(m) for m in marks if m and not isinstance(m, bool)] or [1.0])
+
+
 def worker_budget(workers: dict[str, dict], backend: str) -> int:
     """Smallest per-worker memory budget for chunks among ``workers``' probe results."""
     budgets = []
     for w in workers.values():
         if backend == "gpu":
             b = w.get("device_memory_limit") or w.get("device_memory") or 0
-        else:
-            b = w.get("memory_limit") or psutil.virtual_memory().total // max(len(workers), 1)
+        else:  # what the worker may fill before distributed pauses (or kills) it, less what its process holds
+            limit = w.get("memory_limit") or psutil.virtual_memory().total // max(len(workers), 1)
+            b = max(int(limit * _usable_fraction()) - int(w.get("rss") or 0), 0)
         budgets.append(int(b))
     return min(budgets) if budgets else psutil.virtual_memory().total

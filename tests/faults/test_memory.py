@@ -1,0 +1,138 @@
+"""Memory, checked before running: real ``python -m flowgpu run`` processes with small workers.
+
+Specs that cannot fit the workers are refused before anything runs (exit 2, the numbers and the
+fix, no output written); a worker that still dies names the step, its chunks and the limit (exit 1);
+a spill directory that is read-only or full is named when the session starts; ``chunks: auto``
+follows the workers' memory limit; ``plan``'s peak estimate bounds a worker's measured peak.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import dask.config
+import numpy as np
+import pytest
+
+import flowgpu as fg
+
+ROOT = Path(__file__).resolve().parents[2]
+TRACEBACK = "Traceback (most recent call last)"
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def flowgpu(*args: str, cwd: Path, env: dict | None = None, timeout: float = 120) -> tuple[subprocess.CompletedProcess, float]:
+    e = dict(os.environ)
+    e["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [e.get("PYTHONPATH")])])
+    e.update(env or {})
+    start = time.monotonic()
+    p = subprocess.run([sys.executable, "-m", "flowgpu", *args], cwd=cwd, env=e, capture_output=True, text=True,
+                       timeout=timeout)
+    return p, time.monotonic() - start
+
+
+def spec(tmp: Path, shape, chunks="auto", limit="400MB", step: str = "{op: multiply, inputs: [x], args: {b: 2.0}}",
+         local_directory: str | None = None) -> Path:
+    spill = f", local_directory: \"{local_directory}\"" if local_directory else ""
+    path = tmp / "spec.yaml"
+    path.write_text(f"""
+name: mem
+inputs:
+  x: {{source: random, shape: {list(shape)}, dtype: float64, seed: 3, chunks: {json.dumps(chunks)}}}
+steps:
+  y: {step}
+  s: {{op: sum, inputs: [y]}}
+outputs:
+  z: {{from: y, sink: zarr, path: "{tmp}/out/z.zarr"}}
+  t: {{from: s}}
+cluster: {{backend: cpu, n_workers: 1, threads_per_worker: 1, memory_limit: "{limit}",
+           dashboard_address: null{spill}}}
+""")
+    return path
+
+
+def written(tmp: Path) -> list[str]:
+    """What the run left in its output folder (the lock's folder may exist; nothing may be in it)."""
+    out = tmp / "out"
+    return sorted(p.name for p in out.iterdir()) if out.exists() else []
+
+
+def assert_refused(p: subprocess.CompletedProcess, wall: float, code: int, *words: str) -> None:
+    assert p.returncode == code, p.stderr[-2000:]
+    assert TRACEBACK not in p.stderr, p.stderr[-2000:]
+    for w in words:
+        assert w in p.stderr, p.stderr[-2000:]
+    assert wall < 90
+
+
+def test_a_chunk_larger_than_a_worker_is_refused_before_running(tmp_path):
+    p, wall = flowgpu("run", str(spec(tmp_path, [51200, 1000], chunks=[25600, 1000])), cwd=tmp_path)
+    assert_refused(p, wall, 2, "inputs.x", "204,800,000 bytes", "a worker can hold", "smaller chunks")
+    assert written(tmp_path) == []  # nothing written, nothing lost
+
+
+def test_a_task_larger_than_a_worker_is_refused_before_running(tmp_path):
+    # one 80 MB chunk fits a 400 MB worker's budget, but multiply holds its input and output chunks
+    p, wall = flowgpu("run", str(spec(tmp_path, [51200, 1000], chunks=[10000, 1000])), cwd=tmp_path)
+    assert_refused(p, wall, 2, "steps.y", "one task of 'y' holds about 152.59 MiB", "a worker can hold",
+                   "cluster.memory_limit")
+    assert written(tmp_path) == []
+
+
+def test_ten_terabytes_on_this_machine_are_refused_before_running(tmp_path):
+    p, wall = flowgpu("run", str(spec(tmp_path, [1250000, 1000000], limit="2GB")), cwd=tmp_path)
+    assert_refused(p, wall, 2, "'x' is 9.09 TiB, more than the cluster can hold", "free in their spill directories")
+    assert written(tmp_path) == []
+
+
+def test_auto_chunks_follow_the_workers_memory_limit():
+    chunks = {}
+    for limit in ("700MiB", "1500MiB"):
+        with fg.Session(backend="cpu", n_workers=1, threads_per_worker=1, memory_limit=limit,
+                        dashboard_address=None) as s:
+            budget = dask.config.get("flowgpu.worker.budget")
+            assert 0 < budget == s.worker_budget < int(limit[:-3]) << 20  # less than the limit: the process uses some
+            chunks[limit] = fg.random((200000, 1000), seed=1).chunksize
+    small, large = (np.prod(chunks[k]) * 8 for k in ("700MiB", "1500MiB"))
+    assert small < large  # smaller workers, smaller chunks
+
+
+def test_a_worker_killed_for_memory_names_the_step_chunks_and_limit(tmp_path):
+    step = '{op: map_blocks, inputs: [x], args: {function: "tests.faults.memfuncs:hog", dtype: float64}}'
+    path = spec(tmp_path, [4000, 1000], chunks=[2000, 1000], limit="600MB", step=step)
+    p, wall = flowgpu("run", str(path), "--trust", "tests", cwd=ROOT,
+                      env={"DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES": "0"})
+    assert_refused(p, wall, 1, "step 'y'", "chunks of 15.26 MiB", "limited to 572.20 MiB", "out of memory")
+    assert "KilledWorker" not in p.stderr
+    assert written(tmp_path) == []  # nothing half-written
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """A 20 MiB tmpfs (root only); unmounted afterwards."""
+    where = tmp_path / "spill"
+    where.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=20m", "tmpfs", str(where)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    yield where
+    subprocess.run(["umount", "-l", str(where)], capture_output=True)
+
+
+def test_a_read_only_spill_directory_is_named_at_start(tmp_path, tmpfs):
+    subprocess.run(["mount", "-o", "remount,ro", str(tmpfs)], check=True)
+    p, wall = flowgpu("run", str(spec(tmp_path, [1000, 100], local_directory=str(tmpfs))), cwd=tmp_path)
+    assert_refused(p, wall, 1, f"the spill directory '{tmpfs}' cannot be written (Read-only file system)",
+                   "writable directory")
+    assert written(tmp_path) == []
+
+
+def test_a_full_spill_directory_is_named_at_start(tmp_path, tmpfs):
+    p, wall = flowgpu("run", str(spec(tmp_path, [1000, 100], local_directory=str(tmpfs))), cwd=tmp_path)
+    assert_refused(p, wall, 1, f"the spill directory '{tmpfs}' has", "bytes free", "free space there")
+    assert written(tmp_path) == []
