@@ -3,7 +3,7 @@
 For every input and step in order: shape, dtype, chunk shape, the tasks it adds to the graph, its
 size in bytes, and which steps are fused. The peak-memory estimate per worker is the largest
 working set of one task (its input chunks plus its output chunk) times the tasks a worker runs at
-once; it is an estimate from metadata, not a measurement (``tests/faults/test_memory.py`` holds it
+once, plus one chunk waiting for its dependents or its write; it is an estimate from metadata, not a measurement (``tests/faults/test_memory.py`` holds it
 against a worker's measured peak).
 
 :func:`check_memory` refuses, inside a session and before anything runs, a plan whose largest task
@@ -72,6 +72,10 @@ def footprints(plan: Plan, prefix: str = "") -> list[tuple[str, str, int, int, i
     return out
 
 
+# Sources whose blocks a CPU worker makes with flowgpu's compiled kernels (loaded by the first task).
+_KERNEL_SOURCES = {"random", "normal"}
+
+
 def _refuse(plan: Plan, where: tuple[str, str], message: str, hint: str) -> SpecError:
     origin = plan.spec._origin
     if origin is None:
@@ -89,6 +93,8 @@ def check_memory(plan: Plan, workers: dict[str, dict], threads: int, budget: int
     feet = footprints(plan)
     if not workers or budget is None or not feet:
         return
+    if any(n.kind == "input" and n.what in _KERNEL_SOURCES for n in plan.nodes.values()):
+        budget = max(budget - max(int(w.get("kernels") or 0) for w in workers.values()), 0)
     name, section, working, chunk, _ = max(feet, key=lambda f: f[2])
     if working * threads > budget:
         raise _refuse(plan, (section, name),
@@ -166,5 +172,6 @@ def describe(plan: Plan, prefix: str = "") -> dict[str, Any]:
         "fused": plan.fused,
         "peak_task_bytes": peak,
         "threads_per_worker": threads,
-        "peak_worker_bytes": peak * threads,
+        # one result waiting for its dependents or its write, besides what the running tasks hold
+        "peak_worker_bytes": peak * threads + max((f[3] for f in footprints(plan)), default=0),
     }

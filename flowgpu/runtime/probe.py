@@ -41,14 +41,14 @@ CPU_KERNELS = 120 << 20
 
 
 def spill_space(directory: str | None) -> dict:
-    """The process's memory in use once flowgpu's CPU kernels are loaded (``rss``: what a worker holds
-    before any chunk) and its spill
+    """The process's memory in use (``rss``: what a worker holds before any chunk; ``kernels``: what
+    loading flowgpu's compiled CPU kernels will add) and its spill
     directory's free bytes, with the host and device it lies on (workers sharing a disk share it)."""
-    rss = psutil.Process().memory_info().rss
+    kernels = 0
     if dask.config.get("array.backend", "numpy") == "numpy" and "numba" not in sys.modules \
             and importlib.util.find_spec("numba") is not None:
-        rss += CPU_KERNELS  # loaded by the first task (not here: it would kill a worker whose limit is below it)
-    out = {"rss": rss, "local_directory": directory, "spill_free": None,
+        kernels = CPU_KERNELS  # loaded by the first task that uses them (not here: it could kill the worker)
+    out = {"rss": psutil.Process().memory_info().rss, "kernels": kernels, "local_directory": directory, "spill_free": None,
            "spill_disk": None}
     if directory:
         try:

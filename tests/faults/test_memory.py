@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 import flowgpu as fg
+from flowgpu import pipeline
 
 ROOT = Path(__file__).resolve().parents[2]
 TRACEBACK = "Traceback (most recent call last)"
@@ -72,8 +73,8 @@ def assert_refused(p: subprocess.CompletedProcess, wall: float, code: int, *word
 
 
 def test_a_chunk_larger_than_a_worker_is_refused_before_running(tmp_path):
-    p, wall = flowgpu("run", str(spec(tmp_path, [51200, 1000], chunks=[25600, 1000])), cwd=tmp_path)
-    assert_refused(p, wall, 2, "inputs.x", "204,800,000 bytes", "a worker can hold", "smaller chunks")
+    p, wall = flowgpu("run", str(spec(tmp_path, [51200, 1000], chunks=[38400, 1000])), cwd=tmp_path)
+    assert_refused(p, wall, 2, "inputs.x", "307,200,000 bytes", "a worker can hold", "smaller chunks")
     assert written(tmp_path) == []  # nothing written, nothing lost
 
 
@@ -136,3 +137,30 @@ def test_a_full_spill_directory_is_named_at_start(tmp_path, tmpfs):
     p, wall = flowgpu("run", str(spec(tmp_path, [1000, 100], local_directory=str(tmpfs))), cwd=tmp_path)
     assert_refused(p, wall, 1, f"the spill directory '{tmpfs}' has", "bytes free", "free space there")
     assert written(tmp_path) == []
+
+
+def _rss(dask_worker=None) -> tuple[int, int]:
+    """A worker's resident bytes now and at its peak."""
+    import resource  # noqa: PLC0415 - runs on the worker
+
+    import psutil  # noqa: PLC0415
+
+    return psutil.Process().memory_info().rss, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss << 10
+
+
+def test_plans_peak_estimate_bounds_a_workers_measured_peak(tmp_path):
+    """``plan``'s peak per worker against the worker's measured peak: measured <= 1.5 x estimate, and the
+    estimate is at most 3 x the measured peak (not a bound so loose that it says nothing)."""
+    path = spec(tmp_path, [51200, 1000], chunks=[6400, 1000], limit="2GB")
+    with fg.Session(backend="cpu", n_workers=1, threads_per_worker=1, memory_limit="2GB", dashboard_address=None) as s:
+        fg.random((100, 100), seed=0).sum().compute()  # the worker's kernels are loaded: its baseline
+        (before, _), = s.client.run(_rss).values()
+        plan = pipeline.compile(str(path), for_run=True)
+        estimate = pipeline.describe(plan)["peak_worker_bytes"]
+        result = pipeline.run(str(path), session=s, progress=False)
+        (_, peak), = s.client.run(_rss).values()
+    expected = float((fg.random((51200, 1000), seed=3, chunks=(6400, 1000)).compute(scheduler="sync") * 2).sum())
+    assert result.outputs["t"] == pytest.approx(expected)
+    measured = peak - before
+    assert 0 < measured <= 1.5 * estimate, (measured, estimate)
+    assert estimate <= 3 * measured, (measured, estimate)
