@@ -5,21 +5,27 @@ it, and raises ``KilledWorker`` naming only the task's key. Each key's name is t
 the plan's arrays (the compiler's layer names), so the step, its chunk size and the workers' memory
 limit can be named, with the fix. A worker dies for other reasons too (a crash in native code, a
 SIGKILL); the message says memory is the likely cause, not the certain one.
+
+:class:`watch_spill` covers the other way a run stops without a word: a worker whose spill
+directory fills or turns read-only during the run cannot free memory, and distributed pauses it
+for ever. The watch polls the workers' stores (:meth:`Session.memory_summary`, their "errors") and,
+on a new spill failure, cancels the run's tasks and raises a :class:`RunError` with the reason.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import dask.array as da
 import numpy as np
 from dask.utils import format_bytes, key_split
-from distributed import KilledWorker
+from distributed import Future, KilledWorker
 
 from flowgpu.errors import RunError
 from flowgpu.pipeline.compiler import Plan
 
-__all__ = ["explain"]
+__all__ = ["explain", "watch_spill"]
 
 
 def _step_of(plan: Plan, name: str, prefix: str = "") -> tuple[str, da.Array] | None:
@@ -55,3 +61,42 @@ def explain(error: BaseException, plan: Plan | None, session: Any) -> RunError |
         "out of memory. Use smaller chunks, fewer threads_per_worker, or a larger cluster.memory_limit "
         "(flowgpu plan shows each step's chunks and the estimated peak per worker). Nothing was written"
     )
+
+
+class watch_spill:  # noqa: N801 - used as a context manager, like a function
+    """While open, end the session's computations when a worker's spill directory stops taking writes."""
+
+    def __init__(self, session: Any, interval: float = 0.5):
+        self.session, self.interval = session, interval
+        self.error: str | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _errors(self) -> list[str]:
+        summary = self.session.memory_summary()
+        return list(summary["errors"]) if summary else []
+
+    def _watch(self, before: set) -> None:
+        client = self.session.client
+        while not self._stop.wait(self.interval):
+            new = [e for e in self._errors() if e not in before]
+            if new:
+                self.error = new[0]
+                futures = [Future(k, client) for k in list(client.futures)]
+                client.cancel(futures, reason="spill-failed", msg=self.error)
+                return
+
+    def __enter__(self) -> "watch_spill":
+        if getattr(self.session, "client", None) is not None:
+            self._thread = threading.Thread(target=self._watch, args=(set(self._errors()),), daemon=True,
+                                            name="flowgpu-watch-spill")
+            self._thread.start()
+        return self
+
+    def __exit__(self, kind, exc, tb) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        if exc is not None and self.error is not None:
+            raise RunError(f"a worker could not spill, so the run was stopped: {self.error}. Nothing was "
+                           "written") from exc

@@ -33,7 +33,7 @@ from flowgpu.pipeline.build import build, from_dict, load, read_params_file
 from flowgpu.pipeline.compiler import Plan, compile
 from flowgpu.pipeline.checks import check_outputs, protected_paths, session_options
 from flowgpu.pipeline.outcome import failure_summary, write_json
-from flowgpu.pipeline.failures import explain
+from flowgpu.pipeline.failures import explain, watch_spill
 from flowgpu.pipeline.planning import check_memory, graph_size
 from flowgpu.pipeline.spec import Spec
 
@@ -173,8 +173,9 @@ def _execute(spec: Spec, session: Any, overwrite: bool, summary_path: str | None
         targets = [p.target for p in pending.values()]
         faults.point("after-prepare")
         try:
-            results = compute_with_progress(targets, client=getattr(session, "client", None), console=console,
-                                            show=progress, description=spec.name)
+            with watch_spill(session):  # a spill directory that fills during the run stops it, with the reason
+                results = compute_with_progress(targets, client=getattr(session, "client", None),
+                                                console=console, show=progress, description=spec.name)
         except FlowgpuError:
             raise
         except OSError as e:

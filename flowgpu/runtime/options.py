@@ -16,6 +16,7 @@ from typing import Any
 
 import dask.config
 import psutil
+from dask.utils import format_bytes
 
 from flowgpu import backend as _backend
 from flowgpu import config
@@ -144,8 +145,8 @@ def check_spill_directory(directory: str | None, name: str) -> None:
     except OSError as e:
         raise SessionError(f"the spill directory {where!r} cannot be written ({e.strerror}); {fix}") from None
     if free < MIN_SPILL_FREE:
-        raise SessionError(f"the spill directory {where!r} has {free:,} bytes free, less than the "
-                           f"{MIN_SPILL_FREE:,} a worker needs to spill; {fix}")
+        raise SessionError(f"the spill directory {where!r} has {format_bytes(free)} free, less than the "
+                           f"{format_bytes(MIN_SPILL_FREE)} a worker needs to spill; {fix}")
 
 
 def _gpu_options(values: dict, names: dict, chosen: tuple[int, ...], common: dict) -> SessionOptions:

@@ -7,6 +7,7 @@ import pytest
 import flowgpu as fg
 from flowgpu.arrays.chunks import check_fits, resolve_chunks, target_chunk_bytes
 from flowgpu.errors import ChunkError
+from flowgpu.runtime.session import worker_budget
 
 NO_SESSION = {"flowgpu.worker.budget": None, "flowgpu.worker.threads": None}  # as without an open Session
 
@@ -57,3 +58,13 @@ def test_chunks_larger_than_the_worker_budget_are_refused():
             check_fits(chunks, "float64")
         with pytest.raises(ChunkError, match="largest chunk"):
             resolve_chunks((4000, 4000), (8000, 8000), "float64")
+
+
+def test_a_cpu_workers_budget_is_its_limit_up_to_the_pause_less_its_process():
+    """What a CPU session publishes as ``flowgpu.worker.budget`` (and so what sizes chunks="auto")."""
+    workers = {"a": {"memory_limit": 1000 << 20, "rss": 100 << 20}, "b": {"memory_limit": 2000 << 20, "rss": 90 << 20}}
+    with dask.config.set({"distributed.worker.memory.pause": 0.8, "distributed.worker.memory.terminate": 0.95}):
+        assert worker_budget(workers, "cpu") == int((1000 << 20) * 0.8) - (100 << 20)  # the smallest worker's
+    with dask.config.set({"distributed.worker.memory.pause": False, "distributed.worker.memory.terminate": False}):
+        assert worker_budget(workers, "cpu") == (900 << 20)
+    assert worker_budget({"a": {"memory_limit": 100 << 20, "rss": 200 << 20}}, "cpu") == 0  # never negative

@@ -114,15 +114,25 @@ def test_a_worker_killed_for_memory_names_the_step_chunks_and_limit(tmp_path):
     assert written(tmp_path) == []  # nothing half-written
 
 
+def mount_tmpfs(where: Path, size: str) -> Path:
+    where.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
+                      capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    return where
+
+
 @pytest.fixture
 def tmpfs(tmp_path):
     """A 20 MiB tmpfs (root only); unmounted afterwards."""
-    where = tmp_path / "spill"
-    where.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=20m", "tmpfs", str(where)], capture_output=True).returncode:
-        pytest.skip("cannot mount a tmpfs here")
-    yield where
-    subprocess.run(["umount", "-l", str(where)], capture_output=True)
+    yield mount_tmpfs(tmp_path / "spill", "20m")
+    subprocess.run(["umount", "-l", str(tmp_path / "spill")], capture_output=True)
+
+
+@pytest.fixture
+def tmpfs128(tmp_path):
+    yield mount_tmpfs(tmp_path / "spill", "128m")
+    subprocess.run(["umount", "-l", str(tmp_path / "spill")], capture_output=True)
 
 
 def test_a_read_only_spill_directory_is_named_at_start(tmp_path, tmpfs):
@@ -135,7 +145,8 @@ def test_a_read_only_spill_directory_is_named_at_start(tmp_path, tmpfs):
 
 def test_a_full_spill_directory_is_named_at_start(tmp_path, tmpfs):
     p, wall = flowgpu("run", str(spec(tmp_path, [1000, 100], local_directory=str(tmpfs))), cwd=tmp_path)
-    assert_refused(p, wall, 1, f"the spill directory '{tmpfs}' has", "bytes free", "free space there")
+    assert_refused(p, wall, 1, f"the spill directory '{tmpfs}' has 20.00 MiB free, less than the 64.00 MiB",
+                   "free space there")
     assert written(tmp_path) == []
 
 
@@ -164,3 +175,30 @@ def test_plans_peak_estimate_bounds_a_workers_measured_peak(tmp_path):
     measured = peak - before
     assert 0 < measured <= 1.5 * estimate, (measured, estimate)
     assert estimate <= 3 * measured, (measured, estimate)
+
+
+def test_a_spill_disk_that_fills_during_the_run_fails_it_promptly(tmp_path, tmpfs128):
+    """The first block fills the spill filesystem; the worker then holds more than its store's host limit
+    (the mean needs every chunk of f before c) and cannot spill: the run fails at once, saying why,
+    instead of pausing the worker for ever."""
+    path = tmp_path / "spec.yaml"
+    path.write_text(f"""
+name: spill
+inputs:
+  x: {{source: random, shape: [80000, 1000], dtype: float64, seed: 3, chunks: [6400, 1000]}}
+steps:
+  f: {{op: map_blocks, inputs: [x], args: {{function: "tests.faults.memfuncs:fill_spill_disk", dtype: float64}}}}
+  m: {{op: mean, inputs: [f], args: {{axis: 0, keepdims: true}}}}
+  c: {{op: subtract, inputs: [f, m]}}
+  s: {{op: sum, inputs: [c]}}
+outputs:
+  z: {{from: c, sink: zarr, path: "{tmp_path}/out/c.zarr"}}
+  t: {{from: s}}
+cluster: {{backend: cpu, n_workers: 1, threads_per_worker: 1, memory_limit: 1GB, dashboard_address: null,
+           local_directory: "{tmpfs128}"}}
+""")
+    p, wall = flowgpu("run", str(path), "--trust", "tests", cwd=ROOT,
+                      env={"FLOWGPU_TEST_SPILL_FILL": str(tmpfs128)})
+    assert_refused(p, wall, 1, "could not write to the spill directory", "No space left on device",
+                   "free space there")
+    assert written(tmp_path) == []  # nothing half-written

@@ -105,7 +105,9 @@ def test_evict_protocol_for_distributed_memory_monitor(tmp_path, rng):
 
 
 # -- failures of the disk tier ------------------------------------------------------------------
-def test_disk_full_keeps_data_in_memory_and_reports_it(tmp_path, rng, monkeypatch):
+def test_disk_full_fails_the_write_that_cannot_fit_and_reports_it(tmp_path, rng, monkeypatch):
+    """A spill that fails (ENOSPC) disables the disk tier; the next chunk that cannot fit in host memory
+    fails at once (the task fails, the run ends with the reason) rather than the worker pausing for ever."""
     def enospc(path, array):
         with open(path, "wb") as f:
             f.write(b"partial")
@@ -115,31 +117,34 @@ def test_disk_full_keeps_data_in_memory_and_reports_it(tmp_path, rng, monkeypatc
     chunks = _chunks(rng, 5)
     nb = chunks[("x", 0)].nbytes
     store = FlowgpuStore(str(tmp_path), memory_limit=2 * nb)
-    with pytest.warns(RuntimeWarning, match="No space left"):
-        for k, v in chunks.items():
-            store[k] = v
-    for k, v in chunks.items():
+    items = list(chunks.items())
+    for k, v in items[:2]:
+        store[k] = v
+    with pytest.warns(RuntimeWarning, match="No space left"), \
+            pytest.raises(disk_mod.DiskFull, match="host memory is full and could not write to the spill directory"):
+        store[items[2][0]] = items[2][1]
+    for k, v in items[:2]:  # what was stored before is all there
         np.testing.assert_array_equal(store[k], v)
     st = store.stats()
     assert st["events"]["disk_failures"] == 1
-    assert st["events"]["host_over_limit"] >= 1
     assert any("No space left" in e for e in st["errors"])
     assert st["tiers"]["disk"]["disabled"] and st["tiers"]["disk"]["keys"] == 0
     assert os.listdir(store.directory) == []  # the partial file is gone
     assert store.evict() == -1
 
 
-def test_read_only_spill_directory_keeps_data_in_memory(tmp_path, rng):
+def test_read_only_spill_directory_fails_the_write_that_cannot_fit(tmp_path, rng):
     blocker = tmp_path / "not-a-directory"
     blocker.write_text("a file where the spill directory should be")
     chunks = _chunks(rng, 4)
     nb = chunks[("x", 0)].nbytes
     store = FlowgpuStore(str(blocker), memory_limit=nb)  # <file>/flowgpu-spill cannot be created
-    with pytest.warns(RuntimeWarning, match="could not write to the spill directory"):
-        for k, v in chunks.items():
-            store[k] = v
-    for k, v in chunks.items():
-        np.testing.assert_array_equal(store[k], v)
+    items = list(chunks.items())
+    store[items[0][0]] = items[0][1]
+    with pytest.warns(RuntimeWarning, match="could not write to the spill directory"), \
+            pytest.raises(disk_mod.DiskFull, match="local-directory"):
+        store[items[1][0]] = items[1][1]
+    np.testing.assert_array_equal(store[items[0][0]], items[0][1])
     assert store.stats()["events"]["disk_failures"] == 1
 
 

@@ -1,0 +1,56 @@
+"""``check_memory``: a plan refused before it runs when one task or its largest array cannot fit the
+workers (their probe results stand in for a session here), with the numbers, the input or step, and
+where it is in the spec."""
+
+from __future__ import annotations
+
+import pytest
+
+from flowgpu import pipeline
+from flowgpu.errors import SpecError
+from flowgpu.pipeline.planning import check_memory, footprints
+
+MiB = 1 << 20
+
+
+def _plan(shape, chunks):
+    return pipeline.compile({
+        "version": 1, "name": "p",
+        "inputs": {"x": {"source": "zeros", "shape": list(shape), "dtype": "float64", "chunks": list(chunks)}},
+        "steps": {"y": {"op": "add", "inputs": ["x", "x"]}, "s": {"op": "sum", "inputs": ["y"]}},
+        "outputs": {"t": {"from": "s"}},
+    })
+
+
+def _workers(n, free, kernels=0):
+    return {f"w{i}": {"rss": 80 * MiB, "kernels": kernels, "spill_free": free, "spill_disk": "host:1",
+                      "local_directory": "/spill"} for i in range(n)}
+
+
+def test_footprint_of_a_step_is_its_output_chunk_and_its_inputs_chunks():
+    plan = _plan((1000, 1000), (100, 1000))  # 0.76 MiB chunks
+    feet = {name: (section, working, chunk) for name, section, working, chunk, _ in footprints(plan)}
+    chunk = 100 * 1000 * 8
+    assert feet["x"] == ("inputs", chunk, chunk)
+    assert feet["y"] == ("steps", 2 * chunk, chunk)  # its output and x's chunk (once, though named twice)
+
+
+def test_a_task_that_cannot_fit_a_worker_is_refused_with_the_numbers():
+    plan = _plan((1000, 1000), (500, 1000))  # 3.81 MiB chunks; y holds 7.63 MiB
+    check_memory(plan, _workers(2, 1 << 40), threads=1, budget=12 * MiB)  # fits
+    with pytest.raises(SpecError, match=r"one task of 'y' holds about 7.63 MiB .* 2 at a time per worker, "
+                                        r"but a worker can hold 12.00 MiB") as e:
+        check_memory(plan, _workers(2, 1 << 40), threads=2, budget=12 * MiB)
+    assert e.value.path == "steps.y" and "smaller chunks" in str(e.value)
+
+
+def test_an_array_larger_than_the_clusters_memory_and_spill_disk_is_refused():
+    plan = _plan((4000, 1000), (500, 1000))  # 30.52 MiB arrays
+    check_memory(plan, _workers(2, 10 * MiB), threads=1, budget=12 * MiB)  # 2 x 12 + 10 (one disk) = 34 MiB
+    with pytest.raises(SpecError, match=r"'x' is 30.52 MiB, more than the cluster can hold: 2 worker\(s\) of "
+                                        r"12.00 MiB and 5.00 MiB free"):
+        check_memory(plan, _workers(2, 5 * MiB), threads=1, budget=12 * MiB)
+
+
+def test_no_workers_no_check():
+    check_memory(_plan((4000, 1000), (500, 1000)), {}, threads=1, budget=1)
