@@ -107,12 +107,14 @@ def check_memory(plan: Plan, workers: dict[str, dict], threads: int, budget: int
     for w in workers.values():
         if w.get("spill_free") is not None:
             disks[w.get("spill_disk") or w.get("local_directory") or "?"] = int(w["spill_free"])
-    room = budget * len(workers) + sum(disks.values())
+    host = sum(int(w.get("memory_limit") or 0) for w in workers.values() if w.get("gpus"))  # GPU workers spill there
+    room = budget * len(workers) + host + sum(disks.values())
     name, section, _, _, size = max(feet, key=lambda f: f[4])
     if size > room:
+        also = f", {format_bytes(host)} of host memory" if host else ""
         raise _refuse(plan, (section, name),
                       f"{name!r} is {format_bytes(size)}, more than the cluster can hold: {len(workers)} worker(s) "
-                      f"of {format_bytes(budget)} and {format_bytes(sum(disks.values()))} free in their spill "
+                      f"of {format_bytes(budget)}{also} and {format_bytes(sum(disks.values()))} free in their spill "
                       "directories", "make it smaller, join a larger cluster (--scheduler), or give the workers "
                       "more memory (cluster.memory_limit) or a local_directory with more free space")
 

@@ -54,3 +54,12 @@ def test_an_array_larger_than_the_clusters_memory_and_spill_disk_is_refused():
 
 def test_no_workers_no_check():
     check_memory(_plan((4000, 1000), (500, 1000)), {}, threads=1, budget=1)
+
+
+def test_gpu_workers_count_their_host_memory_as_room():
+    plan = _plan((4000, 1000), (500, 1000))  # 30.52 MiB arrays
+    workers = {k: {**w, "gpus": 1, "memory_limit": 8 * MiB} for k, w in _workers(2, 0).items()}
+    check_memory(plan, workers, threads=1, budget=8 * MiB)  # 2 x 8 device + 2 x 8 host = 32 MiB
+    smaller = {k: {**w, "memory_limit": 6 * MiB} for k, w in workers.items()}
+    with pytest.raises(SpecError, match="12.00 MiB of host memory"):
+        check_memory(plan, smaller, threads=1, budget=8 * MiB)
