@@ -66,7 +66,7 @@ def explain(error: BaseException, plan: Plan | None, session: Any) -> RunError |
 class watch_spill:  # noqa: N801 - used as a context manager, like a function
     """While open, end the session's computations when a worker's spill directory stops taking writes."""
 
-    def __init__(self, session: Any, interval: float = 0.5):
+    def __init__(self, session: Any, interval: float = 1.0):
         self.session, self.interval = session, interval
         self.error: str | None = None
         self._stop = threading.Event()
@@ -87,8 +87,9 @@ class watch_spill:  # noqa: N801 - used as a context manager, like a function
                 return
 
     def __enter__(self) -> "watch_spill":
-        if getattr(self.session, "client", None) is not None:
-            self._thread = threading.Thread(target=self._watch, args=(set(self._errors()),), daemon=True,
+        summary = self.session.memory_summary() if getattr(self.session, "client", None) is not None else None
+        if summary is not None:  # workers that keep their data in flowgpu's store, which reports spill errors
+            self._thread = threading.Thread(target=self._watch, args=(set(summary["errors"]),), daemon=True,
                                             name="flowgpu-watch-spill")
             self._thread.start()
         return self
