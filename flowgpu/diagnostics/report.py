@@ -45,7 +45,8 @@ def render_plan(desc: dict[str, Any], console: Console) -> None:
     console.print(o)
     console.print(f"tasks in the graph: {desc['tasks']:,}   fused: {'yes' if desc['fused'] else 'no'}   "
                   f"estimated peak memory per worker: {format_bytes(desc['peak_worker_bytes'])} "
-                  f"({format_bytes(desc['peak_task_bytes'])} per task x {desc['threads_per_worker']} thread(s), and a chunk waiting)")
+                  f"({format_bytes(desc['peak_task_bytes'])} per task x {desc['threads_per_worker']} thread(s), "
+                  "and chunks waiting)")
 
 
 def render_summary(summary: dict[str, Any], console: Console) -> None:

@@ -3,8 +3,9 @@
 For every input and step in order: shape, dtype, chunk shape, the tasks it adds to the graph, its
 size in bytes, and which steps are fused. The peak-memory estimate per worker is the largest
 working set of one task (its input chunks plus its output chunk) times the tasks a worker runs at
-once, plus one chunk waiting for its dependents or its write; it is an estimate from metadata, not a measurement (``tests/faults/test_memory.py`` holds it
-against a worker's measured peak).
+once, plus the chunks waiting for their dependents or their write (as many as the root tasks the
+scheduler sends a worker at once); it is an estimate from metadata, not a measurement
+(``tests/faults/test_memory.py`` holds it against a worker's measured peak).
 
 :func:`check_memory` refuses, inside a session and before anything runs, a plan whose largest task
 cannot fit one worker, or whose largest array cannot fit the cluster's memory and spill disk.
@@ -12,11 +13,12 @@ cannot fit one worker, or whose largest array cannot fit the cluster's memory an
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import dask.array as da
+import dask.config
 import numpy as np
-
 from dask.utils import format_bytes
 
 from flowgpu import config
@@ -119,6 +121,17 @@ def check_memory(plan: Plan, workers: dict[str, dict], threads: int, budget: int
                       "more memory (cluster.memory_limit) or a local_directory with more free space")
 
 
+def _waiting(threads: int) -> int:
+    """Chunks a worker may hold besides its running tasks': results waiting for their dependents or
+    their write, as many as the root tasks the scheduler sends it at once (``worker-saturation``)."""
+    saturation = dask.config.get("distributed.scheduler.worker-saturation", default=1.1)
+    try:
+        saturation = float(saturation)
+    except (TypeError, ValueError):
+        saturation = 2.0
+    return math.ceil((saturation if math.isfinite(saturation) else 2.0) * threads)
+
+
 def describe(plan: Plan, prefix: str = "") -> dict[str, Any]:
     """Rows (one per input/step, in order) and totals of a compiled pipeline."""
     rows: list[dict[str, Any]] = []
@@ -174,6 +187,5 @@ def describe(plan: Plan, prefix: str = "") -> dict[str, Any]:
         "fused": plan.fused,
         "peak_task_bytes": peak,
         "threads_per_worker": threads,
-        # one result waiting for its dependents or its write, besides what the running tasks hold
-        "peak_worker_bytes": peak * threads + max((f[3] for f in footprints(plan)), default=0),
+        "peak_worker_bytes": peak * threads + _waiting(threads) * max((f[3] for f in footprints(plan)), default=0),
     }

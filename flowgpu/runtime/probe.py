@@ -42,14 +42,14 @@ CPU_KERNELS = 120 << 20
 
 def spill_space(directory: str | None) -> dict:
     """The process's memory in use (``rss``: what a worker holds before any chunk; ``kernels``: what
-    loading flowgpu's compiled CPU kernels will add) and its spill
-    directory's free bytes, with the host and device it lies on (workers sharing a disk share it)."""
+    loading flowgpu's compiled CPU kernels will add) and its spill directory's free bytes, with the
+    host and device it lies on (workers sharing a disk share it)."""
     kernels = 0
     if dask.config.get("array.backend", "numpy") == "numpy" and "numba" not in sys.modules \
             and importlib.util.find_spec("numba") is not None:
         kernels = CPU_KERNELS  # loaded by the first task that uses them (not here: it could kill the worker)
-    out = {"rss": psutil.Process().memory_info().rss, "kernels": kernels, "local_directory": directory, "spill_free": None,
-           "spill_disk": None}
+    out = {"rss": psutil.Process().memory_info().rss, "kernels": kernels, "local_directory": directory,
+           "spill_free": None, "spill_disk": None}
     if directory:
         try:
             out["spill_free"] = shutil.disk_usage(directory).free

@@ -328,7 +328,8 @@ def _dashboard_hosts(dask_scheduler: Any = None) -> list[str]:
 
 
 def _usable_fraction() -> float:
-    """Share of a CPU worker's memory_limit it can fill: distributed pauses it at ``pause`` and kills it at ``terminate``."""
+    """Share of a CPU worker's memory_limit it can fill: distributed pauses it at ``pause``, kills it at
+    ``terminate``."""
     marks = [dask.config.get(f"distributed.worker.memory.{k}", default=False) for k in ("pause", "terminate")]
     return min([float(m) for m in marks if m and not isinstance(m, bool)] or [1.0])
 
