@@ -95,14 +95,17 @@ def check_memory(plan: Plan, workers: dict[str, dict], threads: int, budget: int
     feet = footprints(plan)
     if not workers or budget is None or not feet:
         return
-    if any(n.kind == "input" and n.what in _KERNEL_SOURCES for n in plan.nodes.values()):
+    kernels = any(n.kind == "input" and n.what in _KERNEL_SOURCES for n in plan.nodes.values())
+    if kernels:
         budget = max(budget - max(int(w.get("kernels") or 0) for w in workers.values()), 0)
+    process = max(int(w.get("rss") or 0) + (int(w.get("kernels") or 0) if kernels else 0) for w in workers.values())
     name, section, working, chunk, _ = max(feet, key=lambda f: f[2])
     if working * threads > budget:
         raise _refuse(plan, (section, name),
                       f"one task of {name!r} holds about {format_bytes(working)} (chunks of {format_bytes(chunk)}, "
                       f"its output and its inputs' chunks), {threads} at a time per worker, but a worker can hold "
-                      f"{format_bytes(budget)} (its memory limit, less what the worker process uses)",
+                      f"{format_bytes(budget)} (its memory limit up to where distributed pauses it, less the "
+                      f"{format_bytes(process)} the worker process itself uses)",
                       "use smaller chunks (chunks: auto sizes them for the workers), fewer threads_per_worker, "
                       "or a larger cluster.memory_limit")
     disks: dict[str, int] = {}
