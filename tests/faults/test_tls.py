@@ -249,7 +249,7 @@ def test_gpu_session_with_temporary_tls_runs_and_refuses_plain_tcp(rng):
     with fg.Session(backend="gpu", dashboard_address=None, security="temporary") as s:
         address = s.client.scheduler.address
         assert address.startswith("tls://") and s.backend == "gpu"
-        got = fg.to_numpy((fg.from_array(data, chunks=(128, 256)) * 2.0).sum(axis=0).compute())
+        got = fg.to_numpy((fg.from_array(data, chunks=(128, 256)) * 2.0).sum(axis=0))
         assert_within_terms(got, (2.0 * data.astype(np.float64)).sum(axis=0),
                             np.abs(2.0 * data.astype(np.float64)).sum(axis=0), 64, np.float32)
         with pytest.raises((OSError, TimeoutError)):
