@@ -119,6 +119,18 @@ def allow_address_option(func: Callable) -> Callable:
                              "the network take effect; otherwise they are refused.")(func)
 
 
+def tls_options(func: Callable) -> Callable:
+    """--tls-ca-file, --tls-cert and --tls-key (PEM files to join a tls:// scheduler with), named as
+    `dask scheduler` and `dask worker` name them; they reach the command as tls_ca_file, tls_cert, tls_key."""
+    for flag, what in (("--tls-key", "private key of --tls-cert, unless that file holds it"),
+                       ("--tls-cert", "certificate the cluster's CA signed, presented to the scheduler"),
+                       ("--tls-ca-file", "CA certificate(s) of the cluster")):
+        func = click.option(flag, type=click.Path(dir_okay=False), default=None, metavar="PEM",
+                            help=f"Joining a tls:// --scheduler: the {what} (else dask's distributed.comm.tls.* "
+                                 "config).")(func)
+    return func
+
+
 @click.group(name="flowgpu", context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="flowgpu")
 @click.option("--debug", is_flag=True, help="Show the traceback of an internal error instead of writing it to a file.")
@@ -142,7 +154,9 @@ def info() -> None:
 @click.argument("spec", type=click.Path(dir_okay=False))
 @spec_options
 @click.option("--scheduler", default=None, metavar="ADDRESS",
-              help="Join this scheduler (tcp://host:port or a scheduler file) instead of starting a cluster.")
+              help="Join this scheduler (tcp://host:port, tls://host:port or a scheduler file) instead of "
+                   "starting a cluster.")
+@tls_options
 @click.option("--gpus", default=None, metavar="0,1,...", help="GPU ordinals to use (one worker each).")
 @click.option("--backend", type=click.Choice(["auto", "gpu", "cpu"]), default=None, help="Array backend.")
 @click.option("--workers", "n_workers", type=click.IntRange(min=1), default=None, help="Workers of a CPU cluster.")
@@ -156,12 +170,12 @@ def info() -> None:
 @handle_errors
 def run(spec: str, sets: tuple[str, ...], params_file: str | None, scheduler: str | None, gpus: str | None,
         backend: str | None, n_workers: int | None, summary_path: str | None, overwrite: bool, dry_run: bool,
-        no_wait: bool, quiet: bool, allow_spec_address: bool) -> None:
+        no_wait: bool, quiet: bool, allow_spec_address: bool, **tls: str | None) -> None:
     """Run the pipeline SPEC (a YAML file)."""
     signal.signal(signal.SIGTERM, _terminated)  # like Ctrl-C: staging removed, nothing moved into place
     overrides = _parse_sets(sets)
     console = _console()
-    cluster = {"address": scheduler, "gpus": gpus, "backend": backend, "n_workers": n_workers}
+    cluster = {"address": scheduler, "gpus": gpus, "backend": backend, "n_workers": n_workers, **tls}
     if dry_run:
         s = pipeline.validate(spec, overrides, params_file, overwrite=overwrite, cluster=cluster,
                               allow_spec_address=allow_spec_address)

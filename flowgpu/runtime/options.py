@@ -11,16 +11,18 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import dask.config
 import psutil
 from dask.utils import format_bytes
+from distributed.security import Security
 
 from flowgpu import backend as _backend
 from flowgpu import config
 from flowgpu.errors import BackendError, ConfigError, MemoryLimitError, SessionError
+from flowgpu.runtime import security as _security
 
 __all__ = ["GPU_THREADS", "SessionOptions", "parse_memory", "resolve"]
 
@@ -53,6 +55,7 @@ class SessionOptions:
     dashboard_address: str | None = "127.0.0.1:8787"
     connect_timeout: float = 10.0
     batch_interval: float | None = 0.001  # seconds; None keeps distributed's (flowgpu.batch-interval)
+    security: Any = None  # the distributed.security.Security of the cluster and client; None: plain TCP
     extra: dict = field(default_factory=dict)
 
 
@@ -81,7 +84,7 @@ def _merged(address: str | None, kwargs: dict) -> tuple[dict, dict, dict]:
 
 
 def _scheduler(address: str) -> str:
-    if "://" not in address and ":" not in address and not os.path.exists(address):
+    if _security.is_scheduler_file(address) and not os.path.exists(address):
         raise ConfigError(f"scheduler file {address!r} does not exist; give 'tcp://host:port' or an existing "
                           "scheduler file")
     return address
@@ -192,14 +195,27 @@ def resolve(address: str | None = None, **kwargs: Any) -> SessionOptions:
 
     Every top-level option of ``flowgpu.yaml`` is a keyword (``memory_limit`` for
     ``flowgpu.memory-limit``, ``address`` for ``flowgpu.scheduler-address``); None takes the
-    configured value (but ``dashboard_address=None`` turns the dashboard off). Other keywords go
-    to the cluster's constructor.
+    configured value (but ``dashboard_address=None`` turns the dashboard off). ``security`` may
+    also be a :class:`distributed.security.Security`; ``tls_ca_file``, ``tls_cert`` and ``tls_key``
+    are the PEM files to join a ``tls://`` scheduler with (:mod:`flowgpu.runtime.security`). Other
+    keywords go to the cluster's constructor.
     """
+    files = {k: kwargs.pop(k, None) for k in _security.TLS_FILES}
+    own = kwargs.pop("security") if isinstance(kwargs.get("security"), Security) else None
     values, names, extra = _merged(address, kwargs)
     common = _common(values, names, extra)
     if values["scheduler-address"] is not None:
-        return SessionOptions(backend=values["backend"], address=_scheduler(values["scheduler-address"]), **common)
+        address = _scheduler(values["scheduler-address"])
+        mode = own or (values["security"] if names["security"] == "security" else "auto")
+        common["security"] = _security.for_joining(address, mode, files)
+        return SessionOptions(backend=values["backend"], address=address, **common)
+    if any(v is not None for v in files.values()):
+        raise ConfigError("--tls-ca-file, --tls-cert and --tls-key (tls_ca_file, tls_cert, tls_key) are for joining a "
+                          "tls:// scheduler (--scheduler / address); a cluster the Session starts makes its own "
+                          "with security='temporary'")
     wanted, visible = _gpus(values, names)
     if values["backend"] == "gpu" or (values["backend"] == "auto" and visible):
-        return _gpu_options(values, names, wanted or tuple(visible), common)
-    return _cpu_options(values, names, common)
+        options = _gpu_options(values, names, wanted or tuple(visible), common)
+    else:
+        options = _cpu_options(values, names, common)
+    return replace(options, security=_security.for_local(own or values["security"]))

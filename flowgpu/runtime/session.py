@@ -28,7 +28,7 @@ from distributed import Client, LocalCluster
 from flowgpu import backend as _backend
 from flowgpu import memory
 from flowgpu.errors import BackendError, FlowgpuError, SessionError
-from flowgpu.runtime import latency, probe
+from flowgpu.runtime import latency, probe, security
 from flowgpu.runtime.options import SessionOptions, resolve
 
 __all__ = ["Session", "current_session"]
@@ -66,13 +66,18 @@ class Session:
 
     Parameters
     ----------
-    address : join the scheduler at ``tcp://host:port`` (or a scheduler file) instead of starting one.
+    address : join the scheduler at ``tcp://host:port`` (or a scheduler file) instead of starting one;
+        a ``tls://`` address needs ``tls_ca_file``, ``tls_cert`` and ``tls_key`` (PEM files), or
+        dask's ``distributed.comm.tls.*`` config.
     backend : ``"auto"`` (GPU when there is one), ``"gpu"`` or ``"cpu"``.
     gpus : GPU ordinals to use (default: all visible GPUs), one worker each.
     n_workers, threads_per_worker, memory_limit, device_memory_limit, local_directory, rmm_pool_size :
         passed through to the local cluster; defaults come from ``flowgpu.*`` in dask.config.
     host, dashboard_address : where the local scheduler and dashboard listen (127.0.0.1 by default).
     connect_timeout : how long to try to reach ``address``.
+    security : who may connect to a cluster the Session starts: ``"temporary"`` (TLS credentials made
+        for it, held by this Session only), ``"none"`` (plain TCP), ``"auto"`` (none), or a
+        :class:`distributed.security.Security` (:mod:`flowgpu.runtime.security`).
     batch_interval : how long distributed may hold control messages to batch them (``"1ms"``).
 
     Each is a top-level option of ``flowgpu.yaml`` (``memory_limit`` is ``flowgpu.memory-limit``),
@@ -147,6 +152,7 @@ class Session:
             dashboard_address=o.dashboard_address or None,
             scheduler_port=0,
             silence_logs=logging.ERROR,
+            **({"security": o.security} if o.security is not None else {}),  # TLS: the client takes it from the cluster
             **o.extra,
         )
         if o.backend == "gpu":
@@ -185,15 +191,14 @@ class Session:
 
     def _join(self) -> None:
         o = self.options
+        where = {"scheduler_file": o.address} if security.is_scheduler_file(o.address) else {"address": o.address}
         try:
-            if "://" in o.address or ":" in o.address and not o.address.endswith((".json", ".yaml")):
-                self.client = Client(o.address, timeout=o.connect_timeout, set_as_default=True)
-            else:
-                self.client = Client(scheduler_file=o.address, timeout=o.connect_timeout, set_as_default=True)
+            self.client = Client(**where, security=o.security, timeout=o.connect_timeout, set_as_default=True)
         except (OSError, TimeoutError) as e:
+            tls = ", and that its CA signed the TLS certificate given" if o.security is not None else ""
             raise SessionError(
                 f"could not reach the scheduler at {o.address} within {o.connect_timeout:g}s ({e.__class__.__name__}); "
-                "check the address and that the scheduler is running, or raise connect_timeout"
+                f"check the address and that the scheduler is running{tls}, or raise connect_timeout"
             ) from None
         try:
             self.client.wait_for_workers(1, timeout=o.connect_timeout)

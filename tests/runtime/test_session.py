@@ -9,6 +9,7 @@ import numpy as np
 import psutil
 import pytest
 from distributed import LocalCluster
+from distributed.security import Security
 
 import flowgpu as fg
 from flowgpu import config
@@ -78,6 +79,21 @@ def test_join_existing_cluster_leaves_it_running():
         assert _worker_facts() == facts_before
         assert cluster.scheduler.status.name == "running"
         assert len(cluster.scheduler.workers) == 1
+
+
+def test_join_a_tls_cluster_with_its_credentials(rng):
+    data = rng.standard_normal((200, 100))
+    with fg.Session(backend="cpu", n_workers=1, threads_per_worker=1, memory_limit="1GiB", dashboard_address=None,
+                    security="temporary") as owner:
+        address = owner.client.scheduler.address
+        assert address.startswith("tls://127.0.0.1:")
+        with fg.Session(address, security=owner.cluster.security) as s:  # a Security of the caller's own
+            assert s.cluster is None and s.info()["address"] == address
+            got = float(fg.from_array(data, chunks=50).sum().compute())
+            assert_within_terms(got, data.sum(), np.abs(data).sum(), 64)
+        with pytest.raises(SessionError, match="could not reach .* TLS certificate"):
+            fg.Session(address, security=Security.temporary(), connect_timeout="2s")  # another key: refused
+        assert owner.client.run_on_scheduler(lambda dask_scheduler: len(dask_scheduler.workers)) == 1
 
 
 def test_unreachable_address_fails_within_timeout():
