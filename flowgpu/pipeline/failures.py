@@ -14,7 +14,9 @@ on a new spill failure, cancels the run's tasks and raises a :class:`RunError` w
 
 from __future__ import annotations
 
+import os
 import threading
+import traceback
 from typing import Any
 
 import dask.array as da
@@ -25,7 +27,11 @@ from distributed import Future, KilledWorker
 from flowgpu.errors import RunError
 from flowgpu.pipeline.compiler import Plan
 
-__all__ = ["explain", "watch_spill"]
+__all__ = ["explain", "failed_with", "watch_spill"]
+
+# code whose frames a user does not need to see: flowgpu's own and the libraries it runs on
+_LIBRARY_PARTS = (os.sep + "flowgpu" + os.sep, os.sep + "dask" + os.sep, os.sep + "distributed" + os.sep,
+                  os.sep + "numpy" + os.sep, os.sep + "cupy" + os.sep, os.sep + "toolz" + os.sep)
 
 
 def _step_of(plan: Plan, name: str, prefix: str = "") -> tuple[str, da.Array] | None:
@@ -39,6 +45,20 @@ def _step_of(plan: Plan, name: str, prefix: str = "") -> tuple[str, da.Array] | 
         if isinstance(x, da.Array) and (x.name == name or name in x.__dask_graph__().layers):
             return prefix + step, x
     return None
+
+
+def failed_with(error: BaseException) -> str:
+    """``"ValueError: bad block (raised at boom.py:2, in boom)"``: the error and the innermost frame of
+    the user's own code, taken from the traceback distributed brings back from the worker. The
+    workers' own "Compute Failed" logs are silenced (the Session's ``silence_logs``), so this line is
+    where a user learns where their function failed."""
+    text = f"{type(error).__name__}: {error}"
+    frames = [f for f in traceback.extract_tb(error.__traceback__)
+              if not any(part in f.filename for part in _LIBRARY_PARTS) and not f.filename.startswith("<")]
+    if frames:
+        f = frames[-1]
+        text += f" (raised at {os.path.basename(f.filename)}:{f.lineno}, in {f.name})"
+    return text
 
 
 def explain(error: BaseException, plan: Plan | None, session: Any) -> RunError | None:

@@ -33,7 +33,7 @@ from flowgpu.pipeline.build import build, from_dict, load, read_params_file
 from flowgpu.pipeline.compiler import Plan, compile
 from flowgpu.pipeline.checks import check_outputs, protected_paths, session_options
 from flowgpu.pipeline.outcome import failure_summary, write_json
-from flowgpu.pipeline.failures import explain, watch_spill
+from flowgpu.pipeline.failures import explain, failed_with, watch_spill
 from flowgpu.pipeline.planning import check_memory, graph_size
 from flowgpu.pipeline.spec import Spec
 
@@ -180,13 +180,13 @@ def _execute(spec: Spec, session: Any, overwrite: bool, summary_path: str | None
             raise
         except OSError as e:
             if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
-                raise RunError(f"pipeline {spec.name!r} failed while running: {type(e).__name__}: {e}") from e
+                raise RunError(f"pipeline {spec.name!r} failed while running: {failed_with(e)}") from e
             paths = ", ".join(repr(p.location) for p in pending.values() if p.location)
             raise OutputError(f"pipeline {spec.name!r} failed writing its outputs ({paths}): {e.strerror}; free "
                               "space there or choose a path on another filesystem. Nothing was replaced") from e
         except Exception as e:
             raise explain(e, plan, session) or RunError(
-                f"pipeline {spec.name!r} failed while running: {type(e).__name__}: {e}") from e
+                f"pipeline {spec.name!r} failed while running: {failed_with(e)}") from e
         values = {}
         locations = sinks.commit_all(list(pending.values()))  # one transaction: all new or all old
         for (name, p), result, location in zip(pending.items(), results, locations):

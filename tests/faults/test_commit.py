@@ -148,6 +148,9 @@ def test_user_function_raising_leaves_nothing(job):
         "{op: map_blocks, inputs: [x], args: {function: \"tests.faults.userfuncs:explode\", dtype: float64}}"))
     failed = flowgpu("run", str(spec), "-q", cwd=tmp)
     assert failed.returncode == 1 and "user function failed" in failed.stderr, failed.stderr
+    # one line says where the user's function failed; the workers' per-task logs do not repeat it
+    assert "(raised at userfuncs.py:" in failed.stderr and "in explode)" in failed.stderr, failed.stderr
+    assert "Compute Failed" not in failed.stderr and "Traceback" not in failed.stderr, failed.stderr
     assert generation(x, tmp / "out") == 2.0 and leftovers(tmp) == [], "staging left behind, or old outputs lost"
 
 
