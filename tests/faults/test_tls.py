@@ -105,7 +105,7 @@ def _stop(procs: list[subprocess.Popen]) -> None:
 
 def _scheduler_clients(address: str, security: Security) -> set[str]:
     """The clients the scheduler knows, less the one that asks."""
-    with Client(address, security=security, timeout=10) as c:
+    with Client(address, security=security, timeout=10, set_as_default=False) as c:
         return set(c.run_on_scheduler(lambda dask_scheduler: list(dask_scheduler.clients))) - {c.id}
 
 
@@ -204,7 +204,7 @@ def test_flowgpu_run_joins_a_tls_cluster_that_refuses_clients_without_certificat
     for what, kwargs in attempts.items():
         started = time.monotonic()
         with pytest.raises((OSError, TimeoutError)):
-            Client(**kwargs, timeout=5).close()
+            Client(**kwargs, timeout=5, set_as_default=False).close()
         assert time.monotonic() - started < 30, what
     # distributed itself will not connect over TLS without a certificate; a bare TLS socket that
     # trusts the cluster's CA but shows none is refused by the scheduler at the handshake
@@ -236,9 +236,9 @@ def test_session_with_temporary_tls_refuses_clients_without_its_credentials(rng)
         }
         for what, kwargs in refused.items():
             with pytest.raises((OSError, TimeoutError)):
-                Client(**kwargs, timeout=5).close()
+                Client(**kwargs, timeout=5, set_as_default=False).close()
         with pytest.raises(TypeError, match="ssl_context"):  # no credentials at all: distributed's own refusal
-            Client(address, timeout=5).close()
+            Client(address, timeout=5, set_as_default=False).close()
         now = set(s.client.run_on_scheduler(lambda dask_scheduler: list(dask_scheduler.clients)))
         assert now == clients, "no refused client became one of the scheduler's"
 
@@ -253,4 +253,4 @@ def test_gpu_session_with_temporary_tls_runs_and_refuses_plain_tcp(rng):
         assert_within_terms(got, (2.0 * data.astype(np.float64)).sum(axis=0),
                             np.abs(2.0 * data.astype(np.float64)).sum(axis=0), 64, np.float32)
         with pytest.raises((OSError, TimeoutError)):
-            Client(address.replace("tls://", "tcp://"), timeout=5).close()
+            Client(address.replace("tls://", "tcp://"), timeout=5, set_as_default=False).close()
