@@ -152,12 +152,20 @@ def test_a_full_spill_directory_is_named_at_start(tmp_path, tmpfs):
 
 
 def _rss(dask_worker=None) -> tuple[int, int]:
-    """A worker's resident bytes now and at its peak."""
-    import resource  # noqa: PLC0415 - runs on the worker
+    """A worker's resident bytes now and at its peak since the last :func:`_reset_peak`.
 
-    import psutil  # noqa: PLC0415
+    The peak is the kernel's VmHWM of this process, not ``ru_maxrss``: that one carries the peak of
+    the process that spawned the worker across exec (pytest's, 500 MB late in a full run)."""
+    import psutil  # noqa: PLC0415 - runs on the worker
 
-    return psutil.Process().memory_info().rss, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss << 10
+    with open("/proc/self/status") as f:
+        hwm = next(int(line.split()[1]) << 10 for line in f if line.startswith("VmHWM:"))
+    return psutil.Process().memory_info().rss, hwm
+
+
+def _reset_peak(dask_worker=None) -> None:
+    with open("/proc/self/clear_refs", "w") as f:  # "5": the peak resident size starts again from now
+        f.write("5")
 
 
 def test_plans_peak_estimate_bounds_a_workers_measured_peak(tmp_path):
@@ -167,6 +175,7 @@ def test_plans_peak_estimate_bounds_a_workers_measured_peak(tmp_path):
     path = spec(tmp_path, [51200, 1000], chunks=[6400, 1000], limit="2GB")
     with fg.Session(backend="cpu", n_workers=1, threads_per_worker=1, memory_limit="2GB", dashboard_address=None) as s:
         fg.random((100, 100), seed=0).sum().compute()  # the worker's kernels are loaded: its baseline
+        s.client.run(_reset_peak)
         (before, _), = s.client.run(_rss).values()
         plan = pipeline.compile(str(path), for_run=True)
         estimate = pipeline.describe(plan)["peak_worker_bytes"]

@@ -154,8 +154,9 @@ def test_compiles_once_per_process_and_signature(rng):
         return x * x * x
 
     a = rng.random(1000)
-    np.testing.assert_allclose(cube(da.from_array(a, chunks=50)).compute(), a ** 3)
-    np.testing.assert_allclose(cube(da.from_array(a, chunks=70)).compute(), a ** 3)
+    # in this process (a Session another test left open would otherwise compile on its workers)
+    np.testing.assert_allclose(cube(da.from_array(a, chunks=50)).compute(scheduler="threads"), a ** 3)
+    np.testing.assert_allclose(cube(da.from_array(a, chunks=70)).compute(scheduler="threads"), a ** 3)
     compiled = [k for k in _numba._cache if isinstance(k, tuple) and k[0] == cube._key]
     assert len(compiled) == 1  # 35 chunks, one compile
 
