@@ -358,3 +358,15 @@ def workloads_json(workloads: list[Workload]) -> list[dict]:
     return [{"name": w.name, "work": w.work, "unit": w.unit, "floor_s": w.floor_s, "notes": w.notes,
              "inputs": w.inputs, "reference": w.reference, "results": [asdict(r) for r in w.results]}
             for w in workloads]
+
+
+def captured_main(make_parser: Callable[[], argparse.ArgumentParser], probe: Callable[[Any], None],
+                  argv: Sequence[str] | None = None) -> int:
+    """``main`` of a probe that prints line by line: parse, run ``probe(args)`` with its output
+    captured into the report (``--json``), finish the report."""
+    args = make_parser().parse_args(argv)
+    report = Report(args, argv)
+    with report.capture():
+        probe(args)
+    report.finish()
+    return 0

@@ -86,12 +86,7 @@ def parser():
 
 
 def main(argv=None) -> int:
-    args = parser().parse_args(argv)
-    report = harness.Report(args, argv)
-    with report.capture():
-        _probe(args)
-    report.finish()
-    return 0
+    return harness.captured_main(parser, _probe, argv)
 
 
 def _probe(a) -> None:

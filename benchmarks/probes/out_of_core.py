@@ -25,13 +25,13 @@ from distributed import get_task_stream, wait
 import flowgpu as fg
 from benchmarks import harness
 from benchmarks.out_of_core.data import chain
+from flowgpu.memory import events as ev
+from flowgpu.memory import staging
 
 
 def _install(dask_worker=None):
     """Subscribe a recorder to the worker store's events (``flowgpu.memory.events``)."""
     import cupy as cp
-
-    from flowgpu.memory import events as ev
 
     old = getattr(dask_worker, "_flowgpu_profile", None)
     if old is not None:
@@ -83,8 +83,6 @@ def _collect(dask_worker=None):
 
 
 def _set_staging(depth=None, budget_mib=None, dask_worker=None):
-    from flowgpu.memory import staging
-
     if depth is not None:
         staging.DEPTH = depth
     if budget_mib is not None:
