@@ -1,0 +1,123 @@
+"""What every ``flowgpu`` command shares: consoles, one-line errors and exit codes, common options.
+
+Exit codes: 0 ok; 2 an invalid spec or argument (nothing ran, nothing was written); 1 a failure
+while running.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import tempfile
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import click
+from rich.console import Console
+
+from flowgpu.errors import BackendError, ConfigError, FlowgpuError, OpError, OutputExistsError, SpecError
+from flowgpu.registry import trusting
+
+EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
+
+
+def _console(stderr: bool = True) -> Console:
+    stream = sys.stderr if stderr else sys.stdout
+    width = None if stream.isatty() else 140  # pipes and CI logs: wide enough for the plan table
+    return Console(stderr=stderr, highlight=False, width=width)
+
+
+def _fail(message: str, code: int) -> None:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(code)
+
+
+def _bug(error: BaseException) -> None:
+    """An error flowgpu did not mean to raise: one line, the traceback in a log file (or shown with --debug)."""
+    if os.environ.get("FLOWGPU_DEBUG"):
+        traceback.print_exception(error)
+        where = "shown above"
+    else:
+        fd, path = tempfile.mkstemp(prefix="flowgpu-error-", suffix=".log")
+        with os.fdopen(fd, "w") as f:
+            traceback.print_exception(error, file=f)
+        where = f"written to {path} (or run with --debug to show it)"
+    said = " ".join(str(error).split())[:200]
+    _fail(f"internal error {type(error).__name__}: {said}; this is a bug in flowgpu, please report "
+          f"it; the traceback is {where}", EXIT_FAILED)
+
+
+def handle_errors(func: Callable) -> Callable:
+    """Turn flowgpu errors into one message and an exit code (2 invalid input, 1 failure while running);
+    any other error is a bug, said in one line (never a traceback)."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except (SpecError, ConfigError, OpError, OutputExistsError) as e:
+            _fail(str(e), EXIT_INVALID)
+        except BackendError as e:
+            _fail(str(e), EXIT_INVALID)
+        except FlowgpuError as e:
+            _fail(str(e), EXIT_FAILED)
+        except KeyboardInterrupt:
+            _fail("interrupted; no output was moved into place", EXIT_FAILED)
+        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise
+        except Exception as e:  # noqa: BLE001 - the last line of defence: no traceback reaches the user
+            _bug(e)
+
+    return wrapper
+
+
+def _parse_sets(values: tuple[str, ...]) -> dict[str, str]:
+    out = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise click.BadParameter(f"{item!r}: give KEY=VALUE, e.g. params.n=1000", param_hint="--set")
+        out[key.strip()] = value
+    return out
+
+
+def spec_options(func: Callable) -> Callable:
+    """--set, --params and --trust, shared by run, validate and plan (--trust applies while the command runs)."""
+
+    command = func
+
+    @functools.wraps(command)
+    def trusted(*args: Any, trust: tuple[str, ...] = (), **kwargs: Any) -> Any:
+        with trusting(trust):
+            return command(*args, **kwargs)
+
+    func = click.option("--trust", "trust", multiple=True, metavar="MODULE",
+                        help="Let the spec import callables from MODULE (and its submodules) only, with the "
+                             "flowgpu.trusted-modules setting; repeatable. A spec's callables run when it runs.")(trusted)
+    func = click.option("--params", "params_file", type=click.Path(dir_okay=False),
+                        help="YAML file of param values (name: value).")(func)
+    func = click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
+                        help="Set a value, e.g. params.n=1000 or cluster.n_workers=2 (repeatable).")(func)
+    return func
+
+
+def allow_address_option(func: Callable) -> Callable:
+    return click.option("--allow-spec-address", is_flag=True,
+                        help="Let the spec's cluster.address (another scheduler) or a dashboard_address open to "
+                             "the network take effect; otherwise they are refused.")(func)
+
+
+def tls_options(func: Callable) -> Callable:
+    """--tls-ca-file, --tls-cert and --tls-key (PEM files to join a tls:// scheduler with), named as
+    `dask scheduler` and `dask worker` name them; they reach the command as tls_ca_file, tls_cert, tls_key."""
+    for flag, what in (("--tls-key", "private key of --tls-cert, unless that file holds it"),
+                       ("--tls-cert", "certificate the cluster's CA signed, presented to the scheduler"),
+                       ("--tls-ca-file", "CA certificate(s) of the cluster")):
+        func = click.option(flag, type=click.Path(dir_okay=False), default=None, metavar="PEM",
+                            help=f"Joining a tls:// --scheduler: the {what} (else dask's distributed.comm.tls.* "
+                                 "config).")(func)
+    return func
+
+

@@ -1,0 +1,86 @@
+"""``flowgpu info``, ``ops``, ``sources``, ``sinks`` and ``schema``: what this machine and the registries offer."""
+
+from __future__ import annotations
+
+import json
+
+import click
+from rich.markup import escape
+from rich.table import Table
+
+from flowgpu import backend, pipeline
+from flowgpu.cli.common import EXIT_FAILED, _console, _fail
+from flowgpu.io.sinks import SINKS
+from flowgpu.io.sources import SOURCES
+from flowgpu.ops import all_ops
+from flowgpu.registry import Entry
+
+@click.command()
+def info() -> None:
+    """Show what this machine offers: GPUs, CuPy, and the backend a Session would use."""
+    n = backend.gpu_count()
+    cupy = backend.import_cupy(strict=False) is not None if n else False
+    click.echo(f"GPUs visible: {n}")
+    click.echo(f"CuPy: {'yes' if cupy else 'no'}")
+    click.echo(f"Session() would use: {'gpu (dask-cuda)' if n and cupy else 'cpu (distributed)'}")
+
+
+
+def _table(title: str, columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
+    """Print a table; every cell verbatim (docstrings hold '[lo, hi]', which rich would read as markup)."""
+    t = Table(title=title, title_justify="left")
+    for col in columns:
+        t.add_column(col)
+    for row in rows:
+        t.add_row(*(escape(cell) for cell in row))
+    _console(stderr=False).print(t)
+
+
+def _options(entry: Entry) -> str:
+    fields = entry.options.model_fields if entry.options is not None else {}
+    return ", ".join(name if f.is_required() else f"{name}={f.default!r}" if f.default_factory is None
+                     else f"{name}=..." for name, f in fields.items())
+
+
+@click.command()
+def ops() -> None:
+    """List the registered ops with their signatures."""
+    rows = []
+    for o in all_ops():
+        try:
+            sig = str(o.signature)
+        except (TypeError, ValueError):
+            sig = "(...)"
+        rows.append((o.name, o.kind, sig, o.summary))
+    _table("flowgpu ops", ("op", "kind", "signature", "summary"), rows)
+
+
+@click.command()
+def sources() -> None:
+    """List the registered sources (built in, registered in Python, or from plugins) with their options."""
+    _table("flowgpu sources", ("source", "reads files", "options", "summary"),
+           [(e.name, "yes" if e.has("reads_files") else "no", _options(e), e.summary) for e in SOURCES.entries()])
+
+
+@click.command()
+def sinks() -> None:
+    """List the registered sinks with their capabilities and options."""
+    _table("flowgpu sinks", ("sink", "capabilities", "options", "summary"),
+           [(e.name, ", ".join(sorted(e.capabilities)) or "-", _options(e), e.summary) for e in SINKS.entries()])
+
+
+@click.command()
+@click.option("--output", "-o", type=click.Path(dir_okay=False), default=None, help="Write to a file.")
+def schema(output: str | None) -> None:
+    """Print the JSON schema of spec files (for yaml-language-server's $schema modeline)."""
+    text = json.dumps(pipeline.json_schema(), indent=2) + "\n"
+    if output:
+        try:
+            with open(output, "w") as f:
+                f.write(text)
+        except OSError as e:
+            _fail(f"cannot write {output}: {e.strerror}", EXIT_FAILED)
+    else:
+        click.echo(text, nl=False)
+
+

@@ -1,0 +1,127 @@
+"""``flowgpu run``, ``validate``, ``plan`` and ``clean``: specs checked, planned, run, and cleaned up after."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+from typing import Any
+
+import click
+from rich.markup import escape
+
+from flowgpu import pipeline
+from flowgpu.cli.common import (EXIT_INVALID, _console, _parse_sets, allow_address_option, handle_errors,
+                                spec_options, tls_options)
+from flowgpu.diagnostics import render_plan
+from flowgpu.errors import SpecError
+from flowgpu.io import atomic
+
+@click.command()
+@click.argument("spec", type=click.Path(dir_okay=False))
+@spec_options
+@click.option("--scheduler", default=None, metavar="ADDRESS",
+              help="Join this scheduler (tcp://host:port, tls://host:port or a scheduler file) instead of "
+                   "starting a cluster.")
+@tls_options
+@click.option("--gpus", default=None, metavar="0,1,...", help="GPU ordinals to use (one worker each).")
+@click.option("--backend", type=click.Choice(["auto", "gpu", "cpu"]), default=None, help="Array backend.")
+@click.option("--workers", "n_workers", type=click.IntRange(min=1), default=None, help="Workers of a CPU cluster.")
+@click.option("--summary", "summary_path", type=click.Path(dir_okay=False), default=None,
+              help="Also write the run summary as JSON here.")
+@click.option("--overwrite", is_flag=True, help="Replace output paths that hold data flowgpu did not write.")
+@click.option("--dry-run", is_flag=True, help="Check and plan only; start no cluster, write nothing.")
+@click.option("--no-wait", is_flag=True, help="Fail at once if another run is writing one of the outputs.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar or summary table.")
+@allow_address_option
+@handle_errors
+def run(spec: str, sets: tuple[str, ...], params_file: str | None, scheduler: str | None, gpus: str | None,
+        backend: str | None, n_workers: int | None, summary_path: str | None, overwrite: bool, dry_run: bool,
+        no_wait: bool, quiet: bool, allow_spec_address: bool, **tls: str | None) -> None:
+    """Run the pipeline SPEC (a YAML file)."""
+    signal.signal(signal.SIGTERM, _terminated)  # like Ctrl-C: staging removed, nothing moved into place
+    overrides = _parse_sets(sets)
+    console = _console()
+    cluster = {"address": scheduler, "gpus": gpus, "backend": backend, "n_workers": n_workers, **tls}
+    if dry_run:
+        s = pipeline.validate(spec, overrides, params_file, overwrite=overwrite, cluster=cluster,
+                              allow_spec_address=allow_spec_address)
+        render_plan(pipeline.describe(pipeline.compile(s)), _console(stderr=False))
+        click.echo("dry run: nothing was run or written")
+        return
+
+    def announce(session: Any) -> None:
+        link = getattr(session, "dashboard_link", None)
+        console.print(f"[bold]flowgpu[/] running {escape(spec)} on {getattr(session, 'backend', '?')} "
+                      f"({getattr(session, 'n_workers', '?')} worker(s)); dashboard: {link or 'off'}")
+
+    pipeline.run(spec, overrides=overrides, params_file=params_file, overwrite=overwrite,
+                 summary_path=summary_path, cluster=cluster, console=console if not quiet else None,
+                 progress=not quiet, on_session=announce, allow_spec_address=allow_spec_address,
+                 wait=not no_wait)
+
+
+def _terminated(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+@click.command()
+@click.argument("paths", nargs=-1, type=click.Path())
+@handle_errors
+def clean(paths: tuple[str, ...]) -> None:
+    """Finish what interrupted runs left at output PATHs (default: the current folder).
+
+    A commit a run left half-done is completed or undone (every output of that run all new or all
+    old), and the staging dirs of runs that no longer run are removed; a PATH that is a folder
+    but not an output is cleaned of all of them. Runs still alive are left alone.
+    """
+    notes = atomic.clean(paths or (".",))
+    for note in notes:
+        click.echo(note)
+    if not notes:
+        click.echo("nothing to clean")
+
+
+@click.command()
+@click.argument("specs", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@spec_options
+@click.option("--overwrite", is_flag=True, help="Check the outputs as 'run --overwrite' would.")
+@click.option("--scheduler", default=None, metavar="ADDRESS", help="Check the spec as 'run --scheduler' would.")
+@allow_address_option
+@handle_errors
+def validate(specs: tuple[str, ...], sets: tuple[str, ...], params_file: str | None, overwrite: bool,
+             scheduler: str | None, allow_spec_address: bool) -> None:
+    """Check spec files completely, refusing all that run would refuse before computing; runs nothing.
+
+    Prints each callable a spec would import (and so run when it runs).
+    """
+    overrides = _parse_sets(sets)
+    bad = 0
+    for path in specs:
+        try:
+            _, imported = pipeline.imports(path, overrides, params_file, overwrite=overwrite,
+                                           cluster={"address": scheduler}, allow_spec_address=allow_spec_address)
+            click.echo(f"{path}: ok")
+            for what, target in imported:
+                click.echo(f"  imports {target} ({what}; runs when the spec runs)")
+        except SpecError as e:
+            bad += 1
+            click.echo(f"error: {e}", err=True)
+    if bad:
+        sys.exit(EXIT_INVALID)
+
+
+@click.command()
+@click.argument("spec", type=click.Path(dir_okay=False))
+@spec_options
+@click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
+@handle_errors
+def plan(spec: str, sets: tuple[str, ...], params_file: str | None, as_json: bool) -> None:
+    """Show the steps of SPEC in order: shapes, dtypes, chunks, tasks, bytes, peak memory per worker."""
+    desc = pipeline.describe(pipeline.compile(pipeline.load(spec, _parse_sets(sets), params_file)))
+    if as_json:
+        click.echo(json.dumps(desc, indent=2, default=str))
+        return
+    render_plan(desc, _console(stderr=False))
+
+
