@@ -22,7 +22,7 @@ from rich.console import Console
 
 from flowgpu.diagnostics import BatchBars
 from flowgpu.errors import FlowgpuError, OutputError, RunError, SpecError
-from flowgpu.io import faults, sinks
+from flowgpu.io import faults, sinks, sources
 from flowgpu.pipeline.compiler import Plan, compile
 from flowgpu.pipeline.failures import explain, failed_with, watch_spill
 from flowgpu.pipeline.foreach import Item, in_item
@@ -87,10 +87,17 @@ def _failure(job: Job, error: BaseException, session: Any) -> FlowgpuError:
     return _said(job, out)
 
 
-def _prepare(job: Job, session: Any, overwrite: bool) -> None:
-    """Compile ``job`` for the session (python sources are called here, and only here) and stage its writes."""
+def _calls_user_code(plan: Plan) -> bool:
+    return any(sources.calls_user_code(n.what) for n in plan.nodes.values()
+               if n.kind == "input" and n.what in sources.SOURCES) or any(
+        _calls_user_code(child) for child in plan.children.values())
+
+
+def _prepare(job: Job, session: Any, overwrite: bool, recompile: bool) -> None:
+    """Compile ``job`` for the session (python sources are called here, and only here; chunks sized
+    for its workers, unless the plan was made while this session was already open) and stage its writes."""
     spec = job.item.spec
-    plan = job.run_plan = compile(spec, for_run=True)
+    plan = job.run_plan = compile(spec, for_run=True) if recompile or _calls_user_code(job.plan) else job.plan
     if getattr(session, "workers", None):  # one task, and the largest array, fit the workers (or a SpecError)
         check_memory(plan, session.workers, session.threads_per_worker, session.worker_budget)
     for name in job.todo:
@@ -160,8 +167,9 @@ def _run_distributed(jobs: list[Job], session: Any, cache: Any, bars: BatchBars,
     started = time.perf_counter()
     owner: dict[int, Job] = {}
     left: dict[int, int] = {}
+    futures = client.compute([p.target for job in jobs for p in job.pending.values()])  # one graph, shared tasks once
     for job in jobs:
-        job.futures = client.compute([p.target for p in job.pending.values()])
+        job.futures, futures = futures[:len(job.pending)], futures[len(job.pending):]
         job.status = "running"
         bars.follow(job.bar, client, job.futures)
         for f in job.futures:
@@ -220,10 +228,12 @@ def _cancel(client: Any, job: Job) -> None:
 
 
 def execute(jobs: list[Job], session: Any, *, overwrite: bool = False, keep_going: bool = False,
-            console: Console | None = None, progress: bool = True, cache: Any = None) -> None:
+            console: Console | None = None, progress: bool = True, cache: Any = None, recompile: bool = True) -> None:
     """Compute the ``todo`` outputs of every job on ``session`` and commit each job's outputs when all
     are done; sets each job's ``status``, ``values`` and ``error``. Without ``keep_going`` the first
-    failure cancels the rest and is raised; with it, every failure stays in its job."""
+    failure cancels the rest and is raised; with it, every failure stays in its job. ``recompile=False``:
+    the jobs' plans were compiled while ``session`` was open, so they are used as they are (but
+    for plans whose sources call user code: those are called only now)."""
     bars = BatchBars(console, show=progress)
     work = [job for job in jobs if job.todo]
     try:
@@ -231,7 +241,7 @@ def execute(jobs: list[Job], session: Any, *, overwrite: bool = False, keep_goin
             ready = []
             for job in work:
                 try:
-                    _prepare(job, session, overwrite)
+                    _prepare(job, session, overwrite, recompile)
                     job.bar = bars.add(job.item.label)
                     ready.append(job)
                 except Exception as e:  # noqa: BLE001 - said in the item's words

@@ -176,6 +176,7 @@ def _run(spec: Spec, items: list[Item], session: Any, console: Console, state: d
         moves_before = None
         try:
             if any(job.todo for job in jobs):
+                reuse = session is not None  # the plans were made with its chunk sizes
                 if session is None:
                     own = session = _start_session(items[0].spec, cluster, allow_spec_address)
                 if on_session is not None:
@@ -184,7 +185,7 @@ def _run(spec: Spec, items: list[Item], session: Any, console: Console, state: d
                 state["batch"] = batch
                 try:
                     execute(jobs, session, overwrite=overwrite, keep_going=keep_going, console=console,
-                            progress=progress, cache=store)
+                            progress=progress, cache=store, recompile=not reuse)
                 finally:
                     state["written"] = dict(jobs[0].written)
                     if batch:
