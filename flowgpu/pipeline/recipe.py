@@ -34,7 +34,6 @@ from flowgpu import __version__
 from flowgpu.io import sinks, sources
 from flowgpu.ops import registry
 from flowgpu.pipeline.compiler import Plan
-from flowgpu.pipeline.graph import step_refs
 from flowgpu.pipeline.spec import PARAM_REF
 
 __all__ = ["Recipe", "recipes", "fingerprint", "same_fingerprint", "content_digest"]
@@ -99,8 +98,11 @@ def fingerprint(path: str, checksum: bool = False) -> dict:
     "files", "size", "stat"}`` where ``stat`` digests every file's relative path, size and mtime.
     ``checksum=True`` adds ``content``, a blake2b of the bytes (and, for a folder, the names).
     A path that is not there gives ``{"kind": "missing"}``; one that cannot be read
-    ``{"kind": "unreadable", "error": ...}``.
+    ``{"kind": "unreadable", "error": ...}``; a URL ``{"kind": "remote"}`` (none of them is ever
+    the same as another fingerprint, see :func:`same_fingerprint`).
     """
+    if "://" in path:
+        return {"kind": "remote"}  # never the same: a remote input is read again every run
     try:
         st = os.stat(path)
         if stat.S_ISDIR(st.st_mode):
@@ -341,7 +343,8 @@ class _Hasher:
         options = model.model_dump(exclude={"source"})
         files: frozenset[str] = frozenset()
         if entry.has(sources.READS_FILES) and isinstance(options.get("path"), str):
-            options["path"] = os.path.abspath(options["path"])
+            if "://" not in options["path"]:  # a URL has no fingerprint here: always "changed"
+                options["path"] = os.path.abspath(options["path"])
             files = frozenset([options["path"]])
         called = options.get("callable") if entry.has(sources.CALLS_USER_CODE) else None
         code = _code([called] if isinstance(called, str) else [], [entry.func])

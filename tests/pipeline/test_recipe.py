@@ -82,13 +82,13 @@ def test_digest_ignores_fusion_dict_order_and_the_order_of_steps(spec):
 def test_digest_is_the_same_in_another_process_whatever_chunks_auto_resolves_to(spec, tmp_path):
     plan = pipeline.compile(spec)
     base = {k: r.digest for k, r in recipes(plan).items()}
-    code = textwrap.dedent(f"""
+    code = textwrap.dedent("""
         import json, sys
         from flowgpu import pipeline
         from flowgpu.pipeline.recipe import recipes
         plan = pipeline.compile(json.loads(sys.argv[1]))
-        print(json.dumps({{"chunks": plan.arrays["xb"].chunks, "digests":
-                          {{k: r.digest for k, r in recipes(plan).items()}}}}))
+        print(json.dumps({"chunks": plan.arrays["xb"].chunks, "digests":
+                          {k: r.digest for k, r in recipes(plan).items()}}))
     """)
     env = dict(os.environ, PYTHONPATH=ROOT, PYTHONHASHSEED="12345", DASK_FLOWGPU__CHUNKS__CPU_TARGET="1MiB")
     out = subprocess.run([sys.executable, "-c", code, json.dumps(spec)], env=env, capture_output=True, text=True,
@@ -221,3 +221,5 @@ def test_a_missing_path_has_a_fingerprint_that_says_so(tmp_path):
     assert gone == {"kind": "missing"}
     assert not same_fingerprint(gone, gone)
     assert fingerprint(str(tmp_path / "nope.npy" / "below"))["kind"] == "missing"
+    remote = fingerprint("s3://bucket/x.zarr")
+    assert remote == {"kind": "remote"} and not same_fingerprint(remote, remote)
