@@ -180,7 +180,8 @@ class Cache:
             try:
                 entry["value"] = json.loads(json.dumps(value, allow_nan=True))
             except (TypeError, ValueError) as e:
-                self._warn("record a value of", e)
+                print(f"flowgpu: the value of output {name!r} is not JSON data ({e}), so it is not cached; the "
+                      "next run computes it again", file=sys.stderr, flush=True)
                 return
         try:
             os.makedirs(self.directory, exist_ok=True)

@@ -286,6 +286,7 @@ class _Hasher:
         self.overrides = {k: v for k, v in (origin.overrides if origin is not None else {}).items()
                           if not k.startswith("params.")}
         self.memo: dict[str, _Part] = {}
+        self.children: dict[str, _Hasher] = {}
 
     def used(self, section: str, name: str) -> set[str]:
         """The params the raw data of ``section.name`` (and any --set under it) refers to."""
@@ -353,8 +354,10 @@ class _Hasher:
 
     def _uses(self, name: str, part: str) -> _Part:
         step = self.spec.steps[name]
-        bound = {inner: self.ref(r) for inner, r in (step.inputs or {}).items()}
-        child = _Hasher(self.plan.children[name], bound)
+        if name not in self.children:
+            bound = {inner: self.ref(r) for inner, r in (step.inputs or {}).items()}
+            self.children[name] = _Hasher(self.plan.children[name], bound)
+        child = self.children[name]
         inner = child.ref(child.spec.outputs[part].from_) if part in child.spec.outputs else child.ref(part)
         content = {"kind": "uses", "output": inner.digest}
         return self._own("steps", name, content, {}, [inner])

@@ -238,7 +238,7 @@ def test_a_value_that_is_not_json_is_not_recorded(work, capfd):
     cache = Cache(".other-cache")
     plan = pipeline.compile(spec)
     cache.record(plan, "s", recipes(plan)["s"], value=object())
-    assert "cannot record a value of the cache" in capfd.readouterr().err
+    assert "the value of output 's' is not JSON data" in capfd.readouterr().err
     assert reasons(verdicts(spec, cache))["s"] == "new"
 
 

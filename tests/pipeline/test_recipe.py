@@ -16,6 +16,7 @@ import pytest
 
 import tests.pipeline.helpers  # noqa: F401  (registers the test ops)
 from flowgpu import pipeline
+from flowgpu.ops import registry
 from flowgpu.pipeline.recipe import fingerprint, recipes, same_fingerprint
 
 pytestmark = pytest.mark.timeout(120)
@@ -64,6 +65,7 @@ def test_recipe_names_params_inputs_and_nothing_else(spec, tmp_path):
     assert list(got["a_file"].inputs) == [str(tmp_path / "a.npy")] and got["b_sum"].inputs == {}
     assert got["a_sum"].inputs[str(tmp_path / "a.npy")] == fingerprint(str(tmp_path / "a.npy"))
     assert len({r.digest for r in got.values()}) == 3 and all(len(r.digest) == 32 for r in got.values())
+    assert all(r.code == {} for r in got.values())  # flowgpu's own ops are covered by its version
 
 
 def test_digest_ignores_fusion_dict_order_and_the_order_of_steps(spec):
@@ -148,10 +150,34 @@ def test_user_function_code_is_in_the_digest(tmp_path, monkeypatch, rng):
     assert list(before["m"].code) == [str(source)]
     helpers = os.path.join(ROOT, "tests", "pipeline", "helpers.py")
     assert list(before["c"].code) == [helpers]  # the python source's callable and the op: one module
+    assert {k: r.digest for k, r in recipes(pipeline.compile(spec, for_run=True)).items()} == {
+        k: r.digest for k, r in before.items()}  # a run's compile (the source called) hashes the same
     source.write_text("def f(block):\n    return block * 3\n")
     after = recipes(plan)
     assert after["m"].digest != before["m"].digest and after["m"].code != before["m"].code
     assert after["c"] == before["c"]
+    monkeypatch.delitem(sys.modules, module)  # not imported: found on sys.path, and not imported again
+    assert recipes(plan)["m"] == after["m"] and module not in sys.modules
+
+
+def test_an_op_registered_from_a_user_module_is_hashed_by_its_source(tmp_path, monkeypatch, request):
+    module = f"userop_{uuid.uuid4().hex[:8]}"
+    source = tmp_path / f"{module}.py"
+    text = ("import flowgpu\n\n@flowgpu.op('{name}', kind='elementwise', replace=True)\n"
+            "def halve(x):\n    return x * 0.5\n")
+    source.write_text(text.format(name=module))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    __import__(module)
+    request.addfinalizer(lambda: registry.OPS.remove(module))
+    spec = {"inputs": {"x": {"source": "random", "shape": [10], "seed": 2}},
+            "steps": {"h": {"op": module, "inputs": ["x"]}, "n": {"op": "negative", "inputs": ["x"]}},
+            "outputs": {"h": {"from": "h"}, "n": {"from": "n"}}}
+    plan = pipeline.compile(spec)
+    before = recipes(plan)
+    assert list(before["h"].code) == [str(source)] and before["n"].code == {}
+    source.write_text(text.format(name=module).replace("0.5", "0.25"))
+    after = recipes(plan)
+    assert after["h"].digest != before["h"].digest and after["n"] == before["n"]
 
 
 def test_uses_steps_bring_their_files_and_steps(tmp_path, rng, monkeypatch):
@@ -223,3 +249,19 @@ def test_a_missing_path_has_a_fingerprint_that_says_so(tmp_path):
     assert fingerprint(str(tmp_path / "nope.npy" / "below"))["kind"] == "missing"
     remote = fingerprint("s3://bucket/x.zarr")
     assert remote == {"kind": "remote"} and not same_fingerprint(remote, remote)
+
+
+def test_mapping_inputs_count_by_name_and_list_inputs_by_position():
+    spec = {"inputs": {"p": {"source": "random", "shape": [8], "seed": 1},
+                       "q": {"source": "random", "shape": [8], "seed": 2}},
+            "steps": {"d": {"op": "expr", "inputs": {"a": "p", "b": "q"}, "args": {"expression": "a - b"}},
+                      "s": {"op": "subtract", "inputs": ["p", "q"]}},
+            "outputs": {"d": {"from": "d"}, "s": {"from": "s"}}}
+    base = digests(spec)
+    reordered = copy.deepcopy(spec)
+    reordered["steps"]["d"]["inputs"] = {"b": "q", "a": "p"}
+    assert digests(reordered) == base
+    swapped = copy.deepcopy(spec)
+    swapped["steps"]["d"]["inputs"] = {"a": "q", "b": "p"}
+    swapped["steps"]["s"]["inputs"] = ["q", "p"]
+    assert all(digests(swapped)[k] != base[k] for k in base)
