@@ -134,8 +134,8 @@ class Cache:
             if checksum and "content" not in now:
                 now = fingerprint(path, checksum=True)
             was = recorded.get(path)
-            if checksum and isinstance(was, dict) and "content" not in was and now.get("kind") in ("file", "dir"):
-                unsummed.append(_shown(path))
+            if checksum and isinstance(was, dict) and "content" not in was and same_fingerprint(was, now):
+                unsummed.append(_shown(path))  # unchanged by stat, but no content digest to compare with
             elif not same_fingerprint(was, now, checksum):
                 changed.append(_shown(path))
         if changed:

@@ -113,6 +113,9 @@ def test_checksum_ignores_a_touch_but_not_new_bytes(work, rng):
     cache = Cache()
     run_recorded(spec, cache)
     assert reasons(verdicts(spec, cache, checksum=True))["s"] == "no checksum recorded: a.npy"
+    assert reasons(verdicts(spec, cache, checksum=True))["b"] == "up to date"  # reads no file
+    touch("a.npy")
+    assert reasons(verdicts(spec, cache, checksum=True))["s"] == "inputs changed: a.npy"  # nothing to compare
     plan = pipeline.compile(spec)
     summed = recipes(plan, checksum=True)
     for name, recipe in summed.items():
