@@ -65,7 +65,7 @@ def test_a_glob_batch_with_one_bad_file_keeps_going_and_says_which_failed(tmp_pa
     done = _cli("run", str(spec), "--foreach", "params.input=data/*.npy", "--keep-going", "--json", cwd=tmp_path)
     assert done.returncode == 1, done.stderr  # not every item succeeded
     summary = json.loads(done.stdout)  # results alone on stdout: `flowgpu run ... --json | jq` works
-    assert "tasks" in done.stderr or "up to date" in done.stderr  # progress and notes went to stderr
+    assert "6 to compute (new)" in done.stderr  # progress and notes went to stderr
     items = {Path(i["params"]["input"]).stem: i for i in summary["items"]}
     assert [i["params"]["input"] for i in summary["items"]] == ["data/a.npy", "data/b.npy", "data/c.npy"]
     assert items["b"]["status"] == "failed" and "NaN or inf" in items["b"]["error"]
