@@ -105,7 +105,7 @@ class Pipeline:
     # -- defining -----------------------------------------------------------------------------------
     @property
     def name(self) -> str:
-        return self._data["name"]
+        return self._data.get("name", "pipeline")
 
     def param(self, name: str, default: Any = None, *, type: Any = None, description: str = "") -> Ref:  # noqa: A002
         """Declare param ``name``; the reference renders as ``${params.name}`` wherever it is used.
@@ -150,13 +150,11 @@ class Pipeline:
         self._smap.mark(site, where + ("op",), site.given("op", 1))
         self._smap.mark(site, where + ("inputs",), site.at)
         if inputs:
-            entry["inputs"] = [self._node(site, r, where + ("inputs", i), site.arg(2 + i)) for i, r in enumerate(inputs)]
-            for i in range(len(inputs)):
-                self._smap.mark(site, where + ("inputs", i), site.arg(2 + i))
+            entry["inputs"] = [self._input(site, where + ("inputs", i), r, site.arg(2 + i))
+                               for i, r in enumerate(inputs)]
         elif named:
-            entry["inputs"] = {k: self._node(site, r, where + ("inputs", k), site.keyword(k)) for k, r in named.items()}
-            for k in named:
-                self._smap.mark(site, where + ("inputs", k), site.keyword(k))
+            entry["inputs"] = {k: self._input(site, where + ("inputs", k), r, site.keyword(k))
+                               for k, r in named.items()}
         rest = {k: v for k, v in kwargs.items() if k not in named}
         entry.update(self._step_extras(site, where, {**(args or {}), **rest}, expect, description))
         self._data["steps"][name] = entry
@@ -171,9 +169,8 @@ class Pipeline:
         entry: dict[str, Any] = {"uses": os.fspath(spec)}
         self._smap.mark(site, where + ("uses",), site.given("spec", 1))
         if inputs:
-            entry["inputs"] = {k: self._node(site, r, where + ("inputs", k), site.keyword(k)) for k, r in inputs.items()}
-            for k in inputs:
-                self._smap.mark(site, where + ("inputs", k), site.keyword(k))
+            entry["inputs"] = {k: self._input(site, where + ("inputs", k), r, site.keyword(k))
+                               for k, r in inputs.items()}
         if params:
             entry["params"] = render(self, site, dict(params), where + ("params",), site.keyword("params"))
             self._smap.mark(site, where + ("params",), site.keyword("params"))
@@ -200,13 +197,16 @@ class Pipeline:
         """Run the pipeline once per value (several: per combination) of params: ``n=[100, 200]``
         (a list or ``range``), ``path={"glob": "data/*.npy"}`` or ``n={"range": "0:100:10"}``."""
         site = call_site(__file__)
+        new = {}
         for key, value in values.items():
             if key in self._data["foreach"]:
                 raise site.error(f"foreach param {key!r} is given twice", ("foreach", key), at=site.keyword(key),
                                  hint="give each param's values once")
             value = list(value) if isinstance(value, range) else value
-            self._data["foreach"][key] = render(self, site, value, ("foreach", key), site.keyword(key))
+            new[key] = render(self, site, value, ("foreach", key), site.keyword(key))
+        for key in new:
             self._smap.mark(site, ("foreach", key), site.keyword(key))
+        self._data["foreach"].update(new)
         self._changed()
 
     def blocks(self, function: Callable | None = None, /, *, name: str | None = None, dtype: Any = None,
@@ -327,6 +327,11 @@ class Pipeline:
         hint = f"{_NODE_HINT}, e.g. p[{value!r}]" if isinstance(value, str) else _NODE_HINT
         raise site.error(f"{type(value).__name__} {short(value)} where an input or step is needed", path, at=at,
                          hint=hint + (" (other op arguments go by keyword)" if not callable(value) else ""))
+
+    def _input(self, site: Site, path: tuple, ref: Any, at: Pos) -> str:
+        """:meth:`_node`, placed at ``at``."""
+        self._smap.mark(site, path, at)
+        return self._node(site, ref, path, at)
 
     def _options(self, site: Site, where: tuple, options: dict[str, Any]) -> dict[str, Any]:
         out = {}

@@ -236,6 +236,30 @@ def test_wrong_uses_of_the_builder_fail_at_the_calling_line():
     assert p.to_dict()["steps"]["ok"] == {"op": "clip", "inputs": ["x"], "args": {"lo": 0, "hi": "${params.k}"}}
 
 
+@pytest.mark.timeout(60)
+def test_a_uses_step_binds_refs_and_passes_params(tmp_path, rng):
+    (tmp_path / "inner.yaml").write_text(
+        "params: {k: {type: float, default: 1.0}}\n"
+        "inputs: {x: {source: normal, shape: [9, 4], dtype: float64}}\n"
+        "steps: {scaled: {op: multiply, inputs: [x], args: {b: '${params.k}'}}, total: {op: sum, inputs: [scaled]}}\n"
+        "outputs: {total: {from: total}}\n")
+    x = rng.standard_normal((9, 4))
+    np.save(tmp_path / "x.npy", x)
+    p = fg.Pipeline("outer")
+    k = p.param("k", 2.5)
+    inner = p.uses("inner", tmp_path / "inner.yaml", x=p.input("x", source="npy", path=tmp_path / "x.npy"),
+                   params={"k": k})
+    p.output("total", inner["total"])
+    assert p.to_dict()["steps"]["inner"] == {"uses": str(tmp_path / "inner.yaml"), "inputs": {"x": "x"},
+                                             "params": {"k": "${params.k}"}}
+    result = p.run(session="local", progress=False, overrides={"params.k": 0.5})
+    np.testing.assert_allclose(result.outputs["total"], 0.5 * x.sum())
+    p.output("bad", inner["totl"])  # @uses-part
+    with pytest.raises(SpecError, match="has no output 'totl'") as e:
+        p.compile()
+    assert (e.value.line, e.value.path) == (line_of("uses-part"), "outputs.bad.from")
+
+
 @pytest.mark.timeout(120)
 def test_functions_become_map_blocks_steps(tmp_path, rng):
     p = builder_steps.p
@@ -251,7 +275,7 @@ def test_functions_become_map_blocks_steps(tmp_path, rng):
     np.testing.assert_allclose(result.outputs["spread"], ((x - x.mean(0)) ** 2).sum(), rtol=1e-4)
     # its YAML runs from the command line, which imports the function by its path
     p.to_yaml(tmp_path / "blocks.yaml")
-    out = subprocess.run([sys.executable, "-m", "flowgpu", "run", str(tmp_path / "blocks.yaml"), "--summary", str(tmp_path / "run.json"),
+    out = subprocess.run([sys.executable, "-m", "flowgpu", "run", str(tmp_path / "blocks.yaml"),
                           "--set", f"params.seed={seed}", "--set", f"params.out={tmp_path / 'cli'}"],
                          capture_output=True, text=True, timeout=100, cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT})
     assert out.returncode == 0, out.stderr
@@ -300,12 +324,26 @@ def test_foreach_goes_into_the_spec_data(tmp_path):
     assert "foreach" in p.spec.model_dump()
 
 
-def test_status_passes_through(tmp_path):
+def test_run_and_status_pass_their_arguments_through(monkeypatch):
+    p = fg.Pipeline("through")
+    p.output("x", p.input("x", source="normal", shape=[8, 4], seed=3))
+    calls = []
+    monkeypatch.setattr(pipeline, "run", lambda spec, **kw: calls.append(("run", spec, kw)) or "ran")
+    monkeypatch.setattr(pipeline, "status", lambda spec, **kw: calls.append(("status", spec, kw)) or "said",
+                        raising=False)
+    assert p.run(foreach={"n": [1, 2]}, force=True, session="local") == "ran"
+    assert p.status(foreach={"n": [1, 2]}, checksum=True) == "said"
+    assert calls == [("run", p.spec, {"foreach": {"n": [1, 2]}, "force": True, "session": "local"}),
+                     ("status", p.spec, {"foreach": {"n": [1, 2]}, "checksum": True})]
+
+
+def test_status_says_what_a_run_would_do_without_running(tmp_path):
     if not hasattr(pipeline, "status"):
         pytest.skip("flowgpu.pipeline.status is not in this tree yet (the batch engine adds it)")
     p = fg.Pipeline("status")
     p.output("x", p.input("x", source="normal", shape=[8, 4], seed=3), sink="npy", path=str(tmp_path / "x.npy"))
-    assert p.status() == pipeline.status(p.spec)
+    assert type(p.status()) is type(pipeline.status(p.spec))
+    assert not (tmp_path / "x.npy").exists()
 
 
 # -- cache keys agree: runs once flowgpu.pipeline.cache and flowgpu.pipeline.recipe are merged ----
