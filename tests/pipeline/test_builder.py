@@ -124,6 +124,20 @@ def test_python_and_yaml_give_the_same_spec_plan_and_results(tmp_path, rng, both
     np.testing.assert_array_equal(runs["python"].outputs["total"], runs["yaml"].outputs["total"])
 
 
+def test_the_docs_python_example_is_the_docs_yaml_example(tmp_path):
+    text = open(os.path.join(ROOT, "docs", "pipelines.md")).read()
+    yaml_example = text.split("```yaml\n", 1)[1].split("```", 1)[0]
+    python = text.split("## Pipelines in Python", 1)[1].split("```python\n", 1)[1].split("\np.plan()", 1)[0]
+    (tmp_path / "example.yaml").write_text(yaml_example)
+    (tmp_path / "example.py").write_text(python)
+    scope: dict = {}
+    exec(compile(python, str(tmp_path / "example.py"), "exec"), scope)
+    p, spec = scope["p"], pipeline.load(tmp_path / "example.yaml")
+    for section in ("inputs", "steps", "outputs", "cluster"):
+        assert getattr(p.spec, section) == getattr(spec, section), section
+    assert without_file(p.plan({"n": 50})) == without_file(pipeline.describe(pipeline.compile(spec, {"n": 50})))
+
+
 def test_to_yaml_round_trip(tmp_path, both):
     p, spec, _ = both
     path = tmp_path / "written.yaml"
