@@ -138,6 +138,14 @@ def test_the_docs_python_example_is_the_docs_yaml_example(tmp_path):
     assert without_file(p.plan({"n": 50})) == without_file(pipeline.describe(pipeline.compile(spec, {"n": 50})))
 
 
+def test_import_flowgpu_stays_light_until_pipeline_is_used():
+    code = ("import sys, flowgpu; loaded = 'flowgpu.pipeline' in sys.modules; flowgpu.Pipeline; "
+            "print(loaded, 'flowgpu.pipeline.builder' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": ROOT})
+    assert out.stdout.split() == ["False", "True"], out.stderr
+
+
 def test_to_yaml_round_trip(tmp_path, both):
     p, spec, _ = both
     path = tmp_path / "written.yaml"
