@@ -287,6 +287,10 @@ class _Hasher:
                           if not k.startswith("params.")}
         self.memo: dict[str, _Part] = {}
         self.children: dict[str, _Hasher] = {}
+        for name in plan.order:  # bottom up, so a chain of any length never recurses deeper than one step
+            step = self.spec.steps.get(name)
+            if step is None or step.uses is None:
+                self.ref(name)
 
     def used(self, section: str, name: str) -> set[str]:
         """The params the raw data of ``section.name`` (and any --set under it) refers to."""
