@@ -27,6 +27,8 @@ from flowgpu.io import atomic
 @click.option("--gpus", default=None, metavar="0,1,...", help="GPU ordinals to use (one worker each).")
 @click.option("--backend", type=click.Choice(["auto", "gpu", "cpu"]), default=None, help="Array backend.")
 @click.option("--workers", "n_workers", type=click.IntRange(min=1), default=None, help="Workers of a CPU cluster.")
+@click.option("--standalone", is_flag=True,
+              help="Start a cluster of its own even when one started by 'flowgpu cluster start' runs.")
 @click.option("--summary", "summary_path", type=click.Path(dir_okay=False), default=None,
               help="Also write the run summary as JSON here.")
 @click.option("--overwrite", is_flag=True, help="Replace output paths that hold data flowgpu did not write.")
@@ -36,13 +38,14 @@ from flowgpu.io import atomic
 @allow_address_option
 @handle_errors
 def run(spec: str, sets: tuple[str, ...], params_file: str | None, scheduler: str | None, gpus: str | None,
-        backend: str | None, n_workers: int | None, summary_path: str | None, overwrite: bool, dry_run: bool,
-        no_wait: bool, quiet: bool, allow_spec_address: bool, **tls: str | None) -> None:
+        backend: str | None, n_workers: int | None, standalone: bool, summary_path: str | None, overwrite: bool,
+        dry_run: bool, no_wait: bool, quiet: bool, allow_spec_address: bool, **tls: str | None) -> None:
     """Run the pipeline SPEC (a YAML file)."""
     signal.signal(signal.SIGTERM, _terminated)  # like Ctrl-C: staging removed, nothing moved into place
     overrides = _parse_sets(sets)
     console = _console()
-    cluster = {"address": scheduler, "gpus": gpus, "backend": backend, "n_workers": n_workers, **tls}
+    cluster = {"address": scheduler, "gpus": gpus, "backend": backend, "n_workers": n_workers, **tls,
+               "standalone": standalone or None}
     if dry_run:
         s = pipeline.validate(spec, overrides, params_file, overwrite=overwrite, cluster=cluster,
                               allow_spec_address=allow_spec_address)

@@ -36,6 +36,7 @@ from flowgpu.pipeline.outcome import failure_summary, write_json
 from flowgpu.pipeline.failures import explain, failed_with, watch_spill
 from flowgpu.pipeline.planning import check_memory, graph_size
 from flowgpu.pipeline.spec import Spec
+from flowgpu.runtime import standing
 
 __all__ = ["RunResult", "run", "check_outputs", "protected_paths", "session_options"]
 
@@ -49,8 +50,14 @@ class RunResult:
     plan: Plan | None = field(default=None, repr=False)
 
 
-def _start_session(spec: Spec, cluster: dict[str, Any] | None, allow_spec_address: bool = False):
+def _start_session(spec: Spec, cluster: dict[str, Any] | None, allow_spec_address: bool = False,
+                   console: Console | None = None):
     opts = session_options(spec, cluster, allow_spec_address)
+    running = None if opts.pop("standalone", False) else standing.join(opts)
+    if running is not None:  # the cluster that stays up (flowgpu cluster start), used as it is; say so
+        opts, line = running
+        if console is not None:
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
     address = opts.pop("address", None)
     try:
         return runtime.Session(address, **opts)
@@ -101,6 +108,8 @@ def run(spec: Spec | str | os.PathLike | dict, *, overrides: dict[str, Any] | No
     summary_path : also write the summary as JSON there (atomically); a failed run writes one too,
         with ``status: "failed"``, the error, the step it came from when known, and what was written.
     cluster : Session options overriding the spec's ``cluster:`` block (``--scheduler``, ``--gpus``).
+        With no scheduler or session given, a run joins the cluster that stays up (``flowgpu cluster
+        start``) when one runs, and says so; ``{"standalone": True}`` starts one of its own instead.
     console : where to print progress and the summary (default: stderr); ``progress=False`` is quiet.
     on_session : called with the session once it is ready (the CLI prints the dashboard link).
     allow_spec_address : let the spec's ``cluster.address`` (another scheduler) or a dashboard open to
@@ -143,7 +152,7 @@ def _run(spec: Spec, session: Any, overwrite: bool, summary_path: str | None, cl
     check_outputs(spec, overwrite, {params_file: f"the params file {params_file!r}"} if params_file else None)
     with sinks.hold_outputs([o.path for o in spec.outputs.values() if o.path is not None], wait):
         if session is None:
-            own = session = _start_session(spec, cluster, allow_spec_address)
+            own = session = _start_session(spec, cluster, allow_spec_address, console)
         pending: dict[str, sinks.PendingWrite] = {}
         try:
             if on_session is not None:
