@@ -131,11 +131,15 @@ def _read(folder: str) -> dict | None:
 
 # -- processes ------------------------------------------------------------------------------------
 def _runs(p: psutil.Process) -> bool:
-    """Whether ``p`` runs (a zombie, dead but not yet reaped by its parent, does not)."""
+    """Whether ``p`` runs (a zombie, dead but not yet reaped by its parent, does not: reaped here when
+    this process started it)."""
     try:
-        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+        if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+            return True
+        p.wait(timeout=0)
     except psutil.Error:
-        return False
+        pass
+    return False
 
 
 def _process(rec: Any) -> psutil.Process | None:
@@ -227,8 +231,8 @@ def start(*, tls: bool = True, timeout: float = START_TIMEOUT, notify: Notify | 
     """Start a cluster that stays up, in the background; return its state once its workers are ready.
 
     ``options`` are :class:`~flowgpu.Session`'s for a local cluster (``backend``, ``gpus``, ``n_workers``,
-    ``threads_per_worker``, ``memory_limit``, ``dashboard_address``, ...; None takes the configured
-    value), checked here before anything starts. ``tls=False`` makes it speak plain TCP, which any
+    ``threads_per_worker``, ``memory_limit``, ``dashboard_address`` (``""``: no dashboard), ...; None
+    takes the configured value), checked here before anything starts. ``tls=False`` makes it speak plain TCP, which any
     process on this host can join. Raises :class:`ClusterRunningError` while one runs.
     """
     folder = directory(create=True)
