@@ -83,8 +83,9 @@ def status(as_json: bool) -> None:
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(state["started"]))
         click.echo(f"cluster running at {state['address']} ({'TLS' if state['tls'] else 'plain TCP'})")
         click.echo(f"dashboard: {state['dashboard'] or 'off'}")
+        now = "" if state["answers"] in (None, state["n_workers"]) else f", {state['answers']} connected now"
         click.echo(f"backend: {state['backend']}, workers: {state['n_workers']} x {state['threads_per_worker']} "
-                   f"thread(s) (pids {', '.join(map(str, state['worker_pids']))})")
+                   f"thread(s) (pids {', '.join(map(str, state['worker_pids']))}{now})")
         click.echo(f"up {_uptime(state['uptime'])} since {started} (daemon pid {state['daemon']['pid']}, "
                    f"flowgpu {state['flowgpu']}); log: {state['log']}")
     if state["answers"] is None:

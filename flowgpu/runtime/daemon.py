@@ -18,6 +18,8 @@ import sys
 import threading
 from typing import Any
 
+import dask.config
+
 from flowgpu.errors import FlowgpuError
 from flowgpu.runtime import standing
 from flowgpu.runtime.session import Session
@@ -43,6 +45,10 @@ def main(argv: list[str]) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: stop.set())
+    # Workers must not outlive this process: each watches a pipe whose write end only this process may
+    # hold. Forked workers would inherit each other's write ends and keep each other alive; spawned ones
+    # inherit nothing.
+    dask.config.set({"distributed.worker.multiprocessing-method": "spawn"})
     try:
         security = standing.make_credentials(folder) if given["tls"] else "none"
         session = Session(**given["options"], security=security)

@@ -345,9 +345,10 @@ def join(wanted: dict[str, Any] | None = None, notify: Notify | None = _say) -> 
 
     ``wanted`` are the Session options a run asked for (its spec's ``cluster:`` block and the command
     line): the running cluster is used as it is, and the line names what of ``wanted`` it does not have.
-    None too when ``wanted`` names a scheduler (``address``) or TLS files of its own.
+    None too when ``wanted`` (or ``flowgpu.scheduler-address``) names a scheduler, or TLS files, of its own.
     """
-    if any((wanted or {}).get(k) is not None for k in ("address", *security.TLS_FILES)):
+    if config.get("scheduler-address", default=None) is not None or any(
+            (wanted or {}).get(k) is not None for k in ("address", *security.TLS_FILES)):
         return None
     state = _running(directory(), notify)
     if state is None:
@@ -359,6 +360,8 @@ def join(wanted: dict[str, Any] | None = None, notify: Notify | None = _say) -> 
         kwargs["backend"] = "cpu"  # NumPy chunks, on GPU workers too
     unmet = _unmet(state, wanted)
     lacks = f"; not the {', '.join(unmet)} asked for" if unmet else ""
+    if state.get("flowgpu") != __version__:
+        lacks += f"; it runs flowgpu {state.get('flowgpu')}, this is {__version__}"
     line = (f"using the running cluster at {state['address']} (flowgpu cluster start; {state['backend']}, "
             f"{state['n_workers']} worker(s){lacks}); {STANDALONE_HINT}")
     return kwargs, line

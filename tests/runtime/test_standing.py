@@ -53,6 +53,8 @@ def test_join_says_what_the_running_cluster_lacks(folder):
     _, plain = standing.join({})
     assert "asked for" not in plain
     assert standing.join({"address": "tcp://elsewhere:8786"}) is None  # a scheduler of its own wins
+    with dask.config.set({"flowgpu.scheduler-address": "tcp://elsewhere:8786"}):
+        assert standing.join({}) is None
 
 
 def test_a_state_whose_daemon_is_gone_is_removed_and_said(folder):
