@@ -16,7 +16,7 @@ import pytest
 from rich.console import Console
 
 import flowgpu as fg
-from flowgpu import pipeline
+from flowgpu import pipeline, runtime
 from flowgpu.errors import ClusterRunningError, ConfigError
 from flowgpu.io import lock
 from flowgpu.runtime import standing
@@ -76,7 +76,8 @@ def test_a_folder_others_may_open_is_refused(folder):
 
 
 @pytest.mark.timeout(180)
-def test_start_run_stop_from_python(folder, rng):
+def test_start_run_stop_from_python(folder, rng, monkeypatch):
+    monkeypatch.setattr(runtime, "current_session", lambda: None)  # as if no other test had left a Session open
     state = standing.start(tls=False, backend="cpu", n_workers=1, threads_per_worker=2, memory_limit="1GiB",
                            dashboard_address="", notify=None)
     try:
