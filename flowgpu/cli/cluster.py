@@ -94,13 +94,15 @@ def status(as_json: bool) -> None:
 
 
 @cluster.command()
+@click.option("--timeout", type=click.FloatRange(min=0), default=standing.STOP_TIMEOUT, show_default=True,
+              metavar="SECONDS", help="How long the workers may take to close before what is left is killed.")
 @handle_errors
-def stop() -> None:
+def stop(timeout: float) -> None:
     """Stop the cluster: its workers close, and every process of it is gone when this returns.
 
     Exit status: 0 stopped, 1 none was running.
     """
-    state = standing.stop()
+    state = standing.stop(timeout)
     if state is None:
         _fail("no cluster running; nothing to stop", EXIT_FAILED)
     click.echo(f"stopped the cluster at {state['address']} ({state['n_workers']} worker(s))")

@@ -21,6 +21,7 @@ from typing import Any
 import dask.config
 
 from flowgpu.errors import FlowgpuError
+from flowgpu.io import faults
 from flowgpu.runtime import standing
 from flowgpu.runtime.session import Session
 
@@ -65,6 +66,7 @@ def main(argv: list[str]) -> int:
         while not stop.wait(1.0):
             pass
         print("stopping: closing the workers", flush=True)
+        faults.point("cluster:stopping")
     finally:
         session.close()
         standing.forget(folder)

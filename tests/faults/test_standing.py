@@ -45,16 +45,19 @@ outputs:
 SHAPE, CHUNK = (1200, 700), 300
 
 
-def _env(folder: Path) -> dict:
+def _env(folder: Path, fault: str | None) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "FLOWGPU_TEST_FAULT"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
     env["DASK_FLOWGPU__CLUSTER__DIRECTORY"] = str(folder)
+    if fault:
+        env["FLOWGPU_TEST_FAULT"] = fault
     return env
 
 
-def flowgpu(*args: str, folder: Path, cwd: Path, timeout: float = 150) -> subprocess.CompletedProcess:
-    r = subprocess.run([sys.executable, "-m", "flowgpu", *args], cwd=cwd, env=_env(folder), capture_output=True,
-                       text=True, timeout=timeout)
+def flowgpu(*args: str, folder: Path, cwd: Path, timeout: float = 150, fault: str | None = None
+            ) -> subprocess.CompletedProcess:
+    r = subprocess.run([sys.executable, "-m", "flowgpu", *args], cwd=cwd, env=_env(folder, fault),
+                       capture_output=True, text=True, timeout=timeout)
     assert TRACEBACK not in r.stderr, r.stderr
     return r
 
@@ -63,11 +66,11 @@ WORKERS = {"cpu": ("--backend", "cpu", "--workers", "2", "--threads-per-worker",
            "gpu": ("--backend", "gpu", "--gpus", "0")}
 
 
-def start(folder: Path, cwd: Path, backend: str = "cpu") -> dict:
-    """Start a small cluster; its state as `cluster status --json` gives it, with every process below the
-    daemon now (``all_pids``)."""
+def start(folder: Path, cwd: Path, backend: str = "cpu", fault: str | None = None) -> dict:
+    """Start a small cluster (its daemon under ``fault``); its state as `cluster status --json` gives it,
+    with every process below the daemon now (``all_pids``)."""
     r = flowgpu("cluster", "start", *WORKERS[backend], "--memory-limit", "1GiB", "--dashboard-address",
-                "127.0.0.1:0", folder=folder, cwd=cwd)
+                "127.0.0.1:0", folder=folder, cwd=cwd, fault=fault)
     assert r.returncode == 0, r.stderr
     state = status(folder, cwd)
     assert state["address"] in r.stdout and "flowgpu cluster stop" in r.stdout
@@ -153,6 +156,18 @@ def test_a_killed_daemon_leaves_no_worker_and_status_removes_its_state(places):
     assert r.returncode == 1 and r.stdout.strip() == "no cluster running"
     assert "no longer running" in r.stderr and f"daemon pid {state['daemon']['pid']} is gone" in r.stderr
     assert not (folder / "cluster.json").exists() and not (folder / "tls-key.pem").exists()
+
+
+def test_a_daemon_that_does_not_close_is_killed_with_its_workers(places, tmp_path):
+    folder, work = places
+    state = start(folder, work, fault=f"cluster:stopping@pause={tmp_path}")  # told to stop, it hangs
+    t0 = time.monotonic()
+    r = flowgpu("cluster", "stop", "--timeout", "3", folder=folder, cwd=work)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "cluster-stopping.reached").exists()
+    assert "did not exit within 3s; killing them" in r.stderr and str(state["daemon"]["pid"]) in r.stderr
+    assert time.monotonic() - t0 < 60
+    assert left_running(state) == [] and not (folder / "cluster.json").exists()
 
 
 def test_second_start_is_refused_and_plain_tcp_cannot_join(places):

@@ -68,6 +68,22 @@ def test_a_state_whose_daemon_is_gone_is_removed_and_said(folder):
     assert not (folder / standing.STATE).exists()
 
 
+def test_a_stale_state_takes_the_workers_its_daemon_left_with_it(folder):
+    """The safety net behind distributed's own (a worker exits when its daemon dies): a recorded worker
+    still running when status finds the daemon gone is killed."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    daemon = {"pid": dead.pid, "host": lock.owner()["host"], "start": psutil.Process(dead.pid).create_time()}
+    dead.wait()
+    left = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    worker = {"pid": left.pid, "host": daemon["host"], "start": psutil.Process(left.pid).create_time()}
+    _fake_state(folder, daemon, workers={"tcp://127.0.0.1:2": worker}, worker_pids=[left.pid])
+    said = []
+    assert standing.stop(notify=said.append) is None
+    assert not lock.alive(worker), "the worker its daemon left still runs"  # killed and reaped
+    left.wait(timeout=10)
+    assert "killed 1 process(es) it left" in said[0]
+
+
 def test_a_folder_others_may_open_is_refused(folder):
     folder.mkdir(mode=0o700)
     os.chmod(folder, 0o755)
