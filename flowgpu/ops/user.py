@@ -17,13 +17,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import cloudpickle
 import dask.array as da
 import numpy as np
 from dask.base import tokenize
 
 from flowgpu.errors import OpError, RunError
 from flowgpu.ops._common import Array, DType, defop, dtype_arg, meta_like, same_backend
-from flowgpu.registry import import_object
+from flowgpu.registry import import_object, pickled_by_value
 
 __all__ = ["map_blocks"]
 
@@ -51,6 +52,16 @@ class _Checked:
 
     def __dask_tokenize__(self) -> Any:
         return ("flowgpu-map-blocks", self.path, str(self.dtype), self.ndim, tokenize(self.func))
+
+    def __reduce__(self) -> tuple:
+        code = pickled_by_value(self.func)  # a module of the user's own travels with the task
+        if code is None:
+            return (_Checked, (self.func, self.path, self.dtype, self.ndim))
+        return (_unpickled, (code, self.path, self.dtype, self.ndim))
+
+
+def _unpickled(code: bytes, path: str, dtype: np.dtype, ndim: int) -> _Checked:
+    return _Checked(cloudpickle.loads(code), path, dtype, ndim)
 
 
 def _axes(value: Any) -> list[int]:
