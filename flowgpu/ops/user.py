@@ -57,11 +57,15 @@ class _Checked:
         code = pickled_by_value(self.func)  # a module of the user's own travels with the task
         if code is None:
             return (_Checked, (self.func, self.path, self.dtype, self.ndim))
-        return (_unpickled, (code, self.path, self.dtype, self.ndim))
+        source = getattr(getattr(self.func, "__code__", None), "co_filename", None)
+        return (_unpickled, (code, self.path, self.dtype, self.ndim, source))
 
 
-def _unpickled(code: bytes, path: str, dtype: np.dtype, ndim: int) -> _Checked:
-    return _Checked(cloudpickle.loads(code), path, dtype, ndim)
+def _unpickled(code: bytes, path: str, dtype: np.dtype, ndim: int, source: str | None = None) -> _Checked:
+    func = cloudpickle.loads(code)
+    if source and hasattr(func, "__code__"):  # cloudpickle drops it; a failure says where it raised
+        func.__code__ = func.__code__.replace(co_filename=source)
+    return _Checked(func, path, dtype, ndim)
 
 
 def _axes(value: Any) -> list[int]:
