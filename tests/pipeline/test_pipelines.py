@@ -39,6 +39,7 @@ def small(name, tmp_path, stack_path):
     out = str(tmp_path / "out")
     return {
         "quickstart.yaml": {"params.n": 64, "params.rows_per_chunk": 16, "params.out": out},
+        "quickstart_batch.yaml": {"params.n": 48, "params.rows_per_chunk": 16, "params.out": out},
         "standardize.yaml": {"params.rows": 300, "params.cols": 8, "params.out": out},
         "transpose_sum.yaml": {"params.n": 60, "params.chunk": 25},
         "denoise.yaml": {"params.input": stack_path, "params.out": out + "/d.zarr", "params.sigma": 1.5},
@@ -53,9 +54,11 @@ def test_shipped_spec_validates_and_runs(name, tmp_path, stack, monkeypatch):
     pipeline.validate(ROOT / name, overrides)
     result = pipeline.run(ROOT / name, overrides=overrides, session="local", progress=False)
     assert result.summary["status"] == "ok"
-    for out in result.summary["outputs"].values():
-        if "location" in out:
-            assert os.path.exists(out["location"])
+    for summary in [i["outputs"] for i in result.summary["items"]] if "items" in result.summary else [
+            result.summary["outputs"]]:
+        for out in summary.values():
+            if "location" in out:
+                assert os.path.exists(out["location"])
     check = CHECKS.get(name)
     if check:
         check(result, stack[0])
@@ -67,6 +70,19 @@ def _quickstart(result, _):
     z = zarr.open_array(result.summary["outputs"]["standardized"]["location"])[:]
     np.testing.assert_allclose(z.mean(0), 0, atol=1e-4)
     np.testing.assert_allclose(z.std(0), 1, rtol=1e-4)
+
+
+def _quickstart_batch(result, _):
+    from flowgpu import arrays
+
+    assert [r.params["seed"] for r in result.items] == list(range(8))  # the spec's own foreach block
+    for r in result.items:
+        x = arrays.normal((48, 48), dtype="float32", seed=r.params["seed"], loc=3.0, scale=2.0,
+                          chunks=(16, -1)).compute().astype("float64")
+        z = (x - x.mean(0)) / x.std(0)
+        np.testing.assert_allclose(zarr.open_array(r.outputs["standardized"])[:], z, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(r.outputs["sum_sq"], (z ** 2).sum(), rtol=1e-4)
+        np.testing.assert_allclose(r.outputs["mean"], x.mean(), rtol=1e-5)
 
 
 def _standardize(result, _):
@@ -93,7 +109,7 @@ def _denoise_synthetic(result, _):
     assert result.outputs["mse_denoised"] < 0.5 * result.outputs["mse_noisy"]
 
 
-CHECKS = {"quickstart.yaml": _quickstart, "standardize.yaml": _standardize, "transpose_sum.yaml": _transpose_sum,
+CHECKS = {"quickstart.yaml": _quickstart, "quickstart_batch.yaml": _quickstart_batch, "standardize.yaml": _standardize, "transpose_sum.yaml": _transpose_sum,
           "denoise.yaml": _denoise, "denoise_synthetic.yaml": _denoise_synthetic}
 
 
