@@ -13,7 +13,7 @@ from rich.markup import escape
 from flowgpu import pipeline
 from flowgpu.cli.common import (EXIT_INVALID, _console, _parse_sets, allow_address_option, handle_errors,
                                 spec_options, tls_options)
-from flowgpu.diagnostics import render_plan
+from flowgpu.diagnostics import render_plan, stepgraph
 from flowgpu.errors import SpecError
 from flowgpu.io import atomic
 
@@ -114,14 +114,20 @@ def validate(specs: tuple[str, ...], sets: tuple[str, ...], params_file: str | N
 @click.command()
 @click.argument("spec", type=click.Path(dir_okay=False))
 @spec_options
-@click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
+@click.option("--format", "fmt", type=click.Choice(["table", "json", "dot", "svg"]), default="table",
+              help="table (default), JSON, or the step graph as Graphviz dot text or an SVG picture.")
+@click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON (as --format json).")
 @handle_errors
-def plan(spec: str, sets: tuple[str, ...], params_file: str | None, as_json: bool) -> None:
+def plan(spec: str, sets: tuple[str, ...], params_file: str | None, fmt: str, as_json: bool) -> None:
     """Show the steps of SPEC in order: shapes, dtypes, chunks, tasks, bytes, peak memory per worker."""
     desc = pipeline.describe(pipeline.compile(pipeline.load(spec, _parse_sets(sets), params_file)))
-    if as_json:
+    fmt = "json" if as_json else fmt
+    if fmt == "json":
         click.echo(json.dumps(desc, indent=2, default=str))
-        return
-    render_plan(desc, _console(stderr=False))
+    elif fmt in ("dot", "svg"):
+        graph = stepgraph.from_description(desc)
+        click.echo(stepgraph.to_dot(graph) if fmt == "dot" else stepgraph.to_svg(graph), nl=False)
+    else:
+        render_plan(desc, _console(stderr=False))
 
 
