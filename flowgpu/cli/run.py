@@ -13,7 +13,7 @@ from rich.markup import escape
 from flowgpu import pipeline
 from flowgpu.cli.common import (EXIT_INVALID, _console, _parse_sets, allow_address_option, handle_errors,
                                 spec_options, tls_options)
-from flowgpu.diagnostics import render_plan, stepgraph
+from flowgpu.diagnostics import monitor, render_plan, stepgraph
 from flowgpu.errors import SpecError
 from flowgpu.io import atomic
 
@@ -52,6 +52,8 @@ def run(spec: str, sets: tuple[str, ...], params_file: str | None, scheduler: st
 
     def announce(session: Any) -> None:
         link = getattr(session, "dashboard_link", None)
+        if link and monitor.install(getattr(session, "client", None)):
+            link = monitor.page_link(link)  # straight to the flowgpu page
         console.print(f"[bold]flowgpu[/] running {escape(spec)} on {getattr(session, 'backend', '?')} "
                       f"({getattr(session, 'n_workers', '?')} worker(s)); dashboard: {link or 'off'}")
 

@@ -22,7 +22,7 @@ from typing import Any
 from xml.sax.saxutils import escape, quoteattr
 
 __all__ = ["StepGraph", "GraphNode", "Edge", "STATES", "STATE_COLORS", "from_description", "layout",
-           "to_dot", "to_svg"]
+           "to_dot", "to_svg", "to_dict", "from_dict"]
 
 # What a node can be doing during a run, and how every view colours it.
 STATES = ("waiting", "running", "done", "failed", "fused", "up-to-date")
@@ -201,3 +201,18 @@ def to_svg(graph: StepGraph, states: dict[str, str] | None = None, engine: str |
         except (OSError, subprocess.SubprocessError):
             pass  # a broken Graphviz: our own drawing is still a picture
     return _own_svg(graph, states)
+
+
+def to_dict(graph: StepGraph) -> dict[str, Any]:
+    """Plain data (for the scheduler, a report, JSON): ``{"name", "nodes": [...], "edges": [...]}``."""
+    return {"name": graph.name,
+            "nodes": [{"id": n.id, "label": n.label, "kind": n.kind, "what": n.what, "parent": n.parent,
+                       "fused_into": n.fused_into, "info": n.info} for n in graph.nodes.values()],
+            "edges": [[e.source, e.target, e.kind] for e in graph.edges]}
+
+
+def from_dict(data: dict[str, Any]) -> StepGraph:
+    """The graph :func:`to_dict` made."""
+    nodes = {n["id"]: GraphNode(n["id"], n["label"], n["kind"], n["what"], n.get("parent"), n.get("fused_into"),
+                                dict(n.get("info") or {})) for n in data["nodes"]}
+    return StepGraph(data["name"], nodes, [Edge(*e) for e in data["edges"]])

@@ -26,7 +26,7 @@ from rich.console import Console
 
 from flowgpu import __version__, runtime
 from flowgpu.backend import current_backend
-from flowgpu.diagnostics import compute_with_progress, render_summary
+from flowgpu.diagnostics import compute_with_progress, monitor, render_summary
 from flowgpu.errors import ConfigError, FlowgpuError, OutputError, RunError
 from flowgpu.io import faults, sinks
 from flowgpu.pipeline.build import build, from_dict, load, read_params_file
@@ -34,7 +34,7 @@ from flowgpu.pipeline.compiler import Plan, compile
 from flowgpu.pipeline.checks import check_outputs, protected_paths, session_options
 from flowgpu.pipeline.outcome import failure_summary, write_json
 from flowgpu.pipeline.failures import explain, failed_with, watch_spill
-from flowgpu.pipeline.planning import check_memory, graph_size
+from flowgpu.pipeline.planning import check_memory, describe, graph_size
 from flowgpu.pipeline.spec import Spec
 
 __all__ = ["RunResult", "run", "check_outputs", "protected_paths", "session_options"]
@@ -173,7 +173,8 @@ def _execute(spec: Spec, session: Any, overwrite: bool, summary_path: str | None
         targets = [p.target for p in pending.values()]
         faults.point("after-prepare")
         try:
-            with watch_spill(session):  # a spill directory that fills during the run stops it, with the reason
+            with watch_spill(session), monitor.track(plan, session, lambda: describe(plan), targets={
+                    n: p.target for n, p in pending.items()}) as state["tracked"]:  # the dashboard's flowgpu page
                 results = compute_with_progress(targets, client=getattr(session, "client", None),
                                                 console=console, show=progress, description=spec.name)
         except FlowgpuError:

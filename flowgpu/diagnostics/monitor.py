@@ -1,0 +1,150 @@
+"""The client side of the flowgpu dashboard page: install it, and tell it what a run is doing.
+
+``with monitor.track(plan, session, description) as run:`` around a run's compute publishes the
+run's step graph and which Dask layer belongs to which step (from the graph the compiler built:
+each plan node's lazy array and its HighLevelGraph layers) to the scheduler's
+:class:`~flowgpu.diagnostics.dashboard.DashboardPlugin`, and at the end whether the run succeeded.
+``run.view()`` is what the page shows about it (the run report reads it). Without a distributed
+client (``session="local"``) it does nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import uuid
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import urlsplit
+
+from flowgpu.diagnostics import stepgraph
+from flowgpu.diagnostics.dashboard import PAGE, PLUGIN_NAME, DashboardPlugin
+
+__all__ = ["install", "page_link", "step_layers", "track", "Tracked"]
+
+logger = logging.getLogger("flowgpu.dashboard")
+
+
+def install(client: Any) -> bool:
+    """Register the dashboard plugin on ``client``'s scheduler (once; again is a no-op). False when
+    the scheduler refuses it (e.g. it cannot import flowgpu): runs go on without the page."""
+    if client is None:
+        return False
+    if getattr(client, "_flowgpu_dashboard", None) is not None:
+        return client._flowgpu_dashboard
+    try:
+        client.register_plugin(DashboardPlugin(), name=PLUGIN_NAME)
+        ok = True
+    except Exception as e:  # noqa: BLE001 - the page is a view; the run must not depend on it
+        logger.warning("flowgpu: the dashboard page could not be installed on the scheduler: %s", e)
+        ok = False
+    client._flowgpu_dashboard = ok
+    return ok
+
+
+def page_link(link: str | None) -> str | None:
+    """The flowgpu page's URL from the dashboard's (``http://host:8787/status`` -> ``.../flowgpu``)."""
+    if not link:
+        return link
+    parts = urlsplit(link)
+    base = parts.path.rsplit("/", 1)[0] if parts.path.endswith("/status") else parts.path.rstrip("/")
+    return parts._replace(path=f"{base}/{PAGE}").geturl()
+
+
+def _layers(x: Any) -> list[str]:
+    graph = x.__dask_graph__()
+    layers = getattr(graph, "layers", None)
+    if layers is not None:
+        return list(layers)
+    return list(dict.fromkeys(k[0] if isinstance(k, tuple) else k for k in graph))
+
+
+def step_layers(plan: Any, targets: dict[str, Any] | None = None, prefix: str = "",
+                seen: set | None = None) -> dict[str, str]:
+    """``{layer name: node id}``: each layer of the plan's graph goes to the first node (in plan order)
+    whose array holds it, so a step gets the layers it adds; ``targets`` (output -> what computes
+    it, e.g. a sink's write) gives the layers left to the output nodes (``out:NAME``)."""
+    seen = set() if seen is None else seen
+    out: dict[str, str] = {}
+    for name in plan.order:
+        node = plan.nodes[name]
+        if node.kind == "uses":
+            out.update(step_layers(plan.children[name], None, f"{prefix}{name}/", seen))
+            continue
+        if node.fused_into not in (None, name) or not hasattr(node.array, "__dask_graph__"):
+            continue
+        for layer in _layers(node.array):
+            if layer not in seen:
+                seen.add(layer)
+                out[layer] = prefix + name
+    for name, target in (targets or {}).items():
+        if hasattr(target, "__dask_graph__"):
+            for layer in _layers(target):
+                if layer not in seen:
+                    seen.add(layer)
+                    out[layer] = f"out:{name}"
+    return out
+
+
+class Tracked:
+    """A run the dashboard follows; ``view()`` is what the board shows about it (None without one)."""
+
+    def __init__(self, client: Any = None, run_id: str | None = None):
+        self.client, self.run_id = client, run_id
+
+    def _call(self, **kwargs: Any) -> Any:
+        return self.client.sync(self.client.scheduler.flowgpu_board, run_id=self.run_id, **kwargs)
+
+    def view(self) -> dict | None:
+        if self.client is None:
+            return None
+        try:
+            return self._call(action="view")
+        except Exception:  # noqa: BLE001 - a report without live figures is still a report
+            logger.debug("flowgpu: no board view", exc_info=True)
+            return None
+
+
+@contextlib.contextmanager
+def track(plan: Any, session: Any, description: Any, item: str | None = None,
+          batch: str | None = None, targets: dict[str, Any] | None = None,
+          states: dict[str, str] | None = None) -> Iterator[Tracked]:
+    """Follow the compute inside on the flowgpu page.
+
+    Parameters
+    ----------
+    plan : the compiled plan (its nodes' arrays name the layers of each step).
+    session : the Session computing it; without a distributed client nothing is published.
+    description : ``pipeline.describe(plan)`` (the step graph drawn), or a function returning it
+        (called only when there is a dashboard to tell).
+    item, batch : for a batch, this item's label (e.g. ``"params.input=a.npy"``) and the batch's id;
+        the page shows one row per item of the batch.
+    targets : output name -> what computes it (a sink's write), so writes count for the outputs.
+    states : fixed states of nodes, e.g. ``{"out:y": "up-to-date"}``.
+    """
+    client = getattr(session, "client", None)
+    if client is None or not install(client):
+        yield Tracked()
+        return
+    tracked = Tracked(client, uuid.uuid4().hex)
+    graph = stepgraph.to_dict(stepgraph.from_description(description() if callable(description) else description))
+    try:
+        tracked._call(action="publish", graph=graph, layers=step_layers(plan, targets), item=item, batch=batch,
+                      states=states or {})
+    except Exception as e:  # noqa: BLE001 - the page is a view; the run must not depend on it
+        logger.warning("flowgpu: the dashboard page does not follow this run: %s", e)
+        yield Tracked()
+        return
+    try:
+        yield tracked
+    except BaseException as e:
+        _finish(tracked, "failed", f"{type(e).__name__}: {e}")
+        raise
+    _finish(tracked, "ok", None)
+
+
+def _finish(tracked: Tracked, status: str, error: str | None) -> None:
+    try:
+        tracked._call(action="finish", status=status, error=error)
+    except Exception:  # noqa: BLE001
+        logger.debug("flowgpu: could not tell the board the run ended", exc_info=True)

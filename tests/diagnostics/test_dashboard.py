@@ -1,0 +1,94 @@
+"""The flowgpu page on a real cluster (no browser): installed on a cluster flowgpu starts and on one
+joined by address, with a tab beside Status; a run's tasks land on the steps the compiler built."""
+
+from __future__ import annotations
+
+import urllib.request
+
+import numpy as np
+import pytest
+from distributed import LocalCluster
+
+import flowgpu as fg
+import tests.pipeline.helpers  # noqa: F401  (registers the test ops)
+from flowgpu import pipeline
+from flowgpu.diagnostics import monitor
+from flowgpu.errors import RunError
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def _spec(tmp_path, rng, op="multiply"):
+    x = rng.random((400, 300))
+    np.save(tmp_path / "x.npy", x)
+    return x, {
+        "version": 1, "name": "dash",
+        "inputs": {"x": {"source": "npy", "path": str(tmp_path / "x.npy"), "chunks": [100, 300]}},
+        "steps": {"y": {"op": op, "inputs": ["x"], **({"args": {"b": 3.0}} if op == "multiply" else {})},
+                  "m": {"op": "mean", "inputs": ["y"], "args": {"axis": 0}},
+                  "s": {"op": "sum", "inputs": ["m"]}},
+        "outputs": {"y": {"from": "y", "sink": "npy", "path": str(tmp_path / "y.npy")}, "s": {"from": "s"}},
+    }
+
+
+def _get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=30) as r:
+        assert r.status == 200
+        return r.read().decode()
+
+
+def _check_page(session):
+    link = monitor.page_link(session.dashboard_link)
+    assert link.endswith("/flowgpu")
+    page = _get(link)
+    assert "bokeh.min.js" in page and "Bokeh.embed.embed_items" in page  # a Bokeh server document
+    assert 'href="flowgpu"' in _get(link[: -len("flowgpu")] + "status")  # a tab beside Status
+
+
+def _view(session):
+    return session.client.sync(session.client.scheduler.flowgpu_board, action="view")
+
+
+@pytest.fixture(scope="module")
+def session():
+    with fg.Session(backend="cpu", n_workers=1, threads_per_worker=2, dashboard_address="127.0.0.1:0") as s:
+        yield s
+
+
+def test_a_run_on_a_session_shows_every_step_done_on_the_flowgpu_page(session, tmp_path, rng):
+    x, spec = _spec(tmp_path, rng)
+    result = pipeline.run(spec, session=session, progress=False)
+    assert np.allclose(result.outputs["s"], (3 * x).mean(axis=0).sum())
+    _check_page(session)
+    v = _view(session)
+    assert v["run"]["status"] == "ok" and v["run"]["name"] == "dash"
+    steps = {s["id"]: s for s in v["steps"]}
+    assert set(steps) == {"x", "y", "m", "s", "out:y", "out:s"}
+    assert all(s["state"] == "done" for s in steps.values())
+    assert steps["y"]["total"] == 4 and steps["y"]["done"] == 4  # one task per chunk (reading x fused into it)
+    assert steps["m"]["total"] > 0 and steps["x"]["total"] > 0
+    assert steps["y"]["bytes"] == x.nbytes  # what the step's tasks produced
+    assert steps["out:y"]["total"] > 0  # the writes count for the output
+
+
+def test_a_failed_step_shows_its_error(session, tmp_path, rng):
+    _, spec = _spec(tmp_path, rng, op="test_explode")
+    with pytest.raises(RunError):
+        pipeline.run(spec, session=session, progress=False)
+    v = _view(session)
+    steps = {s["id"]: s for s in v["steps"]}
+    assert v["run"]["status"] == "failed"
+    assert steps["y"]["state"] == "failed" and "boom while running" in steps["y"]["error"]
+    assert steps["x"]["state"] in ("done", "running")  # the inputs were read (some may be cancelled)
+
+
+def test_the_page_is_installed_on_a_cluster_joined_by_address(tmp_path, rng):
+    x, spec = _spec(tmp_path, rng)
+    with LocalCluster(n_workers=1, processes=False, dashboard_address="127.0.0.1:0") as cluster, \
+            fg.Session(cluster.scheduler_address, dashboard_address=None) as s:
+        assert "flowgpu-dashboard" not in cluster.scheduler.plugins  # nothing of flowgpu's yet
+        result = pipeline.run(spec, session=s, progress=False)
+        assert np.allclose(result.outputs["s"], (3 * x).mean(axis=0).sum())
+        _check_page(s)
+        assert all(st["state"] == "done" for st in _view(s)["steps"])
+
