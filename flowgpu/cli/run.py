@@ -29,6 +29,8 @@ from flowgpu.io import atomic
 @click.option("--workers", "n_workers", type=click.IntRange(min=1), default=None, help="Workers of a CPU cluster.")
 @click.option("--summary", "summary_path", type=click.Path(dir_okay=False), default=None,
               help="Also write the run summary as JSON here.")
+@click.option("--report", "report", type=click.Path(dir_okay=False), default=None,
+              help="Also write a self-contained HTML report of the run here (steps, memory, plots, dask's report).")
 @click.option("--overwrite", is_flag=True, help="Replace output paths that hold data flowgpu did not write.")
 @click.option("--dry-run", is_flag=True, help="Check and plan only; start no cluster, write nothing.")
 @click.option("--no-wait", is_flag=True, help="Fail at once if another run is writing one of the outputs.")
@@ -36,7 +38,8 @@ from flowgpu.io import atomic
 @allow_address_option
 @handle_errors
 def run(spec: str, sets: tuple[str, ...], params_file: str | None, scheduler: str | None, gpus: str | None,
-        backend: str | None, n_workers: int | None, summary_path: str | None, overwrite: bool, dry_run: bool,
+        backend: str | None, n_workers: int | None, summary_path: str | None, report: str | None, overwrite: bool,
+        dry_run: bool,
         no_wait: bool, quiet: bool, allow_spec_address: bool, **tls: str | None) -> None:
     """Run the pipeline SPEC (a YAML file)."""
     signal.signal(signal.SIGTERM, _terminated)  # like Ctrl-C: staging removed, nothing moved into place
@@ -60,7 +63,7 @@ def run(spec: str, sets: tuple[str, ...], params_file: str | None, scheduler: st
     pipeline.run(spec, overrides=overrides, params_file=params_file, overwrite=overwrite,
                  summary_path=summary_path, cluster=cluster, console=console if not quiet else None,
                  progress=not quiet, on_session=announce, allow_spec_address=allow_spec_address,
-                 wait=not no_wait)
+                 wait=not no_wait, report=report)
 
 
 def _terminated(signum: int, frame: Any) -> None:

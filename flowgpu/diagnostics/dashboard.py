@@ -58,6 +58,7 @@ class DashboardPlugin(SchedulerPlugin):
         """The client's calls: ``publish`` (a run starts), ``finish`` (it ended), ``view``."""
         if action == "publish":
             self.board.publish(run_id, **kwargs)
+            return self.scheduler.monitor.count  # where dask's performance report of the run starts
         elif action == "finish":
             self.sample()  # the last figures of the run
             self.board.finish(run_id, **kwargs)

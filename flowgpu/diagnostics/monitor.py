@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
-from flowgpu.diagnostics import stepgraph
+from flowgpu.diagnostics import runreport, stepgraph
 from flowgpu.diagnostics.dashboard import PAGE, PLUGIN_NAME, DashboardPlugin
 
 __all__ = ["install", "page_link", "step_layers", "track", "Tracked"]
@@ -87,10 +89,42 @@ def step_layers(plan: Any, targets: dict[str, Any] | None = None, prefix: str = 
 
 
 class Tracked:
-    """A run the dashboard follows; ``view()`` is what the board shows about it (None without one)."""
+    """A run the dashboard follows; ``view()`` is what the board shows about it (None without one).
 
-    def __init__(self, client: Any = None, run_id: str | None = None):
-        self.client, self.run_id = client, run_id
+    With ``report``, it also keeps dask's performance report of the compute (``dask_html``) and the
+    board's view at its end (``final``), and :meth:`write_report` writes the run report.
+    """
+
+    def __init__(self, client: Any = None, run_id: str | None = None, description: Any = None,
+                 report: bool = False):
+        self.client, self.run_id, self.report = client, run_id, report
+        self._description = description
+        self.final: dict | None = None
+        self.dask_html: str | None = None
+        self._since: tuple[float, int] | None = None
+
+    @property
+    def description(self) -> dict:
+        if callable(self._description):
+            self._description = self._description()
+        return self._description
+
+    def _begin_report(self, count: int) -> None:
+        self.client.get_task_stream(start=0, stop=0)  # the scheduler records the task stream from now on
+        self._since = (time.time(), count)
+
+    def _end_report(self, code: str) -> None:
+        self.final = self.view()
+        if self._since is not None:
+            try:
+                self.dask_html = self.client.sync(self.client.scheduler.performance_report, start=self._since[0],
+                                                  last_count=self._since[1], code=code, mode="inline")
+            except Exception:  # noqa: BLE001 - our part of the report stands without dask's
+                logger.warning("flowgpu: dask's performance report could not be made", exc_info=True)
+
+    def write_report(self, path: str | os.PathLike, summary: dict) -> None:
+        """Write the run report (:mod:`flowgpu.diagnostics.runreport`) at ``path``, atomically."""
+        runreport.write(path, runreport.render(summary, self.description, self.final, self.dask_html))
 
     def _call(self, **kwargs: Any) -> Any:
         return self.client.sync(self.client.scheduler.flowgpu_board, run_id=self.run_id, **kwargs)
@@ -108,7 +142,7 @@ class Tracked:
 @contextlib.contextmanager
 def track(plan: Any, session: Any, description: Any, item: str | None = None,
           batch: str | None = None, targets: dict[str, Any] | None = None,
-          states: dict[str, str] | None = None) -> Iterator[Tracked]:
+          states: dict[str, str] | None = None, report: bool = False) -> Iterator[Tracked]:
     """Follow the compute inside on the flowgpu page.
 
     Parameters
@@ -121,19 +155,22 @@ def track(plan: Any, session: Any, description: Any, item: str | None = None,
         the page shows one row per item of the batch.
     targets : output name -> what computes it (a sink's write), so writes count for the outputs.
     states : fixed states of nodes, e.g. ``{"out:y": "up-to-date"}``.
+    report : also record what a run report needs (:meth:`Tracked.write_report`).
     """
     client = getattr(session, "client", None)
     if client is None or not install(client):
-        yield Tracked()
+        yield Tracked(description=description, report=report)
         return
-    tracked = Tracked(client, uuid.uuid4().hex)
-    graph = stepgraph.to_dict(stepgraph.from_description(description() if callable(description) else description))
+    tracked = Tracked(client, uuid.uuid4().hex, description, report)
+    graph = stepgraph.to_dict(stepgraph.from_description(tracked.description))
     try:
-        tracked._call(action="publish", graph=graph, layers=step_layers(plan, targets), item=item, batch=batch,
-                      states=states or {})
+        count = tracked._call(action="publish", graph=graph, layers=step_layers(plan, targets), item=item,
+                              batch=batch, states=states or {})
+        if report:
+            tracked._begin_report(count)
     except Exception as e:  # noqa: BLE001 - the page is a view; the run must not depend on it
         logger.warning("flowgpu: the dashboard page does not follow this run: %s", e)
-        yield Tracked()
+        yield Tracked(description=description, report=report)
         return
     try:
         yield tracked
@@ -148,3 +185,10 @@ def _finish(tracked: Tracked, status: str, error: str | None) -> None:
         tracked._call(action="finish", status=status, error=error)
     except Exception:  # noqa: BLE001
         logger.debug("flowgpu: could not tell the board the run ended", exc_info=True)
+    if tracked.report:
+        tracked._end_report(f"flowgpu run {_name(tracked)} ({status})")
+
+
+def _name(tracked: Tracked) -> str:
+    return str(tracked.description.get("file") or tracked.description.get("name"))
+

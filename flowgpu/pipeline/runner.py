@@ -86,7 +86,8 @@ def _disk_bytes(path: str) -> int:
 def run(spec: Spec | str | os.PathLike | dict, *, overrides: dict[str, Any] | None = None, params_file: str | None = None,
         session: Any = None, overwrite: bool = False, summary_path: str | None = None,
         cluster: dict[str, Any] | None = None, console: Console | None = None, progress: bool = True,
-        on_session: Any = None, allow_spec_address: bool = False, wait: bool = True) -> RunResult:
+        on_session: Any = None, allow_spec_address: bool = False, wait: bool = True,
+        report: str | os.PathLike | None = None) -> RunResult:
     """Run a pipeline and return its outputs and summary.
 
     Parameters
@@ -107,10 +108,12 @@ def run(spec: Spec | str | os.PathLike | dict, *, overrides: dict[str, Any] | No
         the network take effect; without it they are refused (see :func:`session_options`).
     wait : when another run is writing one of the outputs, wait for it (a line on stderr says so);
         ``False`` (``--no-wait``): fail at once with :class:`OutputLockedError`.
+    report : also write a self-contained HTML report of the run there (atomically; a failed run
+        that got as far as computing writes one too): :mod:`flowgpu.diagnostics.runreport`.
     """
     console = console or Console(stderr=True, quiet=not progress)
     started = time.perf_counter()
-    state: dict[str, Any] = {"written": {}}
+    state: dict[str, Any] = {"written": {}, "report": report}
     try:
         if isinstance(spec, (str, os.PathLike)):
             spec = load(spec, overrides, params_file)
@@ -125,6 +128,8 @@ def run(spec: Spec | str | os.PathLike | dict, *, overrides: dict[str, Any] | No
     except BaseException as e:
         if summary_path:
             write_json(summary_path, failure_summary(spec, state, e, time.perf_counter() - started))
+        if report and "tracked" in state:  # the run report says what failed, too
+            state["tracked"].write_report(report, failure_summary(spec, state, e, time.perf_counter() - started))
         raise
 
 
@@ -174,7 +179,7 @@ def _execute(spec: Spec, session: Any, overwrite: bool, summary_path: str | None
         faults.point("after-prepare")
         try:
             with watch_spill(session), monitor.track(plan, session, lambda: describe(plan), targets={
-                    n: p.target for n, p in pending.items()}) as state["tracked"]:  # the dashboard's flowgpu page
+                    n: p.target for n, p in pending.items()}, report=bool(state["report"])) as state["tracked"]:
                 results = compute_with_progress(targets, client=getattr(session, "client", None),
                                                 console=console, show=progress, description=spec.name)
         except FlowgpuError:
@@ -206,6 +211,8 @@ def _execute(spec: Spec, session: Any, overwrite: bool, summary_path: str | None
     summary["memory"] = _moves_delta(moves_before, _memory_moves(session))
     if summary_path:
         write_json(summary_path, summary)
+    if state["report"]:
+        state["tracked"].write_report(state["report"], summary)
     render_summary(summary, console)
     return RunResult(values, summary, plan)
 

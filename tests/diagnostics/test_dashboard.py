@@ -10,25 +10,16 @@ import pytest
 from distributed import LocalCluster
 
 import flowgpu as fg
-import tests.pipeline.helpers  # noqa: F401  (registers the test ops)
 from flowgpu import pipeline
 from flowgpu.diagnostics import monitor
 from flowgpu.errors import RunError
+from tests.diagnostics.specs import chain_spec
 
 pytestmark = pytest.mark.timeout(180)
 
 
 def _spec(tmp_path, rng, op="multiply"):
-    x = rng.random((400, 300))
-    np.save(tmp_path / "x.npy", x)
-    return x, {
-        "version": 1, "name": "dash",
-        "inputs": {"x": {"source": "npy", "path": str(tmp_path / "x.npy"), "chunks": [100, 300]}},
-        "steps": {"y": {"op": op, "inputs": ["x"], **({"args": {"b": 3.0}} if op == "multiply" else {})},
-                  "m": {"op": "mean", "inputs": ["y"], "args": {"axis": 0}},
-                  "s": {"op": "sum", "inputs": ["m"]}},
-        "outputs": {"y": {"from": "y", "sink": "npy", "path": str(tmp_path / "y.npy")}, "s": {"from": "s"}},
-    }
+    return chain_spec(tmp_path, rng, "dash", (400, 300), 100, op, mean=True)
 
 
 def _get(url: str) -> str:
