@@ -178,7 +178,8 @@ def _graph_data(view: dict[str, Any]) -> tuple[dict, dict]:
         nodes["x"].append(c * 2.0)
         nodes["y"].append(-r * 1.0)
         nodes["color"].append(stepgraph.STATE_COLORS.get(st["state"], "#fff") if node.kind != "output" else "#c8e6c9")
-        nodes["label"].append(f"{node.label} {st['done']}/{st['total']}" if st["total"] else node.label)
+        label = f"output {node.label}" if node.kind == "output" else node.label
+        nodes["label"].append(f"{label} {st['done']}/{st['total']}" if st["total"] else label)
         nodes["state"].append(st["state"] if node.kind != "output" else "output")
         nodes["id"].append(n)
     edges = {"x0": [], "y0": [], "x1": [], "y1": []}

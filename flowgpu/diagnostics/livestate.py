@@ -106,6 +106,9 @@ class Board:
         if run is not None:
             run.status, run.error = status, error
             run.finished = time.time() if now is None else now
+            # its counts stay; which key is whose is not needed any more (a batch holds many keys)
+            self._layers = {k: v for k, v in self._layers.items() if v[0] != run_id}
+            self._keys = {k: v for k, v in self._keys.items() if v[0] != run_id}
 
     # -- fed by the scheduler --------------------------------------------------------------------------
     def add_tasks(self, tasks: Iterable[tuple[Hashable, Iterable[Hashable]]]) -> None:
@@ -190,13 +193,18 @@ class Board:
             return "waiting" if states <= {"waiting"} else "running"
         if s.erred:
             return "failed"
-        if s.total and len(s.done) >= s.total:
+        if not s.total:  # Dask's optimizer merged its tasks into those of the steps it feeds (or its source's)
+            near = [e[1] for e in run.graph["edges"] if e[0] == nid and e[2] == "data"] or \
+                   [e[0] for e in run.graph["edges"] if e[1] == nid and e[2] == "output"]
+            states = {self._state(run, n, steps) for n in run.graph["nodes"] if n["id"] in near} - {"fused"}
+            if not states:
+                return "done" if run.status == "ok" else "waiting"
+            if "failed" in states or "running" in states:
+                return "failed" if "failed" in states else "running"
+            return "done" if states <= {"done", "up-to-date"} else "waiting"
+        if len(s.done) >= s.total:
             return "done"
-        if s.done or s.processing:
-            return "running"
-        if not s.total and run.status == "ok":
-            return "done"  # its tasks were merged into another step's by Dask's optimizer
-        return "waiting"
+        return "running" if s.done or s.processing else "waiting"
 
     def view(self, run_id: str | None = None) -> dict[str, Any]:
         """Plain data of the run ``run_id`` (default: the latest), its batch, and memory."""

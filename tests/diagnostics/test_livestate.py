@@ -58,6 +58,7 @@ def test_steps_move_from_waiting_to_running_to_done_with_tasks_bytes_and_time(rn
     assert (x["state"], x["done"], x["total"], x["bytes"], x["seconds"]) == ("done", 3, 3, int(sizes.sum()), 0.75)
     _finish(b, keys["neg-4"][0])
     assert _states(b)["sub"] == "running"  # an included pipeline: what its steps are doing
+    assert _states(b)["sub/a"] == "running"  # no tasks of its own (merged into sub/b's): as the step it feeds
     for key in keys["neg-4"][1:]:
         _finish(b, key)
     assert _states(b)["sub/b"] == "done"
