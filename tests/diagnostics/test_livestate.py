@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import re
 
+from bokeh.document import Document
+from bokeh.models import ColumnDataSource, Div
+
 from flowgpu.diagnostics import stepgraph
-from flowgpu.diagnostics.dashboard import render_tables
+from flowgpu.diagnostics.dashboard import PLUGIN_NAME, flowgpu_doc, render_tables
 from flowgpu.diagnostics.livestate import Board
 
 DESC = {"name": "p", "steps": [
@@ -113,3 +116,21 @@ def test_memory_per_tier_over_time_and_moves_as_gbps(rng):
     assert b.view()["run"]["peak"]["w1"]["store"] == max(int(h) + 10 * i for i, h in enumerate(host))
     html = render_tables(b.view())["memory"]
     assert 'data-worker="w1"' in html and "host to disk" in html and "5.00 GB/s" in html
+
+
+def test_the_bokeh_document_draws_the_board(rng):
+    b, keys = _board(rng)
+    _finish(b, keys["rand-1"][0])
+    b.sample({"w1": {"host_bytes": 1234}}, now=101.0)
+
+    class _Scheduler:  # what the page reads of the scheduler: the plugin's board
+        plugins = {PLUGIN_NAME: type("P", (), {"board": b})()}
+
+    doc = Document()
+    flowgpu_doc(_Scheduler(), {"pages": ["status", "flowgpu"], "prefix": "/"}, doc)
+    divs = {d.name: d.text for d in doc.select({"type": Div})}
+    assert 'data-step="x" data-state="running"' in divs["flowgpu-steps-div"]
+    assert 'data-worker="w1" data-bytes="1234"' in divs["flowgpu-memory-div"]
+    nodes = next(s for s in doc.select({"type": ColumnDataSource}) if "label" in s.data)
+    assert set(nodes.data["id"]) == set(stepgraph.from_description(DESC).nodes)
+    assert dict(zip(nodes.data["id"], nodes.data["color"]))["x"] == stepgraph.STATE_COLORS["running"]
