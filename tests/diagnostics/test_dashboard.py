@@ -83,3 +83,18 @@ def test_the_page_is_installed_on_a_cluster_joined_by_address(tmp_path, rng):
         _check_page(s)
         assert all(st["state"] == "done" for st in _view(s)["steps"])
 
+
+
+def test_a_batch_shows_one_row_per_item(session, tmp_path, rng):
+    """What the batch runner does per item: ``monitor.track(..., item=, batch=)`` around its compute."""
+    results = []
+    for seed in range(3):
+        (tmp_path / str(seed)).mkdir()
+        x, spec = _spec(tmp_path / str(seed), rng)
+        plan = pipeline.compile(spec)
+        with monitor.track(plan, session, pipeline.describe(plan), item=f"params.seed={seed}", batch="b1"):
+            results.append(session.client.compute(plan.outputs["s"], sync=True))
+        assert np.isclose(results[-1], (3 * x).mean(axis=0).sum())
+    items = _view(session)["items"]
+    assert [(i["item"], i["status"]) for i in items] == [(f"params.seed={s}", "ok") for s in range(3)]
+    assert all(i["done"] == i["total"] > 0 for i in items)
