@@ -25,6 +25,7 @@ from flowgpu.diagnostics.dashboard import PAGE, PLUGIN_NAME, DashboardPlugin
 __all__ = ["install", "page_link", "step_layers", "track", "Tracked"]
 
 logger = logging.getLogger("flowgpu.dashboard")
+_TIMEOUT = 10.0  # seconds for one call to the scheduler's board
 
 
 def install(client: Any) -> bool:
@@ -127,7 +128,9 @@ class Tracked:
         runreport.write(path, runreport.render(summary, self.description, self.final, self.dask_html))
 
     def _call(self, **kwargs: Any) -> Any:
-        return self.client.sync(self.client.scheduler.flowgpu_board, run_id=self.run_id, **kwargs)
+        # bounded: a scheduler that went away must not hold up the run's own error
+        return self.client.sync(self.client.scheduler.flowgpu_board, run_id=self.run_id, callback_timeout=_TIMEOUT,
+                                **kwargs)
 
     def view(self) -> dict | None:
         if self.client is None:
