@@ -176,35 +176,75 @@ class Board:
                 peak["process"] = max(peak["process"], int(m.get("process") or 0))
 
     # -- read by the page ------------------------------------------------------------------------------
-    def _state(self, run: _Run, node: dict, steps: dict[str, _Step]) -> str:
+    @staticmethod
+    def _needs(run: _Run) -> dict[str, list[str]]:
+        """Whose state each node's state follows: an included pipeline its steps'; a step without
+        tasks of its own (Dask's optimizer merged them into the steps it feeds) those steps'; an
+        output without tasks its source's."""
+        children: dict[str, list[str]] = {}
+        feeds: dict[str, list[str]] = {}
+        source: dict[str, list[str]] = {}
+        for n in run.graph["nodes"]:
+            if n.get("parent"):
+                children.setdefault(n["parent"], []).append(n["id"])
+        for src, dst, kind in run.graph["edges"]:
+            if kind == "data":
+                feeds.setdefault(src, []).append(dst)
+            elif kind == "output":
+                source.setdefault(dst, []).append(src)
+        needs = {}
+        for n in run.graph["nodes"]:
+            nid = n["id"]
+            if nid in run.states or n.get("fused_into"):
+                needs[nid] = []
+            elif nid in children:
+                needs[nid] = children[nid]
+            elif not run.steps[nid].total and not run.steps[nid].erred:
+                needs[nid] = feeds.get(nid) or source.get(nid) or []
+            else:
+                needs[nid] = []
+        return needs
+
+    def _states(self, run: _Run) -> dict[str, str]:
+        """Every node's state (iteratively: a chain of hundreds of steps is no recursion)."""
+        needs = self._needs(run)
+        nodes = {n["id"]: n for n in run.graph["nodes"]}
+        memo: dict[str, str] = {}
+        for root in nodes:
+            stack, entered = [root], set()
+            while stack:
+                nid = stack[-1]
+                if nid in memo:
+                    stack.pop()
+                    continue
+                todo = [d for d in needs[nid] if d not in memo and d not in entered]
+                if todo and nid not in entered:
+                    entered.add(nid)
+                    stack.extend(todo)
+                    continue
+                memo[nid] = self._state(run, nodes[nid], {memo.get(d, "waiting") for d in needs[nid]})
+                stack.pop()
+        return memo
+
+    def _state(self, run: _Run, node: dict, followed: set[str]) -> str:
         nid = node["id"]
         if nid in run.states:
             return run.states[nid]
         if node.get("fused_into"):
             return "fused"
-        s = steps[nid]
-        children = [n["id"] for n in run.graph["nodes"] if n.get("parent") == nid]
-        if children:
-            states = {self._state(run, c, steps) for c in run.graph["nodes"] if c["id"] in children}
-            if "failed" in states:
-                return "failed"
-            if states <= {"done", "fused", "up-to-date"}:
-                return "done"
-            return "waiting" if states <= {"waiting"} else "running"
-        if s.erred:
+        s = run.steps[nid]
+        if s.erred or "failed" in followed:
             return "failed"
-        if not s.total:  # Dask's optimizer merged its tasks into those of the steps it feeds (or its source's)
-            near = [e[1] for e in run.graph["edges"] if e[0] == nid and e[2] == "data"] or \
-                   [e[0] for e in run.graph["edges"] if e[1] == nid and e[2] == "output"]
-            states = {self._state(run, n, steps) for n in run.graph["nodes"] if n["id"] in near} - {"fused"}
-            if not states:
-                return "done" if run.status == "ok" else "waiting"
-            if "failed" in states or "running" in states:
-                return "failed" if "failed" in states else "running"
-            return "done" if states <= {"done", "up-to-date"} else "waiting"
-        if len(s.done) >= s.total:
+        if s.total:
+            if len(s.done) >= s.total:
+                return "done"
+            return "running" if s.done or s.processing else "waiting"
+        followed = followed - {"fused"}
+        if not followed:
+            return "done" if run.status == "ok" else "waiting"
+        if followed <= {"done", "up-to-date"}:
             return "done"
-        return "running" if s.done or s.processing else "waiting"
+        return "waiting" if followed <= {"waiting"} else "running"
 
     def view(self, run_id: str | None = None) -> dict[str, Any]:
         """Plain data of the run ``run_id`` (default: the latest), its batch, and memory."""
@@ -216,10 +256,11 @@ class Board:
         out["run"] = {"id": run.id, "name": run.name, "item": run.item, "batch": run.batch, "status": run.status,
                       "error": run.error, "seconds": end - run.started, "peak": run.peak}
         out["graph"] = run.graph
+        states = self._states(run)
         for node in run.graph["nodes"]:
             s = run.steps[node["id"]]
             out["steps"].append({"id": node["id"], "label": node["label"], "kind": node["kind"],
-                                 "what": node["what"], "state": self._state(run, node, run.steps),
+                                 "what": node["what"], "state": states[node["id"]],
                                  "done": len(s.done), "total": s.total, "bytes": s.nbytes,
                                  "seconds": s.seconds, "error": s.error})
         same = [r for r in self.runs.values() if r.batch is not None and r.batch == run.batch] or [run]

@@ -119,7 +119,8 @@ class Tracked:
         if self._since is not None:
             try:
                 self.dask_html = self.client.sync(self.client.scheduler.performance_report, start=self._since[0],
-                                                  last_count=self._since[1], code=code, mode="inline")
+                                                  last_count=self._since[1], code=code, mode="inline",
+                                                  callback_timeout=6 * _TIMEOUT)
             except Exception:  # noqa: BLE001 - our part of the report stands without dask's
                 logger.warning("flowgpu: dask's performance report could not be made", exc_info=True)
 

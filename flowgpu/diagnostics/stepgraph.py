@@ -91,20 +91,24 @@ def from_description(desc: dict[str, Any]) -> StepGraph:
 def layout(graph: StepGraph) -> dict[str, tuple[int, int]]:
     """``{node: (column, row)}``: columns by longest path from an input, rows in plan order."""
     preds: dict[str, list[str]] = {n: [] for n in graph.nodes}
+    succs: dict[str, list[str]] = {n: [] for n in graph.nodes}
     for e in graph.edges:
         preds[e.target].append(e.source)
+        succs[e.source].append(e.target)
+    waiting = {n: len(p) for n, p in preds.items()}
+    ready = [n for n, k in waiting.items() if k == 0]
     depth: dict[str, int] = {}
-
-    def depth_of(n: str, seen: frozenset = frozenset()) -> int:
-        if n not in depth:
-            ps = [p for p in preds[n] if p not in seen]
-            depth[n] = 1 + max((depth_of(p, seen | {n}) for p in ps), default=-1)
-        return depth[n]
-
+    while ready:  # in topological order: each node one column right of its deepest predecessor
+        n = ready.pop()
+        depth[n] = 1 + max((depth[p] for p in preds[n]), default=-1)
+        for t in succs[n]:
+            waiting[t] -= 1
+            if waiting[t] == 0:
+                ready.append(t)
     rows: dict[int, int] = {}
     out = {}
     for n in graph.nodes:
-        d = depth_of(n)
+        d = depth.get(n, 0)  # (a node on a cycle, which a plan never has: the first column)
         out[n] = (d, rows.get(d, 0))
         rows[d] = rows.get(d, 0) + 1
     return out

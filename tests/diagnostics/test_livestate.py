@@ -134,3 +134,19 @@ def test_the_bokeh_document_draws_the_board(rng):
     nodes = next(s for s in doc.select({"type": ColumnDataSource}) if "label" in s.data)
     assert set(nodes.data["id"]) == set(stepgraph.from_description(DESC).nodes)
     assert dict(zip(nodes.data["id"], nodes.data["color"]))["x"] == stepgraph.STATE_COLORS["running"]
+
+
+def test_a_chain_of_thousands_of_steps_is_drawn_and_followed_without_recursion():
+    n = 3000  # steps whose tasks Dask merged into the last one: each follows the next
+    desc = {"name": "long", "steps": [{"name": "s0", "kind": "input", "what": "normal", "deps": []}]
+            + [{"name": f"s{i}", "kind": "step", "what": "negative", "deps": [f"s{i - 1}"]} for i in range(1, n)],
+            "outputs": {}}
+    g = stepgraph.from_description(desc)
+    assert stepgraph.layout(g)[f"s{n - 1}"] == (n - 1, 0)
+    b = Board()
+    b.publish("r", stepgraph.to_dict(g), {"neg-last": f"s{n - 1}"})
+    b.add_tasks([(("neg-last", 0), [])])
+    b.transition(("neg-last", 0), "waiting", "processing")
+    assert {s["state"] for s in b.view()["steps"]} == {"running"}
+    b.transition(("neg-last", 0), "processing", "memory", nbytes=8)
+    assert {s["state"] for s in b.view()["steps"]} == {"done"}
