@@ -1,7 +1,8 @@
 """The client side of the flowgpu dashboard page: install it, and tell it what a run is doing.
 
-``with monitor.track(plan, session, description) as run:`` around a run's compute publishes the
-run's step graph and which Dask layer belongs to which step (from the graph the compiler built:
+``with monitor.track(plan, session, description) as run:`` around a run's compute (or
+``run = monitor.follow(...)`` ... ``run.finish("ok")`` for the items of a batch in flight together)
+publishes the run's step graph and which Dask layer belongs to which step (from the graph the compiler built:
 each plan node's lazy array and its HighLevelGraph layers) to the scheduler's
 :class:`~flowgpu.diagnostics.dashboard.DashboardPlugin`, and at the end whether the run succeeded.
 ``run.view()`` is what the page shows about it (the run report reads it). Without a distributed
@@ -22,7 +23,7 @@ from urllib.parse import urlsplit
 from flowgpu.diagnostics import runreport, stepgraph
 from flowgpu.diagnostics.dashboard import PAGE, PLUGIN_NAME, DashboardPlugin
 
-__all__ = ["install", "page_link", "step_layers", "track", "Tracked"]
+__all__ = ["install", "page_link", "step_layers", "follow", "track", "Tracked"]
 
 logger = logging.getLogger("flowgpu.dashboard")
 _TIMEOUT = 10.0  # seconds for one call to the scheduler's board
@@ -103,6 +104,7 @@ class Tracked:
         self.final: dict | None = None
         self.dask_html: str | None = None
         self._since: tuple[float, int] | None = None
+        self._finished = False
 
     @property
     def description(self) -> dict:
@@ -133,6 +135,20 @@ class Tracked:
         return self.client.sync(self.client.scheduler.flowgpu_board, run_id=self.run_id, callback_timeout=_TIMEOUT,
                                 **kwargs)
 
+    def finish(self, status: str, error: str | None = None) -> None:
+        """The run ended: ``status`` ``"ok"`` or ``"failed"`` (with its ``error``); once."""
+        if self._finished:
+            return
+        self._finished = True
+        if self.client is not None:
+            try:
+                self._call(action="finish", status=status, error=error)
+            except Exception:  # noqa: BLE001 - the page is a view
+                logger.debug("flowgpu: could not tell the board the run ended", exc_info=True)
+            if self.report:
+                self._end_report(f"flowgpu run {self.description.get('file') or self.description.get('name')} "
+                                 f"({status})")
+
     def view(self) -> dict | None:
         if self.client is None:
             return None
@@ -143,18 +159,18 @@ class Tracked:
             return None
 
 
-@contextlib.contextmanager
-def track(plan: Any, session: Any, description: Any, item: str | None = None,
-          batch: str | None = None, targets: dict[str, Any] | None = None,
-          states: dict[str, str] | None = None, report: bool = False) -> Iterator[Tracked]:
-    """Follow the compute inside on the flowgpu page.
+def follow(plan: Any, session: Any, description: Any, item: str | None = None, batch: str | None = None,
+           targets: dict[str, Any] | None = None, states: dict[str, str] | None = None,
+           report: bool = False) -> Tracked:
+    """Start following a run (or one item of a batch) on the flowgpu page; call
+    :meth:`Tracked.finish` when it ended. :func:`track` is the same as a context manager.
 
     Parameters
     ----------
     plan : the compiled plan (its nodes' arrays name the layers of each step).
     session : the Session computing it; without a distributed client nothing is published.
     description : ``pipeline.describe(plan)`` (the step graph drawn), or a function returning it
-        (called only when there is a dashboard to tell).
+        (called only when it is needed).
     item, batch : for a batch, this item's label (e.g. ``"params.input=a.npy"``) and the batch's id;
         the page shows one row per item of the batch.
     targets : output name -> what computes it (a sink's write), so writes count for the outputs.
@@ -163,8 +179,7 @@ def track(plan: Any, session: Any, description: Any, item: str | None = None,
     """
     client = getattr(session, "client", None)
     if client is None or not install(client):
-        yield Tracked(description=description, report=report)
-        return
+        return Tracked(description=description, report=report)
     tracked = Tracked(client, uuid.uuid4().hex, description, report)
     graph = stepgraph.to_dict(stepgraph.from_description(tracked.description))
     try:
@@ -174,25 +189,18 @@ def track(plan: Any, session: Any, description: Any, item: str | None = None,
             tracked._begin_report(count)
     except Exception as e:  # noqa: BLE001 - the page is a view; the run must not depend on it
         logger.warning("flowgpu: the dashboard page does not follow this run: %s", e)
-        yield Tracked(description=description, report=report)
-        return
+        return Tracked(description=description, report=report)
+    return tracked
+
+
+@contextlib.contextmanager
+def track(plan: Any, session: Any, description: Any, **kwargs: Any) -> Iterator[Tracked]:
+    """``with track(plan, session, description) as t:`` around the compute: :func:`follow`, then
+    ``t.finish("ok")``, or ``"failed"`` with the error that left the block."""
+    tracked = follow(plan, session, description, **kwargs)
     try:
         yield tracked
     except BaseException as e:
-        _finish(tracked, "failed", f"{type(e).__name__}: {e}")
+        tracked.finish("failed", f"{type(e).__name__}: {e}")
         raise
-    _finish(tracked, "ok", None)
-
-
-def _finish(tracked: Tracked, status: str, error: str | None) -> None:
-    try:
-        tracked._call(action="finish", status=status, error=error)
-    except Exception:  # noqa: BLE001
-        logger.debug("flowgpu: could not tell the board the run ended", exc_info=True)
-    if tracked.report:
-        tracked._end_report(f"flowgpu run {_name(tracked)} ({status})")
-
-
-def _name(tracked: Tracked) -> str:
-    return str(tracked.description.get("file") or tracked.description.get("name"))
-
+    tracked.finish("ok")

@@ -86,15 +86,19 @@ def test_the_page_is_installed_on_a_cluster_joined_by_address(tmp_path, rng):
 
 
 def test_a_batch_shows_one_row_per_item(session, tmp_path, rng):
-    """What the batch runner does per item: ``monitor.track(..., item=, batch=)`` around its compute."""
-    results = []
+    """What the batch engine does: ``monitor.follow(..., item=, batch=)`` per item, all items in flight
+    at once, and ``finish`` as each ends."""
+    runs = []
     for seed in range(3):
         (tmp_path / str(seed)).mkdir()
         x, spec = _spec(tmp_path / str(seed), rng)
         plan = pipeline.compile(spec)
-        with monitor.track(plan, session, pipeline.describe(plan), item=f"params.seed={seed}", batch="b1"):
-            results.append(session.client.compute(plan.outputs["s"], sync=True))
-        assert np.isclose(results[-1], (3 * x).mean(axis=0).sum())
+        runs.append((x, monitor.follow(plan, session, pipeline.describe(plan), item=f"params.seed={seed}",
+                                       batch="b1"), plan))
+    futures = session.client.compute([plan.outputs["s"] for _, _, plan in runs])
+    for (x, tracked, _), f in zip(runs, futures):
+        assert np.isclose(f.result(), (3 * x).mean(axis=0).sum())
+        tracked.finish("ok")
     items = _view(session)["items"]
     assert [(i["item"], i["status"]) for i in items] == [(f"params.seed={s}", "ok") for s in range(3)]
     assert all(i["done"] == i["total"] > 0 for i in items)
