@@ -46,6 +46,7 @@ _EXPORTS = {
     "gpu_count": "flowgpu.backend",
     "FlowgpuError": "flowgpu.errors",
     "SpecError": "flowgpu.errors",
+    "Pipeline": "flowgpu.pipeline.builder",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
@@ -77,4 +78,5 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from flowgpu.fusion import fuse, optimize
     from flowgpu.kernels import dlpack_map, guvectorize, kernel, vectorize
     from flowgpu.ops.registry import op
+    from flowgpu.pipeline.builder import Pipeline
     from flowgpu.runtime.session import Session, current_session

@@ -20,6 +20,7 @@ and of the ``flowgpu.trusted-modules`` setting that, when set, limits what it ma
 from __future__ import annotations
 
 import difflib
+import functools
 import importlib
 import inspect
 import os
@@ -67,6 +68,16 @@ class Entry:
         return self.func(*args, **kwargs)
 
 
+@functools.lru_cache(maxsize=1)
+def _all_entry_points() -> Any:
+    """Every installed distribution's entry points, read once (each read scans every distribution)."""
+    return entry_points()
+
+
+def _entry_points(group: str) -> list:
+    return list(_all_entry_points().select(group=group))
+
+
 class Registry(Generic[T]):
     """Entries by name, filled by built-ins and lazily from the entry-point group ``group``.
 
@@ -112,7 +123,7 @@ class Registry(Generic[T]):
             if self._plugins_loaded:
                 return
             self._plugins_loaded = True
-            for ep in entry_points(group=self.group):
+            for ep in _entry_points(self.group):
                 try:
                     entry = self._from_plugin(ep.name, ep.load())
                     if entry is not None and entry.name not in self._entries:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dask
 import numpy as np
 import pytest
 
@@ -22,6 +23,16 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path_factory, monkeypatch):
+    """Each test its own output cache (flowgpu.cache.directory), in this process and in the processes
+    it starts: no test sees what another recorded, and none writes into the working directory."""
+    folder = str(tmp_path_factory.mktemp("flowgpu-cache"))
+    monkeypatch.setenv("DASK_FLOWGPU__CACHE__DIRECTORY", folder)
+    with dask.config.set({"flowgpu.cache.directory": folder}):
+        yield folder
 
 
 @pytest.fixture

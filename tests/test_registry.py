@@ -13,7 +13,7 @@ from flowgpu.registry import Entry, Registry, import_object, options_model
 
 
 def _registry(monkeypatch, eps=()):
-    monkeypatch.setattr(registry, "entry_points", lambda group: [e for e in eps if e.group == group])
+    monkeypatch.setattr(registry, "_entry_points", lambda group: [e for e in eps if e.group == group])
     return Registry("flowgpu.test", "thing", error=ConfigError,
                     from_plugin=lambda name, obj: Entry(name, obj, obj.__doc__ or ""))
 

@@ -28,7 +28,7 @@ def cli(debug: bool) -> None:
 
 
 
-for _command in (listing.info, run.run, run.clean, run.validate, run.plan, listing.ops, listing.sources,
+for _command in (listing.info, run.run, run.status, run.clean, run.validate, run.plan, listing.ops, listing.sources,
                  listing.sinks, listing.schema):
     cli.add_command(_command)
 

@@ -5,17 +5,47 @@ from __future__ import annotations
 import json
 import signal
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import click
 from rich.markup import escape
 
 from flowgpu import pipeline
-from flowgpu.cli.common import (EXIT_INVALID, _console, _parse_sets, allow_address_option, handle_errors,
+from flowgpu.cli.common import (EXIT_FAILED, EXIT_INVALID, _console, _parse_sets, allow_address_option, handle_errors,
                                 spec_options, tls_options)
-from flowgpu.diagnostics import monitor, render_plan, stepgraph
+from flowgpu.diagnostics import monitor, render_batch, render_plan, render_status, render_summary, stepgraph
 from flowgpu.errors import SpecError
 from flowgpu.io import atomic
+from flowgpu.pipeline.foreach import parse_option
+
+def _results(data: dict, as_json: bool, render: Callable[[dict, Any], None]) -> None:
+    """Results on stdout: JSON (for scripts: ``flowgpu run x.yaml --json | jq``) or the table."""
+    if as_json:
+        click.echo(json.dumps(data, indent=2, default=str))
+    else:
+        render(data, _console(stderr=False))
+
+
+def _parse_foreach(values: tuple[str, ...]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for text in values:
+        name, given = parse_option(text)
+        if name in out:
+            raise click.BadParameter(f"params.{name} is given twice", param_hint="--foreach")
+        out[name] = given
+    return out
+
+
+def foreach_options(func: Callable) -> Callable:
+    """--foreach, --force and --checksum, shared by run and status."""
+    func = click.option("--checksum", is_flag=True, help="Tell changed input files by their content (a hash), not "
+                                                          "only their size and modification time.")(func)
+    func = click.option("--force", is_flag=True, help="Compute every output, up to date or not.")(func)
+    return click.option("--foreach", multiple=True, metavar="params.NAME=VALUES",
+                        help="Run once per value: a comma list (0,1,2), a glob of paths (data/*.npy) or a range "
+                             "(start:stop[:step]); several make a grid. Repeatable.")(func)
+
 
 @click.command()
 @click.argument("spec", type=click.Path(dir_okay=False))
@@ -34,23 +64,36 @@ from flowgpu.io import atomic
 @click.option("--overwrite", is_flag=True, help="Replace output paths that hold data flowgpu did not write.")
 @click.option("--dry-run", is_flag=True, help="Check and plan only; start no cluster, write nothing.")
 @click.option("--no-wait", is_flag=True, help="Fail at once if another run is writing one of the outputs.")
-@click.option("--quiet", "-q", is_flag=True, help="No progress bar or summary table.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bars or notes on stderr (results still go to stdout).")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout instead of the table.")
+@foreach_options
+@click.option("--keep-going", is_flag=True, help="A failing batch item does not stop the others (exit code 1 if any "
+                                                 "failed).")
+@click.option("--no-cache", is_flag=True, help="Compute everything and record nothing (see flowgpu.cache.directory).")
 @allow_address_option
 @handle_errors
 def run(spec: str, sets: tuple[str, ...], params_file: str | None, scheduler: str | None, gpus: str | None,
         backend: str | None, n_workers: int | None, summary_path: str | None, report: str | None, overwrite: bool,
-        dry_run: bool,
-        no_wait: bool, quiet: bool, allow_spec_address: bool, **tls: str | None) -> None:
-    """Run the pipeline SPEC (a YAML file)."""
+        dry_run: bool, no_wait: bool, quiet: bool, as_json: bool, foreach: tuple[str, ...], force: bool, checksum: bool,
+        keep_going: bool, no_cache: bool, allow_spec_address: bool, **tls: str | None) -> None:
+    """Run the pipeline SPEC (a YAML file), or a batch of it (--foreach, or the spec's foreach: block).
+
+    Outputs that are up to date (same recipe, same input files) are not computed again; --force
+    computes them anyway. Results go to stdout (a table, or JSON with --json); progress and notes to
+    stderr. Exit codes: 0 every item ok, 1 a failure while running, 2 an invalid spec or argument.
+    """
     signal.signal(signal.SIGTERM, _terminated)  # like Ctrl-C: staging removed, nothing moved into place
     overrides = _parse_sets(sets)
+    batch = _parse_foreach(foreach)
     console = _console()
     cluster = {"address": scheduler, "gpus": gpus, "backend": backend, "n_workers": n_workers, **tls}
     if dry_run:
         s = pipeline.validate(spec, overrides, params_file, overwrite=overwrite, cluster=cluster,
                               allow_spec_address=allow_spec_address)
+        checked = pipeline.status(s, foreach=batch, overwrite=overwrite)  # every item of a batch is checked
         render_plan(pipeline.describe(pipeline.compile(s)), _console(stderr=False))
-        click.echo("dry run: nothing was run or written")
+        items = len(checked["items"])
+        click.echo(f"dry run: {f'{items} batch items checked; ' if items > 1 else ''}nothing was run or written")
         return
 
     def announce(session: Any) -> None:
@@ -60,10 +103,29 @@ def run(spec: str, sets: tuple[str, ...], params_file: str | None, scheduler: st
         console.print(f"[bold]flowgpu[/] running {escape(spec)} on {getattr(session, 'backend', '?')} "
                       f"({getattr(session, 'n_workers', '?')} worker(s)); dashboard: {link or 'off'}")
 
-    pipeline.run(spec, overrides=overrides, params_file=params_file, overwrite=overwrite,
-                 summary_path=summary_path, cluster=cluster, console=console if not quiet else None,
-                 progress=not quiet, on_session=announce, allow_spec_address=allow_spec_address,
-                 wait=not no_wait, report=report)
+    result = pipeline.run(spec, overrides=overrides, params_file=params_file, overwrite=overwrite,
+                          summary_path=summary_path, cluster=cluster, console=console if not quiet else None,
+                          progress=not quiet, on_session=announce, allow_spec_address=allow_spec_address,
+                          wait=not no_wait, foreach=batch, keep_going=keep_going, force=force, checksum=checksum,
+                          cache=not no_cache, report=report)
+    _results(result.summary, as_json, render_batch if "items" in result.summary else render_summary)
+    if result.summary["status"] != "ok":
+        sys.exit(EXIT_FAILED)
+
+
+@click.command()
+@click.argument("spec", type=click.Path(dir_okay=False))
+@spec_options
+@foreach_options
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
+@handle_errors
+def status(spec: str, sets: tuple[str, ...], params_file: str | None, foreach: tuple[str, ...], force: bool,
+           checksum: bool, as_json: bool) -> None:
+    """Say what 'flowgpu run SPEC' would do, without running: which outputs are up to date, and why
+    the others would be computed. Starts no cluster and calls no user code."""
+    result = pipeline.status(spec, overrides=_parse_sets(sets), params_file=params_file,
+                             foreach=_parse_foreach(foreach), checksum=checksum, force=force)
+    _results(result, as_json, render_status)
 
 
 def _terminated(signum: int, frame: Any) -> None:

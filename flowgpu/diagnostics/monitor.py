@@ -126,9 +126,13 @@ class Tracked:
             except Exception:  # noqa: BLE001 - our part of the report stands without dask's
                 logger.warning("flowgpu: dask's performance report could not be made", exc_info=True)
 
+    def report_data(self) -> dict:
+        """What the run report shows of this run: ``{"description", "view", "dask_html"}``."""
+        return {"description": self.description, "view": self.final, "dask_html": self.dask_html}
+
     def write_report(self, path: str | os.PathLike, summary: dict) -> None:
-        """Write the run report (:mod:`flowgpu.diagnostics.runreport`) at ``path``, atomically."""
-        runreport.write(path, runreport.render(summary, self.description, self.final, self.dask_html))
+        """Write the run report (:mod:`flowgpu.diagnostics.runreport`) of this run at ``path``, atomically."""
+        runreport.write(path, runreport.render(summary, [(str(summary.get("name")), self.report_data())]))
 
     def _call(self, **kwargs: Any) -> Any:
         # bounded: a scheduler that went away must not hold up the run's own error

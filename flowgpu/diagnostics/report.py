@@ -7,7 +7,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-__all__ = ["format_bytes", "render_plan", "render_summary"]
+__all__ = ["format_bytes", "render_batch", "render_plan", "render_status", "render_summary"]
 
 
 def format_bytes(n: int | float | None) -> str:
@@ -49,20 +49,59 @@ def render_plan(desc: dict[str, Any], console: Console) -> None:
                   "and chunks waiting)")
 
 
+def _where(o: dict[str, Any], width: int = 80) -> str:
+    where = o.get("location")
+    if where is None:
+        text = repr(o.get("value"))
+        where = text if len(text) <= width else text[:width - 3] + "..."
+    return where
+
+
+def render_batch(summary: dict[str, Any], console: Console) -> None:
+    """Print one row per item of a batch: its params, status, outputs (values or locations), time, error."""
+    items = summary["items"]
+    counts = ", ".join(f"{n} {k}" for k, n in summary["counts"].items())
+    t = Table(title=f"{summary['name']}: {len(items)} items in {summary['wall_seconds']:.2f}s ({counts})",
+              title_justify="left")
+    names = list(items[0]["params"]) if items else []
+    outputs = list(items[0]["outputs"]) if items else []
+    for col in ("#", *names, "status", *outputs, "seconds", "error"):
+        t.add_column(col, overflow="fold")
+    for item in items:
+        cells = [str(item["index"] + 1), *(str(item["params"][k]) for k in names), item["status"]]
+        cells += [_where(item["outputs"][o], 40) if item["outputs"][o].get("status") != "not-computed" else "-"
+                  for o in outputs]
+        cells += [f"{item['wall_seconds']:.2f}" if item["status"] not in ("up-to-date", "cancelled") else "-",
+                  item.get("error") or ""]
+        t.add_row(*cells)
+    console.print(t)
+
+
+def render_status(status: dict[str, Any], console: Console) -> None:
+    """Print what a run would do: each output of each item, up to date or why it would be computed."""
+    t = Table(title=f"{status['name']}: {status['line']}", title_justify="left")
+    names = list(status["items"][0]["params"]) if status["items"] else []
+    for col in ("#", *names, "output", "status", "why"):
+        t.add_column(col, overflow="fold")
+    for item in status["items"]:
+        for out, v in item["outputs"].items():
+            t.add_row(str(item["index"] + 1), *(str(item["params"][k]) for k in names), out,
+                      "up to date" if v["up_to_date"] else "to compute", "" if v["up_to_date"] else v["reason"])
+    console.print(t)
+
+
 def render_summary(summary: dict[str, Any], console: Console) -> None:
     """Print each output (shape, dtype, where it went or its value), wall time and bytes moved."""
     if console.quiet:  # building the table costs milliseconds; a quiet run does not pay them
         return
     t = Table(title=f"{summary['name']}: {summary['status']} in {summary['wall_seconds']:.2f}s", title_justify="left")
-    for col in ("output", "shape", "dtype", "location / value"):
+    for col in ("output", "shape", "dtype", "location / value", "status"):
         t.add_column(col)
     for name, o in summary["outputs"].items():
-        where = o.get("location")
-        if where is None:
-            text = repr(o.get("value"))
-            where = text if len(text) <= 80 else text[:77] + "..."
-        t.add_row(name, _shape(o["shape"]), o["dtype"], where)
+        t.add_row(name, _shape(o["shape"]), o["dtype"], _where(o), o.get("status", "computed"))
     console.print(t)
+    if not summary.get("tasks"):
+        return  # nothing was computed: nothing read, written or moved
     console.print(f"read {format_bytes(summary['bytes_read'])}, wrote {format_bytes(summary['bytes_written'])}; "
                   f"{summary['tasks']:,} tasks on {summary['session'].get('n_workers', '?')} worker(s) "
                   f"({summary['session'].get('backend', '?')})")

@@ -104,15 +104,39 @@ def _memory_table(desc: dict[str, Any], view: dict | None) -> str:
                                                              '(run in this process)</td></tr>') + "</table>")
 
 
-def render(summary: dict[str, Any], desc: dict[str, Any], view: dict | None = None,
-           dask_html: str | None = None) -> str:
-    """The report's HTML: ``summary`` (the run summary), ``desc`` (``pipeline.describe(plan)``),
-    ``view`` (the dashboard board's view of the run, when it ran on a cluster) and ``dask_html``
-    (dask's performance report of the same time)."""
+def _section(part: dict[str, Any], sid: str) -> list[str]:
+    """One run's (or batch item's) graph, tables and plots; ``sid`` keeps the ids of a batch's apart."""
+    desc, view = part["description"], part.get("view")
     graph = stepgraph.from_description(desc)
     states = {s["id"]: s["state"] for s in view["steps"]} if view else None
     steps = [(s["id"], s["seconds"]) for s in (view or {}).get("steps", []) if s["kind"] != "output"]
     mem = ((view or {}).get("memory") or {}).get("series") or {"t": []}
+    out = ["<h3>Steps</h3>", stepgraph.to_svg(graph, states), "<h3>The plan beside what happened</h3>",
+           _step_table(desc, view).replace('id="steps"', f'id="steps{sid}"'), "<h3>Memory per worker</h3>",
+           _memory_table(desc, view).replace('id="memory"', f'id="memory{sid}"'), "<h3>Plots</h3>",
+           _bars(steps, "compute time per step").replace('id="plot-time-per-step"', f'id="plot-time-per-step{sid}"')
+           if steps else "<p>no per-step times (run in this process)</p>"]
+    if mem["t"]:
+        out.append(_lines(mem["t"], {t: mem[t] for t in TIERS}, "bytes per tier, all workers", f"plot-tiers{sid}",
+                          format_bytes))
+        out.append(_lines(mem["t"], {"GB/s": mem["gbps"]}, "spilling throughput (moves between tiers), GB/s",
+                          f"plot-spilling{sid}", lambda v: f"{v:.2f} GB/s"))
+    return out
+
+
+def _items_table(items: list[dict[str, Any]]) -> str:
+    rows = "".join(f'<tr data-item="{i["index"]}" data-status="{_e(i["status"])}"><td>{i["index"] + 1}</td>'
+                   f'<td>{_e(", ".join(f"{k}={v}" for k, v in (i.get("params") or {}).items()))}</td>'
+                   f'<td>{_e(i["status"])}</td><td class="num">{i.get("wall_seconds") or 0:.2f} s</td>'
+                   f'<td class="failed">{_e(i.get("error"))}</td></tr>' for i in items)
+    return ('<table id="items"><tr><th>item</th><th>params</th><th>status</th><th>time</th><th>error</th></tr>'
+            + rows + "</table>")
+
+
+def render(summary: dict[str, Any], runs: list[tuple[str, dict[str, Any]]]) -> str:
+    """The report's HTML: ``summary`` (the run's or the batch's summary) and, per run or batch item,
+    ``(label, {"description": pipeline.describe(plan), "view": the dashboard board's view of it at
+    its end (None without a cluster), "dask_html": dask's performance report of the same time})``."""
     moves = summary.get("memory") or {}
     moved = "; ".join(f"{a.replace('_', ' ')} {format_bytes(m['bytes'])}" + (f" at {m['gbps']:.2f} GB/s" if m.get("gbps")
                                                                             else "")
@@ -126,15 +150,13 @@ def render(summary: dict[str, Any], desc: dict[str, Any], view: dict | None = No
             + (f' (step {_e(summary["step"])})' if summary.get("step") else "") + "</p>" if summary.get("error") else ""),
            f'<p>{_e(summary.get("file") or "")} &middot; {summary.get("tasks", 0):,} tasks on {_e(session.get("n_workers"))} '
            f'worker(s) ({_e(session.get("backend"))}) &middot; read {format_bytes(summary.get("bytes_read"))}, '
-           f'wrote {format_bytes(summary.get("bytes_written"))} &middot; spilling: {_e(moved)}</p>',
-           "<h2>Steps</h2>", stepgraph.to_svg(graph, states), "<h2>The plan beside what happened</h2>",
-           _step_table(desc, view), "<h2>Memory per worker</h2>", _memory_table(desc, view), "<h2>Plots</h2>",
-           _bars(steps, "compute time per step") if steps else "<p>no per-step times (run in this process)</p>"]
-    if mem["t"]:
-        out.append(_lines(mem["t"], {t: mem[t] for t in TIERS}, "bytes per tier, all workers", "plot-tiers",
-                          format_bytes))
-        out.append(_lines(mem["t"], {"GB/s": mem["gbps"]}, "spilling throughput (moves between tiers), GB/s",
-                          "plot-spilling", lambda v: f"{v:.2f} GB/s"))
+           f'wrote {format_bytes(summary.get("bytes_written"))} &middot; spilling: {_e(moved)}</p>']
+    if "items" in summary:
+        out += ["<h2>Items</h2>", _items_table(summary["items"])]
+    for i, (label, part) in enumerate(runs):
+        out.append(f"<h2>{_e(label)}</h2>" if len(runs) > 1 else "")
+        out += _section(part, f"-{i}" if i else "")
+    dask_html = next((p["dask_html"] for _, p in runs if p.get("dask_html")), None)
     if dask_html:
         out += ["<h2>Dask performance report</h2>",
                 f'<iframe id="dask-report" srcdoc="{html.escape(dask_html, quote=True)}"></iframe>']

@@ -4,6 +4,7 @@
 >>> spec = pipeline.load("pipelines/quickstart.yaml")            # doctest: +SKIP
 >>> plan = pipeline.compile(spec, params={"n": 2000})            # doctest: +SKIP
 >>> result = pipeline.run(spec, overrides={"params.n": 2000})    # doctest: +SKIP
+>>> p = pipeline.Pipeline("demo")                                 # or build one in Python (flowgpu.Pipeline)
 """
 
 from __future__ import annotations
@@ -12,14 +13,16 @@ import os
 from typing import Any
 
 from flowgpu.pipeline.build import from_dict, load
+from flowgpu.pipeline.builder import Pipeline, Ref
 from flowgpu.pipeline.compiler import Plan, compile
 from flowgpu.pipeline.planning import describe
-from flowgpu.pipeline.runner import RunResult, check_outputs, run, session_options
+from flowgpu.pipeline.runner import BatchResult, RunResult, check_outputs, run, session_options
 from flowgpu.pipeline.spec import Spec, json_schema
+from flowgpu.pipeline.status import status
 from flowgpu.registry import recording_imports
 
-__all__ = ["Plan", "RunResult", "Spec", "compile", "describe", "from_dict", "imports", "json_schema", "load", "run",
-           "validate"]
+__all__ = ["BatchResult", "Pipeline", "Plan", "Ref", "RunResult", "Spec", "compile", "describe", "from_dict", "imports",
+           "json_schema", "load", "run", "status", "validate"]
 
 
 def validate(spec: Spec | str | os.PathLike | dict, overrides: dict[str, Any] | None = None,

@@ -10,7 +10,6 @@ not broadcast, a dtype it does not take) or whose result differs from its ``expe
 from __future__ import annotations
 
 import functools
-import inspect
 import os
 import warnings
 from dataclasses import dataclass, field

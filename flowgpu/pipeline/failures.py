@@ -114,10 +114,13 @@ class watch_spill:  # noqa: N801 - used as a context manager, like a function
             self._thread.start()
         return self
 
+    def stopped(self) -> RunError:
+        """The error that says why the watch stopped the run (when ``self.error`` is set)."""
+        return RunError(f"a worker could not spill, so the run was stopped: {self.error}. Nothing was written")
+
     def __exit__(self, kind, exc, tb) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
         if exc is not None and self.error is not None:
-            raise RunError(f"a worker could not spill, so the run was stopped: {self.error}. Nothing was "
-                           "written") from exc
+            raise self.stopped() from exc

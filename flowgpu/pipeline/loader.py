@@ -15,6 +15,7 @@ plain Python data by hand, so that
 from __future__ import annotations
 
 import os
+import re
 import stat
 from dataclasses import dataclass, field
 from typing import Any
@@ -101,6 +102,24 @@ class _Loader(yaml.SafeLoader):
             return super().compose_node(parent, index)
         finally:
             self.depth -= 1
+
+
+def _without_sexagesimal(loader: type[yaml.SafeLoader]) -> None:
+    """YAML 1.1 reads ``1:30`` as the base-60 number 90; YAML 1.2, and every user, read text.
+    Resolve ints and floats as YAML 1.1 does, but without that form (so ``range: 1:30`` is a range)."""
+    resolvers = {}
+    for first, entries in yaml.SafeLoader.yaml_implicit_resolvers.items():
+        resolvers[first] = [(tag, regexp) for tag, regexp in entries if tag not in (
+            "tag:yaml.org,2002:int", "tag:yaml.org,2002:float")]
+    loader.yaml_implicit_resolvers = resolvers
+    loader.add_implicit_resolver("tag:yaml.org,2002:int", re.compile(
+        r"^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$"), list("-+0123456789"))
+    loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(
+        r"^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)?|\.[0-9][0-9_]*(?:[eE][-+][0-9]+)?"
+        r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"), list("-+0123456789."))
+
+
+_without_sexagesimal(_Loader)
 
 
 def _mark(node: yaml.Node) -> tuple[int, int]:

@@ -1,4 +1,4 @@
-"""The summary of a run that failed, and writing summaries atomically."""
+"""What a run says it did: the summary of a run, of a batch and of a run that failed, written atomically."""
 
 from __future__ import annotations
 
@@ -10,10 +10,12 @@ from typing import Any
 
 from flowgpu import __version__
 from flowgpu.errors import SpecError
+from flowgpu.io import sinks
 from flowgpu.pipeline.compiler import Plan
+from flowgpu.pipeline.planning import graph_size
 from flowgpu.pipeline.spec import Spec
 
-__all__ = ["failure_summary", "write_json"]
+__all__ = ["batch_summary", "failure_summary", "moves_delta", "run_summary", "write_json"]
 
 
 def write_json(path: str, data: dict) -> None:
@@ -78,4 +80,93 @@ def failure_summary(spec: Any, state: dict[str, Any], error: BaseException, wall
         "written": sorted(state["written"]),
         "not_written": sorted(set(outputs) - set(state["written"])),
         "outputs": outputs,
+    }
+
+
+def _disk_bytes(path: str) -> int:
+    if os.path.isfile(path):
+        return os.path.getsize(path)
+    total = 0
+    for root, _, files in os.walk(path):
+        total += sum(os.path.getsize(os.path.join(root, f)) for f in files)
+    return total
+
+
+def moves_delta(before: dict | None, after: dict | None) -> dict | None:
+    """What a run moved between tiers: ``{"moves": {activity: {bytes, count, seconds, gbps}}, "events", "errors"}``."""
+    if after is None:
+        return None
+    before = before or {"moves": {}, "events": {}}
+    moves = {}
+    for act, m in after["moves"].items():
+        b = before["moves"].get(act, {})
+        d = {k: m[k] - b.get(k, 0) for k in ("bytes", "count", "seconds")}
+        if d["count"]:
+            d["gbps"] = d["bytes"] / d["seconds"] / 1e9 if d["seconds"] > 0 else None
+            moves[act] = d
+    events = {k: n - before["events"].get(k, 0) for k, n in after["events"].items() if n - before["events"].get(k, 0)}
+    return {"moves": moves, "events": events, "errors": after["errors"]}
+
+
+def _outputs(spec: Spec, plan: Plan, values: dict, computed: set[str]) -> tuple[dict, int]:
+    outputs, written = {}, 0
+    for name, x in plan.outputs.items():
+        out = spec.outputs[name]
+        entry = {"from": out.from_, "sink": out.sink, "shape": list(x.shape), "dtype": str(x.dtype),
+                 "chunks": [list(c) for c in x.chunks] if x.npartitions <= 64 else list(x.chunksize),
+                 "status": "computed" if name in computed else "up-to-date" if name in values else "not-computed"}
+        sink = sinks.sink_entry(out.sink)
+        if sink.has(sinks.IN_SUMMARY):
+            entry["value"] = values.get(name)
+        else:
+            entry["location"] = values.get(name)
+            if name in computed and sink.has(sinks.WRITES_PATH) and values[name] and os.path.exists(values[name]):
+                written += _disk_bytes(values[name])
+        outputs[name] = entry
+    return outputs, written
+
+
+def _session(info: dict) -> dict:
+    return {k: info.get(k) for k in ("backend", "n_workers", "threads_per_worker", "address", "dashboard")}
+
+
+def run_summary(spec: Spec, plan: Plan, info: dict, values: dict, computed: set[str], wall: float, status: str,
+                reasons: dict[str, str] | None = None) -> dict[str, Any]:
+    """The summary of one run: each output (shape, dtype, value or location, computed or up to date),
+    bytes read and written, tasks, what was fused, the session."""
+    outputs, written = _outputs(spec, plan, values, computed)
+    for name, why in (reasons or {}).items():
+        outputs[name]["reason"] = why
+    read = sum(int(n.array.nbytes) for n in plan.nodes.values() if n.reads_files and n.array is not None) if computed else 0
+    return {
+        "flowgpu": __version__,
+        "name": spec.name,
+        "file": plan.file,
+        "status": status,
+        "params": plan.params,
+        "wall_seconds": wall,
+        "bytes_read": read,
+        "bytes_written": written,
+        "tasks": graph_size([plan.outputs[n] for n in computed]) if computed else 0,
+        "fused": {k: v["expression"] for k, v in plan.fusion.roots.items()},
+        "session": _session(info),
+        "outputs": outputs,
+    }
+
+
+def batch_summary(spec: Spec, items: list[dict[str, Any]], info: dict, wall: float) -> dict[str, Any]:
+    """The summary of a batch: one entry per item (``params``, ``status``: ok, failed or up-to-date,
+    ``outputs``, ``error``), the counts of each status, and the session."""
+    counts: dict[str, int] = {}
+    for item in items:
+        counts[item["status"]] = counts.get(item["status"], 0) + 1
+    return {
+        "flowgpu": __version__,
+        "name": spec.name,
+        "file": spec._origin.file if spec._origin else None,
+        "status": "ok" if all(i["status"] in ("ok", "up-to-date") for i in items) else "failed",
+        "wall_seconds": wall,
+        "counts": counts,
+        "session": _session(info),
+        "items": items,
     }

@@ -34,7 +34,7 @@ from pydantic.json_schema import GenerateJsonSchema
 from flowgpu.io import sinks, sources
 
 __all__ = [
-    "Spec", "Param", "Step", "Output", "Cluster", "Expect", "NAME_PATTERN", "PARAM_REF", "json_schema",
+    "Spec", "Param", "Step", "Output", "Cluster", "Expect", "ForeachGlob", "ForeachRange", "NAME_PATTERN", "PARAM_REF", "json_schema",
     "spec_model", "input_model", "output_model",
 ]
 
@@ -139,6 +139,23 @@ class Cluster(_Model):
     dashboard_address: str | None = None
 
 
+# -- foreach ----------------------------------------------------------------------------------------
+class ForeachGlob(_Model):
+    """The paths that match a glob pattern (relative to the working directory), sorted."""
+
+    glob: str = Field(..., description="e.g. data/*.npy; a pattern that matches nothing is refused.")
+
+
+class ForeachRange(_Model):
+    """The integers of ``start:stop[:step]``, as Python's range (stop excluded)."""
+
+    range: str = Field(..., pattern=r"^\s*-?\d+\s*:\s*-?\d+\s*(:\s*-?\d+\s*)?$",
+                       description="start:stop or start:stop:step, e.g. 0:64 or 100:1000:100")
+
+
+ForeachValues = Union[list[Scalar], ForeachGlob, ForeachRange]
+
+
 # -- the spec ---------------------------------------------------------------------------------------
 class Spec(_Model):
     """A whole pipeline."""
@@ -152,6 +169,10 @@ class Spec(_Model):
     steps: dict[Name, Step] = Field(default_factory=dict)
     outputs: dict[Name, Any] = Field(default_factory=dict, description="Named sinks (see `flowgpu sinks`).")
     cluster: Cluster = Field(default_factory=Cluster)
+    foreach: dict[Name, ForeachValues] = Field(
+        default_factory=dict,
+        description="Run the pipeline once per value of these params (several: every combination), as one "
+                    "batch on one cluster: `seed: [0, 1, 2]`, `input: {glob: data/*.npy}`, `n: {range: 100:500:100}`.")
     # where the spec came from (file, source map, data before params were substituted); set by load()
     _origin: Any = PrivateAttr(default=None)
 

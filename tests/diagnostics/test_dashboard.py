@@ -102,3 +102,26 @@ def test_a_batch_shows_one_row_per_item(session, tmp_path, rng):
     items = _view(session)["items"]
     assert [(i["item"], i["status"]) for i in items] == [(f"params.seed={s}", "ok") for s in range(3)]
     assert all(i["done"] == i["total"] > 0 for i in items)
+
+
+def test_a_foreach_batch_has_a_row_per_item_on_the_page_and_in_its_report(session, tmp_path):
+    spec = {"version": 1, "name": "grid", "params": {"seed": 0, "out": str(tmp_path / "out")},
+            "inputs": {"x": {"source": "random", "shape": [60, 5], "seed": "${params.seed}", "chunks": [20, -1]}},
+            "steps": {"y": {"op": "multiply", "inputs": ["x"], "args": {"b": 2.0}}, "t": {"op": "sum", "inputs": ["y"]}},
+            "outputs": {"t": {"from": "t"}, "y": {"from": "y", "sink": "npy", "path": "${params.out}/y-${params.seed}.npy"}}}
+    result = pipeline.run(spec, session=session, progress=False, foreach={"seed": [1, 2, 3]},
+                          report=str(tmp_path / "batch.html"))
+    assert result.ok
+    for r in result.items:
+        x = fg.random((60, 5), seed=r.params["seed"], chunks=(20, -1)).compute()
+        assert np.isclose(r.outputs["t"], 2 * x.sum())
+    items = _view(session)["items"]
+    assert [(i["item"], i["status"]) for i in items] == [(f"seed={s}", "ok") for s in (1, 2, 3)]
+    text = (tmp_path / "batch.html").read_text()
+    assert text.count('<tr data-item="') == 3 and text.count('data-status="ok"') == 3
+    for sid in ("", "-1", "-2"):  # each item's steps: the plan beside what happened
+        assert f'<table id="steps{sid}">' in text
+    again = pipeline.run(spec, session=session, progress=False, foreach={"seed": [1, 2, 3]},
+                         report=str(tmp_path / "again.html"))
+    assert again.summary["counts"] == {"up-to-date": 3}
+    assert (tmp_path / "again.html").read_text().count('data-status="up-to-date"') == 3  # said, not computed

@@ -40,3 +40,10 @@ def explode(x):
 def split(x, *, at: int = 1):
     """Two results: the rows before ``at`` and the rest."""
     return x[:at], x[at:]
+
+
+def finite(block):
+    """A check step: the block doubled, or an error if it holds NaN or inf."""
+    if not np.isfinite(block).all():
+        raise ValueError("the block holds NaN or inf")
+    return block * 2.0

@@ -129,7 +129,7 @@ def nothing_runs(monkeypatch):
     import flowgpu.pipeline.runner as runner_mod
 
     monkeypatch.setattr(session_mod.Session, "__init__", boom)
-    monkeypatch.setattr(runner_mod, "compute_with_progress", boom)
+    monkeypatch.setattr(runner_mod, "execute", boom)
     monkeypatch.setattr(runner_mod.sinks, "prepare_write", boom)
     with dask.config.set(scheduler=boom):
         yield

@@ -1,0 +1,1 @@
+"""Batches: many items on one cluster, incremental re-runs."""

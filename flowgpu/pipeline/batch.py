@@ -1,0 +1,291 @@
+"""Running the items of a batch on one session: prepared, submitted together, committed one by one.
+
+Every item (a plain run is a batch of one) is compiled inside the session and its outputs to
+compute are staged; then all items go to the cluster at once, so independent items run
+concurrently and tasks they share (the same input read by all) run once. As each item's last
+future completes, its outputs are committed in one transaction of their own (all new or all old)
+and recorded in the cache; an item that fails is aborted (nothing of it moved into place) and,
+unless ``keep_going``, stops the batch: the others are cancelled and aborted too, and what was
+already committed stays, complete and recorded (a re-run skips it).
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import dask
+from distributed import as_completed, wait
+from rich.console import Console
+
+from flowgpu.diagnostics import BatchBars, monitor
+from flowgpu.errors import FlowgpuError, OutputError, RunError, SpecError
+from flowgpu.io import faults, sinks, sources
+from flowgpu.pipeline.compiler import Plan, compile
+from flowgpu.pipeline.failures import explain, failed_with, watch_spill
+from flowgpu.pipeline.foreach import Item, in_item
+from flowgpu.pipeline.planning import check_memory, describe
+
+__all__ = ["Job", "execute"]
+
+
+@dataclass
+class Job:
+    """One item of a batch on its way: what to compute, its staged writes, its futures, its outcome."""
+
+    item: Item
+    plan: Plan  # compiled outside the session (pure): shapes, dtypes, recipes
+    todo: list[str]  # the outputs to compute (the others are up to date)
+    cached: dict[str, Any] = field(default_factory=dict)  # up-to-date outputs: value or location
+    reasons: dict[str, str] = field(default_factory=dict)  # why each output of todo is computed
+    recipes: dict[str, Any] | None = None
+    run_plan: Plan | None = None  # compiled inside the session
+    pending: dict[str, sinks.PendingWrite] = field(default_factory=dict)
+    futures: list = field(default_factory=list)
+    status: str = "waiting"  # waiting, running, ok, failed, up-to-date, cancelled
+    values: dict[str, Any] = field(default_factory=dict)
+    written: dict[str, str] = field(default_factory=dict)
+    error: BaseException | None = None
+    seconds: float = 0.0
+    bar: Any = None
+    tracked: Any = None  # what the dashboard's flowgpu page follows of it (diagnostics.monitor)
+
+    @property
+    def name(self) -> str:
+        return self.item.spec.name
+
+    def abort(self) -> None:
+        for p in self.pending.values():
+            p.abort()
+
+
+def _said(job: Job, error: FlowgpuError) -> FlowgpuError:
+    """``error`` naming the batch item it came from (a plain run's error is left as it is)."""
+    item = job.item
+    if item.of <= 1 and not item.values:
+        return error
+    if isinstance(error, SpecError):
+        return in_item(error, item)
+    said = type(error)(f"batch item {item.index + 1} of {item.of} ({item.label}): {error}")
+    said.__cause__ = error.__cause__
+    return said
+
+
+def _failure(job: Job, error: BaseException, session: Any) -> FlowgpuError:
+    """What a user is told when ``job`` failed with ``error``: the step, the fix, that nothing was replaced."""
+    if isinstance(error, FlowgpuError):
+        return _said(job, error)
+    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+        paths = ", ".join(repr(p.location) for p in job.pending.values() if p.location)
+        out: FlowgpuError = OutputError(f"pipeline {job.name!r} failed writing its outputs ({paths}): {error.strerror}; "
+                                        "free space there or choose a path on another filesystem. Nothing was replaced")
+    else:
+        out = explain(error, job.run_plan, session) or RunError(
+            f"pipeline {job.name!r} failed while running: {failed_with(error)}")
+    out.__cause__ = error
+    return _said(job, out)
+
+
+def _calls_user_code(plan: Plan) -> bool:
+    return any(sources.calls_user_code(n.what) for n in plan.nodes.values()
+               if n.kind == "input" and n.what in sources.SOURCES) or any(
+        _calls_user_code(child) for child in plan.children.values())
+
+
+def _prepare(job: Job, session: Any, overwrite: bool, recompile: bool) -> None:
+    """Compile ``job`` for the session (python sources are called here, and only here; chunks sized
+    for its workers, unless the plan was made while this session was already open) and stage its writes."""
+    spec = job.item.spec
+    plan = job.run_plan = compile(spec, for_run=True) if recompile or _calls_user_code(job.plan) else job.plan
+    if getattr(session, "workers", None):  # one task, and the largest array, fit the workers (or a SpecError)
+        check_memory(plan, session.workers, session.threads_per_worker, session.worker_budget)
+    for name in job.todo:
+        out = spec.outputs[name]
+        job.pending[name] = sinks.prepare_write(out.sink, plan.outputs[name], out.path, overwrite, **out.sink_options())
+
+
+def _commit(job: Job, results: list[Any], cache: Any) -> None:
+    """Move ``job``'s outputs into place together, then record them (an entry only for a complete output)."""
+    spec = job.item.spec
+    if cache is not None:
+        cache.invalidate(job.plan, job.todo, item=job.item.values)
+    locations = sinks.commit_all(list(job.pending.values()))
+    for (name, p), result, location in zip(job.pending.items(), results, locations):
+        if sinks.sink_entry(p.sink).has(sinks.IN_SUMMARY):
+            job.values[name] = sinks.to_summary_value(result)
+        else:
+            job.values[name] = job.written[name] = location
+    faults.point("item-committed")
+    if cache is not None and job.recipes is not None:
+        for name in job.todo:
+            in_summary = sinks.sink_entry(spec.outputs[name].sink).has(sinks.IN_SUMMARY)
+            cache.record(job.plan, name, job.recipes[name], item=job.item.values,
+                         location=None if in_summary else job.values[name],
+                         value=job.values[name] if in_summary else None)
+    job.status = "ok"
+
+
+def _settle(job: Job, error: BaseException | None, session: Any, results: list[Any] | None, cache: Any,
+            bars: BatchBars, started: float) -> None:
+    job.seconds = time.perf_counter() - started
+    bars.done(job.bar)
+    if error is None:
+        try:
+            _commit(job, results or [], cache)
+            _told(job)
+            return
+        except Exception as e:  # noqa: BLE001 - said below, with the item
+            error = e
+    job.status, job.error = "failed", _failure(job, error, session)
+    job.abort()
+    _told(job)
+
+
+def _follow(job: Job, session: Any, batch: str, report: bool) -> None:
+    """The dashboard's flowgpu page follows ``job`` from now on (one row per item of a batch)."""
+    item = job.item
+    job.tracked = monitor.follow(job.run_plan, session, functools.partial(describe, job.run_plan),
+                                 item=item.label if item.values else None, batch=batch,
+                                 targets={n: p.target for n, p in job.pending.items()},
+                                 states={f"out:{n}": "up-to-date" for n in job.cached}, report=report)
+
+
+def _told(job: Job) -> None:
+    """The page hears how ``job`` ended."""
+    if job.tracked is not None:
+        job.tracked.finish("ok" if job.status == "ok" else "failed", str(job.error) if job.error else job.status)
+
+
+def _run_local(jobs: list[Job], session: Any, cache: Any, bars: BatchBars, keep_going: bool) -> None:
+    """One item after the other on dask's threaded scheduler, in this process."""
+    for job in jobs:
+        started = time.perf_counter()
+        job.status = "running"
+        callback = bars.local(job.bar)
+        try:
+            targets = [p.target for p in job.pending.values()]
+            if callback is not None:
+                with callback:
+                    results = list(dask.compute(*targets, scheduler="threads"))
+            else:
+                results = list(dask.compute(*targets, scheduler="threads"))
+            error = None
+        except Exception as e:  # noqa: BLE001 - the item fails; said in its words
+            results, error = None, e
+        _settle(job, error, session, results, cache, bars, started)
+        if job.status == "failed" and not keep_going:
+            return
+
+
+def _run_distributed(jobs: list[Job], session: Any, cache: Any, bars: BatchBars, keep_going: bool) -> None:
+    """Every item submitted at once; each committed as soon as its last future is done."""
+    client = session.client
+    started = time.perf_counter()
+    owner: dict[int, Job] = {}
+    left: dict[int, int] = {}
+    futures = client.compute([p.target for job in jobs for p in job.pending.values()])  # one graph, shared tasks once
+    for job in jobs:
+        job.futures, futures = futures[:len(job.pending)], futures[len(job.pending):]
+        job.status = "running"
+        bars.follow(job.bar, client, job.futures)
+        for f in job.futures:
+            owner[id(f)] = job
+        left[id(job)] = len(job.futures)
+    stream = as_completed([f for job in jobs for f in job.futures])
+    try:
+        for future in stream:
+            job = owner[id(future)]
+            if job.status != "running":
+                continue
+            if future.status != "finished":
+                error = future.exception() if future.status == "error" else RunError(
+                    f"pipeline {job.name!r} was cancelled: {future.status}")
+                _settled(job)
+                _settle(job, error, session, None, cache, bars, started)
+                if not keep_going:
+                    return
+                continue
+            left[id(job)] -= 1
+            if left[id(job)] == 0:
+                try:
+                    results, error = client.gather(job.futures), None
+                except Exception as e:  # noqa: BLE001
+                    results, error = None, e
+                _settle(job, error, session, results, cache, bars, started)
+                if job.status == "failed" and not keep_going:
+                    return
+    finally:
+        rest = [job for job in jobs if job.status == "running"]
+        for job in rest:
+            _cancel(client, job)
+            job.status = "cancelled"
+            job.abort()
+
+
+def _writes(job: Job) -> list:
+    return [f for f, p in zip(job.futures, job.pending.values()) if not sinks.sink_entry(p.sink).has(sinks.IN_SUMMARY)]
+
+
+def _settled(job: Job) -> None:
+    """Wait until none of failed ``job``'s writes can still write into its staging (each finishes or
+    fails at once: it needs the failed task), so aborting removes the staging for good."""
+    try:
+        wait(_writes(job), timeout=120)
+    except Exception:  # noqa: S110 - a write that was cancelled or timed out: the staging goes anyway
+        pass
+
+
+def _cancel(client: Any, job: Job) -> None:
+    """Stop ``job``'s writes (tasks already running finish; their staging is removed after them, at
+    the latest when the next run takes the output's lock)."""
+    writes = _writes(job)
+    if writes:
+        client.cancel(writes)
+
+
+def execute(jobs: list[Job], session: Any, *, overwrite: bool = False, keep_going: bool = False,
+            console: Console | None = None, progress: bool = True, cache: Any = None, recompile: bool = True,
+            report: bool = False) -> None:
+    """Compute the ``todo`` outputs of every job on ``session`` and commit each job's outputs when all
+    are done; sets each job's ``status``, ``values`` and ``error``. Without ``keep_going`` the first
+    failure cancels the rest and is raised; with it, every failure stays in its job. ``recompile=False``:
+    the jobs' plans were compiled while ``session`` was open, so they are used as they are (but
+    for plans whose sources call user code: those are called only now)."""
+    bars = BatchBars(console, show=progress)
+    batch = uuid.uuid4().hex  # the page's id of this batch
+    work = [job for job in jobs if job.todo]
+    try:
+        with bars:
+            ready = []
+            for job in work:
+                try:
+                    _prepare(job, session, overwrite, recompile)
+                    _follow(job, session, batch, report)
+                    job.bar = bars.add(job.item.label)
+                    ready.append(job)
+                except Exception as e:  # noqa: BLE001 - said in the item's words
+                    job.status, job.error = "failed", _failure(job, e, session)
+                    job.abort()
+                    if not keep_going:
+                        raise job.error from e
+            faults.point("after-prepare")
+            with watch_spill(session) as watch:  # a spill directory that fills during the run stops it
+                if getattr(session, "client", None) is not None:
+                    _run_distributed(ready, session, cache, bars, keep_going)
+                else:
+                    _run_local(ready, session, cache, bars, keep_going)
+            if watch.error is not None:
+                raise watch.stopped()
+    finally:
+        for job in work:
+            if job.status not in ("ok", "failed"):
+                job.status = "cancelled"
+                job.abort()
+                _told(job)
+    failed = [job for job in work if job.status == "failed"]
+    if failed and not keep_going:
+        raise failed[0].error

@@ -1,0 +1,410 @@
+"""Pipelines written in Python: the same :class:`~flowgpu.pipeline.spec.Spec` as a YAML file, built by calls.
+
+Each call adds one entry of the spec and returns a reference to it; references of params render
+as ``${params.name}`` (in f-strings too), references of inputs and steps name them::
+
+    import flowgpu as fg
+
+    p = fg.Pipeline("quickstart", description="standardise the columns of a matrix")
+    n = p.param("n", 500, description="rows and columns")
+    x = p.input("x", source="normal", shape=[n, n], dtype="float32", seed=0, chunks=[250, -1])
+    mu = p.step("mu", "mean", x, axis=0, keepdims=True)      # positional refs: the inputs (a list)
+    z = p.step("z", "expr", x=x, mu=mu, expression="x - mu")  # keyword refs: the inputs by name
+    p.output("z", z, sink="zarr", path=f"out/{n}.zarr")       # -> path: out/${params.n}.zarr
+    p.output("total", p.step("total", "sum", z))
+    p.run(session="local")                                    # or p.plan(), p.to_yaml("quickstart.yaml")
+
+The spec is validated by :func:`~flowgpu.pipeline.build.build` like a YAML file's (params,
+substitution, every check), with a source map of the Python calls (:mod:`flowgpu.pipeline.sites`),
+so a problem is reported at the line that defined it: ``script.py:7:5: steps.z.args.expression: ...``.
+
+Functions become steps too (``map_blocks``), named after the function, their parameters naming
+their inputs (Hamilton's style)::
+
+    @p.blocks(dtype="float32")
+    def scaled(z, mu):          # a module-level function: `flowgpu run` imports it as module:scaled
+        return z * mu
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import difflib
+import inspect
+import os
+import re
+import tempfile
+from collections.abc import Callable
+from typing import Any
+
+import yaml
+
+from flowgpu import pipeline as api
+from flowgpu.pipeline.build import build, load
+from flowgpu.pipeline.compiler import Plan, compile
+from flowgpu.pipeline.planning import describe
+from flowgpu.pipeline.refs import PARAM_TYPES, Ref, builtin_type, render, short, step_function
+from flowgpu.pipeline.sites import Pos, ScriptMap, Site, call_site
+from flowgpu.pipeline.spec import NAME_PATTERN, Spec
+
+__all__ = ["Pipeline", "Ref"]
+
+_NODE_HINT = "pass what p.input(...) or p.step(...) returned (p['name'] gives it by name)"
+
+
+class Pipeline:
+    """A pipeline built in Python; ``spec`` is the validated :class:`Spec`, equal to the one its
+    ``to_yaml()`` text loads as.
+
+    Parameters
+    ----------
+    name, description : the spec's name and description.
+    cluster : the spec's ``cluster:`` block (Session options, e.g. ``{"n_workers": 2}``).
+    """
+
+    def __init__(self, name: str = "pipeline", description: str = "", *, cluster: dict[str, Any] | None = None):
+        site = call_site(__file__)
+        smap = ScriptMap(site.file)
+        smap.mark(site, (), site.at)
+        smap.mark(site, ("name",), site.given("name", 0))
+        smap.mark(site, ("description",), site.given("description", 1))
+        data = {"version": 1, "name": name, "description": description}
+        self._setup(data, smap, {})
+        for key, value in (cluster or {}).items():
+            self._data["cluster"][key] = render(self, site, value, ("cluster", key), site.keyword("cluster"))
+            smap.mark(site, ("cluster", key), site.keyword("cluster"))
+
+    def _setup(self, data: dict, smap: ScriptMap, overrides: dict[str, Any]) -> None:
+        self._data = data
+        for section in ("params", "inputs", "steps", "outputs", "foreach", "cluster"):
+            data.setdefault(section, {})
+        self._smap, self._overrides = smap, overrides
+        self._functions: dict[Callable, Ref] = {}
+        self._spec: Spec | None = None
+
+    @classmethod
+    def from_spec(cls, spec: Spec) -> "Pipeline":
+        """The pipeline of a spec (as written: params not substituted), to extend or write out; errors
+        still point into the file it was read from."""
+        origin = spec._origin
+        p = cls.__new__(cls)
+        if origin is None:
+            p._setup(spec.model_dump(by_alias=True, exclude_defaults=True), ScriptMap(None), {})
+        else:
+            old = origin.smap
+            smap = ScriptMap(old.file, dict(old.values), dict(old.keys), dict(getattr(old, "files", {})))
+            p._setup(copy.deepcopy(origin.raw), smap, dict(origin.overrides))
+        return p
+
+    @classmethod
+    def from_yaml(cls, path: str | os.PathLike, overrides: dict[str, Any] | None = None) -> "Pipeline":
+        """:func:`from_spec` of the YAML spec at ``path``."""
+        return cls.from_spec(load(path, overrides))
+
+    # -- defining -----------------------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self._data.get("name", "pipeline")
+
+    def param(self, name: str, default: Any = None, *, type: Any = None, description: str = "") -> Ref:  # noqa: A002
+        """Declare param ``name``; the reference renders as ``${params.name}`` wherever it is used.
+        ``type`` (``"int"`` or ``int``, ...) is taken from ``default`` when not given."""
+        site = call_site(__file__)
+        where = self._new(site, "params", name, self._data["params"])
+        kind = PARAM_TYPES.get(type, type) if type is not None else PARAM_TYPES.get(builtin_type(default))
+        entry: dict[str, Any] = {} if kind is None else {"type": kind}
+        at = site.given("default", 1)
+        entry["default"] = render(self, site, default, where + ("default",), at)
+        if description:
+            entry["description"] = description
+        for key, pos in (("type", site.keyword("type")), ("default", at), ("description", site.keyword("description"))):
+            self._smap.mark(site, where + (key,), pos)
+        self._data["params"][name] = entry
+        return Ref(self, name, "param")
+
+    def input(self, name: str, source: str | None = None, **options: Any) -> Ref:
+        """Add input ``name`` read from ``source`` (see ``flowgpu sources``) with its options."""
+        site = call_site(__file__)
+        where = self._new(site, "inputs", name, self._nodes())
+        entry: dict[str, Any] = {}
+        if source is not None:
+            entry["source"] = source
+            self._smap.mark(site, where + ("source",), site.given("source", 1))
+        entry.update(self._options(site, where, options))
+        self._data["inputs"][name] = entry
+        return Ref(self, name, "input")
+
+    def step(self, name: str, op: str, *inputs: Any, args: dict[str, Any] | None = None,
+             expect: dict[str, Any] | None = None, description: str = "", **kwargs: Any) -> Ref:
+        """Add step ``name`` applying ``op`` (see ``flowgpu ops``). Refs given by position are its
+        inputs (a list); refs given by keyword, its inputs by name (a mapping); every other keyword is
+        an argument of the op (``args=`` holds one whose name a keyword here cannot take)."""
+        site = call_site(__file__)
+        where = self._new(site, "steps", name, self._nodes())
+        named = {k: v for k, v in kwargs.items() if self._is_node(v)}
+        if inputs and named:
+            raise site.error("give a step's inputs by position (a list) or by name (a mapping), not both",
+                             where + ("inputs",), hint="name them all, e.g. x=x, mu=mu, for an op such as expr")
+        entry: dict[str, Any] = {"op": op}
+        self._smap.mark(site, where + ("op",), site.given("op", 1))
+        self._smap.mark(site, where + ("inputs",), site.at)
+        if inputs:
+            entry["inputs"] = [self._input(site, where + ("inputs", i), r, site.arg(2 + i))
+                               for i, r in enumerate(inputs)]
+        elif named:
+            entry["inputs"] = {k: self._input(site, where + ("inputs", k), r, site.keyword(k))
+                               for k, r in named.items()}
+        rest = {k: v for k, v in kwargs.items() if k not in named}
+        entry.update(self._step_extras(site, where, {**(args or {}), **rest}, expect, description))
+        self._data["steps"][name] = entry
+        return Ref(self, name, "step")
+
+    def uses(self, name: str, spec: str | os.PathLike, *, params: dict[str, Any] | None = None,
+             description: str = "", **inputs: Ref) -> Ref:
+        """Add step ``name`` that runs another spec file (``uses:``; its path relative to this script),
+        its inputs bound by keyword to refs here; ``ref["out"]`` is its output ``out``."""
+        site = call_site(__file__)
+        where = self._new(site, "steps", name, self._nodes())
+        entry: dict[str, Any] = {"uses": os.fspath(spec)}
+        self._smap.mark(site, where + ("uses",), site.given("spec", 1))
+        if inputs:
+            entry["inputs"] = {k: self._input(site, where + ("inputs", k), r, site.keyword(k))
+                               for k, r in inputs.items()}
+        if params:
+            entry["params"] = render(self, site, dict(params), where + ("params",), site.keyword("params"))
+            self._smap.mark(site, where + ("params",), site.keyword("params"))
+        if description:
+            entry["description"] = description
+        self._data["steps"][name] = entry
+        return Ref(self, name, "step")
+
+    def output(self, name: str, ref: Any, sink: str | None = None, **options: Any) -> None:
+        """Write ``ref`` (an input or step) to ``sink`` (default: the run summary) with its options
+        (``path=``, ...; see ``flowgpu sinks``)."""
+        site = call_site(__file__)
+        where = self._new(site, "outputs", name, self._data["outputs"])
+        at = site.given("ref", 1)
+        entry: dict[str, Any] = {"from": self._node(site, ref, where + ("from",), at)}
+        self._smap.mark(site, where + ("from",), at)
+        if sink is not None:
+            entry["sink"] = sink
+            self._smap.mark(site, where + ("sink",), site.given("sink", 2))
+        entry.update(self._options(site, where, options))
+        self._data["outputs"][name] = entry
+
+    def foreach(self, **values: Any) -> None:
+        """Run the pipeline once per value (several: per combination) of params: ``n=[100, 200]``
+        (a list or ``range``), ``path={"glob": "data/*.npy"}`` or ``n={"range": "0:100:10"}``."""
+        site = call_site(__file__)
+        new = {}
+        for key, value in values.items():
+            if key in self._data["foreach"]:
+                raise site.error(f"foreach param {key!r} is given twice", ("foreach", key), at=site.keyword(key),
+                                 hint="give each param's values once")
+            value = list(value) if isinstance(value, range) else value
+            new[key] = render(self, site, value, ("foreach", key), site.keyword(key))
+        for key in new:
+            self._smap.mark(site, ("foreach", key), site.keyword(key))
+        self._data["foreach"].update(new)
+        self._changed()
+
+    def blocks(self, function: Callable | None = None, /, *, name: str | None = None, dtype: Any = None,
+               drop_axis: Any = None, new_axis: Any = None, chunks: Any = None, kwargs: dict | None = None,
+               expect: dict | None = None, description: str | None = None, **inputs: Ref) -> Any:
+        """Decorator: the function becomes a ``map_blocks`` step named after it (or ``name``), whose
+        inputs are the inputs or steps its parameters (those without defaults) name, in order (a
+        keyword here binds a parameter to another ref). The spec names it by import path
+        (``module:qualname``), so it must be a module-level function of an importable module."""
+        site = call_site(__file__)
+        options = {"dtype": dtype, "drop_axis": drop_axis, "new_axis": new_axis, "chunks": chunks, "kwargs": kwargs}
+
+        def add(func: Callable) -> Callable:
+            self._add_function(site, func, name, options, expect, description, inputs)
+            return func
+
+        return add if function is None else add(function)
+
+    def __getitem__(self, name: str) -> Ref:
+        """The ref of input or step ``name``, or of param ``params.name``."""
+        param = name[len("params."):] if isinstance(name, str) and name.startswith("params.") else None
+        known = list(self._data["params"]) if param is not None else self._nodes()
+        if (param or name) in known:
+            return Ref(self, param, "param") if param is not None else Ref(self, name, self._kind(name))
+        close = difflib.get_close_matches(str(param or name), [str(k) for k in known], n=1)
+        raise call_site(__file__).error(f"pipeline {self.name!r} has no {'param' if param else 'input or step'} "
+                                        f"{name!r}", hint=f"did you mean {close[0]!r}?" if close else
+                                        f"it has: {', '.join(map(str, known)) or 'none'}")
+
+    # -- using --------------------------------------------------------------------------------------
+    @property
+    def spec(self) -> Spec:
+        """The validated spec (built again after each change)."""
+        if self._spec is None:
+            self._spec = build(self.to_dict(), self._smap, self._overrides)
+        return self._spec
+
+    def to_dict(self) -> dict[str, Any]:
+        """The spec as data, as a YAML file would hold it (``${params.name}`` not substituted)."""
+        return copy.deepcopy({k: v for k, v in self._data.items() if v != {} and not (k == "description" and not v)})
+
+    def to_yaml(self, path: str | os.PathLike | None = None, *, schema: str | None = None) -> str:
+        """The spec as YAML text, checked first; written (atomically) to ``path`` when given. ``schema``
+        adds the editors' modeline, e.g. ``schema="./flowgpu-pipeline.schema.json"``."""
+        self.spec  # noqa: B018 - refuse to write a spec that would not load
+        text = yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=None, width=110,
+                              allow_unicode=True)
+        if schema:
+            text = f"# yaml-language-server: $schema={schema}\n{text}"
+        if path is not None:
+            _write_text(os.fspath(path), text)
+        return text
+
+    def compile(self, params: dict[str, Any] | None = None, **kwargs: Any) -> Plan:
+        """:func:`flowgpu.pipeline.compile` of this pipeline: the lazy graph, checked; runs nothing."""
+        return compile(self.spec, params, **kwargs)
+
+    def plan(self, params: dict[str, Any] | None = None, **kwargs: Any) -> dict[str, Any]:
+        """What ``flowgpu plan`` shows: :func:`flowgpu.pipeline.describe` of :meth:`compile`."""
+        return describe(self.compile(params, **kwargs))
+
+    def run(self, **kwargs: Any) -> Any:
+        """:func:`flowgpu.pipeline.run` of this pipeline (``session=``, ``overrides=``, ``foreach=``, ...)."""
+        return api.run(self.spec, **kwargs)
+
+    def status(self, **kwargs: Any) -> Any:
+        """:func:`flowgpu.pipeline.status` of this pipeline: what a run would compute, without running."""
+        return api.status(self.spec, **kwargs)
+
+    def __repr__(self) -> str:
+        counts = ", ".join(f"{len(self._data[s])} {s}" for s in ("params", "inputs", "steps", "outputs"))
+        return f"<flowgpu.Pipeline {self.name!r}: {counts}>"
+
+    # -- helpers ------------------------------------------------------------------------------------
+    def _nodes(self) -> list[str]:
+        return [*self._data["inputs"], *self._data["steps"]]
+
+    def _kind(self, name: str) -> str:
+        return "input" if name in self._data["inputs"] else "step"
+
+    def _changed(self) -> None:
+        self._spec = None
+
+    def _new(self, site: Site, section: str, name: Any, taken: Any) -> tuple[str, str]:
+        """``(section, name)`` for a new entry, its name checked and its place recorded."""
+        at = site.given("name", 0)
+        if not isinstance(name, str) or not re.match(NAME_PATTERN, name):
+            raise site.error(f"{name!r} is not a valid name", (section,), at=at,
+                             hint="names start with a letter or '_' and hold letters, digits and '_'")
+        if name in taken:
+            first = section if section in ("params", "outputs") else (
+                "inputs" if name in self._data["inputs"] else "steps")
+            err = self._smap.error("", (first, name), key=True)
+            raise site.error(f"{name!r} is already defined ({first}.{name}, at {err.location})", (section, name),
+                             at=at, hint="give each input and step a name of its own")
+        self._smap.mark(site, (section, name), site.at, at)
+        self._changed()
+        return section, name
+
+    def _is_node(self, value: Any) -> bool:
+        if isinstance(value, Ref):
+            return value.kind != "param"
+        return inspect.isfunction(value) and value in self._functions
+
+    def _node(self, site: Site, value: Any, path: tuple, at: Pos) -> str:
+        """The name a reference to an input or step of this pipeline has in the spec."""
+        if inspect.isfunction(value) and value in self._functions:
+            value = self._functions[value]
+        if isinstance(value, Ref) and value.pipeline is not self:
+            raise site.error(f"{value!r} belongs to another pipeline", path, at=at,
+                             hint=f"refer to inputs and steps of {self.name!r}; to reuse another pipeline, "
+                                  "write it with to_yaml() and add it with p.uses(...)")
+        if isinstance(value, Ref) and value.kind == "param":
+            raise site.error(f"{value!r} is a param, not an array", path, at=at,
+                             hint="give params to an op by keyword, e.g. axis=n")
+        if isinstance(value, Ref):
+            return str(value)
+        hint = f"{_NODE_HINT}, e.g. p[{value!r}]" if isinstance(value, str) else _NODE_HINT
+        raise site.error(f"{type(value).__name__} {short(value)} where an input or step is needed", path, at=at,
+                         hint=hint + (" (other op arguments go by keyword)" if not callable(value) else ""))
+
+    def _input(self, site: Site, path: tuple, ref: Any, at: Pos) -> str:
+        """:meth:`_node`, placed at ``at``."""
+        self._smap.mark(site, path, at)
+        return self._node(site, ref, path, at)
+
+    def _options(self, site: Site, where: tuple, options: dict[str, Any]) -> dict[str, Any]:
+        out = {}
+        for key, value in options.items():
+            out[key] = render(self, site, value, where + (key,), site.keyword(key))
+            self._smap.mark(site, where + (key,), site.keyword(key))
+        return out
+
+    def _step_extras(self, site: Site, where: tuple, args: dict[str, Any], expect: Any, description: Any,
+                     ats: dict[str, Pos] | None = None) -> dict[str, Any]:
+        """A step's ``args``, ``expect`` and ``description``, rendered and placed."""
+        out: dict[str, Any] = {}
+        ats = ats or {}
+        if args:
+            self._smap.mark(site, where + ("args",), site.keyword("args"))
+            out["args"] = {}
+            for key, value in args.items():
+                at = ats.get(key) or site.keywords.get(key) or site.keyword("args")
+                out["args"][key] = render(self, site, value, where + ("args", key), at)
+                self._smap.mark(site, where + ("args", key), at)
+        if expect is not None:
+            out["expect"] = render(self, site, expect, where + ("expect",), site.keyword("expect"))
+            self._smap.mark(site, where + ("expect",), site.keyword("expect"))
+        if description:
+            out["description"] = description
+        return out
+
+    def _add_function(self, site: Site, func: Callable, name: str | None, options: dict[str, Any],
+                      expect: Any, description: str | None, bound: dict[str, Ref]) -> None:
+        what, module = step_function(func, site)
+        step = name or func.__name__
+        params = inspect.signature(func).parameters.values()
+        inputs: list[str] = []
+        for par in params:
+            if par.kind in (par.VAR_POSITIONAL, par.VAR_KEYWORD) or (par.kind == par.KEYWORD_ONLY
+                                                                      and par.default is par.empty):
+                raise site.error(f"step function {what!r}: parameter {par.name!r} cannot name an input",
+                                 ("steps", step), hint="give each input a parameter of its own; other parameters "
+                                                       "take defaults, and values through kwargs={...}")
+            if par.default is not par.empty:
+                continue
+            ref = bound.get(par.name)
+            if ref is None and par.name not in self._nodes():
+                close = difflib.get_close_matches(par.name, self._nodes(), n=1)
+                raise site.error(f"step function {what!r}: parameter {par.name!r} names no input or step of "
+                                 f"{self.name!r}", ("steps", step, "inputs"),
+                                 hint=f"did you mean {close[0]!r}?" if close else
+                                 f"define {par.name!r} first, or bind it: @p.blocks({par.name}=ref)")
+            inputs.append(self._node(site, ref, ("steps", step, "inputs"), site.keyword(par.name)) if ref is not None
+                          else par.name)
+        extra = sorted(set(bound) - {par.name for par in params})
+        if extra or not inputs:
+            raise site.error(f"step function {what!r}: " + (f"it has no parameter {extra[0]!r}" if extra else
+                             "it takes no inputs"), ("steps", step), at=site.keyword(extra[0]) if extra else None,
+                             hint="its parameters without defaults name its inputs")
+        where = self._new(site, "steps", step, self._nodes())
+        args = {"function": f"{module}:{what}", **{k: v for k, v in options.items() if v is not None}}
+        doc = (inspect.getdoc(func) or "").strip().splitlines()
+        entry: dict[str, Any] = {"op": "map_blocks", "inputs": inputs}
+        entry.update(self._step_extras(site, where, args, expect, description or (doc[0] if doc else ""),
+                                       {"function": site.at}))
+        self._data["steps"][step] = entry
+        self._functions[func] = Ref(self, step, "step")
+
+
+def _write_text(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file beside it, renamed into place."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=os.path.dirname(os.path.abspath(path)))
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise

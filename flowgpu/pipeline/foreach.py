@@ -1,0 +1,155 @@
+"""Batches: one pipeline, once per value of some of its params (``foreach``).
+
+Values come from the spec's ``foreach:`` block, from ``--foreach params.NAME=VALUES`` (a comma
+list ``0,1,2``, a glob of paths ``data/*.npy``, a range ``start:stop[:step]``) or from Python
+(``run(spec, foreach={"seed": [0, 1, 2]})``). Several params make a grid: every combination, the
+first name varying slowest. Each combination is an :class:`Item`, a spec of its own built with
+those param values, so every check a single run makes is made for every item, before any runs.
+A param pinned with ``--set params.NAME=...`` is not iterated.
+"""
+
+from __future__ import annotations
+
+import glob
+import itertools
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from flowgpu.errors import SpecError
+from flowgpu.pipeline.build import build
+from flowgpu.pipeline.params import parse_value
+from flowgpu.pipeline.spec import ForeachGlob, ForeachRange, Spec
+
+__all__ = ["Item", "expand", "in_item", "parse_option", "values_of"]
+
+_RANGE = re.compile(r"^\s*(-?\d+)\s*:\s*(-?\d+)\s*(?::\s*(-?\d+)\s*)?$")
+_GLOB_CHARS = set("*?[")
+
+
+@dataclass
+class Item:
+    """One instance of a batch: its index, the values of its foreach params, and its own spec."""
+
+    index: int
+    values: dict[str, Any]
+    spec: Spec
+    of: int = 1
+    plan: Any = field(default=None, repr=False)
+
+    @property
+    def label(self) -> str:
+        """``seed=1, input=data/a.npy`` (the spec's name for a run that is not a batch)."""
+        if not self.values:
+            return self.spec.name
+        return ", ".join(f"{k}={v}" for k, v in self.values.items())
+
+
+def in_item(error: SpecError, item: Item) -> SpecError:
+    """``error`` said of batch item ``item`` (its number and values first), at the same place."""
+    if item.of <= 1 and not item.values:
+        return error
+    return SpecError(f"batch item {item.index + 1} of {item.of} ({item.label}): {error.message}", file=error.file,
+                     line=error.line, col=error.col, path=error.path, hint=error.hint)
+
+
+def _fail(message: str, where: str, hint: str, spec: Spec | None = None, path: tuple = ()) -> SpecError:
+    if spec is not None and spec._origin is not None and path:
+        return spec._origin.smap.error(message, path, hint=hint)
+    return SpecError(message, path=where, hint=hint)
+
+
+def values_of(name: str, given: Any, *, spec: Spec | None = None, where: str | None = None) -> list[Any]:
+    """The values of one foreach param: a list, a glob (``{glob: ...}`` or text with ``*?[``), a
+    range (``{range: "0:8"}`` or text ``start:stop[:step]``), or comma-separated text."""
+    where = where or f"foreach.{name}"
+    path = ("foreach", name) if where == f"foreach.{name}" else ()
+    if isinstance(given, ForeachGlob):
+        given = {"glob": given.glob}
+    elif isinstance(given, ForeachRange):
+        given = {"range": given.range}
+    if isinstance(given, dict) and set(given) == {"glob"}:
+        pattern = str(given["glob"])
+        found = sorted(glob.glob(pattern, recursive=True))
+        if not found:
+            raise _fail(f"{where}: the glob {pattern!r} matches no path", where,
+                        "check the pattern (relative to the working directory)", spec, path)
+        return found
+    if isinstance(given, dict) and set(given) == {"range"}:
+        text = given["range"]
+        m = _RANGE.match(str(text)) if not isinstance(text, list) else None
+        bounds = [int(v) for v in text] if isinstance(text, list) else (
+            [int(g) for g in m.groups() if g is not None] if m else None)
+        if not bounds or not 2 <= len(bounds) <= 3 or (len(bounds) == 3 and bounds[2] == 0):
+            raise _fail(f"{where}: {text!r} is not a range", where, "write start:stop or start:stop:step, e.g. 0:64:8",
+                        spec, path)
+        values = list(range(*bounds))
+        if not values:
+            raise _fail(f"{where}: the range {text!r} is empty", where, "stop must be past start, in step's direction",
+                        spec, path)
+        return values
+    if isinstance(given, str):
+        text = given.strip()
+        if _RANGE.match(text):
+            return values_of(name, {"range": text}, spec=spec, where=where)
+        if _GLOB_CHARS & set(text):
+            return values_of(name, {"glob": text}, spec=spec, where=where)
+        given = [parse_value(v.strip()) for v in text.split(",")] if text else []
+    if isinstance(given, (list, tuple)):
+        if not given:
+            raise _fail(f"{where}: no values", where, "give at least one value", spec, path)
+        return list(given)
+    raise _fail(f"{where}: {given!r} is not a list of values, a glob or a range", where,
+                "e.g. [0, 1, 2], {glob: data/*.npy} or {range: 0:8}", spec, path)
+
+
+def parse_option(text: str) -> tuple[str, str]:
+    """``params.NAME=VALUES`` (``--foreach``) -> ``(NAME, VALUES)``."""
+    key, sep, values = text.partition("=")
+    name = key.strip().removeprefix("params.")
+    if not sep or not name or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+        raise SpecError(f"--foreach {text!r}: give params.NAME=VALUES", path="--foreach",
+                        hint="VALUES: a comma list (0,1,2), a glob of paths (data/*.npy) or a range (0:64:8)")
+    return name, values
+
+
+def _declared(spec: Spec, name: str, where: str) -> None:
+    if name in spec.params:
+        return
+    known = ", ".join(spec.params) or "none"
+    path = ("foreach", name) if where.startswith("foreach.") else ()
+    raise _fail(f"{where}: {name!r} is not a param of this spec", where,
+                f"its params: {known}; declare it under params: and use it as ${{params.{name}}}", spec, path)
+
+
+def expand(spec: Spec, foreach: dict[str, Any] | None = None) -> list[Item]:
+    """Every item of the batch ``spec`` describes (its ``foreach:`` block, then ``foreach``), each
+    built and checked as a spec of its own; a spec without foreach is one item with no values."""
+    origin = spec._origin
+    pinned = {k.removeprefix("params.") for k in (origin.overrides if origin else {}) if k.startswith("params.")}
+    axes: dict[str, list[Any]] = {}
+    for name, given in spec.foreach.items():
+        if name not in pinned:
+            _declared(spec, name, f"foreach.{name}")
+            axes[name] = values_of(name, given, spec=spec)
+    for key, given in (foreach or {}).items():
+        name = key.removeprefix("params.")
+        where = f"--foreach params.{name}"
+        _declared(spec, name, where)
+        if name in pinned:
+            raise SpecError(f"{where}: params.{name} is also set (--set or --params)", path=where,
+                            hint="give it one way: a single value, or values to iterate over")
+        axes[name] = values_of(name, given, spec=spec, where=where)
+    if not axes:
+        return [Item(0, {}, spec)]
+    combos = list(itertools.product(*axes.values()))
+    items = []
+    for i, combo in enumerate(combos):
+        values = dict(zip(axes, combo))
+        item = Item(i, values, spec, len(combos))
+        try:
+            item.spec = build(origin.raw, origin.smap, {**origin.overrides, **{f"params.{k}": v for k, v in values.items()}})
+        except SpecError as e:
+            raise in_item(e, item) from None
+        items.append(item)
+    return items

@@ -1,0 +1,395 @@
+"""What made each output: its recipe (a digest of the steps behind it) and the fingerprints of the
+files it read, so a run can tell which outputs are up to date (:mod:`flowgpu.pipeline.cache`).
+
+An output's digest is a Merkle hash over the nodes upstream of it, from the spec (never from the
+compiled Dask graph): each input by its source and options, each step by its op, args and the
+digests of its inputs (by position, or by name for a mapping), ``uses`` steps through the
+included spec's nodes, plus the values of the params each node uses, the content of user code
+it calls (``map_blocks`` functions, ``python`` sources, ops, sources and sinks registered from
+outside flowgpu) and flowgpu's version; then the output's sink, absolute path and sink options.
+So it changes with what changes the result and with nothing else: not with the chunks chosen for
+the machine (``chunks: auto`` stays the text ``auto``), fusion, dict order, the process, the
+order of steps in the file, or steps that are not upstream. The fingerprints of the files it
+reads are kept beside the digest, not in it, so the cache can say which input changed.
+
+>>> from flowgpu.pipeline import compile                                   # doctest: +SKIP
+>>> recipes(compile("pipelines/quickstart.yaml"))["energy"].digest          # doctest: +SKIP
+'5f0c...'
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.machinery
+import json
+import os
+import stat
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from dask.base import tokenize
+
+from flowgpu import __version__
+from flowgpu.io import sinks, sources
+from flowgpu.ops import registry
+from flowgpu.pipeline.compiler import Plan
+from flowgpu.pipeline.spec import PARAM_REF
+
+__all__ = ["Recipe", "recipes", "fingerprint", "same_fingerprint", "content_digest"]
+
+_BLOCK = 1 << 20  # bytes read at a time when hashing file contents
+
+
+# -- fingerprints of files and folders -------------------------------------------------------------
+def _hasher() -> Any:
+    return hashlib.blake2b(digest_size=16)
+
+
+def _hash_file(path: str, h: Any, buffer: bytearray) -> None:
+    view = memoryview(buffer)
+    with open(path, "rb", buffering=0) as f:
+        while True:
+            n = f.readinto(buffer)
+            if not n:
+                return
+            h.update(view[:n])
+
+
+def content_digest(path: str) -> str:
+    """blake2b of a file's bytes, read in 1 MiB blocks (bounded memory)."""
+    h = _hasher()
+    _hash_file(path, h, bytearray(_BLOCK))
+    return h.hexdigest()
+
+
+def _folder(path: str, checksum: bool) -> dict:
+    files = []
+    for root, dirs, names in os.walk(path, onerror=_raise):
+        dirs.sort()
+        for name in names:
+            full = os.path.join(root, name)
+            st = os.stat(full)
+            rel = os.path.relpath(full, path).replace(os.sep, "/")
+            files.append((rel, st.st_size, st.st_mtime_ns, stat.S_ISREG(st.st_mode)))
+    files.sort()
+    listing = _hasher()
+    for rel, size, mtime, _ in files:
+        listing.update(f"{rel}\0{size}\0{mtime}\n".encode())
+    out = {"kind": "dir", "files": len(files), "size": sum(f[1] for f in files), "stat": listing.hexdigest()}
+    if checksum:
+        h, buffer = _hasher(), bytearray(_BLOCK)
+        for rel, size, _, regular in files:
+            h.update(f"{rel}\0{size}\n".encode())
+            if regular:
+                _hash_file(os.path.join(path, rel), h, buffer)
+        out["content"] = h.hexdigest()
+    return out
+
+
+def _raise(e: OSError) -> None:
+    raise e
+
+
+def fingerprint(path: str, checksum: bool = False) -> dict:
+    """What a file or folder looks like now; never raises.
+
+    A file: ``{"kind": "file", "size", "mtime_ns"}``; a folder (a Zarr store): ``{"kind": "dir",
+    "files", "size", "stat"}`` where ``stat`` digests every file's relative path, size and mtime.
+    ``checksum=True`` adds ``content``, a blake2b of the bytes (and, for a folder, the names).
+    A path that is not there gives ``{"kind": "missing"}``; one that cannot be read
+    ``{"kind": "unreadable", "error": ...}``; a URL ``{"kind": "remote"}`` (none of them is ever
+    the same as another fingerprint, see :func:`same_fingerprint`).
+    """
+    if "://" in path:
+        return {"kind": "remote"}  # never the same: a remote input is read again every run
+    try:
+        st = os.stat(path)
+        if stat.S_ISDIR(st.st_mode):
+            return _folder(path, checksum)
+        if not stat.S_ISREG(st.st_mode):
+            return {"kind": "special"}  # a FIFO or device: never read, never the same
+        out: dict[str, Any] = {"kind": "file", "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+        if checksum:
+            out["content"] = content_digest(path)
+        return out
+    except (FileNotFoundError, NotADirectoryError):
+        return {"kind": "missing"}
+    except OSError as e:
+        return {"kind": "unreadable", "error": e.strerror or str(e)}
+
+
+def same_fingerprint(recorded: dict | None, now: dict, checksum: bool = False) -> bool:
+    """Whether ``now`` shows the same data as ``recorded``: same contents with ``checksum`` (a
+    recording without a content digest is not the same), else same size and modification times."""
+    if not recorded or now.get("kind") not in ("file", "dir") or recorded.get("kind") != now["kind"]:
+        return False
+    if checksum:
+        return recorded.get("content") is not None and recorded.get("content") == now.get("content")
+    keys = ("size", "mtime_ns") if now["kind"] == "file" else ("files", "size", "stat")
+    return all(recorded.get(k) == now.get(k) for k in keys)
+
+
+# -- canonical data and digests --------------------------------------------------------------------
+def _plain(obj: Any) -> Any:
+    """``obj`` as JSON data with a canonical form (dict keys as text; tuples as lists)."""
+    if isinstance(obj, dict):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    if obj is None or isinstance(obj, (str, bool, int, float)):
+        return obj
+    if hasattr(obj, "model_dump"):
+        return _plain(obj.model_dump())
+    if isinstance(obj, (set, frozenset)):
+        return sorted((_plain(v) for v in obj), key=_canonical)
+    if hasattr(obj, "dtype") and hasattr(obj, "shape") and hasattr(obj, "tobytes"):
+        if obj.shape == ():
+            return _plain(obj.item())
+        return {"array": str(obj.dtype), "shape": list(obj.shape), "bytes": hashlib.blake2b(obj.tobytes()).hexdigest()}
+    if isinstance(obj, bytes):
+        return {"bytes": obj.hex()}
+    if isinstance(obj, os.PathLike):
+        return os.fspath(obj)
+    try:
+        return {"object": type(obj).__qualname__, "token": tokenize(obj, ensure_deterministic=True)}
+    except Exception:  # noqa: BLE001 - not tokenizable the same in every process: its text (maybe never equal)
+        return {"object": type(obj).__qualname__, "repr": repr(obj)}
+
+
+def _canonical(data: Any) -> str:
+    return json.dumps(data, sort_keys=True, separators=(",", ":"), allow_nan=True)
+
+
+def _digest(data: Any) -> str:
+    return hashlib.blake2b(_canonical(_plain(data)).encode(), digest_size=16).hexdigest()
+
+
+# -- user code --------------------------------------------------------------------------------------
+def _find_file(module: str) -> str | None:
+    """The file of ``module`` (imported already, or found on sys.path without importing anything)."""
+    loaded = sys.modules.get(module)
+    if loaded is not None:
+        return getattr(loaded, "__file__", None)
+    spec, parts = None, module.split(".")
+    for i in range(len(parts)):
+        locations = None if spec is None else spec.submodule_search_locations
+        if i and not locations:
+            return None
+        try:
+            spec = importlib.machinery.PathFinder.find_spec(".".join(parts[: i + 1]), locations)
+        except (ImportError, ValueError):
+            return None
+        if spec is None:
+            return None
+    return spec.origin if spec is not None and spec.has_location else None
+
+
+def _import_path_file(path: str) -> str | None:
+    """The module file an import path (``pkg.mod:name`` or ``pkg.mod.name``) names."""
+    path = path.strip()
+    if ":" in path:
+        return _find_file(path.partition(":")[0])
+    parts = path.split(".")
+    for i in range(len(parts) - 1, 0, -1):
+        found = _find_file(".".join(parts[:i]))
+        if found:
+            return found
+    return None
+
+
+def _user_module(func: Any) -> str | None:
+    """The module a registered callable comes from, unless it is flowgpu's own."""
+    module = getattr(func, "__module__", None) or type(func).__module__
+    return None if module == "flowgpu" or module.startswith("flowgpu.") else module
+
+
+def _code_digest(file: str) -> str:
+    """A Python file by its bytes; a compiled extension by its size and modification time."""
+    try:
+        if file.endswith(".py"):
+            return content_digest(file)
+        st = os.stat(file)
+        return f"stat:{st.st_size}:{st.st_mtime_ns}"
+    except OSError:
+        return "unreadable"
+
+
+def _code(import_paths: list[str], funcs: list[Any]) -> dict[str, str]:
+    files: list[str] = []
+    unresolved: dict[str, str] = {}
+    for path in import_paths:
+        found = _import_path_file(path) if isinstance(path, str) else None
+        if found:
+            files.append(found)
+        else:
+            unresolved[f"<{path}>"] = "not found"
+    for func in funcs:
+        module = _user_module(func)
+        if module is not None:
+            found = _find_file(module)
+            if found:
+                files.append(found)
+            else:
+                unresolved[f"<{module}>"] = "not readable"
+    return {**{os.path.abspath(f): _code_digest(f) for f in files}, **unresolved}
+
+
+# -- recipes ----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Recipe:
+    """What makes output ``output``: ``digest`` (hex) covers the steps, args, params, code and sink
+    behind it; ``params`` are the param values it uses, ``inputs`` the fingerprints of the files it
+    reads (absolute path -> :func:`fingerprint`), ``code`` the digests of the user code it calls."""
+
+    output: str
+    digest: str
+    params: dict[str, Any] = field(default_factory=dict)
+    inputs: dict[str, dict] = field(default_factory=dict)
+    code: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class _Part:
+    """The digest of one reference and what it depends on (params of the top spec, files, code)."""
+
+    digest: str
+    params: frozenset[str] = frozenset()
+    files: frozenset[str] = frozenset()
+    code: dict[str, str] = field(default_factory=dict)
+
+
+def _merge(parts: list[_Part]) -> tuple[frozenset[str], frozenset[str], dict[str, str]]:
+    code: dict[str, str] = {}
+    for p in parts:
+        code.update(p.code)
+    return (frozenset().union(*(p.params for p in parts)), frozenset().union(*(p.files for p in parts)), code)
+
+
+def _param_names(data: Any) -> set[str]:
+    if isinstance(data, dict):
+        return set().union(*map(_param_names, data.values())) if data else set()
+    if isinstance(data, list):
+        return set().union(*map(_param_names, data)) if data else set()
+    return set(PARAM_REF.findall(data)) if isinstance(data, str) else set()
+
+
+class _Hasher:
+    """Digests of the references of one plan; ``bindings``: the parts bound to a ``uses`` spec's inputs."""
+
+    def __init__(self, plan: Plan, bindings: dict[str, _Part] | None = None):
+        self.plan, self.spec = plan, plan.spec
+        self.top = bindings is None
+        self.bindings = bindings or {}
+        origin = self.spec._origin
+        self.raw = origin.raw if origin is not None and isinstance(origin.raw, dict) else {}
+        self.overrides = {k: v for k, v in (origin.overrides if origin is not None else {}).items()
+                          if not k.startswith("params.")}
+        self.memo: dict[str, _Part] = {}
+        self.children: dict[str, _Hasher] = {}
+        for name in plan.order:  # bottom up, so a chain of any length never recurses deeper than one step
+            step = self.spec.steps.get(name)
+            if step is None or step.uses is None:
+                self.ref(name)
+
+    def used(self, section: str, name: str) -> set[str]:
+        """The params the raw data of ``section.name`` (and any --set under it) refers to."""
+        found = _param_names((self.raw.get(section) or {}).get(name))
+        prefix = f"{section}.{name}"
+        for key, value in self.overrides.items():
+            if key == prefix or key.startswith(prefix + "."):
+                found |= _param_names(value)
+        return found & set(self.plan.params)
+
+    def ref(self, ref: str) -> _Part:
+        if ref in self.memo:
+            return self.memo[ref]
+        head, _, part = ref.partition(".")
+        if head in self.spec.steps and self.spec.steps[head].uses is not None:
+            out = self._uses(head, part)
+        elif part:
+            whole = self.ref(head)
+            out = _Part(_digest({"of": whole.digest, "part": part}), whole.params, whole.files, whole.code)
+        else:
+            out = self._node(head)
+        self.memo[ref] = out
+        return out
+
+    def _own(self, section: str, name: str, content: dict, code: dict[str, str], deps: list[_Part],
+             files: frozenset[str] = frozenset()) -> _Part:
+        names = self.used(section, name)
+        content["params"] = {n: self.plan.params[n] for n in sorted(names)}
+        content["code"] = code
+        params, dep_files, dep_code = _merge(deps)
+        return _Part(_digest(content), params | (frozenset(names) if self.top else frozenset()),
+                     files | dep_files, {**dep_code, **code})
+
+    def _node(self, name: str) -> _Part:
+        if name in self.bindings:
+            return self.bindings[name]
+        if name in self.spec.inputs:
+            return self._input(name)
+        step = self.spec.steps[name]
+        op = registry.get(step.op)
+        if isinstance(step.inputs, dict):
+            deps = {k: self.ref(r) for k, r in step.inputs.items()}
+            inputs: Any = {k: p.digest for k, p in deps.items()}
+        else:
+            deps = {str(i): self.ref(r) for i, r in enumerate(step.inputs)}
+            inputs = [p.digest for p in deps.values()]
+        function = step.args.get("function") if op.kind == "user" else None
+        code = _code([function] if isinstance(function, str) else [], [op.func])
+        content = {"kind": "step", "op": step.op, "args": step.args, "inputs": inputs}
+        return self._own("steps", name, content, code, list(deps.values()))
+
+    def _input(self, name: str) -> _Part:
+        model = self.spec.inputs[name]
+        entry = sources.source_entry(model.source)
+        options = model.model_dump(exclude={"source"})
+        files: frozenset[str] = frozenset()
+        if entry.has(sources.READS_FILES) and isinstance(options.get("path"), str):
+            if "://" not in options["path"]:  # a URL has no fingerprint here: always "changed"
+                options["path"] = os.path.abspath(options["path"])
+            files = frozenset([options["path"]])
+        called = options.get("callable") if entry.has(sources.CALLS_USER_CODE) else None
+        code = _code([called] if isinstance(called, str) else [], [entry.func])
+        content = {"kind": "input", "source": model.source, "options": options}
+        return self._own("inputs", name, content, code, [], files)
+
+    def _uses(self, name: str, part: str) -> _Part:
+        step = self.spec.steps[name]
+        if name not in self.children:
+            bound = {inner: self.ref(r) for inner, r in (step.inputs or {}).items()}
+            self.children[name] = _Hasher(self.plan.children[name], bound)
+        child = self.children[name]
+        inner = child.ref(child.spec.outputs[part].from_) if part in child.spec.outputs else child.ref(part)
+        content = {"kind": "uses", "output": inner.digest}
+        return self._own("steps", name, content, {}, [inner])
+
+    def output(self, name: str) -> _Part:
+        out = self.spec.outputs[name]
+        upstream = self.ref(out.from_)
+        entry = sinks.sink_entry(out.sink)
+        content = {"flowgpu": __version__, "kind": "output", "from": upstream.digest, "sink": out.sink,
+                   "path": os.path.abspath(out.path) if out.path is not None else None,
+                   "options": out.sink_options()}
+        return self._own("outputs", name, content, _code([], [entry.func]), [upstream])
+
+
+def recipes(plan: Plan, *, checksum: bool = False) -> dict[str, Recipe]:
+    """The :class:`Recipe` of every output of ``plan``, its input files fingerprinted now
+    (``checksum=True``: with content digests). Runs no user code and reads no array data; take
+    them before a run reads its inputs, so a file changed during the run is seen as changed."""
+    hasher = _Hasher(plan)
+    seen: dict[str, dict] = {}
+    out = {}
+    for name in plan.spec.outputs:
+        part = hasher.output(name)
+        inputs = {}
+        for path in sorted(part.files):
+            if path not in seen:
+                seen[path] = fingerprint(path, checksum)
+            inputs[path] = seen[path]
+        out[name] = Recipe(name, part.digest, {n: plan.params[n] for n in sorted(part.params)}, inputs,
+                           dict(sorted(part.code.items())))
+    return out

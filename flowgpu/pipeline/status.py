@@ -1,0 +1,99 @@
+"""What a run would do, without running: every item compiled and checked, each output up to date or why not.
+
+:func:`status` is ``flowgpu status SPEC``; :func:`plan_items` and :func:`judge` are the first steps
+of every run too (:mod:`flowgpu.pipeline.runner`), so both say the same.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from flowgpu.errors import SpecError
+from flowgpu.pipeline import cache as outputs_cache
+from flowgpu.pipeline import recipe
+from flowgpu.pipeline.batch import Job
+from flowgpu.pipeline.build import build, from_dict, load, read_params_file
+from flowgpu.pipeline.checks import check_outputs
+from flowgpu.pipeline.compiler import Plan, compile
+from flowgpu.pipeline.foreach import Item, expand, in_item
+from flowgpu.pipeline.spec import Spec
+
+__all__ = ["judge", "load_spec", "plan_items", "status"]
+
+
+def plan_items(items: list[Item], overwrite: bool, params_file: str | None) -> list[Plan]:
+    """Compile and check every item before anything runs; an invalid item refuses the batch, named."""
+    plans, seen = [], {}
+    protect = {params_file: f"the params file {params_file!r}"} if params_file else None
+    for item in items:
+        try:
+            plans.append(compile(item.spec))
+            check_outputs(item.spec, overwrite, protect)
+        except SpecError as e:
+            raise in_item(e, item) from None
+        for name, out in item.spec.outputs.items():
+            if out.path is None:
+                continue
+            path = os.path.abspath(out.path)
+            if path in seen:
+                other = seen[path]
+                raise item.spec._origin.smap.error(
+                    f"batch items {other.index + 1} ({other.label}) and {item.index + 1} ({item.label}) both write "
+                    f"output {name!r} to {out.path!r}", ("outputs", name, "path"),
+                    hint="put a foreach param in the path, e.g. path: out/${params.%s}.zarr" % next(iter(item.values)))
+            seen[path] = item
+    return plans
+
+
+def judge(jobs: list[Job], store: Any, force: bool, checksum: bool) -> None:
+    """Which outputs of each job are up to date (kept, with their cached value or location)."""
+    for job in jobs:
+        job.recipes = recipe.recipes(job.plan, checksum=checksum)
+        verdicts = store.check(job.plan, job.recipes, item=job.item.values, checksum=checksum, force=force)
+        job.todo = [n for n in job.plan.outputs if not verdicts[n].up_to_date]
+        job.reasons = {n: verdicts[n].reason for n in job.todo}
+        for name, v in verdicts.items():
+            if v.up_to_date:
+                job.cached[name] = v.value if v.location is None else v.location
+        job.verdicts = verdicts
+        if not job.todo:
+            job.status = "up-to-date"
+
+
+def load_spec(spec: Spec | str | os.PathLike | dict, overrides: dict[str, Any] | None = None,
+              params_file: str | None = None) -> Spec:
+    """A spec from a path, a dict or a Spec, with ``overrides`` and the params file applied."""
+    if isinstance(spec, (str, os.PathLike)):
+        return load(spec, overrides, params_file)
+    if isinstance(spec, dict):
+        return from_dict(spec, {**(read_params_file(params_file) if params_file else {}), **(overrides or {})})
+    if overrides or params_file:
+        merged = {**spec._origin.overrides, **(read_params_file(params_file) if params_file else {}),
+                  **(overrides or {})} if spec._origin else dict(overrides or {})
+        return build(spec._origin.raw, spec._origin.smap, merged)
+    return spec
+
+
+def status(spec: Spec | str | os.PathLike | dict, *, overrides: dict[str, Any] | None = None,
+           params_file: str | None = None, foreach: dict[str, Any] | None = None, checksum: bool = False,
+           force: bool = False, overwrite: bool = False) -> dict[str, Any]:
+    """What ``run`` would do now, without running: ``{"name", "file", "line", "items": [{"index",
+    "params", "outputs": {name: {"up_to_date", "reason", "value"/"location"}}}]}``; ``line`` is the
+    sentence a run prints (``3 up to date, 1 to compute (inputs changed: data/b.npy)``). Starts no
+    cluster, calls no user code, takes no lock."""
+    spec = load_spec(spec, overrides, params_file)
+    items = expand(spec, foreach)
+    plans = plan_items(items, overwrite, params_file)
+    jobs = [Job(item, plan, list(plan.outputs)) for item, plan in zip(items, plans)]
+    judge(jobs, outputs_cache.Cache(), force, checksum)
+    entries = []
+    for job in jobs:
+        outputs = {}
+        for name, v in job.verdicts.items():
+            outputs[name] = {"up_to_date": v.up_to_date, "reason": v.reason,
+                             **({"location": v.location} if v.location is not None else {"value": v.value})}
+        entries.append({"index": job.item.index, "params": job.item.values, "outputs": outputs})
+    return {"name": spec.name, "file": spec._origin.file if spec._origin else None,
+            "line": outputs_cache.summarize({f"{j.item.index}:{n}": v for j in jobs for n, v in j.verdicts.items()}),
+            "items": entries}

@@ -1,0 +1,228 @@
+"""Batches: foreach over globs, lists, ranges and grids; every item checked up front; --keep-going."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+import flowgpu as fg
+from flowgpu import pipeline
+from flowgpu.errors import RunError, SpecError
+
+CHECKS = '''
+import numpy as np
+
+def finite(block):
+    if not np.isfinite(block).all():
+        raise ValueError("the block holds NaN or inf")
+    return block * 2.0
+'''
+
+
+def _cli(*args: str, cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, "-m", "flowgpu", *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _write(path: Path, spec: dict) -> Path:
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+def glob_spec() -> dict:
+    return {
+        "name": "per-file",
+        "params": {"input": {"type": "str", "default": "data/a.npy"}},
+        "inputs": {"x": {"source": "npy", "path": "${params.input}", "chunks": [32, -1]}},
+        "steps": {"y": {"op": "map_blocks", "inputs": ["x"], "args": {"function": "checks:finite"}},
+                  "total": {"op": "sum", "inputs": ["y"]}},
+        "outputs": {"total": {"from": "total"},
+                    "doubled": {"from": "y", "sink": "npy", "path": "out/${params.input}"}},
+        "cluster": {"backend": "cpu", "n_workers": 2, "threads_per_worker": 1, "dashboard_address": None},
+    }
+
+
+@pytest.mark.timeout(300)
+def test_a_glob_batch_with_one_bad_file_keeps_going_and_says_which_failed(tmp_path, rng):
+    (tmp_path / "checks.py").write_text(CHECKS)
+    (tmp_path / "data").mkdir()
+    arrays = {}
+    for name in ("a", "b", "c"):
+        arrays[name] = rng.random((100, 7))
+    arrays["b"][57, 3] = np.nan  # a bad file: valid .npy, but its data fails the step's check
+    for name, x in arrays.items():
+        np.save(tmp_path / "data" / f"{name}.npy", x)
+    spec = _write(tmp_path / "batch.yaml", glob_spec())
+    done = _cli("run", str(spec), "--foreach", "params.input=data/*.npy", "--keep-going", "--json", cwd=tmp_path)
+    assert done.returncode == 1, done.stderr  # not every item succeeded
+    summary = json.loads(done.stdout)  # results alone on stdout: `flowgpu run ... --json | jq` works
+    assert "6 to compute (new)" in done.stderr  # progress and notes went to stderr
+    items = {Path(i["params"]["input"]).stem: i for i in summary["items"]}
+    assert [i["params"]["input"] for i in summary["items"]] == ["data/a.npy", "data/b.npy", "data/c.npy"]
+    assert items["b"]["status"] == "failed" and "NaN or inf" in items["b"]["error"]
+    assert "checks.py" in items["b"]["error"]  # where the user's function raised
+    for name in ("a", "c"):
+        assert items[name]["status"] == "ok"
+        np.testing.assert_allclose(items[name]["outputs"]["total"]["value"], (arrays[name] * 2).sum())
+        np.testing.assert_array_equal(np.load(tmp_path / "out" / "data" / f"{name}.npy"), arrays[name] * 2)
+    assert not (tmp_path / "out" / "data" / "b.npy").exists()  # nothing of the failed item was moved into place
+    assert summary["status"] == "failed" and summary["counts"] == {"ok": 2, "failed": 1}
+    assert not [f for _, d, fs in os.walk(tmp_path / "out") for f in d + fs if ".flowgpu-tmp-" in f]
+
+
+@pytest.mark.timeout(300)
+def test_without_keep_going_the_first_failure_stops_the_batch_with_its_item_named(tmp_path, rng):
+    (tmp_path / "checks.py").write_text(CHECKS)
+    (tmp_path / "data").mkdir()
+    x = rng.random((64, 5))
+    x[3, 1] = np.inf
+    np.save(tmp_path / "data" / "bad.npy", x)
+    np.save(tmp_path / "data" / "good.npy", rng.random((64, 5)))
+    spec = _write(tmp_path / "batch.yaml", glob_spec())
+    done = _cli("run", str(spec), "--foreach", "params.input=data/bad.npy,data/good.npy", cwd=tmp_path)
+    assert done.returncode == 1
+    assert "batch item 1 of 2 (input=data/bad.npy)" in done.stderr and "NaN or inf" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "out" / "data" / "bad.npy").exists()
+
+
+def grid_spec(tmp_path) -> dict:
+    return {
+        "name": "grid",
+        "params": {"seed": 0, "n": 40, "out": str(tmp_path / "out")},
+        "inputs": {"x": {"source": "random", "shape": ["${params.n}", 6], "seed": "${params.seed}", "chunks": [16, -1]}},
+        "steps": {"total": {"op": "sum", "inputs": ["x"]},
+                  "colmean": {"op": "mean", "inputs": ["x"], "args": {"axis": 0}}},
+        "outputs": {"total": {"from": "total"},
+                    "colmean": {"from": "colmean", "sink": "zarr", "path": "${params.out}/m-${params.seed}-${params.n}.zarr"}},
+    }
+
+
+def test_a_param_grid_runs_every_combination_against_numpy(tmp_path):
+    result = pipeline.run(grid_spec(tmp_path), session="local", progress=False,
+                          foreach={"seed": [3, 11], "n": "40:81:40"})
+    assert isinstance(result, pipeline.BatchResult) and result.ok
+    got = [(r.params["seed"], r.params["n"]) for r in result.items]
+    assert got == [(3, 40), (3, 80), (11, 40), (11, 80)]  # the first name varies slowest
+    for r in result.items:
+        x = fg.random((r.params["n"], 6), seed=r.params["seed"], chunks=(16, -1)).compute()
+        np.testing.assert_allclose(r.outputs["total"], x.sum())
+        import zarr
+        np.testing.assert_allclose(zarr.open_array(r.outputs["colmean"])[:], x.mean(axis=0))
+        assert r.status == "ok"
+    assert result.summary["counts"] == {"ok": 4}
+
+
+def test_the_specs_foreach_block_and_the_command_line_make_one_grid(tmp_path):
+    spec = grid_spec(tmp_path)
+    spec["foreach"] = {"seed": [1, 2], "n": {"range": "16:33:16"}}
+    items = pipeline.run(spec, session="local", progress=False).items
+    assert [(r.params["seed"], r.params["n"]) for r in items] == [(1, 16), (1, 32), (2, 16), (2, 32)]
+    # --foreach replaces the block's values of that param; --set pins a param (no longer iterated)
+    items = pipeline.run(spec, session="local", progress=False, foreach={"n": [24]}).items
+    assert [(r.params["seed"], r.params["n"]) for r in items] == [(1, 24), (2, 24)]
+    items = pipeline.run(spec, session="local", progress=False, overrides={"params.seed": 5}).items
+    assert [(r.params.get("seed"), r.params["n"]) for r in items] == [(None, 16), (None, 32)]
+    assert all(r.summary["params"]["seed"] == 5 for r in items)
+
+
+def test_an_invalid_item_refuses_the_whole_batch_naming_it_and_nothing_runs(tmp_path):
+    spec = grid_spec(tmp_path)
+    spec["steps"]["total"]["expect"] = {"shape": []}
+    spec["steps"]["colmean"]["expect"] = {"shape": [6]}
+    spec["steps"]["rows"] = {"op": "reshape", "inputs": ["x"], "args": {"shape": [-1, 12]}}
+    spec["outputs"]["rows"] = {"from": "rows"}
+    path = _write(tmp_path / "grid.yaml", spec)
+    with pytest.raises(SpecError) as e:  # n=40: 240 values reshape to 12 columns; n=41 does not
+        pipeline.run(str(path), session="local", progress=False, foreach={"n": [40, 41, 42]})
+    assert "batch item 2 of 3 (n=41)" in str(e.value) and "rows" in str(e.value)
+    assert str(e.value).startswith(f"{path}:")  # file:line:col of the step
+    assert not (tmp_path / "out").exists()  # the valid items did not run either
+    done = _cli("run", str(path), "--foreach", "params.n=40,41,42", cwd=tmp_path)
+    assert done.returncode == 2 and "batch item 2 of 3 (n=41)" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_two_items_writing_one_path_are_refused(tmp_path):
+    spec = grid_spec(tmp_path)
+    spec["outputs"]["colmean"]["path"] = "${params.out}/m-${params.n}.zarr"  # seed is not in the path
+    with pytest.raises(SpecError, match=r"batch items 1 \(seed=1, n=16\) and 3 \(seed=2, n=16\) both write"):
+        pipeline.run(spec, session="local", progress=False, foreach={"seed": [1, 2], "n": [16, 32]})
+
+
+@pytest.mark.parametrize("given, message", [
+    ({"nope": [1, 2]}, "'nope' is not a param of this spec"),
+    ({"seed": "nothing/*.npy"}, "matches no path"),
+    ({"seed": "5:1"}, "is empty"),
+    ({"seed": []}, "no values"),
+])
+def test_bad_foreach_values_are_one_clear_error(tmp_path, given, message):
+    with pytest.raises(SpecError, match=message):
+        pipeline.run(grid_spec(tmp_path), session="local", progress=False, foreach=given)
+
+
+def test_a_bad_foreach_block_points_into_the_file(tmp_path):
+    spec = grid_spec(tmp_path)
+    spec["foreach"] = {"seed": {"range": "1:x"}}
+    path = _write(tmp_path / "grid.yaml", spec)
+    with pytest.raises(SpecError) as e:
+        pipeline.status(str(path))
+    assert "foreach.seed" in str(e.value) and str(e.value).startswith(f"{path}:")
+    done = _cli("run", str(path), "--foreach", "seed", cwd=tmp_path)
+    assert done.returncode == 2 and "params.NAME=VALUES" in done.stderr
+
+
+def test_a_yaml_range_is_a_range_not_a_base_60_number(tmp_path):
+    path = tmp_path / "grid.yaml"
+    path.write_text(yaml.safe_dump(grid_spec(tmp_path), sort_keys=False) + "foreach:\n  n: {range: 1:3}\n")
+    assert [i["params"]["n"] for i in pipeline.status(str(path))["items"]] == [1, 2]
+
+
+@pytest.mark.timeout(300)
+def test_items_run_together_on_one_cluster_and_share_their_common_input(tmp_path, cpu_session, rng):
+    x = rng.random((300, 40))
+    np.save(tmp_path / "x.npy", x)
+    spec = {
+        "name": "shared",
+        "params": {"k": 1.0},
+        "inputs": {"x": {"source": "npy", "path": str(tmp_path / "x.npy"), "chunks": [50, -1]}},
+        "steps": {"y": {"op": "expr", "inputs": {"x": "x"}, "args": {"expression": "x * ${params.k}"}},
+                  "total": {"op": "sum", "inputs": ["y"]}},
+        "outputs": {"total": {"from": "total"}},
+    }
+    result = pipeline.run(spec, session=cpu_session, progress=False, foreach={"k": [0.5, 2.0, -3.0]})
+    assert result.ok
+    for r in result.items:
+        np.testing.assert_allclose(r.outputs["total"], (x * r.params["k"]).sum())
+
+
+def test_a_failing_item_in_python_raises_unless_keep_going(tmp_path, cpu_session):
+    spec = grid_spec(tmp_path)
+    spec["params"]["scale"] = 1.0
+    spec["steps"]["scaled"] = {"op": "expr", "inputs": {"x": "x"}, "args": {"expression": "log(x * ${params.scale})"}}
+    spec["steps"]["checked"] = {"op": "map_blocks", "inputs": ["scaled"],
+                                "args": {"function": "tests.pipeline.helpers:finite"}}
+    spec["steps"]["total"]["inputs"] = ["checked"]
+    del spec["outputs"]["colmean"]
+    with pytest.raises(RunError, match=r"batch item 2 of 2 \(scale=0.0\)"):
+        pipeline.run(spec, session=cpu_session, progress=False, foreach={"scale": [1.0, 0.0]})
+    result = pipeline.run(spec, session=cpu_session, progress=False, foreach={"scale": [0.0, 1.0]},
+                          keep_going=True, force=True)
+    assert not result.ok and [r.status for r in result.items] == ["failed", "ok"]
+    x = fg.random((40, 6), seed=0, chunks=(16, -1)).compute()
+    np.testing.assert_allclose(result.items[1].outputs["total"], (2 * np.log(x)).sum())
+
+
+def test_dry_run_checks_every_item(tmp_path):
+    path = _write(tmp_path / "grid.yaml", grid_spec(tmp_path))
+    done = _cli("run", str(path), "--foreach", "params.seed=1,2,3", "--dry-run", cwd=tmp_path)
+    assert done.returncode == 0 and "3 batch items checked" in done.stdout
+    assert not (tmp_path / "out").exists()
