@@ -13,6 +13,8 @@ __all__ = [
     "ImportPathError",
     "BackendError",
     "SessionError",
+    "ClusterError",
+    "ClusterRunningError",
     "ChunkError",
     "SpecError",
     "SpecLimitError",
@@ -46,6 +48,14 @@ class BackendError(FlowgpuError, RuntimeError):
 
 class SessionError(FlowgpuError, RuntimeError):
     """A cluster could not be started or joined."""
+
+
+class ClusterError(SessionError):
+    """A cluster that stays up between runs (``flowgpu cluster``) could not be started, found or stopped."""
+
+
+class ClusterRunningError(ClusterError):
+    """``flowgpu cluster start`` while a cluster that stays up already runs (exit 2: stop it first)."""
 
 
 class ChunkError(FlowgpuError, ValueError):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import dask
 import numpy as np
 import pytest
@@ -23,6 +25,18 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def own_cluster_folder(tmp_path_factory):
+    """No test may join (or stop) a developer's real cluster that stays up (`flowgpu cluster start`): a
+    run with no session joins the one in flowgpu.cluster.directory when it runs. Point that folder at
+    one of this test session's own (0700), here and, through the environment, in every `python -m
+    flowgpu` a test starts."""
+    folder = str(tmp_path_factory.mktemp("cluster"))
+    os.environ["DASK_FLOWGPU__CLUSTER__DIRECTORY"] = folder
+    with dask.config.set({"flowgpu.cluster.directory": folder}):
+        yield folder
 
 
 @pytest.fixture(autouse=True)

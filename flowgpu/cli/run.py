@@ -57,6 +57,8 @@ def foreach_options(func: Callable) -> Callable:
 @click.option("--gpus", default=None, metavar="0,1,...", help="GPU ordinals to use (one worker each).")
 @click.option("--backend", type=click.Choice(["auto", "gpu", "cpu"]), default=None, help="Array backend.")
 @click.option("--workers", "n_workers", type=click.IntRange(min=1), default=None, help="Workers of a CPU cluster.")
+@click.option("--standalone", is_flag=True,
+              help="Start a cluster of its own even when one started by 'flowgpu cluster start' runs.")
 @click.option("--summary", "summary_path", type=click.Path(dir_okay=False), default=None,
               help="Also write the run summary as JSON here.")
 @click.option("--report", "report", type=click.Path(dir_okay=False), default=None,
@@ -73,20 +75,23 @@ def foreach_options(func: Callable) -> Callable:
 @allow_address_option
 @handle_errors
 def run(spec: str, sets: tuple[str, ...], params_file: str | None, scheduler: str | None, gpus: str | None,
-        backend: str | None, n_workers: int | None, summary_path: str | None, report: str | None, overwrite: bool,
-        dry_run: bool, no_wait: bool, quiet: bool, as_json: bool, foreach: tuple[str, ...], force: bool, checksum: bool,
-        keep_going: bool, no_cache: bool, allow_spec_address: bool, **tls: str | None) -> None:
+        backend: str | None, n_workers: int | None, standalone: bool, summary_path: str | None, report: str | None,
+        overwrite: bool, dry_run: bool, no_wait: bool, quiet: bool, as_json: bool, foreach: tuple[str, ...],
+        force: bool, checksum: bool, keep_going: bool, no_cache: bool, allow_spec_address: bool,
+        **tls: str | None) -> None:
     """Run the pipeline SPEC (a YAML file), or a batch of it (--foreach, or the spec's foreach: block).
 
     Outputs that are up to date (same recipe, same input files) are not computed again; --force
-    computes them anyway. Results go to stdout (a table, or JSON with --json); progress and notes to
-    stderr. Exit codes: 0 every item ok, 1 a failure while running, 2 an invalid spec or argument.
+    computes them anyway. A cluster that stays up (flowgpu cluster start) is used when one runs.
+    Results go to stdout (a table, or JSON with --json); progress and notes to stderr. Exit codes:
+    0 every item ok, 1 a failure while running, 2 an invalid spec or argument.
     """
     signal.signal(signal.SIGTERM, _terminated)  # like Ctrl-C: staging removed, nothing moved into place
     overrides = _parse_sets(sets)
     batch = _parse_foreach(foreach)
     console = _console()
-    cluster = {"address": scheduler, "gpus": gpus, "backend": backend, "n_workers": n_workers, **tls}
+    cluster = {"address": scheduler, "gpus": gpus, "backend": backend, "n_workers": n_workers, **tls,
+               "standalone": standalone or None}
     if dry_run:
         s = pipeline.validate(spec, overrides, params_file, overwrite=overwrite, cluster=cluster,
                               allow_spec_address=allow_spec_address)

@@ -43,6 +43,7 @@ from flowgpu.pipeline.planning import describe
 from flowgpu.pipeline.outcome import batch_summary, failure_summary, moves_delta, run_summary, write_json
 from flowgpu.pipeline.spec import Spec
 from flowgpu.pipeline.status import judge, load_spec, plan_items
+from flowgpu.runtime import standing
 
 __all__ = ["BatchResult", "RunResult", "run", "check_outputs", "protected_paths", "session_options"]
 
@@ -59,8 +60,14 @@ class RunResult:
     params: dict[str, Any] = field(default_factory=dict)
 
 
-def _start_session(spec: Spec, cluster: dict[str, Any] | None, allow_spec_address: bool = False):
+def _start_session(spec: Spec, cluster: dict[str, Any] | None, allow_spec_address: bool = False,
+                   console: Console | None = None):
     opts = session_options(spec, cluster, allow_spec_address)
+    running = None if opts.pop("standalone", False) else standing.join(opts)
+    if running is not None:  # the cluster that stays up (flowgpu cluster start), used as it is; say so
+        opts, line = running
+        if console is not None:
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
     address = opts.pop("address", None)
     try:
         return runtime.Session(address, **opts)
@@ -104,6 +111,8 @@ def run(spec: Spec | str | os.PathLike | dict, *, overrides: dict[str, Any] | No
     summary_path : also write the summary as JSON there (atomically); a failed run writes one too,
         with ``status: "failed"``, the error, the step it came from when known, and what was written.
     cluster : Session options overriding the spec's ``cluster:`` block (``--scheduler``, ``--gpus``).
+        With no scheduler or session given, a run joins the cluster that stays up (``flowgpu cluster
+        start``) when one runs, and says so; ``{"standalone": True}`` starts one of its own instead.
     console : where to print progress and notes (default: stderr); ``progress=False`` is quiet.
     on_session : called with the session once it is ready (the CLI prints the dashboard link).
     allow_spec_address : let the spec's ``cluster.address`` (another scheduler) or a dashboard open to
@@ -182,7 +191,7 @@ def _run(spec: Spec, items: list[Item], session: Any, console: Console, state: d
             if any(job.todo for job in jobs):
                 reuse = session is not None  # the plans were made with its chunk sizes
                 if session is None:
-                    own = session = _start_session(items[0].spec, cluster, allow_spec_address)
+                    own = session = _start_session(items[0].spec, cluster, allow_spec_address, console)
                 if on_session is not None:
                     on_session(session)
                 moves_before = session.memory_summary()

@@ -88,7 +88,7 @@ def slow_run(tmp_path_factory):
     where = tmp_path_factory.mktemp("browser-run")
     (where / "spec.yaml").write_text(SPEC.format(rows=2000 // BLOCKS))
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    proc = subprocess.Popen([sys.executable, "-m", "flowgpu", "run", "spec.yaml", "--workers", "1",
+    proc = subprocess.Popen([sys.executable, "-m", "flowgpu", "run", "spec.yaml", "--workers", "1", "--standalone",
                              "--report", "run.html", "--summary", "summary.json"], cwd=where, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines = []

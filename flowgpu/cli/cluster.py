@@ -1,0 +1,108 @@
+"""``flowgpu cluster start | status | stop``: a local cluster that stays up between runs.
+
+The library does the work (:mod:`flowgpu.runtime.standing`); these commands parse, print results on
+stdout and progress on stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import click
+
+from flowgpu.cli.common import EXIT_FAILED, EXIT_INVALID, _fail, handle_errors
+from flowgpu.errors import ClusterRunningError
+from flowgpu.runtime import standing
+
+
+@click.group()
+def cluster() -> None:
+    """A local cluster that stays up between runs: 'flowgpu run' uses it while it runs (and says so)."""
+
+
+@cluster.command()
+@click.option("--gpus", default=None, metavar="0,1,...", help="GPU ordinals to use (one worker each).")
+@click.option("--backend", type=click.Choice(["auto", "gpu", "cpu"]), default=None, help="Array backend.")
+@click.option("--workers", "n_workers", type=click.IntRange(min=1), default=None, help="Workers of a CPU cluster.")
+@click.option("--threads-per-worker", type=click.IntRange(min=1), default=None, help="Threads per worker.")
+@click.option("--memory-limit", default=None, metavar="SIZE", help="Host memory per worker ('4GiB', 0.5, 0: none).")
+@click.option("--dashboard-address", default=None, metavar="ADDR",
+              help="Where the dashboard listens (default 127.0.0.1:8787; '' turns it off).")
+@click.option("--no-tls", is_flag=True,
+              help="Plain TCP instead of TLS: then any process on this host, another user's too, can run code in it.")
+@handle_errors
+def start(gpus: str | None, backend: str | None, n_workers: int | None, threads_per_worker: int | None,
+          memory_limit: str | None, dashboard_address: str | None, no_tls: bool) -> None:
+    """Start a local cluster in the background and return once its workers are ready.
+
+    It speaks TLS with credentials made for it, kept with its state in flowgpu.cluster.directory
+    (~/.cache/flowgpu/cluster/HOST, readable by you only). Exit 2 if one is already running.
+    """
+    try:
+        state = standing.start(tls=not no_tls, gpus=gpus, backend=backend, n_workers=n_workers,
+                               threads_per_worker=threads_per_worker, memory_limit=_number(memory_limit),
+                               dashboard_address=dashboard_address)
+    except ClusterRunningError as e:
+        _fail(str(e), EXIT_INVALID)
+    click.echo(f"cluster running at {state['address']}: {state['backend']}, {state['n_workers']} worker(s)")
+    click.echo(f"dashboard: {state['dashboard'] or 'off'}")
+    click.echo("'flowgpu run' uses it until you stop it: flowgpu cluster stop")
+
+
+def _number(text: str | None) -> str | float | None:
+    """``0.5`` (a fraction of the machine) or ``0`` as a number, as the Session takes them; sizes stay strings."""
+    try:
+        return float(text) if text is not None else None
+    except ValueError:
+        return text
+
+
+def _uptime(seconds: float) -> str:
+    minutes, s = divmod(int(seconds), 60)
+    hours, m = divmod(minutes, 60)
+    return f"{hours}h{m:02d}m{s:02d}s" if hours else f"{m}m{s:02d}s"
+
+
+@cluster.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the state as JSON.")
+@handle_errors
+def status(as_json: bool) -> None:
+    """Say what runs: address, dashboard, backend, workers, uptime.
+
+    Exit status: 0 a cluster is running (and its scheduler answers), 1 none is (or it does not answer).
+    """
+    state = standing.status()
+    if state is None:
+        click.echo("null" if as_json else "no cluster running")
+        sys.exit(EXIT_FAILED)
+    if as_json:
+        click.echo(json.dumps(state, indent=2, default=str))
+    else:
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(state["started"]))
+        click.echo(f"cluster running at {state['address']} ({'TLS' if state['tls'] else 'plain TCP'})")
+        click.echo(f"dashboard: {state['dashboard'] or 'off'}")
+        now = "" if state["answers"] in (None, state["n_workers"]) else f", {state['answers']} connected now"
+        click.echo(f"backend: {state['backend']}, workers: {state['n_workers']} x {state['threads_per_worker']} "
+                   f"thread(s) (pids {', '.join(map(str, state['worker_pids']))}{now})")
+        click.echo(f"up {_uptime(state['uptime'])} since {started} (daemon pid {state['daemon']['pid']}, "
+                   f"flowgpu {state['flowgpu']}); log: {state['log']}")
+    if state["answers"] is None:
+        _fail(f"the scheduler at {state['address']} does not answer ({state['error']}); see {state['log']}, or "
+              "'flowgpu cluster stop' and start again", EXIT_FAILED)
+
+
+@cluster.command()
+@click.option("--timeout", type=click.FloatRange(min=0), default=standing.STOP_TIMEOUT, show_default=True,
+              metavar="SECONDS", help="How long the workers may take to close before what is left is killed.")
+@handle_errors
+def stop(timeout: float) -> None:
+    """Stop the cluster: its workers close, and every process of it is gone when this returns.
+
+    Exit status: 0 stopped, 1 none was running.
+    """
+    state = standing.stop(timeout)
+    if state is None:
+        _fail("no cluster running; nothing to stop", EXIT_FAILED)
+    click.echo(f"stopped the cluster at {state['address']} ({state['n_workers']} worker(s))")

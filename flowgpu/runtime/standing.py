@@ -1,0 +1,418 @@
+"""A local cluster that stays up between runs: ``flowgpu cluster start``, ``status``, ``stop``.
+
+:func:`start` spawns a detached process (:mod:`flowgpu.runtime.daemon`: a session and process group
+of its own, its output appended to a log) that opens a :class:`~flowgpu.Session` (dask-cuda's
+cluster on GPUs, distributed's on CPUs), records it, and waits until it is told to stop. Later
+processes find it in its folder, ``flowgpu.cluster.directory`` (``DASK_FLOWGPU__CLUSTER__DIRECTORY``;
+by default ``~/.cache/flowgpu/cluster/HOST``), which only its user may open (0700):
+
+* ``cluster.json``: address, dashboard, backend, workers and their pids, the daemon's pid, start
+  time and flowgpu's version (its ``address`` makes it a dask scheduler file too), written atomically;
+* ``tls-ca.pem``, ``tls-cert.pem``, ``tls-key.pem`` (0600): by default the cluster speaks TLS with
+  credentials made for it, so only processes that can read these (its user's) can run code in it;
+* ``cluster.log``: what the daemon and its workers said; ``cluster.lock``: held by the daemon while it
+  lives, so one folder never has two.
+
+Worker processes never outlive the daemon, however it ends: distributed's nanny (in the daemon) gives
+each worker process the read end of a pipe whose write end only the daemon holds, and the worker
+exits the moment it closes (``distributed.process.AsyncProcess._immediate_exit_when_closed``), a
+``kill -9`` of the daemon included. :func:`stop` and a :func:`status` that finds a dead daemon
+also kill any recorded worker still there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psutil
+from distributed import Client
+from distributed.security import Security
+
+from flowgpu import __version__, config
+from flowgpu.errors import ClusterError, ClusterRunningError, ConfigError
+from flowgpu.io import lock
+from flowgpu.runtime import security
+from flowgpu.runtime.options import resolve
+
+__all__ = ["CREDENTIALS", "directory", "join", "session_kwargs", "start", "status", "stop"]
+
+STATE, LOG, LOCK = "cluster.json", "cluster.log", "cluster.lock"
+# Session keyword -> file of the credentials a client joins with (the cluster's CA and a certificate it signed)
+CREDENTIALS = {"tls_ca_file": "tls-ca.pem", "tls_cert": "tls-cert.pem", "tls_key": "tls-key.pem"}
+DAEMON = "flowgpu.runtime.daemon"
+START_TIMEOUT = 120.0  # seconds for the workers to start (dask-cuda on 8 GPUs takes tens of seconds)
+STOP_TIMEOUT = 30.0  # seconds for a clean close before what is left is killed
+STANDALONE_HINT = "--standalone for a cluster of its own"
+
+Notify = Callable[[str], None]
+
+
+def _say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+# -- the folder -----------------------------------------------------------------------------------
+def directory(create: bool = False) -> str:
+    """The folder of the cluster that stays up (``flowgpu.cluster.directory``); refused when another
+    user could write there (a planted state would send runs to their scheduler)."""
+    configured = config.get("cluster.directory", default=None)
+    if configured:
+        path = os.path.abspath(os.path.expanduser(str(configured)))
+    else:
+        cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        path = os.path.join(cache, "flowgpu", "cluster", socket.gethostname())
+    if create:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+    if os.path.isdir(path):
+        st = os.stat(path)
+        if st.st_uid != os.getuid() or st.st_mode & 0o077:
+            whose = "is owned by another user" if st.st_uid != os.getuid() else f"is open to others (mode {st.st_mode & 0o777:o})"
+            raise ConfigError(f"the cluster folder {path} {whose}; it holds the address and TLS key of a cluster that "
+                              "stays up, so only you may open it: chmod 700 it, or set flowgpu.cluster.directory "
+                              "(DASK_FLOWGPU__CLUSTER__DIRECTORY) to a folder of your own")
+    return path
+
+
+def write_private(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` atomically, readable by this user only (0600)."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=os.path.dirname(path))  # 0600
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def make_credentials(folder: str) -> Security:
+    """TLS credentials made for a new cluster, also written (0600) into ``folder`` for clients."""
+    made = security.for_local("temporary")
+    pems = {"tls_ca_file": made.tls_ca_file, "tls_cert": made.tls_client_cert, "tls_key": made.tls_client_key}
+    for key, name in CREDENTIALS.items():
+        write_private(os.path.join(folder, name), pems[key])
+    return made
+
+
+def record(folder: str, state: dict) -> None:
+    write_private(os.path.join(folder, STATE), json.dumps(state, indent=2, default=str))
+
+
+def forget(folder: str) -> None:
+    """Remove the state and the credentials (the log stays, for what happened)."""
+    for name in (STATE, *CREDENTIALS.values()):
+        try:
+            os.unlink(os.path.join(folder, name))
+        except FileNotFoundError:
+            pass
+
+
+def _read(folder: str) -> dict | None:
+    try:
+        with open(os.path.join(folder, STATE), encoding="utf-8") as f:
+            state = json.load(f)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return {}  # unreadable: a state no daemon can own, removed as stale
+    return state if isinstance(state, dict) else {}
+
+
+# -- processes ------------------------------------------------------------------------------------
+def _runs(p: psutil.Process) -> bool:
+    """Whether ``p`` runs (a zombie, dead but not yet reaped by its parent, does not: reaped here when
+    this process started it)."""
+    try:
+        if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+            return True
+        p.wait(timeout=0)
+    except psutil.Error:
+        pass
+    return False
+
+
+def _process(rec: Any) -> psutil.Process | None:
+    """The process of an :func:`flowgpu.io.lock.owner` record, if that very process still runs."""
+    if not lock.alive(rec):
+        return None
+    try:
+        p = psutil.Process(int(rec["pid"]))
+    except psutil.Error:
+        return None
+    return p if _runs(p) else None
+
+
+def _processes(state: dict) -> list[psutil.Process]:
+    """The daemon (first, when alive), every process below it now, and every recorded worker still there."""
+    found: dict[int, psutil.Process] = {}
+    daemon = _process(state.get("daemon"))
+    if daemon is not None:
+        found[daemon.pid] = daemon
+        try:
+            found.update((p.pid, p) for p in daemon.children(recursive=True))
+        except psutil.Error:
+            pass
+    for rec in (state.get("workers") or {}).values():
+        p = _process(rec)
+        if p is not None:
+            found.setdefault(p.pid, p)
+    return list(found.values())
+
+
+def _wait_gone(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
+    """Wait up to ``timeout`` s for ``procs`` to exit; those still running."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = [p for p in procs if _runs(p)]
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(0.05)
+
+
+def _end(procs: list[psutil.Process], timeout: float, notify: Notify | None) -> None:
+    """Wait up to ``timeout`` s for ``procs`` to exit, then kill what is left."""
+    left = _wait_gone(procs, timeout)
+    if not left:
+        return
+    if notify:
+        notify(f"pid(s) {', '.join(str(p.pid) for p in left)} did not exit within {timeout:g}s; killing them")
+    for p in left:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    left = _wait_gone(left, 10)
+    if left:
+        raise ClusterError(f"pid(s) {', '.join(str(p.pid) for p in left)} would not die after SIGKILL; "
+                           "see 'ps -o pid,stat,cmd -p PID' (a process in state D waits on a device or disk)")
+
+
+def _stale(folder: str, state: dict, notify: Notify | None) -> None:
+    left = _processes(state)  # the daemon is gone: only workers that outlived it, if any
+    if left:
+        _end(left, 0, None)
+    forget(folder)
+    if notify:
+        pid = (state.get("daemon") or {}).get("pid", "?")
+        killed = f", and killed {len(left)} process(es) it left" if left else ""
+        notify(f"the cluster at {state.get('address', '?')} is no longer running (daemon pid {pid} is gone); removed "
+               f"its state{killed}; its log: {os.path.join(folder, LOG)}")
+
+
+def _running(folder: str, notify: Notify | None) -> dict | None:
+    """The state of a cluster whose daemon runs, or None (a stale state is removed, and said)."""
+    state = _read(folder)
+    if state is None:
+        return None
+    if _process(state.get("daemon")) is None:
+        _stale(folder, state, notify)
+        return None
+    return state
+
+
+def credentials(state: dict) -> dict[str, str]:
+    """Session keywords with the TLS files of ``state``'s cluster ({} when it speaks plain TCP)."""
+    return dict(state.get("tls") or {})
+
+
+# -- the commands ---------------------------------------------------------------------------------
+def start(*, tls: bool = True, timeout: float = START_TIMEOUT, notify: Notify | None = _say, **options: Any) -> dict:
+    """Start a cluster that stays up, in the background; return its state once its workers are ready.
+
+    ``options`` are :class:`~flowgpu.Session`'s for a local cluster (``backend``, ``gpus``, ``n_workers``,
+    ``threads_per_worker``, ``memory_limit``, ``dashboard_address`` (``""``: no dashboard), ...; None
+    takes the configured value), checked here before anything starts. ``tls=False`` makes it speak plain TCP, which any
+    process on this host can join. Raises :class:`ClusterRunningError` while one runs.
+    """
+    folder = directory(create=True)
+    running = _running(folder, notify)
+    if running is not None:
+        raise ClusterRunningError(
+            f"a cluster is already running at {running['address']} (daemon pid {running['daemon']['pid']}, started "
+            f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(running['started']))}); 'flowgpu run' uses it as "
+            "it is; to start another, stop it first: flowgpu cluster stop")
+    options = {k: v for k, v in options.items() if v is not None}
+    if resolve(None, security="none", **options).address is not None:  # every check before anything starts
+        raise ConfigError("flowgpu.scheduler-address is set, but a cluster that stays up is a local one; unset it "
+                          "(DASK_FLOWGPU__SCHEDULER_ADDRESS) for 'flowgpu cluster start'")
+    log_path = os.path.join(folder, LOG)
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    offset = os.lseek(log_fd, 0, os.SEEK_END)
+    env = dict(os.environ)  # the daemon imports this flowgpu, from a working directory of its own
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = os.pathsep.join([here, *filter(None, [env.get("PYTHONPATH")])])
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", DAEMON, folder, json.dumps({"tls": tls, "options": options})],
+                                stdin=subprocess.DEVNULL, stdout=log_fd, stderr=log_fd, cwd=os.sep, env=env,
+                                start_new_session=True, close_fds=True)
+    finally:
+        os.close(log_fd)
+    if notify:
+        notify(f"starting a cluster that stays up (daemon pid {proc.pid}, log {log_path}) ...")
+    return _wait_ready(folder, proc, timeout, log_path, offset)
+
+
+def _last_error(log_path: str, offset: int) -> str | None:
+    try:
+        with open(log_path, encoding="utf-8", errors="replace") as f:
+            f.seek(offset)
+            lines = [line.strip() for line in f if line.startswith("error: ")]
+    except OSError:
+        return None
+    return lines[-1][len("error: "):] if lines else None
+
+
+def _wait_ready(folder: str, proc: subprocess.Popen, timeout: float, log_path: str, offset: int) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        code = proc.poll()
+        state = _read(folder)
+        if state and (state.get("daemon") or {}).get("pid") == proc.pid:
+            return state
+        if code is not None:
+            said = _last_error(log_path, offset)
+            if code == 2 and said:
+                raise ClusterRunningError(said)
+            raise ClusterError(f"the cluster did not start: {said or f'its process exited with status {code}'}; "
+                               f"its log: {log_path}")
+        if time.monotonic() > deadline:
+            os.killpg(proc.pid, signal.SIGKILL)  # the daemon and its workers: a process group of their own
+            proc.wait()
+            raise ClusterError(f"the cluster was not ready after {timeout:g}s and was stopped; its log: {log_path}")
+        time.sleep(0.1)
+
+
+def _ask(state: dict, timeout: float = 5.0) -> tuple[int | None, str | None]:
+    """How many workers the scheduler has, or why it does not answer."""
+    creds = credentials(state)
+    sec = (Security(tls_ca_file=creds["tls_ca_file"], tls_client_cert=creds["tls_cert"],
+                    tls_client_key=creds["tls_key"], require_encryption=True) if creds else None)
+    try:
+        with Client(state["address"], security=sec, timeout=timeout, set_as_default=False) as client:
+            return len(client.scheduler_info(n_workers=-1)["workers"]), None
+    except Exception as e:  # noqa: BLE001 - any failure to answer is what status reports
+        return None, f"{type(e).__name__}: {e}"
+
+
+def status(check: bool = True, notify: Notify | None = _say) -> dict | None:
+    """The state of the running cluster that stays up, or None when there is none.
+
+    A state whose daemon is gone is removed (with any worker it left), and ``notify`` says so.
+    ``check`` also asks the scheduler: ``answers`` is then the number of workers it has now (None
+    when it does not answer, ``error`` says why). ``uptime`` is in seconds.
+    """
+    state = _running(directory(), notify)
+    if state is None:
+        return None
+    state = dict(state, uptime=time.time() - float(state["started"]))
+    if check:
+        state["answers"], state["error"] = _ask(state)
+    return state
+
+
+def stop(timeout: float = STOP_TIMEOUT, notify: Notify | None = _say) -> dict | None:
+    """Stop the cluster that stays up: SIGTERM to its daemon, which closes the Session; wait until the
+    daemon and every worker are gone (what is left after ``timeout`` s is killed); remove the state.
+    Returns the state of the cluster stopped, or None when none was running."""
+    folder = directory()
+    state = _running(folder, notify)
+    if state is None:
+        return None
+    procs = _processes(state)
+    try:
+        procs[0].send_signal(signal.SIGTERM)
+    except psutil.NoSuchProcess:
+        pass
+    _end(procs, timeout, notify)
+    forget(folder)  # the daemon removes them too; not when it was killed
+    return state
+
+
+def join(wanted: dict[str, Any] | None = None, notify: Notify | None = _say) -> tuple[dict, str] | None:
+    """Session keywords to join the running cluster that stays up, and the line that says so; None
+    when none runs.
+
+    ``wanted`` are the Session options a run asked for (its spec's ``cluster:`` block and the command
+    line): the running cluster is used as it is, and the line names what of ``wanted`` it does not have.
+    None too when ``wanted`` (or ``flowgpu.scheduler-address``) names a scheduler, or TLS files, of its own.
+    """
+    if config.get("scheduler-address", default=None) is not None or any(
+            (wanted or {}).get(k) is not None for k in ("address", *security.TLS_FILES)):
+        return None
+    state = _running(directory(), notify)
+    if state is None:
+        return None
+    wanted = {k: v for k, v in (wanted or {}).items() if v is not None}
+    kwargs = {"address": state["address"], **credentials(state)}
+    kwargs.update((k, wanted[k]) for k in ("connect_timeout", "batch_interval") if k in wanted)
+    if wanted.get("backend") == "cpu":
+        kwargs["backend"] = "cpu"  # NumPy chunks, on GPU workers too
+    unmet = _unmet(state, wanted)
+    lacks = f"; not the {', '.join(unmet)} asked for" if unmet else ""
+    if state.get("flowgpu") != __version__:
+        lacks += f"; it runs flowgpu {state.get('flowgpu')}, this is {__version__}"
+    line = (f"using the running cluster at {state['address']} (flowgpu cluster start; {state['backend']}, "
+            f"{state['n_workers']} worker(s){lacks}); {STANDALONE_HINT}")
+    return kwargs, line
+
+
+def session_kwargs() -> dict | None:
+    """Session keywords to join the running cluster that stays up (address and TLS files), or None."""
+    joined = join(notify=None)
+    return joined[0] if joined else None
+
+
+def _gpu_list(value: Any) -> list[int]:
+    if isinstance(value, int):
+        return [value]
+    return list(config.parse_gpus(value) if isinstance(value, str) else value)
+
+
+def _unmet(state: dict, wanted: dict) -> list[str]:
+    """``key=value`` of each option in ``wanted`` the running cluster was not started with."""
+    have = {"n_workers": state.get("n_workers"), "threads_per_worker": state.get("threads_per_worker"),
+            **{k: v for k, v in (state.get("options") or {}).items() if k not in ("n_workers", "threads_per_worker")}}
+    unmet = []
+    for key, value in wanted.items():
+        if key == "backend":
+            if value in ("gpu", "cpu") and value != state.get("backend") and value != "cpu":
+                unmet.append(f"backend={value}")
+        elif key == "gpus":
+            if _gpu_list(value) != list(state.get("gpus") or []):
+                unmet.append(f"gpus={','.join(map(str, _gpu_list(value)))}")
+        elif key in ("n_workers", "threads_per_worker", "memory_limit", "device_memory_limit", "rmm_pool_size",
+                     "local_directory", "dashboard_address") and have.get(key) != value:
+            unmet.append(f"{key}={value}")
+    return unmet
+
+
+def describe(session: Any, given: dict, folder: str) -> dict:
+    """The state of a cluster the daemon started: what :func:`status` returns and clients join with."""
+    workers = session.client.run(lock.owner)
+    return {
+        "address": session.client.scheduler.address,
+        "dashboard": session.dashboard_link,
+        "backend": session.backend,
+        "n_workers": session.n_workers,
+        "threads_per_worker": session.threads_per_worker,
+        "gpus": list(session.options.gpus),
+        "daemon": lock.owner(),
+        "workers": workers,
+        "worker_pids": sorted(w["pid"] for w in workers.values()),
+        "started": time.time(),
+        "flowgpu": __version__,
+        "tls": {k: os.path.join(folder, name) for k, name in CREDENTIALS.items()} if given["tls"] else None,
+        "log": os.path.join(folder, LOG),
+        "options": given["options"],
+    }
