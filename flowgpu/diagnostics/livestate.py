@@ -192,6 +192,8 @@ class Board:
                 feeds.setdefault(src, []).append(dst)
             elif kind == "output":
                 source.setdefault(dst, []).append(src)
+                if dst in run.states:  # an output known up to date: what feeds only it is too
+                    feeds.setdefault(src, []).append(dst)
         needs = {}
         for n in run.graph["nodes"]:
             nid = n["id"]
@@ -242,6 +244,8 @@ class Board:
         followed = followed - {"fused"}
         if not followed:
             return "done" if run.status == "ok" else "waiting"
+        if followed == {"up-to-date"}:
+            return "up-to-date"  # it feeds only outputs that were not computed again
         if followed <= {"done", "up-to-date"}:
             return "done"
         return "waiting" if followed <= {"waiting"} else "running"

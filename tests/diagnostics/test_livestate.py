@@ -94,7 +94,10 @@ def test_states_the_client_knows_and_batch_items(rng):
     v = b.view("r2")
     assert [(i["item"], i["status"]) for i in v["items"]] == [
         ("params.seed=0", "ok"), ("params.seed=1", "failed"), ("params.seed=2", "running")]
-    assert {s["id"]: s["state"] for s in v["steps"]}["out:t"] == "up-to-date"
+    states = {s["id"]: s["state"] for s in v["steps"]}
+    assert states["out:t"] == "up-to-date"
+    assert states["s"] == "up-to-date"  # no tasks to run: all it feeds is up to date
+    assert states["sub/b"] == "waiting"  # it feeds out:u, which is to be computed
     rows = re.findall(r'<tr data-item="(\w+)" data-status="(\w+)">', render_tables(v)["items"])
     assert rows == [("r0", "ok"), ("r1", "failed"), ("r2", "running")]
 
