@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The GPU figures of BENCHMARKS.md, in one run on one H200 (about 12 minutes: the lent H200 allows 10
-# per command, so DEVELOPERS.md runs it there in two halves: `bash benchmarks/h200.sh OUT 1` and `... 2`).
+# per command, so DEVELOPERS.md runs it there in parts: `bash benchmarks/h200.sh OUT 1`, `... 2`, `... 3`).
 # Run from the repository root on a machine whose Python has CuPy, dask-cuda and the rest of flowgpu's
 # dependencies, or on the lent H200 with the wheels of ../shared/gpu/fetch-wheels.sh in .whl/:
-#   bash benchmarks/h200.sh [OUTDIR] [1|2|all]
+#   bash benchmarks/h200.sh [OUTDIR] [1|2|3|all]    (3: batches, about 4 minutes)
 # Each step prints its table last (the tail below) and writes OUTDIR/<name>.json and OUTDIR/<name>.log.
 set -uo pipefail
 out=${1:-${OUT:-bench-out}}
@@ -19,13 +19,18 @@ step() {  # step NAME LINES MODULE ARGS...: run python3 -m MODULE, keep its log 
   shift 3
   python3 -m "$module" "$@" --json "$out/$name.json" 2>&1 | tee "$out/$name.log" | tail -"$lines"
 }
-if [ "$part" != 2 ]; then
+if [ "$part" = all ] || [ "$part" = 1 ]; then
   step suite 30 benchmarks.suite.run --only chain_sum --only transpose_sum --only matmul --repeats 5
   step chunk_size 12 benchmarks.suite.chunk_size --total 32 --chunks 2048,4096 --threads 1,2,4 --repeats 3
   step profile_worker 30 benchmarks.probes.worker --gib 8 --chunk-mib 2048,1024 --repeats 10
   step profile_transpose 9 benchmarks.probes.transpose --n 20000
   step vectorize 8 benchmarks.suite.vectorize --gib 8 --repeats 3
 fi
-if [ "$part" != 1 ]; then
+if [ "$part" = all ] || [ "$part" = 2 ]; then
   step out_of_core 18 benchmarks.out_of_core.run --size full
+fi
+if [ "$part" = all ] || [ "$part" = 3 ]; then
+  step batch_gpu_items 8 benchmarks.batch.gpu_items --items 16 --gib 2 --repeats 3
+  step batch_many_items 8 benchmarks.batch.many_items --items 64 --n 500 --separate 2 --repeats 3
+  step batch_rerun 8 benchmarks.batch.rerun --n 2000 --repeats 3
 fi

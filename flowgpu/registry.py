@@ -35,13 +35,14 @@ from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any, Generic, TypeVar
 
+import cloudpickle
 import dask.config
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from flowgpu.errors import ImportPathError
 
 __all__ = ["Entry", "Registry", "Options", "OpenOptions", "options_model", "import_object", "add_import_dirs",
-           "trusted_modules", "trusting", "check_trusted", "recording_imports"]
+           "pickled_by_value", "trusted_modules", "trusting", "check_trusted", "recording_imports"]
 
 T = TypeVar("T", bound="Entry")
 
@@ -207,16 +208,43 @@ def options_model(name: str, func: Callable, *, skip: Iterable[str] = (),
     return create_model(f"{name}_options", __base__=base, __doc__=inspect.getdoc(func) or None, **fields)
 
 
+_local_dirs: set[str] = set()
+
+
 def add_import_dirs(*dirs: str | os.PathLike) -> None:
     """Make modules in ``dirs`` importable (appended to ``sys.path`` once; existing entries win).
 
     The pipeline layer calls this with a spec's own folder and the working directory, so a module
     beside the spec imports the same under the ``flowgpu`` script and ``python -m flowgpu``.
+    Functions of such a module travel to the workers by value (:func:`pickled_by_value`).
     """
     for d in dirs:
         d = os.path.abspath(os.fspath(d))
+        _local_dirs.add(os.path.realpath(d))
         if d not in (os.path.abspath(p or os.curdir) for p in sys.path):
             sys.path.append(d)
+
+
+def _installed(path: str) -> bool:
+    prefixes = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+    parts = path.split(os.sep)
+    return "site-packages" in parts or "dist-packages" in parts or any(path.startswith(p + os.sep) for p in prefixes)
+
+
+def pickled_by_value(obj: Any) -> bytes | None:
+    """cloudpickle's bytes of ``obj`` with its code inside, when its module is one of the user's own
+    (found in a spec's folder or the working directory, not installed); else None (pickled by
+    reference, as usual). Workers that did not start here (a cluster that stays up, a remote one)
+    cannot import such a module, and would keep the version they imported first."""
+    module = sys.modules.get(getattr(obj, "__module__", None) or "")
+    file = getattr(module, "__file__", None)
+    if module is None or not file or module.__name__ == "__main__":
+        return None
+    real = os.path.realpath(file)
+    if _installed(real) or not any(real.startswith(d + os.sep) for d in _local_dirs):
+        return None
+    cloudpickle.register_pickle_by_value(module)
+    return cloudpickle.dumps(obj)
 
 
 def _candidates(path: str) -> list[tuple[str, str]]:

@@ -55,7 +55,7 @@ def separate(k: int, n: int, rows: int, out: str, cpu: bool) -> float:
     """Mean wall time of one ``flowgpu run`` process (its own cluster) over ``k`` seeds."""
     times = []
     for seed in range(k):
-        cmd = [sys.executable, "-m", "flowgpu", "run", str(SPEC), "-q", "--no-cache",
+        cmd = [sys.executable, "-m", "flowgpu", "run", str(SPEC), "-q", "--no-cache", "--standalone",
                "--set", f"params.n={n}", "--set", f"params.rows_per_chunk={rows}", "--set", f"params.out={out}",
                "--set", f"params.seed={seed}", *(["--backend", "cpu"] if cpu else [])]
         start = time.perf_counter()

@@ -65,6 +65,10 @@ def handle_errors(func: Callable) -> Callable:
             _fail(str(e), EXIT_FAILED)
         except KeyboardInterrupt:
             _fail("interrupted; no output was moved into place", EXIT_FAILED)
+        except BrokenPipeError:  # `flowgpu ... | head`: the reader has gone; say nothing more
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            sys.exit(EXIT_FAILED)
         except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
             raise
         except Exception as e:  # noqa: BLE001 - the last line of defence: no traceback reaches the user

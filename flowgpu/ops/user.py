@@ -17,13 +17,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import cloudpickle
 import dask.array as da
 import numpy as np
 from dask.base import tokenize
 
 from flowgpu.errors import OpError, RunError
 from flowgpu.ops._common import Array, DType, defop, dtype_arg, meta_like, same_backend
-from flowgpu.registry import import_object
+from flowgpu.registry import import_object, pickled_by_value
 
 __all__ = ["map_blocks"]
 
@@ -51,6 +52,20 @@ class _Checked:
 
     def __dask_tokenize__(self) -> Any:
         return ("flowgpu-map-blocks", self.path, str(self.dtype), self.ndim, tokenize(self.func))
+
+    def __reduce__(self) -> tuple:
+        code = pickled_by_value(self.func)  # a module of the user's own travels with the task
+        if code is None:
+            return (_Checked, (self.func, self.path, self.dtype, self.ndim))
+        source = getattr(getattr(self.func, "__code__", None), "co_filename", None)
+        return (_unpickled, (code, self.path, self.dtype, self.ndim, source))
+
+
+def _unpickled(code: bytes, path: str, dtype: np.dtype, ndim: int, source: str | None = None) -> _Checked:
+    func = cloudpickle.loads(code)
+    if source and hasattr(func, "__code__"):  # cloudpickle drops it; a failure says where it raised
+        func.__code__ = func.__code__.replace(co_filename=source)
+    return _Checked(func, path, dtype, ndim)
 
 
 def _axes(value: Any) -> list[int]:

@@ -202,3 +202,36 @@ def test_stop_and_status_with_no_cluster_say_so(places):
     assert r.returncode == 1 and r.stderr.strip() == "error: no cluster running; nothing to stop"
     r = flowgpu("cluster", "status", "--json", folder=folder, cwd=work)
     assert r.returncode == 1 and json.loads(r.stdout) is None
+
+
+USER_SPEC = """\
+name: user-module
+inputs:
+  x: {source: random, shape: [400, 30], seed: SEED, chunks: [100, -1]}
+steps:
+  y: {op: map_blocks, inputs: [x], args: {function: "myfns:scaled"}}
+  total: {op: sum, inputs: [y]}
+outputs:
+  total: {from: total}
+"""
+
+
+def test_a_module_beside_the_spec_reaches_the_running_clusters_workers_as_it_is_now(places, rng):
+    """The standing workers never had the spec's folder on their path, and would keep a module they
+    imported once: the function travels with the tasks, so the second run sees the edited code."""
+    folder, work = places
+    seed = int(rng.integers(1 << 30))
+    (work / "spec.yaml").write_text(USER_SPEC.replace("SEED", str(seed)))
+    (work / "myfns.py").write_text("def scaled(block):\n    return block * 2.0\n")
+    start(folder, work)
+    x = fg.random((400, 30), seed=seed, chunks=(100, -1)).compute()
+    first = flowgpu("run", "spec.yaml", "--json", folder=folder, cwd=work)
+    assert first.returncode == 0, first.stderr
+    assert "using the running cluster" in first.stderr
+    np.testing.assert_allclose(json.loads(first.stdout)["outputs"]["total"]["value"], 2 * x.sum())
+    (work / "myfns.py").write_text("def scaled(block):\n    return block * -3.0\n")
+    second = flowgpu("run", "spec.yaml", "--json", folder=folder, cwd=work)
+    assert second.returncode == 0, second.stderr
+    assert "recipe changed" in second.stderr  # the module's code is part of the output's recipe
+    np.testing.assert_allclose(json.loads(second.stdout)["outputs"]["total"]["value"], -3 * x.sum())
+    assert stopped(folder, work).returncode == 0
