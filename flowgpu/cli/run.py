@@ -14,7 +14,7 @@ from rich.markup import escape
 from flowgpu import pipeline
 from flowgpu.cli.common import (EXIT_FAILED, EXIT_INVALID, _console, _parse_sets, allow_address_option, handle_errors,
                                 spec_options, tls_options)
-from flowgpu.diagnostics import render_batch, render_plan, render_status, render_summary
+from flowgpu.diagnostics import monitor, render_batch, render_plan, render_status, render_summary, stepgraph
 from flowgpu.errors import SpecError
 from flowgpu.io import atomic
 from flowgpu.pipeline.foreach import parse_option
@@ -61,6 +61,8 @@ def foreach_options(func: Callable) -> Callable:
               help="Start a cluster of its own even when one started by 'flowgpu cluster start' runs.")
 @click.option("--summary", "summary_path", type=click.Path(dir_okay=False), default=None,
               help="Also write the run summary as JSON here.")
+@click.option("--report", "report", type=click.Path(dir_okay=False), default=None,
+              help="Also write a self-contained HTML report of the run here (steps, memory, plots, dask's report).")
 @click.option("--overwrite", is_flag=True, help="Replace output paths that hold data flowgpu did not write.")
 @click.option("--dry-run", is_flag=True, help="Check and plan only; start no cluster, write nothing.")
 @click.option("--no-wait", is_flag=True, help="Fail at once if another run is writing one of the outputs.")
@@ -73,9 +75,10 @@ def foreach_options(func: Callable) -> Callable:
 @allow_address_option
 @handle_errors
 def run(spec: str, sets: tuple[str, ...], params_file: str | None, scheduler: str | None, gpus: str | None,
-        backend: str | None, n_workers: int | None, standalone: bool, summary_path: str | None, overwrite: bool,
-        dry_run: bool, no_wait: bool, quiet: bool, as_json: bool, foreach: tuple[str, ...], force: bool,
-        checksum: bool, keep_going: bool, no_cache: bool, allow_spec_address: bool, **tls: str | None) -> None:
+        backend: str | None, n_workers: int | None, standalone: bool, summary_path: str | None, report: str | None,
+        overwrite: bool, dry_run: bool, no_wait: bool, quiet: bool, as_json: bool, foreach: tuple[str, ...],
+        force: bool, checksum: bool, keep_going: bool, no_cache: bool, allow_spec_address: bool,
+        **tls: str | None) -> None:
     """Run the pipeline SPEC (a YAML file), or a batch of it (--foreach, or the spec's foreach: block).
 
     Outputs that are up to date (same recipe, same input files) are not computed again; --force
@@ -100,6 +103,8 @@ def run(spec: str, sets: tuple[str, ...], params_file: str | None, scheduler: st
 
     def announce(session: Any) -> None:
         link = getattr(session, "dashboard_link", None)
+        if link and monitor.install(getattr(session, "client", None)):
+            link = monitor.page_link(link)  # straight to the flowgpu page
         console.print(f"[bold]flowgpu[/] running {escape(spec)} on {getattr(session, 'backend', '?')} "
                       f"({getattr(session, 'n_workers', '?')} worker(s)); dashboard: {link or 'off'}")
 
@@ -107,7 +112,7 @@ def run(spec: str, sets: tuple[str, ...], params_file: str | None, scheduler: st
                           summary_path=summary_path, cluster=cluster, console=console if not quiet else None,
                           progress=not quiet, on_session=announce, allow_spec_address=allow_spec_address,
                           wait=not no_wait, foreach=batch, keep_going=keep_going, force=force, checksum=checksum,
-                          cache=not no_cache)
+                          cache=not no_cache, report=report)
     _results(result.summary, as_json, render_batch if "items" in result.summary else render_summary)
     if result.summary["status"] != "ok":
         sys.exit(EXIT_FAILED)
@@ -181,14 +186,20 @@ def validate(specs: tuple[str, ...], sets: tuple[str, ...], params_file: str | N
 @click.command()
 @click.argument("spec", type=click.Path(dir_okay=False))
 @spec_options
-@click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
+@click.option("--format", "fmt", type=click.Choice(["table", "json", "dot", "svg"]), default="table",
+              help="table (default), JSON, or the step graph as Graphviz dot text or an SVG picture.")
+@click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON (as --format json).")
 @handle_errors
-def plan(spec: str, sets: tuple[str, ...], params_file: str | None, as_json: bool) -> None:
+def plan(spec: str, sets: tuple[str, ...], params_file: str | None, fmt: str, as_json: bool) -> None:
     """Show the steps of SPEC in order: shapes, dtypes, chunks, tasks, bytes, peak memory per worker."""
     desc = pipeline.describe(pipeline.compile(pipeline.load(spec, _parse_sets(sets), params_file)))
-    if as_json:
+    fmt = "json" if as_json else fmt
+    if fmt == "json":
         click.echo(json.dumps(desc, indent=2, default=str))
-        return
-    render_plan(desc, _console(stderr=False))
+    elif fmt in ("dot", "svg"):
+        graph = stepgraph.from_description(desc)
+        click.echo(stepgraph.to_dot(graph) if fmt == "dot" else stepgraph.to_svg(graph), nl=False)
+    else:
+        render_plan(desc, _console(stderr=False))
 
 

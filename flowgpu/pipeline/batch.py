@@ -12,7 +12,9 @@ already committed stays, complete and recorded (a re-run skips it).
 from __future__ import annotations
 
 import errno
+import functools
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,13 +22,13 @@ import dask
 from distributed import as_completed, wait
 from rich.console import Console
 
-from flowgpu.diagnostics import BatchBars
+from flowgpu.diagnostics import BatchBars, monitor
 from flowgpu.errors import FlowgpuError, OutputError, RunError, SpecError
 from flowgpu.io import faults, sinks, sources
 from flowgpu.pipeline.compiler import Plan, compile
 from flowgpu.pipeline.failures import explain, failed_with, watch_spill
 from flowgpu.pipeline.foreach import Item, in_item
-from flowgpu.pipeline.planning import check_memory
+from flowgpu.pipeline.planning import check_memory, describe
 
 __all__ = ["Job", "execute"]
 
@@ -50,6 +52,7 @@ class Job:
     error: BaseException | None = None
     seconds: float = 0.0
     bar: Any = None
+    tracked: Any = None  # what the dashboard's flowgpu page follows of it (diagnostics.monitor)
 
     @property
     def name(self) -> str:
@@ -133,11 +136,28 @@ def _settle(job: Job, error: BaseException | None, session: Any, results: list[A
     if error is None:
         try:
             _commit(job, results or [], cache)
+            _told(job)
             return
         except Exception as e:  # noqa: BLE001 - said below, with the item
             error = e
     job.status, job.error = "failed", _failure(job, error, session)
     job.abort()
+    _told(job)
+
+
+def _follow(job: Job, session: Any, batch: str, report: bool) -> None:
+    """The dashboard's flowgpu page follows ``job`` from now on (one row per item of a batch)."""
+    item = job.item
+    job.tracked = monitor.follow(job.run_plan, session, functools.partial(describe, job.run_plan),
+                                 item=item.label if item.values else None, batch=batch,
+                                 targets={n: p.target for n, p in job.pending.items()},
+                                 states={f"out:{n}": "up-to-date" for n in job.cached}, report=report)
+
+
+def _told(job: Job) -> None:
+    """The page hears how ``job`` ended."""
+    if job.tracked is not None:
+        job.tracked.finish("ok" if job.status == "ok" else "failed", str(job.error) if job.error else job.status)
 
 
 def _run_local(jobs: list[Job], session: Any, cache: Any, bars: BatchBars, keep_going: bool) -> None:
@@ -228,13 +248,15 @@ def _cancel(client: Any, job: Job) -> None:
 
 
 def execute(jobs: list[Job], session: Any, *, overwrite: bool = False, keep_going: bool = False,
-            console: Console | None = None, progress: bool = True, cache: Any = None, recompile: bool = True) -> None:
+            console: Console | None = None, progress: bool = True, cache: Any = None, recompile: bool = True,
+            report: bool = False) -> None:
     """Compute the ``todo`` outputs of every job on ``session`` and commit each job's outputs when all
     are done; sets each job's ``status``, ``values`` and ``error``. Without ``keep_going`` the first
     failure cancels the rest and is raised; with it, every failure stays in its job. ``recompile=False``:
     the jobs' plans were compiled while ``session`` was open, so they are used as they are (but
     for plans whose sources call user code: those are called only now)."""
     bars = BatchBars(console, show=progress)
+    batch = uuid.uuid4().hex  # the page's id of this batch
     work = [job for job in jobs if job.todo]
     try:
         with bars:
@@ -242,6 +264,7 @@ def execute(jobs: list[Job], session: Any, *, overwrite: bool = False, keep_goin
             for job in work:
                 try:
                     _prepare(job, session, overwrite, recompile)
+                    _follow(job, session, batch, report)
                     job.bar = bars.add(job.item.label)
                     ready.append(job)
                 except Exception as e:  # noqa: BLE001 - said in the item's words
@@ -262,6 +285,7 @@ def execute(jobs: list[Job], session: Any, *, overwrite: bool = False, keep_goin
             if job.status not in ("ok", "failed"):
                 job.status = "cancelled"
                 job.abort()
+                _told(job)
     failed = [job for job in work if job.status == "failed"]
     if failed and not keep_going:
         raise failed[0].error

@@ -153,14 +153,16 @@ def describe(plan: Plan, prefix: str = "") -> dict[str, Any]:
         if node.kind == "uses":
             child = describe(plan.children[name], prefix=f"{prefix}{name}/")
             rows.append({"name": prefix + name, "kind": "uses", "what": node.what, "shape": None, "dtype": None,
-                         "chunks": None, "tasks": 0, "bytes": 0, "fused": None})
+                         "chunks": None, "tasks": 0, "bytes": 0, "fused": None,
+                         "deps": [prefix + d for d in node.deps]})
             rows.extend(child["steps"])
             peak = max(peak, child["peak_task_bytes"])
             continue
         x = node.array
         row = {"name": prefix + name, "kind": node.kind, "what": node.what, "shape": None, "dtype": None,
                "chunks": None, "tasks": 0, "bytes": 0, "fused": node.fused,
-               "fused_into": node.fused_into if node.fused_into not in (None, name) else None}
+               "fused_into": prefix + node.fused_into if node.fused_into not in (None, name) else None,
+               "deps": [prefix + d for d in node.deps]}
         if isinstance(x, da.Array) and node.what == "bound":
             row.update(shape=list(x.shape), dtype=str(x.dtype), chunks=list(x.chunksize), bytes=int(x.nbytes))
         elif isinstance(x, da.Array):

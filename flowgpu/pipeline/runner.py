@@ -31,6 +31,7 @@ from rich.markup import escape
 
 from flowgpu import runtime
 from flowgpu.backend import current_backend
+from flowgpu.diagnostics import runreport
 from flowgpu.errors import ConfigError
 from flowgpu.io import sinks
 from flowgpu.pipeline import cache as outputs_cache
@@ -38,6 +39,7 @@ from flowgpu.pipeline.batch import Job, execute
 from flowgpu.pipeline.checks import check_outputs, protected_paths, session_options
 from flowgpu.pipeline.compiler import Plan
 from flowgpu.pipeline.foreach import Item, expand
+from flowgpu.pipeline.planning import describe
 from flowgpu.pipeline.outcome import batch_summary, failure_summary, moves_delta, run_summary, write_json
 from flowgpu.pipeline.spec import Spec
 from flowgpu.pipeline.status import judge, load_spec, plan_items
@@ -94,7 +96,7 @@ def run(spec: Spec | str | os.PathLike | dict, *, overrides: dict[str, Any] | No
         cluster: dict[str, Any] | None = None, console: Console | None = None, progress: bool = True,
         on_session: Any = None, allow_spec_address: bool = False, wait: bool = True,
         foreach: dict[str, Any] | None = None, keep_going: bool = False, force: bool = False,
-        checksum: bool = False, cache: bool = True) -> "RunResult | BatchResult":
+        checksum: bool = False, cache: bool = True, report: str | os.PathLike | None = None) -> "RunResult | BatchResult":
     """Run a pipeline (or a batch of it) and return its outputs and summary.
 
     Parameters
@@ -125,6 +127,8 @@ def run(spec: Spec | str | os.PathLike | dict, *, overrides: dict[str, Any] | No
     checksum : tell changed input files by their content, not only their size and modification time.
     cache : skip outputs that are up to date, and record what made each output written
         (``flowgpu.cache.directory``); ``False`` computes everything and records nothing.
+    report : also write a self-contained HTML report of the run (or batch) there, atomically, also
+        when it failed while computing: :mod:`flowgpu.diagnostics.runreport`.
     """
     console = console or Console(stderr=True, quiet=not progress)
     started = time.perf_counter()
@@ -134,7 +138,7 @@ def run(spec: Spec | str | os.PathLike | dict, *, overrides: dict[str, Any] | No
         items = expand(spec, foreach)
         options = dict(overwrite=overwrite, cluster=cluster, progress=progress, on_session=on_session,
                        allow_spec_address=allow_spec_address, params_file=params_file, wait=wait,
-                       keep_going=keep_going, force=force, checksum=checksum, cache=cache)
+                       keep_going=keep_going, force=force, checksum=checksum, cache=cache, report=report)
         result = _run(spec, items, session, console, state, bool(foreach or spec.foreach), **options)
     except BaseException as e:
         if summary_path:
@@ -163,7 +167,7 @@ class BatchResult:
 def _run(spec: Spec, items: list[Item], session: Any, console: Console, state: dict[str, Any], batch: bool, *,
          overwrite: bool, cluster: dict[str, Any] | None, progress: bool, on_session: Any, allow_spec_address: bool,
          params_file: str | None, wait: bool, keep_going: bool, force: bool, checksum: bool,
-         cache: bool) -> "RunResult | BatchResult":
+         cache: bool, report: str | os.PathLike | None) -> "RunResult | BatchResult":
     started = time.perf_counter()
     if isinstance(session, str):
         if session != "local":
@@ -194,12 +198,16 @@ def _run(spec: Spec, items: list[Item], session: Any, console: Console, state: d
                 state["batch"] = batch
                 try:
                     execute(jobs, session, overwrite=overwrite, keep_going=keep_going, console=console,
-                            progress=progress, cache=store, recompile=not reuse)
+                            progress=progress, cache=store, recompile=not reuse, report=bool(report))
                 finally:
                     state["written"] = dict(jobs[0].written)
                     if batch:
                         state["summary"] = _batch_result(spec, jobs, session, started).summary
+                    if report:  # the run report, of a failed run too
+                        _write_report(report, spec, jobs, session, started, batch)
             result = _batch_result(spec, jobs, session, started) if batch else _single_result(jobs[0], session, started)
+            if report and not any(job.todo for job in jobs):  # all up to date: the report says so
+                _write_report(report, spec, jobs, session, started, batch)
             if moves_before is not None and not batch:
                 result.summary["memory"] = moves_delta(moves_before, session.memory_summary())
             return result
@@ -208,6 +216,14 @@ def _run(spec: Spec, items: list[Item], session: Any, console: Console, state: d
                 own.close()
                 for job in jobs:  # again, now that no worker can still be writing into the staging
                     job.abort()
+
+
+def _write_report(path: str | os.PathLike, spec: Spec, jobs: list[Job], session: Any, started: float,
+                  batch: bool) -> None:
+    summary = (_batch_result(spec, jobs, session, started) if batch else _single_result(jobs[0], session, started)).summary
+    runs = [(j.item.label, j.tracked.report_data() if j.tracked is not None else  # up to date: its plan
+             {"description": describe(j.run_plan or j.plan), "view": None, "dask_html": None}) for j in jobs]
+    runreport.write(path, runreport.render(summary, runs))
 
 
 def _info(session: Any) -> dict:

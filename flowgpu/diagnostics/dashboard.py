@@ -1,0 +1,240 @@
+"""The flowgpu page of the Dask dashboard: a scheduler plugin and the Bokeh document it serves.
+
+:class:`DashboardPlugin` is registered on the scheduler from a client (``client.register_plugin``,
+so it works on a cluster flowgpu started and on one joined by address). On the scheduler it
+
+* keeps a :class:`~flowgpu.diagnostics.livestate.Board` fed by the scheduler's own events (graphs
+  submitted, task transitions) and, once a second, by each worker's data-store accounting (its
+  ``flowgpu-memory`` heartbeat metric, see :mod:`flowgpu.memory.plugin`) and GPU memory;
+* answers the client's ``flowgpu_board`` calls: a run starts (its step graph and which layer is
+  which step), a run ends, and "what does the board show" (for the run report);
+* adds ``/flowgpu`` to the scheduler's dashboard, a Bokeh application as distributed's own pages
+  are, with a ``Flowgpu`` tab in the dashboard's navigation bar beside Status and Workers.
+"""
+
+from __future__ import annotations
+
+import html
+import logging
+from typing import Any
+
+from distributed.diagnostics.plugin import SchedulerPlugin
+from tornado.ioloop import IOLoop, PeriodicCallback
+
+from flowgpu.diagnostics import stepgraph
+from flowgpu.diagnostics.livestate import MOVES, TIERS, Board
+from flowgpu.diagnostics.report import format_bytes
+
+__all__ = ["DashboardPlugin", "PLUGIN_NAME", "PAGE", "install_page", "render_tables"]
+
+logger = logging.getLogger("flowgpu.dashboard")
+
+PLUGIN_NAME = "flowgpu-dashboard"
+PAGE = "flowgpu"
+
+
+class DashboardPlugin(SchedulerPlugin):
+    """Runs, steps and memory on the scheduler, and the dashboard page that shows them."""
+
+    name = PLUGIN_NAME
+    idempotent = True  # registering it again (every run does) keeps the board of the earlier runs
+
+    def __init__(self, interval: float = 1.0):
+        self.interval = interval
+
+    async def start(self, scheduler: Any) -> None:
+        self.scheduler = scheduler
+        self.board = Board()
+        scheduler.handlers["flowgpu_board"] = self.handle
+        self._sampler = PeriodicCallback(self.sample, self.interval * 1000)
+        self._sampler.start()
+        self.sample()
+        self.page = install_page(scheduler)
+
+    async def close(self) -> None:
+        self._sampler.stop()
+
+    def handle(self, action: str, run_id: str | None = None, **kwargs: Any) -> Any:
+        """The client's calls: ``publish`` (a run starts), ``finish`` (it ended), ``view``."""
+        if action == "publish":
+            self.board.publish(run_id, **kwargs)
+            return self.scheduler.monitor.count  # where dask's performance report of the run starts
+        elif action == "finish":
+            self.sample()  # the last figures of the run
+            self.board.finish(run_id, **kwargs)
+        elif action == "view":
+            return self.board.view(run_id)
+        else:
+            raise ValueError(f"unknown flowgpu_board action {action!r}")
+        return None
+
+    def update_graph(self, scheduler: Any, *, tasks: list | None = None, **kwargs: Any) -> None:
+        ts = scheduler.tasks
+        self.board.add_tasks((k, [d.key for d in ts[k].dependencies]) for k in tasks or () if k in ts)
+
+    def transition(self, key: Any, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
+        nbytes, seconds = None, 0.0
+        if finish == "memory":
+            ts = self.scheduler.tasks.get(key)
+            nbytes = ts.nbytes if ts is not None and ts.nbytes >= 0 else None
+            seconds = sum(s["stop"] - s["start"] for s in kwargs.get("startstops") or () if s.get("action") == "compute")
+        self.board.transition(key, start, finish, nbytes, seconds, kwargs.get("exception_text"))
+
+    def sample(self) -> None:
+        workers = {}
+        for addr, ws in self.scheduler.workers.items():
+            m = dict(ws.metrics.get("flowgpu-memory") or {})
+            m["gpu_memory_used"] = ws.metrics.get("gpu_memory_used")
+            m["process"] = ws.memory.process
+            workers[addr] = m
+        self.board.sample(workers)
+
+
+def install_page(scheduler: Any) -> bool:
+    """Add ``/flowgpu`` and its tab to the scheduler's running dashboard; False where it has none."""
+    http = getattr(scheduler, "http_application", None)
+    try:
+        from bokeh.server.server import BokehTornado  # noqa: PLC0415 - the dashboard's optional stack
+        from distributed.dashboard.core import BokehApplication  # noqa: PLC0415
+        from distributed.dashboard.scheduler import template_variables  # noqa: PLC0415
+    except ImportError:
+        return False
+    apps = getattr(http, "applications", [])
+    dashboards = [a for a in apps if isinstance(a, BokehTornado)]
+    if not dashboards:
+        return False  # the dashboard is off
+    if any(getattr(a, "_flowgpu_page", False) for a in apps):
+        return True
+    variables = template_variables(scheduler)  # the dict every page's navigation bar reads
+    if PAGE not in variables["pages"]:
+        variables["pages"].insert(1, PAGE)
+    app = BokehApplication({f"/{PAGE}": flowgpu_doc}, scheduler, prefix=dashboards[0]._prefix,
+                           template_variables=variables)
+    app._flowgpu_page = True
+    http.add_application(app)
+    app.initialize(IOLoop.current())
+    app.start()
+    return True
+
+
+# -- the page ------------------------------------------------------------------------------------------
+
+def _cell(v: Any) -> str:
+    return html.escape("" if v is None else str(v))
+
+
+def render_tables(view: dict[str, Any]) -> dict[str, str]:
+    """The HTML of the page's tables (steps, batch items, memory per worker) from a board view."""
+    run = view["run"]
+    head = ("<p>no flowgpu run on this cluster yet</p>" if run is None else
+            f'<h3 id="flowgpu-run" data-status="{_cell(run["status"])}">{_cell(run["name"])}'
+            + (f" [{_cell(run['item'])}]" if run.get("item") else "")
+            + f': {_cell(run["status"])} ({run["seconds"]:.1f} s)</h3>'
+            + (f'<p class="flowgpu-error">{_cell(run["error"])}</p>' if run.get("error") else ""))
+    rows = []
+    for s in view["steps"]:
+        color = stepgraph.STATE_COLORS.get(s["state"], "#fff")
+        rows.append(f'<tr data-step="{_cell(s["id"])}" data-state="{_cell(s["state"])}">'
+                    f'<td>{_cell(s["id"])}</td><td>{_cell(s["what"])}</td>'
+                    f'<td style="background:{color}">{_cell(s["state"])}</td>'
+                    f'<td>{s["done"]} / {s["total"]}</td><td>{format_bytes(s["bytes"])}</td>'
+                    f'<td>{s["seconds"]:.2f} s</td><td>{_cell(s["error"])}</td></tr>')
+    steps = ('<table id="flowgpu-steps" class="flowgpu-table"><tr><th>step</th><th>op / source</th><th>state</th>'
+             '<th>tasks done</th><th>bytes</th><th>compute time</th><th>error</th></tr>' + "".join(rows) + "</table>")
+    items = "".join(f'<tr data-item="{_cell(i["id"])}" data-status="{_cell(i["status"])}"><td>{_cell(i["item"] or i["name"])}'
+                    f'</td><td>{_cell(i["status"])}</td><td>{i["done"]} / {i["total"]}</td>'
+                    f'<td>{i["seconds"]:.1f} s</td><td>{_cell(i["error"])}</td></tr>' for i in view["items"])
+    items = ('<table id="flowgpu-items" class="flowgpu-table"><tr><th>item</th><th>status</th><th>tasks done</th>'
+             '<th>time</th><th>error</th></tr>' + items + "</table>")
+    mem = []
+    peaks = (run or {}).get("peak") or {}
+    for w in view["memory"]["workers"]:
+        top = peaks.get(w["worker"], {}).get("store", 0)
+        moves = ", ".join(f"{a.replace('_', ' ')} {format_bytes(m['bytes'])}"
+                          + (f" at {m['gbps']:.2f} GB/s" if m.get("gbps") else "") for a, m in w["moves"].items())
+        gpu = format_bytes(w["gpu_memory"]) if w.get("gpu_memory") is not None else "-"
+        mem.append(f'<tr data-worker="{_cell(w["worker"])}" data-bytes="{sum(w[t] for t in TIERS)}" data-peak="{top}">'
+                   f'<td>{_cell(w["worker"])}</td>' + "".join(f"<td>{format_bytes(w[t])}</td>" for t in TIERS)
+                   + f"<td>{format_bytes(top)}</td><td>{gpu}</td><td>{_cell(moves or '-')}</td></tr>")
+    memory = ('<table id="flowgpu-memory" class="flowgpu-table"><tr><th>worker</th><th>device</th>'
+              '<th>host (pinned on GPU workers)</th><th>disk</th><th>peak in the run</th><th>GPU memory</th>'
+              '<th>moves between tiers</th></tr>'
+              + "".join(mem) + "</table>")
+    style = ("<style>.flowgpu-table{border-collapse:collapse;font-size:12px}.flowgpu-table td,.flowgpu-table th"
+             "{border:1px solid #ccc;padding:2px 6px;text-align:left}</style>")
+    return {"head": style + head, "steps": style + steps, "items": style + items, "memory": style + memory}
+
+
+def _graph_data(view: dict[str, Any]) -> tuple[dict, dict]:
+    if view["graph"] is None:
+        return {k: [] for k in ("x", "y", "color", "label", "state", "id")}, {k: [] for k in ("x0", "y0", "x1", "y1")}
+    g = stepgraph.from_dict(view["graph"])
+    pos = stepgraph.layout(g)
+    state = {s["id"]: s for s in view["steps"]}
+    nodes = {"x": [], "y": [], "color": [], "label": [], "state": [], "id": []}
+    for n, node in g.nodes.items():
+        c, r = pos[n]
+        st = state.get(n, {"state": "waiting", "done": 0, "total": 0})
+        nodes["x"].append(c * 2.0)
+        nodes["y"].append(-r * 1.0)
+        nodes["color"].append(stepgraph.STATE_COLORS.get(st["state"], "#fff") if node.kind != "output" else "#c8e6c9")
+        label = f"output {node.label}" if node.kind == "output" else node.label
+        nodes["label"].append(f"{label} {st['done']}/{st['total']}" if st["total"] else label)
+        nodes["state"].append(st["state"] if node.kind != "output" else "output")
+        nodes["id"].append(n)
+    edges = {"x0": [], "y0": [], "x1": [], "y1": []}
+    for e in g.edges:
+        (c0, r0), (c1, r1) = pos[e.source], pos[e.target]
+        edges["x0"].append(c0 * 2.0 + 0.7)
+        edges["y0"].append(-r0 * 1.0)
+        edges["x1"].append(c1 * 2.0 - 0.7)
+        edges["y1"].append(-r1 * 1.0)
+    return nodes, edges
+
+
+def flowgpu_doc(scheduler: Any, extra: dict, doc: Any) -> None:
+    """The Bokeh document of ``/flowgpu``, refreshed twice a second from the scheduler's board."""
+    from bokeh.layouts import column, row  # noqa: PLC0415 - the dashboard's optional stack
+    from bokeh.models import ColumnDataSource, Div, HoverTool, NumeralTickFormatter
+    from bokeh.plotting import figure
+    from distributed.dashboard.components.scheduler import BOKEH_THEME, env
+
+    board: Board = scheduler.plugins[PLUGIN_NAME].board
+    tables = {k: Div(text="", name=f"flowgpu-{k}-div", sizing_mode="stretch_width") for k in
+              ("head", "steps", "items", "memory")}
+    nodes, edges = ColumnDataSource(_graph_data(board.view())[0]), ColumnDataSource(_graph_data(board.view())[1])
+    graph = figure(title="steps (colour: state)", height=320, sizing_mode="stretch_width", tools="pan,wheel_zoom,reset",
+                   x_axis_type=None, y_axis_type=None)
+    graph.segment("x0", "y0", "x1", "y1", source=edges, line_color="#777")
+    graph.rect("x", "y", width=1.4, height=0.6, fill_color="color", line_color="#455a64", source=nodes)
+    graph.text("x", "y", text="label", text_align="center", text_baseline="middle", text_font_size="9pt", source=nodes)
+    graph.add_tools(HoverTool(tooltips=[("step", "@id"), ("state", "@state")]))
+    graph.grid.visible = False
+    series = ColumnDataSource({"t": [], **{t: [] for t in TIERS}, "gbps": []})
+    tiers = figure(title="bytes per tier, all workers", height=240, sizing_mode="stretch_width", x_axis_type="datetime",
+                   tools="pan,wheel_zoom,reset")
+    for tier, color in zip(TIERS, ("#1e88e5", "#fb8c00", "#8e24aa")):
+        tiers.line("t", tier, source=series, legend_label=tier, line_color=color, line_width=2)
+    tiers.legend.location = "top_left"
+    tiers.yaxis.formatter = NumeralTickFormatter(format="0.0 b")
+    moves = figure(title=f"moves between tiers, GB/s ({', '.join(m.replace('_', ' ') for m in MOVES[:2])}, ...)",
+                   height=240, sizing_mode="stretch_width", x_axis_type="datetime", tools="pan,wheel_zoom,reset")
+    moves.line("t", "gbps", source=series, line_color="#43a047", line_width=2)
+
+    def update() -> None:
+        view = board.view()
+        for k, text in render_tables(view).items():
+            if tables[k].text != text:
+                tables[k].text = text
+        nodes.data, edges.data = _graph_data(view)
+        s = view["memory"]["series"]
+        series.data = {**s, "t": [t * 1000 for t in s["t"]]}
+
+    update()
+    doc.add_periodic_callback(update, 500)
+    doc.add_root(column(tables["head"], graph, tables["steps"], tables["items"], row(tiers, moves, sizing_mode="stretch_width"),
+                        tables["memory"], sizing_mode="stretch_width"))
+    doc.title = "Dask: flowgpu"
+    doc.template = env.get_template("simple.html")
+    doc.template_variables.update(extra)
+    doc.theme = BOKEH_THEME

@@ -1,0 +1,210 @@
+"""The client side of the flowgpu dashboard page: install it, and tell it what a run is doing.
+
+``with monitor.track(plan, session, description) as run:`` around a run's compute (or
+``run = monitor.follow(...)`` ... ``run.finish("ok")`` for the items of a batch in flight together)
+publishes the run's step graph and which Dask layer belongs to which step (from the graph the compiler built:
+each plan node's lazy array and its HighLevelGraph layers) to the scheduler's
+:class:`~flowgpu.diagnostics.dashboard.DashboardPlugin`, and at the end whether the run succeeded.
+``run.view()`` is what the page shows about it (the run report reads it). Without a distributed
+client (``session="local"``) it does nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import urlsplit
+
+from flowgpu.diagnostics import runreport, stepgraph
+from flowgpu.diagnostics.dashboard import PAGE, PLUGIN_NAME, DashboardPlugin
+
+__all__ = ["install", "page_link", "step_layers", "follow", "track", "Tracked"]
+
+logger = logging.getLogger("flowgpu.dashboard")
+_TIMEOUT = 10.0  # seconds for one call to the scheduler's board
+
+
+def install(client: Any) -> bool:
+    """Register the dashboard plugin on ``client``'s scheduler (once; again is a no-op). False when
+    the scheduler refuses it (e.g. it cannot import flowgpu): runs go on without the page."""
+    if client is None:
+        return False
+    if getattr(client, "_flowgpu_dashboard", None) is not None:
+        return client._flowgpu_dashboard
+    try:
+        client.register_plugin(DashboardPlugin(), name=PLUGIN_NAME)
+        ok = True
+    except Exception as e:  # noqa: BLE001 - the page is a view; the run must not depend on it
+        logger.warning("flowgpu: the dashboard page could not be installed on the scheduler: %s", e)
+        ok = False
+    client._flowgpu_dashboard = ok
+    return ok
+
+
+def page_link(link: str | None) -> str | None:
+    """The flowgpu page's URL from the dashboard's (``http://host:8787/status`` -> ``.../flowgpu``)."""
+    if not link:
+        return link
+    parts = urlsplit(link)
+    base = parts.path.rsplit("/", 1)[0] if parts.path.endswith("/status") else parts.path.rstrip("/")
+    return parts._replace(path=f"{base}/{PAGE}").geturl()
+
+
+def _layers(x: Any) -> list[str]:
+    graph = x.__dask_graph__()
+    layers = getattr(graph, "layers", None)
+    if layers is not None:
+        return list(layers)
+    return list(dict.fromkeys(k[0] if isinstance(k, tuple) else k for k in graph))
+
+
+def step_layers(plan: Any, targets: dict[str, Any] | None = None, prefix: str = "",
+                seen: set | None = None) -> dict[str, str]:
+    """``{layer name: node id}``: each layer of the plan's graph goes to the first node (in plan order)
+    whose array holds it, so a step gets the layers it adds; ``targets`` (output -> what computes
+    it, e.g. a sink's write) gives the layers left to the output nodes (``out:NAME``)."""
+    seen = set() if seen is None else seen
+    out: dict[str, str] = {}
+    for name in plan.order:
+        node = plan.nodes[name]
+        if node.kind == "uses":
+            out.update(step_layers(plan.children[name], None, f"{prefix}{name}/", seen))
+            continue
+        if node.fused_into not in (None, name) or not hasattr(node.array, "__dask_graph__"):
+            continue
+        for layer in _layers(node.array):
+            if layer not in seen:
+                seen.add(layer)
+                out[layer] = prefix + name
+    for name, target in (targets or {}).items():
+        if hasattr(target, "__dask_graph__"):
+            for layer in _layers(target):
+                if layer not in seen:
+                    seen.add(layer)
+                    out[layer] = f"out:{name}"
+    return out
+
+
+class Tracked:
+    """A run the dashboard follows; ``view()`` is what the board shows about it (None without one).
+
+    With ``report``, it also keeps dask's performance report of the compute (``dask_html``) and the
+    board's view at its end (``final``), and :meth:`write_report` writes the run report.
+    """
+
+    def __init__(self, client: Any = None, run_id: str | None = None, description: Any = None,
+                 report: bool = False):
+        self.client, self.run_id, self.report = client, run_id, report
+        self._description = description
+        self.final: dict | None = None
+        self.dask_html: str | None = None
+        self._since: tuple[float, int] | None = None
+        self._finished = False
+
+    @property
+    def description(self) -> dict:
+        if callable(self._description):
+            self._description = self._description()
+        return self._description
+
+    def _begin_report(self, count: int) -> None:
+        self.client.get_task_stream(start=0, stop=0)  # the scheduler records the task stream from now on
+        self._since = (time.time(), count)
+
+    def _end_report(self, code: str) -> None:
+        self.final = self.view()
+        if self._since is not None:
+            try:
+                self.dask_html = self.client.sync(self.client.scheduler.performance_report, start=self._since[0],
+                                                  last_count=self._since[1], code=code, mode="inline",
+                                                  callback_timeout=6 * _TIMEOUT)
+            except Exception:  # noqa: BLE001 - our part of the report stands without dask's
+                logger.warning("flowgpu: dask's performance report could not be made", exc_info=True)
+
+    def report_data(self) -> dict:
+        """What the run report shows of this run: ``{"description", "view", "dask_html"}``."""
+        return {"description": self.description, "view": self.final, "dask_html": self.dask_html}
+
+    def write_report(self, path: str | os.PathLike, summary: dict) -> None:
+        """Write the run report (:mod:`flowgpu.diagnostics.runreport`) of this run at ``path``, atomically."""
+        runreport.write(path, runreport.render(summary, [(str(summary.get("name")), self.report_data())]))
+
+    def _call(self, **kwargs: Any) -> Any:
+        # bounded: a scheduler that went away must not hold up the run's own error
+        return self.client.sync(self.client.scheduler.flowgpu_board, run_id=self.run_id, callback_timeout=_TIMEOUT,
+                                **kwargs)
+
+    def finish(self, status: str, error: str | None = None) -> None:
+        """The run ended: ``status`` ``"ok"`` or ``"failed"`` (with its ``error``); once."""
+        if self._finished:
+            return
+        self._finished = True
+        if self.client is not None:
+            try:
+                self._call(action="finish", status=status, error=error)
+            except Exception:  # noqa: BLE001 - the page is a view
+                logger.debug("flowgpu: could not tell the board the run ended", exc_info=True)
+            if self.report:
+                self._end_report(f"flowgpu run {self.description.get('file') or self.description.get('name')} "
+                                 f"({status})")
+
+    def view(self) -> dict | None:
+        if self.client is None:
+            return None
+        try:
+            return self._call(action="view")
+        except Exception:  # noqa: BLE001 - a report without live figures is still a report
+            logger.debug("flowgpu: no board view", exc_info=True)
+            return None
+
+
+def follow(plan: Any, session: Any, description: Any, item: str | None = None, batch: str | None = None,
+           targets: dict[str, Any] | None = None, states: dict[str, str] | None = None,
+           report: bool = False) -> Tracked:
+    """Start following a run (or one item of a batch) on the flowgpu page; call
+    :meth:`Tracked.finish` when it ended. :func:`track` is the same as a context manager.
+
+    Parameters
+    ----------
+    plan : the compiled plan (its nodes' arrays name the layers of each step).
+    session : the Session computing it; without a distributed client nothing is published.
+    description : ``pipeline.describe(plan)`` (the step graph drawn), or a function returning it
+        (called only when it is needed).
+    item, batch : for a batch, this item's label (e.g. ``"params.input=a.npy"``) and the batch's id;
+        the page shows one row per item of the batch.
+    targets : output name -> what computes it (a sink's write), so writes count for the outputs.
+    states : fixed states of nodes, e.g. ``{"out:y": "up-to-date"}``.
+    report : also record what a run report needs (:meth:`Tracked.write_report`).
+    """
+    client = getattr(session, "client", None)
+    if client is None or not install(client):
+        return Tracked(description=description, report=report)
+    tracked = Tracked(client, uuid.uuid4().hex, description, report)
+    graph = stepgraph.to_dict(stepgraph.from_description(tracked.description))
+    try:
+        count = tracked._call(action="publish", graph=graph, layers=step_layers(plan, targets), item=item,
+                              batch=batch, states=states or {})
+        if report:
+            tracked._begin_report(count)
+    except Exception as e:  # noqa: BLE001 - the page is a view; the run must not depend on it
+        logger.warning("flowgpu: the dashboard page does not follow this run: %s", e)
+        return Tracked(description=description, report=report)
+    return tracked
+
+
+@contextlib.contextmanager
+def track(plan: Any, session: Any, description: Any, **kwargs: Any) -> Iterator[Tracked]:
+    """``with track(plan, session, description) as t:`` around the compute: :func:`follow`, then
+    ``t.finish("ok")``, or ``"failed"`` with the error that left the block."""
+    tracked = follow(plan, session, description, **kwargs)
+    try:
+        yield tracked
+    except BaseException as e:
+        tracked.finish("failed", f"{type(e).__name__}: {e}")
+        raise
+    tracked.finish("ok")

@@ -1,0 +1,222 @@
+"""The step graph of a pipeline: inputs, steps and outputs as nodes, their dependencies as edges.
+
+Built from the plan's description (:func:`flowgpu.pipeline.describe`, a plain dict), so the same
+graph is drawn by ``flowgpu plan --format dot|svg``, by the flowgpu page of the Dask dashboard and
+by the run report. A step fused into another is drawn beside its root with a dashed edge to it; the
+steps of an included pipeline (``uses``) are named ``parent/step`` and hang under the ``uses`` node.
+
+>>> g = from_description({"name": "p", "steps": [
+...     {"name": "x", "kind": "input", "what": "normal", "deps": []},
+...     {"name": "y", "kind": "step", "what": "sum", "deps": ["x"]}],
+...     "outputs": {"t": {"from": "y", "sink": "summary"}}})
+>>> sorted(g.nodes), g.edges
+(['out:t', 'x', 'y'], [Edge(source='x', target='y', kind='data'), Edge(source='y', target='out:t', kind='output')])
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from typing import Any
+from xml.sax.saxutils import escape, quoteattr
+
+__all__ = ["StepGraph", "GraphNode", "Edge", "STATES", "STATE_COLORS", "from_description", "layout",
+           "to_dot", "to_svg", "to_dict", "from_dict"]
+
+# What a node can be doing during a run, and how every view colours it.
+STATES = ("waiting", "running", "done", "failed", "fused", "up-to-date")
+STATE_COLORS = {"waiting": "#e0e0e0", "running": "#ffd54f", "done": "#81c784", "failed": "#e57373",
+                "fused": "#b0bec5", "up-to-date": "#90caf9"}
+KIND_COLORS = {"input": "#bbdefb", "step": "#fff9c4", "uses": "#e1bee7", "output": "#c8e6c9"}
+
+
+@dataclass
+class GraphNode:
+    """One input, step, included pipeline (``uses``) or output."""
+
+    id: str
+    label: str
+    kind: str  # "input", "step", "uses" or "output"
+    what: str  # source, op, included file, or sink
+    parent: str | None = None  # the uses step that includes it
+    fused_into: str | None = None
+    info: dict[str, Any] = field(default_factory=dict)  # shape, dtype, tasks, bytes from the plan
+
+
+@dataclass(frozen=True)
+class Edge:
+    source: str
+    target: str
+    kind: str  # "data", "uses" (into an included pipeline), "fused" (into its root), "output"
+
+
+@dataclass
+class StepGraph:
+    name: str
+    nodes: dict[str, GraphNode]
+    edges: list[Edge]
+
+    def steps(self) -> list[str]:
+        """Every node but the outputs, in plan order."""
+        return [n for n, node in self.nodes.items() if node.kind != "output"]
+
+
+def from_description(desc: dict[str, Any]) -> StepGraph:
+    """The step graph of a plan description (``pipeline.describe(plan)``)."""
+    nodes: dict[str, GraphNode] = {}
+    edges: list[Edge] = []
+    for row in desc["steps"]:
+        name = row["name"]
+        parent = name.rsplit("/", 1)[0] if "/" in name else None
+        nodes[name] = GraphNode(name, name.rsplit("/", 1)[-1], row["kind"], str(row.get("what") or ""), parent,
+                                row.get("fused_into"),
+                                {k: row.get(k) for k in ("shape", "dtype", "tasks", "bytes", "fused")})
+        for dep in row.get("deps") or []:
+            edges.append(Edge(dep, name, "data"))
+        if row["kind"] == "input" and row.get("what") == "bound" and parent is not None:
+            edges.append(Edge(parent, name, "uses"))
+        if row.get("fused_into"):
+            edges.append(Edge(name, row["fused_into"], "fused"))
+    for out, o in desc.get("outputs", {}).items():
+        oid = f"out:{out}"
+        nodes[oid] = GraphNode(oid, out, "output", str(o.get("sink") or ""),
+                               info={k: o.get(k) for k in ("shape", "dtype", "bytes", "path")})
+        head = str(o["from"]).split(".")[0]
+        edges.append(Edge(head, oid, "output"))
+    edges = [e for e in edges if e.source in nodes and e.target in nodes]
+    return StepGraph(str(desc.get("name") or "pipeline"), nodes, edges)
+
+
+def layout(graph: StepGraph) -> dict[str, tuple[int, int]]:
+    """``{node: (column, row)}``: columns by longest path from an input, rows in plan order."""
+    preds: dict[str, list[str]] = {n: [] for n in graph.nodes}
+    succs: dict[str, list[str]] = {n: [] for n in graph.nodes}
+    for e in graph.edges:
+        preds[e.target].append(e.source)
+        succs[e.source].append(e.target)
+    waiting = {n: len(p) for n, p in preds.items()}
+    ready = [n for n, k in waiting.items() if k == 0]
+    depth: dict[str, int] = {}
+    while ready:  # in topological order: each node one column right of its deepest predecessor
+        n = ready.pop()
+        depth[n] = 1 + max((depth[p] for p in preds[n]), default=-1)
+        for t in succs[n]:
+            waiting[t] -= 1
+            if waiting[t] == 0:
+                ready.append(t)
+    rows: dict[int, int] = {}
+    out = {}
+    for n in graph.nodes:
+        d = depth.get(n, 0)  # (a node on a cycle, which a plan never has: the first column)
+        out[n] = (d, rows.get(d, 0))
+        rows[d] = rows.get(d, 0) + 1
+    return out
+
+
+def _color(node: GraphNode, states: dict[str, str] | None) -> str:
+    if states is not None:
+        return STATE_COLORS.get(states.get(node.id, "waiting"), STATE_COLORS["waiting"])
+    return "#eceff1" if node.fused_into else KIND_COLORS.get(node.kind, "#ffffff")
+
+
+def _dot_id(s: str) -> str:
+    return '"' + s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+def to_dot(graph: StepGraph, states: dict[str, str] | None = None) -> str:
+    """Graphviz text of the graph; ``states`` (node -> state) colours the nodes by state."""
+    lines = [f"digraph {_dot_id(graph.name)} {{", "  rankdir=LR;",
+             '  node [shape=box, style="rounded,filled", fontname="Helvetica", fontsize=11];']
+    children: dict[str | None, list[GraphNode]] = {}
+    for node in graph.nodes.values():
+        children.setdefault(node.parent, []).append(node)
+
+    def emit(parent: str | None, indent: str) -> None:
+        for node in children.get(parent, []):
+            label = f"{node.label}\n{node.what}" + (f"\n({states[node.id]})" if states and node.id in states else "")
+            shape = ", shape=note" if node.kind == "output" else ""
+            lines.append(f"{indent}{_dot_id(node.id)} [label={_dot_id(label)}, "
+                         f"fillcolor={_dot_id(_color(node, states))}{shape}];")
+            if node.id in children:
+                lines.append(f"{indent}subgraph {_dot_id('cluster_' + node.id)} {{")
+                lines.append(f"{indent}  label={_dot_id(node.id + ' (' + node.what + ')')}; style=dashed;")
+                emit(node.id, indent + "  ")
+                lines.append(f"{indent}}}")
+
+    emit(None, "  ")
+    styles = {"data": "", "output": "", "uses": " [style=dotted]", "fused": ' [style=dashed, label="fused"]'}
+    for e in graph.edges:
+        lines.append(f"  {_dot_id(e.source)} -> {_dot_id(e.target)}{styles[e.kind]};")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+_W, _H, _COL, _ROW, _PAD = 150, 46, 200, 64, 20
+
+
+def _own_svg(graph: StepGraph, states: dict[str, str] | None) -> str:
+    pos = layout(graph)
+    cols = 1 + max((c for c, _ in pos.values()), default=0)
+    rows = 1 + max((r for _, r in pos.values()), default=0)
+    width, height = 2 * _PAD + (cols - 1) * _COL + _W, 2 * _PAD + (rows - 1) * _ROW + _H + 20
+
+    def xy(n: str) -> tuple[int, int]:
+        c, r = pos[n]
+        return _PAD + c * _COL, _PAD + 20 + r * _ROW
+
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+             f'viewBox="0 0 {width} {height}" font-family="Helvetica, Arial, sans-serif" font-size="11">',
+             '<defs><marker id="arrow" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="7" markerHeight="7" '
+             'orient="auto-start-reverse"><path d="M 0 0 L 10 5 L 0 10 z" fill="#555"/></marker></defs>',
+             f'<title>{escape(graph.name)}</title>',
+             f'<text x="{_PAD}" y="{_PAD}" font-size="13" font-weight="bold">{escape(graph.name)}</text>']
+    for e in graph.edges:
+        (x1, y1), (x2, y2) = xy(e.source), xy(e.target)
+        dash = ' stroke-dasharray="5,3"' if e.kind in ("fused", "uses") else ""
+        parts.append(f'<line class="edge" data-source={quoteattr(e.source)} data-target={quoteattr(e.target)} '
+                     f'x1="{x1 + _W}" y1="{y1 + _H // 2}" x2="{x2}" y2="{y2 + _H // 2}" stroke="#555"{dash} '
+                     'marker-end="url(#arrow)"/>')
+    for n, node in graph.nodes.items():
+        x, y = xy(n)
+        state = states.get(n, "waiting") if states is not None else None
+        rx = 2 if node.kind == "output" else 8
+        parts.append(f'<g class="node" id={quoteattr("node-" + n)} data-kind="{node.kind}"'
+                     + (f' data-state="{state}"' if state else "") + f'><title>{escape(n)}</title>'
+                     f'<rect x="{x}" y="{y}" width="{_W}" height="{_H}" rx="{rx}" fill="{_color(node, states)}" '
+                     'stroke="#455a64"/>'
+                     f'<text x="{x + _W // 2}" y="{y + 18}" text-anchor="middle" font-weight="bold">'
+                     f'{escape(node.label)}</text>'
+                     f'<text x="{x + _W // 2}" y="{y + 34}" text-anchor="middle" fill="#37474f">'
+                     f'{escape(node.what + (" -> " + node.fused_into if node.fused_into else ""))}</text></g>')
+    parts.append("</svg>")
+    return "\n".join(parts) + "\n"
+
+
+def to_svg(graph: StepGraph, states: dict[str, str] | None = None, engine: str | None = "auto") -> str:
+    """SVG of the graph: through Graphviz's ``dot`` where it is installed (``engine="auto"``), else
+    (or with ``engine=None``) a plain layered drawing of our own."""
+    dot = shutil.which("dot") if engine == "auto" else None
+    if dot:
+        try:
+            done = subprocess.run([dot, "-Tsvg"], input=to_dot(graph, states), capture_output=True, text=True,
+                                  timeout=60, check=True)
+            return done.stdout
+        except (OSError, subprocess.SubprocessError):
+            pass  # a broken Graphviz: our own drawing is still a picture
+    return _own_svg(graph, states)
+
+
+def to_dict(graph: StepGraph) -> dict[str, Any]:
+    """Plain data (for the scheduler, a report, JSON): ``{"name", "nodes": [...], "edges": [...]}``."""
+    return {"name": graph.name,
+            "nodes": [{"id": n.id, "label": n.label, "kind": n.kind, "what": n.what, "parent": n.parent,
+                       "fused_into": n.fused_into, "info": n.info} for n in graph.nodes.values()],
+            "edges": [[e.source, e.target, e.kind] for e in graph.edges]}
+
+
+def from_dict(data: dict[str, Any]) -> StepGraph:
+    """The graph :func:`to_dict` made."""
+    nodes = {n["id"]: GraphNode(n["id"], n["label"], n["kind"], n["what"], n.get("parent"), n.get("fused_into"),
+                                dict(n.get("info") or {})) for n in data["nodes"]}
+    return StepGraph(data["name"], nodes, [Edge(*e) for e in data["edges"]])
