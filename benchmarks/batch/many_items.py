@@ -37,7 +37,7 @@ def by_hand(items: int, n: int, rows: int, out: str, client) -> list[float]:
     for seed in range(items):
         x = fg.normal((n, n), dtype="float32", seed=seed, loc=3.0, scale=2.0, chunks=(rows, -1))
         z = (x - x.mean(axis=0, keepdims=True)) / x.std(axis=0, keepdims=True)
-        writes.append(da.to_zarr(z, os.path.join(out, f"hand-{seed}.zarr"), overwrite=True, compute=False))
+        writes.append(da.to_zarr(fg.to_host(z), os.path.join(out, f"hand-{seed}.zarr"), overwrite=True, compute=False))
         sums += [(z * z).sum(), x.mean()]
     results = dask.compute(*writes, *sums, scheduler=client)
     return [float(v) for v in results[len(writes):]]

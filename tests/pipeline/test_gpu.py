@@ -49,13 +49,16 @@ def test_shipped_spec_on_gpu_matches_cpu(name, tmp_path, stack, gpu_session, mon
     gpu = pipeline.run(ROOT / name, overrides=small(name, tmp_path / "gpu", stack), session=gpu_session,
                        progress=False)
     assert gpu.summary["session"]["backend"] == "gpu"
-    for key, value in cpu.outputs.items():
-        if cpu.summary["outputs"][key]["sink"] == "summary":
-            np.testing.assert_allclose(gpu.outputs[key], value, rtol=2e-4, atol=1e-5)
-    gpu_files, cpu_files = _files(gpu), _files(cpu)
-    assert gpu_files.keys() == cpu_files.keys()
-    for key in cpu_files:
-        np.testing.assert_allclose(gpu_files[key], cpu_files[key], rtol=2e-4, atol=1e-5)
+    pairs = list(zip(cpu.items, gpu.items)) if isinstance(cpu, pipeline.BatchResult) else [(cpu, gpu)]
+    assert pairs and all(c.params == g.params for c, g in pairs)  # a batch: item by item
+    for c, g in pairs:
+        for key, value in c.outputs.items():
+            if c.summary["outputs"][key]["sink"] == "summary":
+                np.testing.assert_allclose(g.outputs[key], value, rtol=2e-4, atol=1e-5)
+        gpu_files, cpu_files = _files(g), _files(c)
+        assert gpu_files.keys() == cpu_files.keys()
+        for key in cpu_files:
+            np.testing.assert_allclose(gpu_files[key], cpu_files[key], rtol=2e-4, atol=1e-5)
 
 
 def test_quickstart_default_size_on_gpu(tmp_path, gpu_session, monkeypatch):
