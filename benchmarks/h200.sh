@@ -35,5 +35,5 @@ if [ "$part" = all ] || [ "$part" = 3 ]; then
   step batch_rerun 8 benchmarks.batch.rerun --n 2000 --repeats 3
 fi
 if [ "$part" = 4 ]; then  # not in all: the flowgpu page during an out-of-core pass, recorded for dashboard_replay
-  step dashboard_record 3 benchmarks.probes.dashboard_record --out "$out/dashboard-h200" --gib 32 --device-limit 8GB
+  step dashboard_record 3 benchmarks.probes.dashboard_record --out "$out/dashboard-h200" --gib 32 --device-limit 8GB --passes 3
 fi
