@@ -69,6 +69,7 @@ def test_pipeline_summary_reports_what_the_run_moved_between_tiers(rng):
     from rich.console import Console
 
     from flowgpu import pipeline
+    from flowgpu.diagnostics import render_summary
 
     seed = int(rng.integers(2**31))
     x = da.random.default_rng(seed).standard_normal(2**25, chunks=2**20)  # 256 MiB of float64, 8 MiB chunks
@@ -93,4 +94,5 @@ def test_pipeline_summary_reports_what_the_run_moved_between_tiers(rng):
     assert moves["disk_to_host"]["bytes"] <= 2**28 + 2**16  # each spilled chunk read back once at most
     # this run's moves only, not the persist's writes to disk before it
     assert moves.get("host_to_disk", {}).get("bytes", 0) < since_start["host_to_disk"]["bytes"]
+    render_summary(result.summary, Console(file=out, width=200))  # what `flowgpu run` prints on stdout
     assert "spilling: disk to host" in out.getvalue()
