@@ -14,7 +14,9 @@ import click
 
 from flowgpu.cli.common import EXIT_FAILED, EXIT_INVALID, _fail, handle_errors
 from flowgpu.errors import ClusterRunningError
+from flowgpu.diagnostics import monitor
 from flowgpu.runtime import standing
+from flowgpu.runtime.session import Session
 
 
 @click.group()
@@ -46,9 +48,19 @@ def start(gpus: str | None, backend: str | None, n_workers: int | None, threads_
                                dashboard_address=dashboard_address)
     except ClusterRunningError as e:
         _fail(str(e), EXIT_INVALID)
+    page = _install_page() if state["dashboard"] else None
     click.echo(f"cluster running at {state['address']}: {state['backend']}, {state['n_workers']} worker(s)")
-    click.echo(f"dashboard: {state['dashboard'] or 'off'}")
+    click.echo(f"dashboard: {page or state['dashboard'] or 'off'}")
     click.echo("'flowgpu run' uses it until you stop it: flowgpu cluster stop")
+
+
+def _install_page() -> str | None:
+    """The flowgpu page on the new cluster's dashboard now, before any run (a run would add it too)."""
+    joined = standing.session_kwargs()
+    if joined is None:
+        return None
+    with Session(joined.pop("address", None), **joined) as s:
+        return monitor.page_link(s.dashboard_link) if monitor.install(s.client) else None
 
 
 def _number(text: str | None) -> str | float | None:

@@ -15,6 +15,7 @@ import stat
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -74,6 +75,10 @@ def start(folder: Path, cwd: Path, backend: str = "cpu", fault: str | None = Non
     assert r.returncode == 0, r.stderr
     state = status(folder, cwd)
     assert state["address"] in r.stdout and "flowgpu cluster stop" in r.stdout
+    link = next(line.split(": ", 1)[1] for line in r.stdout.splitlines() if line.startswith("dashboard: "))
+    assert link.endswith("/flowgpu")  # the flowgpu page is there before the first run
+    with urllib.request.urlopen(link, timeout=20) as page:
+        assert page.status == 200 and b"flowgpu" in page.read()
     daemon = psutil.Process(state["daemon"]["pid"])
     state["all_pids"] = {p.pid: p for p in [daemon, *daemon.children(recursive=True)]}
     assert set(state["worker_pids"]) <= set(state["all_pids"]), "the workers are the daemon's children"
