@@ -16,7 +16,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import dask.config
-import jsonschema
 import yaml
 from dask.utils import parse_bytes, parse_timedelta
 
@@ -33,8 +32,8 @@ _NO_DEFAULT = object()
 
 
 def _load(path: str) -> dict:
-    with open(path) as f:
-        return yaml.safe_load(f)
+    with open(path) as f:  # libyaml's loader where PyYAML has it: this runs at every import of flowgpu
+        return yaml.load(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # noqa: S506 - a safe loader
 
 
 DEFAULTS = _load(DEFAULTS_PATH)
@@ -113,7 +112,6 @@ def parse_gpus(text: str) -> tuple[int, ...]:
     return tuple(map(int, items))
 
 
-_FORMATS = jsonschema.FormatChecker(formats=())
 _PHRASES = {"bytes": "a size such as '4GiB'", "duration": "a duration such as '30s'",
             "gpu-list": "a string such as '0,1'"}
 
@@ -127,8 +125,16 @@ def _parses(parse):
     return check
 
 
-for _name, _parse in (("bytes", parse_size), ("duration", parse_seconds), ("gpu-list", parse_gpus)):
-    _FORMATS.checks(_name, raises=ValueError)(_parses(_parse))
+@functools.lru_cache(maxsize=1)
+def _formats() -> Any:
+    """The formats of flowgpu-schema.yaml (bytes, duration, gpu-list) for jsonschema, which is imported
+    only when options are checked (it and its dependencies cost a tenth of a second at import)."""
+    import jsonschema  # noqa: PLC0415 - third-party, needed only to check options
+
+    formats = jsonschema.FormatChecker(formats=())
+    for name, parse in (("bytes", parse_size), ("duration", parse_seconds), ("gpu-list", parse_gpus)):
+        formats.checks(name, raises=ValueError)(_parses(parse))
+    return formats
 
 
 # -- checking ---------------------------------------------------------------------------------------
@@ -168,14 +174,16 @@ def allowed(schema: dict) -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def _validator(path: str) -> jsonschema.protocols.Validator:
+def _validator(path: str) -> Any:
+    import jsonschema  # noqa: PLC0415 - see _formats
+
     schema = SCHEMA
     for key in path.split("."):
         schema = schema["properties"][key]
-    return jsonschema.Draft202012Validator(schema, format_checker=_FORMATS)
+    return jsonschema.Draft202012Validator(schema, format_checker=_formats())
 
 
-def _reason(error: jsonschema.ValidationError) -> str:
+def _reason(error: Any) -> str:
     """Why the value fails, in words, from the error of the branch of an ``anyOf`` that fits it best."""
     if error.validator == "anyOf":
         tried = [e for e in error.context if e.validator != "type"]  # branches of the value's own type
