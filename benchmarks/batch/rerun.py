@@ -47,6 +47,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="flowgpu-bench-rerun-") as tmp:
         env = {**os.environ, "DASK_FLOWGPU__CLUSTER__DIRECTORY": os.path.join(tmp, "cluster"),
                "DASK_FLOWGPU__CACHE__DIRECTORY": os.path.join(tmp, "cache")}
+        env.pop("PYTHONDONTWRITEBYTECODE", None)  # as on a user's machine: modules compiled once, not per run
         run = ["run", str(SPEC), "-q", "--json", "--set", f"params.n={args.n}",
                "--set", f"params.out={os.path.join(tmp, 'out')}", *(["--backend", "cpu"] if args.cpu else [])]
         cold = median(lambda: flowgpu(*run, "--standalone", "--force", env=env)[0], args.repeats)
