@@ -125,3 +125,21 @@ def test_a_foreach_batch_has_a_row_per_item_on_the_page_and_in_its_report(sessio
                          report=str(tmp_path / "again.html"))
     assert again.summary["counts"] == {"up-to-date": 3}
     assert (tmp_path / "again.html").read_text().count('data-status="up-to-date"') == 3  # said, not computed
+
+
+@pytest.mark.gpu
+def test_the_page_on_a_gpu_session_shows_a_batch_and_the_memory_tiers(tmp_path, rng):
+    """On GPU workers: the page is served, a batch's items and steps are on it, with the tiers panel."""
+    x, spec = _spec(tmp_path, rng)
+    spec["params"] = {"k": 3.0}
+    spec["steps"]["y"]["args"] = {"b": "${params.k}"}
+    spec["outputs"]["y"]["path"] = str(tmp_path / "out" / "y-${params.k}.npy")
+    with fg.Session(backend="gpu", dashboard_address="127.0.0.1:0") as s:
+        result = pipeline.run(spec, session=s, progress=False, foreach={"k": [2.0, -1.5]})
+        _check_page(s)
+        v = _view(s)
+    for item in result.items:
+        np.testing.assert_allclose(item.outputs["s"], (item.params["k"] * x).mean(axis=0).sum(), rtol=1e-10)
+    assert v["run"]["status"] == "ok" and {st["id"] for st in v["steps"]} >= {"x", "y", "m", "s"}
+    assert {i["item"] for i in v["items"]} == {"k=2.0", "k=-1.5"} and all(i["status"] == "ok" for i in v["items"])
+    assert set(v["memory"]["series"]) >= {"t", "device", "host", "disk", "gbps"}
