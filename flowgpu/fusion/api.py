@@ -42,7 +42,7 @@ import numpy as np
 from flowgpu.errors import KernelError
 from flowgpu.fusion.compiled import REDUCTIONS
 from flowgpu.fusion.kernel import fused_elementwise
-from flowgpu.fusion.language import FUNCTIONS, is_scalar
+from flowgpu.fusion.language import FUNCTIONS, is_scalar, literal_text
 
 __all__ = ["fuse", "Fused"]
 
@@ -78,9 +78,8 @@ def _operand(tracer: _Tracer, v: Any) -> str:
     if isinstance(v, Sym):
         return v.text
     if isinstance(v, (bool, int, float)) and not isinstance(v, np.generic):
-        if isinstance(v, float) and not np.isfinite(v):
-            return tracer.bind(v)
-        return repr(v) if not isinstance(v, bool) else str(v)
+        text = literal_text(v)
+        return text if text is not None else tracer.bind(v)
     if is_scalar(v):  # NumPy scalars keep their dtype (they are not weak): pass them as inputs
         return tracer.bind(v)
     if isinstance(v, Reduced):

@@ -35,7 +35,7 @@ from dask.core import flatten
 from dask.highlevelgraph import HighLevelGraph
 
 from flowgpu.fusion.chunk import FusedChunk
-from flowgpu.fusion.language import FUNCTIONS, is_scalar
+from flowgpu.fusion.language import FUNCTIONS, is_scalar, literal_text
 
 __all__ = ["optimize", "rewrite_graph", "array_optimize", "fusing", "CONFIG_KEY"]
 
@@ -147,9 +147,9 @@ def rewrite_graph(hlg: Any, keep: set[str] = frozenset()) -> Any:
             for op in operands:
                 if op[0] == "scalar":
                     value = op[1]
-                    if isinstance(value, (bool, int, float)) and not isinstance(value, np.generic) \
-                            and np.isfinite(value):
-                        parts.append(repr(value))
+                    text = literal_text(value) if type(value) in (bool, int, float) else None
+                    if text is not None:
+                        parts.append(text)
                     else:
                         sname = f"s{len(scalars)}"
                         scalars.append((sname, value))

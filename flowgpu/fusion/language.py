@@ -26,6 +26,7 @@ from __future__ import annotations
 import ast
 import difflib
 import functools
+import math
 import operator
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -35,7 +36,8 @@ import numpy as np
 
 from flowgpu.errors import KernelError
 
-__all__ = ["parse", "Expr", "Node", "Name", "Const", "BinOp", "UnaryOp", "Call", "FUNCTIONS", "Typing", "is_scalar"]
+__all__ = ["parse", "Expr", "Node", "Name", "Const", "BinOp", "UnaryOp", "Call", "FUNCTIONS", "Typing", "is_scalar",
+           "literal_text"]
 
 # function name -> (number of arguments, family); the family tells the code generators how to type it
 FUNCTIONS: dict[str, tuple[int, str]] = {
@@ -111,6 +113,17 @@ class Call(Node):
 def is_scalar(value: Any) -> bool:
     """True for Python and NumPy scalars (bool, int, float), which are inlined into kernels."""
     return isinstance(value, (bool, int, float, np.bool_, np.integer, np.floating))
+
+
+def literal_text(value: Any) -> str | None:
+    """``value`` (a Python bool, int or float) as expression text, or None for NaN and infinities.
+
+    Negative numbers are parenthesised: ``(-2.0) ** x`` must not re-parse as ``-(2.0 ** x)``.
+    """
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    text = repr(value)
+    return f"({text})" if text.startswith("-") else text
 
 
 MAX_DEPTH = 200  # operations one expression may nest; deeper trees pass Python's recursion in codegen
