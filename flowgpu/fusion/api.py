@@ -54,10 +54,9 @@ class Untraceable(Exception):
 _UFUNCS = {
     "add": "+", "subtract": "-", "multiply": "*", "true_divide": "/", "divide": "/", "floor_divide": "//",
     "remainder": "%", "mod": "%", "power": "**", "bitwise_and": "&", "bitwise_or": "|", "bitwise_xor": "^",
-    "logical_and": "&", "logical_or": "|", "logical_xor": "^", "greater": ">", "greater_equal": ">=",
-    "less": "<", "less_equal": "<=", "equal": "==", "not_equal": "!=",
-}
-_UNARY_UFUNCS = {"negative": "-", "invert": "~", "logical_not": "~", "positive": "+"}
+    "greater": ">", "greater_equal": ">=", "less": "<", "less_equal": "<=", "equal": "==", "not_equal": "!=",
+}  # logical_and/or/xor/not are functions of the language: & | ^ ~ are bitwise on integers
+_UNARY_UFUNCS = {"negative": "-", "invert": "~", "positive": "+"}
 _REDUCTIONS = {"sum": "sum", "mean": "mean", "min": "min", "amin": "min", "max": "max", "amax": "max",
                "prod": "prod"}
 

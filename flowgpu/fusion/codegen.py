@@ -31,6 +31,9 @@ C_TYPES = {
 }
 
 
+_LOGICAL = {"logical_and": "&", "logical_or": "|", "logical_xor": "^"}
+
+
 def c_type(dtype: Any) -> str:
     """The C type of a NumPy dtype; KernelError for dtypes fused kernels do not handle."""
     name = np.dtype(dtype).name
@@ -151,6 +154,9 @@ class Generator:
         if family == "where":
             return self.TEMPLATES["select"].format(self.gen(args[0], np.dtype(bool)), self.gen(args[1], d), self.gen(args[2], d))
         gen = [self.gen(a, d) for a in args]
+        if family == "logical":  # d is bool: the operands are cast to bool (nonzero, NaN included)
+            return self.TEMPLATES["not"].format(gen[0]) if f == "logical_not" else \
+                f"({gen[0]} {self.LOGICAL[_LOGICAL[f]]} {gen[1]})"
         if family == "round" and d.kind != "f":
             return gen[0]
         if family in ("float", "round"):

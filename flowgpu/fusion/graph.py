@@ -51,10 +51,9 @@ _UNARY = {operator.neg: "-", operator.invert: "~", operator.pos: "+"}
 _UFUNC_BINARY = {
     "add": "+", "subtract": "-", "multiply": "*", "true_divide": "/", "divide": "/", "floor_divide": "//",
     "remainder": "%", "power": "**", "greater": ">", "greater_equal": ">=", "less": "<", "less_equal": "<=",
-    "equal": "==", "not_equal": "!=", "logical_and": "&", "logical_or": "|", "logical_xor": "^",
-    "bitwise_and": "&", "bitwise_or": "|", "bitwise_xor": "^",
-}
-_UFUNC_UNARY = {"negative": "-", "invert": "~", "logical_not": "~", "positive": "+"}
+    "equal": "==", "not_equal": "!=", "bitwise_and": "&", "bitwise_or": "|", "bitwise_xor": "^",
+}  # logical_and/or/xor/not are functions of the language: & | ^ ~ are bitwise on integers
+_UFUNC_UNARY = {"negative": "-", "invert": "~", "positive": "+"}
 
 
 def _template(func: Any, nargs: int) -> str | None:

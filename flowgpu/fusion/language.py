@@ -3,7 +3,8 @@
 ``parse("(x * 2 + 1) ** 2 - x")`` reads a whitelisted subset of Python expressions with :mod:`ast`
 (it never calls ``eval``): names, numeric literals, ``+ - * / // % **``, unary ``-``/``+``,
 comparisons (chains such as ``0 < x < 1`` mean ``(0 < x) & (x < 1)``), ``& | ^ ~`` on booleans or
-integers, and calls of the functions in :data:`FUNCTIONS`. Anything else (attributes, subscripts,
+integers (bitwise on integers, as in NumPy; ``logical_and/or/xor/not`` give booleans of any operands),
+and calls of the functions in :data:`FUNCTIONS`. Anything else (attributes, subscripts,
 lambdas, comprehensions, unknown names or functions) raises :class:`~flowgpu.errors.KernelError`
 naming the token and its column.
 
@@ -50,6 +51,7 @@ FUNCTIONS: dict[str, tuple[int, str]] = {
     "reciprocal": (1, "reciprocal"), "sign": (1, "sign"),
     **{f: (2, "binary") for f in ("minimum", "maximum", "fmin", "fmax", "arctan2", "hypot", "power")},
     "where": (3, "where"), "clip": (3, "clip"),
+    **{f: (2, "logical") for f in ("logical_and", "logical_or", "logical_xor")}, "logical_not": (1, "logical"),
 }
 
 BINARY_OPS = {

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import flowgpu as fg
-from flowgpu.fusion import fusing
+from flowgpu.fusion import fused_elementwise, fusing
 from flowgpu.fusion.chunk import FusedChunk
 
 pytestmark = pytest.mark.timeout(120)
@@ -50,3 +50,62 @@ def test_negative_scalar_base_of_power(rng):
     _same(fg.fuse(lambda a: (-2.0) ** (a + 1) * (-3) ** (a - 1))(x).compute(), want)
     total = fg.fuse(lambda a: ((-2.0) ** (a + 1)).sum())(x).compute()
     assert float(total) == pytest.approx(((-2.0) ** (xn + 1)).sum(), rel=1e-12)
+
+
+# ------------------------------------------------- bug 2: logical_and/or/xor/not were bitwise
+
+LOGICAL = {
+    "logical_and": lambda a, b: np.logical_and(a + 1, b - 1),
+    "logical_or": lambda a, b: np.logical_or(a * 2, b),
+    "logical_xor": lambda a, b: np.logical_xor(a - 1, b + 1),
+    "logical_not": lambda a, b: np.logical_not(a + b),
+}
+
+
+def _logical_inputs(rng, kind: str) -> tuple[np.ndarray, np.ndarray]:
+    """Values where each operand above is zero (false), nonzero and, for floats, NaN (true)."""
+    if kind == "int":  # values whose bits differ from their truth (2 & 1 == 0)
+        return rng.integers(-3, 4, (25, 16)), rng.integers(-3, 4, (25, 16))
+    pool = np.concatenate([[-1.0, 0.0, 1.0, np.nan], rng.random(4) * 6 - 3])
+    return rng.choice(pool, (25, 16)), rng.choice(pool, (25, 16))
+
+
+@pytest.mark.parametrize("kind", ["int", "float"])
+@pytest.mark.parametrize("name", list(LOGICAL))
+def test_logical_ufuncs_are_logical(rng, name, kind):
+    """Bug 2: np.logical_* became & | ^ ~: bitwise values and int dtype on ints, KernelError on floats."""
+    f = LOGICAL[name]
+    xn, yn = _logical_inputs(rng, kind)
+    x, y = da.from_array(xn, chunks=(10, 7)), da.from_array(yn, chunks=(10, 7))
+    want = f(xn, yn)
+    assert want.dtype == np.bool_ and want.any() and not want.all()
+    (text,) = _fused_texts(fg.optimize(f(x, y) | (x > 10)))  # fused with its neighbours, as a function
+    assert f"{name}(" in text
+    _same(_under_fusing(f(x, y)), want)
+    _same(fg.fuse(f)(x, y).compute(), want)
+    assert int(fg.fuse(lambda a, b: f(a, b).sum())(x, y).compute()) == int(want.sum())
+
+
+def test_logical_functions_in_the_language(rng):
+    """Bug 2: the expression language has logical_and/or/xor/not, typed bool, on any operands."""
+    xn, yn = _logical_inputs(rng, "float")
+    kn = rng.integers(-2, 3, xn.shape).astype(np.int32)
+    env = {"x": da.from_array(xn, chunks=9), "y": da.from_array(yn, chunks=9), "k": da.from_array(kn, chunks=9)}
+    text = "logical_or(logical_and(x + 1, k), logical_xor(y, 0.5)) & logical_not(k - 1)"
+    want = np.logical_or(np.logical_and(xn + 1, kn), np.logical_xor(yn, 0.5)) & np.logical_not(kn - 1)
+    _same(fused_elementwise(text, env).compute(), want)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["int", "float"])
+def test_gpu_logical_ufuncs_are_logical(rng, kind):
+    """Bug 2 on CuPy chunks: the same values and bool dtype as NumPy."""
+    import cupy as cp
+
+    xn, yn = _logical_inputs(rng, kind)
+    x, y = (da.from_array(cp.asarray(v), chunks=(10, 7)) for v in (xn, yn))
+    for name, f in LOGICAL.items():
+        got = _under_fusing(f(x, y))
+        assert isinstance(got, cp.ndarray), name
+        _same(cp.asnumpy(got), f(xn, yn))
+        _same(cp.asnumpy(fg.fuse(f)(x, y).compute()), f(xn, yn))
