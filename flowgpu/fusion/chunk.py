@@ -16,6 +16,7 @@ import numpy as np
 from flowgpu.backend import import_cupy, is_cupy
 from flowgpu.errors import KernelError
 from flowgpu.fusion import tiled
+from flowgpu.fusion.codegen import Unfusable
 from flowgpu.fusion.compiled import cuda_combine, elementwise_kernel, reduce_kernel, reduction_dtypes
 from flowgpu.fusion.language import Expr, parse
 
@@ -70,6 +71,8 @@ class FusedChunk:
                 return kern(*blocks)
             return reduce_chunk(expr, self.arrays, blocks, self.scalars, out_dtype, self.reduction,
                                 self.axes, backend)
+        except Unfusable:  # NumPy semantics no kernel has (e.g. it raises on some values): the array library's
+            return self.unfused(expr, blocks, backend, out_dtype)
         except KernelError:
             raise
         except Exception as e:  # a compiler that refuses the code: stay correct, unfused

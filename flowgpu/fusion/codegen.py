@@ -22,13 +22,18 @@ import numpy as np
 from flowgpu.errors import KernelError
 from flowgpu.fusion.language import COMPARISONS, FUNCTIONS, BinOp, Call, Const, Expr, Name, Node, Typing, UnaryOp
 
-__all__ = ["Generator", "generate", "C_TYPES", "c_type"]
+__all__ = ["Generator", "generate", "C_TYPES", "c_type", "Unfusable"]
 
 C_TYPES = {
     "bool": "bool", "int8": "signed char", "int16": "short", "int32": "int", "int64": "long long",
     "uint8": "unsigned char", "uint16": "unsigned short", "uint32": "unsigned int",
     "uint64": "unsigned long long", "float16": "float16", "float32": "float", "float64": "double",
 }
+
+
+class Unfusable(KernelError):
+    """NumPy semantics no kernel reproduces (an error NumPy raises for some values, such as an integer
+    to a negative integer power): the chunk is computed by its array library instead."""
 
 
 _LOGICAL = {"logical_and": "&", "logical_or": "|", "logical_xor": "^"}
@@ -126,7 +131,14 @@ class Generator:
             return f"({a} {self.LOGICAL[op]} {b})"
         return self.arith(op, a, b, d)
 
+    def int_power(self, exponent: Node, d: np.dtype) -> None:
+        """Refuse an integer power whose exponent may be negative, where NumPy raises ValueError."""
+        if d.kind in "iu" and self.t.value(exponent) is None and self.t.dtype(exponent).kind == "i":
+            raise Unfusable(f"expression {self.expr.text!r}: an integer power with a signed integer array as "
+                            "exponent (NumPy raises for negative exponents)")
+
     def power(self, node: BinOp, d: np.dtype) -> str:
+        self.int_power(node.right, d)
         a = self.gen(node.left, d)
         exp = self.t.value(node.right) if self.t.weak(node.right) else None
         if exp is not None and d.kind in "fiu":
@@ -174,6 +186,7 @@ class Generator:
         if family == "clip":
             return self.TEMPLATES["clip"].format(*gen)
         if f == "power":
+            self.int_power(args[1], d)
             return self.helper(self.HELPERS["**"], d, *gen)
         return f"{self.function(f)}({gen[0]}, {gen[1]})"  # minimum, maximum, fmin, fmax, arctan2, hypot
 

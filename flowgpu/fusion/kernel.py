@@ -35,6 +35,7 @@ from dask.highlevelgraph import HighLevelGraph
 from flowgpu.backend import import_cupy, is_cupy
 from flowgpu.errors import KernelError
 from flowgpu.fusion.chunk import FusedChunk
+from flowgpu.fusion.codegen import Unfusable
 from flowgpu.fusion.codegen_cpu import to_python
 from flowgpu.fusion.compiled import REDUCTIONS, reduction_dtypes
 from flowgpu.fusion.language import Expr, is_scalar, parse
@@ -106,7 +107,10 @@ def fused_elementwise(expression: str, inputs: Mapping[str, Any], *, dtype: Any 
     types = {**{n: a.dtype for n, a in arrays.items()}, **dict(scalars)}
     natural = expr.result_dtype(types)
     out_dtype = np.dtype(dtype) if dtype is not None else natural
-    to_python(expr, types, names, out_dtype=out_dtype)  # refuse complex, strings, ... here
+    try:
+        to_python(expr, types, names, out_dtype=out_dtype)  # refuse complex, strings, ... here
+    except Unfusable:
+        pass  # each chunk is computed by its array library (FusedChunk)
     ndim = max(a.ndim for a in arrays.values())
     arrs = list(arrays.values())
     if reduction is None:

@@ -7,6 +7,8 @@ values and dtypes must be NumPy's.
 
 from __future__ import annotations
 
+import warnings
+
 import dask.array as da
 import numpy as np
 import pytest
@@ -109,3 +111,59 @@ def test_gpu_logical_ufuncs_are_logical(rng, kind):
         assert isinstance(got, cp.ndarray), name
         _same(cp.asnumpy(got), f(xn, yn))
         _same(cp.asnumpy(fg.fuse(f)(x, y).compute()), f(xn, yn))
+
+
+# ------------------------------------------------- bug 4: an integer to a negative integer power
+
+
+def test_integer_power_negative_exponent_raises_as_numpy(rng):
+    """Bug 4: `(x + 1) ** y` on int arrays with negative y returned values where NumPy raises ValueError.
+
+    The fused path leaves integer ** signed-integer-array to the array library (no kernel can raise
+    per element), which raises NumPy's own error; other powers stay fused.
+    """
+    xn, yn = rng.integers(-4, 5, 40), rng.integers(-3, 4, 40)
+    yn[rng.integers(0, 40)] = -1
+    x, y = da.from_array(xn, chunks=13), da.from_array(yn, chunks=13)
+    with pytest.raises(ValueError, match="negative integer powers"):
+        (xn + 1) ** yn
+    with pytest.raises(ValueError, match="negative integer powers"):
+        _under_fusing((x + 1) ** y)
+    with pytest.raises(ValueError, match="negative integer powers"):
+        _under_fusing(np.power(x * 2, y) - 1)
+    with pytest.raises(ValueError, match="negative integer powers"):
+        fg.fuse(lambda a, b: (a + 1) ** b)(x, y).compute()
+    with pytest.raises(ValueError, match="negative integer powers"):
+        fg.fuse(lambda a, b: ((a + 1) ** b).sum())(x, y).compute()
+
+
+@pytest.mark.parametrize("exp_dtype", ["int8", "int64", "uint8"])
+def test_integer_power_nonnegative_exponent_matches_numpy(rng, exp_dtype):
+    """Bug 4: with non-negative exponents integer powers still give NumPy's values and dtype."""
+    xn = rng.integers(-4, 5, (20, 12)).astype(np.int32)
+    yn = rng.integers(0, 5, (20, 12)).astype(exp_dtype)
+    x, y = da.from_array(xn, chunks=7), da.from_array(yn, chunks=7)
+    want = (xn + 1) ** yn - xn
+    assert want.dtype.kind == "i"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # no "could not compile a fused kernel": fused
+        _same(_under_fusing((x + 1) ** y - x), want)
+        _same(fg.fuse(lambda a, b: (a + 1) ** b - a)(x, y).compute(), want)
+        _same(fused_elementwise("power(x + 1, y) - x", {"x": x, "y": y}).compute(), want)
+        assert int(fg.fuse(lambda a, b: ((a + 1) ** b - a).sum())(x, y).compute()) == int(want.sum())
+        _same(fused_elementwise("(x + 1) ** 3 - x", {"x": x}).compute(), (xn + 1) ** 3 - xn)
+
+
+@pytest.mark.gpu
+def test_gpu_integer_power_signed_exponent_is_cupys(rng):
+    """Bug 4 on CuPy chunks: integer ** signed-integer array gives what CuPy itself gives, unfused."""
+    import cupy as cp
+
+    xn, yn = rng.integers(-4, 5, 4000), rng.integers(-3, 4, 4000)
+    xc, yc = cp.asarray(xn), cp.asarray(yn)
+    x, y = da.from_array(xc, chunks=1000), da.from_array(yc, chunks=1000)
+    want = cp.asnumpy((xc + 1) ** yc)
+    got = cp.asnumpy(fg.fuse(lambda a, b: (a + 1) ** b)(x, y).compute())
+    _same(got, want)
+    ok = cp.abs(yc)
+    _same(cp.asnumpy(_under_fusing((x + 1) ** da.from_array(ok, chunks=1000))), (xn + 1) ** np.abs(yn))
