@@ -37,6 +37,9 @@ class Unfusable(KernelError):
 
 
 _LOGICAL = {"logical_and": "&", "logical_or": "|", "logical_xor": "^"}
+# ``a op b`` when a is below (-1) or above (+1) every value b can have
+_ORDERED = {"<": (True, False), "<=": (True, False), ">": (False, True), ">=": (False, True),
+            "==": (False, False), "!=": (True, True)}
 
 
 def c_type(dtype: Any) -> str:
@@ -121,6 +124,9 @@ class Generator:
         op = node.op
         if op in COMPARISONS:
             c = self.t.compare_dtype(node)
+            side = self.beyond(node.left, c) or -self.beyond(node.right, c)
+            if side:  # NumPy compares a Python int outside the dtype's range exactly: it never wraps
+                return self.literal(_ORDERED[op][side > 0], np.dtype(bool))
             return f"({self.gen(node.left, c)} {op} {self.gen(node.right, c)})"
         if op == "**":
             return self.power(node, d)
@@ -130,6 +136,14 @@ class Generator:
                 raise KernelError(f"expression {self.expr.text!r}: {op!r} on booleans is not supported")
             return f"({a} {self.LOGICAL[op]} {b})"
         return self.arith(op, a, b, d)
+
+    def beyond(self, node: Node, c: np.dtype) -> int:
+        """+1 (-1) when ``node`` is a weak Python int above (below) the range of integer dtype ``c``, else 0."""
+        v = self.t.value(node) if c.kind in "iu" and self.t.weak(node) else None
+        if not isinstance(v, int) or isinstance(v, bool):
+            return 0
+        info = np.iinfo(c)
+        return 1 if v > info.max else -1 if v < info.min else 0
 
     def int_power(self, exponent: Node, d: np.dtype) -> None:
         """Refuse an integer power whose exponent may be negative, where NumPy raises ValueError."""

@@ -167,3 +167,59 @@ def test_gpu_integer_power_signed_exponent_is_cupys(rng):
     _same(got, want)
     ok = cp.abs(yc)
     _same(cp.asnumpy(_under_fusing((x + 1) ** da.from_array(ok, chunks=1000))), (xn + 1) ** np.abs(yn))
+
+
+# ------------------------------------------------- bug 5: Python ints outside the chain's dtype
+
+BIG = {
+    "lt 2**63": lambda a: (a + 1) < 2**63,
+    "eq 2**64": lambda a: (a * 2) == 2**64,
+    "ne 2**64": lambda a: (a * 2) != 2**64,
+    "2**63 gt": lambda a: 2**63 > (a - 1),
+    "ge -2**70": lambda a: (a - 1) >= -2**70,
+    "le -2**64": lambda a: (a + 1) <= -2**64,
+}
+
+
+@pytest.mark.parametrize("name", list(BIG))
+def test_python_int_outside_int64_in_comparison(rng, name):
+    """Bug 5: `(x + 1) < 2**63` was all False (the literal wrapped); `(x * 2) == 2**64` crashed `fusing()`."""
+    f = BIG[name]
+    xn = rng.integers(-10**6, 10**6, (30, 10))
+    x = da.from_array(xn, chunks=(8, 6))
+    want = f(xn) & (xn > 0) | (xn < -5 * 10**5)  # both values occur
+    assert want.any() and not want.all()
+    lazy = f(x) & (x > 0) | (x < -5 * 10**5)
+    (text,) = _fused_texts(fg.optimize(lazy))
+    assert str(2**63) in text or str(2**64) in text or str(2**70) in text
+    _same(_under_fusing(lazy), want)
+    _same(fg.fuse(lambda a: f(a) & (a > 0) | (a < -5 * 10**5))(x).compute(), want)
+
+
+@pytest.mark.parametrize("dtype, text, python", [
+    ("int8", "x < 1000", lambda x: x < 1000),
+    ("int8", "-1000 < x - 1", lambda x: -1000 < x - 1),
+    ("uint8", "x >= -1", lambda x: x >= -1),
+    ("uint64", "(x + 1) < 2**64", lambda x: (x + 1) < 2**64),
+    ("uint64", "x == -1", lambda x: x == -1),
+    ("int32", "(x < 2**40) & (x > 3)", lambda x: (x < 2**40) & (x > 3)),
+])
+def test_python_int_outside_the_dtype_in_the_language(rng, dtype, text, python):
+    """Bug 5: any comparison with a Python int beyond the other side's dtype is NumPy's, never wrapped."""
+    xn = rng.integers(0, 100, 64).astype(dtype)
+    want = python(xn)
+    got = fused_elementwise(text, {"x": da.from_array(xn, chunks=20)}).compute()
+    _same(got, want)
+    _same(_under_fusing(python(da.from_array(xn, chunks=20))), want)
+
+
+@pytest.mark.gpu
+def test_gpu_python_int_outside_int64_in_comparison(rng):
+    """Bug 5 on CuPy chunks: the same as NumPy."""
+    import cupy as cp
+
+    xn = rng.integers(-10**6, 10**6, 5000)
+    x = da.from_array(cp.asarray(xn), chunks=1000)
+    for name, f in BIG.items():
+        _same(cp.asnumpy(_under_fusing(f(x) | (x > 0))), f(xn) | (xn > 0))
+        _same(cp.asnumpy(fg.fuse(lambda a: f(a) | (a > 0))(x).compute()), f(xn) | (xn > 0))
