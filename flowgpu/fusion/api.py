@@ -127,8 +127,8 @@ class Reduced(_Lazy):
         self.sym, self.reduction, self.axis, self.keepdims, self.dtype = sym, reduction, axis, keepdims, dtype
 
     def materialize(self) -> Any:
-        out = fused_elementwise(self.sym.text, self.sym.tracer.inputs, reduction=self.reduction,
-                                axis=self.axis, keepdims=self.keepdims)
+        out = _fused(self.sym.text, self.sym.tracer.inputs, reduction=self.reduction,
+                     axis=self.axis, keepdims=self.keepdims)
         return out.astype(self.dtype) if self.dtype is not None else out
 
 
@@ -230,6 +230,13 @@ class Sym:
         raise Untraceable(f"numpy.{name}")
 
 
+def _fused(text: str, inputs: dict, **kwargs: Any) -> Any:
+    try:
+        return fused_elementwise(text, inputs, **kwargs)
+    except KernelError as e:  # no kernel takes it (complex or datetime inputs, nested too deep, ...)
+        raise Untraceable(str(e).splitlines()[0]) from None
+
+
 def _trace(fn: Callable, args: tuple, kwargs: dict) -> tuple[_Tracer, Any]:
     tracer = _Tracer()
 
@@ -266,7 +273,7 @@ class Fused:
         if isinstance(out, Sym):
             if self.reduce is not None:
                 return Reduced(out, self.reduce, self.axis, self.keepdims).materialize()
-            return fused_elementwise(out.text, out.tracer.inputs)
+            return _fused(out.text, out.tracer.inputs)
         if isinstance(out, _Lazy):
             if self.reduce is not None:
                 raise KernelError(f"{self!r}: the function already reduces; drop reduce={self.reduce!r}")

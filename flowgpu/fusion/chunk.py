@@ -3,7 +3,9 @@
 A :class:`FusedChunk` is the function in every task of a fused graph. It carries the expression's
 text, never a compiled kernel (those stay in :mod:`flowgpu.fusion.compiled`'s per-process cache),
 so tasks pickle small and each worker compiles once. A kernel that its compiler refuses is
-computed unfused instead, with one warning per expression: correct, but slower.
+computed unfused instead, with one warning per expression: correct, but slower. A chain that
+:mod:`flowgpu.fusion.graph` rewrote carries dask's own functions as a :class:`Chain`: on chunks no
+kernel takes (complex, datetime, object, ...) those run instead, exactly as dask's tasks would.
 """
 
 from __future__ import annotations
@@ -16,20 +18,50 @@ import numpy as np
 from flowgpu.backend import import_cupy, is_cupy
 from flowgpu.errors import KernelError
 from flowgpu.fusion import tiled
-from flowgpu.fusion.codegen import Unfusable
+from flowgpu.fusion.codegen import C_TYPES, Unfusable
 from flowgpu.fusion.compiled import cuda_combine, elementwise_kernel, reduce_kernel, reduction_dtypes
 from flowgpu.fusion.language import Expr, parse
 
-__all__ = ["FusedChunk", "reduce_chunk"]
+__all__ = ["FusedChunk", "Chain", "reduce_chunk"]
 
 _ROW = 1 << 16  # elements per row when a flat GPU chunk is reduced as (rows, _ROW)
+_KERNEL_DTYPES = frozenset(np.dtype(name) for name in C_TYPES)  # what the code generators take
+
+
+class Chain:
+    """dask's own functions of a rewritten chain, nested: ``chain(*blocks)`` calls them in dask's order.
+
+    ``args`` are ``("block", i)`` (the i-th input block), ``("value", v)`` (a scalar argument) or
+    ``("call", Chain)`` (the result of an inner function).
+    """
+
+    def __init__(self, func: Any, args: tuple):
+        self.func = func
+        self.args = args
+
+    def __call__(self, *blocks: Any) -> Any:
+        return self.func(*[blocks[a] if kind == "block" else a(*blocks) if kind == "call" else a
+                           for kind, a in self.args])
+
+
+def _identity(reduction: str, dtype: np.dtype) -> Any:
+    """The partial of ``reduction`` over no values (what combines with the others to change nothing)."""
+    if reduction in ("sum", "mean", "prod"):
+        return 1 if reduction == "prod" else 0
+    if dtype.kind == "b":
+        return reduction == "min"
+    if dtype.kind == "f":
+        return np.inf if reduction == "min" else -np.inf
+    info = np.iinfo(dtype)
+    return info.max if reduction == "min" else info.min
 
 
 class FusedChunk:
     """Picklable per-chunk function; compiled kernels live in the module cache, never in the task."""
 
     def __init__(self, text: str, arrays: tuple[str, ...], scalars: tuple, out_dtype: np.dtype,
-                 reduction: str | None = None, axes: tuple[int, ...] = ()):
+                 reduction: str | None = None, axes: tuple[int, ...] = (), fallback: Chain | None = None):
+        self.fallback = fallback  # dask's own functions, for chunks no kernel takes
         self.text = text
         self.arrays = arrays
         self.scalars = scalars
@@ -51,16 +83,26 @@ class FusedChunk:
         return out
 
     def __call__(self, *blocks: Any) -> Any:
-        expr = parse(self.text)
         backend = "cupy" if any(is_cupy(b) for b in blocks) else "numpy"
+        if self.reduction is not None:
+            shape = np.broadcast_shapes(*(b.shape for b in blocks))
+            if any(shape[a] == 0 for a in self.axes):  # a zero-size chunk: the identity, as no values give
+                acc, _ = reduction_dtypes(self.reduction, self.out_dtype)
+                xp = import_cupy() if backend == "cupy" else np
+                out_shape = tuple(1 if i in self.axes else s for i, s in enumerate(shape))
+                return xp.full(out_shape, _identity(self.reduction, acc), dtype=acc)
+        given = blocks
+        if self.fallback is not None and not all(getattr(b, "dtype", None) in _KERNEL_DTYPES for b in blocks):
+            return self.fallback(*blocks)  # complex, datetime, object, ...: dask's own functions
         if backend == "cupy":
             cp = import_cupy()
             blocks = tuple(cp.asarray(b) for b in blocks)
         dtypes = tuple(b.dtype for b in blocks)
-        out_dtype = self.out_dtype
-        if out_dtype is None:
-            out_dtype = expr.result_dtype({**dict(zip(self.arrays, dtypes)), **dict(self.scalars)})
         try:
+            expr = parse(self.text)
+            out_dtype = self.out_dtype
+            if out_dtype is None:
+                out_dtype = expr.result_dtype({**dict(zip(self.arrays, dtypes)), **dict(self.scalars)})
             if self.reduction is None:
                 kern = elementwise_kernel(expr, self.arrays, dtypes, self.scalars, out_dtype, backend)
                 if backend == "cupy" and any(b.ndim == 0 for b in blocks):
@@ -74,9 +116,13 @@ class FusedChunk:
         except Unfusable:  # NumPy semantics no kernel has (e.g. it raises on some values): the array library's
             return self.unfused(expr, blocks, backend, out_dtype)
         except KernelError:
+            if self.fallback is not None:  # a chain no kernel takes: as dask built it
+                return self.fallback(*given)
             raise
         except Exception as e:  # a compiler that refuses the code: stay correct, unfused
             _warn_unfused(self.text, e)
+            if self.fallback is not None:
+                return self.fallback(*given)
             return self.unfused(expr, blocks, backend, out_dtype)
 
     def unfused(self, expr: Expr, blocks: tuple, backend: str, out_dtype: np.dtype) -> Any:
@@ -115,8 +161,6 @@ def reduce_chunk(expr: Expr, arrays: tuple[str, ...], blocks: tuple, scalars: tu
     n = int(np.prod(shape, dtype=np.int64))
     if backend == "numpy":
         same = all(b.shape == shape for b in blocks)
-        if full and same and n == 0 and reduction in ("min", "max"):
-            raise ValueError(f"zero-size array to reduction operation {reduction} which has no identity")
         if full and same and all(b.flags.c_contiguous for b in blocks):
             kern = reduce_kernel(expr, arrays, dtypes, scalars, val_dtype, reduction, backend, 1)
             return np.full(out_shape, kern(n, *[b.reshape(-1) for b in blocks]), dtype=acc)

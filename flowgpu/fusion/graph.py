@@ -21,6 +21,7 @@ the fused result; use :func:`flowgpu.fuse` to fuse the reduction too.
 from __future__ import annotations
 
 import contextlib
+import graphlib
 import operator
 from collections.abc import Iterator
 from typing import Any
@@ -34,12 +35,13 @@ from dask.blockwise import Blockwise, blockwise_token
 from dask.core import flatten
 from dask.highlevelgraph import HighLevelGraph
 
-from flowgpu.fusion.chunk import FusedChunk
+from flowgpu.fusion.chunk import Chain, FusedChunk
 from flowgpu.fusion.language import FUNCTIONS, is_scalar, literal_text
 
 __all__ = ["optimize", "rewrite_graph", "array_optimize", "fusing", "CONFIG_KEY"]
 
 CONFIG_KEY = "flowgpu.fuse-ufuncs"
+MAX_FUSED_OPS = 32  # operations one fused layer nests at most: a longer chain becomes several kernels
 
 _BINARY = {
     operator.add: "+", operator.sub: "-", operator.mul: "*", operator.truediv: "/",
@@ -125,9 +127,20 @@ def rewrite_graph(hlg: Any, keep: set[str] = frozenset()) -> Any:
         for d in ds:
             dependents.setdefault(d, set()).add(k)
 
+    cut: set[str] = set()  # layers that end a segment of a long chain (each nests one level deeper)
+
     def inlinable(name: str) -> bool:
         users = dependents.get(name, set())
-        return name in elem and name not in keep and len(users) == 1 and next(iter(users)) in elem
+        return name in elem and name not in keep and name not in cut and len(users) == 1 \
+            and next(iter(users)) in elem
+
+    srcs = {name: {op[1] for op in operands if op[0] == "array" and op[1] in elem}
+            for name, (_, operands) in elem.items()}
+    depth: dict[str, int] = {}  # layers nested in a layer's expression, itself included
+    for name in graphlib.TopologicalSorter(srcs).static_order():
+        depth[name] = 1 + max((depth[s] for s in srcs[name] if inlinable(s)), default=0)
+        if depth[name] >= MAX_FUSED_OPS:
+            cut.add(name)
 
     changed = False
     for root in list(elem):
@@ -138,14 +151,16 @@ def rewrite_graph(hlg: Any, keep: set[str] = frozenset()) -> Any:
         numblocks: dict[str, Any] = {}
         n_ops = 0
 
-        def build(name: str, rename: dict) -> str:
+        def build(name: str, rename: dict) -> tuple[str, Chain]:
             nonlocal n_ops
             n_ops += 1
             template, operands = elem[name]
             parts = []
+            calls = []  # dask's own function of this layer, over the same operands
             for op in operands:
                 if op[0] == "scalar":
                     value = op[1]
+                    calls.append(("value", value))
                     text = literal_text(value) if type(value) in (bool, int, float) else None
                     if text is not None:
                         parts.append(text)
@@ -158,21 +173,24 @@ def rewrite_graph(hlg: Any, keep: set[str] = frozenset()) -> Any:
                 ind = tuple(rename.get(i, i) for i in ind)
                 if inlinable(src):
                     child = dict(zip(layers[src].output_indices, ind))
-                    parts.append(build(src, child))
+                    code, call = build(src, child)
+                    parts.append(code)
+                    calls.append(("call", call))
                     continue
                 key = (src, ind)
                 if key not in leaves:
                     leaves[key] = f"v{len(leaves)}"
                     numblocks[src] = layers[name].numblocks[src]
                 parts.append(leaves[key])
-            return template.format(*parts)
+                calls.append(("block", list(leaves).index(key)))
+            return template.format(*parts), Chain(layers[name].task.func, tuple(calls))
 
-        text = build(root, {})
+        text, chain = build(root, {})
         if n_ops < 2:
             continue
         root_layer = layers[root]
         names = tuple(leaves.values())
-        fn = FusedChunk(text, names, tuple(scalars), None)
+        fn = FusedChunk(text, names, tuple(scalars), None, fallback=chain)
         task = Task(root, fn, *[TaskRef(blockwise_token(i)) for i in range(len(leaves))])
         indices = [(src, ind) for (src, ind) in leaves]
         layers[root] = Blockwise(root, root_layer.output_indices, task, indices, numblocks,

@@ -22,6 +22,7 @@ Examples
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -121,11 +122,14 @@ def fused_elementwise(expression: str, inputs: Mapping[str, Any], *, dtype: Any 
         axes = tuple(range(ndim))
     else:
         axes = tuple(sorted({validate_axis(a, ndim) for a in (axis if isinstance(axis, (tuple, list)) else (axis,))}))
+    shape = np.broadcast_shapes(*(a.shape for a in arrs))
+    count = int(np.prod([shape[a] for a in axes], dtype=np.int64))
+    if count == 0 and reduction in ("min", "max"):  # over no values: dask's own (NumPy raises, so does dask)
+        values = _blockwise(FusedChunk(expr.text, names, scalars, out_dtype), arrs, ndim, out_dtype, "fused-")
+        return getattr(da, reduction)(values, axis=axes, keepdims=keepdims)
     acc, result = reduction_dtypes(reduction, out_dtype)
     red = FusedChunk(expr.text, names, scalars, out_dtype, reduction=reduction, axes=axes)
     part = _blockwise(red, arrs, ndim, acc, f"fused-{reduction}-", adjust={ndim - 1 - i: 1 for i in axes})
-    shape = np.broadcast_shapes(*(a.shape for a in arrs))
-    count = int(np.prod([shape[a] for a in axes], dtype=np.int64))
     if len(axes) == ndim and part.npartitions <= _FLAT_FANIN:
         return _combine_all_graph(part, reduction, result, count, keepdims, arrs)
     combine = "sum" if reduction == "mean" else reduction
@@ -136,10 +140,20 @@ def fused_elementwise(expression: str, inputs: Mapping[str, Any], *, dtype: Any 
     partial_bytes = int(np.prod(part.chunksize, dtype=np.int64)) * part.dtype.itemsize
     if partial_bytes * int(np.prod([part.numblocks[a] for a in axes], dtype=np.int64)) <= _FLAT_BYTES:
         split = {a: max(2, min(_FLAT_FANIN, part.numblocks[a])) for a in axes}
-    total = getattr(da, combine)(part, axis=axes, keepdims=keepdims, split_every=split)
+    if combine in ("min", "max"):  # dask's own min/max mistake the empty partials of zero-size chunks
+        fn = functools.partial(_extreme, combine)
+        total = da.reduction(part, fn, fn, combine=fn, axis=axes, keepdims=keepdims, dtype=part.dtype,
+                             split_every=split, meta=part._meta)
+    else:
+        total = getattr(da, combine)(part, axis=axes, keepdims=keepdims, split_every=split)
     if reduction == "mean":
         total = total / count
     return total.astype(result) if total.dtype != result else total
+
+
+def _extreme(which: str, x: Any, axis: Any = None, keepdims: bool = False, **kwargs: Any) -> Any:
+    """``x.min`` or ``x.max`` (NumPy's or CuPy's), as dask's reduction calls its chunk functions."""
+    return getattr(x, which)(axis=axis, keepdims=keepdims)
 
 
 def combine_all(reduction: str, result: Any, count: int, shape: tuple, *parts: Any) -> Any:

@@ -60,9 +60,24 @@ BINARY_OPS = {
 }
 COMPARE_OPS = {ast.Eq: "==", ast.NotEq: "!=", ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">="}
 UNARY_OPS = {ast.USub: "-", ast.UAdd: "+", ast.Invert: "~"}
+MAX_INT_BITS = 4096  # the largest Python int ``**`` of two ints may make (any dtype holds far less)
+
+
+def _pow(a: Any, b: Any) -> Any:
+    """``a ** b``; for two Python ints, refused before computing when the result would be huge
+    (``9 ** 9 ** 9`` has 370 million digits: Python would take hours to compute it)."""
+    if type(a) is int and type(b) is int and b > 1 and abs(a) > 1:
+        bits = b * math.log2(abs(a))
+        if bits > MAX_INT_BITS:
+            base = f"({a})" if a < 0 else str(a)
+            raise OverflowError(f"{base} ** {b} would have about {int(bits * math.log10(2)) + 1:,} digits, "
+                                f"more than the {MAX_INT_BITS} bits allowed (no dtype holds it)")
+    return operator.pow(a, b)
+
+
 _PY_OPS = {
     "+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv,
-    "//": operator.floordiv, "%": operator.mod, "**": operator.pow, "&": operator.and_,
+    "//": operator.floordiv, "%": operator.mod, "**": _pow, "&": operator.and_,
     "|": operator.or_, "^": operator.xor, "==": operator.eq, "!=": operator.ne, "<": operator.lt,
     "<=": operator.le, ">": operator.gt, ">=": operator.ge,
 }
@@ -140,12 +155,16 @@ def _fail(text: str, col: int, message: str, hint: str | None = None) -> KernelE
 
 
 def _depth(tree: ast.AST) -> int:
-    """How deep ``tree`` nests (without recursion: the tree may be deeper than Python's stack)."""
+    """How deep ``tree`` nests (without recursion: the tree may be deeper than Python's stack).
+
+    A chain of comparisons counts one level per comparison: ``a < b < c`` becomes ``(a < b) & (b < c)``.
+    """
     deepest, stack = 0, [(tree, 1)]
     while stack:
         node, d = stack.pop()
         deepest = max(deepest, d)
-        stack.extend((child, d + 1) for child in ast.iter_child_nodes(node))
+        step = len(node.ops) if isinstance(node, ast.Compare) else 1
+        stack.extend((child, d + step) for child in ast.iter_child_nodes(node))
     return deepest
 
 
