@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import flowgpu
+from flowgpu.diagnostics import render_summary
 from flowgpu.memory import summary
 
 
@@ -69,7 +70,6 @@ def test_pipeline_summary_reports_what_the_run_moved_between_tiers(rng):
     from rich.console import Console
 
     from flowgpu import pipeline
-    from flowgpu.diagnostics import render_summary
 
     seed = int(rng.integers(2**31))
     x = da.random.default_rng(seed).standard_normal(2**25, chunks=2**20)  # 256 MiB of float64, 8 MiB chunks

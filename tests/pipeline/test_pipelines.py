@@ -11,7 +11,7 @@ import pytest
 import zarr
 from click.testing import CliRunner
 
-from flowgpu import pipeline
+from flowgpu import arrays, pipeline
 from flowgpu.cli import cli
 from flowgpu.pipeline.spec import json_schema
 
@@ -73,8 +73,6 @@ def _quickstart(result, _):
 
 
 def _quickstart_batch(result, _):
-    from flowgpu import arrays
-
     assert [r.params["seed"] for r in result.items] == list(range(8))  # the spec's own foreach block
     for r in result.items:
         x = arrays.normal((48, 48), dtype="float32", seed=r.params["seed"], loc=3.0, scale=2.0,
@@ -92,8 +90,6 @@ def _standardize(result, _):
 
 
 def _transpose_sum(result, _):
-    from flowgpu import arrays
-
     x = arrays.random((60, 60), seed=42, chunks=25).compute()
     np.testing.assert_allclose(result.outputs["total"], (x + x.T).sum(), rtol=1e-12)
 
