@@ -11,6 +11,7 @@ already committed stays, complete and recorded (a re-run skips it).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import time
@@ -42,6 +43,7 @@ class Job:
     todo: list[str]  # the outputs to compute (the others are up to date)
     cached: dict[str, Any] = field(default_factory=dict)  # up-to-date outputs: value or location
     reasons: dict[str, str] = field(default_factory=dict)  # why each output of todo is computed
+    verdicts: dict[str, Any] = field(default_factory=dict)  # the cache's word on each output
     recipes: dict[str, Any] | None = None
     run_plan: Plan | None = None  # compiled inside the session
     pending: dict[str, sinks.PendingWrite] = field(default_factory=dict)
@@ -165,14 +167,9 @@ def _run_local(jobs: list[Job], session: Any, cache: Any, bars: BatchBars, keep_
     for job in jobs:
         started = time.perf_counter()
         job.status = "running"
-        callback = bars.local(job.bar)
         try:
-            targets = [p.target for p in job.pending.values()]
-            if callback is not None:
-                with callback:
-                    results = list(dask.compute(*targets, scheduler="threads"))
-            else:
-                results = list(dask.compute(*targets, scheduler="threads"))
+            with bars.local(job.bar) or contextlib.nullcontext():
+                results = list(dask.compute(*(p.target for p in job.pending.values()), scheduler="threads"))
             error = None
         except Exception as e:  # noqa: BLE001 - the item fails; said in its words
             results, error = None, e

@@ -42,7 +42,7 @@ from flowgpu.pipeline.foreach import Item, expand
 from flowgpu.pipeline.planning import describe
 from flowgpu.pipeline.outcome import batch_summary, failure_summary, moves_delta, run_summary, write_json
 from flowgpu.pipeline.spec import Spec
-from flowgpu.pipeline.status import judge, load_spec, plan_items
+from flowgpu.pipeline.status import judge, line, load_spec, plan_items
 from flowgpu.runtime import standing
 
 __all__ = ["BatchResult", "RunResult", "run", "check_outputs", "protected_paths", "session_options"]
@@ -184,8 +184,7 @@ def _run(spec: Spec, items: list[Item], session: Any, console: Console, state: d
         store = outputs_cache.Cache() if cache else None
         if store is not None:
             judge(jobs, store, force, checksum)
-            line = outputs_cache.summarize({f"{j.item.index}:{n}": v for j in jobs for n, v in j.verdicts.items()})
-            console.print(f"{escape(spec.name)}: {escape(line)}", highlight=False)
+            console.print(f"{escape(spec.name)}: {escape(line(jobs))}", highlight=False)
         moves_before = None
         try:
             if any(job.todo for job in jobs):
@@ -195,14 +194,15 @@ def _run(spec: Spec, items: list[Item], session: Any, console: Console, state: d
                 if on_session is not None:
                     on_session(session)
                 moves_before = session.memory_summary()
-                state["batch"] = batch
                 try:
                     execute(jobs, session, overwrite=overwrite, keep_going=keep_going, console=console,
                             progress=progress, cache=store, recompile=not reuse, report=bool(report))
+                except BaseException:
+                    if batch:  # what a failed batch's --summary says
+                        state["summary"] = _batch_result(spec, jobs, session, started).summary
+                    raise
                 finally:
                     state["written"] = dict(jobs[0].written)
-                    if batch:
-                        state["summary"] = _batch_result(spec, jobs, session, started).summary
                     if report:  # the run report, of a failed run too
                         _write_report(report, spec, jobs, session, started, batch)
             result = _batch_result(spec, jobs, session, started) if batch else _single_result(jobs[0], session, started)

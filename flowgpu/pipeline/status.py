@@ -19,7 +19,7 @@ from flowgpu.pipeline.compiler import Plan, compile
 from flowgpu.pipeline.foreach import Item, expand, in_item
 from flowgpu.pipeline.spec import Spec
 
-__all__ = ["judge", "load_spec", "plan_items", "status"]
+__all__ = ["judge", "line", "load_spec", "plan_items", "status"]
 
 
 def plan_items(items: list[Item], overwrite: bool, params_file: str | None) -> list[Plan]:
@@ -61,6 +61,11 @@ def judge(jobs: list[Job], store: Any, force: bool, checksum: bool) -> None:
             job.status = "up-to-date"
 
 
+def line(jobs: list[Job]) -> str:
+    """What a run says of its outputs, all items together: ``3 up to date, 1 to compute (...)``."""
+    return outputs_cache.summarize({f"{j.item.index}:{n}": v for j in jobs for n, v in j.verdicts.items()})
+
+
 def load_spec(spec: Spec | str | os.PathLike | dict, overrides: dict[str, Any] | None = None,
               params_file: str | None = None) -> Spec:
     """A spec from a path, a dict or a Spec, with ``overrides`` and the params file applied."""
@@ -95,5 +100,5 @@ def status(spec: Spec | str | os.PathLike | dict, *, overrides: dict[str, Any] |
                              **({"location": v.location} if v.location is not None else {"value": v.value})}
         entries.append({"index": job.item.index, "params": job.item.values, "outputs": outputs})
     return {"name": spec.name, "file": spec._origin.file if spec._origin else None,
-            "line": outputs_cache.summarize({f"{j.item.index}:{n}": v for j in jobs for n, v in j.verdicts.items()}),
+            "line": line(jobs),
             "items": entries}
