@@ -114,8 +114,10 @@ def median_ms(fn: Callable[[], Any], repeats: int = 5, *, sync: Callable[[], Non
         return math.nan
 
 
-COLUMNS_GPU = ("floor", "raw CuPy", "CuPy fused", "dask-cuda", "flowgpu API", "flowgpu YAML")
-COLUMNS_CPU = ("floor", "NumPy", "numba fused", "dask threaded", "flowgpu API", "flowgpu YAML")
+COLUMNS_GPU = ("floor", "raw CuPy", "CuPy fused", "dask-cuda", "dask, flowgpu's chunks", "flowgpu API",
+               "plain dask on a Session", "flowgpu YAML")
+COLUMNS_CPU = ("floor", "NumPy", "numba fused", "dask threaded", "dask, flowgpu's chunks", "flowgpu API",
+               "plain dask on a Session", "flowgpu YAML")
 
 
 @dataclass

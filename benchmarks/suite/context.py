@@ -112,8 +112,8 @@ class Context:
 
     @contextlib.contextmanager
     def on_flowgpu(self):
-        if self.cpu:
-            with dask.config.set(scheduler="threads"):
+        if self.cpu:  # the threaded scheduler with the graph optimisation a Session installs
+            with dask.config.set(scheduler="threads"), fg.fusion.fusing():
                 yield
         else:
             with self.session.client.as_current(), dask.config.set(scheduler=self.session.client):

@@ -131,6 +131,29 @@ def _yaml_column(ctx: Context, w: Workload, arrays: dict, name: str, steps: dict
         data.ARRAYS.clear()
 
 
+PLAIN = "plain dask on a Session"
+CHOSEN = "dask, flowgpu's chunks"
+
+
+def _chunks_chosen_column(ctx: Context, w: Workload, xf: da.Array, graph, check, dask_col: str) -> None:
+    """The dask column again, with the chunks flowgpu chose (dask's own defaults are smaller)."""
+    if ctx.cpu:
+        xc = xf
+    else:
+        try:
+            with ctx.on_dask():
+                xc = ctx._persist(ctx.dask_client, fg.random(xf.shape, dtype=xf.dtype, seed=w.inputs["seed"],
+                                                             chunks=xf.chunks))
+        except Exception as e:
+            w.skip(CHOSEN, f"{type(e).__name__}: {e}")
+            return
+    with ctx.on_dask():
+        w.column(CHOSEN, lambda: float(graph(xc).compute()), check, repeats=ctx.repeats,
+                 note=f"{dask_col} with chunks {xf.chunksize}")
+    del xc
+    ctx.free()
+
+
 def _cluster_columns(ctx: Context, w: Workload, shape, seed, check, dask_col, x) -> None:
 
     try:
@@ -144,9 +167,12 @@ def _cluster_columns(ctx: Context, w: Workload, shape, seed, check, dask_col, x)
     ctx.free()
     xf = ctx.flowgpu_array(x, shape, "float32", seed)
     w.notes.append(f"flowgpu chunks {xf.chunksize} ({xf.npartitions} chunks, flowgpu's auto)")
+    _chunks_chosen_column(ctx, w, xf, lambda a: chain_sum(a), check, dask_col)
     fused = fg.fuse(chain_sum)
     with ctx.on_flowgpu():
         w.column("flowgpu API", lambda: float(fused(xf).compute()), check, repeats=ctx.repeats)
+        w.column(PLAIN, lambda: float(chain_sum(xf).compute()), check, repeats=ctx.repeats,
+                 note="the same dask.array code as the dask column, on the Session's data")
     _yaml_column(ctx, w, {"x": xf}, "chain_sum", {
         "y": {"op": "expr", "inputs": {"x": "x"}, "args": {"expression": "(x * 2 + 1) ** 2 - x"}},
         "total": {"op": "sum", "inputs": ["y"]}}, "total", check)
@@ -197,9 +223,12 @@ def run_transpose_sum(ctx: Context, n: int) -> Workload:
     ctx.free()
     xf = ctx.flowgpu_array(x, shape, "float32", seed)
     w.notes.append(f"flowgpu chunks {xf.chunksize} (chunks='auto')")
+    _chunks_chosen_column(ctx, w, xf, lambda a: (a + a.T).sum(), check, dask_col)
     f2 = fg.fuse(lambda a, b: (a + b).sum())
     with ctx.on_flowgpu():
         w.column("flowgpu API", lambda: float(f2(xf, xf.T).compute()), check, repeats=ctx.repeats)
+        w.column(PLAIN, lambda: float((xf + xf.T).sum().compute()), check, repeats=ctx.repeats,
+                 note="the same dask.array code as the dask column, on the Session's data")
     _yaml_column(ctx, w, {"x": xf}, "transpose_sum", {
         "xt": {"op": "transpose", "inputs": ["x"]}, "both": {"op": "add", "inputs": ["x", "xt"]},
         "total": {"op": "sum", "inputs": ["both"]}}, "total", check)
