@@ -243,14 +243,13 @@ def start(*, tls: bool = True, timeout: float = START_TIMEOUT, notify: Notify | 
             f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(running['started']))}); 'flowgpu run' uses it as "
             "it is; to start another, stop it first: flowgpu cluster stop")
     options = {k: v for k, v in options.items() if v is not None}
-    resolved = resolve(None, security="none", **options)  # every check before anything starts
-    if resolved.address is not None:
-        raise ConfigError("flowgpu.scheduler-address is set, but a cluster that stays up is a local one; unset it "
-                          "(DASK_FLOWGPU__SCHEDULER_ADDRESS) for 'flowgpu cluster start'")
-    if tls and resolved.protocol == "ucx":
+    if tls and config.get("protocol", options.get("protocol")) == "ucx":
         raise ConfigError("--protocol ucx: distributed's UCX comm has no TLS, and a cluster that stays up speaks TLS "
                           "unless told not to; add --no-tls (then any process on this host can connect to it), or "
                           "use --protocol tcp")
+    if resolve(None, security="none", **options).address is not None:  # every check before anything starts
+        raise ConfigError("flowgpu.scheduler-address is set, but a cluster that stays up is a local one; unset it "
+                          "(DASK_FLOWGPU__SCHEDULER_ADDRESS) for 'flowgpu cluster start'")
     log_path = os.path.join(folder, LOG)
     log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     offset = os.lseek(log_fd, 0, os.SEEK_END)
