@@ -18,6 +18,7 @@ installed is refused here, before anything starts, with what to do instead. Join
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 from distributed.security import Security
@@ -37,7 +38,7 @@ INSTALL_HINT = ("pip install distributed-ucxx-cu13 (for CUDA 13; distributed-ucx
 def require_ucx(what: str) -> None:
     """Refuse ``what`` unless distributed-ucxx can be imported (it imports UCX itself only when used)."""
     try:
-        import distributed_ucxx  # noqa: F401, PLC0415 - optional, GPU-only dependency
+        importlib.import_module("distributed_ucxx")  # optional, GPU-only: imported where asked for
     except ImportError:
         raise ConfigError(f"{what} needs distributed-ucxx (UCX for dask's distributed), which is not installed "
                           f"here: {INSTALL_HINT}; or use protocol 'tcp' (the default)") from None
