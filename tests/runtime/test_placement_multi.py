@@ -19,6 +19,7 @@ import zarr
 from distributed import wait
 
 import flowgpu as fg
+from flowgpu import backend
 from flowgpu.io.npy import from_npy
 from flowgpu.io.zarr import from_zarr
 
@@ -103,3 +104,38 @@ def test_chain_and_sum_moves_partials_not_chunks(two_workers, tmp_path, rng, sou
     moved = _moved(client)
     _only_partials(moved)
     print(f"{source}: {len(moved)} partials moved between 2 workers for {N_CHUNKS} chunks")
+
+
+# -- on two GPUs (the lead runs these on nvidia-h200-x2; skipped with fewer) --------------------------
+def _two_gpus() -> bool:
+    return backend.gpu_count() >= 2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _two_gpus(), reason="needs two GPUs")
+@pytest.mark.parametrize("protocol", ["tcp", "ucx"])
+def test_two_gpus_share_the_chunks_and_give_one_gpus_result(rng, protocol):
+    if protocol == "ucx":
+        pytest.importorskip("distributed_ucxx", reason="needs distributed-ucxx (pip install distributed-ucxx-cu13)")
+    seed, shape, chunks = int(rng.integers(1 << 30)), (8192, 4096), (512, 4096)  # 16 chunks of 8 MiB
+    n, chunk_bytes = 16, 512 * 4096 * 4
+
+    def run(gpus):
+        with fg.Session(gpus=gpus, protocol=protocol, dashboard_address=None) as s:
+            y = s.client.persist((fg.random(shape, dtype="float32", seed=seed, chunks=chunks) * 2 + 1) ** 2)
+            wait(y)
+            held = collections.Counter(w for ws in s.client.who_has(y).values() for w in ws)
+            s.client.run(_clear_transfers)
+            total = float(y.sum(dtype="float64").compute())
+            return total, held, _moved(s.client)
+
+    one, _, _ = run([0])
+    two, held, moved = run([0, 1])
+    assert two == one  # bit-identical: the same chunks, the same combine tree, wherever they ran
+    with dask.config.set({"array.backend": "numpy"}):
+        want = float(((fg.random(shape, dtype="float32", seed=seed, chunks=chunks) * 2 + 1) ** 2)
+                     .sum(dtype="float64").compute(scheduler="threads"))
+    assert np.isclose(two, want, rtol=1e-6)
+    assert sum(held.values()) == n and len(held) == 2, held
+    assert all(nbytes < chunk_bytes // 100 for _, nbytes in moved), moved  # partials moved, never chunks
+    assert len(moved) <= n + n // 4, moved
