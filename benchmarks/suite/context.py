@@ -84,6 +84,11 @@ class Context:
                     thing.close()
         shutil.rmtree(self.tmp, ignore_errors=True)
 
+    def several_gpus(self, *args: Any, **kwargs: Any) -> None:
+        """The several-GPU columns of a workload (:meth:`MultiGPU.columns`), with ``--gpus`` only."""
+        if self.multi:
+            self.multi.columns(*args, **kwargs)
+
     def sync(self) -> None:
         if not self.cpu:
             self.xp.cuda.Device().synchronize()

@@ -142,8 +142,7 @@ def _cluster_columns(ctx: Context, w: Workload, shape, seed, check, dask_col, x)
     except Exception as e:
         w.skip(dask_col, f"{type(e).__name__}: {e}")
     ctx.free()
-    if ctx.multi:
-        ctx.multi.columns(w, "dask-cuda", shape, "float32", seed, None, chain_sum, check, ctx.repeats, dask_col)
+    ctx.several_gpus(w, "dask-cuda", shape, "float32", seed, None, chain_sum, check, ctx.repeats, dask_col)
     xf = ctx.flowgpu_array(x, shape, "float32", seed)
     w.notes.append(f"flowgpu chunks {xf.chunksize} ({xf.npartitions} chunks, flowgpu's auto)")
     fused = fg.fuse(chain_sum)
@@ -155,8 +154,7 @@ def _cluster_columns(ctx: Context, w: Workload, shape, seed, check, dask_col, x)
     chunks = xf.chunks
     del xf
     ctx.free()
-    if ctx.multi:
-        ctx.multi.columns(w, "flowgpu", shape, "float32", seed, chunks, fused, check, ctx.repeats, "flowgpu API")
+    ctx.several_gpus(w, "flowgpu", shape, "float32", seed, chunks, fused, check, ctx.repeats, "flowgpu API")
 
 
 def run_transpose_sum(ctx: Context, n: int) -> Workload:
@@ -200,9 +198,8 @@ def run_transpose_sum(ctx: Context, n: int) -> Workload:
     except Exception as e:
         w.skip(dask_col, f"{type(e).__name__}: {e}")
     ctx.free()
-    if ctx.multi:
-        ctx.multi.columns(w, "dask-cuda", shape, "float32", seed, None, lambda a: (a + a.T).sum(), check,
-                          ctx.repeats, dask_col)
+    ctx.several_gpus(w, "dask-cuda", shape, "float32", seed, None, lambda a: (a + a.T).sum(), check, ctx.repeats,
+                     dask_col)
     xf = ctx.flowgpu_array(x, shape, "float32", seed)
     w.notes.append(f"flowgpu chunks {xf.chunksize} (chunks='auto')")
     f2 = fg.fuse(lambda a, b: (a + b).sum())
@@ -214,9 +211,8 @@ def run_transpose_sum(ctx: Context, n: int) -> Workload:
     chunks = xf.chunks
     del xf
     ctx.free()
-    if ctx.multi:
-        ctx.multi.columns(w, "flowgpu", shape, "float32", seed, chunks, lambda a: f2(a, a.T), check, ctx.repeats,
-                          "flowgpu API")
+    ctx.several_gpus(w, "flowgpu", shape, "float32", seed, chunks, lambda a: f2(a, a.T), check, ctx.repeats,
+                     "flowgpu API")
     w.finish(raw, dask_col)
     return w
 
