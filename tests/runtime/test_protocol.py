@@ -18,7 +18,6 @@ import pytest
 from distributed.security import Security
 
 import flowgpu as fg
-from flowgpu import backend
 from flowgpu.errors import ConfigError, FlowgpuError
 from flowgpu.runtime import options as _options
 from flowgpu.runtime import standing
@@ -190,7 +189,9 @@ def test_ucx_session_computes_what_numpy_does(rng):
     assert np.isclose(got, want, rtol=1e-6)
 
 
-@pytest.mark.skipif(not backend.has_gpu(), reason="needs a GPU: the option is refused before on CPU")
-def test_ucx_session_refused_without_distributed_ucxx_on_gpu(no_ucxx):
+def test_a_session_refuses_before_starting_anything(no_ucxx):
     with pytest.raises(ConfigError, match="pip install distributed-ucxx-cu13"):
         fg.Session(protocol="ucx", dashboard_address=None)
+    with pytest.raises(ConfigError, match="backend='cpu' starts CPU workers"):
+        fg.Session(backend="cpu", protocol="ucx", dashboard_address=None)
+    assert fg.current_session() is None
