@@ -94,7 +94,8 @@ def status(as_json: bool) -> None:
         click.echo(json.dumps(state, indent=2, default=str))
     else:
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(state["started"]))
-        click.echo(f"cluster running at {state['address']} ({'TLS' if state['tls'] else 'plain TCP'})")
+        plain = "UCX, no TLS" if str(state["address"]).startswith(("ucx://", "ucxx://")) else "plain TCP"
+        click.echo(f"cluster running at {state['address']} ({'TLS' if state['tls'] else plain})")
         click.echo(f"dashboard: {state['dashboard'] or 'off'}")
         now = "" if state["answers"] in (None, state["n_workers"]) else f", {state['answers']} connected now"
         click.echo(f"backend: {state['backend']}, workers: {state['n_workers']} x {state['threads_per_worker']} "
