@@ -25,6 +25,13 @@ Run::
     python -m benchmarks.out_of_core.run --cpu            # CPU, 2 workers x 600 MB
     python -m benchmarks.out_of_core.run --cpu --size small   # CPU, 1 GiB, 2 workers x 300 MB
 
+Several GPUs (``--gpus 0,1``): each store runs again on all of them, one worker per GPU under the
+same device limit each, over TCP and UCX (``--protocols``), on the same data in the same chunks;
+``vs 1 GPU`` is the one-GPU time over that one, and every result must be bit-identical to the
+device-memory reference. ``--gpus 0`` runs that code on one GPU::
+
+    python -m benchmarks.out_of_core.run --gpus 0,1 --workloads chain,transpose
+
 The markdown table comes last in the output.
 """
 
@@ -141,7 +148,23 @@ def _pass_row(workload: str, store: str, key: str, nbytes: int, times: list[floa
     return row
 
 
-def run_gpu(size: str, workloads: list[str], stores: list[str], npy_dir: str, repeats: int = 3) -> list[dict]:
+def setups(stores: list[str], gpus: list[int], protocols: list[str]) -> list[tuple[str, str, tuple, str]]:
+    """``(store, label, gpus, protocol)`` of each cluster to run on: every store on the first GPU over
+    TCP (labelled by the store alone), then on all of ``gpus`` over each protocol (``flowgpu 2 GPUs
+    UCX``); the one-GPU TCP cluster only once."""
+    out = []
+    for store in stores:
+        out.append((store, store, (gpus[0],), "tcp"))
+        for protocol in protocols:
+            if (len(gpus), protocol) != (1, "tcp"):
+                n = len(gpus)
+                out.append((store, f"{store} {n} GPU{'s' if n > 1 else ''}" + (" UCX" if protocol == "ucx" else ""),
+                            tuple(gpus), protocol))
+    return out
+
+
+def run_gpu(size: str, workloads: list[str], stores: list[str], npy_dir: str, repeats: int = 3,
+            gpu_list: list[int] = (0,), protocols: list[str] = ("tcp",)) -> list[dict]:
     p = SIZES[size]
     rows = []
     bw = pinned_h2d_gbps()
@@ -153,24 +176,31 @@ def run_gpu(size: str, workloads: list[str], stores: list[str], npy_dir: str, re
     results: dict[tuple[str, str], float] = {}
     npy_path = os.path.join(npy_dir, "out_of_core_x.npy")
     try:
-        for store in stores:
+        for store, label, gpus, protocol in setups(stores, gpu_list, protocols):
             threads = 4 if store == "flowgpu" else 1
-            with _session(store, backend="gpu", gpus=[0], device_memory_limit=p["limit"],
-                          threads_per_worker=threads) as s:
+            try:
+                s = _session(store, backend="gpu", gpus=list(gpus), device_memory_limit=p["limit"],
+                             threads_per_worker=threads, protocol=protocol)
+            except Exception as e:  # UCX not installed, a GPU missing: the row says why
+                rows.append(dict(workload=f"{len(gpus)} GPU(s), {protocol}", store=label, seconds=None,
+                                 error=f"{type(e).__name__}: {e}".splitlines()[0][:300]))
+                print(rows[-1], flush=True)
+                continue
+            with s:
                 # compile the kernels first (two chunks, under the limit): the passes time moving data
                 float(chain(fg.random((2 * chunks[0], shape[1]), dtype="float32", seed=1, chunks=chunks)).compute())
                 float(transpose_sum(fg.random((2 * tchunks[0],) * 2, dtype="float32", seed=1, chunks=tchunks)).compute())
                 if "chain" in workloads or "npy" in workloads:
                     x = fg.random(shape, dtype="float32", seed=42, chunks=chunks)
                     xp, t_persist = _timed(lambda: _persisted(x))  # noqa: B023
-                    rows.append(dict(workload=f"persist {nbytes / GiB:.0f} GiB f32", store=store,
+                    rows.append(dict(workload=f"persist {nbytes / GiB:.0f} GiB f32", store=label,
                                      seconds=t_persist, gbps=nbytes / t_persist / 1e9))
                     if "chain" in workloads:
                         with get_task_stream(s.client) as ts:
                             times, each = _passes(lambda: float(chain(xp).compute()), repeats)  # noqa: B023
-                        _print_stream(store, ts.data)
-                        results[("chain", store)] = each[0]
-                        rows.append(_pass_row(f"chain+sum, {nbytes / GiB:.0f} GiB persisted", store, "chain", nbytes,
+                        _print_stream(label, ts.data)
+                        results[("chain", label)] = each[0]
+                        rows.append(_pass_row(f"chain+sum, {nbytes / GiB:.0f} GiB persisted", label, "chain", nbytes,
                                               times, each))
                     if "npy" in workloads and not os.path.exists(npy_path):
                         _, t = _timed(lambda: fg.to_npy(xp, npy_path, overwrite=True))
@@ -181,22 +211,22 @@ def run_gpu(size: str, workloads: list[str], stores: list[str], npy_dir: str, re
                 if "npy" in workloads:
                     # the read path's one-time costs (staging buffers for every thread, its kernels)
                     float(chain(npy_array(store, npy_path, chunks)[:max(2, threads) * chunks[0]]).compute())
-                    _print_host_memory(s.client, store)
+                    _print_host_memory(s.client, label)
                     y = npy_array(store, npy_path, chunks)
                     times, each = _passes(lambda: float(chain(y).compute()), repeats)  # noqa: B023
-                    results[("npy", store)] = each[0]
-                    rows.append(_pass_row(f"chain+sum, {nbytes / GiB:.0f} GiB from host .npy", store, "npy", nbytes,
+                    results[("npy", label)] = each[0]
+                    rows.append(_pass_row(f"chain+sum, {nbytes / GiB:.0f} GiB from host .npy", label, "npy", nbytes,
                                           times, each))
                 if "transpose" in workloads:
                     z = _persisted(fg.random(tshape, dtype="float32", seed=7, chunks=tchunks))
                     times, each = _passes(lambda: float(transpose_sum(z).compute()), repeats)  # noqa: B023
-                    results[("transpose", store)] = each[0]
-                    rows.append(_pass_row(f"(x + x.T).sum(), {tshape[0]}² f32 persisted", store, "transpose",
+                    results[("transpose", label)] = each[0]
+                    rows.append(_pass_row(f"(x + x.T).sum(), {tshape[0]}² f32 persisted", label, "transpose",
                                           tshape[0] * tshape[1] * 4, times, each))
                     del z
                 moves = summary(s.client.run(stats))
                 if moves["moves"]:
-                    print(f"{store} store moves: {moves}", flush=True)
+                    print(f"{label} store moves: {moves}", flush=True)
     finally:
         if os.path.exists(npy_path):
             os.remove(npy_path)
@@ -240,25 +270,40 @@ def run_cpu(size: str = "full") -> list[dict]:
 
 
 def _ratios(rows: list[dict], bw: float | None) -> None:
-    base = {r["workload"]: r["seconds"] for r in rows if r["store"] in ("dask-cuda", "dask") and r["seconds"]}
+    """Speed-up of flowgpu over the cluster's own store on the same setup (GPUs, protocol), and of
+    each setup over the same store on one GPU (``vs 1 GPU``)."""
+    def split(label: str) -> tuple[str, str]:
+        store, _, setup = label.partition(" ")
+        return store, setup
+
+    times = {(r["workload"], *split(r["store"])): r["seconds"] for r in rows if r.get("seconds")}
     for r in rows:
-        if r["store"] == "flowgpu" and r["workload"] in base and r["seconds"]:
-            r["speedup"] = base[r["workload"]] / r["seconds"]
+        if not r.get("seconds"):
+            continue
+        store, setup = split(r["store"])
+        base = next((times.get((r["workload"], s, setup)) for s in ("dask-cuda", "dask")
+                     if (r["workload"], s, setup) in times), None)
+        if store == "flowgpu" and base:
+            r["speedup"] = base / r["seconds"]
+        one = times.get((r["workload"], store, ""))
+        if setup and one:
+            r["vs_one_gpu"] = one / r["seconds"]
         if bw and r.get("gbps") and r["store"] != "-":
             r["of_pinned"] = r["gbps"] / bw
 
 
 def table(rows: list[dict]) -> str:
-    head = ("| workload | store | seconds (median) | GB/s | % of pinned H2D | speed-up vs default | bit-identical "
-            "| each pass (s) |")
-    lines = [head, "|---|---|---|---|---|---|---|---|"]
+    head = ("| workload | store | seconds (median) | GB/s | % of pinned H2D | speed-up vs default | vs 1 GPU "
+            "| bit-identical | each pass (s) |")
+    lines = [head, "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         def f(k, fmt):
             v = r.get(k)
             return fmt.format(v) if isinstance(v, (int, float)) else (v or "")
 
         lines.append(f"| {r['workload']} | {r['store']} | {f('seconds', '{:.2f}')} | {f('gbps', '{:.1f}')} | "
-                     f"{f('of_pinned', '{:.0%}')} | {f('speedup', '{:.1f}x')} | {r.get('identical', '')} | "
+                     f"{f('of_pinned', '{:.0%}')} | {f('speedup', '{:.1f}x')} | {f('vs_one_gpu', '{:.2f}x')} | "
+                     f"{r.get('identical', r.get('error', ''))} | "
                      + " / ".join(f"{t:.2f}" for t in r.get("passes", ())) + " |")
     return "\n".join(lines)
 
@@ -269,6 +314,11 @@ def parser():
     p.add_argument("--workloads", default="chain,npy,transpose", help="GPU: comma-separated, of chain, npy, transpose")
     p.add_argument("--stores", default="flowgpu,dask-cuda", help="GPU: comma-separated, of flowgpu, dask-cuda")
     p.add_argument("--npy-dir", default=None, help="where the temporary .npy goes (default: a temp dir)")
+    p.add_argument("--gpus", type=harness.ints, default=None, metavar="0,1",
+                   help="GPU: also run each store on these GPUs together (one worker each, the same device limit "
+                        "per GPU); the one-GPU rows use the first")
+    p.add_argument("--protocols", default=None, metavar="tcp,ucx",
+                   help="GPU, with --gpus: the protocols of the several-GPU clusters (default tcp,ucx)")
     return p
 
 
@@ -280,7 +330,9 @@ def main(argv=None) -> int:
     else:
         d = a.npy_dir or tempfile.mkdtemp(prefix="flowgpu-bench-")
         try:
-            rows = run_gpu(a.size, a.workloads.split(","), a.stores.split(","), d, a.repeats)
+            protocols = (a.protocols or ("tcp,ucx" if a.gpus else "tcp")).split(",")
+            rows = run_gpu(a.size, a.workloads.split(","), a.stores.split(","), d, a.repeats,
+                           a.gpus or [0], protocols)
         finally:
             if a.npy_dir is None:
                 shutil.rmtree(d, ignore_errors=True)

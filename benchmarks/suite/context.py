@@ -13,6 +13,7 @@ import numpy as np
 
 import flowgpu as fg
 from benchmarks import harness
+from benchmarks.suite.multi import MultiGPU
 from flowgpu import pipeline
 from flowgpu.arrays import resolve_chunks
 
@@ -34,8 +35,10 @@ SIZES = {
 
 class Context:
     """What the columns share: the array module, schedulers/clusters, timing settings."""
-    def __init__(self, cpu: bool, repeats: int, size: str):
+    def __init__(self, cpu: bool, repeats: int, size: str, gpus: list[int] | None = None):
         self.cpu = cpu
+        self.gpus = gpus  # --gpus: the one-GPU columns on the first, the several-GPU columns on all
+        self.multi = MultiGPU(gpus) if gpus and not cpu else None
         self.repeats = repeats
         self.size = size
         self.sizes = SIZES["cpu" if cpu else "gpu"][size]
@@ -62,19 +65,29 @@ class Context:
         try:
             from dask_cuda import LocalCUDACluster
 
-            self.cluster = LocalCUDACluster(n_workers=1, dashboard_address=None)
+            one = {"CUDA_VISIBLE_DEVICES": str(self.gpus[0])} if self.gpus else {}
+            self.cluster = LocalCUDACluster(n_workers=1, dashboard_address=None, **one)
             self.dask_client = Client(self.cluster, set_as_default=False)
         except Exception as e:  # the dask-cuda columns then report this
             self.dask_error = f"{type(e).__name__}: {e}"
             print(f"dask-cuda cluster not started: {self.dask_error}", flush=True)
-        self.session = fg.Session(backend="gpu", gpus=[0], dashboard_address=None)
+        self.session = fg.Session(backend="gpu", gpus=[self.gpus[0] if self.gpus else 0], dashboard_address=None)
+        if self.multi:
+            self.multi.start()
 
     def close(self) -> None:
+        if self.multi:
+            self.multi.close()
         for thing in (self.session, self.dask_client, self.cluster):
             if thing is not None:
                 with contextlib.suppress(Exception):
                     thing.close()
         shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def several_gpus(self, *args: Any, **kwargs: Any) -> None:
+        """The several-GPU columns of a workload (:meth:`MultiGPU.columns`), with ``--gpus`` only."""
+        if self.multi:
+            self.multi.columns(*args, **kwargs)
 
     def sync(self) -> None:
         if not self.cpu:
@@ -94,7 +107,8 @@ class Context:
             cupy.get_default_memory_pool().free_all_blocks()
 
         _free()
-        for c in (self.dask_client, self.session.client if self.session else None):
+        for c in (self.dask_client, self.session.client if self.session else None,
+                  *(self.multi.clients.values() if self.multi else ())):
             if c is not None:
                 with contextlib.suppress(Exception):
                     c.run(_free)

@@ -165,6 +165,7 @@ def _cluster_columns(ctx: Context, w: Workload, shape, seed, check, dask_col, x)
     except Exception as e:
         w.skip(dask_col, f"{type(e).__name__}: {e}")
     ctx.free()
+    ctx.several_gpus(w, "dask-cuda", shape, "float32", seed, None, chain_sum, check, ctx.repeats, dask_col)
     xf = ctx.flowgpu_array(x, shape, "float32", seed)
     w.notes.append(f"flowgpu chunks {xf.chunksize} ({xf.npartitions} chunks, flowgpu's auto)")
     _chunks_chosen_column(ctx, w, xf, lambda a: chain_sum(a), check, dask_col)
@@ -176,8 +177,10 @@ def _cluster_columns(ctx: Context, w: Workload, shape, seed, check, dask_col, x)
     _yaml_column(ctx, w, {"x": xf}, "chain_sum", {
         "y": {"op": "expr", "inputs": {"x": "x"}, "args": {"expression": "(x * 2 + 1) ** 2 - x"}},
         "total": {"op": "sum", "inputs": ["y"]}}, "total", check)
+    chunks = xf.chunks
     del xf
     ctx.free()
+    ctx.several_gpus(w, "flowgpu", shape, "float32", seed, chunks, fused, check, ctx.repeats, "flowgpu API")
 
 
 def run_transpose_sum(ctx: Context, n: int) -> Workload:
@@ -221,6 +224,8 @@ def run_transpose_sum(ctx: Context, n: int) -> Workload:
     except Exception as e:
         w.skip(dask_col, f"{type(e).__name__}: {e}")
     ctx.free()
+    ctx.several_gpus(w, "dask-cuda", shape, "float32", seed, None, lambda a: (a + a.T).sum(), check, ctx.repeats,
+                     dask_col)
     xf = ctx.flowgpu_array(x, shape, "float32", seed)
     w.notes.append(f"flowgpu chunks {xf.chunksize} (chunks='auto')")
     _chunks_chosen_column(ctx, w, xf, lambda a: (a + a.T).sum(), check, dask_col)
@@ -232,8 +237,11 @@ def run_transpose_sum(ctx: Context, n: int) -> Workload:
     _yaml_column(ctx, w, {"x": xf}, "transpose_sum", {
         "xt": {"op": "transpose", "inputs": ["x"]}, "both": {"op": "add", "inputs": ["x", "xt"]},
         "total": {"op": "sum", "inputs": ["both"]}}, "total", check)
+    chunks = xf.chunks
     del xf
     ctx.free()
+    ctx.several_gpus(w, "flowgpu", shape, "float32", seed, chunks, lambda a: f2(a, a.T), check, ctx.repeats,
+                     "flowgpu API")
     w.finish(raw, dask_col)
     return w
 

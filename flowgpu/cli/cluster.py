@@ -12,7 +12,7 @@ import time
 
 import click
 
-from flowgpu.cli.common import EXIT_FAILED, EXIT_INVALID, _fail, handle_errors
+from flowgpu.cli.common import EXIT_FAILED, EXIT_INVALID, _fail, handle_errors, protocol_option
 from flowgpu.errors import ClusterRunningError
 from flowgpu.diagnostics import monitor
 from flowgpu.runtime import standing
@@ -34,9 +34,10 @@ def cluster() -> None:
               help="Where the dashboard listens (default 127.0.0.1:8787; '' turns it off).")
 @click.option("--no-tls", is_flag=True,
               help="Plain TCP instead of TLS: then any process on this host, another user's too, can run code in it.")
+@protocol_option
 @handle_errors
 def start(gpus: str | None, backend: str | None, n_workers: int | None, threads_per_worker: int | None,
-          memory_limit: str | None, dashboard_address: str | None, no_tls: bool) -> None:
+          memory_limit: str | None, dashboard_address: str | None, no_tls: bool, protocol: str | None) -> None:
     """Start a local cluster in the background and return once its workers are ready.
 
     It speaks TLS with credentials made for it, kept with its state in flowgpu.cluster.directory
@@ -45,7 +46,7 @@ def start(gpus: str | None, backend: str | None, n_workers: int | None, threads_
     try:
         state = standing.start(tls=not no_tls, gpus=gpus, backend=backend, n_workers=n_workers,
                                threads_per_worker=threads_per_worker, memory_limit=_number(memory_limit),
-                               dashboard_address=dashboard_address)
+                               dashboard_address=dashboard_address, protocol=protocol)
     except ClusterRunningError as e:
         _fail(str(e), EXIT_INVALID)
     page = _install_page() if state["dashboard"] else None
@@ -93,7 +94,8 @@ def status(as_json: bool) -> None:
         click.echo(json.dumps(state, indent=2, default=str))
     else:
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(state["started"]))
-        click.echo(f"cluster running at {state['address']} ({'TLS' if state['tls'] else 'plain TCP'})")
+        plain = "UCX, no TLS" if str(state["address"]).startswith(("ucx://", "ucxx://")) else "plain TCP"
+        click.echo(f"cluster running at {state['address']} ({'TLS' if state['tls'] else plain})")
         click.echo(f"dashboard: {state['dashboard'] or 'off'}")
         now = "" if state["answers"] in (None, state["n_workers"]) else f", {state['answers']} connected now"
         click.echo(f"backend: {state['backend']}, workers: {state['n_workers']} x {state['threads_per_worker']} "

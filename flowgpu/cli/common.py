@@ -125,3 +125,11 @@ def tls_options(func: Callable) -> Callable:
     return func
 
 
+
+
+def protocol_option(func: Callable) -> Callable:
+    """--protocol tcp|ucx, shared by run and cluster start (flowgpu.runtime.protocol)."""
+    return click.option("--protocol", type=click.Choice(["tcp", "ucx"]), default=None,
+                        help="How the cluster's processes talk: tcp (default), or ucx: GPU workers move chunks GPU "
+                             "to GPU (NVLink, PCIe) through distributed-ucxx (pip install distributed-ucxx-cu13); "
+                             "no TLS.")(func)

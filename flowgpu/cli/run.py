@@ -13,7 +13,7 @@ from rich.markup import escape
 
 from flowgpu import pipeline
 from flowgpu.cli.common import (EXIT_FAILED, EXIT_INVALID, _console, _parse_sets, allow_address_option, handle_errors,
-                                spec_options, tls_options)
+                                protocol_option, spec_options, tls_options)
 from flowgpu.diagnostics import monitor, render_batch, render_plan, render_status, render_summary, stepgraph
 from flowgpu.errors import SpecError
 from flowgpu.io import atomic
@@ -57,6 +57,7 @@ def foreach_options(func: Callable) -> Callable:
 @click.option("--gpus", default=None, metavar="0,1,...", help="GPU ordinals to use (one worker each).")
 @click.option("--backend", type=click.Choice(["auto", "gpu", "cpu"]), default=None, help="Array backend.")
 @click.option("--workers", "n_workers", type=click.IntRange(min=1), default=None, help="Workers of a CPU cluster.")
+@protocol_option
 @click.option("--standalone", is_flag=True,
               help="Start a cluster of its own even when one started by 'flowgpu cluster start' runs.")
 @click.option("--summary", "summary_path", type=click.Path(dir_okay=False), default=None,
@@ -75,7 +76,7 @@ def foreach_options(func: Callable) -> Callable:
 @allow_address_option
 @handle_errors
 def run(spec: str, sets: tuple[str, ...], params_file: str | None, scheduler: str | None, gpus: str | None,
-        backend: str | None, n_workers: int | None, standalone: bool, summary_path: str | None, report: str | None,
+        backend: str | None, n_workers: int | None, protocol: str | None, standalone: bool, summary_path: str | None, report: str | None,
         overwrite: bool, dry_run: bool, no_wait: bool, quiet: bool, as_json: bool, foreach: tuple[str, ...],
         force: bool, checksum: bool, keep_going: bool, no_cache: bool, allow_spec_address: bool,
         **tls: str | None) -> None:
@@ -91,7 +92,7 @@ def run(spec: str, sets: tuple[str, ...], params_file: str | None, scheduler: st
     batch = _parse_foreach(foreach)
     console = _console()
     cluster = {"address": scheduler, "gpus": gpus, "backend": backend, "n_workers": n_workers, **tls,
-               "standalone": standalone or None}
+               "protocol": protocol, "standalone": standalone or None}
     if dry_run:
         s = pipeline.validate(spec, overrides, params_file, overwrite=overwrite, cluster=cluster,
                               allow_spec_address=allow_spec_address)

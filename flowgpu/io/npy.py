@@ -79,9 +79,13 @@ def from_npy(path: str, chunks: Any = "auto") -> da.Array:
     if current_backend() == "cupy":  # straight to the device through pinned staging buffers
         reader.device = True
         meta = import_cupy().empty((0,) * reader.ndim, reader.dtype)
-        return da.from_array(reader, chunks=chunks, asarray=False, meta=meta, name=f"from-npy-gpu-{token}")
+        return da.from_array(reader, chunks=chunks, asarray=False, meta=meta, name=f"from-npy-gpu-{token}",
+                             inline_array=True)
+    # inline_array: each read task holds the reader (a path) itself, so the reads depend on nothing
+    # and go to any worker; a shared reader task was fetched by every other worker, and pulled reads
+    # towards the worker that held it
     x = da.from_array(reader, chunks=chunks, asarray=False, meta=np.empty((0,) * reader.ndim, reader.dtype),
-                      name=f"from-npy-{token}")
+                      name=f"from-npy-{token}", inline_array=True)
     return to_device(x)
 
 

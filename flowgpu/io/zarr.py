@@ -20,7 +20,7 @@ def from_zarr(path: str, component: str | None = None, chunks: Any = None) -> da
     if "://" not in path and not os.path.exists(path):
         raise ConfigError(f"zarr store {path!r} does not exist")
     try:
-        x = da.from_zarr(path, component=component)
+        x = da.from_zarr(path, component=component, inline_array=True)  # reads spread over the workers (as npy's)
     except Exception as e:  # zarr raises several types for a bad store
         raise ConfigError(f"could not open zarr store {path!r}{' component ' + component if component else ''}: {e}") from None
     if chunks is not None:

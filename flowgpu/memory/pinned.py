@@ -33,6 +33,7 @@ from typing import Callable
 import numpy as np
 
 from flowgpu.backend import import_cupy
+from flowgpu.memory import numa
 from flowgpu.memory.events import Events, Noted, PinnedAllocated, thread_name
 
 __all__ = ["HostBuffer", "PinnedPool", "size_class", "cupy_pinned_allocator", "registered_pinned_allocator",
@@ -149,8 +150,9 @@ class _Registered:
 
 
 def registered_pinned_allocator(size: int) -> HostBuffer:
-    """``size`` bytes of pinned memory: an anonymous mapping on transparent huge pages, its pages
-    faulted in from several threads, then pinned with ``cudaHostRegister`` (portable).
+    """``size`` bytes of pinned memory: an anonymous mapping on transparent huge pages, placed on the
+    NUMA node of this worker's GPU where the host has several (:mod:`flowgpu.memory.numa`), its
+    pages faulted in from several threads, then pinned with ``cudaHostRegister`` (portable).
 
     Falls back to :func:`cupy_pinned_allocator` when the mapping cannot be pinned.
     """
@@ -170,6 +172,9 @@ def registered_pinned_allocator(size: int) -> HostBuffer:
         except OSError:
             pass
     whole = np.frombuffer(m, dtype=np.uint8)
+    node = numa.local_node()
+    if node is not None:  # on a host of several NUMA nodes: the pages on the node of this worker's GPU
+        numa.prefer(int(whole.ctypes.data), len(whole), node)
     start = (-whole.ctypes.data) % _HUGE if huge else 0  # huge pages need 2 MiB alignment
     if huge:
         try:

@@ -137,6 +137,8 @@ class Cluster(_Model):
     rmm_pool_size: str | int | float | None = None
     local_directory: str | None = None
     dashboard_address: str | None = None
+    protocol: Literal["tcp", "ucx"] | None = Field(
+        None, description="tcp (default), or ucx: GPU workers move chunks GPU to GPU (needs distributed-ucxx).")
 
 
 # -- foreach ----------------------------------------------------------------------------------------

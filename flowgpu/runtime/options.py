@@ -22,6 +22,7 @@ from distributed.security import Security
 from flowgpu import backend as _backend
 from flowgpu import config
 from flowgpu.errors import BackendError, ConfigError, MemoryLimitError, SessionError
+from flowgpu.runtime import protocol as _protocol
 from flowgpu.runtime import security as _security
 
 __all__ = ["GPU_THREADS", "SessionOptions", "parse_memory", "resolve"]
@@ -56,6 +57,7 @@ class SessionOptions:
     connect_timeout: float = 10.0
     batch_interval: float | None = 0.001  # seconds; None keeps distributed's (flowgpu.batch-interval)
     security: Any = None  # the distributed.security.Security of the cluster and client; None: plain TCP
+    protocol: str = "tcp"  # "tcp" or "ucx" (flowgpu.runtime.protocol); joining: the address's scheme
     extra: dict = field(default_factory=dict)
 
 
@@ -197,8 +199,9 @@ def resolve(address: str | None = None, **kwargs: Any) -> SessionOptions:
     ``flowgpu.memory-limit``, ``address`` for ``flowgpu.scheduler-address``); None takes the
     configured value (but ``dashboard_address=None`` turns the dashboard off). ``security`` may
     also be a :class:`distributed.security.Security`; ``tls_ca_file``, ``tls_cert`` and ``tls_key``
-    are the PEM files to join a ``tls://`` scheduler with (:mod:`flowgpu.runtime.security`). Other
-    keywords go to the cluster's constructor.
+    are the PEM files to join a ``tls://`` scheduler with (:mod:`flowgpu.runtime.security`).
+    ``protocol="ucx"`` is checked by :mod:`flowgpu.runtime.protocol`. Other keywords go to the
+    cluster's constructor.
     """
     files = {k: kwargs.pop(k, None) for k in _security.TLS_FILES}
     own = kwargs.pop("security") if isinstance(kwargs.get("security"), Security) else None
@@ -208,14 +211,19 @@ def resolve(address: str | None = None, **kwargs: Any) -> SessionOptions:
         address = _scheduler(values["scheduler-address"])
         mode = own or (values["security"] if names["security"] == "security" else "auto")
         common["security"] = _security.for_joining(address, mode, files)
+        common["protocol"] = _protocol.for_joining(address, values["protocol"], names["protocol"],
+                                                   names["protocol"] == "protocol")
         return SessionOptions(backend=values["backend"], address=address, **common)
     if any(v is not None for v in files.values()):
         raise ConfigError("--tls-ca-file, --tls-cert and --tls-key (tls_ca_file, tls_cert, tls_key) are for joining a "
                           "tls:// scheduler (--scheduler / address); a cluster the Session starts makes its own "
                           "with security='temporary'")
+    protocol = values["protocol"]
+    _protocol.check_local(protocol, names["protocol"], values["backend"], own or values["security"])
     wanted, visible = _gpus(values, names)
     if values["backend"] == "gpu" or (values["backend"] == "auto" and visible):
         options = _gpu_options(values, names, wanted or tuple(visible), common)
     else:
         options = _cpu_options(values, names, common)
-    return replace(options, security=_security.for_local(own or values["security"]))
+    _protocol.check_gpu_workers(protocol, names["protocol"], options.backend)
+    return replace(options, security=_security.for_local(own or values["security"]), protocol=protocol)

@@ -79,6 +79,9 @@ class Session:
         for it, held by this Session only), ``"none"`` (plain TCP), ``"auto"`` (none), or a
         :class:`distributed.security.Security` (:mod:`flowgpu.runtime.security`).
     batch_interval : how long distributed may hold control messages to batch them (``"1ms"``).
+    protocol : how a cluster the Session starts talks: ``"tcp"`` (the default) or ``"ucx"`` (GPU
+        workers, through distributed-ucxx: chunks move GPU to GPU; no TLS)
+        (:mod:`flowgpu.runtime.protocol`).
 
     Each is a top-level option of ``flowgpu.yaml`` (``memory_limit`` is ``flowgpu.memory-limit``),
     checked against ``flowgpu-schema.yaml`` before anything starts; None takes the configured value.
@@ -166,6 +169,8 @@ class Session:
             gpu_kwargs: dict[str, Any] = dict(CUDA_VISIBLE_DEVICES=",".join(devices), n_workers=len(devices))
             if o.device_memory_limit not in (None, "default"):
                 gpu_kwargs["device_memory_limit"] = o.device_memory_limit
+            if o.protocol == "ucx":  # UCX picks the transports (NVLink, PCIe peer to peer): dask-cuda's automatic way
+                gpu_kwargs["protocol"] = "ucx"
             if o.rmm_pool_size:
                 gpu_kwargs["rmm_pool_size"] = o.rmm_pool_size
                 gpu_kwargs["rmm_allocator_external_lib_list"] = ["cupy"]

@@ -243,6 +243,10 @@ def start(*, tls: bool = True, timeout: float = START_TIMEOUT, notify: Notify | 
             f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(running['started']))}); 'flowgpu run' uses it as "
             "it is; to start another, stop it first: flowgpu cluster stop")
     options = {k: v for k, v in options.items() if v is not None}
+    if tls and config.get("protocol", options.get("protocol")) == "ucx":
+        raise ConfigError("--protocol ucx: distributed's UCX comm has no TLS, and a cluster that stays up speaks TLS "
+                          "unless told not to; add --no-tls (then any process on this host can connect to it), or "
+                          "use --protocol tcp")
     if resolve(None, security="none", **options).address is not None:  # every check before anything starts
         raise ConfigError("flowgpu.scheduler-address is set, but a cluster that stays up is a local one; unset it "
                           "(DASK_FLOWGPU__SCHEDULER_ADDRESS) for 'flowgpu cluster start'")
@@ -391,6 +395,9 @@ def _unmet(state: dict, wanted: dict) -> list[str]:
         elif key == "gpus":
             if _gpu_list(value) != list(state.get("gpus") or []):
                 unmet.append(f"gpus={','.join(map(str, _gpu_list(value)))}")
+        elif key == "protocol":
+            if value != have.get("protocol", "tcp"):
+                unmet.append(f"protocol={value}")
         elif key in ("n_workers", "threads_per_worker", "memory_limit", "device_memory_limit", "rmm_pool_size",
                      "local_directory", "dashboard_address") and have.get(key) != value:
             unmet.append(f"{key}={value}")
