@@ -19,6 +19,7 @@ import dask.array as da
 from distributed import wait
 
 import flowgpu as fg
+from benchmarks import harness
 
 
 def used_mib() -> str:
@@ -49,7 +50,8 @@ def check(store: str, threads: int, pool: str | None) -> None:
               flush=True)
 
 
-def main() -> int:
+def main(argv=None) -> int:
+    harness.parser(__spec__.name, __doc__).parse_args(argv)
     print(f"gpu used at start {used_mib()}", flush=True)
     for store in ("dask", "flowgpu"):
         for threads in (4, 1):

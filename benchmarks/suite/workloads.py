@@ -1,9 +1,10 @@
 """The workloads, each run side by side on the same data in one process.
 
 GPU columns: floor, raw CuPy, CuPy fused by hand (``cupy.fuse``), dask.array on dask-cuda with
-default settings (dask's own ``chunks="auto"``), flowgpu's Python API (a flowgpu Session, flowgpu's
-``chunks="auto"``), flowgpu YAML (``flowgpu.pipeline.run``). ``--cpu`` columns: floor, NumPy,
-numba fused by hand, dask.array threaded, flowgpu API and YAML on dask's threaded scheduler.
+default settings (dask's own ``chunks="auto"``) and with flowgpu's chunks, flowgpu's Python API (a
+flowgpu Session, flowgpu's ``chunks="auto"``), the plain dask.array code on that Session, flowgpu
+YAML (``flowgpu.pipeline.run``). ``--cpu``: NumPy, numba fused by hand, dask.array threaded, and
+flowgpu's columns on dask's threaded scheduler (with a Session's graph optimisation).
 
 Data is the same everywhere: ``flowgpu.random`` is a counter-based generator, so the same seed gives
 the same values for any chunking, in this process and on the workers. Seeds are fresh every run.
@@ -23,6 +24,7 @@ import numpy as np
 import flowgpu as fg
 from benchmarks.harness import Workload, rel_check
 from benchmarks.suite import data
+from benchmarks.suite.columns import PLAIN, chunks_chosen_column
 from benchmarks.suite.context import Context
 from flowgpu.arrays import target_chunk_bytes
 from flowgpu.backend import is_cupy
@@ -131,29 +133,6 @@ def _yaml_column(ctx: Context, w: Workload, arrays: dict, name: str, steps: dict
         data.ARRAYS.clear()
 
 
-PLAIN = "plain dask on a Session"
-CHOSEN = "dask, flowgpu's chunks"
-
-
-def _chunks_chosen_column(ctx: Context, w: Workload, xf: da.Array, graph, check, dask_col: str) -> None:
-    """The dask column again, with the chunks flowgpu chose (dask's own defaults are smaller)."""
-    if ctx.cpu:
-        xc = xf
-    else:
-        try:
-            with ctx.on_dask():
-                xc = ctx._persist(ctx.dask_client, fg.random(xf.shape, dtype=xf.dtype, seed=w.inputs["seed"],
-                                                             chunks=xf.chunks))
-        except Exception as e:
-            w.skip(CHOSEN, f"{type(e).__name__}: {e}")
-            return
-    with ctx.on_dask():
-        w.column(CHOSEN, lambda: float(graph(xc).compute()), check, repeats=ctx.repeats,
-                 note=f"{dask_col} with chunks {xf.chunksize}")
-    del xc
-    ctx.free()
-
-
 def _cluster_columns(ctx: Context, w: Workload, shape, seed, check, dask_col, x) -> None:
 
     try:
@@ -168,7 +147,7 @@ def _cluster_columns(ctx: Context, w: Workload, shape, seed, check, dask_col, x)
     ctx.several_gpus(w, "dask-cuda", shape, "float32", seed, None, chain_sum, check, ctx.repeats, dask_col)
     xf = ctx.flowgpu_array(x, shape, "float32", seed)
     w.notes.append(f"flowgpu chunks {xf.chunksize} ({xf.npartitions} chunks, flowgpu's auto)")
-    _chunks_chosen_column(ctx, w, xf, lambda a: chain_sum(a), check, dask_col)
+    chunks_chosen_column(ctx, w, xf, lambda a: chain_sum(a), check, dask_col)
     fused = fg.fuse(chain_sum)
     with ctx.on_flowgpu():
         w.column("flowgpu API", lambda: float(fused(xf).compute()), check, repeats=ctx.repeats)
@@ -191,7 +170,6 @@ def run_transpose_sum(ctx: Context, n: int) -> Workload:
     w.floor_s = 2 * n * n * 4.0 / ctx.copy_rate  # read x twice (x and x.T)
     x = ctx.host_array(shape, "float32", seed)
     want = 2 * float(x.astype(np.float64).sum()) if ctx.cpu else 2 * float(ctx.xp.sum(x, dtype=np.float64))
-    w.inputs, w.reference = {"shape": shape, "dtype": "float32", "seed": seed}, want
     w.inputs, w.reference = {"shape": shape, "dtype": "float32", "seed": seed}, want
     check = lambda v: rel_check(v, want, 1e-5)  # noqa: E731
     raw, fused, dask_col = ("NumPy", "numba fused", "dask threaded") if ctx.cpu else \
@@ -228,7 +206,7 @@ def run_transpose_sum(ctx: Context, n: int) -> Workload:
                      dask_col)
     xf = ctx.flowgpu_array(x, shape, "float32", seed)
     w.notes.append(f"flowgpu chunks {xf.chunksize} (chunks='auto')")
-    _chunks_chosen_column(ctx, w, xf, lambda a: (a + a.T).sum(), check, dask_col)
+    chunks_chosen_column(ctx, w, xf, lambda a: (a + a.T).sum(), check, dask_col)
     f2 = fg.fuse(lambda a, b: (a + b).sum())
     with ctx.on_flowgpu():
         w.column("flowgpu API", lambda: float(f2(xf, xf.T).compute()), check, repeats=ctx.repeats)

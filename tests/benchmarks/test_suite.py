@@ -27,7 +27,8 @@ def test_suite_cpu_small_chain_sum(tmp_path, capsys):
     (first, second) = doc["workloads"]
     for w in (first, second):
         by = {r["column"]: r for r in w["results"]}
-        assert set(by) == {"floor", "NumPy", "numba fused", "dask threaded", "flowgpu API", "flowgpu YAML"}
+        assert set(by) == {"floor", "NumPy", "numba fused", "dask threaded", "dask, flowgpu's chunks", "flowgpu API",
+                           "plain dask on a Session", "flowgpu YAML"}
         for col, r in by.items():
             assert r["error"] is None, (col, r["error"])
             assert r["time_s"] > 0 and len(r["times"]) == (0 if col == "floor" else 1)
@@ -52,7 +53,7 @@ def test_suite_results_match_numpy(tmp_path, workload, expr):
         want = float(expr(x.astype(np.float64)))
         assert w["reference"] == pytest.approx(want, rel=1e-12)
         values = {r["column"]: r["value"] for r in w["results"] if r["column"] != "floor"}
-        assert len(values) == 5
+        assert len(values) == 7
         for col, got in values.items():
             assert got == pytest.approx(want, rel=1e-5), col
 
