@@ -46,6 +46,13 @@ def compressors(codec: str, level: int | None = None) -> Any:
 def create(path: str, shape: tuple, dtype: Any, *, codec: str = "zstd", level: int | None = None,
            chunks: tuple, shards: tuple | None = None, component: str | None = None) -> zarr.Array:
     """A new Zarr 3 array at ``path`` (``component`` inside a group there), its metadata written by zarr."""
+    for what, v in (("chunks", chunks), ("shards", shards)):
+        if v is not None and (len(v) != len(shape) or any(int(n) < 1 for n in v)):
+            raise ConfigError(f"zarr {what} {list(v)}: give one length >= 1 per axis of the {len(shape)}-d array "
+                              f"{list(shape)}")
+    if shards and any(int(s) % int(c) for s, c in zip(shards, chunks)):
+        raise ConfigError(f"zarr shards {list(shards)} are not whole multiples of chunks {list(chunks)}; "
+                          "make each shard length a multiple of the chunk length")
     store = path if component is None else os.path.join(path, *component.split("/"))
     if component is not None:
         zarr.open_group(path, mode="a")
