@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 from typing import Any
 
 import dask.array as da
@@ -47,7 +48,9 @@ def open_zarr_array(path: str, component: str | None = None) -> zarr.Array:
     if "://" not in path and not os.path.exists(path):
         raise ConfigError(f"zarr store {path!r} does not exist")
     try:
-        arr = zarr.open_array(path, path=component or "", mode="r")
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Numcodecs codecs are not in the Zarr version 3")
+            arr = zarr.open_array(path, path=component or "", mode="r")
     except Exception as e:  # zarr raises several types for a bad store
         raise ConfigError(f"could not open zarr store {path!r}{' component ' + component if component else ''}: "
                           f"{e}") from None

@@ -27,6 +27,7 @@ from distributed import get_worker
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from flowgpu.backend import import_cupy
+from flowgpu.io import storage
 from flowgpu.memory.store import FlowgpuStore
 from flowgpu.memory.transfer import sync_current_stream
 
@@ -47,7 +48,10 @@ def stats(dask_worker=None) -> dict:
         dask_worker = get_worker()
     data = dask_worker.data
     if isinstance(data, FlowgpuStore):
-        return data.stats()
+        st = data.stats()  # and what the Zarr device path read and wrote (storage_* moves and events)
+        st["moves"] = {**st["moves"], **storage.COUNTERS.moves()}
+        st["events"] = {**st["events"], **storage.COUNTERS.events()}
+        return st
     return {"store": type(data).__name__}
 
 
