@@ -8,6 +8,7 @@ import click
 from dask.utils import format_bytes, parse_bytes
 
 from flowgpu.cli.common import handle_errors
+from flowgpu.io.convert import check
 from flowgpu.io.convert import convert as convert_array
 from flowgpu.io.zarrwrite import CODECS
 from flowgpu.runtime.session import Session
@@ -48,6 +49,7 @@ def convert(src: str, dst: str, codec: str, level: int | None, chunk_bytes: int 
             component: str | None, backend: str | None, n_workers: int | None, overwrite: bool, as_json: bool) -> None:
     """Rewrite SRC (a .npy file or a Zarr array) as a Zarr 3 store DST that the GPU decodes (nvCOMP codec,
     chunks and shards sized for the workers). DST appears only when complete."""
+    check(src, dst, codec=codec, chunk_bytes=chunk_bytes, overwrite=overwrite)  # bad input: before any cluster
     options = {k: v for k, v in (("backend", backend), ("n_workers", n_workers)) if v is not None}
     with Session(dashboard_address=None, **options):
         out = convert_array(src, dst, codec=codec, level=level, chunk_bytes=chunk_bytes, shard_bytes=shard_bytes,

@@ -17,12 +17,12 @@ import numpy as np
 
 from flowgpu.arrays.chunks import target_chunk_bytes
 from flowgpu.errors import ConfigError, FlowgpuError
-from flowgpu.io.atomic import atomic_output, output_error
+from flowgpu.io.atomic import atomic_output, check_writable, output_error
 from flowgpu.io.npy import from_npy
 from flowgpu.io.zarr import from_zarr, store_zarr
 from flowgpu.io.zarrwrite import CODECS
 
-__all__ = ["convert", "choose_layout", "CHUNK_BYTES", "MAX_CHUNK_BYTES", "MAX_SHARD_BYTES"]
+__all__ = ["check", "convert", "choose_layout", "CHUNK_BYTES", "MAX_CHUNK_BYTES", "MAX_SHARD_BYTES"]
 
 CHUNK_BYTES = 4 << 20
 MAX_CHUNK_BYTES = 16 << 20  # nvCOMP's largest batched chunk (LZ4, zstd)
@@ -56,10 +56,7 @@ def choose_layout(shape: tuple, dtype: Any, chunk_bytes: int | None = None,
     """
     itemsize = np.dtype(dtype).itemsize
     shard_bytes = int(shard_bytes or min(MAX_SHARD_BYTES, target_chunk_bytes()))
-    chunk_bytes = int(chunk_bytes or CHUNK_BYTES)
-    if chunk_bytes > MAX_CHUNK_BYTES:
-        raise ConfigError(f"chunk size {chunk_bytes} bytes is more than nvCOMP decodes in one chunk "
-                          f"({MAX_CHUNK_BYTES >> 20} MiB); give --chunk-bytes 16MiB or less")
+    chunk_bytes = min(int(chunk_bytes or CHUNK_BYTES), MAX_CHUNK_BYTES)
     if not shape or 0 in shape:
         return tuple(max(1, n) for n in shape), None
     chunks = _rows_first(shape, itemsize, chunk_bytes)
@@ -78,6 +75,20 @@ def _open(src: str, component: str | None):
     return from_npy(src, chunks="auto")
 
 
+def check(src: str, dst: str, *, codec: str = "zstd", chunk_bytes: int | None = None, overwrite: bool = False) -> None:
+    """Refuse what :func:`convert` would refuse, touching nothing (before a cluster starts)."""
+    if codec not in CODECS:
+        raise ConfigError(f"codec {codec!r}: choose one of {', '.join(CODECS)}")
+    if not os.path.exists(src):
+        raise ConfigError(f"{src!r} does not exist; give a .npy file or a Zarr store")
+    if os.path.abspath(src) == os.path.abspath(dst):
+        raise ConfigError(f"{dst!r} is the source itself; write the converted store to another path")
+    if chunk_bytes is not None and chunk_bytes > MAX_CHUNK_BYTES:
+        raise ConfigError(f"chunk size {chunk_bytes} bytes is more than nvCOMP decodes in one chunk "
+                          f"({MAX_CHUNK_BYTES >> 20} MiB); give --chunk-bytes 16MiB or less")
+    check_writable(os.path.abspath(dst), overwrite)
+
+
 def convert(src: str, dst: str, *, codec: str = "zstd", level: int | None = None, chunk_bytes: int | None = None,
             shard_bytes: int | None = None, component: str | None = None, overwrite: bool = False) -> dict:
     """Write the array at ``src`` (``.npy`` or Zarr) to a new Zarr 3 store ``dst``, atomically.
@@ -85,10 +96,7 @@ def convert(src: str, dst: str, *, codec: str = "zstd", level: int | None = None
     Returns what was written: ``{"path", "shape", "dtype", "chunks", "shards", "codec",
     "bytes", "stored_bytes"}``. Runs on the session's workers (any, or none: dask's scheduler).
     """
-    if codec not in CODECS:
-        raise ConfigError(f"codec {codec!r}: choose one of {', '.join(CODECS)}")
-    if os.path.abspath(src) == os.path.abspath(dst):
-        raise ConfigError(f"{dst!r} is the source itself; write the converted store to another path")
+    check(src, dst, codec=codec, chunk_bytes=chunk_bytes, overwrite=overwrite)
     x = _open(src, component)
     chunks, shards = choose_layout(x.shape, x.dtype, chunk_bytes, shard_bytes)
     with atomic_output(dst, overwrite, meta={"format": "zarr"}) as tmp:

@@ -9,6 +9,7 @@ runs the device path with NumPy stand-ins for the GPU (tests); ``cpu`` turns it 
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import warnings
@@ -59,10 +60,10 @@ def open_zarr_array(path: str, component: str | None = None) -> zarr.Array:
 
 def _nvcomp_missing() -> str | None:
     try:
-        from nvidia import nvcomp  # noqa: F401
-    except ImportError:
-        return "nvCOMP is not installed (pip install nvidia-nvcomp-cu13)"
-    return None
+        found = importlib.util.find_spec("nvidia.nvcomp") is not None
+    except ImportError:  # no nvidia namespace at all
+        found = False
+    return None if found else "nvCOMP is not installed (pip install nvidia-nvcomp-cu13)"
 
 
 def _note_fallback(block: Any, reason: str = "") -> Any:
@@ -76,8 +77,9 @@ def from_zarr(path: str, component: str | None = None, chunks: Any = None) -> da
     arr = open_zarr_array(path, component)
     device = device_path()
     plan = plan_codec(arr) if device else None
-    if isinstance(plan, DevicePlan) and plan.frame.algorithm and device == "nvcomp" and _nvcomp_missing():
-        plan = Fallback(_nvcomp_missing())
+    missing = _nvcomp_missing() if isinstance(plan, DevicePlan) and plan.frame.algorithm and device == "nvcomp" else None
+    if missing:
+        plan = Fallback(missing)
     if isinstance(plan, DevicePlan):
         reader = DeviceReader(plan, device, os.path.abspath(path) if "://" not in path else path, component)
         token = da.core.tokenize(plan.root, _mtime(plan.root), plan)
