@@ -82,7 +82,7 @@ def from_zarr(path: str, component: str | None = None, chunks: Any = None) -> da
         plan = Fallback(missing)
     if isinstance(plan, DevicePlan):
         reader = DeviceReader(plan, device, os.path.abspath(path) if "://" not in path else path, component)
-        token = da.core.tokenize(plan.root, _mtime(plan.root), plan)
+        token = da.core.tokenize(plan.root, _mtime(plan.root), plan.shape, str(plan.dtype), plan.chunk, plan.unit, plan.frame)
         meta = _reader_meta(device, plan)
         x = da.from_array(reader, chunks=plan.unit, asarray=False, meta=meta, name=f"from-zarr-device-{token}")
         if chunks is not None:

@@ -47,8 +47,8 @@ def make_store(path: str, data: np.ndarray, name: str, chunks: tuple = (10, 6), 
     """``data`` as the Zarr store ``name`` of :data:`STORES` at ``path``, chunks ``chunks``."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        a = zarr.create_array(path, shape=data.shape, chunks=chunks, dtype=data.dtype, fill_value=0,
-                              **_compressors(STORES[name][0]), **extra)
+        kw = {**_compressors(STORES[name][0]), **extra}  # extra wins (e.g. other shards)
+        a = zarr.create_array(path, shape=data.shape, chunks=chunks, dtype=data.dtype, fill_value=0, **kw)
         a[:] = data
     return a
 
