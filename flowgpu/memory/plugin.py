@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import logging
 import queue
+import sys
 import threading
 
 from distributed import get_worker
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from flowgpu.backend import import_cupy
-from flowgpu.io import storage
 from flowgpu.memory.store import FlowgpuStore
 from flowgpu.memory.transfer import sync_current_stream
 
@@ -48,9 +48,14 @@ def stats(dask_worker=None) -> dict:
         dask_worker = get_worker()
     data = dask_worker.data
     if isinstance(data, FlowgpuStore):
-        st = data.stats()  # and what the Zarr device path read and wrote (storage_* moves and events)
-        st["moves"] = {**st["moves"], **storage.COUNTERS.moves()}
-        st["events"] = {**st["events"], **storage.COUNTERS.events()}
+        st = data.stats()
+        # and what the Zarr device path read and wrote (storage_* moves and events): its counters
+        # exist only in a process that imported flowgpu.io, which this one does not do for them
+        # (zarr and its codecs cost a worker some 40 MB)
+        counters = getattr(sys.modules.get("flowgpu.io.storage"), "COUNTERS", None)
+        if counters is not None:
+            st["moves"] = {**st["moves"], **counters.moves()}
+            st["events"] = {**st["events"], **counters.events()}
         return st
     return {"store": type(data).__name__}
 
