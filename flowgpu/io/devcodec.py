@@ -303,7 +303,12 @@ class CupyDevice(HostDevice):
         cp = import_cupy()
         nvcomp, codec = self._codec(algorithm)
         outs = [cp.empty(n, cp.uint8) for n in sizes]
-        codec.decode(nvcomp.as_arrays(payloads), out=nvcomp.as_arrays(outs))
+        srcs = nvcomp.as_arrays(payloads)  # a BatchArray (nvCOMP 6): keeps the payloads alive
+        try:
+            codec.decode(srcs, out=nvcomp.as_arrays(outs))  # straight into arrays CuPy owns
+        except TypeError:  # an nvCOMP whose batch decode takes no out=: copy out of its batch
+            got = codec.decode(srcs)
+            outs = [cp.asarray(g).view(cp.uint8).reshape(-1).copy() for g in got]
         return outs
 
     def encode(self, algorithm: str, arrays: list, level: int | None = None) -> list:
