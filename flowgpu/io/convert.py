@@ -18,14 +18,14 @@ import numpy as np
 from flowgpu.arrays.chunks import target_chunk_bytes
 from flowgpu.errors import ConfigError, FlowgpuError
 from flowgpu.io.atomic import atomic_output, check_writable, output_error
+from flowgpu.io.devcodec import MAX_CHUNK_BYTES
 from flowgpu.io.npy import from_npy
 from flowgpu.io.zarr import from_zarr, store_zarr
-from flowgpu.io.zarrwrite import CODECS
+from flowgpu.io.zarrwrite import CODECS, INNER_BYTES
 
 __all__ = ["check", "convert", "choose_layout", "CHUNK_BYTES", "MAX_CHUNK_BYTES", "MAX_SHARD_BYTES"]
 
-CHUNK_BYTES = 4 << 20
-MAX_CHUNK_BYTES = 16 << 20  # nvCOMP's largest batched chunk (LZ4, zstd)
+CHUNK_BYTES = INNER_BYTES
 MAX_SHARD_BYTES = 1 << 30
 
 

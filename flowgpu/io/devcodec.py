@@ -40,10 +40,11 @@ import numpy as np
 
 from flowgpu.backend import file_rows_to_device, import_cupy
 
-__all__ = ["DevicePlan", "Fallback", "Frame", "plan_codec", "frame_for", "device_for", "CupyDevice", "HostDevice",
+__all__ = ["MAX_CHUNK_BYTES", "DevicePlan", "Fallback", "Frame", "plan_codec", "frame_for", "device_for", "CupyDevice", "HostDevice",
            "read_exact", "DEVICES"]
 
 MAX_U64 = 2**64 - 1
+MAX_CHUNK_BYTES = 16 << 20  # the largest chunk nvCOMP's batched zstd and LZ4 take (and decode well: one block each)
 
 
 @dataclass(frozen=True)
@@ -146,6 +147,14 @@ def _fill(meta: Any, dtype: np.dtype) -> Any:
     return np.zeros((), dtype)[()] if fill is None else np.asarray(fill, dtype=dtype)[()]
 
 
+def _sized(plan: DevicePlan) -> DevicePlan | Fallback:
+    n = int(np.prod(plan.chunk, dtype=np.int64)) * plan.dtype.itemsize
+    if plan.frame.algorithm and n > MAX_CHUNK_BYTES:
+        return Fallback(f"chunks of {n / 2**20:.0f} MiB are more than nvCOMP decodes at once "
+                        f"({MAX_CHUNK_BYTES >> 20} MiB); `flowgpu convert` rewrites the store in chunks it decodes")
+    return plan
+
+
 def plan_codec(arr: Any) -> DevicePlan | Fallback:
     """How to read ``arr`` (a ``zarr.Array``) on the device, or why not.
 
@@ -174,7 +183,7 @@ def plan_codec(arr: Any) -> DevicePlan | Fallback:
                                                                       meta.compressor.get_config())
         if isinstance(frame, Fallback):
             return frame
-        return DevicePlan(chunk=tuple(arr.chunks), unit=tuple(arr.chunks), frame=frame, **common)
+        return _sized(DevicePlan(chunk=tuple(arr.chunks), unit=tuple(arr.chunks), frame=frame, **common))
     codecs = tuple(meta.codecs)
     if len(codecs) == 1 and _named(codecs[0])[0] == "sharding_indexed":
         shard = codecs[0]
@@ -185,13 +194,13 @@ def plan_codec(arr: Any) -> DevicePlan | Fallback:
         if isinstance(frame, Fallback):
             return frame
         at_end = str(getattr(shard.index_location, "value", shard.index_location)) == "end"
-        return DevicePlan(chunk=tuple(shard.chunk_shape), unit=tuple(meta.chunk_grid.chunk_shape), frame=frame,
-                          sharded=True, index_at_end=at_end, **common)
+        return _sized(DevicePlan(chunk=tuple(shard.chunk_shape), unit=tuple(meta.chunk_grid.chunk_shape),
+                                 frame=frame, sharded=True, index_at_end=at_end, **common))
     frame = _pipeline(codecs, dtype, "array")
     if isinstance(frame, Fallback):
         return frame
-    return DevicePlan(chunk=tuple(meta.chunk_grid.chunk_shape), unit=tuple(meta.chunk_grid.chunk_shape),
-                      frame=frame, **common)
+    return _sized(DevicePlan(chunk=tuple(meta.chunk_grid.chunk_shape), unit=tuple(meta.chunk_grid.chunk_shape),
+                             frame=frame, **common))
 
 
 def read_exact(fd: int, into: Any, offset: int, path: str) -> None:

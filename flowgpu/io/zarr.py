@@ -25,10 +25,10 @@ from flowgpu.arrays.movement import to_device, to_host
 from flowgpu.backend import current_backend, import_cupy
 from flowgpu.errors import ConfigError
 from flowgpu.io.atomic import atomic_output
-from flowgpu.io.devcodec import DevicePlan, Fallback, plan_codec
+from flowgpu.io.devcodec import MAX_CHUNK_BYTES, DevicePlan, Fallback, plan_codec
 from flowgpu.io.storage import COUNTERS
 from flowgpu.io.zarrread import DeviceReader
-from flowgpu.io.zarrwrite import create, device_writes
+from flowgpu.io.zarrwrite import create, device_writes, inner_chunks
 
 __all__ = ["from_zarr", "to_zarr", "device_path", "open_zarr_array", "store_zarr"]
 
@@ -121,12 +121,19 @@ def store_zarr(x: da.Array, tmp: str, *, component: str | None = None, codec: st
     """The lazy write of ``x`` into a new store at ``tmp`` (inside an atomic output's staging).
 
     With no ``codec``/``chunks``/``shards`` on the CPU: ``dask.array.to_zarr`` as it always was.
-    Otherwise zarr creates the array (``codec`` zstd by default) with ``chunks`` (default: ``x``'s)
-    and ``shards``, and on the device path each task encodes and writes its unit on the device."""
+    Otherwise zarr creates the array (``codec`` zstd by default) with ``chunks`` (default: ``x``'s;
+    on the device path, when those are more than nvCOMP encodes at once, shards of ``x``'s chunks
+    made of ~4 MiB chunks) and ``shards``, and on the device path each task encodes and writes its
+    unit on the device."""
     device = device_path()
+    if device == "nvcomp" and codec != "none" and _nvcomp_missing():
+        device = None
     if codec is None and chunks is None and shards is None and device is None:
         return da.to_zarr(_regular(to_host(x)), tmp, component=component, compute=False)
     chunk_shape = tuple(chunks) if chunks is not None else tuple(max(c) if c else 1 for c in _regular(x).chunks)
+    if chunks is None and shards is None and device and codec != "none" and \
+            int(np.prod(chunk_shape, dtype=np.int64)) * x.dtype.itemsize > MAX_CHUNK_BYTES:
+        chunk_shape, shards = inner_chunks(chunk_shape, x.dtype.itemsize), chunk_shape  # nvCOMP-sized, in shards
     arr = create(tmp, x.shape, x.dtype, codec=codec or "zstd", level=level, chunks=chunk_shape,
                  shards=tuple(shards) if shards else None, component=component)
     if device is not None:

@@ -9,6 +9,7 @@ store is written inside an atomic output's staging directory, so a failed write 
 
 from __future__ import annotations
 
+import logging
 import os
 import struct
 import time
@@ -25,9 +26,32 @@ from flowgpu.io import faults
 from flowgpu.io.devcodec import MAX_U64, DevicePlan, Fallback, device_for, plan_codec
 from flowgpu.io.storage import COUNTERS
 
-__all__ = ["CODECS", "create", "device_writes", "compressors"]
+__all__ = ["CODECS", "create", "device_writes", "compressors", "inner_chunks"]
 
 CODECS = ("zstd", "lz4", "none")
+INNER_BYTES = 4 << 20
+
+logger = logging.getLogger("flowgpu.io")
+
+
+def inner_chunks(unit: tuple, itemsize: int, target: int = INNER_BYTES) -> tuple:
+    """Chunks of about ``target`` bytes that tile ``unit`` exactly (whole trailing axes first), for a
+    shard of ``unit``: each axis of the result divides the unit's.
+
+    >>> inner_chunks((2048, 131072), 4)
+    (8, 131072)
+    >>> inner_chunks((1000, 3000), 8)
+    (125, 3000)
+    """
+    out = list(unit)
+    for axis in range(len(unit)):
+        below = int(np.prod(unit[axis + 1:], dtype=np.int64)) * itemsize
+        if below <= target or axis == len(unit) - 1:
+            most = max(1, target // max(below, 1))
+            out[axis] = max(d for d in range(1, min(unit[axis], most) + 1) if unit[axis] % d == 0)
+            return tuple(out)
+        out[axis] = 1
+    return tuple(out)
 
 
 def compressors(codec: str, level: int | None = None) -> Any:
@@ -138,6 +162,8 @@ def device_writes(x: da.Array, arr: zarr.Array, device: str, level: int | None =
     array's codecs are not written on the device (then zarr writes it)."""
     plan = plan_codec(arr)
     if isinstance(plan, Fallback) or plan.frame.algorithm not in (None, "Zstd", "LZ4"):
+        logger.warning("zarr %s: encoded by zarr on the CPU: %s", arr.store_path,
+                       plan.reason if isinstance(plan, Fallback) else f"no device encoder for {plan.frame.algorithm}")
         return None
     x = x.rechunk(plan.unit)
     return x.map_blocks(_write_unit, plan=plan, device=device, level=level, dtype=np.int8,

@@ -188,3 +188,17 @@ def test_bad_layouts_are_refused_before_writing(tmp_path, rng, fake):
     with pytest.raises(ConfigError, match="choose one of"):
         to_zarr(x, str(tmp_path / "a.zarr"), codec="brotli")
     assert os.listdir(tmp_path) == []
+
+
+def test_chunks_larger_than_nvcomp_takes_fall_back_and_device_writes_shard_them(tmp_path, rng, fake):
+    data = field(rng, (2100, 2048))  # 17 MB: more than nvCOMP's 16 MiB chunk
+    big = str(tmp_path / "big.zarr")
+    make_store(big, data, "lz4", chunks=data.shape)
+    plan = plan_codec(zarr.open_array(big))
+    assert isinstance(plan, Fallback) and "flowgpu convert" in plan.reason
+    out = str(tmp_path / "w.zarr")
+    to_zarr(da.from_array(data, chunks=data.shape), out, codec="lz4")  # no layout given: shards of 4 MiB chunks
+    a = zarr.open_array(out)
+    assert a.shards == data.shape and a.chunks == (420, 2048)
+    assert np.array_equal(a[:], data)
+    assert isinstance(plan_codec(a), DevicePlan)
