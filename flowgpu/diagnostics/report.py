@@ -7,7 +7,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-__all__ = ["format_bytes", "render_batch", "render_plan", "render_status", "render_summary", "storage_line"]
+__all__ = ["format_bytes", "render_batch", "render_plan", "render_status", "render_summary", "storage_lines"]
 
 
 def format_bytes(n: int | float | None) -> str:
@@ -115,14 +115,14 @@ def render_summary(summary: dict[str, Any], console: Console) -> None:
         console.print("spilling: " + "; ".join(parts))
     for err in memory.get("errors") or []:
         console.print(f"[yellow]spilling: {err}[/yellow]")
-    line = storage_line(memory)
-    if line:
-        console.print(line)
+    for line in storage_lines(memory):
+        console.print(line, soft_wrap=True)
 
 
-def storage_line(memory: dict[str, Any]) -> str | None:
-    """``storage: read X from storage, Y compressed moved, decode Z s, W GB/s`` (and writes, and the
-    chunks that went through the CPU, with why) from the ``storage_*`` moves and events; None if none."""
+def storage_lines(memory: dict[str, Any]) -> list[str]:
+    """``storage: read X from storage, Y compressed moved, decode Z s, W GB/s``, then a line for the
+    writes and one per reason chunks went through the CPU, from the ``storage_*`` moves and events
+    (GB/s: bytes decoded per second spent reading and decoding, summed over tasks)."""
     moves, events = memory.get("moves") or {}, memory.get("events") or {}
     get = lambda a, k: (moves.get("storage_" + a) or {}).get(k, 0)  # noqa: E731
     parts = []
@@ -138,4 +138,4 @@ def storage_line(memory: dict[str, Any]) -> str | None:
                      f"in {get('encode', 'seconds'):.2f} s{rate})")
     parts += [f"{n} chunk(s) decoded on the CPU: {e.split(': ', 1)[1]}" for e, n in events.items()
               if e.startswith("storage_fallback: ")]
-    return "storage: " + "; ".join(parts) if parts else None
+    return ["storage: " + p for p in parts]

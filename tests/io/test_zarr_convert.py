@@ -101,14 +101,29 @@ def test_run_summary_has_a_storage_line(tmp_path, rng):
     (tmp_path / "p.yaml").write_text(
         "name: s\ninputs:\n  x: {source: zarr, path: in.zarr}\n  b: {source: zarr, path: b.zarr}\n"
         "steps:\n  t: {op: sum, inputs: [x]}\n  u: {op: sum, inputs: [b]}\n"
-        "outputs:\n  t: {from: t}\n  u: {from: u}\n")
+        "outputs:\n  t: {from: t}\n  u: {from: u}\n"
+        "  z: {from: x, sink: zarr, path: z.zarr, codec: lz4, chunks: [50, 300], shards: [200, 300]}\n")
     r = flowgpu("run", "p.yaml", "--backend", "cpu", "--workers", "1", "--no-cache", "--json", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     summary = json.loads(r.stdout)
     want = float(data.astype(np.float64).sum())
     assert abs(summary["outputs"]["t"]["value"] - want) <= 1e-5 * abs(want)
+    z = zarr.open_array(str(tmp_path / "z.zarr"))  # the sink's layout options, encoded on the device path
+    assert (z.chunks, z.shards) == ((50, 300), (200, 300)) and "lz4" in str(z.metadata.codecs)
+    assert np.array_equal(z[:], data)
     r = flowgpu("run", "p.yaml", "--backend", "cpu", "--workers", "1", "--no-cache", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    (line,) = [x for x in r.stdout.splitlines() if x.startswith("storage:")]
-    assert "from storage" in line and "compressed moved" in line and "GB/s" in line
-    assert "4 chunk(s) decoded on the CPU: blosc" in line
+    read, wrote, fell_back = [x for x in r.stdout.splitlines() if x.startswith("storage:")]
+    assert "from storage" in read and "compressed moved" in read and "GB/s" in read
+    assert wrote.startswith("storage: wrote ") and "(encoded 468.8 KiB" in wrote  # 400 x 300 float32
+    assert fell_back.startswith("storage: 4 chunk(s) decoded on the CPU: blosc")
+
+
+def test_a_bad_sink_codec_is_a_spec_error_with_its_place(tmp_path):
+    (tmp_path / "p.yaml").write_text(
+        "name: s\ninputs:\n  x: {source: random, shape: [10, 10]}\n"
+        "outputs:\n  z: {from: x, sink: zarr, path: z.zarr, codec: brotli}\n")
+    r = flowgpu("validate", "p.yaml", cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert "p.yaml:5:" in r.stderr and "codec" in r.stderr and TRACEBACK not in r.stderr, r.stderr
+    assert sorted(os.listdir(tmp_path)) == ["p.yaml"]

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import zarr
 
-from flowgpu.diagnostics.report import storage_line
+from flowgpu.diagnostics.report import storage_lines
 from flowgpu.errors import ConfigError
 from flowgpu.io import storage
 from flowgpu.io.devcodec import DevicePlan, Fallback, plan_codec
@@ -142,7 +142,7 @@ def test_fallback_chunks_are_counted_with_their_reason(tmp_path, rng, fake):
     assert np.array_equal(got, data)
     (reason, n), = fake.events().items()
     assert "blosc" in reason and n == 6
-    line = storage_line({"moves": fake.moves(), "events": fake.events()})
+    (line,) = storage_lines({"moves": fake.moves(), "events": fake.events()})
     assert line.startswith("storage: 6 chunk(s) decoded on the CPU: blosc")
 
 
