@@ -40,7 +40,7 @@ import numpy as np
 
 from flowgpu.backend import file_rows_to_device, import_cupy
 
-__all__ = ["MAX_CHUNK_BYTES", "DevicePlan", "Fallback", "Frame", "plan_codec", "frame_for", "device_for", "CupyDevice", "HostDevice",
+__all__ = ["MAX_CHUNK_BYTES", "zstd_with_size", "DevicePlan", "Fallback", "Frame", "plan_codec", "frame_for", "device_for", "CupyDevice", "HostDevice",
            "read_exact", "DEVICES"]
 
 MAX_U64 = 2**64 - 1
@@ -201,6 +201,35 @@ def plan_codec(arr: Any) -> DevicePlan | Fallback:
         return frame
     return _sized(DevicePlan(chunk=tuple(meta.chunk_grid.chunk_shape), unit=tuple(meta.chunk_grid.chunk_shape),
                              frame=frame, **common))
+
+
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+
+
+def zstd_with_size(head: bytes, size: int) -> tuple[bytes, int]:
+    """A zstd frame's header with its content size (RFC 8878, 3.1.1.1), for a frame that lacks it.
+
+    ``head`` is the frame's first bytes (at least 6). Returns ``(header, n)``: write ``header``
+    in place of the frame's first ``n`` bytes. A streaming encoder (nvCOMP's) may leave the size
+    out; decoders that allocate from it (older numcodecs, some zarr.js codecs) then refuse the chunk.
+
+    >>> import numcodecs, numpy as np
+    >>> f = numcodecs.Zstd().encode(np.arange(1 << 20, dtype="f4"))  # 4 MiB: window, 4-byte size
+    >>> stripped = f[:4] + bytes([f[4] & 0x3F]) + f[5:6] + f[10:]  # the same frame without its size
+    >>> header, n = zstd_with_size(stripped[:6], 4 << 20)
+    >>> header + stripped[n:] == f[:4] + bytes([0xC0]) + f[5:6] + (4 << 20).to_bytes(8, "little") + f[10:]
+    True
+    """
+    if head[:4] != ZSTD_MAGIC or len(head) < 6:
+        return b"", 0
+    fhd = head[4]
+    if fhd >> 6 or fhd & 0x20:  # a size field already (single-segment frames always have one)
+        return b"", 0
+    dict_len = (0, 1, 2, 4)[fhd & 3]
+    keep = 6 + dict_len  # magic, descriptor, window descriptor, dictionary id
+    if len(head) < keep:
+        return b"", 0
+    return (ZSTD_MAGIC + bytes([fhd | 0xC0]) + bytes(head[5:keep]) + int(size).to_bytes(8, "little"), keep)
 
 
 def read_exact(fd: int, into: Any, offset: int, path: str) -> None:

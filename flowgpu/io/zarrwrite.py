@@ -23,7 +23,7 @@ import zarr
 
 from flowgpu.errors import ConfigError
 from flowgpu.io import faults
-from flowgpu.io.devcodec import MAX_U64, DevicePlan, Fallback, device_for, plan_codec
+from flowgpu.io.devcodec import MAX_U64, DevicePlan, Fallback, device_for, plan_codec, zstd_with_size
 from flowgpu.io.storage import COUNTERS
 
 __all__ = ["CODECS", "create", "device_writes", "compressors", "inner_chunks"]
@@ -117,7 +117,15 @@ def _chunks_of(block: Any, plan: DevicePlan, lo: tuple, xp: Any) -> tuple[list, 
 
 
 def _framed(plan: DevicePlan, payload: Any, nbytes: int) -> list:
-    return [struct.pack("<I", nbytes), payload] if plan.frame.algorithm == "LZ4" else [payload]
+    """The parts zarr's codec stores for one encoded chunk (written with one ``pwritev``, no copy)."""
+    if plan.frame.algorithm == "LZ4":
+        return [struct.pack("<I", nbytes), payload]
+    if plan.frame.algorithm == "Zstd":
+        raw = memoryview(payload).cast("B")
+        header, n = zstd_with_size(bytes(raw[:32]), nbytes)
+        if n:
+            return [header, raw[n:]]
+    return [payload]
 
 
 def _write_unit(block: Any, plan: DevicePlan = None, device: str = "nvcomp", level: int | None = None,

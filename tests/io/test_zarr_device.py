@@ -16,7 +16,7 @@ import zarr
 from flowgpu.diagnostics.report import storage_lines
 from flowgpu.errors import ConfigError
 from flowgpu.io import storage
-from flowgpu.io.devcodec import DevicePlan, Fallback, plan_codec
+from flowgpu.io.devcodec import DevicePlan, Fallback, HostDevice, plan_codec
 from flowgpu.io.faults import ENV
 from flowgpu.io.zarr import from_zarr, to_zarr
 from flowgpu.io.zarrread import read_plan
@@ -202,3 +202,26 @@ def test_chunks_larger_than_nvcomp_takes_fall_back_and_device_writes_shard_them(
     assert a.shards == data.shape and a.chunks == (420, 2048)
     assert np.array_equal(a[:], data)
     assert isinstance(plan_codec(a), DevicePlan)
+
+
+def test_zstd_frames_without_their_size_are_written_with_it(tmp_path, rng, fake, monkeypatch):
+    """nvCOMP's zstd may leave the content size out of a frame; the writer puts it back."""
+    encode = HostDevice.encode
+
+    def sizeless(self, algorithm, arrays, level=None):
+        out = []
+        for f in encode(self, algorithm, arrays, level):
+            f = bytes(f)
+            assert f[4] >> 6 == 2 and not f[4] & 0x20  # a 4-byte size and a window descriptor
+            out.append(np.frombuffer(f[:4] + bytes([f[4] & 0x3F]) + f[5:6] + f[10:], np.uint8))
+        return out
+
+    monkeypatch.setattr(HostDevice, "encode", sizeless)
+    data = field(rng, (4096, 512))  # chunks of 4 MiB: zstd frames with a window descriptor
+    out = str(tmp_path / "w.zarr")
+    to_zarr(da.from_array(data, chunks=(2048, 512)), out, codec="zstd", chunks=(2048, 512))
+    for p in _paths(out):
+        with open(p, "rb") as f:
+            head = f.read(14)
+        assert head[4] >> 6 == 3 and int.from_bytes(head[6:14], "little") == 2048 * 512 * 4, p
+    assert np.array_equal(zarr.open_array(out)[:], data)
