@@ -19,6 +19,7 @@ Run::
     python -m benchmarks.out_of_core.zarr_device                 # 32 GiB, both codecs
     python -m benchmarks.out_of_core.zarr_device --size small    # 4 GiB, a quick check
     python -m benchmarks.out_of_core.zarr_device --codecs lz4 --dir /scratch
+    python -m benchmarks.out_of_core.zarr_device --reader kvikio   # kvikio's file reader instead
 
 The markdown table comes last in the output.
 """
@@ -161,6 +162,8 @@ def parser():
     p.add_argument("--codecs", default="zstd,lz4", help="comma-separated, of zstd, lz4")
     p.add_argument("--dir", default=None, help="where the stores go (default: a temp dir; about 20 GB at full size)")
     p.add_argument("--cold", action="store_true", help="drop the page cache before each read pass (needs root)")
+    p.add_argument("--reader", choices=("staging", "kvikio"), default="staging",
+                   help="how flowgpu reads the chunk files (flowgpu.zarr.reader)")
     return p
 
 
@@ -169,11 +172,12 @@ def main(argv=None) -> int:
     report = harness.Report(a, argv)
     d = a.dir or tempfile.mkdtemp(prefix="flowgpu-zarr-bench-")
     try:
-        rows = run(a.size, a.codecs.split(","), d, a.cold)
+        with dask.config.set({"flowgpu.zarr.reader": a.reader}):
+            rows = run(a.size, a.codecs.split(","), d, a.cold)
     finally:
         if a.dir is None:
             shutil.rmtree(d, ignore_errors=True)
-    report.finish(text=table(rows), title=f"zarr straight to the GPU, size {a.size}", results=rows)
+    report.finish(text=table(rows), title=f"zarr straight to the GPU, size {a.size}, reader {a.reader}", results=rows)
     return 0
 
 

@@ -40,7 +40,8 @@ import numpy as np
 
 from flowgpu.backend import file_rows_to_device, import_cupy
 
-__all__ = ["MAX_CHUNK_BYTES", "zstd_with_size", "DevicePlan", "Fallback", "Frame", "plan_codec", "frame_for", "device_for", "CupyDevice", "HostDevice",
+__all__ = ["MAX_CHUNK_BYTES", "zstd_with_size", "DevicePlan", "Fallback", "Frame", "plan_codec", "frame_for", "device_for",
+           "CupyDevice", "KvikioDevice", "HostDevice",
            "read_exact", "DEVICES"]
 
 MAX_U64 = 2**64 - 1
@@ -367,12 +368,29 @@ class CupyDevice(HostDevice):
         import_cupy().cuda.get_current_stream().synchronize()
 
 
-DEVICES = {"nvcomp": CupyDevice, "fake": HostDevice}
+class KvikioDevice(CupyDevice):
+    """:class:`CupyDevice` reading files with kvikio (``flowgpu.zarr.reader: kvikio``): its own
+    thread pool, GPUDirect Storage where the filesystem has it, else its own bounce buffers."""
+
+    name = "nvcomp-kvikio"
+
+    def read(self, path: str, offset: int, nbytes: int):
+        import kvikio
+
+        out = import_cupy().empty(nbytes, np.uint8)
+        with kvikio.CuFile(path, "r") as f:
+            got = f.pread(out, nbytes, file_offset=offset).get()
+        if got != nbytes:
+            raise OSError(f"{path}: file ended {nbytes - got} bytes early at offset {offset + got}")
+        return out
+
+
+DEVICES = {"nvcomp": CupyDevice, "nvcomp-kvikio": KvikioDevice, "fake": HostDevice}
 _made: dict[str, HostDevice] = {}
 
 
 def device_for(name: str) -> HostDevice:
-    """The process's device object of kind ``name`` (``nvcomp`` or ``fake``)."""
+    """The process's device object of kind ``name`` (``nvcomp``, ``nvcomp-kvikio`` or ``fake``)."""
     if name not in _made:
         _made[name] = DEVICES[name]()
     return _made[name]

@@ -36,12 +36,20 @@ logger = logging.getLogger("flowgpu.io")
 
 
 def device_path() -> str | None:
-    """Which device decodes Zarr chunks here: ``nvcomp`` (a GPU session), ``fake`` (the tests'
-    NumPy stand-in) or None (zarr-python on the CPU)."""
+    """Which device decodes Zarr chunks here: ``nvcomp`` (a GPU session; ``nvcomp-kvikio`` when
+    ``flowgpu.zarr.reader`` is kvikio), ``fake`` (the tests' NumPy stand-in) or None (zarr-python
+    on the CPU)."""
     mode = dask.config.get("flowgpu.zarr.device", "auto")
     if mode == "fake":
         return "fake"
-    return "nvcomp" if mode == "auto" and current_backend() == "cupy" else None
+    if mode != "auto" or current_backend() != "cupy":
+        return None
+    if dask.config.get("flowgpu.zarr.reader", "staging") != "kvikio":
+        return "nvcomp"
+    if importlib.util.find_spec("kvikio") is None:
+        logger.warning("flowgpu.zarr.reader is kvikio, but kvikio is not installed: reading through flowgpu's staging")
+        return "nvcomp"
+    return "nvcomp-kvikio"
 
 
 def open_zarr_array(path: str, component: str | None = None) -> zarr.Array:
@@ -77,7 +85,7 @@ def from_zarr(path: str, component: str | None = None, chunks: Any = None) -> da
     arr = open_zarr_array(path, component)
     device = device_path()
     plan = plan_codec(arr) if device else None
-    missing = _nvcomp_missing() if isinstance(plan, DevicePlan) and plan.frame.algorithm and device == "nvcomp" else None
+    missing = _nvcomp_missing() if isinstance(plan, DevicePlan) and plan.frame.algorithm and device != "fake" else None
     if missing:
         plan = Fallback(missing)
     if isinstance(plan, DevicePlan):
@@ -126,7 +134,7 @@ def store_zarr(x: da.Array, tmp: str, *, component: str | None = None, codec: st
     made of ~4 MiB chunks) and ``shards``, and on the device path each task encodes and writes its
     unit on the device."""
     device = device_path()
-    if device == "nvcomp" and codec != "none" and _nvcomp_missing():
+    if device not in (None, "fake") and codec != "none" and _nvcomp_missing():
         device = None
     if codec is None and chunks is None and shards is None and device is None:
         return da.to_zarr(_regular(to_host(x)), tmp, component=component, compute=False)

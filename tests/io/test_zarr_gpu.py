@@ -4,6 +4,7 @@ CPU. A failure names the codec, the chunk and the first value that differs."""
 
 from __future__ import annotations
 
+import dask
 import dask.array as da
 import numpy as np
 import pytest
@@ -70,3 +71,15 @@ def test_a_pass_over_a_sharded_store_is_bit_identical_to_the_in_memory_one(tmp_p
     assert stored.chunks == memory.chunks
     got, want = (float((da.sin(x) * 2 + 1).sum(dtype=np.float64).compute()) for x in (stored, memory))
     assert got == want, f"from the store {got!r}, in memory {want!r}"
+
+
+def test_kvikio_reader_gives_the_same_values(tmp_path, rng, gpu_session):
+    pytest.importorskip("kvikio")
+    data = field(rng, SHAPE)
+    root = str(tmp_path / "k.zarr")
+    make_store(root, data, "sharded-zstd", chunks=CHUNKS, shards=(400, 192))
+    with dask.config.set({"flowgpu.zarr.reader": "kvikio"}):
+        x = fg.from_zarr(root)
+    assert x.name.startswith("from-zarr-device")
+    got = fg.to_numpy(x)
+    assert np.array_equal(got, data), f"kvikio reader, sharded zstd: {_where(got, data, CHUNKS)}"
