@@ -265,11 +265,12 @@ class HostDevice:
     def aligned(self, buf: Any, start: int, stop: int) -> Any:
         return buf[start:stop]
 
-    def decode(self, algorithm: str, payloads: list, sizes: list[int]) -> list:
+    def decode(self, algorithm: str, payloads: list, sizes: list[int], outs: list | None = None) -> list:
+        """Each payload decoded: into ``outs`` (1-d uint8 arrays of ``sizes``) when given, else new arrays."""
         import numcodecs
 
         out = []
-        for p, n in zip(payloads, sizes):
+        for i, (p, n) in enumerate(zip(payloads, sizes)):
             raw = bytes(memoryview(p))
             if algorithm == "Zstd":
                 b = numcodecs.Zstd().decode(raw)
@@ -284,6 +285,9 @@ class HostDevice:
             a = np.frombuffer(b, np.uint8)
             if a.size != n:
                 raise ValueError(f"{algorithm} chunk decoded to {a.size} bytes, not {n}")
+            if outs is not None:
+                np.copyto(outs[i], a)
+                a = outs[i]
             out.append(a)
         return out
 
@@ -338,16 +342,16 @@ class CupyDevice(HostDevice):
         view = buf[start:stop]
         return view if view.data.ptr % 16 == 0 else view.copy()  # nvCOMP's strictest buffer alignment
 
-    def decode(self, algorithm: str, payloads: list, sizes: list[int]) -> list:
+    def decode(self, algorithm: str, payloads: list, sizes: list[int], outs: list | None = None) -> list:
         cp = import_cupy()
         nvcomp, codec = self._codec(algorithm)
-        outs = [cp.empty(n, cp.uint8) for n in sizes]
+        outs = [cp.empty(n, cp.uint8) for n in sizes] if outs is None else outs
         srcs = nvcomp.as_arrays(payloads)  # a BatchArray (nvCOMP 6): keeps the payloads alive
         try:
             codec.decode(srcs, out=nvcomp.as_arrays(outs))  # straight into arrays CuPy owns
         except TypeError:  # an nvCOMP whose batch decode takes no out=: copy out of its batch
-            got = codec.decode(srcs)
-            outs = [cp.asarray(g).view(cp.uint8).reshape(-1).copy() for g in got]
+            for o, g in zip(outs, codec.decode(srcs)):
+                o[:] = cp.asarray(g).view(cp.uint8).reshape(-1)
         return outs
 
     def encode(self, algorithm: str, arrays: list, level: int | None = None) -> list:

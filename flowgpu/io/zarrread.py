@@ -114,6 +114,23 @@ def read_plan(plan: DevicePlan, key: tuple) -> list[UnitRead] | None:
     return [r for r in (_unit_read(plan, unit) for unit in itertools.product(*units)) if r is not None]
 
 
+def _slots(plan: DevicePlan, xp, lo: tuple, hi: tuple, coords: list, chunk_bytes: int) -> tuple:
+    """``(block, slots)``: when every chunk is a whole run of the block's rows in C order (chunks
+    spanning the trailing axes, none cut by the array's end), the block and, per chunk, the bytes
+    of it the chunk decodes into; else ``(None, None)``. Saves a copy and a block of memory."""
+    shape = tuple(b - a for a, b in zip(lo, hi))
+    if plan.chunk[1:] != shape[1:] or chunk_bytes % 16:  # nvCOMP's outputs start 16-byte aligned
+        return None, None
+    rows = plan.chunk[0]
+    if any((c[0] + 1) * rows > hi[0] for c in coords):  # the last chunk runs past the array's end
+        return None, None
+    block = xp.empty(shape, plan.dtype)
+    flat = block.reshape(-1).view(np.uint8)
+    row_bytes = chunk_bytes // rows
+    return block, [flat[(c[0] * rows - lo[0]) * row_bytes:(c[0] * rows - lo[0]) * row_bytes + chunk_bytes]
+                   for c in coords]
+
+
 class DeviceReader:
     """Blocks of a Zarr array decoded on the device (``device``: ``nvcomp`` or ``fake``)."""
 
@@ -158,15 +175,20 @@ class DeviceReader:
         COUNTERS.add("read", compressed, t1 - t0, count=len(reads))
         COUNTERS.add("moved", compressed, 0.0, count=len(reads))
         chunk_bytes = int(np.prod(plan.chunk, dtype=np.int64)) * plan.dtype.itemsize
+        missing = any(r.missing for r in reads)
+        out, slots = None, None
+        if plan.frame.algorithm and len(payloads) > 1 and not missing:
+            out, slots = _slots(plan, xp, lo, hi, coords, chunk_bytes)
         if plan.frame.algorithm is None:
             decoded = payloads
         elif payloads:
-            decoded = dev.decode(plan.frame.algorithm, payloads, [chunk_bytes] * len(payloads))
+            decoded = dev.decode(plan.frame.algorithm, payloads, [chunk_bytes] * len(payloads), slots)
             dev.sync()
         else:
             decoded = []
         COUNTERS.add("decode", chunk_bytes * len(decoded), time.perf_counter() - t1, count=len(decoded))
-        missing = any(r.missing for r in reads)
+        if out is not None:
+            return out  # decoded in place: each chunk was a whole run of the block's rows
         if len(decoded) == 1 and not missing and shape == plan.chunk:
             return decoded[0].view(plan.dtype).reshape(plan.chunk)
         out = xp.full(shape, plan.fill_value, plan.dtype) if missing else xp.empty(shape, plan.dtype)

@@ -19,6 +19,7 @@ from flowgpu.io import storage
 from flowgpu.io.devcodec import DevicePlan, Fallback, HostDevice, plan_codec
 from flowgpu.io.faults import ENV
 from flowgpu.io.zarr import from_zarr, to_zarr
+from flowgpu.io import zarrread
 from flowgpu.io.zarrread import read_plan
 from tests.io.zarr_data import STORES, field, first_mismatch, make_store
 
@@ -225,3 +226,16 @@ def test_zstd_frames_without_their_size_are_written_with_it(tmp_path, rng, fake,
             head = f.read(14)
         assert head[4] >> 6 == 3 and int.from_bytes(head[6:14], "little") == 2048 * 512 * 4, p
     assert np.array_equal(zarr.open_array(out)[:], data)
+
+
+@pytest.mark.parametrize("rows", [100, 95])  # 95: the last chunk runs past the end, decoded aside and cut
+def test_whole_row_chunks_decode_straight_into_their_block(tmp_path, rng, fake, monkeypatch, rows):
+    data = field(rng, (rows, 30))
+    root = str(tmp_path / "r.zarr")
+    make_store(root, data, "sharded-lz4", chunks=(10, 30), shards=(40, 30))
+    used = []
+    slots = zarrread._slots
+    monkeypatch.setattr(zarrread, "_slots", lambda *a: used.append(slots(*a)[0] is not None) or slots(*a))
+    got = from_zarr(root).compute(scheduler="sync")
+    assert np.array_equal(got, data), first_mismatch(got, data)
+    assert sorted(used) == ([True, True, True] if rows == 100 else [False, True, True])  # per shard
