@@ -11,7 +11,7 @@ import sys
 
 import click
 
-from flowgpu.cli import cluster, listing, run
+from flowgpu.cli import cluster, convert, listing, run
 from flowgpu.cli.common import EXIT_FAILED, EXIT_INVALID, EXIT_OK, handle_errors
 
 __all__ = ["EXIT_FAILED", "EXIT_INVALID", "EXIT_OK", "cli", "handle_errors", "main"]
@@ -32,6 +32,7 @@ for _command in (listing.info, run.run, run.status, run.clean, run.validate, run
                  listing.sinks, listing.schema):
     cli.add_command(_command)
 cli.add_command(cluster.cluster)
+cli.add_command(convert.convert)
 
 
 def main() -> None:

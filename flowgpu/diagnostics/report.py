@@ -7,7 +7,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-__all__ = ["format_bytes", "render_batch", "render_plan", "render_status", "render_summary"]
+__all__ = ["format_bytes", "render_batch", "render_plan", "render_status", "render_summary", "storage_lines"]
 
 
 def format_bytes(n: int | float | None) -> str:
@@ -106,7 +106,7 @@ def render_summary(summary: dict[str, Any], console: Console) -> None:
                   f"{summary['tasks']:,} tasks on {summary['session'].get('n_workers', '?')} worker(s) "
                   f"({summary['session'].get('backend', '?')})")
     memory = summary.get("memory") or {}
-    moves = memory.get("moves") or {}
+    moves = {a: m for a, m in (memory.get("moves") or {}).items() if not a.startswith("storage_")}
     if moves:
         parts = []
         for act, m in moves.items():
@@ -115,3 +115,27 @@ def render_summary(summary: dict[str, Any], console: Console) -> None:
         console.print("spilling: " + "; ".join(parts))
     for err in memory.get("errors") or []:
         console.print(f"[yellow]spilling: {err}[/yellow]")
+    for line in storage_lines(memory):
+        console.print(line, soft_wrap=True)
+
+
+def storage_lines(memory: dict[str, Any]) -> list[str]:
+    """``storage: read X from storage, Y compressed moved, decode Z s, W GB/s``, then a line for the
+    writes and one per reason chunks went through the CPU, from the ``storage_*`` moves and events
+    (GB/s: bytes decoded per second spent reading and decoding, summed over tasks)."""
+    moves, events = memory.get("moves") or {}, memory.get("events") or {}
+    get = lambda a, k: (moves.get("storage_" + a) or {}).get(k, 0)  # noqa: E731
+    parts = []
+    if get("read", "count"):
+        busy = get("read", "seconds") + get("decode", "seconds")
+        rate = f", {get('decode', 'bytes') / busy / 1e9:.1f} GB/s" if busy > 0 else ""
+        parts.append(f"read {format_bytes(get('read', 'bytes'))} from storage, {format_bytes(get('moved', 'bytes'))} "
+                     f"compressed moved, decode {get('decode', 'seconds'):.2f} s{rate}")
+    if get("write", "count"):
+        busy = get("encode", "seconds") + get("write", "seconds")
+        rate = f", {get('encode', 'bytes') / busy / 1e9:.1f} GB/s" if busy > 0 else ""
+        parts.append(f"wrote {format_bytes(get('write', 'bytes'))} (encoded {format_bytes(get('encode', 'bytes'))} "
+                     f"in {get('encode', 'seconds'):.2f} s{rate})")
+    parts += [f"{n} chunk(s) decoded on the CPU: {e.split(': ', 1)[1]}" for e, n in events.items()
+              if e.startswith("storage_fallback: ")]
+    return ["storage: " + p for p in parts]

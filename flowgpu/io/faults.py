@@ -11,7 +11,8 @@ Points: ``after-prepare`` (staged outputs created, before computing), ``after-co
 ``item-committed`` (a batch item's outputs in place, before its cache entries are written),
 ``commit:before-marker``, ``commit:after-journal``, ``commit:after-aside`` (the first old output
 set aside), ``commit:after-decision``, ``commit:after-first-rename`` (the first new output in
-place), ``commit:before-cleanup``; ``cluster:stopping`` (the daemon of a cluster that stays up, told
+place), ``commit:before-cleanup``; ``zarr:unit-written`` (a Zarr chunk or shard file written from the
+device path, in the task that wrote it); ``cluster:stopping`` (the daemon of a cluster that stays up, told
 to stop, before it closes its workers). Unset (always, outside tests), every point is a no-op.
 """
 

@@ -18,7 +18,7 @@ import inspect
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import dask.array as da
 import numpy as np
@@ -27,7 +27,7 @@ from flowgpu.arrays.movement import to_host
 from flowgpu.errors import ConfigError
 from flowgpu.io.atomic import AtomicPath, check_writable, commit_together, hold
 from flowgpu.io.npy import _allocate, _write_block
-from flowgpu.io.zarr import _regular
+from flowgpu.io.zarr import store_zarr
 from flowgpu.registry import Entry, Registry, options_model
 
 __all__ = ["PendingWrite", "commit_all", "hold_outputs", "register_sink", "get_sink", "sink_entry", "sink_names", "prepare_write",
@@ -137,13 +137,17 @@ def _npy(x: da.Array, path: str | None = None, overwrite: bool = False) -> Pendi
     return PendingWrite("npy", done, atomic.path, atomic)
 
 
-def _zarr(x: da.Array, path: str | None = None, overwrite: bool = False, component: str | None = None) -> PendingWrite:
-    """A Zarr store (``component``: an array inside a group), moved into place when complete."""
-    x = _regular(to_host(x))
+def _zarr(x: da.Array, path: str | None = None, overwrite: bool = False, component: str | None = None,
+          codec: Literal["zstd", "lz4", "none"] | None = None, level: int | None = None,
+          chunks: list[int] | None = None, shards: list[int] | None = None) -> PendingWrite:
+    """A Zarr store (``component``: an array inside a group), moved into place when complete.
+
+    ``codec`` (zstd, lz4 or none), ``level`` (zstd's, for zarr's CPU encoder), ``chunks`` and
+    ``shards`` (shapes) choose a Zarr 3 layout; on a GPU session the chunks are encoded there."""
     atomic = AtomicPath(path, overwrite, meta={"format": "zarr"})
     tmp = atomic.begin()
     with atomic.preparing():
-        target = da.to_zarr(x, tmp, component=component, compute=False)
+        target = store_zarr(x, tmp, component=component, codec=codec, level=level, chunks=chunks, shards=shards)
     return PendingWrite("zarr", target, atomic.path, atomic)
 
 

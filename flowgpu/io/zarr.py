@@ -1,31 +1,122 @@
-"""Zarr stores: chunked reads onto the device and atomic chunked writes."""
+"""Zarr stores: chunked reads onto the device and atomic chunked writes.
+
+On a GPU session (and with ``flowgpu.zarr.device: auto``, the default) chunks are read compressed
+and decoded on the device (:mod:`flowgpu.io.zarrread`), and written encoded there
+(:mod:`flowgpu.io.zarrwrite`); codecs nvCOMP lacks go through zarr-python on the CPU, with the
+reason in the run summary. CPU sessions use zarr-python's own path. ``flowgpu.zarr.device: fake``
+runs the device path with NumPy stand-ins for the GPU (tests); ``cpu`` turns it off.
+"""
 
 from __future__ import annotations
 
+import importlib.util
+import logging
 import os
+import warnings
 from typing import Any
 
 import dask.array as da
+import dask.config
+import numpy as np
+import zarr
 
 from flowgpu.arrays.chunks import resolve_chunks
 from flowgpu.arrays.movement import to_device, to_host
+from flowgpu.backend import current_backend, import_cupy
 from flowgpu.errors import ConfigError
 from flowgpu.io.atomic import atomic_output
+from flowgpu.io.devcodec import MAX_CHUNK_BYTES, DevicePlan, Fallback, plan_codec
+from flowgpu.io.storage import COUNTERS
+from flowgpu.io.zarrread import DeviceReader
+from flowgpu.io.zarrwrite import create, device_writes, inner_chunks
 
-__all__ = ["from_zarr", "to_zarr"]
+__all__ = ["from_zarr", "to_zarr", "device_path", "open_zarr_array", "store_zarr"]
+
+logger = logging.getLogger("flowgpu.io")
 
 
-def from_zarr(path: str, component: str | None = None, chunks: Any = None) -> da.Array:
-    """A Zarr array as a chunked array on the session's device; chunks default to the store's."""
+def device_path() -> str | None:
+    """Which device decodes Zarr chunks here: ``nvcomp`` (a GPU session; ``nvcomp-kvikio`` when
+    ``flowgpu.zarr.reader`` is kvikio), ``fake`` (the tests' NumPy stand-in) or None (zarr-python
+    on the CPU)."""
+    mode = dask.config.get("flowgpu.zarr.device", "auto")
+    if mode == "fake":
+        return "fake"
+    if mode != "auto" or current_backend() != "cupy":
+        return None
+    if dask.config.get("flowgpu.zarr.reader", "staging") != "kvikio":
+        return "nvcomp"
+    if importlib.util.find_spec("kvikio") is None:
+        logger.warning("flowgpu.zarr.reader is kvikio, but kvikio is not installed: reading through flowgpu's staging")
+        return "nvcomp"
+    return "nvcomp-kvikio"
+
+
+def open_zarr_array(path: str, component: str | None = None) -> zarr.Array:
+    """The ``zarr.Array`` at ``path`` (``component`` in a group), or a ConfigError saying why not."""
     if "://" not in path and not os.path.exists(path):
         raise ConfigError(f"zarr store {path!r} does not exist")
     try:
-        x = da.from_zarr(path, component=component, inline_array=True)  # reads spread over the workers (as npy's)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Numcodecs codecs are not in the Zarr version 3")
+            arr = zarr.open_array(path, path=component or "", mode="r")
     except Exception as e:  # zarr raises several types for a bad store
-        raise ConfigError(f"could not open zarr store {path!r}{' component ' + component if component else ''}: {e}") from None
+        raise ConfigError(f"could not open zarr store {path!r}{' component ' + component if component else ''}: "
+                          f"{e}") from None
+    return arr
+
+
+def _nvcomp_missing() -> str | None:
+    try:
+        found = importlib.util.find_spec("nvidia.nvcomp") is not None
+    except ImportError:  # no nvidia namespace at all
+        found = False
+    return None if found else "nvCOMP is not installed (pip install nvidia-nvcomp-cu13)"
+
+
+def _note_fallback(block: Any, reason: str = "") -> Any:
+    COUNTERS.fallback(reason)
+    return block
+
+
+def from_zarr(path: str, component: str | None = None, chunks: Any = None) -> da.Array:
+    """A Zarr array as a chunked array on the session's device; chunks default to the store's
+    (its shards, for a sharded array)."""
+    arr = open_zarr_array(path, component)
+    device = device_path()
+    plan = plan_codec(arr) if device else None
+    missing = _nvcomp_missing() if isinstance(plan, DevicePlan) and plan.frame.algorithm and device != "fake" else None
+    if missing:
+        plan = Fallback(missing)
+    if isinstance(plan, DevicePlan):
+        reader = DeviceReader(plan, device, os.path.abspath(path) if "://" not in path else path, component)
+        token = da.core.tokenize(plan.root, _mtime(plan.root), plan.shape, str(plan.dtype), plan.chunk, plan.unit, plan.frame)
+        meta = _reader_meta(device, plan)
+        x = da.from_array(reader, chunks=plan.unit, asarray=False, meta=meta, name=f"from-zarr-device-{token}",
+                          inline_array=True)
+        if chunks is not None:
+            x = x.rechunk(resolve_chunks(chunks, x.shape, x.dtype))
+        return x
+    x = da.from_zarr(arr, inline_array=True)  # reads spread over the workers (as npy's)
+    if isinstance(plan, Fallback):
+        logger.warning("zarr %s: decoded on the CPU: %s", path, plan.reason)
+        x = x.map_blocks(_note_fallback, reason=plan.reason, dtype=x.dtype, meta=x._meta)
     if chunks is not None:
         x = x.rechunk(resolve_chunks(chunks, x.shape, x.dtype))
     return to_device(x)
+
+
+def _mtime(root: str) -> float:
+    try:
+        return os.path.getmtime(os.path.join(root, "zarr.json") if os.path.isdir(root) else root)
+    except OSError:
+        return 0.0
+
+
+def _reader_meta(device: str, plan: DevicePlan) -> Any:
+    if device == "fake":
+        return np.empty((0,) * len(plan.shape), plan.dtype)
+    return import_cupy().empty((0,) * len(plan.shape), plan.dtype)
 
 
 def _regular(x: da.Array) -> da.Array:
@@ -34,9 +125,41 @@ def _regular(x: da.Array) -> da.Array:
     return x if ok else x.rechunk(tuple(max(c) if c else 0 for c in x.chunks))
 
 
-def to_zarr(x: da.Array, path: str, overwrite: bool = False, **kwargs) -> str:
-    """Write ``x`` to a new Zarr store at ``path``; it appears there only when complete."""
-    x = _regular(to_host(x))
+def store_zarr(x: da.Array, tmp: str, *, component: str | None = None, codec: str | None = None,
+               level: int | None = None, chunks: Any = None, shards: Any = None) -> Any:
+    """The lazy write of ``x`` into a new store at ``tmp`` (inside an atomic output's staging).
+
+    With no ``codec``/``chunks``/``shards`` on the CPU: ``dask.array.to_zarr`` as it always was.
+    Otherwise zarr creates the array (``codec`` zstd by default) with ``chunks`` (default: ``x``'s;
+    on the device path, when those are more than nvCOMP encodes at once, shards of ``x``'s chunks
+    made of ~4 MiB chunks) and ``shards``, and on the device path each task encodes and writes its
+    unit on the device."""
+    device = device_path()
+    if device not in (None, "fake") and codec != "none" and _nvcomp_missing():
+        device = None
+    if codec is None and chunks is None and shards is None and device is None:
+        return da.to_zarr(_regular(to_host(x)), tmp, component=component, compute=False)
+    chunk_shape = tuple(chunks) if chunks is not None else tuple(max(c) if c else 1 for c in _regular(x).chunks)
+    if chunks is None and shards is None and device and codec != "none" and \
+            int(np.prod(chunk_shape, dtype=np.int64)) * x.dtype.itemsize > MAX_CHUNK_BYTES:
+        chunk_shape, shards = inner_chunks(chunk_shape, x.dtype.itemsize), chunk_shape  # nvCOMP-sized, in shards
+    arr = create(tmp, x.shape, x.dtype, codec=codec or "zstd", level=level, chunks=chunk_shape,
+                 shards=tuple(shards) if shards else None, component=component)
+    if device is not None:
+        done = device_writes(x if device == "fake" else to_device(x), arr, device, level)
+        if done is not None:
+            return done
+    unit = tuple(shards) if shards else chunk_shape
+    return da.to_zarr(to_host(x).rechunk(unit), arr, compute=False)
+
+
+def to_zarr(x: da.Array, path: str, overwrite: bool = False, component: str | None = None, codec: str | None = None,
+            level: int | None = None, chunks: Any = None, shards: Any = None) -> str:
+    """Write ``x`` to a new Zarr store at ``path``; it appears there only when complete.
+
+    ``codec`` (``zstd``, ``lz4``, ``none``), ``chunks`` and ``shards`` choose the store's layout
+    (see :func:`store_zarr`); on a GPU session the chunks are encoded on the device."""
     with atomic_output(path, overwrite, meta={"format": "zarr"}) as tmp:
-        da.to_zarr(x, tmp, **kwargs)
+        target = store_zarr(x, tmp, component=component, codec=codec, level=level, chunks=chunks, shards=shards)
+        dask.compute(target)
     return path

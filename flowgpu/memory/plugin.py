@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import sys
 import threading
 
 from distributed import get_worker
@@ -47,7 +48,15 @@ def stats(dask_worker=None) -> dict:
         dask_worker = get_worker()
     data = dask_worker.data
     if isinstance(data, FlowgpuStore):
-        return data.stats()
+        st = data.stats()
+        # and what the Zarr device path read and wrote (storage_* moves and events): its counters
+        # exist only in a process that imported flowgpu.io, which this one does not do for them
+        # (zarr and its codecs cost a worker some 40 MB)
+        counters = getattr(sys.modules.get("flowgpu.io.storage"), "COUNTERS", None)
+        if counters is not None:
+            st["moves"] = {**st["moves"], **counters.moves()}
+            st["events"] = {**st["events"], **counters.events()}
+        return st
     return {"store": type(data).__name__}
 
 

@@ -1,0 +1,112 @@
+"""Rewrite a ``.npy`` file or a Zarr array as a GPU-friendly Zarr 3 store (``flowgpu convert``).
+
+GPU-friendly: a codec nvCOMP decodes (zstd by default, or lz4), inner chunks small enough for
+nvCOMP's batched decoders to run many at once (``chunk_bytes``, 4 MiB by default, at most 16 MiB)
+gathered into shards of about what one task should read (``shard_bytes``: the chunk size
+``chunks="auto"`` picks for the session's workers, at most 1 GiB; ~1 GiB on an H200). Chunks and
+shards are cut from whole rows first (a C-ordered array reads them as long contiguous ranges).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import dask
+import numpy as np
+
+from flowgpu.arrays.chunks import target_chunk_bytes
+from flowgpu.errors import ConfigError, FlowgpuError
+from flowgpu.io.atomic import atomic_output, check_writable, output_error
+from flowgpu.io.devcodec import MAX_CHUNK_BYTES
+from flowgpu.io.npy import from_npy
+from flowgpu.io.zarr import from_zarr, store_zarr
+from flowgpu.io.zarrwrite import CODECS, INNER_BYTES
+
+__all__ = ["check", "convert", "choose_layout", "CHUNK_BYTES", "MAX_CHUNK_BYTES", "MAX_SHARD_BYTES"]
+
+CHUNK_BYTES = INNER_BYTES
+MAX_SHARD_BYTES = 1 << 30
+
+
+def _rows_first(shape: tuple, itemsize: int, limit: int) -> tuple:
+    """The largest block of whole trailing axes within ``limit`` bytes, split on one axis.
+
+    >>> _rows_first((1000, 500), 4, 400_000)
+    (200, 500)
+    >>> _rows_first((10, 1000, 1000), 4, 400_000)
+    (1, 100, 1000)
+    """
+    out = list(shape)
+    for axis in range(len(shape)):
+        inner = int(np.prod(shape[axis + 1:], dtype=np.int64)) * itemsize
+        if inner <= limit or axis == len(shape) - 1:
+            out[axis] = max(1, min(shape[axis], limit // max(inner, 1)))
+            return tuple(max(1, n) for n in out)
+        out[axis] = 1
+    return tuple(max(1, n) for n in out)
+
+
+def choose_layout(shape: tuple, dtype: Any, chunk_bytes: int | None = None,
+                  shard_bytes: int | None = None) -> tuple[tuple, tuple | None]:
+    """``(chunks, shards)`` for an array; shards None when one shard would hold one chunk.
+
+    >>> choose_layout((4096, 4096), "float32", chunk_bytes=4 << 20, shard_bytes=32 << 20)
+    ((256, 4096), (2048, 4096))
+    """
+    itemsize = np.dtype(dtype).itemsize
+    shard_bytes = int(shard_bytes or min(MAX_SHARD_BYTES, target_chunk_bytes()))
+    chunk_bytes = min(int(chunk_bytes or CHUNK_BYTES), MAX_CHUNK_BYTES)
+    if not shape or 0 in shape:
+        return tuple(max(1, n) for n in shape), None
+    chunks = _rows_first(shape, itemsize, chunk_bytes)
+    target = _rows_first(shape, itemsize, max(shard_bytes, chunk_bytes))
+    shards = tuple(max(c, (t // c) * c) if t < n else -(-n // c) * c for c, t, n in zip(chunks, target, shape))
+    return chunks, (None if shards == chunks else shards)
+
+
+def _open(src: str, component: str | None):
+    if not os.path.exists(src):
+        raise ConfigError(f"{src!r} does not exist; give a .npy file or a Zarr store")
+    if os.path.isdir(src):
+        return from_zarr(src, component=component)
+    if component is not None:
+        raise ConfigError(f"{src!r} is a .npy file: it has no component {component!r}")
+    return from_npy(src, chunks="auto")
+
+
+def check(src: str, dst: str, *, codec: str = "zstd", chunk_bytes: int | None = None, overwrite: bool = False) -> None:
+    """Refuse what :func:`convert` would refuse, touching nothing (before a cluster starts)."""
+    if codec not in CODECS:
+        raise ConfigError(f"codec {codec!r}: choose one of {', '.join(CODECS)}")
+    if not os.path.exists(src):
+        raise ConfigError(f"{src!r} does not exist; give a .npy file or a Zarr store")
+    if os.path.abspath(src) == os.path.abspath(dst):
+        raise ConfigError(f"{dst!r} is the source itself; write the converted store to another path")
+    if chunk_bytes is not None and chunk_bytes > MAX_CHUNK_BYTES:
+        raise ConfigError(f"chunk size {chunk_bytes} bytes is more than nvCOMP decodes in one chunk "
+                          f"({MAX_CHUNK_BYTES >> 20} MiB); give --chunk-bytes 16MiB or less")
+    check_writable(os.path.abspath(dst), overwrite)
+
+
+def convert(src: str, dst: str, *, codec: str = "zstd", level: int | None = None, chunk_bytes: int | None = None,
+            shard_bytes: int | None = None, component: str | None = None, overwrite: bool = False) -> dict:
+    """Write the array at ``src`` (``.npy`` or Zarr) to a new Zarr 3 store ``dst``, atomically.
+
+    Returns what was written: ``{"path", "shape", "dtype", "chunks", "shards", "codec",
+    "bytes", "stored_bytes"}``. Runs on the session's workers (any, or none: dask's scheduler).
+    """
+    check(src, dst, codec=codec, chunk_bytes=chunk_bytes, overwrite=overwrite)
+    x = _open(src, component)
+    chunks, shards = choose_layout(x.shape, x.dtype, chunk_bytes, shard_bytes)
+    with atomic_output(dst, overwrite, meta={"format": "zarr"}) as tmp:
+        try:
+            dask.compute(store_zarr(x, tmp, codec=codec, level=level, chunks=chunks, shards=shards))
+        except OSError as e:
+            if isinstance(e, FlowgpuError):
+                raise
+            raise output_error(dst, e) from None
+        stored = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(tmp) for f in fs)
+    return {"path": dst, "shape": list(x.shape), "dtype": str(x.dtype), "chunks": list(chunks),
+            "shards": list(shards) if shards else None, "codec": codec, "bytes": int(x.nbytes),
+            "stored_bytes": int(stored)}

@@ -1,0 +1,204 @@
+"""Reading Zarr chunks straight to the device: compressed bytes up, decoded there.
+
+A :class:`DeviceReader` is what ``dask.array.from_array`` slices, one block per task (only the plan
+travels in the graph). A block is a whole number of *units*: the files of the array (its chunks, or
+its shards). For each unit the task
+
+1. finds the file through zarr's chunk key encoding (``c/0/1`` for Zarr 3, ``0.1`` for v2); a
+   file that is not there is the fill value;
+2. reads the compressed bytes it needs with ``os.preadv`` into pinned staging buffers and copies
+   them to the device (one read and one copy per file: a shard's index is read first, on the
+   host, then every inner chunk it holds in one range);
+3. decodes every chunk of the block as one batch (nvCOMP), and places the decoded chunks (edge
+   chunks cut to the array) into the block.
+
+:func:`read_plan` lists what step 1 and 2 read, for a block, without reading the data: which
+files, which byte ranges, which chunks are missing (what the tests check).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from dataclasses import dataclass
+
+import google_crc32c
+import numpy as np
+import zarr
+
+from flowgpu.io.devcodec import MAX_U64, DevicePlan, device_for, read_exact
+from flowgpu.io.storage import COUNTERS
+
+__all__ = ["DeviceReader", "ChunkRead", "UnitRead", "read_plan", "shard_index"]
+
+
+@dataclass(frozen=True)
+class ChunkRead:
+    """One chunk to decode: where its payload lies in its unit's read range, and where it goes."""
+
+    coords: tuple  # chunk coordinates in the array's chunk grid
+    start: int  # payload offset into the unit's range (framing already skipped)
+    stop: int
+
+
+@dataclass(frozen=True)
+class UnitRead:
+    """One file of a block: the byte range read, the chunks in it, the chunks missing."""
+
+    path: str
+    offset: int
+    nbytes: int
+    chunks: tuple[ChunkRead, ...]
+    missing: tuple[tuple, ...]  # chunk coordinates that are the fill value
+
+
+def shard_index(plan: DevicePlan, path: str, size: int) -> np.ndarray:
+    """A shard's ``(offset, nbytes)`` per inner chunk, read from its file and checked (crc32c)."""
+    n = plan.index_bytes()
+    at = size - n if plan.index_at_end else 0
+    if at < 0:
+        raise OSError(f"{path}: {size} bytes, too short for its shard index of {n}")
+    raw = bytearray(n)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        read_exact(fd, raw, at, path)
+    finally:
+        os.close(fd)
+    body, crc = bytes(raw[:-4]), int(np.frombuffer(bytes(raw[-4:]), "<u4")[0])
+    if google_crc32c.value(body) != crc:
+        raise OSError(f"{path}: shard index checksum mismatch (the file is damaged)")
+    return np.frombuffer(body, "<u8").reshape(*plan.chunks_per_unit, 2)
+
+
+def _grid(plan: DevicePlan) -> tuple:
+    return tuple(-(-s // c) for s, c in zip(plan.shape, plan.chunk))
+
+
+def _unit_read(plan: DevicePlan, unit: tuple) -> UnitRead | None:
+    path = plan.path(unit)
+    try:
+        size = os.path.getsize(path)
+    except FileNotFoundError:
+        size = None
+    per = plan.chunks_per_unit
+    grid = _grid(plan)
+    inner = [c for c in itertools.product(*(range(u * p, min((u + 1) * p, g)) for u, p, g in zip(unit, per, grid)))]
+    if size is None:
+        return UnitRead(path, 0, 0, (), tuple(inner))
+    head, tail = plan.frame.head, plan.frame.tail
+    if not plan.sharded:
+        return UnitRead(path, 0, size, (ChunkRead(inner[0], head, size - tail),), ())
+    index = shard_index(plan, path, size)
+    found, missing = [], []
+    for c in inner:
+        off, n = (int(v) for v in index[tuple(ci - ui * p for ci, ui, p in zip(c, unit, per))])
+        (missing.append(c) if off == MAX_U64 else found.append((c, off, n)))
+    if not found:
+        return UnitRead(path, 0, 0, (), tuple(missing))
+    lo = min(off for _, off, _ in found)
+    hi = max(off + n for _, off, n in found)
+    chunks = tuple(ChunkRead(c, off - lo + head, off - lo + n - tail) for c, off, n in found)
+    return UnitRead(path, lo, hi - lo, chunks, tuple(missing))
+
+
+def read_plan(plan: DevicePlan, key: tuple) -> list[UnitRead] | None:
+    """The files and byte ranges a block ``key`` (a tuple of slices) reads; None when the block is
+    not a whole number of units (then it is read through zarr)."""
+    units = []
+    for k, n, u in zip(key, plan.shape, plan.unit):
+        start, stop, step = k.indices(n)
+        if step != 1 or start % u or (stop % u and stop != n) or stop <= start:
+            return None
+        units.append(range(start // u, -(-stop // u)))
+    return [r for r in (_unit_read(plan, unit) for unit in itertools.product(*units)) if r is not None]
+
+
+def _slots(plan: DevicePlan, xp, lo: tuple, hi: tuple, coords: list, chunk_bytes: int) -> tuple:
+    """``(block, slots)``: when every chunk is a whole run of the block's rows in C order (chunks
+    spanning the trailing axes, none cut by the array's end), the block and, per chunk, the bytes
+    of it the chunk decodes into; else ``(None, None)``. Saves a copy and a block of memory."""
+    shape = tuple(b - a for a, b in zip(lo, hi))
+    if plan.chunk[1:] != shape[1:] or chunk_bytes % 16:  # nvCOMP's outputs start 16-byte aligned
+        return None, None
+    rows = plan.chunk[0]
+    if any((c[0] + 1) * rows > hi[0] for c in coords):  # the last chunk runs past the array's end
+        return None, None
+    block = xp.empty(shape, plan.dtype)
+    flat = block.reshape(-1).view(np.uint8)
+    row_bytes = chunk_bytes // rows
+    return block, [flat[(c[0] * rows - lo[0]) * row_bytes:(c[0] * rows - lo[0]) * row_bytes + chunk_bytes]
+                   for c in coords]
+
+
+class DeviceReader:
+    """Blocks of a Zarr array decoded on the device (``device``: ``nvcomp`` or ``fake``)."""
+
+    def __init__(self, plan: DevicePlan, device: str = "nvcomp", zarr_path: str | None = None,
+                 component: str | None = None):
+        self.plan, self.device = plan, device
+        self.zarr_path, self.component = zarr_path, component
+        self.shape, self.dtype, self.ndim = plan.shape, plan.dtype, len(plan.shape)
+
+    def __reduce__(self):
+        return (DeviceReader, (self.plan, self.device, self.zarr_path, self.component))
+
+    def __getitem__(self, key):
+        key = key if isinstance(key, tuple) else (key,)
+        key = key + (slice(None),) * (self.ndim - len(key))
+        reads = read_plan(self.plan, key) if all(isinstance(k, slice) for k in key) else None
+        if reads is None:
+            return self._through_zarr(key)
+        return self._decode(key, reads)
+
+    def _through_zarr(self, key):
+        dev = device_for(self.device)
+        COUNTERS.fallback("a block that is not whole chunks")
+        block = zarr.open_array(self.zarr_path, path=self.component or "", mode="r")[key]
+        return dev.xp.asarray(block)
+
+    def _decode(self, key: tuple, reads: list[UnitRead]):
+        plan, dev = self.plan, device_for(self.device)
+        xp = dev.xp
+        lo = tuple(k.indices(n)[0] for k, n in zip(key, plan.shape))
+        hi = tuple(k.indices(n)[1] for k, n in zip(key, plan.shape))
+        shape = tuple(b - a for a, b in zip(lo, hi))
+        t0 = time.perf_counter()
+        payloads, coords, compressed = [], [], 0
+        for r in reads:
+            if r.nbytes:
+                buf = dev.read(r.path, r.offset, r.nbytes)
+                compressed += r.nbytes
+                payloads += [dev.aligned(buf, c.start, c.stop) for c in r.chunks]
+                coords += [c.coords for c in r.chunks]
+        t1 = time.perf_counter()
+        COUNTERS.add("read", compressed, t1 - t0, count=len(reads))
+        COUNTERS.add("moved", compressed, 0.0, count=len(reads))
+        chunk_bytes = int(np.prod(plan.chunk, dtype=np.int64)) * plan.dtype.itemsize
+        missing = any(r.missing for r in reads)
+        out, slots = None, None
+        if plan.frame.algorithm and len(payloads) > 1 and not missing:
+            out, slots = _slots(plan, xp, lo, hi, coords, chunk_bytes)
+        if plan.frame.algorithm is None:
+            decoded = payloads
+        elif payloads:
+            decoded = dev.decode(plan.frame.algorithm, payloads, [chunk_bytes] * len(payloads), slots)
+            dev.sync()
+        else:
+            decoded = []
+        COUNTERS.add("decode", chunk_bytes * len(decoded), time.perf_counter() - t1, count=len(decoded))
+        if out is not None:
+            return out  # decoded in place: each chunk was a whole run of the block's rows
+        if len(decoded) == 1 and not missing and shape == plan.chunk:
+            return decoded[0].view(plan.dtype).reshape(plan.chunk)
+        out = xp.full(shape, plan.fill_value, plan.dtype) if missing else xp.empty(shape, plan.dtype)
+        for c, raw in zip(coords, decoded):
+            if raw.size != chunk_bytes:
+                raise OSError(f"{plan.root}: chunk {c} holds {raw.size} bytes, not the {chunk_bytes} of a "
+                              f"{plan.chunk} {plan.dtype} chunk (the store is damaged)")
+            chunk = raw.view(plan.dtype).reshape(plan.chunk)
+            a = [ci * n for ci, n in zip(c, plan.chunk)]
+            b = [min(ai + n, s) for ai, n, s in zip(a, plan.chunk, hi)]
+            dst = tuple(slice(ai - l, bi - l) for ai, bi, l in zip(a, b, lo))
+            out[dst] = chunk[tuple(slice(0, bi - ai) for ai, bi in zip(a, b))]
+        return out

@@ -1,0 +1,241 @@
+"""The Zarr device path on a CPU: codec planning and fallbacks, which files and byte ranges a block
+reads, decoding and encoding through the NumPy stand-in device (``flowgpu.zarr.device: fake``),
+bit-identical to zarr-python, and atomic writes."""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import dask
+import dask.array as da
+import numpy as np
+import pytest
+import zarr
+
+from flowgpu.diagnostics.report import storage_lines
+from flowgpu.errors import ConfigError
+from flowgpu.io import storage
+from flowgpu.io.devcodec import DevicePlan, Fallback, HostDevice, plan_codec
+from flowgpu.io.faults import ENV
+from flowgpu.io.zarr import from_zarr, to_zarr
+from flowgpu.io import zarrread
+from flowgpu.io.zarrread import read_plan
+from tests.io.zarr_data import STORES, field, first_mismatch, make_store
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def fake():
+    storage.COUNTERS.reset()
+    with dask.config.set({"flowgpu.zarr.device": "fake"}):
+        yield storage.COUNTERS
+
+
+@pytest.mark.parametrize("name", sorted(STORES))
+def test_each_codec_plans_its_nvcomp_stream(tmp_path, rng, name):
+    a = make_store(str(tmp_path / "a.zarr"), field(rng, (37, 23)), name)
+    plan = plan_codec(a)
+    assert isinstance(plan, DevicePlan), plan
+    f = plan.frame
+    assert (f.algorithm, f.head, f.tail) == STORES[name][1]
+    assert plan.sharded == name.startswith("sharded")
+    assert plan.chunk == (10, 6) and plan.unit == ((20, 12) if plan.sharded else (10, 6))
+
+
+def test_codecs_the_device_lacks_fall_back_with_their_reason(tmp_path, rng):
+    data = field(rng, (30, 20))
+    cases = {
+        "blosc": dict(compressors=zarr.codecs.BloscCodec()),
+        "transpose": dict(filters=[zarr.codecs.TransposeCodec(order=(1, 0))]),
+        "two compressors": dict(compressors=[zarr.codecs.GzipCodec(), zarr.codecs.ZstdCodec()]),
+        "big-endian": dict(serializer=zarr.codecs.BytesCodec(endian="big")),
+        "checksums": dict(compressors=zarr.codecs.ZstdCodec(checksum=True)),
+    }
+    reasons = {}
+    for what, kw in cases.items():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            a = zarr.create_array(str(tmp_path / f"{what}.zarr"), shape=data.shape, chunks=(10, 10), dtype="f4", **kw)
+        plan = plan_codec(a)
+        assert isinstance(plan, Fallback), what
+        reasons[what] = plan.reason
+    assert "blosc" in reasons["blosc"]
+    assert "transpose" in reasons["transpose"]
+    assert "2 byte codecs" in reasons["two compressors"]
+    assert "big-endian" in reasons["big-endian"]
+    assert "checksum" in reasons["checksums"]
+    mem = zarr.create_array({}, shape=(4,), chunks=(2,), dtype="f4")
+    assert "MemoryStore" in plan_codec(mem).reason
+
+
+def test_a_block_reads_its_files_and_byte_ranges_edges_and_missing_chunks(tmp_path, rng):
+    data = field(rng, (37, 23))
+    a = make_store(str(tmp_path / "a.zarr"), data, "lz4")
+    plan = plan_codec(a)
+    root = str(tmp_path / "a.zarr")
+    # the ragged corner chunk: one file, all of it read, the 4-byte size header skipped
+    (r,) = read_plan(plan, (slice(30, 37), slice(18, 23)))
+    assert r.path == os.path.join(root, "c", "3", "3")
+    assert (r.offset, r.nbytes) == (0, os.path.getsize(r.path))
+    assert (r.chunks[0].coords, r.chunks[0].start, r.chunks[0].stop) == ((3, 3), 4, r.nbytes)
+    # a block of 2 x 2 chunks reads 4 files; one that is not there is the fill value
+    os.remove(os.path.join(root, "c", "1", "2"))
+    reads = read_plan(plan, (slice(0, 20), slice(6, 18)))
+    assert sorted(os.path.relpath(u.path, root) for u in reads) == ["c/0/1", "c/0/2", "c/1/1", "c/1/2"]
+    assert [u.missing for u in reads if u.nbytes == 0] == [((1, 2),)]
+    # a block that is not whole chunks is not read this way
+    assert read_plan(plan, (slice(0, 15), slice(0, 23))) is None
+    with dask.config.set({"flowgpu.zarr.device": "fake"}):
+        got = from_zarr(root).compute(scheduler="sync")
+    want = zarr.open_array(root)[:]
+    assert (want[10:20, 12:18] == 0).all() and not (data[10:20, 12:18] == 0).all()
+    assert np.array_equal(got, want), first_mismatch(got, want)
+
+
+def test_a_shard_is_one_read_of_the_ranges_its_index_gives(tmp_path, rng):
+    data = field(rng, (37, 23))
+    data[20:30, 12:18] = 0  # one inner chunk all fill: zarr leaves it out of the shard
+    root = str(tmp_path / "s.zarr")
+    make_store(root, data, "sharded-zstd", config={"write_empty_chunks": False})
+    plan = plan_codec(zarr.open_array(root))
+    (r,) = read_plan(plan, (slice(20, 37), slice(12, 23)))  # the ragged corner shard
+    assert r.path == os.path.join(root, "c", "1", "1")
+    assert r.offset == 0 and r.nbytes == os.path.getsize(r.path) - plan.index_bytes()
+    assert r.missing == ((2, 2),)
+    assert sorted(c.coords for c in r.chunks) == [(2, 3), (3, 2), (3, 3)]
+    assert all(0 <= c.start < c.stop <= r.nbytes for c in r.chunks)
+    with dask.config.set({"flowgpu.zarr.device": "fake"}):
+        x = from_zarr(root)
+        got = x.compute(scheduler="sync")
+    assert x.chunksize == (20, 12)  # one task per shard
+    assert np.array_equal(got, data), first_mismatch(got, data)
+
+
+@pytest.mark.parametrize("name", sorted(STORES))
+def test_reads_are_bit_identical_to_zarr(tmp_path, rng, fake, name):
+    data = field(rng, (37, 23))
+    root = str(tmp_path / "a.zarr")
+    make_store(root, data, name)
+    x = from_zarr(root)
+    assert x.name.startswith("from-zarr-device")
+    got = x.compute(scheduler="sync")
+    assert np.array_equal(got, data), f"{name}: {first_mismatch(got, data)}"
+    moves = fake.moves()
+    files = [f for _, _, fs in os.walk(root) for f in fs if f != "zarr.json" and not f.startswith(".")]
+    assert moves["storage_read"]["count"] == len(files)  # one read per chunk (or shard) file
+    assert moves["storage_read"]["bytes"] <= sum(os.path.getsize(p) for p in _paths(root))
+    assert moves["storage_decode"]["bytes"] == 40 * 24 * 4  # 4 x 4 whole chunks of 10 x 6, edges included
+    y = from_zarr(root, chunks=(15, 23))  # chunks that are not the store's: rechunked after the reads
+    assert np.array_equal(y.compute(scheduler="sync"), data)
+
+
+def _paths(root):
+    return [os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs if f != "zarr.json" and not f.startswith(".")]
+
+
+def test_fallback_chunks_are_counted_with_their_reason(tmp_path, rng, fake):
+    data = field(rng, (30, 20))
+    root = str(tmp_path / "b.zarr")
+    zarr.create_array(root, shape=data.shape, chunks=(10, 10), dtype="f4", compressors=zarr.codecs.BloscCodec())[:] = data
+    got = from_zarr(root).compute(scheduler="sync")
+    assert np.array_equal(got, data)
+    (reason, n), = fake.events().items()
+    assert "blosc" in reason and n == 6
+    (line,) = storage_lines({"moves": fake.moves(), "events": fake.events()})
+    assert line.startswith("storage: 6 chunk(s) decoded on the CPU: blosc")
+
+
+def test_cpu_sessions_keep_zarrs_own_path(tmp_path, rng):
+    root = str(tmp_path / "a.zarr")
+    data = field(rng, (30, 20))
+    make_store(root, data, "zstd")
+    x = from_zarr(root)
+    assert not x.name.startswith("from-zarr-device")
+    assert np.array_equal(x.compute(scheduler="sync"), data)
+
+
+@pytest.mark.parametrize("codec,shards", [("zstd", None), ("lz4", None), ("none", None), ("zstd", (24, 12)),
+                                          ("lz4", (24, 12))])
+def test_device_writes_are_read_back_by_zarr(tmp_path, rng, fake, codec, shards):
+    data = field(rng, (37, 23))
+    out = str(tmp_path / "w.zarr")
+    to_zarr(da.from_array(data, chunks=(11, 9)) * 1, out, codec=codec, chunks=(8, 6), shards=shards)
+    a = zarr.open_array(out)
+    assert a.chunks == (8, 6) and a.shards == shards
+    got = a[:]
+    assert np.array_equal(got, data), f"{codec} {shards}: {first_mismatch(got, data)}"
+    assert fake.moves()["storage_encode"]["bytes"] == 40 * 24 * 4  # edge chunks padded to whole chunks
+    back = from_zarr(out).compute(scheduler="sync")  # and by the device path
+    assert np.array_equal(back, data)
+
+
+def test_a_failed_device_write_leaves_nothing(tmp_path, rng, fake, monkeypatch):
+    data = field(rng, (40, 20))
+    out = tmp_path / "w.zarr"
+    monkeypatch.setenv(ENV, "zarr:unit-written@raise=ENOSPC")
+    with pytest.raises(OSError, match="injected at zarr:unit-written"):
+        to_zarr(da.from_array(data, chunks=(10, 20)), str(out), codec="lz4", chunks=(10, 20))
+    assert sorted(os.listdir(tmp_path)) == []  # neither the store nor its staging
+
+
+def test_bad_layouts_are_refused_before_writing(tmp_path, rng, fake):
+    x = da.from_array(field(rng, (20, 10)), chunks=10)
+    with pytest.raises(ConfigError, match="not whole multiples"):
+        to_zarr(x, str(tmp_path / "a.zarr"), chunks=(4, 4), shards=(6, 8))
+    with pytest.raises(ConfigError, match="one length >= 1 per axis"):
+        to_zarr(x, str(tmp_path / "a.zarr"), chunks=(4,))
+    with pytest.raises(ConfigError, match="choose one of"):
+        to_zarr(x, str(tmp_path / "a.zarr"), codec="brotli")
+    assert os.listdir(tmp_path) == []
+
+
+def test_chunks_larger_than_nvcomp_takes_fall_back_and_device_writes_shard_them(tmp_path, rng, fake):
+    data = field(rng, (2100, 2048))  # 17 MB: more than nvCOMP's 16 MiB chunk
+    big = str(tmp_path / "big.zarr")
+    make_store(big, data, "lz4", chunks=data.shape)
+    plan = plan_codec(zarr.open_array(big))
+    assert isinstance(plan, Fallback) and "flowgpu convert" in plan.reason
+    out = str(tmp_path / "w.zarr")
+    to_zarr(da.from_array(data, chunks=data.shape), out, codec="lz4")  # no layout given: shards of 4 MiB chunks
+    a = zarr.open_array(out)
+    assert a.shards == data.shape and a.chunks == (420, 2048)
+    assert np.array_equal(a[:], data)
+    assert isinstance(plan_codec(a), DevicePlan)
+
+
+def test_zstd_frames_without_their_size_are_written_with_it(tmp_path, rng, fake, monkeypatch):
+    """nvCOMP's zstd may leave the content size out of a frame; the writer puts it back."""
+    encode = HostDevice.encode
+
+    def sizeless(self, algorithm, arrays, level=None):
+        out = []
+        for f in encode(self, algorithm, arrays, level):
+            f = bytes(f)
+            assert f[4] >> 6 == 2 and not f[4] & 0x20  # a 4-byte size and a window descriptor
+            out.append(np.frombuffer(f[:4] + bytes([f[4] & 0x3F]) + f[5:6] + f[10:], np.uint8))
+        return out
+
+    monkeypatch.setattr(HostDevice, "encode", sizeless)
+    data = field(rng, (4096, 512))  # chunks of 4 MiB: zstd frames with a window descriptor
+    out = str(tmp_path / "w.zarr")
+    to_zarr(da.from_array(data, chunks=(2048, 512)), out, codec="zstd", chunks=(2048, 512))
+    for p in _paths(out):
+        with open(p, "rb") as f:
+            head = f.read(14)
+        assert head[4] >> 6 == 3 and int.from_bytes(head[6:14], "little") == 2048 * 512 * 4, p
+    assert np.array_equal(zarr.open_array(out)[:], data)
+
+
+@pytest.mark.parametrize("rows", [100, 95])  # 95: the last chunk runs past the end, decoded aside and cut
+def test_whole_row_chunks_decode_straight_into_their_block(tmp_path, rng, fake, monkeypatch, rows):
+    data = field(rng, (rows, 30))
+    root = str(tmp_path / "r.zarr")
+    make_store(root, data, "sharded-lz4", chunks=(10, 30), shards=(40, 30))
+    used = []
+    slots = zarrread._slots
+    monkeypatch.setattr(zarrread, "_slots", lambda *a: used.append(slots(*a)[0] is not None) or slots(*a))
+    got = from_zarr(root).compute(scheduler="sync")
+    assert np.array_equal(got, data), first_mismatch(got, data)
+    assert sorted(used) == ([True, True, True] if rows == 100 else [False, True, True])  # per shard

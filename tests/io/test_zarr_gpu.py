@@ -1,0 +1,85 @@
+"""The Zarr device path on a GPU (``pytest -m gpu``): stores that zarr-python wrote, decoded by nvCOMP on
+the device, bit-identical to zarr's CPU read; stores written from the device, read back by zarr on the
+CPU. A failure names the codec, the chunk and the first value that differs."""
+
+from __future__ import annotations
+
+import dask
+import dask.array as da
+import numpy as np
+import pytest
+import zarr
+
+import flowgpu as fg
+from flowgpu.io.devcodec import DevicePlan, plan_codec
+from tests.io.zarr_data import STORES, field, first_mismatch, make_store
+
+pytestmark = [pytest.mark.gpu, pytest.mark.timeout(300)]
+
+SHAPE, CHUNKS = (1000, 600), (200, 96)  # ragged along both axes
+
+
+def _where(got: np.ndarray, want: np.ndarray, chunks: tuple) -> str:
+    bad = np.argwhere(got != want) if got.shape == want.shape else []
+    if not len(bad):
+        return first_mismatch(got, want)
+    i = tuple(int(v) for v in bad[0])
+    return f"chunk {tuple(a // c for a, c in zip(i, chunks))}: {first_mismatch(got, want)}"
+
+
+@pytest.mark.parametrize("name", sorted(STORES))
+def test_nvcomp_decodes_what_zarr_wrote(tmp_path, rng, gpu_session, name):
+    data = field(rng, SHAPE)
+    root = str(tmp_path / f"{name}.zarr")
+    extra = {"shards": (400, 192)} if name.startswith("sharded") else {}
+    make_store(root, data, name, chunks=CHUNKS, **extra)
+    plan = plan_codec(zarr.open_array(root))
+    assert isinstance(plan, DevicePlan), f"{name}: planned to fall back: {plan}"
+    x = fg.from_zarr(root)
+    assert x.name.startswith("from-zarr-device"), f"{name}: not read on the device ({x.name})"
+    block = x.blocks[0, 0].compute()
+    assert type(block).__module__.startswith("cupy"), f"{name}: a chunk came back as {type(block)}"
+    got = fg.to_numpy(x)
+    want = zarr.open_array(root)[:]
+    assert np.array_equal(got, want), f"codec {name} ({plan.frame}): {_where(got, want, plan.chunk)}"
+    st = gpu_session.memory_summary()
+    assert st is not None and st["moves"]["storage_decode"]["bytes"] > 0, f"{name}: no device decode counted: {st}"
+
+
+@pytest.mark.parametrize("codec,shards", [("zstd", None), ("lz4", None), ("none", None), ("zstd", (400, 192)),
+                                          ("lz4", (400, 192))])
+def test_device_writes_are_read_back_by_zarr_on_the_cpu(tmp_path, rng, gpu_session, codec, shards):
+    data = field(rng, SHAPE)
+    out = str(tmp_path / "w.zarr")
+    x = fg.from_array(data, chunks=(250, 600)) * 1
+    fg.to_zarr(x, out, codec=codec, chunks=CHUNKS, shards=shards)
+    a = zarr.open_array(out)
+    got = a[:]
+    assert np.array_equal(got, data), f"codec {codec}, shards {shards}: {_where(got, data, CHUNKS)}"
+    st = gpu_session.memory_summary()
+    assert st["moves"]["storage_encode"]["bytes"] > 0, f"{codec}: not encoded on the device: {st}"
+    back = fg.to_numpy(fg.from_zarr(out))  # and decoded on the device again
+    assert np.array_equal(back, data), f"codec {codec}, shards {shards}, device read: {_where(back, data, CHUNKS)}"
+
+
+def test_a_pass_over_a_sharded_store_is_bit_identical_to_the_in_memory_one(tmp_path, rng, gpu_session):
+    data = field(rng, (4096, 1024))
+    root = str(tmp_path / "big.zarr")
+    make_store(root, data, "sharded-lz4", chunks=(64, 1024), shards=(1024, 1024))
+    stored = fg.from_zarr(root)
+    memory = fg.from_array(data, chunks=(1024, 1024))
+    assert stored.chunks == memory.chunks
+    got, want = (float((da.sin(x) * 2 + 1).sum(dtype=np.float64).compute()) for x in (stored, memory))
+    assert got == want, f"from the store {got!r}, in memory {want!r}"
+
+
+def test_kvikio_reader_gives_the_same_values(tmp_path, rng, gpu_session):
+    pytest.importorskip("kvikio")
+    data = field(rng, SHAPE)
+    root = str(tmp_path / "k.zarr")
+    make_store(root, data, "sharded-zstd", chunks=CHUNKS, shards=(400, 192))
+    with dask.config.set({"flowgpu.zarr.reader": "kvikio"}):
+        x = fg.from_zarr(root)
+    assert x.name.startswith("from-zarr-device")
+    got = fg.to_numpy(x)
+    assert np.array_equal(got, data), f"kvikio reader, sharded zstd: {_where(got, data, CHUNKS)}"
