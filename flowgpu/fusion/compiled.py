@@ -45,7 +45,9 @@ def reduction_dtypes(reduction: str, dtype: Any) -> tuple[np.dtype, np.dtype]:
 
 
 def _key(expr: Expr, dtypes: tuple, scalars: tuple, out_dtype: np.dtype, what: str) -> tuple:
-    return (what, expr.text, tuple(map(str, dtypes)), scalars, str(out_dtype))
+    # scalars by repr: a NaN is equal to no other NaN, so one unpickled in a task (a new object,
+    # which the tuple's identity check cannot match) would miss the cache and compile per chunk
+    return (what, expr.text, tuple(map(str, dtypes)), repr(scalars), str(out_dtype))
 
 
 def _types(arrays: tuple[str, ...], dtypes: tuple, scalars: tuple) -> dict[str, Any]:
