@@ -394,3 +394,36 @@ def test_a_nan_scalar_compiles_once_however_often_it_is_unpickled(rng):
         sizes.append(len(compiled._cache))
         assert float(got[0]) == pytest.approx(float(xn[xn <= 0.5].sum()), rel=1e-12)
     assert sizes[0] == sizes[1] == sizes[2]
+
+
+def test_integer_boolean_broadcast_and_3d_inputs(rng):
+    """Integer and boolean chains (exact, NumPy's dtypes: int32 sums to int64, bool sums count),
+    a row broadcast against a matrix, and a 3-D array reduced over two of its axes."""
+    an = rng.integers(-50, 50, (17, 11)).astype(np.int32)
+    un = rng.integers(0, 200, (17, 11)).astype(np.uint8)
+    row = rng.random(11)
+    cube = rng.random((6, 5, 7))
+    a, u = da.from_array(an, chunks=(5, 4)), da.from_array(un, chunks=(6, 5))
+    r, c = da.from_array(row, chunks=4), da.from_array(cube, chunks=(4, 2, 3))
+    cases = [
+        (lambda m, a, u: (a * 3 - 7).sum(axis=0), True), (lambda m, a, u: (a * 3 - 7).max(), True),
+        (lambda m, a, u: (a % 5 + 1).prod(axis=1), True), (lambda m, a, u: (a > 10).sum(), True),
+        (lambda m, a, u: (a < -45).any(axis=1), True), (lambda m, a, u: (u + 1).mean(axis=0), False),
+        (lambda m, a, u: (u // 3).min(axis=(0, 1), keepdims=True), True),
+        (lambda m, a, u: m.nansum(u * 2, axis=1), True), (lambda m, a, u: m.nanmax(a - u, axis=0), True),
+    ]
+    for f, exact in cases:
+        y, want = f(da, a, u), f(np, an, un)
+        with fusing():
+            assert len(partials(y)) == 1
+            got = y.compute(scheduler="sync")
+        assert got.dtype == want.dtype, (got.dtype, want.dtype)
+        (np.testing.assert_array_equal if exact else np.testing.assert_allclose)(got, want)
+    with fusing():
+        y = ((a * 0.5 + r) ** 2).sum(axis=0)
+        assert partials(y) == {"sum"}
+        np.testing.assert_allclose(y.compute(scheduler="sync"), ((an * 0.5 + row) ** 2).sum(axis=0), rtol=1e-12)
+        y = da.mean(c * 2 - 1, axis=(0, 2), keepdims=True)
+        assert partials(y) == {"mean"}
+        np.testing.assert_allclose(y.compute(scheduler="sync"), np.mean(cube * 2 - 1, axis=(0, 2), keepdims=True),
+                                   rtol=1e-12)
