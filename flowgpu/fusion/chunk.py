@@ -47,8 +47,14 @@ class Chain:
 
 def kernel_blocks(blocks: tuple) -> bool:
     """Whether a kernel takes these chunks: plain NumPy or CuPy arrays (not masked, not a subclass)
-    of the dtypes the code generators know (not complex, datetime, object, ...)."""
-    return all((type(b) is np.ndarray or is_cupy(b)) and b.dtype in _KERNEL_DTYPES for b in blocks)
+    of the dtypes the code generators know (not complex, datetime, object, ...; numba has no float16)."""
+    return all((_cupy_ndarray(b) or (type(b) is np.ndarray and b.dtype != np.float16)) and b.dtype in _KERNEL_DTYPES
+               for b in blocks)
+
+
+def _cupy_ndarray(b: Any) -> bool:
+    """A plain ``cupy.ndarray`` (not a cupyx sparse matrix, whose module also starts with "cupy")."""
+    return type(b).__name__ == "ndarray" and type(b).__module__.split(".")[0] == "cupy"
 
 
 def _identity(reduction: str, dtype: np.dtype) -> Any:

@@ -17,8 +17,8 @@ empty ``axis``. ``std``/``var`` (and their nan-variants) are not matched either:
 variance needs a running mean (Welford's update, Chan's combine), not the sum of squares, whose
 cancellation loses every digit when the mean is large against the spread; their chunk stage runs
 dask's ``moment_chunk`` over the (fused) values. At run time a chunk no kernel takes (complex,
-datetime or object values, masked arrays, zero-size chunks) is computed by dask's own chunk
-function, so results never depend on whether the rewrite happened.
+datetime or object values, float16 on NumPy, masked or sparse arrays, zero-size chunks) is
+computed by dask's own chunk function, so results never depend on whether the rewrite happened.
 """
 
 from __future__ import annotations

@@ -279,6 +279,15 @@ def test_other_dtypes_compute_as_dask(rng):
         assert t.min().compute(scheduler="sync") == tn.min()
         assert t.max().compute(scheduler="sync") == tn.max()
         np.testing.assert_allclose((z + 1).mean().compute(scheduler="sync"), (zn + 1).mean())
+    hn = rng.random((20, 9)).astype(np.float16)  # numba has no float16: NumPy's own, and no warning
+    h = da.from_array(hn, chunks=(7, 4))
+    with fusing(), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for y, want in (((h * 2).max(axis=0), (hn * 2).max(axis=0)), ((h > 0.5).any(), (hn > 0.5).any()),
+                        ((h * 2 + 1).min(), (hn * 2 + 1).min())):
+            got = y.compute(scheduler="sync")
+            assert got.dtype == want.dtype
+            np.testing.assert_array_equal(got, want)
 
 
 def test_session_installs_the_hook_and_false_turns_it_off(cpu_session, rng):
