@@ -156,12 +156,16 @@ def rewrite_graph(hlg: Any, keep: set[str] = frozenset(), reductions: bool = Tru
         if depth[name] >= MAX_FUSED_OPS:
             cut.add(name)
 
+    # A reduction of a bare array (no elementwise op before it) is one pass in NumPy already: fused
+    # only on CuPy chunks, where the kernel reads a transposed input in tiles. (On CPU workers it
+    # would import numba, ~150 MB, for nothing: a 200 MB worker was restarted for it.)
+    bare = dask.config.get("array.backend", "numpy") == "cupy"
     changed = False
     for root in [r for r in elem if not inlinable(r)] + list(reds):
         spec = reds.get(root)
         info = elem[root] if spec is None else ("{0}", [("array", *spec.source)])
         text, chain, leaves, scalars, numblocks, n_ops = _expression(root, info, layers, elem, inlinable)
-        if spec is None and n_ops < 2:
+        if spec is None and n_ops < 2 or spec is not None and n_ops < 2 and not bare:
             continue
         root_layer = layers[root]
         names = tuple(leaves.values())
