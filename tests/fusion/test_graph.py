@@ -4,7 +4,6 @@ The reductions they feed: tests/fusion/test_graph_reduce.py."""
 
 from __future__ import annotations
 
-import dask
 import dask.array as da
 import numpy as np
 
