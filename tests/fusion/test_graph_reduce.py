@@ -191,14 +191,20 @@ def test_nan_slices_and_values_as_numpy(data):
     xn[:, 3] = np.nan
     xn[5, 7] = np.nan
     x = da.from_array(xn, chunks=CHUNKS)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        for name in ("nanmin", "nanmax", "nanmean", "nansum", "nanprod", "min", "max", "sum"):
-            y = getattr(da, name)(x + 1, axis=0)
-            with fusing():
+    for name in ("nanmin", "nanmax", "nanmean", "nansum", "nanprod", "min", "max", "sum"):
+        for axis in (0, 1):
+            y = getattr(da, name)(x + 1, axis=axis)
+            with warnings.catch_warnings(record=True) as plain:
+                warnings.simplefilter("always")
+                y.compute(scheduler="sync")
+            with fusing(), warnings.catch_warnings(record=True) as fused:
+                warnings.simplefilter("always")
                 assert partials(y) == {name}
                 got = y.compute(scheduler="sync")
-            want = getattr(np, name)(xn + 1, axis=0)
+            assert [str(w.message) for w in fused] == [str(w.message) for w in plain]  # no warning dask gives not
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                want = getattr(np, name)(xn + 1, axis=axis)
             np.testing.assert_allclose(got, want, rtol=1e-12, equal_nan=True)
 
 
