@@ -9,7 +9,8 @@
   optionally fused into a reduction;
 * :mod:`flowgpu.fusion.api` is the Python API, ``flowgpu.fuse``;
 * :mod:`flowgpu.fusion.graph` rewrites chains of NumPy ufuncs in a dask graph into fused kernels
-  (``flowgpu.optimize``, :func:`fusing`).
+  (``flowgpu.optimize``, :func:`fusing`, and a Session's hook), and with
+  :mod:`~flowgpu.fusion.graph_reduce` the chunk stage of dask's reductions they feed.
 
 Importing this package never imports CuPy or numba; they are imported when a kernel is built.
 """

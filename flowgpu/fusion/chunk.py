@@ -22,9 +22,10 @@ from flowgpu.fusion.codegen import C_TYPES, Unfusable
 from flowgpu.fusion.compiled import cuda_combine, elementwise_kernel, reduce_kernel, reduction_dtypes
 from flowgpu.fusion.language import Expr, parse
 
-__all__ = ["FusedChunk", "Chain", "reduce_chunk"]
+__all__ = ["FusedChunk", "Chain", "reduce_chunk", "kernel_blocks"]
 
 _ROW = 1 << 16  # elements per row when a flat GPU chunk is reduced as (rows, _ROW)
+_ACCUMULATING = frozenset({"sum", "prod", "nansum", "nanprod"})  # NumPy's functions that take dtype=
 _KERNEL_DTYPES = frozenset(np.dtype(name) for name in C_TYPES)  # what the code generators take
 
 
@@ -44,16 +45,29 @@ class Chain:
                            for kind, a in self.args])
 
 
+def kernel_blocks(blocks: tuple) -> bool:
+    """Whether a kernel takes these chunks: plain NumPy or CuPy arrays (not masked, not a subclass)
+    of the dtypes the code generators know (not complex, datetime, object, ...; numba has no float16)."""
+    return all((_cupy_ndarray(b) or (type(b) is np.ndarray and b.dtype != np.float16)) and b.dtype in _KERNEL_DTYPES
+               for b in blocks)
+
+
+def _cupy_ndarray(b: Any) -> bool:
+    """A plain ``cupy.ndarray`` (not a cupyx sparse matrix, whose module also starts with "cupy")."""
+    return type(b).__name__ == "ndarray" and type(b).__module__.split(".")[0] == "cupy"
+
+
 def _identity(reduction: str, dtype: np.dtype) -> Any:
     """The partial of ``reduction`` over no values (what combines with the others to change nothing)."""
-    if reduction in ("sum", "mean", "prod"):
-        return 1 if reduction == "prod" else 0
+    if reduction in ("sum", "mean", "prod", "nansum", "nanprod"):
+        return 1 if reduction in ("prod", "nanprod") else 0
+    low = reduction in ("min", "nanmin")
     if dtype.kind == "b":
-        return reduction == "min"
+        return low
     if dtype.kind == "f":
-        return np.inf if reduction == "min" else -np.inf
+        return np.nan if reduction.startswith("nan") else np.inf if low else -np.inf
     info = np.iinfo(dtype)
-    return info.max if reduction == "min" else info.min
+    return info.max if low else info.min
 
 
 class FusedChunk:
@@ -87,13 +101,15 @@ class FusedChunk:
         if self.reduction is not None:
             shape = np.broadcast_shapes(*(b.shape for b in blocks))
             if any(shape[a] == 0 for a in self.axes):  # a zero-size chunk: the identity, as no values give
-                acc, _ = reduction_dtypes(self.reduction, self.out_dtype)
+                val = self.out_dtype if self.out_dtype is not None else parse(self.text).result_dtype(
+                    {**dict(zip(self.arrays, (b.dtype for b in blocks))), **dict(self.scalars)})
+                acc, _ = reduction_dtypes(self.reduction, val)
                 xp = import_cupy() if backend == "cupy" else np
                 out_shape = tuple(1 if i in self.axes else s for i, s in enumerate(shape))
                 return xp.full(out_shape, _identity(self.reduction, acc), dtype=acc)
         given = blocks
-        if self.fallback is not None and not all(getattr(b, "dtype", None) in _KERNEL_DTYPES for b in blocks):
-            return self.fallback(*blocks)  # complex, datetime, object, ...: dask's own functions
+        if self.fallback is not None and not kernel_blocks(blocks):
+            return self.fallback(*blocks)  # complex, datetime, object, masked, ...: dask's own functions
         if backend == "cupy":
             cp = import_cupy()
             blocks = tuple(cp.asarray(b) for b in blocks)
@@ -133,7 +149,7 @@ class FusedChunk:
             return xp.broadcast_to(value, shape).copy() if value.shape != shape else value
         acc, _ = reduction_dtypes(self.reduction, out_dtype)
         op = "sum" if self.reduction == "mean" else self.reduction
-        kw = {"dtype": acc} if op in ("sum", "prod") else {}
+        kw = {"dtype": acc} if op in _ACCUMULATING else {}
         return getattr(xp, op)(xp.broadcast_to(value, shape), axis=self.axes, keepdims=True, **kw).astype(
             acc, copy=False)
 
@@ -157,7 +173,7 @@ def reduce_chunk(expr: Expr, arrays: tuple[str, ...], blocks: tuple, scalars: tu
     ndim = len(shape)
     full = set(axes) == set(range(ndim))
     out_shape = tuple(1 if i in axes else s for i, s in enumerate(shape))
-    combine = "sum" if reduction == "mean" else reduction
+    combine = "sum" if reduction == "mean" else reduction  # NumPy's / CuPy's function of the partials
     n = int(np.prod(shape, dtype=np.int64))
     if backend == "numpy":
         same = all(b.shape == shape for b in blocks)
@@ -169,7 +185,7 @@ def reduce_chunk(expr: Expr, arrays: tuple[str, ...], blocks: tuple, scalars: tu
             kern = reduce_kernel(expr, arrays, dtypes, scalars, val_dtype, reduction, backend, "rows" if rows else 2)
             return np.full(out_shape, kern(n, *blocks), dtype=acc)
         ew = elementwise_kernel(expr, arrays, dtypes, scalars, val_dtype, "numpy")
-        kw = {"dtype": acc} if combine in ("sum", "prod") else {}
+        kw = {"dtype": acc} if combine in _ACCUMULATING else {}
         return getattr(np, combine)(ew(*blocks), axis=axes, keepdims=True, **kw).astype(acc, copy=False)
     cp = import_cupy()
     if full and tiled.applies(blocks, shape):  # some inputs transposed: read them in tiles

@@ -23,7 +23,11 @@ from flowgpu.fusion.language import Expr
 
 __all__ = ["REDUCTIONS", "reduction_dtypes", "elementwise_kernel", "reduce_kernel", "cuda_combine"]
 
-REDUCTIONS = ("sum", "mean", "min", "max", "prod")
+REDUCTIONS = ("sum", "mean", "min", "max", "prod", "nansum", "nanprod", "nanmin", "nanmax")
+_ADDING = ("sum", "mean", "nansum")
+_MULTIPLYING = ("prod", "nanprod")
+# the step of a numba loop for min/max-like reductions; nanmin/nanmax skip NaN as NumPy's fmin/fmax do
+_EXTREME = {"min": "_min", "max": "_max", "nanmin": "_fmin", "nanmax": "_fmax"}
 
 _lock = threading.RLock()  # re-entrant: the row-wise reduction kernel builds the flat one inside
 _cache: dict[tuple, Any] = {}
@@ -33,7 +37,7 @@ def reduction_dtypes(reduction: str, dtype: Any) -> tuple[np.dtype, np.dtype]:
     """``(accumulator, result)`` dtypes of ``reduction`` over values of ``dtype``, as NumPy types them."""
     dtype = np.dtype(dtype)
     sample = np.ones(1, dtype=dtype)
-    if reduction in ("min", "max"):
+    if reduction in _EXTREME:
         return dtype, dtype
     result = getattr(np, reduction)(sample).dtype
     acc = np.dtype("float64") if result.kind == "f" or reduction == "mean" else result
@@ -41,7 +45,9 @@ def reduction_dtypes(reduction: str, dtype: Any) -> tuple[np.dtype, np.dtype]:
 
 
 def _key(expr: Expr, dtypes: tuple, scalars: tuple, out_dtype: np.dtype, what: str) -> tuple:
-    return (what, expr.text, tuple(map(str, dtypes)), scalars, str(out_dtype))
+    # scalars by repr: a NaN is equal to no other NaN, so one unpickled in a task (a new object,
+    # which the tuple's identity check cannot match) would miss the cache and compile per chunk
+    return (what, expr.text, tuple(map(str, dtypes)), repr(scalars), str(out_dtype))
 
 
 def _types(arrays: tuple[str, ...], dtypes: tuple, scalars: tuple) -> dict[str, Any]:
@@ -109,12 +115,14 @@ def _reduce_loop_src(fname: str, nargs: int, code: str, reduction: str, acc: np.
         head, idx, zero = "    for i in range(n):\n", "        ", "[0]"
     else:
         head, idx, zero = "    for r in range(in0.shape[0]):\n        for c in range(in0.shape[1]):\n", "            ", "[0, 0]"
-    if reduction in ("sum", "mean", "prod"):
-        init = f"_t_{acc.name}({0 if reduction != 'prod' else 1})"
-        step = "acc += v" if reduction != "prod" else "acc *= v"
+    if reduction not in _EXTREME:
+        init = f"_t_{acc.name}({1 if reduction in _MULTIPLYING else 0})"
+        step = "acc *= v" if reduction in _MULTIPLYING else "acc += v"
+        if reduction.startswith("nan"):  # NaN counts as the identity: skipped
+            step = f"if v == v:\n{idx}    {step}"
         return (f"def {fname}(n, {args}):\n    acc = {init}\n{head}"
                 f"{idx}v = _t_{acc.name}({code})\n{idx}{step}\n    return acc\n")
-    helper = "_min" if reduction == "min" else "_max"
+    helper = _EXTREME[reduction]
     first = code.replace("[i]", zero).replace("[r, c]", zero)
     return (f"def {fname}(n, {args}):\n    acc = _t_{acc.name}({first})\n{head}"
             f"{idx}acc = {helper}(acc, _t_{acc.name}({code}))\n    return acc\n")
@@ -131,9 +139,9 @@ def _rows_src(fname: str, nargs: int, reduction: str, acc: np.dtype) -> str:
     """
     rows = ", ".join(f"_np.ascontiguousarray(in{i}[r])" for i in range(nargs))
     args = ", ".join(f"in{i}" for i in range(nargs))
-    combine = {"sum": "acc + part", "mean": "acc + part", "prod": "acc * part",
-               "min": "_min(acc, part)", "max": "_max(acc, part)"}[reduction]
-    empty = f"_t_{acc.name}({1 if reduction == 'prod' else 0})"
+    combine = (f"{_EXTREME[reduction]}(acc, part)" if reduction in _EXTREME
+               else "acc * part" if reduction in _MULTIPLYING else "acc + part")
+    empty = f"_t_{acc.name}({1 if reduction in _MULTIPLYING else 0})"
     first = rows.replace("[r]", "[0]")
     return (f"def {fname}(n, {args}):\n    if in0.shape[0] == 0:\n        return {empty}\n"
             f"    m = in0.shape[1]\n    acc = _flat(m, {first})\n"
@@ -163,7 +171,7 @@ def reduce_kernel(expr: Expr, arrays: tuple[str, ...], dtypes: tuple, scalars: t
                                       name=_name(key), reduce_type=act, preamble=CUDA_PREAMBLE)
         import numba
 
-        fastmath = {"reassoc"} if reduction in ("sum", "mean", "prod") else set()
+        fastmath = {"reassoc"} if reduction not in _EXTREME else set()
         jit = numba.njit(nogil=True, error_model="numpy", fastmath=fastmath)
         fname = _name(key)
         if ndim == "rows":  # rows of 2-D blocks, each through the flat kernel
@@ -176,18 +184,28 @@ def reduce_kernel(expr: Expr, arrays: tuple[str, ...], dtypes: tuple, scalars: t
 
 
 def cuda_combine(reduction: str, acc: np.dtype) -> tuple[str, str]:
-    """``(combine of a and b, identity)`` in CUDA C for ``reduction`` accumulating in ``acc``."""
-    if reduction in ("sum", "mean"):
-        return "a + b", "0"
-    if reduction == "prod":
-        return "a * b", "1"
-    return ("_fg_min(a, b)" if reduction == "min" else "_fg_max(a, b)"), _identity_literal(reduction, acc)
+    """``(combine of a and b, identity)`` in CUDA C for ``reduction`` accumulating in ``acc``.
+
+    ``b`` may be a value or a partial; nansum/nanprod take a NaN ``b`` as the identity, and
+    nanmin/nanmax combine with NumPy's fmin/fmax from NaN, so a slice of NaN alone stays NaN.
+    """
+    if reduction in _ADDING or reduction in _MULTIPLYING:
+        op, ident = ("+", "0") if reduction in _ADDING else ("*", "1")
+        if reduction.startswith("nan"):
+            zero = f"({c_type(acc)}){ident}"  # either side may be the value (CuPy's order is its own)
+            return f"(a == a ? a : {zero}) {op} (b == b ? b : {zero})", ident
+        return f"a {op} b", ident
+    helper = {"min": "_fg_min", "max": "_fg_max", "nanmin": "_fg_fmin", "nanmax": "_fg_fmax"}[reduction]
+    return f"{helper}(a, b)", _identity_literal(reduction, acc)
 
 
 def _identity_literal(reduction: str, dtype: np.dtype) -> str:
+    high = reduction in ("max", "nanmax")
     if dtype.kind == "b":
-        return "false" if reduction == "max" else "true"
+        return "false" if high else "true"
     if dtype.kind == "f":
-        return c_literal(-np.inf if reduction == "max" else np.inf, dtype)
+        if reduction.startswith("nan"):
+            return c_literal(np.nan, dtype)
+        return c_literal(-np.inf if high else np.inf, dtype)
     info = np.iinfo(dtype)
-    return c_literal(info.min if reduction == "max" else info.max, dtype)
+    return c_literal(info.min if high else info.max, dtype)

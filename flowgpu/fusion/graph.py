@@ -1,21 +1,27 @@
-"""Opt-in graph optimisation: chains of NumPy ufuncs in a dask graph become one fused kernel.
+"""The graph optimisation: chains of NumPy ufuncs in a dask graph become one fused kernel.
 
 Dask fuses *tasks*: ``((x * 2 + 1) ** 2 - x)`` runs as one task per chunk after dask's blockwise
 fusion, but inside that task each operator still launches its own kernel and writes a full
 temporary. This module rewrites such chains (the ``Blockwise`` layers that ``dask.array``'s
 elementwise operators and ufuncs produce: ``+ - * / // % **``, comparisons, ``& | ^ ~``, the
 ufuncs of :mod:`flowgpu.fusion.language`, ``where`` and ``clip``) into ONE layer whose task is a
-generated kernel (CuPy ``ElementwiseKernel`` on GPU chunks, numba on NumPy chunks). Dask's own
-optimisation then runs as usual, so the fused layer is still merged with its neighbours.
+generated kernel (CuPy ``ElementwiseKernel`` on GPU chunks, numba on NumPy chunks). A chain (or a
+single array, ``x.T`` among them) that feeds one of dask's reductions (``sum``, ``mean``, ``max``,
+``any``, ``nansum``, ...) goes into the reduction's chunk stage instead: one kernel reads each
+chunk once and writes only the partial (:mod:`flowgpu.fusion.graph_reduce`), and dask's tree
+combines the partials as usual. Dask's own optimisation then runs, so the fused layer is still
+merged with its neighbours (a transpose's view reaches the kernel, which reads it in tiles).
 
-Use it explicitly, ``x = flowgpu.optimize(x)``, or for everything computed in a block::
+A :class:`flowgpu.Session` installs the hook while it is open (``flowgpu.fuse-ufuncs: true``, the
+default; false, ``DASK_FLOWGPU__FUSE_UFUNCS=false`` or ``Session(fuse=False)`` leaves every graph
+as dask built it). Without a Session, use it explicitly, ``x = flowgpu.optimize(x)``, or for
+everything computed in a block::
 
     with flowgpu.fusion.fusing():
         total = ((x * 2 + 1) ** 2 - x).sum().compute()
 
 (``fusing()`` sets dask's ``array_optimize`` hook and ``flowgpu.fuse-ufuncs: true``; the hook does
-nothing while that option is false.) A reduction that follows the chain stays dask's own pass over
-the fused result; use :func:`flowgpu.fuse` to fuse the reduction too.
+nothing while that option is false.)
 """
 
 from __future__ import annotations
@@ -35,7 +41,10 @@ from dask.blockwise import Blockwise, blockwise_token
 from dask.core import flatten
 from dask.highlevelgraph import HighLevelGraph
 
+from flowgpu.backend import is_cupy
+from flowgpu.fusion import graph_reduce
 from flowgpu.fusion.chunk import Chain, FusedChunk
+from flowgpu.fusion.graph_reduce import graph_has_masked
 from flowgpu.fusion.language import FUNCTIONS, is_scalar, literal_text
 
 __all__ = ["optimize", "rewrite_graph", "array_optimize", "fusing", "CONFIG_KEY"]
@@ -112,15 +121,20 @@ def _elementwise(layer: Any) -> tuple[str, list] | None:
     return (template, operands) if template else None
 
 
-def rewrite_graph(hlg: Any, keep: set[str] = frozenset()) -> Any:
+def rewrite_graph(hlg: Any, keep: set[str] = frozenset(), reductions: bool = True) -> Any:
     """A HighLevelGraph with each chain of elementwise layers replaced by one fused layer.
 
-    ``keep`` names layers whose output must stay (e.g. the arrays being computed).
+    ``keep`` names layers whose output must stay (e.g. the arrays being computed). With
+    ``reductions``, the chunk stage of dask's reductions (:mod:`flowgpu.fusion.graph_reduce`)
+    takes the chain below it into its kernel too.
     """
     layers = dict(hlg.layers)
     deps = {k: set(v) for k, v in hlg.dependencies.items()}
     elem = {name: info for name, layer in layers.items() if (info := _elementwise(layer)) is not None}
-    if not elem:
+    reds = {}
+    if reductions and not graph_has_masked(layers):
+        reds = {name: spec for name, layer in layers.items() if (spec := graph_reduce.match(layer)) is not None}
+    if not elem and not reds:
         return hlg
     dependents: dict[str, set[str]] = {k: set() for k in layers}
     for k, ds in deps.items():
@@ -132,7 +146,7 @@ def rewrite_graph(hlg: Any, keep: set[str] = frozenset()) -> Any:
     def inlinable(name: str) -> bool:
         users = dependents.get(name, set())
         return name in elem and name not in keep and name not in cut and len(users) == 1 \
-            and next(iter(users)) in elem
+            and (next(iter(users)) in elem or next(iter(users)) in reds)
 
     srcs = {name: {op[1] for op in operands if op[0] == "array" and op[1] in elem}
             for name, (_, operands) in elem.items()}
@@ -142,55 +156,25 @@ def rewrite_graph(hlg: Any, keep: set[str] = frozenset()) -> Any:
         if depth[name] >= MAX_FUSED_OPS:
             cut.add(name)
 
+    # A reduction of a bare array (no elementwise op before it) is one pass in NumPy already: fused
+    # only on CuPy chunks, where the kernel reads a transposed input in tiles. (On CPU workers it
+    # would import numba, ~150 MB, for nothing: a 200 MB worker was restarted for it.)
+    bare = dask.config.get("array.backend", "numpy") == "cupy"
     changed = False
-    for root in list(elem):
-        if inlinable(root):
-            continue
-        leaves: dict[tuple, str] = {}
-        scalars: list[tuple[str, Any]] = []
-        numblocks: dict[str, Any] = {}
-        n_ops = 0
-
-        def build(name: str, rename: dict) -> tuple[str, Chain]:
-            nonlocal n_ops
-            n_ops += 1
-            template, operands = elem[name]
-            parts = []
-            calls = []  # dask's own function of this layer, over the same operands
-            for op in operands:
-                if op[0] == "scalar":
-                    value = op[1]
-                    calls.append(("value", value))
-                    text = literal_text(value) if type(value) in (bool, int, float) else None
-                    if text is not None:
-                        parts.append(text)
-                    else:
-                        sname = f"s{len(scalars)}"
-                        scalars.append((sname, value))
-                        parts.append(sname)
-                    continue
-                _, src, ind = op
-                ind = tuple(rename.get(i, i) for i in ind)
-                if inlinable(src):
-                    child = dict(zip(layers[src].output_indices, ind))
-                    code, call = build(src, child)
-                    parts.append(code)
-                    calls.append(("call", call))
-                    continue
-                key = (src, ind)
-                if key not in leaves:
-                    leaves[key] = f"v{len(leaves)}"
-                    numblocks[src] = layers[name].numblocks[src]
-                parts.append(leaves[key])
-                calls.append(("block", list(leaves).index(key)))
-            return template.format(*parts), Chain(layers[name].task.func, tuple(calls))
-
-        text, chain = build(root, {})
-        if n_ops < 2:
+    for root in [r for r in elem if not inlinable(r)] + list(reds):
+        spec = reds.get(root)
+        info = elem[root] if spec is None else ("{0}", [("array", *spec.source)])
+        text, chain, leaves, scalars, numblocks, n_ops = _expression(root, info, layers, elem, inlinable)
+        if spec is None and n_ops < 2 or spec is not None and n_ops < 2 and not bare:
             continue
         root_layer = layers[root]
         names = tuple(leaves.values())
-        fn = FusedChunk(text, names, tuple(scalars), None, fallback=chain)
+        if spec is None:
+            fn: Any = FusedChunk(text, names, tuple(scalars), None, fallback=chain)
+        else:
+            fused = FusedChunk(text, names, tuple(scalars), spec.value_dtype, reduction=spec.kind, axes=spec.axes)
+            fn = graph_reduce.FusedPartial(fused, spec, root_layer.task.func, dict(root_layer.task.kwargs),
+                                           chain.args[0][1] if chain.args[0][0] == "call" else None)
         task = Task(root, fn, *[TaskRef(blockwise_token(i)) for i in range(len(leaves))])
         indices = [(src, ind) for (src, ind) in leaves]
         layers[root] = Blockwise(root, root_layer.output_indices, task, indices, numblocks,
@@ -212,6 +196,52 @@ def rewrite_graph(hlg: Any, keep: set[str] = frozenset()) -> Any:
                           {k: deps[k] & reachable for k in reachable})
 
 
+def _expression(root: str, info: tuple, layers: dict, elem: dict, inlinable: Any) -> tuple:
+    """The fused expression of the chain ending at ``root`` (whose ``(template, operands)`` is
+    ``info``): ``(text, Chain, leaves, scalars, numblocks, n_ops)``; ``leaves`` maps each
+    (input layer, indices) to its name in the text."""
+    leaves: dict[tuple, str] = {}
+    scalars: list[tuple[str, Any]] = []
+    numblocks: dict[str, Any] = {}
+    n_ops = 0
+
+    def build(name: str, template: str, operands: list, rename: dict) -> tuple[str, Chain]:
+        nonlocal n_ops
+        n_ops += 1
+        parts = []
+        calls = []  # dask's own function of this layer, over the same operands
+        for op in operands:
+            if op[0] == "scalar":
+                value = op[1]
+                calls.append(("value", value))
+                text = literal_text(value) if type(value) in (bool, int, float) else None
+                if text is not None:
+                    parts.append(text)
+                else:
+                    sname = f"s{len(scalars)}"
+                    scalars.append((sname, value))
+                    parts.append(sname)
+                continue
+            _, src, ind = op
+            ind = tuple(rename.get(i, i) for i in ind)
+            if inlinable(src):
+                child = dict(zip(layers[src].output_indices, ind))
+                code, call = build(src, *elem[src], child)
+                parts.append(code)
+                calls.append(("call", call))
+                continue
+            key = (src, ind)
+            if key not in leaves:
+                leaves[key] = f"v{len(leaves)}"
+                numblocks[src] = layers[name].numblocks[src]
+            parts.append(leaves[key])
+            calls.append(("block", list(leaves).index(key)))
+        return template.format(*parts), Chain(layers[name].task.func, tuple(calls))
+
+    text, chain = build(root, *info, {})
+    return text, chain, leaves, scalars, numblocks, n_ops
+
+
 def optimize(*arrays: da.Array) -> Any:
     """The same dask array(s), with chains of ufuncs rewritten into one fused kernel per chunk.
 
@@ -228,7 +258,8 @@ def optimize(*arrays: da.Array) -> Any:
         if not isinstance(a, da.Array):
             out.append(a)
             continue
-        hlg = rewrite_graph(a.__dask_graph__(), keep={a.name})
+        plain = type(a._meta) is np.ndarray or is_cupy(a._meta)  # not masked, sparse, ...: their reductions stay dask's
+        hlg = rewrite_graph(a.__dask_graph__(), keep={a.name}, reductions=plain)
         out.append(da.Array(hlg, a.name, a.chunks, meta=a._meta))
     return out[0] if len(out) == 1 else tuple(out)
 

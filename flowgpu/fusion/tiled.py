@@ -106,7 +106,7 @@ def tiled_reduce(expr: Expr, arrays: tuple[str, ...], blocks: tuple, scalars: tu
     cp = import_cupy()
     dtypes = tuple(np.dtype(b.dtype) for b in blocks)
     forder = tuple(_f_only(b) for b in blocks)
-    key = (expr.text, tuple(map(str, dtypes)), forder, scalars, str(val_dtype), reduction)
+    key = (expr.text, tuple(map(str, dtypes)), forder, repr(scalars), str(val_dtype), reduction)  # NaN != NaN
     if key in _failed:
         return None
     with _lock:

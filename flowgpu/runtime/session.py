@@ -7,7 +7,9 @@
 While it is open, a Session publishes what the code below it needs to know about the cluster in
 dask.config, and puts back what was there when it closes: ``array.backend`` (cupy or numpy), and
 ``flowgpu.worker.budget`` / ``flowgpu.worker.threads``, which size ``chunks="auto"``
-(:mod:`flowgpu.arrays.chunks` reads them; array code never imports the runtime).
+(:mod:`flowgpu.arrays.chunks` reads them; array code never imports the runtime); and dask's
+``array_optimize`` hook, so that plain dask.array code computed on it is fused
+(``flowgpu.fuse-ufuncs``).
 """
 
 from __future__ import annotations
@@ -27,7 +29,9 @@ from distributed import Client, LocalCluster
 
 from flowgpu import backend as _backend
 from flowgpu import memory
-from flowgpu.errors import BackendError, FlowgpuError, SessionError
+from flowgpu.errors import BackendError, ConfigError, FlowgpuError, SessionError
+from flowgpu.fusion.graph import CONFIG_KEY as FUSE_KEY
+from flowgpu.fusion.graph import array_optimize
 from flowgpu.runtime import latency, probe, security
 from flowgpu.runtime.options import SessionOptions, resolve
 
@@ -82,6 +86,9 @@ class Session:
     protocol : how a cluster the Session starts talks: ``"tcp"`` (the default) or ``"ucx"`` (GPU
         workers, through distributed-ucxx: chunks move GPU to GPU; no TLS)
         (:mod:`flowgpu.runtime.protocol`).
+    fuse : fuse the ufunc chains of every dask.array graph computed while the Session is open, and
+        the reductions they feed, into one kernel per chunk (:mod:`flowgpu.fusion.graph`); None takes
+        ``flowgpu.fuse-ufuncs`` (true by default); False leaves graphs as dask built them.
 
     Each is a top-level option of ``flowgpu.yaml`` (``memory_limit`` is ``flowgpu.memory-limit``),
     checked against ``flowgpu-schema.yaml`` before anything starts; None takes the configured value.
@@ -100,6 +107,9 @@ class Session:
             # a worker process that multiprocessing spawned is importing the main script again: its
             # Session is not wanted; say why once, quietly (the parent's SessionError says it too)
             raise SystemExit(f"error: in a worker process: {GUARD}")
+        fuse = kwargs.pop("fuse", None)
+        if fuse is not None and not isinstance(fuse, bool):
+            raise ConfigError(f"fuse={fuse!r}: give True, False or None (flowgpu.fuse-ufuncs)")
         self.options: SessionOptions = resolve(address, **kwargs)
         self.cluster = None
         self.client: Client | None = None
@@ -126,6 +136,9 @@ class Session:
         except BaseException:
             self._teardown()
             raise
+        self.fuse = bool(dask.config.get(FUSE_KEY, True) if fuse is None else fuse)
+        if self.fuse:  # dask optimises graphs where compute() is called: here, in the client's process
+            self._publish({"array_optimize": array_optimize})
         with _lock:
             _stack.append(self)
 

@@ -1,8 +1,9 @@
-"""flowgpu.optimize: chains of ufuncs in a dask graph become one fused kernel, same results."""
+"""flowgpu.optimize: chains of ufuncs in a dask graph become one fused kernel, same results.
+
+The reductions they feed: tests/fusion/test_graph_reduce.py."""
 
 from __future__ import annotations
 
-import dask
 import dask.array as da
 import numpy as np
 
@@ -38,15 +39,18 @@ def test_shared_intermediate_is_kept(rng):
 
 
 def test_config_hook_fuses_everything_computed(rng, monkeypatch):
+    """Under fusing() the chain and the sum after it are one kernel per chunk (the reduction's
+    chunk stage, fusion/graph_reduce.py); fusing(False) leaves them to dask."""
     calls = []
     original = FusedChunk.__call__
-    monkeypatch.setattr(FusedChunk, "__call__", lambda self, *b: calls.append(self.text) or original(self, *b))
+    monkeypatch.setattr(FusedChunk, "__call__",
+                        lambda self, *b: calls.append((self.text, self.reduction)) or original(self, *b))
     xn = rng.random((40, 40), dtype=np.float32)
     x = da.from_array(xn, chunks=10)
     s = ((x * 2 + 1) ** 2 - x).sum()
     with fusing():
         got = s.compute(scheduler="sync")
-    assert len(calls) == 16 and set(calls) == {"((((v0 * 2) + 1) ** 2) - v0)"}
+    assert len(calls) == 16 and set(calls) == {("((((v0 * 2) + 1) ** 2) - v0)", "sum")}
     assert abs(float(got) - ((xn.astype(np.float64) * 2 + 1) ** 2 - xn).sum()) < 1e-3
     with fusing(False):
         s.compute(scheduler="sync")
