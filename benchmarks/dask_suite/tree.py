@@ -45,6 +45,7 @@ filterwarnings =
     error
     ignore:Couldn't detect a suitable IP address:RuntimeWarning:distributed
     ignore:Creating scratch directories is taking a surprisingly long time.*:UserWarning
+    ignore:Port 8787 is already in use:UserWarning
     ignore:The 'generic' unit for NumPy timedelta is deprecated:DeprecationWarning:
     module:Exception ignored:pytest.PytestUnraisableExceptionWarning::
     module:unclosed database in <sqlite3.Connection:ResourceWarning::
