@@ -159,8 +159,10 @@ def _report(args: argparse.Namespace, argv: Sequence[str] | None, plain: dict[st
               _fmt_case(r.plain_warm) if r.plain_warm else None, _fmt_case(r.fused_warm) if r.fused_warm else None,
               (r.fused.message if r.fused else "").replace("|", "\\|")] for r in found])
     verdict = f"{len(failing)} regression(s)" if failing else "no regressions"
-    if len(found) > len(failing):
-        verdict += f", {len(found) - len(failing)} slower on the first call only (compilation)"
+    first = [r for r in found if not r.failing]
+    if first:
+        extra = sum(r.fused.time_s - r.fused_warm.time_s for r in first if r.fused and r.fused_warm)
+        verdict += f", {len(first)} slower on the first call only (compilation: {extra:.1f} s in all)"
     dead = census is not None and census["fused"] == 0
     if dead:
         verdict += "; but the fused run never ran a flowgpu kernel, so it proved nothing"

@@ -101,11 +101,12 @@ def test_verdicts_on_a_fake_suite(fake_source, tmp_path):
         assert {k: doc["runs"][run][k] for k in ("tests", "failed", "skipped", "xfailed")} == \
             {"tests": 7, "failed": 1 + (run == "fused"), "skipped": 1, "xfailed": 1}
     assert doc["census"]["fused"] >= 1 and doc["census"]["computes"] >= doc["census"]["fused"]
-    # the table comes last on stdout, after the title with the verdict
-    tail = done.stdout.rstrip().splitlines()
-    assert "2 regression(s), 1 slower on the first call only" in done.stdout
-    assert tail[-1].startswith("| slower on first call only | test_fake.py::test_slow_first |") or any(
-        line.startswith("| fails fused | test_fake.py::test_breaks | passed") for line in tail[-4:])
+    # the verdict, then the findings table last on stdout
+    assert "plain against fused: 2 regression(s), 1 slower on the first call only (compilation: " in done.stdout
+    table = done.stdout.rstrip().split("| finding |")[1].splitlines()[2:]
+    assert [row.split(" | ")[:2] for row in table] == [
+        ["| fails fused", "test_fake.py::test_breaks"], ["| slower fused", "test_fake.py::test_slow_always"],
+        ["| slower on first call only", "test_fake.py::test_slow_first"]]
     assert (out / "plain.xml").is_file() and (out / "fused.xml").is_file()
 
     # the same two reports compared again, without rerunning: no recheck, both slow tests stay regressions
@@ -135,12 +136,12 @@ def test_bad_arguments_exit_2(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1800)
+@pytest.mark.timeout(2700)
 def test_dask_array_tests_pass_fused(tmp_path):
-    """Issue 16: the 11 files of dask's array tests, plain and fused, in CI (about N minutes on 2 cores)."""
+    """Issue 16: the 11 files of dask's array tests (4268 tests), plain and fused, in CI."""
     report = tmp_path / "r.json"
-    done = _run("-n", "2", "--out", str(tmp_path / "out"), "--json", str(report), timeout=1750)
+    done = _run("-n", "2", "--out", str(tmp_path / "out"), "--json", str(report), timeout=2600)
     doc = json.loads(report.read_text())
-    assert doc["runs"]["plain"]["passed"] > 4000, doc["runs"]
+    assert doc["runs"]["plain"]["passed"] > 3500, doc["runs"]
     assert doc["census"]["fused"] > 100
     assert done.returncode == 0, done.stdout[-6000:]
