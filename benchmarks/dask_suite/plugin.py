@@ -8,10 +8,11 @@ At configure time it sets, for the whole session, dask's ``array_optimize`` hook
 ``persist`` on the threaded or sync scheduler is optimised by flowgpu first. It only toggles
 config: whatever the optimisation does today is what the tests see.
 
-It also counts, per process, the computations that went through the hook and those whose
-optimised graph calls code of flowgpu (a fused kernel); with ``FLOWGPU_DASK_SUITE_CENSUS=DIR`` it
-writes them to ``DIR/census-<worker>.json`` when the session ends (pytest-xdist: one per worker),
-so the runner can tell "fused and passed" from "never fused at all".
+It also counts the computations that went through the hook and those whose optimised graph calls
+code of flowgpu (a fused kernel); with ``FLOWGPU_DASK_SUITE_CENSUS=DIR`` it writes them to
+``DIR/census-main.json`` when the session ends (under pytest-xdist, each worker hands its counts
+to the controller, which writes the sum), so the runner can tell "fused and passed" from "never
+fused at all".
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import dask
+import pytest
 from dask._task_spec import DataNode, Task
 
 from flowgpu.fusion import graph
@@ -32,6 +34,8 @@ CENSUS_ENV = "FLOWGPU_DASK_SUITE_CENSUS"
 
 census = {"computes": 0, "fused": 0}
 _setting: Any = None
+_census_file: Path | None = None  # where the counts go, decided before any test runs
+WORKER_KEY = "flowgpu_census"  # the counts in an xdist worker's workeroutput
 
 
 def _ours(func: Any) -> bool:
@@ -66,12 +70,33 @@ def counting_optimize(dsk: Any, keys: Any, **kwargs: Any) -> Any:
 
 
 def pytest_configure(config: Any) -> None:
-    global _setting
+    global _setting, _census_file
     _setting = dask.config.set({"array_optimize": counting_optimize, CONFIG: True})
+    folder = os.environ.get(CENSUS_ENV)  # read now: a test may change os.environ
+    if folder:
+        _census_file = Path(folder) / "census-main.json"
 
 
 def pytest_report_header(config: Any) -> str:
     return f"flowgpu fusion on for every compute: array_optimize={graph.__name__}.array_optimize, {CONFIG}=true"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    """On the xdist controller: add a finished worker's counts."""
+    for k, v in getattr(node, "workeroutput", {}).get(WORKER_KEY, {}).items():
+        census[k] = census.get(k, 0) + v
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session: Any) -> None:
+    """A worker hands its counts to the controller; the controller (or a run without xdist) writes them."""
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput[WORKER_KEY] = dict(census)
+    elif _census_file is not None:
+        _census_file.parent.mkdir(parents=True, exist_ok=True)
+        _census_file.write_text(json.dumps(census))
 
 
 def pytest_unconfigure(config: Any) -> None:
@@ -79,8 +104,3 @@ def pytest_unconfigure(config: Any) -> None:
     if _setting is not None:
         _setting.__exit__(None, None, None)
         _setting = None
-    folder = os.environ.get(CENSUS_ENV)
-    if folder:
-        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
-        Path(folder).mkdir(parents=True, exist_ok=True)
-        (Path(folder) / f"census-{worker}.json").write_text(json.dumps(census))

@@ -84,7 +84,7 @@ def _pytest(args: argparse.Namespace, folder: Path, targets: list[str], mode: st
         env[CENSUS_ENV] = str(out / f"census-{name}")
         shutil.rmtree(out / f"census-{name}", ignore_errors=True)
     cmd += targets
-    shown = cmd if len(targets) <= 12 else cmd[:-len(targets)] + [f"<{len(targets)} tests>"]
+    shown = cmd if len(targets) <= 12 else cmd[:-len(targets)] + [f"<{len(targets)} files or tests>"]
     print(f"dask_suite: {name} run: {' '.join(shown)}", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
     with open(out / f"{name}.log", "w") as log:
