@@ -5,10 +5,12 @@ into a folder of their own with dask's pytest settings, runs them twice in fresh
 (plain; then with ``-p benchmarks.dask_suite.plugin``, which sets dask's ``array_optimize`` to
 flowgpu's and ``flowgpu.fuse-ufuncs: true`` for the whole session), both with ``--junitxml``,
 and compares: no test that passes plain may fail fused, and none may take more than ``--factor``
-times ``max(plain time, --floor)`` fused. Prints the counts of each run and a table of the
-regressions, last; exits 1 on any regression (or when the fused run never ran a fused kernel,
-so proved nothing), 2 on bad arguments. Tests dask skips or xfails, and tests that fail plain,
-are counted, never regressions.
+times ``max(plain time, --floor)`` fused. Each slower test is then run again, alone and twice in
+one process per mode (``-p benchmarks.dask_suite.twice``): one that is no longer slower the second
+time paid only for compiling its kernels on the first call, and is listed as such, not as a
+regression. Prints the counts of each run and a table of the findings, last; exits 1 on any
+regression (or when the fused run never ran a fused kernel, so proved nothing), 2 on bad
+arguments. Tests dask skips or xfails, and tests that fail plain, are counted, never regressions.
 
 Examples (from the repository root)::
 
@@ -20,6 +22,7 @@ Examples (from the repository root)::
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import shutil
@@ -187,6 +190,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         plain, fused = compare.read_junit(plain_xml), compare.read_junit(fused_xml)
         found = compare.regressions(plain, fused, factor=args.factor, floor_s=args.floor)
         return _report(args, argv, plain, fused, found, {}, None, "JUnit reports given")
+    if args.workers and importlib.util.find_spec("xdist") is None:
+        print("dask_suite: pytest-xdist is not installed (pip install pytest-xdist); running with -n 0",
+              file=sys.stderr)
+        args.workers = 0
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="dask-suite-"))
     try:
         source, where = (Path(args.source), args.source) if args.source else tree.find_tests()

@@ -107,6 +107,8 @@ def prepare(folder: Path, files: list[str], source: Path) -> list[str]:
     """Copy ``files`` (names in ``source/array/tests``, with or without ``.py``) into ``folder``
     with the settings above; returns the copied file names."""
     tests = source / "array" / "tests"
+    if not tests.is_dir():
+        raise SuiteSetupError(f"{source} has no array/tests/ folder: give the dask/ folder of a dask checkout or sdist")
     names = [f if f.endswith(".py") else f + ".py" for f in files]
     missing = [n for n in names if not (tests / n).is_file()]
     if missing:

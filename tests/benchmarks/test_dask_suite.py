@@ -131,6 +131,8 @@ def test_bad_arguments_exit_2(tmp_path):
     assert done.returncode == 2
     assert "no such dask test file: test_no_such_file.py" in done.stderr and "test_ufunc" in done.stderr
     assert "Traceback" not in done.stderr
+    done = _run("--source", str(tmp_path / "nowhere"), "--out", str(tmp_path), timeout=100)
+    assert done.returncode == 2 and "nowhere has no array/tests/ folder" in done.stderr
     done = _run("--compare", str(tmp_path / "a.xml"), str(tmp_path / "b.xml"), timeout=100)
     assert done.returncode == 2 and "no such JUnit report" in done.stderr
 
