@@ -133,10 +133,10 @@ def _fmt_case(case: compare.Case | None) -> str:
     return "did not run" if case is None else f"{case.outcome} {case.time_s:.2f} s"
 
 
-def _report(args: argparse.Namespace, argv: Sequence[str] | None, plain: dict[str, compare.Case],
-            fused: dict[str, compare.Case], found: list[compare.Regression], walls: dict[str, float],
-            census: dict[str, int] | None, source: str) -> int:
-    report = harness.Report(args, argv)
+def _report(report: harness.Report, plain: dict[str, compare.Case], fused: dict[str, compare.Case],
+            found: list[compare.Regression], walls: dict[str, float], census: dict[str, int] | None,
+            source: str) -> int:
+    args = report.args
     runs = {"plain": compare.counts(plain), "fused": compare.counts(fused)}
     head = ["run", "tests", *compare.OUTCOMES, "summed test time (s)", "wall (s)"]
     rows = [[name, c["tests"], *(c[o] for o in compare.OUTCOMES), c["time_s"], walls.get(name)]
@@ -181,6 +181,7 @@ def _report(args: argparse.Namespace, argv: Sequence[str] | None, plain: dict[st
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = make_parser().parse_args(argv)
+    report = harness.Report(args, argv)  # from the start: its JSON's wall_s is the whole run's
     if args.compare:
         plain_xml, fused_xml = map(Path, args.compare)
         for p in (plain_xml, fused_xml):
@@ -189,7 +190,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return 2
         plain, fused = compare.read_junit(plain_xml), compare.read_junit(fused_xml)
         found = compare.regressions(plain, fused, factor=args.factor, floor_s=args.floor)
-        return _report(args, argv, plain, fused, found, {}, None, "JUnit reports given")
+        return _report(report, plain, fused, found, {}, None, "JUnit reports given")
     if args.workers and importlib.util.find_spec("xdist") is None:
         print("dask_suite: pytest-xdist is not installed (pip install pytest-xdist); running with -n 0",
               file=sys.stderr)
@@ -218,7 +219,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         found = _recheck(args, out / "tests", out, found)
     except OSError as e:
         print(f"dask_suite: the recheck could not run: {e}", file=sys.stderr)
-    return _report(args, argv, plain, fused, found, walls, _census(out / "census-fused"), where)
+    return _report(report, plain, fused, found, walls, _census(out / "census-fused"), where)
 
 
 if __name__ == "__main__":
