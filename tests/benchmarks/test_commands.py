@@ -24,7 +24,7 @@ SCRIPTS = [name for name in MODULES if hasattr(importlib.import_module(name), "m
 
 def test_every_kind_has_its_scripts():
     kinds = {name.split(".")[1] for name in SCRIPTS}
-    assert kinds == {"suite", "out_of_core", "probes", "batch"}
+    assert kinds == {"suite", "out_of_core", "probes", "batch", "dask_suite"}
     assert {"benchmarks.suite.run", "benchmarks.out_of_core.run", "benchmarks.probes.out_of_core"} <= set(SCRIPTS)
 
 
