@@ -196,7 +196,8 @@ def _run(spec: Spec, items: list[Item], session: Any, console: Console, state: d
                 moves_before = session.memory_summary()
                 try:
                     execute(jobs, session, overwrite=overwrite, keep_going=keep_going, console=console,
-                            progress=progress, cache=store, recompile=not reuse, report=bool(report))
+                            progress=progress, cache=store, recompile=not reuse, report=bool(report),
+                            memory=moves_before)
                 except BaseException:
                     if batch:  # what a failed batch's --summary says
                         state["summary"] = _batch_result(spec, jobs, session, started).summary

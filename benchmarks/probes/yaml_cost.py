@@ -1,0 +1,194 @@
+"""What a YAML run costs over the Python API for the same graph, and where the pipeline runner spends it.
+
+On one Session (or dask's threaded scheduler with ``--local``), small data so that the fixed cost
+per run dominates, for each workload: the median of ``--repeats`` runs of ``fg.fuse(f)(x).compute()``
+and of ``pipeline.run(spec, session=s, force=True)`` on the same in-memory array (what the suite's
+YAML column does, ``force``: every run computes, as the Python API does; the cache lives in a
+temporary folder). Then the runner's time per run by section (perf_counter around its steps,
+inclusive: a section's time holds the sections it calls), and with ``--profile`` the top of a
+cProfile of the YAML runs. Last, the check: YAML / Python per workload against the target 1.1x.
+
+    python -m benchmarks.probes.yaml_cost --cpu [--local] [--repeats 15] [--profile 30]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import cProfile
+import functools
+import io
+import pstats
+import sys
+import tempfile
+import time
+from collections import defaultdict
+
+import dask
+import dask.array as da
+import numpy as np
+
+import flowgpu as fg
+from benchmarks import harness
+from benchmarks.suite import data
+from flowgpu import pipeline
+from flowgpu.diagnostics import monitor
+from flowgpu.pipeline import batch, checks, runner
+from flowgpu.runtime import session as session_module
+
+TARGET = 1.1
+
+# where the runner spends its time: (label, module, attribute); methods as "Class.method"
+SECTIONS = (
+    ("load + validate the spec", runner, "load_spec"),
+    ("compile + check outputs (pure)", runner, "plan_items"),
+    ("cache: recipes + verdicts", runner, "judge"),
+    ("output locks", runner.sinks, "hold_outputs"),
+    ("execute (all below)", runner, "execute"),
+    ("  compile in the session + stage", batch, "_prepare"),
+    ("  dashboard page: follow", batch, "_follow"),
+    ("  dashboard page: finish", monitor.Tracked, "finish"),
+    ("  spill watch: start", batch.watch_spill, "__enter__"),
+    ("  compute + gather (distributed)", batch, "_run_distributed"),
+    ("  compute (local)", batch, "_run_local"),
+    ("    commit + cache record", batch, "_commit"),
+    ("session.memory_summary (all calls)", session_module.Session, "memory_summary"),
+    ("session options", checks, "session_options"),
+    ("summary", runner, "_single_result"),
+)
+
+
+def chain_sum(x):
+    return ((x * 2 + 1) ** 2 - x).sum()
+
+
+def add_sum(a, b):
+    return (a + b).sum()
+
+
+def _spec(name: str, x, steps: dict, output: str) -> dict:
+    return {"version": 1, "name": name,
+            "inputs": {"x": {"source": "python", "callable": "benchmarks.suite.data:shared", "args": {"name": "x"},
+                             "shape": list(x.shape), "dtype": str(x.dtype)}},
+            "steps": steps, "outputs": {output: {"from": output}}}
+
+
+WORKLOADS = {
+    # name: (the Python API's function of x, the spec of x, its output)
+    "chain_sum": (fg.fuse(chain_sum), lambda x: _spec("chain_sum", x, {
+        "y": {"op": "expr", "inputs": {"x": "x"}, "args": {"expression": "(x * 2 + 1) ** 2 - x"}},
+        "total": {"op": "sum", "inputs": ["y"]}}, "total"), "total"),
+    "transpose_sum": (lambda x, _f=fg.fuse(add_sum): _f(x, x.T), lambda x: _spec("transpose_sum", x, {
+        "xt": {"op": "transpose", "inputs": ["x"]}, "both": {"op": "add", "inputs": ["x", "xt"]},
+        "total": {"op": "sum", "inputs": ["both"]}}, "total"), "total"),
+}
+
+
+@contextlib.contextmanager
+def sections():
+    """Inside, the runner's steps (:data:`SECTIONS`) add their seconds to the dict it yields."""
+    spent: dict[str, float] = defaultdict(float)
+    undo = []
+    for label, owner, attr in SECTIONS:
+        original = owner.__dict__.get(attr)
+        if original is None:
+            continue
+
+        def timed(*args, _f=original, _label=label, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return _f(*args, **kwargs)
+            finally:
+                spent[_label] += time.perf_counter() - t0
+
+        setattr(owner, attr, functools.wraps(original)(timed))
+        undo.append((owner, attr, original))
+    try:
+        yield spent
+    finally:
+        for owner, attr, original in reversed(undo):
+            setattr(owner, attr, original)
+
+
+def parser():
+    p = harness.parser(__spec__.name, __doc__, cpu="a CPU Session (NumPy chunks); else one GPU", repeats=15)
+    p.add_argument("--local", action="store_true", help="dask's threaded scheduler, no Session (session='local')")
+    p.add_argument("--rows", type=int, default=1024, help="rows (and columns) of the square float32 input")
+    p.add_argument("--chunks", type=int, default=4, help="chunks per axis")
+    p.add_argument("--profile", type=int, default=0, metavar="N", help="print the top N of a cProfile of the YAML runs")
+    return p
+
+
+def probe(args) -> None:
+    n = args.rows
+    rows_per_chunk = max(1, n // args.chunks)
+    host = np.random.default_rng().random((n, n), dtype=np.float32)
+    ratios = {}
+    with contextlib.ExitStack() as stack:
+        cache = stack.enter_context(tempfile.TemporaryDirectory(prefix="flowgpu-yaml-cost-"))
+        stack.enter_context(dask.config.set({"flowgpu.cache.directory": cache}))
+        if args.local:
+            session, client = "local", None
+            stack.enter_context(dask.config.set(scheduler="threads"))
+        else:
+            session = stack.enter_context(fg.Session(backend="cpu" if args.cpu else "gpu", n_workers=1,
+                                                     dashboard_address=None))
+            client = session.client
+            stack.enter_context(client.as_current())
+            stack.enter_context(dask.config.set(scheduler=client))
+        x = da.from_array(host, chunks=(rows_per_chunk, rows_per_chunk))
+        if not args.cpu:
+            x = x.map_blocks(fg.backend.import_cupy().asarray)
+        if client is not None:
+            x = client.persist(x)
+        data.ARRAYS["x"] = x
+        want = None
+        where = "dask threads" if args.local else f"a {'CPU' if args.cpu else 'GPU'} Session"
+        print(f"{n}x{n} float32 in {args.chunks}x{args.chunks} chunks, on {where}; medians of {args.repeats}")
+        for name, (func, make_spec, output) in WORKLOADS.items():
+            spec = make_spec(host)
+            want = float(func(da.from_array(host.astype(np.float64))).compute(scheduler="sync"))
+
+            def python():
+                return float(func(x).compute())
+
+            def yaml():
+                result = pipeline.run(spec, session=session, progress=False, overwrite=True, force=True)
+                return float(result.outputs[output])
+
+            for fn in (python, yaml):
+                got = fn()
+                if abs(got - want) > 1e-4 * abs(want):
+                    raise SystemExit(f"{name} {fn.__name__}: {got} != {want}")
+            t_py = harness.timed(python, args.repeats).median * 1e3
+            t_yaml = harness.timed(yaml, args.repeats).median * 1e3
+            ratios[name] = t_yaml / t_py
+            print(f"\n{name}: Python API {t_py:.2f} ms, YAML {t_yaml:.2f} ms, YAML/Python {t_yaml / t_py:.2f}x, "
+                  f"extra {t_yaml - t_py:+.2f} ms per run")
+            with sections() as spent:
+                for _ in range(args.repeats):
+                    yaml()
+            for label, _, _ in SECTIONS:
+                if label in spent:
+                    print(f"  {label:38s} {spent[label] / args.repeats * 1e3:7.2f} ms")
+            if args.profile:
+                prof = cProfile.Profile()
+                prof.enable()
+                for _ in range(args.repeats):
+                    yaml()
+                prof.disable()
+                out = io.StringIO()
+                pstats.Stats(prof, stream=out).sort_stats("cumulative").print_stats(args.profile)
+                print(out.getvalue())
+        data.ARRAYS.clear()
+    print()
+    for name, ratio in ratios.items():
+        verdict = "ok" if ratio <= TARGET else "OVER"
+        print(f"check {name}: YAML/Python {ratio:.2f}x (target <= {TARGET}x): {verdict}")
+
+
+def main(argv=None) -> int:
+    return harness.captured_main(parser, probe, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
