@@ -2,10 +2,11 @@
 
 On one Session (or dask's threaded scheduler with ``--local``), small data so that the fixed cost
 per run dominates, for each workload: the median of ``--repeats`` runs of ``fg.fuse(f)(x).compute()``
-and of ``pipeline.run(spec, session=s, force=True)`` on the same in-memory array (what the suite's
+and of ``pipeline.run(spec, session=s, force=True)`` on the same in-memory array, in turn (what the suite's
 YAML column does, ``force``: every run computes, as the Python API does; the cache lives in a
 temporary folder). Then the runner's time per run by section (perf_counter around its steps,
-inclusive: a section's time holds the sections it calls), and with ``--profile`` the top of a
+inclusive: a section's time holds the sections it calls) and the blocking calls to the cluster
+each makes (the round trips a loaded machine makes slow), and with ``--profile`` the top of a
 cProfile of the YAML runs. Last, the check: YAML / Python per workload against the target 1.1x.
 
     python -m benchmarks.probes.yaml_cost --cpu [--local] [--repeats 15] [--profile 30]
@@ -18,14 +19,17 @@ import cProfile
 import functools
 import io
 import pstats
+import statistics
 import sys
 import tempfile
+import threading
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 import dask
 import dask.array as da
 import numpy as np
+from distributed import Client
 
 import flowgpu as fg
 from benchmarks import harness
@@ -109,6 +113,45 @@ def sections():
             setattr(owner, attr, original)
 
 
+@contextlib.contextmanager
+def round_trips():
+    """Inside, each blocking call of this thread to the cluster (``Client.sync``: a gather, a
+    ``client.run``, an RPC to the scheduler) is counted, by the name of what it called."""
+    seen: Counter = Counter()
+    original = Client.sync
+
+    def counted(self, func, *args, **kwargs):
+        if threading.current_thread() is threading.main_thread():
+            seen[getattr(func, "__name__", None) or getattr(func, "name", None) or repr(func)] += 1
+        return original(self, func, *args, **kwargs)
+
+    Client.sync = counted
+    try:
+        yield seen
+    finally:
+        Client.sync = original
+
+
+def calls_per_run(fn, repeats: int) -> str:
+    with round_trips() as seen:
+        for _ in range(repeats):
+            fn()
+    total = sum(seen.values()) / repeats
+    return f"{total:g} ({', '.join(f'{k} {v / repeats:g}' for k, v in sorted(seen.items()))})"
+
+
+def interleaved(fns, repeats: int) -> list[float]:
+    """The median ms of each of ``fns``, run in turn ``repeats`` times (so that a machine that slows
+    down or speeds up meanwhile weighs on all of them alike)."""
+    times: list[list[float]] = [[] for _ in fns]
+    for _ in range(repeats):
+        for fn, spent in zip(fns, times):
+            t0 = time.perf_counter()
+            fn()
+            spent.append(time.perf_counter() - t0)
+    return [statistics.median(t) * 1e3 for t in times]
+
+
 def parser():
     p = harness.parser(__spec__.name, __doc__, cpu="a CPU Session (NumPy chunks); else one GPU", repeats=15)
     p.add_argument("--local", action="store_true", help="dask's threaded scheduler, no Session (session='local')")
@@ -159,11 +202,13 @@ def probe(args) -> None:
                 got = fn()
                 if abs(got - want) > 1e-4 * abs(want):
                     raise SystemExit(f"{name} {fn.__name__}: {got} != {want}")
-            t_py = harness.timed(python, args.repeats).median * 1e3
-            t_yaml = harness.timed(yaml, args.repeats).median * 1e3
+            t_py, t_yaml = interleaved((python, yaml), args.repeats)
             ratios[name] = t_yaml / t_py
             print(f"\n{name}: Python API {t_py:.2f} ms, YAML {t_yaml:.2f} ms, YAML/Python {t_yaml / t_py:.2f}x, "
                   f"extra {t_yaml - t_py:+.2f} ms per run")
+            if client is not None:
+                print(f"  blocking calls to the cluster per run: Python {calls_per_run(python, 3)}; "
+                      f"YAML {calls_per_run(yaml, 3)}")
             with sections() as spent:
                 for _ in range(args.repeats):
                     yaml()

@@ -16,6 +16,7 @@ import errno
 import functools
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import CancelledError
 from dataclasses import dataclass, field
 from typing import Any
@@ -266,13 +267,14 @@ def _cancel(client: Any, job: Job) -> None:
 
 def execute(jobs: list[Job], session: Any, *, overwrite: bool = False, keep_going: bool = False,
             console: Console | None = None, progress: bool = True, cache: Any = None, recompile: bool = True,
-            report: bool = False, memory: Any = ASK) -> None:
+            report: bool = False, memory: Callable[[], Any] | None = None) -> None:
     """Compute the ``todo`` outputs of every job on ``session`` and commit each job's outputs when all
     are done; sets each job's ``status``, ``values`` and ``error``. Without ``keep_going`` the first
     failure cancels the rest and is raised; with it, every failure stays in its job. ``recompile=False``:
     the jobs' plans were compiled while ``session`` was open, so they are used as they are (but
-    for plans whose sources call user code: those are called only now). ``memory``: the session's
-    ``memory_summary()`` taken just before, if the caller has it (the spill watch starts from it)."""
+    for plans whose sources call user code: those are called only now). ``memory``: a function that
+    gives the session's ``memory_summary()`` the caller asked for just before (the spill watch starts
+    from it), so the workers need not be asked again."""
     bars = BatchBars(console, show=progress)
     batch = uuid.uuid4().hex  # the page's id of this batch
     work = [job for job in jobs if job.todo]
@@ -291,7 +293,7 @@ def execute(jobs: list[Job], session: Any, *, overwrite: bool = False, keep_goin
                     if not keep_going:
                         raise job.error from e
             faults.point("after-prepare")
-            with watch_spill(session, baseline=memory) as watch:  # a spill directory that fills during the run stops it
+            with watch_spill(session, baseline=ASK if memory is None else memory()) as watch:  # a spill directory that fills during the run stops it
                 if getattr(session, "client", None) is not None:
                     _run_distributed(ready, session, cache, bars, keep_going)
                 else:
