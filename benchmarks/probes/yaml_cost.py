@@ -140,16 +140,19 @@ def calls_per_run(fn, repeats: int) -> str:
     return f"{total:g} ({', '.join(f'{k} {v / repeats:g}' for k, v in sorted(seen.items()))})"
 
 
-def interleaved(fns, repeats: int) -> list[float]:
+def interleaved(fns, repeats: int) -> tuple[list[float], list[float]]:
     """The median ms of each of ``fns``, run in turn ``repeats`` times (so that a machine that slows
-    down or speeds up meanwhile weighs on all of them alike)."""
-    times: list[list[float]] = [[] for _ in fns]
+    down or speeds up meanwhile weighs on all of them alike): wall time, and the CPU time of this
+    thread (what the run costs the caller whatever else the machine does)."""
+    wall: list[list[float]] = [[] for _ in fns]
+    cpu: list[list[float]] = [[] for _ in fns]
     for _ in range(repeats):
-        for fn, spent in zip(fns, times):
-            t0 = time.perf_counter()
+        for fn, w, c in zip(fns, wall, cpu):
+            t0, c0 = time.perf_counter(), time.thread_time()
             fn()
-            spent.append(time.perf_counter() - t0)
-    return [statistics.median(t) * 1e3 for t in times]
+            w.append(time.perf_counter() - t0)
+            c.append(time.thread_time() - c0)
+    return [statistics.median(t) * 1e3 for t in wall], [statistics.median(t) * 1e3 for t in cpu]
 
 
 def parser():
@@ -202,10 +205,12 @@ def probe(args) -> None:
                 got = fn()
                 if abs(got - want) > 1e-4 * abs(want):
                     raise SystemExit(f"{name} {fn.__name__}: {got} != {want}")
-            t_py, t_yaml = interleaved((python, yaml), args.repeats)
+            (t_py, t_yaml), (c_py, c_yaml) = interleaved((python, yaml), args.repeats)
             ratios[name] = t_yaml / t_py
             print(f"\n{name}: Python API {t_py:.2f} ms, YAML {t_yaml:.2f} ms, YAML/Python {t_yaml / t_py:.2f}x, "
                   f"extra {t_yaml - t_py:+.2f} ms per run")
+            print(f"  this thread's CPU per run: Python API {c_py:.2f} ms, YAML {c_yaml:.2f} ms, "
+                  f"extra {c_yaml - c_py:+.2f} ms")
             if client is not None:
                 print(f"  blocking calls to the cluster per run: Python {calls_per_run(python, 3)}; "
                       f"YAML {calls_per_run(yaml, 3)}")

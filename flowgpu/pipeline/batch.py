@@ -27,8 +27,8 @@ from rich.console import Console
 
 from flowgpu.diagnostics import BatchBars, monitor
 from flowgpu.errors import FlowgpuError, OutputError, RunError, SpecError
-from flowgpu.io import faults, sinks, sources
-from flowgpu.pipeline.compiler import Plan, compile
+from flowgpu.io import faults, sinks
+from flowgpu.pipeline.compiler import Plan, calls_user_code, compile
 from flowgpu.pipeline.failures import ASK, explain, failed_with, watch_spill
 from flowgpu.pipeline.foreach import Item, in_item
 from flowgpu.pipeline.planning import check_memory, describe
@@ -94,17 +94,12 @@ def _failure(job: Job, error: BaseException, session: Any) -> FlowgpuError:
     return _said(job, out)
 
 
-def _calls_user_code(plan: Plan) -> bool:
-    return any(sources.calls_user_code(n.what) for n in plan.nodes.values()
-               if n.kind == "input" and n.what in sources.SOURCES) or any(
-        _calls_user_code(child) for child in plan.children.values())
-
-
 def _prepare(job: Job, session: Any, overwrite: bool, recompile: bool) -> None:
     """Compile ``job`` for the session (python sources are called here, and only here; chunks sized
     for its workers, unless the plan was made while this session was already open) and stage its writes."""
     spec = job.item.spec
-    plan = job.run_plan = compile(spec, for_run=True) if recompile or _calls_user_code(job.plan) else job.plan
+    plan = job.run_plan = compile(spec, for_run=True, reference=job.plan) if recompile or calls_user_code(job.plan) \
+        else job.plan
     if getattr(session, "workers", None):  # one task, and the largest array, fit the workers (or a SpecError)
         check_memory(plan, session.workers, session.threads_per_worker, session.worker_budget)
     for name in job.todo:

@@ -22,13 +22,14 @@ from flowgpu.pipeline.spec import Spec
 __all__ = ["judge", "line", "load_spec", "plan_items", "status"]
 
 
-def plan_items(items: list[Item], overwrite: bool, params_file: str | None) -> list[Plan]:
-    """Compile and check every item before anything runs; an invalid item refuses the batch, named."""
+def plan_items(items: list[Item], overwrite: bool, params_file: str | None, draft: bool = False) -> list[Plan]:
+    """Compile and check every item before anything runs; an invalid item refuses the batch, named.
+    ``draft``: a run's plans (see :func:`~flowgpu.pipeline.compiler.compile`)."""
     plans, seen = [], {}
     protect = {params_file: f"the params file {params_file!r}"} if params_file else None
     for item in items:
         try:
-            plans.append(compile(item.spec))
+            plans.append(compile(item.spec, draft=draft))
             check_outputs(item.spec, overwrite, protect)
         except SpecError as e:
             raise in_item(e, item) from None

@@ -15,6 +15,12 @@ def make_matrix(rows: int, cols: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal((rows, cols))
 
 
+def counted_matrix(rows: int, cols: int, seed: int = 0) -> np.ndarray:
+    """A python-callable source that counts its calls (``CALLS["source"]``)."""
+    CALLS["source"] = CALLS.get("source", 0) + 1
+    return make_matrix(rows, cols, seed)
+
+
 def _counted(block):
     CALLS["count"] += 1
     return block * 1.0
