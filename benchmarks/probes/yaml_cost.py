@@ -35,6 +35,7 @@ import flowgpu as fg
 from benchmarks import harness
 from benchmarks.suite import data
 from flowgpu import pipeline
+from flowgpu.backend import import_cupy
 from flowgpu.diagnostics import monitor
 from flowgpu.pipeline import batch, checks, runner
 from flowgpu.runtime import session as session_module
@@ -176,14 +177,14 @@ def probe(args) -> None:
             session, client = "local", None
             stack.enter_context(dask.config.set(scheduler="threads"))
         else:
-            session = stack.enter_context(fg.Session(backend="cpu" if args.cpu else "gpu", n_workers=1,
-                                                     dashboard_address=None))
+            workers = {"backend": "cpu", "n_workers": 1} if args.cpu else {"backend": "gpu", "gpus": [0]}
+            session = stack.enter_context(fg.Session(**workers, dashboard_address=None))  # as the suite's
             client = session.client
             stack.enter_context(client.as_current())
             stack.enter_context(dask.config.set(scheduler=client))
         x = da.from_array(host, chunks=(rows_per_chunk, rows_per_chunk))
         if not args.cpu:
-            x = x.map_blocks(fg.backend.import_cupy().asarray)
+            x = x.map_blocks(import_cupy().asarray)
         if client is not None:
             x = client.persist(x)
         data.ARRAYS["x"] = x

@@ -2,7 +2,8 @@
 
 GPU columns: floor, raw CuPy, CuPy fused by hand (``cupy.fuse``), dask.array on dask-cuda with
 default settings (dask's own ``chunks="auto"``), flowgpu's Python API (a flowgpu Session, flowgpu's
-``chunks="auto"``), flowgpu YAML (``flowgpu.pipeline.run``). ``--cpu`` columns: floor, NumPy,
+``chunks="auto"``), flowgpu YAML (``flowgpu.pipeline.run`` on the same Session, with ``force=True``: every
+run computes, as the API's do, and none is answered by the output cache). ``--cpu`` columns: floor, NumPy,
 numba fused by hand, dask.array threaded, flowgpu API and YAML on dask's threaded scheduler.
 
 Data is the same everywhere: ``flowgpu.random`` is a counter-based generator, so the same seed gives

@@ -12,6 +12,7 @@ from distributed import Client
 
 import tests.pipeline.helpers  # noqa: F401  (registers the test ops)
 from flowgpu import pipeline
+from flowgpu.errors import SpecError
 from flowgpu.pipeline import compiler
 from tests.pipeline import helpers
 
@@ -29,7 +30,7 @@ def _spec(seed: int) -> dict:
 
 
 def _want(seed: int) -> np.ndarray:
-    x = helpers.make_matrix(40, 30, seed)
+    x = helpers.make_matrix(40, 30, seed) + helpers.CALLS.get("shift", 0.0)
     return (-3.0 * ((x * 2 + 1) ** 2 - x)).sum(axis=0)
 
 
@@ -49,6 +50,38 @@ def test_each_run_calls_a_python_source_once_and_computes_its_chain_fused(where,
         rows = {r["name"]: r for r in pipeline.describe(result.plan)["steps"]}
         assert rows["y"]["fused_into"] == "total" and rows["y"]["shape"] == [40, 30]  # the inlined steps still said
         assert rows["total"]["fused"].endswith("-> sum") and rows["total"]["shape"] == [30]
+
+
+def test_a_spec_run_again_computes_its_new_data_and_sees_its_edits_and_the_files_it_reads(tmp_path, rng):
+    """What a run keeps of the same spec's previous run (its checked draft) never stands for data."""
+    seed = int(rng.integers(1 << 30))
+    spec = _spec(seed)
+    helpers.CALLS["shift"] = 0.0
+    first = pipeline.run(spec, session="local", progress=False).outputs["total"]
+    np.testing.assert_allclose(first, _want(seed), rtol=1e-12)
+    helpers.CALLS["shift"], helpers.CALLS["source"] = float(rng.random()) + 1.0, 0
+    again = pipeline.run(spec, session="local", progress=False, force=True).outputs["total"]
+    assert helpers.CALLS["source"] == 1
+    np.testing.assert_allclose(again, _want(seed), rtol=1e-12)  # the new data, not the first run's
+    helpers.CALLS["shift"] = 0.0
+    spec["steps"]["z"]["args"]["b"] = 5.0  # an edit: a new recipe, and its own draft
+    edited = pipeline.run(spec, session="local", progress=False).outputs["total"]
+    np.testing.assert_allclose(edited, _want(seed) * (5.0 / -3.0), rtol=1e-12)
+    path = tmp_path / "w.npy"
+    for cols in (30, 31):  # an input read from a file: its new shape is seen
+        np.save(path, rng.random(cols))
+        spec["inputs"]["w"] = {"source": "npy", "path": str(path)}
+        spec["steps"]["total"]["inputs"] = ["z"]
+        spec["steps"]["wz"] = {"op": "multiply", "inputs": ["total", "w"]}
+        spec["outputs"] = {"wz": {"from": "wz"}}
+        if cols == 30:
+            got = pipeline.run(spec, session="local", progress=False).outputs["wz"]
+            np.testing.assert_allclose(got, _want(seed) * (5.0 / -3.0) * np.load(path), rtol=1e-12)
+        else:  # refused by the checks before anything runs: the source is not called
+            helpers.CALLS["source"] = 0
+            with pytest.raises(SpecError, match="wz"):
+                pipeline.run(spec, session="local", progress=False)
+            assert helpers.CALLS["source"] == 0
 
 
 def test_a_chain_that_cannot_be_fused_with_the_real_input_runs_unfused_calling_the_source_once(rng, monkeypatch):
