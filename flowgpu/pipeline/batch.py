@@ -288,7 +288,8 @@ def execute(jobs: list[Job], session: Any, *, overwrite: bool = False, keep_goin
                     if not keep_going:
                         raise job.error from e
             faults.point("after-prepare")
-            with watch_spill(session, baseline=ASK if memory is None else memory()) as watch:  # a spill directory that fills during the run stops it
+            baseline = ASK if memory is None else memory()
+            with watch_spill(session, baseline=baseline) as watch:  # a spill directory that fills during the run stops it
                 if getattr(session, "client", None) is not None:
                     _run_distributed(ready, session, cache, bars, keep_going)
                 else:

@@ -22,9 +22,9 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -227,11 +227,17 @@ def _memory_soon(session: Any) -> Callable[[], dict | None]:
     worker); the function returned waits for the answer."""
     if getattr(session, "client", None) is None:
         return session.memory_summary
-    pool = ThreadPoolExecutor(1, thread_name_prefix="flowgpu-memory-summary")
-    try:
-        return pool.submit(session.memory_summary).result
-    finally:
-        pool.shutdown(wait=False)
+    box: dict[str, Any] = {}
+    # a daemon: a run that failed before it needed the answer does not wait for it at exit
+    thread = threading.Thread(target=lambda: box.setdefault("summary", session.memory_summary()), daemon=True,
+                              name="flowgpu-memory-summary")
+    thread.start()
+
+    def answer() -> dict | None:
+        thread.join()
+        return box.get("summary")
+
+    return answer
 
 
 def _write_report(path: str | os.PathLike, spec: Spec, jobs: list[Job], session: Any, started: float,
