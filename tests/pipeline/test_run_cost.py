@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from distributed import Client
 
-import tests.pipeline.helpers  # noqa: F401  (registers the test ops)
 from flowgpu import pipeline
+from flowgpu.backend import is_cupy
 from flowgpu.errors import SpecError
 from flowgpu.pipeline import compiler
 from tests.pipeline import helpers
@@ -127,3 +127,15 @@ def test_a_run_on_a_session_waits_for_the_cluster_once_like_compute(cpu_session,
     np.testing.assert_allclose(got["total"], _want(seed), rtol=1e-12)
     assert run == python == Counter({"_gather": 1})
     assert "memory" in pipeline.run(spec, session=cpu_session, progress=False, force=True).summary
+
+
+@pytest.mark.gpu
+def test_a_run_on_a_gpu_session_waits_once_and_computes_its_chain_fused_on_the_device(gpu_session, rng):
+    for _ in range(2):  # the second run uses the first's draft
+        seed = int(rng.integers(1 << 30))
+        helpers.CALLS["source"] = 0
+        got = {}
+        waits = _waits(lambda: got.update(pipeline.run(_spec(seed), session=gpu_session, progress=False).__dict__))
+        assert waits == Counter({"_gather": 1}) and helpers.CALLS["source"] == 1
+        np.testing.assert_allclose(got["outputs"]["total"], _want(seed), rtol=1e-12)
+        assert got["plan"].fused and is_cupy(got["plan"].outputs["total"]._meta)
