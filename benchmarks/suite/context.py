@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import tempfile
 from typing import Any
@@ -188,5 +189,9 @@ class Context:
         return None if callable(getattr(pipeline, "run", None)) else "flowgpu.pipeline.run is not available"
 
     def run_yaml(self, spec: dict) -> Any:
+        """``spec`` run as the Python API runs its graph: computed every time (``force``: the output
+        cache would otherwise answer every run after the first, with the warm-up's value), its
+        cache entries written in the suite's temporary folder."""
         session = "local" if self.cpu else self.session
-        return pipeline.run(spec, session=session, progress=False, overwrite=True)
+        with dask.config.set({"flowgpu.cache.directory": os.path.join(self.tmp, "cache")}):
+            return pipeline.run(spec, session=session, progress=False, overwrite=True, force=True)

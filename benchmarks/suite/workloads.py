@@ -1,10 +1,9 @@
 """The workloads, each run side by side on the same data in one process.
 
-GPU columns: floor, raw CuPy, CuPy fused by hand (``cupy.fuse``), dask.array on dask-cuda with
-default settings (dask's own ``chunks="auto"``) and with flowgpu's chunks, flowgpu's Python API (a
-flowgpu Session, flowgpu's ``chunks="auto"``), the plain dask.array code on that Session, flowgpu
-YAML (``flowgpu.pipeline.run``). ``--cpu``: NumPy, numba fused by hand, dask.array threaded, and
-flowgpu's columns on dask's threaded scheduler (with a Session's graph optimisation).
+GPU columns: floor, raw CuPy, CuPy fused by hand (``cupy.fuse``), dask.array on dask-cuda (dask's
+own ``chunks="auto"``, and flowgpu's chunks), flowgpu's Python API and the plain dask.array code on
+a flowgpu Session, flowgpu YAML (``pipeline.run`` on that Session with ``force=True``: every run
+computes). ``--cpu``: NumPy, numba, dask threaded, flowgpu's columns on dask's threaded scheduler.
 
 Data is the same everywhere: ``flowgpu.random`` is a counter-based generator, so the same seed gives
 the same values for any chunking, in this process and on the workers. Seeds are fresh every run.

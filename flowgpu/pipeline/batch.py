@@ -16,6 +16,8 @@ import errno
 import functools
 import time
 import uuid
+from collections.abc import Callable
+from concurrent.futures import CancelledError
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,9 +27,9 @@ from rich.console import Console
 
 from flowgpu.diagnostics import BatchBars, monitor
 from flowgpu.errors import FlowgpuError, OutputError, RunError, SpecError
-from flowgpu.io import faults, sinks, sources
-from flowgpu.pipeline.compiler import Plan, compile
-from flowgpu.pipeline.failures import explain, failed_with, watch_spill
+from flowgpu.io import faults, sinks
+from flowgpu.pipeline.compiler import Plan, calls_user_code, compile
+from flowgpu.pipeline.failures import ASK, explain, failed_with, watch_spill
 from flowgpu.pipeline.foreach import Item, in_item
 from flowgpu.pipeline.planning import check_memory, describe
 
@@ -92,17 +94,12 @@ def _failure(job: Job, error: BaseException, session: Any) -> FlowgpuError:
     return _said(job, out)
 
 
-def _calls_user_code(plan: Plan) -> bool:
-    return any(sources.calls_user_code(n.what) for n in plan.nodes.values()
-               if n.kind == "input" and n.what in sources.SOURCES) or any(
-        _calls_user_code(child) for child in plan.children.values())
-
-
 def _prepare(job: Job, session: Any, overwrite: bool, recompile: bool) -> None:
     """Compile ``job`` for the session (python sources are called here, and only here; chunks sized
     for its workers, unless the plan was made while this session was already open) and stage its writes."""
     spec = job.item.spec
-    plan = job.run_plan = compile(spec, for_run=True) if recompile or _calls_user_code(job.plan) else job.plan
+    plan = job.run_plan = compile(spec, for_run=True, reference=job.plan) if recompile or calls_user_code(job.plan) \
+        else job.plan
     if getattr(session, "workers", None):  # one task, and the largest array, fit the workers (or a SpecError)
         check_memory(plan, session.workers, session.threads_per_worker, session.worker_budget)
     for name in job.todo:
@@ -148,7 +145,10 @@ def _settle(job: Job, error: BaseException | None, session: Any, results: list[A
 
 
 def _follow(job: Job, session: Any, batch: str, report: bool) -> None:
-    """The dashboard's flowgpu page follows ``job`` from now on (one row per item of a batch)."""
+    """The dashboard's flowgpu page follows ``job`` from now on (one row per item of a batch); not
+    where no dashboard can show it and no report needs what the page records."""
+    if not report and not getattr(session, "may_serve_dashboard", True):
+        return
     item = job.item
     job.tracked = monitor.follow(job.run_plan, session, functools.partial(describe, job.run_plan),
                                  item=item.label if item.values else None, batch=batch,
@@ -192,9 +192,11 @@ def _run_distributed(jobs: list[Job], session: Any, cache: Any, bars: BatchBars,
         for f in job.futures:
             owner[id(f)] = job
         left[id(job)] = len(job.futures)
-    stream = as_completed([f for job in jobs for f in job.futures])
     try:
-        for future in stream:
+        if len(jobs) == 1:  # a plain run: waited for and gathered in one call, as compute() does
+            _gather_one(client, jobs[0], session, cache, bars, started)
+            return
+        for future in as_completed([f for job in jobs for f in job.futures]):
             job = owner[id(future)]
             if job.status != "running":
                 continue
@@ -223,6 +225,20 @@ def _run_distributed(jobs: list[Job], session: Any, cache: Any, bars: BatchBars,
             job.abort()
 
 
+def _gather_one(client: Any, job: Job, session: Any, cache: Any, bars: BatchBars, started: float) -> None:
+    """Wait for ``job``'s futures and fetch their results in one round trip (the first failure ends
+    the wait), then commit or fail it."""
+    try:
+        results, error = client.gather(job.futures), None
+    except CancelledError:  # distributed's FutureCancelledError
+        results, error = None, RunError(f"pipeline {job.name!r} was cancelled: cancelled")
+    except Exception as e:  # noqa: BLE001 - the item fails; said in its words
+        results, error = None, e
+    if error is not None:
+        _settled(job)
+    _settle(job, error, session, results, cache, bars, started)
+
+
 def _writes(job: Job) -> list:
     return [f for f, p in zip(job.futures, job.pending.values()) if not sinks.sink_entry(p.sink).has(sinks.IN_SUMMARY)]
 
@@ -246,12 +262,14 @@ def _cancel(client: Any, job: Job) -> None:
 
 def execute(jobs: list[Job], session: Any, *, overwrite: bool = False, keep_going: bool = False,
             console: Console | None = None, progress: bool = True, cache: Any = None, recompile: bool = True,
-            report: bool = False) -> None:
+            report: bool = False, memory: Callable[[], Any] | None = None) -> None:
     """Compute the ``todo`` outputs of every job on ``session`` and commit each job's outputs when all
     are done; sets each job's ``status``, ``values`` and ``error``. Without ``keep_going`` the first
     failure cancels the rest and is raised; with it, every failure stays in its job. ``recompile=False``:
     the jobs' plans were compiled while ``session`` was open, so they are used as they are (but
-    for plans whose sources call user code: those are called only now)."""
+    for plans whose sources call user code: those are called only now). ``memory``: a function that
+    gives the session's ``memory_summary()`` the caller asked for just before (the spill watch starts
+    from it), so the workers need not be asked again."""
     bars = BatchBars(console, show=progress)
     batch = uuid.uuid4().hex  # the page's id of this batch
     work = [job for job in jobs if job.todo]
@@ -270,7 +288,8 @@ def execute(jobs: list[Job], session: Any, *, overwrite: bool = False, keep_goin
                     if not keep_going:
                         raise job.error from e
             faults.point("after-prepare")
-            with watch_spill(session) as watch:  # a spill directory that fills during the run stops it
+            baseline = ASK if memory is None else memory()
+            with watch_spill(session, baseline=baseline) as watch:  # a spill directory that fills during the run stops it
                 if getattr(session, "client", None) is not None:
                     _run_distributed(ready, session, cache, bars, keep_going)
                 else:

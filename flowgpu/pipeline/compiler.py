@@ -253,13 +253,66 @@ def _output_arrays(spec: Spec, values: dict, smap: SourceMap) -> dict[str, da.Ar
     return outs
 
 
+def calls_user_code(plan: Plan) -> bool:
+    """Whether running ``plan`` calls user code to open an input (a ``python`` source), so a run
+    compiles it again, for real, inside its session."""
+    return any(sources.calls_user_code(n.what) for n in plan.nodes.values()
+               if n.kind == "input" and n.what in sources.SOURCES) or any(
+        calls_user_code(child) for child in plan.children.values())
+
+
+def _mark_fused(nodes: dict[str, Node], fusion: FusionPlan) -> None:
+    for root_name, root in fusion.roots.items():
+        for s in root["steps"]:
+            nodes[s].fused_into = root_name
+        nodes[root_name].fused = root["expression"] + (f" -> {root['reduction']}" if root["reduction"] else "")
+        nodes[root_name].deps = sorted({r.split(".")[0] for r in root["leaves"].values()})
+
+
+def _matching(fused: dict[str, da.Array], unfused: dict[str, da.Array]) -> dict[str, da.Array]:
+    """The fused outputs, each of the unfused one's dtype; a ValueError if a shape differs."""
+    out = {}
+    for k, x in fused.items():
+        want = unfused[k]
+        if x.shape != want.shape:
+            raise ValueError("fused result differs in shape from the unfused one")
+        out[k] = x if x.dtype == want.dtype else x.astype(want.dtype)
+    return out
+
+
+def _fused_from(spec: Spec, smap: SourceMap, names: list[str], stack: tuple[str, ...], reference: Plan,
+                opened: dict[str, da.Array], for_run: bool) -> Plan | None:
+    """``spec``'s fused plan built at once, ``reference`` (the same spec compiled before, e.g. its
+    draft) standing for the unfused build: its fusion, its outputs' shapes and dtypes, its inlined
+    steps' arrays. None when the fused build fails: the caller compiles in full (the inputs opened here
+    are not opened again)."""
+    for name in names:
+        if name in spec.inputs and name not in opened:
+            opened[name] = _open_input(spec, name, smap, for_run)
+    fusion = reference.fusion
+    try:
+        values, nodes, children = _build_graph(spec, smap, names, {}, stack, fusion, fused_elementwise, opened,
+                                               for_run)
+        outputs = _matching(_output_arrays(spec, values, smap), reference.outputs)
+    except Exception:  # noqa: BLE001 - the full compile says what is wrong, or falls back to unfused
+        return None
+    for name in fusion.inlined:
+        nodes[name].array = reference.nodes[name].array
+    _mark_fused(nodes, fusion)
+    return Plan(spec, nodes, names, values, outputs, fusion, True, dict(_origin(spec).params), children)
+
+
 def _compile(spec: Spec, bindings: dict[str, da.Array] | None = None, stack: tuple[str, ...] = (),
-             fuse: bool = True, for_run: bool = False) -> Plan:
+             fuse: bool = True, for_run: bool = False, draft: bool = False, reference: Plan | None = None) -> Plan:
     origin = _origin(spec)
     smap = origin.smap
     names = order(spec, smap)
     bindings = bindings or {}
     opened: dict[str, da.Array] = {}
+    if fuse and reference is not None and reference.fusion.roots and not bindings and not reference.children:
+        plan = _fused_from(spec, smap, names, stack, reference, opened, for_run)
+        if plan is not None:
+            return plan
     values, nodes, children = _build_graph(spec, smap, names, bindings, stack, None, None, opened, for_run)
     outputs = _output_arrays(spec, values, smap)
     plan = Plan(spec, nodes, names, values, outputs, FusionPlan(), False, dict(origin.params), children)
@@ -274,23 +327,19 @@ def _compile(spec: Spec, bindings: dict[str, da.Array] | None = None, stack: tup
     fusion = plan_fusion(spec, ops, consumers, {o.from_.split(".")[0] for o in spec.outputs.values()})
     if not fusion.roots:
         return plan
+    if draft and not for_run and calls_user_code(plan):  # the run compiles it again: its fused graph is built then
+        _mark_fused(nodes, fusion)
+        plan.fusion = fusion
+        return plan
     try:
         f_values, f_nodes, _ = _build_graph(spec, smap, names, bindings, stack, fusion, fused_fn, opened, for_run)
-        f_outputs = _output_arrays(spec, f_values, smap)
-        for k, x in f_outputs.items():
-            if x.shape != outputs[k].shape or x.dtype != outputs[k].dtype:
-                f_outputs[k] = x.astype(outputs[k].dtype) if x.shape == outputs[k].shape else None
-        if any(v is None for v in f_outputs.values()):
-            raise ValueError("fused result differs in shape from the unfused one")
+        f_outputs = _matching(_output_arrays(spec, f_values, smap), outputs)
     except Exception as e:  # fusion is an optimisation: never let it break a pipeline
         warnings.warn(f"running {spec.name!r} unfused: {e}", stacklevel=2)
         return plan
-    for root_name, root in fusion.roots.items():
-        for s in root["steps"]:
-            nodes[s].fused_into = root_name
-        nodes[root_name].fused = root["expression"] + (f" -> {root['reduction']}" if root["reduction"] else "")
+    _mark_fused(nodes, fusion)
+    for root_name in fusion.roots:
         nodes[root_name].array = f_values[root_name]
-        nodes[root_name].deps = sorted({r.split(".")[0] for r in root["leaves"].values()})
     for n, node in f_nodes.items():
         if node.array is not None and n not in fusion.inlined:
             nodes[n].array = node.array
@@ -299,7 +348,8 @@ def _compile(spec: Spec, bindings: dict[str, da.Array] | None = None, stack: tup
 
 
 def compile(spec: Spec | str | os.PathLike | dict, params: dict[str, Any] | None = None, *,
-            overrides: dict[str, Any] | None = None, fuse: bool = True, for_run: bool = False) -> Plan:  # noqa: A001
+            overrides: dict[str, Any] | None = None, fuse: bool = True, for_run: bool = False,
+            draft: bool = False, reference: Plan | None = None) -> Plan:  # noqa: A001
     """Build and check the lazy graph of ``spec``; starts no cluster, computes nothing, calls no user code.
 
     Parameters
@@ -310,6 +360,11 @@ def compile(spec: Spec | str | os.PathLike | dict, params: dict[str, Any] | None
     fuse : fuse chains of elementwise steps into one kernel per chunk.
     for_run : compile for a run: ``python`` sources call their callable (only ``run`` passes True;
         otherwise they stand for their declared shape and dtype, unless ``plan_call: true``).
+    draft : the plan is for checks, recipes and the summary of a run that compiles it again inside
+        its session (it calls user code to open an input): the fusion is planned and marked on the
+        nodes, but its fused graph is left to that second compile (the arrays are the unfused ones).
+    reference : a plan of the same spec compiled before (that draft): its fusion is built at once,
+        without building the unfused graph again (which it stands for), unless that fails.
 
     Returns
     -------
@@ -326,7 +381,7 @@ def compile(spec: Spec | str | os.PathLike | dict, params: dict[str, Any] | None
         spec = build(origin.raw, origin.smap, {**origin.overrides, **extra})
     try:
         with compose.counting_includes():
-            return _compile(spec, fuse=fuse, for_run=for_run)
+            return _compile(spec, fuse=fuse, for_run=for_run, draft=draft, reference=reference)
     except ConfigError as e:  # e.g. bad chunks
         raise SpecError(str(e), file=_origin(spec).file, line=1, col=1, path="<document>",
                         hint="check the spec's inputs and args") from None

@@ -83,11 +83,17 @@ def explain(error: BaseException, plan: Plan | None, session: Any) -> RunError |
     )
 
 
-class watch_spill:  # noqa: N801 - used as a context manager, like a function
-    """While open, end the session's computations when a worker's spill directory stops taking writes."""
+ASK = object()  # watch_spill's baseline when the caller has none: it asks the workers
 
-    def __init__(self, session: Any, interval: float = 1.0):
-        self.session, self.interval = session, interval
+
+class watch_spill:  # noqa: N801 - used as a context manager, like a function
+    """While open, end the session's computations when a worker's spill directory stops taking writes.
+
+    ``baseline``: the session's :meth:`memory_summary` taken just before (its errors are old ones),
+    which saves asking the workers again; by default it is asked for on entering."""
+
+    def __init__(self, session: Any, interval: float = 1.0, baseline: Any = ASK):
+        self.session, self.interval, self.baseline = session, interval, baseline
         self.error: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -107,7 +113,8 @@ class watch_spill:  # noqa: N801 - used as a context manager, like a function
                 return
 
     def __enter__(self) -> "watch_spill":
-        summary = self.session.memory_summary() if getattr(self.session, "client", None) is not None else None
+        summary = None if getattr(self.session, "client", None) is None else \
+            self.session.memory_summary() if self.baseline is ASK else self.baseline
         if summary is not None:  # workers that keep their data in flowgpu's store, which reports spill errors
             self._thread = threading.Thread(target=self._watch, args=(set(summary["errors"]),), daemon=True,
                                             name="flowgpu-watch-spill")

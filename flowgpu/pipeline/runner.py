@@ -22,7 +22,9 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -175,7 +177,7 @@ def _run(spec: Spec, items: list[Item], session: Any, console: Console, state: d
         session = _LocalRun()
     if session is None:
         session = runtime.current_session()
-    plans = plan_items(items, overwrite, params_file)
+    plans = plan_items(items, overwrite, params_file, draft=True)
     jobs = [Job(item, plan, list(plan.outputs)) for item, plan in zip(items, plans)]
     state["plan"] = plans[0]
     own = None
@@ -185,7 +187,7 @@ def _run(spec: Spec, items: list[Item], session: Any, console: Console, state: d
         if store is not None:
             judge(jobs, store, force, checksum)
             console.print(f"{escape(spec.name)}: {escape(line(jobs))}", highlight=False)
-        moves_before = None
+        memory = None
         try:
             if any(job.todo for job in jobs):
                 reuse = session is not None  # the plans were made with its chunk sizes
@@ -193,10 +195,11 @@ def _run(spec: Spec, items: list[Item], session: Any, console: Console, state: d
                     own = session = _start_session(items[0].spec, cluster, allow_spec_address, console)
                 if on_session is not None:
                     on_session(session)
-                moves_before = session.memory_summary()
+                memory = _memory_soon(session)  # the workers answer while the items compile
                 try:
                     execute(jobs, session, overwrite=overwrite, keep_going=keep_going, console=console,
-                            progress=progress, cache=store, recompile=not reuse, report=bool(report))
+                            progress=progress, cache=store, recompile=not reuse, report=bool(report),
+                            memory=memory)
                 except BaseException:
                     if batch:  # what a failed batch's --summary says
                         state["summary"] = _batch_result(spec, jobs, session, started).summary
@@ -205,17 +208,36 @@ def _run(spec: Spec, items: list[Item], session: Any, console: Console, state: d
                     state["written"] = dict(jobs[0].written)
                     if report:  # the run report, of a failed run too
                         _write_report(report, spec, jobs, session, started, batch)
+            after = _memory_soon(session) if memory is not None and memory() is not None and not batch else None
             result = _batch_result(spec, jobs, session, started) if batch else _single_result(jobs[0], session, started)
             if report and not any(job.todo for job in jobs):  # all up to date: the report says so
                 _write_report(report, spec, jobs, session, started, batch)
-            if moves_before is not None and not batch:
-                result.summary["memory"] = moves_delta(moves_before, session.memory_summary())
+            if after is not None:
+                result.summary["memory"] = moves_delta(memory(), after())
             return result
         finally:
             if own is not None:
                 own.close()
                 for job in jobs:  # again, now that no worker can still be writing into the staging
                     job.abort()
+
+
+def _memory_soon(session: Any) -> Callable[[], dict | None]:
+    """``session.memory_summary()`` asked for now, on a thread of its own (a round trip to every
+    worker); the function returned waits for the answer."""
+    if getattr(session, "client", None) is None:
+        return session.memory_summary
+    box: dict[str, Any] = {}
+    # a daemon: a run that failed before it needed the answer does not wait for it at exit
+    thread = threading.Thread(target=lambda: box.setdefault("summary", session.memory_summary()), daemon=True,
+                              name="flowgpu-memory-summary")
+    thread.start()
+
+    def answer() -> dict | None:
+        thread.join()
+        return box.get("summary")
+
+    return answer
 
 
 def _write_report(path: str | os.PathLike, spec: Spec, jobs: list[Job], session: Any, started: float,

@@ -248,9 +248,15 @@ class Session:
 
     # -- facts ------------------------------------------------------------------------------------
     @property
+    def may_serve_dashboard(self) -> bool:
+        """False when no dashboard can be open (no client, or a cluster this Session started without
+        one); known without asking the scheduler."""
+        return self.client is not None and (self.cluster is None or bool(self.options.dashboard_address))
+
+    @property
     def dashboard_link(self) -> str | None:
         """URL of the Dask dashboard, or None when it is off."""
-        if self.client is None or (self.cluster is not None and not self.options.dashboard_address):
+        if not self.may_serve_dashboard:
             return None  # the scheduler still serves /health and metrics over HTTP, but no dashboard
         try:
             info = self.client.scheduler_info()

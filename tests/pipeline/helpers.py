@@ -15,6 +15,13 @@ def make_matrix(rows: int, cols: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal((rows, cols))
 
 
+def counted_matrix(rows: int, cols: int, seed: int = 0) -> np.ndarray:
+    """A python-callable source that counts its calls (``CALLS["source"]``); ``CALLS["shift"]`` is
+    added to its values (data that changes between two runs of the same spec)."""
+    CALLS["source"] = CALLS.get("source", 0) + 1
+    return make_matrix(rows, cols, seed) + CALLS.get("shift", 0.0)
+
+
 def _counted(block):
     CALLS["count"] += 1
     return block * 1.0

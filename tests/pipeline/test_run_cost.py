@@ -1,0 +1,141 @@
+"""What a run does beyond the graph it computes: a python source called once, its chain fused in
+one build, and on a Session one wait for the cluster, as ``compute()`` makes."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+import numpy as np
+import pytest
+from distributed import Client
+
+from flowgpu import pipeline
+from flowgpu.backend import is_cupy
+from flowgpu.errors import SpecError
+from flowgpu.pipeline import compiler
+from tests.pipeline import helpers
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def _spec(seed: int) -> dict:
+    return {"name": "cost", "inputs": {"m": {"source": "python", "callable": "tests.pipeline.helpers:counted_matrix",
+                                             "args": {"rows": 40, "cols": 30, "seed": seed}, "shape": [40, 30],
+                                             "dtype": "float64", "chunks": [10, 15]}},
+            "steps": {"y": {"op": "expr", "inputs": {"x": "m"}, "args": {"expression": "(x * 2 + 1) ** 2 - x"}},
+                      "z": {"op": "multiply", "inputs": ["y"], "args": {"b": -3.0}},
+                      "total": {"op": "sum", "inputs": ["z"], "args": {"axis": 0}}},
+            "outputs": {"total": {"from": "total"}}}
+
+
+def _want(seed: int) -> np.ndarray:
+    x = helpers.make_matrix(40, 30, seed) + helpers.CALLS.get("shift", 0.0)
+    return (-3.0 * ((x * 2 + 1) ** 2 - x)).sum(axis=0)
+
+
+@pytest.fixture(params=["local", "cluster"])
+def where(request):
+    return "local" if request.param == "local" else request.getfixturevalue("cpu_session")
+
+
+def test_each_run_calls_a_python_source_once_and_computes_its_chain_fused(where, rng):
+    for _ in range(2):  # the second run too: nothing of the first is reused
+        seed = int(rng.integers(1 << 30))
+        helpers.CALLS["source"] = 0
+        result = pipeline.run(_spec(seed), session=where, progress=False)
+        assert helpers.CALLS["source"] == 1
+        np.testing.assert_allclose(result.outputs["total"], _want(seed), rtol=1e-12)
+        assert result.plan.fused and set(result.summary["fused"]) == {"total"}
+        rows = {r["name"]: r for r in pipeline.describe(result.plan)["steps"]}
+        assert rows["y"]["fused_into"] == "total" and rows["y"]["shape"] == [40, 30]  # the inlined steps still said
+        assert rows["total"]["fused"].endswith("-> sum") and rows["total"]["shape"] == [30]
+
+
+def test_a_spec_run_again_computes_its_new_data_and_sees_its_edits_and_the_files_it_reads(tmp_path, rng):
+    """What a run keeps of the same spec's previous run (its checked draft) never stands for data."""
+    seed = int(rng.integers(1 << 30))
+    spec = _spec(seed)
+    helpers.CALLS["shift"] = 0.0
+    first = pipeline.run(spec, session="local", progress=False).outputs["total"]
+    np.testing.assert_allclose(first, _want(seed), rtol=1e-12)
+    helpers.CALLS["shift"], helpers.CALLS["source"] = float(rng.random()) + 1.0, 0
+    again = pipeline.run(spec, session="local", progress=False, force=True).outputs["total"]
+    assert helpers.CALLS["source"] == 1
+    np.testing.assert_allclose(again, _want(seed), rtol=1e-12)  # the new data, not the first run's
+    helpers.CALLS["shift"] = 0.0
+    spec["steps"]["z"]["args"]["b"] = 5.0  # an edit: a new recipe, and its own draft
+    edited = pipeline.run(spec, session="local", progress=False).outputs["total"]
+    np.testing.assert_allclose(edited, _want(seed) * (5.0 / -3.0), rtol=1e-12)
+    path = tmp_path / "w.npy"
+    for cols in (30, 31):  # an input read from a file: its new shape is seen
+        np.save(path, rng.random(cols))
+        spec["inputs"]["w"] = {"source": "npy", "path": str(path)}
+        spec["steps"]["total"]["inputs"] = ["z"]
+        spec["steps"]["wz"] = {"op": "multiply", "inputs": ["total", "w"]}
+        spec["outputs"] = {"wz": {"from": "wz"}}
+        if cols == 30:
+            got = pipeline.run(spec, session="local", progress=False).outputs["wz"]
+            np.testing.assert_allclose(got, _want(seed) * (5.0 / -3.0) * np.load(path), rtol=1e-12)
+        else:  # refused by the checks before anything runs: the source is not called
+            helpers.CALLS["source"] = 0
+            with pytest.raises(SpecError, match="wz"):
+                pipeline.run(spec, session="local", progress=False)
+            assert helpers.CALLS["source"] == 0
+
+
+def test_a_chain_that_cannot_be_fused_with_the_real_input_runs_unfused_calling_the_source_once(rng, monkeypatch):
+    def refuse(*args, **kwargs):
+        raise ValueError("no kernel for this")
+
+    monkeypatch.setattr(compiler, "fused_elementwise", refuse)
+    seed = int(rng.integers(1 << 30))
+    helpers.CALLS["source"] = 0
+    with pytest.warns(UserWarning, match="running 'cost' unfused: no kernel for this"):
+        result = pipeline.run(_spec(seed), session="local", progress=False)
+    assert helpers.CALLS["source"] == 1
+    np.testing.assert_allclose(result.outputs["total"], _want(seed), rtol=1e-12)
+    assert not result.plan.fused and result.summary["fused"] == {}
+
+
+def _waits(fn) -> Counter:
+    """What ``fn`` waits for on the cluster from this thread (each a round trip), by name."""
+    seen: Counter = Counter()
+    original = Client.sync
+
+    def counted(self, func, *args, **kwargs):
+        if threading.current_thread() is threading.main_thread():
+            seen[getattr(func, "__name__", repr(func))] += 1
+        return original(self, func, *args, **kwargs)
+
+    Client.sync = counted
+    try:
+        fn()
+    finally:
+        Client.sync = original
+    return seen
+
+
+def test_a_run_on_a_session_waits_for_the_cluster_once_like_compute(cpu_session, rng):
+    seed = int(rng.integers(1 << 30))
+    spec = _spec(seed)
+    plan = pipeline.compile(spec, for_run=True)
+    with cpu_session.client.as_current():
+        python = _waits(lambda: plan.outputs["total"].compute())
+    got = {}
+    run = _waits(lambda: got.update(pipeline.run(spec, session=cpu_session, progress=False, force=True).outputs))
+    np.testing.assert_allclose(got["total"], _want(seed), rtol=1e-12)
+    assert run == python == Counter({"_gather": 1})
+    assert "memory" in pipeline.run(spec, session=cpu_session, progress=False, force=True).summary
+
+
+@pytest.mark.gpu
+def test_a_run_on_a_gpu_session_waits_once_and_computes_its_chain_fused_on_the_device(gpu_session, rng):
+    for _ in range(2):  # the second run uses the first's draft
+        seed = int(rng.integers(1 << 30))
+        helpers.CALLS["source"] = 0
+        got = {}
+        waits = _waits(lambda: got.update(pipeline.run(_spec(seed), session=gpu_session, progress=False).__dict__))
+        assert waits == Counter({"_gather": 1}) and helpers.CALLS["source"] == 1
+        np.testing.assert_allclose(got["outputs"]["total"], _want(seed), rtol=1e-12)
+        assert got["plan"].fused and is_cupy(got["plan"].outputs["total"]._meta)
