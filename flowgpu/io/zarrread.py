@@ -27,7 +27,7 @@ import google_crc32c
 import numpy as np
 import zarr
 
-from flowgpu.io.devcodec import MAX_U64, DevicePlan, device_for, read_exact
+from flowgpu.io.devcodec import ALIGN, MAX_U64, DevicePlan, device_for, read_exact
 from flowgpu.io.storage import COUNTERS
 
 __all__ = ["DeviceReader", "ChunkRead", "UnitRead", "read_plan", "shard_index"]
@@ -87,8 +87,10 @@ def _unit_read(plan: DevicePlan, unit: tuple) -> UnitRead | None:
     if size is None:
         return UnitRead(path, 0, 0, (), tuple(inner))
     head, tail = plan.frame.head, plan.frame.tail
-    if not plan.sharded:
-        return UnitRead(path, 0, size, (ChunkRead(inner[0], head, size - tail),), ())
+    if size <= head + tail and plan.frame.algorithm:
+        raise OSError(f"{path}: {size} bytes, too short for a {plan.frame.algorithm} chunk (the store is damaged)")
+    if not plan.sharded:  # the read starts at the payload (a device buffer is aligned): no copy for nvCOMP
+        return UnitRead(path, head, size - head, (ChunkRead(inner[0], 0, size - head - tail),), ())
     index = shard_index(plan, path, size)
     found, missing = [], []
     for c in inner:
@@ -96,7 +98,7 @@ def _unit_read(plan: DevicePlan, unit: tuple) -> UnitRead | None:
         (missing.append(c) if off == MAX_U64 else found.append((c, off, n)))
     if not found:
         return UnitRead(path, 0, 0, (), tuple(missing))
-    lo = min(off for _, off, _ in found)
+    lo = min(off for _, off, _ in found) // ALIGN * ALIGN  # the payloads flowgpu aligned stay aligned
     hi = max(off + n for _, off, n in found)
     chunks = tuple(ChunkRead(c, off - lo + head, off - lo + n - tail) for c, off, n in found)
     return UnitRead(path, lo, hi - lo, chunks, tuple(missing))
@@ -169,7 +171,7 @@ class DeviceReader:
             if r.nbytes:
                 buf = dev.read(r.path, r.offset, r.nbytes)
                 compressed += r.nbytes
-                payloads += [dev.aligned(buf, c.start, c.stop) for c in r.chunks]
+                payloads += dev.payloads(buf, [(c.start, c.stop) for c in r.chunks])
                 coords += [c.coords for c in r.chunks]
         t1 = time.perf_counter()
         COUNTERS.add("read", compressed, t1 - t0, count=len(reads))
