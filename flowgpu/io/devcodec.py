@@ -251,13 +251,10 @@ class HostDevice:
             os.close(fd)
         return out
 
-    def aligned(self, buf: Any, start: int, stop: int) -> Any:
-        return buf[start:stop]
-
     def payloads(self, buf: Any, spans: list[tuple[int, int]]) -> list:
         """Views of ``buf`` nvCOMP may read, one per ``(start, stop)``: in place where aligned, the
         others copied into one new buffer (one allocation, one copy each)."""
-        return [self.aligned(buf, a, b) for a, b in spans]
+        return [buf[a:b] for a, b in spans]
 
     def pack(self, algorithm: str | None, arrays: list, level: int | None, head: int = 0,
              room: int = 0) -> tuple[np.ndarray, list[int], list[int]]:
@@ -270,8 +267,9 @@ class HostDevice:
         image = self.xp.zeros(end, np.uint8)
         for at, v in zip(starts, views):
             self._place(image, at, v)
-        del keep
-        return self.to_host(image), starts, sizes
+        host = self.to_host(image)  # complete (synchronous) before nvCOMP's batch may go
+        del keep, views
+        return host, starts, sizes
 
     def _encoded(self, algorithm: str, arrays: list, level: int | None) -> tuple[Any, list]:
         return None, self.encode(algorithm, arrays, level)
@@ -352,13 +350,9 @@ class CupyDevice(HostDevice):
                                        device_id=key[1], cuda_stream=stream.ptr)
         return nvcomp, codecs[key]
 
-    def aligned(self, buf: Any, start: int, stop: int) -> Any:
-        view = buf[start:stop]
-        return view if view.data.ptr % 16 == 0 else view.copy()  # nvCOMP's strictest buffer alignment
-
     def payloads(self, buf: Any, spans: list[tuple[int, int]]) -> list:
         cp = import_cupy()
-        odd = [i for i, (a, _) in enumerate(spans) if (buf.data.ptr + a) % 16]
+        odd = [i for i, (a, _) in enumerate(spans) if (buf.data.ptr + a) % 16]  # nvCOMP's strictest alignment
         out = [buf[a:b] for a, b in spans]
         if odd:  # a store not written by flowgpu: its misaligned payloads gathered into one buffer
             starts, end = layout([spans[i][1] - spans[i][0] for i in odd])

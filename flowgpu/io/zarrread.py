@@ -22,6 +22,7 @@ import itertools
 import os
 import time
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import google_crc32c
 import numpy as np
@@ -33,9 +34,9 @@ from flowgpu.io.storage import COUNTERS
 __all__ = ["DeviceReader", "ChunkRead", "UnitRead", "read_plan", "shard_index"]
 
 
-@dataclass(frozen=True)
-class ChunkRead:
-    """One chunk to decode: where its payload lies in its unit's read range, and where it goes."""
+class ChunkRead(NamedTuple):
+    """One chunk to decode: where its payload lies in its unit's read range, and where it goes
+    (a tuple: thousands are made per shard)."""
 
     coords: tuple  # chunk coordinates in the array's chunk grid
     start: int  # payload offset into the unit's range (framing already skipped)
@@ -87,21 +88,24 @@ def _unit_read(plan: DevicePlan, unit: tuple) -> UnitRead | None:
     if size is None:
         return UnitRead(path, 0, 0, (), tuple(inner))
     head, tail = plan.frame.head, plan.frame.tail
-    if size <= head + tail and plan.frame.algorithm:
-        raise OSError(f"{path}: {size} bytes, too short for a {plan.frame.algorithm} chunk (the store is damaged)")
     if not plan.sharded:  # the read starts at the payload (a device buffer is aligned): no copy for nvCOMP
+        if size <= head + tail and plan.frame.algorithm:
+            raise OSError(f"{path}: {size} bytes, too short for a {plan.frame.algorithm} chunk (the store is damaged)")
         return UnitRead(path, head, size - head, (ChunkRead(inner[0], 0, size - head - tail),), ())
     index = shard_index(plan, path, size)
-    found, missing = [], []
-    for c in inner:
-        off, n = (int(v) for v in index[tuple(ci - ui * p for ci, ui, p in zip(c, unit, per))])
-        (missing.append(c) if off == MAX_U64 else found.append((c, off, n)))
-    if not found:
-        return UnitRead(path, 0, 0, (), tuple(missing))
-    lo = min(off for _, off, _ in found) // ALIGN * ALIGN  # the payloads flowgpu aligned stay aligned
-    hi = max(off + n for _, off, n in found)
-    chunks = tuple(ChunkRead(c, off - lo + head, off - lo + n - tail) for c, off, n in found)
-    return UnitRead(path, lo, hi - lo, chunks, tuple(missing))
+    first = np.array([u * p for u, p in zip(unit, per)])
+    local = np.array(inner, dtype=np.int64).reshape(len(inner), len(per)) - first  # one row per inner chunk
+    entries = index[tuple(local.T)]
+    have = entries[:, 0] != MAX_U64
+    off, n = (np.where(have, entries[:, k], 0).astype(np.int64) for k in (0, 1))
+    missing = tuple(c for c, h in zip(inner, have.tolist()) if not h)
+    if not have.any():
+        return UnitRead(path, 0, 0, (), missing)
+    lo = int(off[have].min()) // ALIGN * ALIGN  # the payloads flowgpu aligned stay aligned
+    hi = int((off + n)[have].max())
+    starts, stops = (off - lo + head).tolist(), (off - lo + n - tail).tolist()
+    chunks = tuple(ChunkRead(c, a, b) for c, a, b, h in zip(inner, starts, stops, have.tolist()) if h)
+    return UnitRead(path, lo, hi - lo, chunks, missing)
 
 
 def read_plan(plan: DevicePlan, key: tuple) -> list[UnitRead] | None:
