@@ -12,8 +12,10 @@ from __future__ import annotations
 import logging
 import os
 import struct
+import threading
 import time
 import warnings
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any
 
 import dask.array as da
@@ -30,6 +32,10 @@ __all__ = ["CODECS", "create", "device_writes", "compressors", "inner_chunks", "
 
 CODECS = ("zstd", "lz4", "none")
 INNER_BYTES = 4 << 20
+WRITE_PIECE = 64 << 20  # a unit's file is written in pieces of this many bytes, on up to WRITERS threads
+WRITERS = 8
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
 
 logger = logging.getLogger("flowgpu.io")
 
@@ -116,14 +122,36 @@ def zstd_with_size(head: bytes, size: int) -> tuple[bytes, int]:
     return (ZSTD_MAGIC + bytes([fhd | 0xC0]) + bytes(head[5:keep]) + int(size).to_bytes(8, "little"), keep)
 
 
+def _writers() -> ThreadPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=min(WRITERS, os.cpu_count() or 1), thread_name_prefix="flowgpu-zarr")
+        return _pool
+
+
+def _write_at(fd: int, view: memoryview, at: int) -> None:
+    done = 0
+    while done < len(view):
+        done += os.pwrite(fd, view[done:], at + done)
+
+
 def _pwrite(fd: int, parts: list, path: str) -> int:
-    at = 0
+    """Write ``parts`` one after another from the file's start, in pieces of ``WRITE_PIECE`` bytes
+    on parallel threads (``os.pwrite`` lets the GIL go; copies into the page cache scale with
+    threads, one thread moves about 3 GB/s). Returns the bytes written."""
+    jobs, at = [], 0
     for p in parts:
         view = memoryview(p).cast("B")
-        done = 0
-        while done < len(view):
-            done += os.pwrite(fd, view[done:], at + done)
+        jobs += [(view[a:a + WRITE_PIECE], at + a) for a in range(0, len(view), WRITE_PIECE)]
         at += len(view)
+    if len(jobs) > 1:
+        futures = [_writers().submit(_write_at, fd, v, a) for v, a in jobs]
+        wait(futures)  # every piece done before one's error is raised and the file closed
+        for f in futures:
+            f.result()
+    elif jobs:
+        _write_at(fd, *jobs[0])
     return at
 
 

@@ -19,7 +19,7 @@ from flowgpu.io import storage
 from flowgpu.io.devcodec import ALIGN, DevicePlan, Fallback, HostDevice, plan_codec
 from flowgpu.io.faults import ENV
 from flowgpu.io.zarr import from_zarr, to_zarr
-from flowgpu.io import zarrread
+from flowgpu.io import zarrread, zarrwrite
 from flowgpu.io.zarrread import read_plan
 from tests.io.zarr_data import STORES, field, first_mismatch, make_store
 
@@ -275,6 +275,17 @@ def test_device_written_shards_align_every_payload_and_zarr_reads_them(tmp_path,
     assert np.array_equal(got, data), f"{codec}: {first_mismatch(got, data)}"
     back = from_zarr(out).compute(scheduler="sync")
     assert np.array_equal(back, data), f"{codec}, device read: {first_mismatch(back, data)}"
+
+
+def test_a_unit_written_in_parallel_pieces_is_whole(tmp_path, rng, fake, monkeypatch):
+    monkeypatch.setattr(zarrwrite, "WRITE_PIECE", 1000)  # shards of several pieces, on the writer threads
+    data = field(rng, (200, 64))
+    out = str(tmp_path / "p.zarr")
+    to_zarr(da.from_array(data, chunks=(100, 64)) * 1, out, codec="lz4", chunks=(10, 64), shards=(100, 64))
+    sizes = sorted(os.path.getsize(p) for p in _paths(out))
+    assert len(sizes) == 2 and sizes[0] > 3 * 1000  # several pieces each
+    got = zarr.open_array(out)[:]
+    assert np.array_equal(got, data), first_mismatch(got, data)
 
 
 def test_stores_zarr_wrote_read_their_shards_from_an_aligned_offset(tmp_path, rng, fake):
