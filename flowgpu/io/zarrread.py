@@ -7,8 +7,10 @@ its shards). For each unit the task
 1. finds the file through zarr's chunk key encoding (``c/0/1`` for Zarr 3, ``0.1`` for v2); a
    file that is not there is the fill value;
 2. reads the compressed bytes it needs with ``os.preadv`` into pinned staging buffers and copies
-   them to the device (one read and one copy per file: a shard's index is read first, on the
-   host, then every inner chunk it holds in one range);
+   them to the device (one read, in pipelined slices, per file: a shard's index is read first,
+   on the host, then every inner chunk it holds in one range from an aligned offset; a chunk
+   file from its payload on). Payloads nvCOMP cannot read in place (not 16-byte aligned: stores
+   flowgpu did not write) are gathered into one aligned device buffer;
 3. decodes every chunk of the block as one batch (nvCOMP), and places the decoded chunks (edge
    chunks cut to the array) into the block.
 

@@ -1,10 +1,13 @@
 """Writing Zarr stores from device chunks: encoded on the device, written through pinned buffers.
 
 zarr-python creates the array (its metadata, codecs, shard layout: :func:`create`); each task then
-encodes the chunks of its unit (a shard, or one chunk) as one batch on the device, copies the
-compressed bytes into pinned host memory and writes them to the unit's file, with the framing
-zarr's codec expects (numcodecs' LZ4 size header) and, for a shard, its index and checksum. The
-store is written inside an atomic output's staging directory, so a failed write leaves nothing.
+encodes the chunks of its unit (a shard, or one chunk) as one batch on the device, lays the
+compressed payloads out as the unit's file on the device (each payload nvCOMP will read at a
+256-byte offset, so that readers never copy one to align it; the gaps are legal in a shard, its
+index says where each chunk is), copies that to pinned host memory at once, frames each chunk
+there as zarr's codec expects (numcodecs' LZ4 size header, zstd's content size) and writes the
+file, with a shard's index and checksum, in pieces on parallel threads. The store is written
+inside an atomic output's staging directory, so a failed write leaves nothing.
 """
 
 from __future__ import annotations
