@@ -19,9 +19,10 @@ GPU (one H200, one run): 32 GiB of float32, a smooth field plus noise on a grid 
   the data (is the store right for other readers, not only for flowgpu's).
 
 Each measurement is one warm-up pass (kernels compiled, nvCOMP codecs made, pinned staging
-buffers allocated) and then ``--repeats`` timed passes (dask-cuda: ``--dask-repeats``); the table gives the median, stderr each
-pass with the storage counters of flowgpu's passes (bytes read, compressed bytes moved, seconds
-of reading, decoding or encoding summed over the tasks), so a run shows where the time goes.
+buffers allocated) and then ``--repeats`` timed passes (dask-cuda: ``--dask-repeats``); the table
+gives the median, stderr each pass with the storage counters of flowgpu's passes (bytes read,
+compressed bytes moved, seconds of reading, decoding or encoding summed over the tasks), so a run
+shows where the time goes.
 
 Run::
 
@@ -29,6 +30,7 @@ Run::
     python -m benchmarks.out_of_core.zarr_device --size small    # 4 GiB, a quick check
     python -m benchmarks.out_of_core.zarr_device --codecs lz4 --dir /scratch
     python -m benchmarks.out_of_core.zarr_device --chunk-mib 1   # 1 MiB inner chunks
+    python -m benchmarks.out_of_core.zarr_device --read-group-mib 128   # decode overlapped with reads
     python -m benchmarks.out_of_core.zarr_device --reader kvikio   # kvikio's file reader instead
 
 The markdown table comes last in the output.
@@ -188,11 +190,13 @@ def _size(path: str) -> int:
 
 
 def run(size: str, codecs: list[str], folder: str, cold: bool, repeats: int = 3, chunk_mib: float = 4,
-        dask_repeats: int = 1) -> list[dict]:
+        dask_repeats: int = 1, read_group_mib: float | None = None) -> list[dict]:
     shape = SIZES[size]
     nbytes = int(np.prod(shape)) * 4
     chunks = inner_chunks((SHARD_ROWS, shape[1]), 4, int(chunk_mib * (1 << 20)))
-    layout = f"{SHARD_ROWS * shape[1] * 4 / GiB:.0f} GiB shards of {chunk_mib:g} MiB chunks {list(chunks)}"
+    layout = f"{SHARD_ROWS * shape[1] * 4 / GiB:.0f} GiB shards of {chunk_mib:g} MiB chunks {list(chunks)}" + \
+        (f", shards read in groups of {read_group_mib:g} MiB" if read_group_mib else "")
+    group = int(read_group_mib * (1 << 20)) if read_group_mib else None
     print(f"layout: {layout}", file=sys.stderr, flush=True)
     rows = [dict(workload="pinned host->device copy (1 GiB)", store="-", gbps=pinned_h2d_gbps())]
     with dask.config.set({"array.backend": "cupy", "scheduler": "threads"}):
@@ -213,8 +217,12 @@ def run(size: str, codecs: list[str], folder: str, cold: bool, repeats: int = 3,
                 repeats, s, after_each=lambda i: os.rename(paths[i], ours) if i == repeats - 1 else drop(i))  # noqa: B023
             rows.append(_row(f"write {nbytes / GiB:.0f} GiB, {codec}", "flowgpu", nbytes, t, c,
                              ratio=nbytes / _size(ours), zarr_reads_it=_zarr_reads_it_right(ours, shape)))
-            got, t, c = _passes(f"flowgpu chain+sum {codec}", lambda i: float(chain(fg.from_zarr(ours)).compute()),  # noqa: B023
-                                repeats, s, before_each=state)
+            def ours_pass(i, ours=ours):
+                with dask.config.set({"flowgpu.zarr.read-group": group}):  # the reader takes it into the graph
+                    x = fg.from_zarr(ours)
+                return float(chain(x).compute())
+
+            got, t, c = _passes(f"flowgpu chain+sum {codec}", ours_pass, repeats, s, before_each=state)
             rows.append(_row(f"chain+sum over {codec} store ({label})", "flowgpu", nbytes,
                              t, c, identical=_identical(got, want)))
         theirs = os.path.join(folder, f"{codec}-dask.zarr")
@@ -268,7 +276,11 @@ def parser():
     p.add_argument("--dask-repeats", type=int, default=1,
                    help="timed dask-cuda passes after its warm-up (default 1: its 32 GiB write takes minutes)")
     p.add_argument("--chunk-mib", type=float, default=4.0,
-                   help="inner chunk size in MiB (whole rows of 512 KiB, or parts of one row; at most 16)")
+                   help="inner chunk size in MiB (at most 16; below 0.5, parts of a 512 KiB row, decoded aside "
+                        "and copied into the block instead of in place)")
+    p.add_argument("--read-group-mib", type=float, default=None,
+                   help="read each shard in parts of this many MiB, each decoded while the next is read "
+                        "(flowgpu.zarr.read-group; default: one read per shard)")
     p.add_argument("--reader", choices=("staging", "kvikio"), default="staging",
                    help="how flowgpu reads the chunk files (flowgpu.zarr.reader)")
     return p
@@ -282,7 +294,7 @@ def main(argv=None) -> int:
     d = a.dir or tempfile.mkdtemp(prefix="flowgpu-zarr-bench-")
     try:
         with dask.config.set({"flowgpu.zarr.reader": a.reader}):
-            rows = run(a.size, a.codecs.split(","), d, a.cold, a.repeats, a.chunk_mib, a.dask_repeats)
+            rows = run(a.size, a.codecs.split(","), d, a.cold, a.repeats, a.chunk_mib, a.dask_repeats, a.read_group_mib)
     finally:
         if a.dir is None:
             shutil.rmtree(d, ignore_errors=True)

@@ -139,17 +139,40 @@ def _slots(plan: DevicePlan, xp, lo: tuple, hi: tuple, coords: list, chunk_bytes
                    for c in coords]
 
 
+def _groups(r: UnitRead, limit: int | None) -> list[tuple]:
+    """``r`` as reads of about ``limit`` bytes at most, ``(path, offset, nbytes, chunks)`` with the
+    chunks' ranges relative to each: cut between chunks in file order, each from an aligned offset
+    and up to its last payload's end. One read of it all when ``limit`` is None or not exceeded."""
+    if not limit or r.nbytes <= limit or len(r.chunks) < 2:
+        return [(r.path, r.offset, r.nbytes, r.chunks)]
+    parts, part = [], []
+    for c in sorted(r.chunks, key=lambda c: c.start):
+        if part and c.stop - part[0].start > limit:
+            parts.append(part)
+            part = []
+        part.append(c)
+    out = []
+    for part in parts + [part]:
+        a = (r.offset + part[0].start) // ALIGN * ALIGN
+        b = r.offset + max(c.stop for c in part)
+        out.append((r.path, a, b - a, tuple(c._replace(start=r.offset + c.start - a, stop=r.offset + c.stop - a)
+                                             for c in part)))
+    return out
+
+
 class DeviceReader:
-    """Blocks of a Zarr array decoded on the device (``device``: ``nvcomp`` or ``fake``)."""
+    """Blocks of a Zarr array decoded on the device (``device``: ``nvcomp`` or ``fake``). With
+    ``group`` (bytes), a unit is read in parts of about that much, each decoded as soon as it is on
+    the device while the next is read (``flowgpu.zarr.read-group``); else in one read and one decode."""
 
     def __init__(self, plan: DevicePlan, device: str = "nvcomp", zarr_path: str | None = None,
-                 component: str | None = None):
+                 component: str | None = None, group: int | None = None):
         self.plan, self.device = plan, device
-        self.zarr_path, self.component = zarr_path, component
+        self.zarr_path, self.component, self.group = zarr_path, component, group
         self.shape, self.dtype, self.ndim = plan.shape, plan.dtype, len(plan.shape)
 
     def __reduce__(self):
-        return (DeviceReader, (self.plan, self.device, self.zarr_path, self.component))
+        return (DeviceReader, (self.plan, self.device, self.zarr_path, self.component, self.group))
 
     def __getitem__(self, key):
         key = key if isinstance(key, tuple) else (key,)
@@ -171,30 +194,34 @@ class DeviceReader:
         lo = tuple(k.indices(n)[0] for k, n in zip(key, plan.shape))
         hi = tuple(k.indices(n)[1] for k, n in zip(key, plan.shape))
         shape = tuple(b - a for a, b in zip(lo, hi))
-        t0 = time.perf_counter()
-        payloads, coords, compressed = [], [], 0
-        for r in reads:
-            if r.nbytes:
-                buf = dev.read(r.path, r.offset, r.nbytes)
-                compressed += r.nbytes
-                payloads += dev.payloads(buf, [(c.start, c.stop) for c in r.chunks])
-                coords += [c.coords for c in r.chunks]
-        t1 = time.perf_counter()
-        COUNTERS.add("read", compressed, t1 - t0, count=len(reads))
-        COUNTERS.add("moved", compressed, 0.0, count=len(reads))
+        groups = [g for r in reads if r.nbytes for g in _groups(r, self.group)]
+        coords = [c.coords for g in groups for c in g[3]]
         chunk_bytes = int(np.prod(plan.chunk, dtype=np.int64)) * plan.dtype.itemsize
         missing = any(r.missing for r in reads)
         out, slots = None, None
-        if plan.frame.algorithm and len(payloads) > 1 and not missing:
+        if plan.frame.algorithm and len(coords) > 1 and not missing:
             out, slots = _slots(plan, xp, lo, hi, coords, chunk_bytes)
-        if plan.frame.algorithm is None:
-            decoded = payloads
-        elif payloads:
-            decoded = dev.decode(plan.frame.algorithm, payloads, [chunk_bytes] * len(payloads), slots)
+        decoded, keep, compressed, reading, decoding = [], [], 0, 0.0, 0.0
+        for path, offset, nbytes, chunks in groups:
+            t0 = time.perf_counter()
+            buf = dev.read(path, offset, nbytes)
+            t1 = time.perf_counter()
+            part = dev.payloads(buf, [(c.start, c.stop) for c in chunks])
+            if plan.frame.algorithm:  # enqueued: the next group's file read overlaps it on the device
+                into = None if slots is None else slots[len(decoded):len(decoded) + len(part)]
+                keep.append(part)  # the compressed bytes live until the decodes are done
+                part = dev.decode(plan.frame.algorithm, part, [chunk_bytes] * len(part), into)
+            decoded += part
+            compressed += nbytes
+            reading, decoding = reading + t1 - t0, decoding + time.perf_counter() - t1
+        t2 = time.perf_counter()
+        if plan.frame.algorithm and decoded:
             dev.sync()
-        else:
-            decoded = []
-        COUNTERS.add("decode", chunk_bytes * len(decoded), time.perf_counter() - t1, count=len(decoded))
+        del keep
+        decoding += time.perf_counter() - t2
+        COUNTERS.add("read", compressed, reading, count=len(reads))
+        COUNTERS.add("moved", compressed, 0.0, count=len(reads))
+        COUNTERS.add("decode", chunk_bytes * len(decoded), decoding, count=len(decoded))
         if out is not None:
             return out  # decoded in place: each chunk was a whole run of the block's rows
         if len(decoded) == 1 and not missing and shape == plan.chunk:

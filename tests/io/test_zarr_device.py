@@ -298,3 +298,27 @@ def test_stores_zarr_wrote_read_their_shards_from_an_aligned_offset(tmp_path, rn
     assert any((r.offset + c.start) % 16 for r in reads for c in r.chunks)  # zarr packs chunks: nvCOMP needs copies
     got = from_zarr(root).compute(scheduler="sync")
     assert np.array_equal(got, data), first_mismatch(got, data)
+
+
+@pytest.mark.parametrize("name", ["sharded-zstd", "sharded-lz4"])
+def test_a_shard_read_in_groups_decodes_each_as_it_arrives(tmp_path, rng, fake, monkeypatch, name):
+    data = field(rng, (120, 40))
+    root = str(tmp_path / "g.zarr")
+    make_store(root, data, name, chunks=(10, 40), shards=(60, 40))
+    plan = plan_codec(zarr.open_array(root))
+    (r,) = read_plan(plan, (slice(0, 60), slice(0, 40)))
+    groups = zarrread._groups(r, 1000)
+    assert 1 < len(groups) < len(r.chunks) + 1
+    assert all(off % ALIGN == 0 for _, off, _, _ in groups)
+    assert sorted(c.coords for g in groups for c in g[3]) == sorted(c.coords for c in r.chunks)
+    with open(r.path, "rb") as f:
+        raw = f.read()
+    whole = {c.coords: raw[r.offset + c.start:r.offset + c.stop] for c in r.chunks}
+    assert all(raw[off + c.start:off + c.stop] == whole[c.coords] for _, off, _, cs in groups for c in cs)
+    reads, read = [], HostDevice.read
+    monkeypatch.setattr(HostDevice, "read", lambda self, p, o, n: reads.append(n) or read(self, p, o, n))
+    with dask.config.set({"flowgpu.zarr.read-group": "1kB"}):
+        x = from_zarr(root)
+    got = x.compute(scheduler="sync")
+    assert np.array_equal(got, data), first_mismatch(got, data)
+    assert len(reads) > 2 and fake.moves()["storage_decode"]["count"] == 12  # 2 shards, in several reads
