@@ -40,12 +40,13 @@ import numpy as np
 
 from flowgpu.backend import file_rows_to_device, import_cupy
 
-__all__ = ["MAX_CHUNK_BYTES", "zstd_with_size", "DevicePlan", "Fallback", "Frame", "plan_codec", "frame_for", "device_for",
+__all__ = ["MAX_CHUNK_BYTES", "ALIGN", "layout", "DevicePlan", "Fallback", "Frame", "plan_codec", "frame_for", "device_for",
            "CupyDevice", "KvikioDevice", "HostDevice",
            "read_exact", "DEVICES"]
 
 MAX_U64 = 2**64 - 1
 MAX_CHUNK_BYTES = 16 << 20  # the largest chunk nvCOMP's batched zstd and LZ4 take (and decode well: one block each)
+ALIGN = 256  # where flowgpu's shards start each payload nvCOMP reads (it needs 16; 256 is a whole cache sector run)
 
 
 @dataclass(frozen=True)
@@ -204,33 +205,21 @@ def plan_codec(arr: Any) -> DevicePlan | Fallback:
                              frame=frame, **common))
 
 
-ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+def layout(sizes: list[int], head: int = 0, room: int = 0, align: int = ALIGN) -> tuple[list[int], int]:
+    """Where payloads of ``sizes`` bytes go in a shard: ``(starts, end)``. Each payload has
+    ``head`` bytes of framing before it (LZ4's size) and ``room`` more to grow it in (a zstd
+    header given its size); what a reader hands nvCOMP (``start - room``) is at a multiple of
+    ``align``. The gaps are legal in a Zarr 3 shard: its index gives each chunk's offset.
 
-
-def zstd_with_size(head: bytes, size: int) -> tuple[bytes, int]:
-    """A zstd frame's header with its content size (RFC 8878, 3.1.1.1), for a frame that lacks it.
-
-    ``head`` is the frame's first bytes (at least 6). Returns ``(header, n)``: write ``header``
-    in place of the frame's first ``n`` bytes. A streaming encoder (nvCOMP's) may leave the size
-    out; decoders that allocate from it (older numcodecs, some zarr.js codecs) then refuse the chunk.
-
-    >>> import numcodecs, numpy as np
-    >>> f = numcodecs.Zstd().encode(np.arange(1 << 20, dtype="f4"))  # 4 MiB: window, 4-byte size
-    >>> stripped = f[:4] + bytes([f[4] & 0x3F]) + f[5:6] + f[10:]  # the same frame without its size
-    >>> header, n = zstd_with_size(stripped[:6], 4 << 20)
-    >>> header + stripped[n:] == f[:4] + bytes([0xC0]) + f[5:6] + (4 << 20).to_bytes(8, "little") + f[10:]
-    True
+    >>> layout([10, 300, 5], head=4)
+    ([256, 512, 1024], 1029)
     """
-    if head[:4] != ZSTD_MAGIC or len(head) < 6:
-        return b"", 0
-    fhd = head[4]
-    if fhd >> 6 or fhd & 0x20:  # a size field already (single-segment frames always have one)
-        return b"", 0
-    dict_len = (0, 1, 2, 4)[fhd & 3]
-    keep = 6 + dict_len  # magic, descriptor, window descriptor, dictionary id
-    if len(head) < keep:
-        return b"", 0
-    return (ZSTD_MAGIC + bytes([fhd | 0xC0]) + bytes(head[5:keep]) + int(size).to_bytes(8, "little"), keep)
+    starts, end = [], 0
+    for n in sizes:
+        at = -(-(end + head) // align) * align + room
+        starts.append(at)
+        end = at + int(n)
+    return starts, end
 
 
 def read_exact(fd: int, into: Any, offset: int, path: str) -> None:
@@ -262,8 +251,31 @@ class HostDevice:
             os.close(fd)
         return out
 
-    def aligned(self, buf: Any, start: int, stop: int) -> Any:
-        return buf[start:stop]
+    def payloads(self, buf: Any, spans: list[tuple[int, int]]) -> list:
+        """Views of ``buf`` nvCOMP may read, one per ``(start, stop)``: in place where aligned, the
+        others copied into one new buffer (one allocation, one copy each)."""
+        return [buf[a:b] for a, b in spans]
+
+    def pack(self, algorithm: str | None, arrays: list, level: int | None, head: int = 0,
+             room: int = 0) -> tuple[np.ndarray, list[int], list[int]]:
+        """Encode ``arrays`` (1-d uint8 chunks) as one batch and lay the payloads out as a shard
+        (:func:`layout`, gaps zeroed) in one host buffer, copied from the device at once.
+        Returns ``(host, starts, sizes)``."""
+        keep, views = self._encoded(algorithm, arrays, level) if algorithm else (None, arrays)
+        sizes = [int(v.size) for v in views]
+        starts, end = layout(sizes, head, room)
+        image = self.xp.zeros(end, np.uint8)
+        for at, v in zip(starts, views):
+            self._place(image, at, v)
+        host = self.to_host(image)  # complete (synchronous) before nvCOMP's batch may go
+        del keep, views
+        return host, starts, sizes
+
+    def _encoded(self, algorithm: str, arrays: list, level: int | None) -> tuple[Any, list]:
+        return None, self.encode(algorithm, arrays, level)
+
+    def _place(self, image: Any, at: int, v: Any) -> None:
+        image[at:at + v.size] = v
 
     def decode(self, algorithm: str, payloads: list, sizes: list[int], outs: list | None = None) -> list:
         """Each payload decoded: into ``outs`` (1-d uint8 arrays of ``sizes``) when given, else new arrays."""
@@ -338,9 +350,29 @@ class CupyDevice(HostDevice):
                                        device_id=key[1], cuda_stream=stream.ptr)
         return nvcomp, codecs[key]
 
-    def aligned(self, buf: Any, start: int, stop: int) -> Any:
-        view = buf[start:stop]
-        return view if view.data.ptr % 16 == 0 else view.copy()  # nvCOMP's strictest buffer alignment
+    def payloads(self, buf: Any, spans: list[tuple[int, int]]) -> list:
+        cp = import_cupy()
+        odd = [i for i, (a, _) in enumerate(spans) if (buf.data.ptr + a) % 16]  # nvCOMP's strictest alignment
+        out = [buf[a:b] for a, b in spans]
+        if odd:  # a store not written by flowgpu: its misaligned payloads gathered into one buffer
+            starts, end = layout([spans[i][1] - spans[i][0] for i in odd])
+            into = cp.empty(end, cp.uint8)
+            for i, at in zip(odd, starts):
+                self._place(into, at, out[i])
+                out[i] = into[at:at + out[i].size]
+        return out
+
+    def _place(self, image: Any, at: int, v: Any) -> None:
+        cp = import_cupy()
+        cp.cuda.runtime.memcpyAsync(image.data.ptr + at, v.data.ptr, int(v.size), cp.cuda.runtime.memcpyDeviceToDevice,
+                                    cp.cuda.get_current_stream().ptr)
+
+    def _encoded(self, algorithm: str, arrays: list, level: int | None) -> tuple[Any, list]:
+        """nvCOMP's batch (kept alive by the caller) and a CuPy view of each payload in it: no copy."""
+        cp = import_cupy()
+        nvcomp, codec = self._codec(algorithm)
+        batch = codec.encode(nvcomp.as_arrays([a.reshape(-1).view(cp.uint8) for a in arrays]))
+        return batch, [cp.asarray(batch[i]).view(cp.uint8).reshape(-1) for i in range(len(arrays))]
 
     def decode(self, algorithm: str, payloads: list, sizes: list[int], outs: list | None = None) -> list:
         cp = import_cupy()
@@ -355,10 +387,8 @@ class CupyDevice(HostDevice):
         return outs
 
     def encode(self, algorithm: str, arrays: list, level: int | None = None) -> list:
-        cp = import_cupy()
-        nvcomp, codec = self._codec(algorithm)
-        batch = codec.encode(nvcomp.as_arrays([a.reshape(-1).view(cp.uint8) for a in arrays]))
-        return [cp.asarray(batch[i]).view(cp.uint8).copy() for i in range(len(arrays))]
+        batch, views = self._encoded(algorithm, arrays, level)
+        return [v.copy() for v in views]
 
     def to_host(self, a: Any) -> np.ndarray:
         """A device array in pinned host memory (CuPy's pinned pool keeps the buffers for reuse)."""

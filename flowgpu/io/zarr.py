@@ -19,6 +19,7 @@ import dask.array as da
 import dask.config
 import numpy as np
 import zarr
+from dask.utils import parse_bytes
 
 from flowgpu.arrays.chunks import resolve_chunks
 from flowgpu.arrays.movement import to_device, to_host
@@ -89,7 +90,9 @@ def from_zarr(path: str, component: str | None = None, chunks: Any = None) -> da
     if missing:
         plan = Fallback(missing)
     if isinstance(plan, DevicePlan):
-        reader = DeviceReader(plan, device, os.path.abspath(path) if "://" not in path else path, component)
+        group = dask.config.get("flowgpu.zarr.read-group", None)
+        reader = DeviceReader(plan, device, os.path.abspath(path) if "://" not in path else path, component,
+                              parse_bytes(group) if isinstance(group, str) else group)
         token = da.core.tokenize(plan.root, _mtime(plan.root), plan.shape, str(plan.dtype), plan.chunk, plan.unit, plan.frame)
         meta = _reader_meta(device, plan)
         x = da.from_array(reader, chunks=plan.unit, asarray=False, meta=meta, name=f"from-zarr-device-{token}",

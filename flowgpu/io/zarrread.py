@@ -7,8 +7,10 @@ its shards). For each unit the task
 1. finds the file through zarr's chunk key encoding (``c/0/1`` for Zarr 3, ``0.1`` for v2); a
    file that is not there is the fill value;
 2. reads the compressed bytes it needs with ``os.preadv`` into pinned staging buffers and copies
-   them to the device (one read and one copy per file: a shard's index is read first, on the
-   host, then every inner chunk it holds in one range);
+   them to the device (one read, in pipelined slices, per file: a shard's index is read first,
+   on the host, then every inner chunk it holds in one range from an aligned offset; a chunk
+   file from its payload on). Payloads nvCOMP cannot read in place (not 16-byte aligned: stores
+   flowgpu did not write) are gathered into one aligned device buffer;
 3. decodes every chunk of the block as one batch (nvCOMP), and places the decoded chunks (edge
    chunks cut to the array) into the block.
 
@@ -22,20 +24,21 @@ import itertools
 import os
 import time
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import google_crc32c
 import numpy as np
 import zarr
 
-from flowgpu.io.devcodec import MAX_U64, DevicePlan, device_for, read_exact
+from flowgpu.io.devcodec import ALIGN, MAX_U64, DevicePlan, device_for, read_exact
 from flowgpu.io.storage import COUNTERS
 
 __all__ = ["DeviceReader", "ChunkRead", "UnitRead", "read_plan", "shard_index"]
 
 
-@dataclass(frozen=True)
-class ChunkRead:
-    """One chunk to decode: where its payload lies in its unit's read range, and where it goes."""
+class ChunkRead(NamedTuple):
+    """One chunk to decode: where its payload lies in its unit's read range, and where it goes
+    (a tuple: thousands are made per shard)."""
 
     coords: tuple  # chunk coordinates in the array's chunk grid
     start: int  # payload offset into the unit's range (framing already skipped)
@@ -87,19 +90,24 @@ def _unit_read(plan: DevicePlan, unit: tuple) -> UnitRead | None:
     if size is None:
         return UnitRead(path, 0, 0, (), tuple(inner))
     head, tail = plan.frame.head, plan.frame.tail
-    if not plan.sharded:
-        return UnitRead(path, 0, size, (ChunkRead(inner[0], head, size - tail),), ())
+    if not plan.sharded:  # the read starts at the payload (a device buffer is aligned): no copy for nvCOMP
+        if size <= head + tail and plan.frame.algorithm:
+            raise OSError(f"{path}: {size} bytes, too short for a {plan.frame.algorithm} chunk (the store is damaged)")
+        return UnitRead(path, head, size - head, (ChunkRead(inner[0], 0, size - head - tail),), ())
     index = shard_index(plan, path, size)
-    found, missing = [], []
-    for c in inner:
-        off, n = (int(v) for v in index[tuple(ci - ui * p for ci, ui, p in zip(c, unit, per))])
-        (missing.append(c) if off == MAX_U64 else found.append((c, off, n)))
-    if not found:
-        return UnitRead(path, 0, 0, (), tuple(missing))
-    lo = min(off for _, off, _ in found)
-    hi = max(off + n for _, off, n in found)
-    chunks = tuple(ChunkRead(c, off - lo + head, off - lo + n - tail) for c, off, n in found)
-    return UnitRead(path, lo, hi - lo, chunks, tuple(missing))
+    first = np.array([u * p for u, p in zip(unit, per)])
+    local = np.array(inner, dtype=np.int64).reshape(len(inner), len(per)) - first  # one row per inner chunk
+    entries = index[tuple(local.T)]
+    have = entries[:, 0] != MAX_U64
+    off, n = (np.where(have, entries[:, k], 0).astype(np.int64) for k in (0, 1))
+    missing = tuple(c for c, h in zip(inner, have.tolist()) if not h)
+    if not have.any():
+        return UnitRead(path, 0, 0, (), missing)
+    lo = int(off[have].min()) // ALIGN * ALIGN  # the payloads flowgpu aligned stay aligned
+    hi = int((off + n)[have].max())
+    starts, stops = (off - lo + head).tolist(), (off - lo + n - tail).tolist()
+    chunks = tuple(ChunkRead(c, a, b) for c, a, b, h in zip(inner, starts, stops, have.tolist()) if h)
+    return UnitRead(path, lo, hi - lo, chunks, missing)
 
 
 def read_plan(plan: DevicePlan, key: tuple) -> list[UnitRead] | None:
@@ -131,17 +139,40 @@ def _slots(plan: DevicePlan, xp, lo: tuple, hi: tuple, coords: list, chunk_bytes
                    for c in coords]
 
 
+def _groups(r: UnitRead, limit: int | None) -> list[tuple]:
+    """``r`` as reads of about ``limit`` bytes at most, ``(path, offset, nbytes, chunks)`` with the
+    chunks' ranges relative to each: cut between chunks in file order, each from an aligned offset
+    and up to its last payload's end. One read of it all when ``limit`` is None or not exceeded."""
+    if not limit or r.nbytes <= limit or len(r.chunks) < 2:
+        return [(r.path, r.offset, r.nbytes, r.chunks)]
+    parts, part = [], []
+    for c in sorted(r.chunks, key=lambda c: c.start):
+        if part and c.stop - part[0].start > limit:
+            parts.append(part)
+            part = []
+        part.append(c)
+    out = []
+    for part in parts + [part]:
+        a = (r.offset + part[0].start) // ALIGN * ALIGN
+        b = r.offset + max(c.stop for c in part)
+        out.append((r.path, a, b - a, tuple(c._replace(start=r.offset + c.start - a, stop=r.offset + c.stop - a)
+                                             for c in part)))
+    return out
+
+
 class DeviceReader:
-    """Blocks of a Zarr array decoded on the device (``device``: ``nvcomp`` or ``fake``)."""
+    """Blocks of a Zarr array decoded on the device (``device``: ``nvcomp`` or ``fake``). With
+    ``group`` (bytes), a unit is read in parts of about that much, each decoded as soon as it is on
+    the device while the next is read (``flowgpu.zarr.read-group``); else in one read and one decode."""
 
     def __init__(self, plan: DevicePlan, device: str = "nvcomp", zarr_path: str | None = None,
-                 component: str | None = None):
+                 component: str | None = None, group: int | None = None):
         self.plan, self.device = plan, device
-        self.zarr_path, self.component = zarr_path, component
+        self.zarr_path, self.component, self.group = zarr_path, component, group
         self.shape, self.dtype, self.ndim = plan.shape, plan.dtype, len(plan.shape)
 
     def __reduce__(self):
-        return (DeviceReader, (self.plan, self.device, self.zarr_path, self.component))
+        return (DeviceReader, (self.plan, self.device, self.zarr_path, self.component, self.group))
 
     def __getitem__(self, key):
         key = key if isinstance(key, tuple) else (key,)
@@ -163,30 +194,34 @@ class DeviceReader:
         lo = tuple(k.indices(n)[0] for k, n in zip(key, plan.shape))
         hi = tuple(k.indices(n)[1] for k, n in zip(key, plan.shape))
         shape = tuple(b - a for a, b in zip(lo, hi))
-        t0 = time.perf_counter()
-        payloads, coords, compressed = [], [], 0
-        for r in reads:
-            if r.nbytes:
-                buf = dev.read(r.path, r.offset, r.nbytes)
-                compressed += r.nbytes
-                payloads += [dev.aligned(buf, c.start, c.stop) for c in r.chunks]
-                coords += [c.coords for c in r.chunks]
-        t1 = time.perf_counter()
-        COUNTERS.add("read", compressed, t1 - t0, count=len(reads))
-        COUNTERS.add("moved", compressed, 0.0, count=len(reads))
+        groups = [g for r in reads if r.nbytes for g in _groups(r, self.group)]
+        coords = [c.coords for g in groups for c in g[3]]
         chunk_bytes = int(np.prod(plan.chunk, dtype=np.int64)) * plan.dtype.itemsize
         missing = any(r.missing for r in reads)
         out, slots = None, None
-        if plan.frame.algorithm and len(payloads) > 1 and not missing:
+        if plan.frame.algorithm and len(coords) > 1 and not missing:
             out, slots = _slots(plan, xp, lo, hi, coords, chunk_bytes)
-        if plan.frame.algorithm is None:
-            decoded = payloads
-        elif payloads:
-            decoded = dev.decode(plan.frame.algorithm, payloads, [chunk_bytes] * len(payloads), slots)
+        decoded, keep, compressed, reading, decoding = [], [], 0, 0.0, 0.0
+        for path, offset, nbytes, chunks in groups:
+            t0 = time.perf_counter()
+            buf = dev.read(path, offset, nbytes)
+            t1 = time.perf_counter()
+            part = dev.payloads(buf, [(c.start, c.stop) for c in chunks])
+            if plan.frame.algorithm:  # enqueued: the next group's file read overlaps it on the device
+                into = None if slots is None else slots[len(decoded):len(decoded) + len(part)]
+                keep.append(part)  # the compressed bytes live until the decodes are done
+                part = dev.decode(plan.frame.algorithm, part, [chunk_bytes] * len(part), into)
+            decoded += part
+            compressed += nbytes
+            reading, decoding = reading + t1 - t0, decoding + time.perf_counter() - t1
+        t2 = time.perf_counter()
+        if plan.frame.algorithm and decoded:
             dev.sync()
-        else:
-            decoded = []
-        COUNTERS.add("decode", chunk_bytes * len(decoded), time.perf_counter() - t1, count=len(decoded))
+        del keep
+        decoding += time.perf_counter() - t2
+        COUNTERS.add("read", compressed, reading, count=len(reads))
+        COUNTERS.add("moved", compressed, 0.0, count=len(reads))
+        COUNTERS.add("decode", chunk_bytes * len(decoded), decoding, count=len(decoded))
         if out is not None:
             return out  # decoded in place: each chunk was a whole run of the block's rows
         if len(decoded) == 1 and not missing and shape == plan.chunk:

@@ -1,10 +1,13 @@
 """Writing Zarr stores from device chunks: encoded on the device, written through pinned buffers.
 
 zarr-python creates the array (its metadata, codecs, shard layout: :func:`create`); each task then
-encodes the chunks of its unit (a shard, or one chunk) as one batch on the device, copies the
-compressed bytes into pinned host memory and writes them to the unit's file, with the framing
-zarr's codec expects (numcodecs' LZ4 size header) and, for a shard, its index and checksum. The
-store is written inside an atomic output's staging directory, so a failed write leaves nothing.
+encodes the chunks of its unit (a shard, or one chunk) as one batch on the device, lays the
+compressed payloads out as the unit's file on the device (each payload nvCOMP will read at a
+256-byte offset, so that readers never copy one to align it; the gaps are legal in a shard, its
+index says where each chunk is), copies that to pinned host memory at once, frames each chunk
+there as zarr's codec expects (numcodecs' LZ4 size header, zstd's content size) and writes the
+file, with a shard's index and checksum, in pieces on parallel threads. The store is written
+inside an atomic output's staging directory, so a failed write leaves nothing.
 """
 
 from __future__ import annotations
@@ -12,8 +15,10 @@ from __future__ import annotations
 import logging
 import os
 import struct
+import threading
 import time
 import warnings
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any
 
 import dask.array as da
@@ -23,13 +28,17 @@ import zarr
 
 from flowgpu.errors import ConfigError
 from flowgpu.io import faults
-from flowgpu.io.devcodec import MAX_U64, DevicePlan, Fallback, device_for, plan_codec, zstd_with_size
+from flowgpu.io.devcodec import MAX_U64, DevicePlan, Fallback, device_for, plan_codec
 from flowgpu.io.storage import COUNTERS
 
-__all__ = ["CODECS", "create", "device_writes", "compressors", "inner_chunks"]
+__all__ = ["CODECS", "create", "device_writes", "compressors", "inner_chunks", "zstd_with_size"]
 
 CODECS = ("zstd", "lz4", "none")
 INNER_BYTES = 4 << 20
+WRITE_PIECE = 64 << 20  # a unit's file is written in pieces of this many bytes, on up to WRITERS threads
+WRITERS = 8
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
 
 logger = logging.getLogger("flowgpu.io")
 
@@ -87,14 +96,65 @@ def create(path: str, shape: tuple, dtype: Any, *, codec: str = "zstd", level: i
                                  fill_value=0, zarr_format=3, overwrite=False)
 
 
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+
+
+def zstd_with_size(head: bytes, size: int) -> tuple[bytes, int]:
+    """A zstd frame's header with its content size (RFC 8878, 3.1.1.1), for a frame that lacks it.
+
+    ``head`` is the frame's first bytes (at least 6). Returns ``(header, n)``: write ``header``
+    in place of the frame's first ``n`` bytes. A streaming encoder (nvCOMP's) may leave the size
+    out; decoders that allocate from it (older numcodecs, some zarr.js codecs) then refuse the chunk.
+
+    >>> import numcodecs, numpy as np
+    >>> f = numcodecs.Zstd().encode(np.arange(1 << 20, dtype="f4"))  # 4 MiB: window, 4-byte size
+    >>> stripped = f[:4] + bytes([f[4] & 0x3F]) + f[5:6] + f[10:]  # the same frame without its size
+    >>> header, n = zstd_with_size(stripped[:6], 4 << 20)
+    >>> header + stripped[n:] == f[:4] + bytes([0xC0]) + f[5:6] + (4 << 20).to_bytes(8, "little") + f[10:]
+    True
+    """
+    if head[:4] != ZSTD_MAGIC or len(head) < 6:
+        return b"", 0
+    fhd = head[4]
+    if fhd >> 6 or fhd & 0x20:  # a size field already (single-segment frames always have one)
+        return b"", 0
+    dict_len = (0, 1, 2, 4)[fhd & 3]
+    keep = 6 + dict_len  # magic, descriptor, window descriptor, dictionary id
+    if len(head) < keep:
+        return b"", 0
+    return (ZSTD_MAGIC + bytes([fhd | 0xC0]) + bytes(head[5:keep]) + int(size).to_bytes(8, "little"), keep)
+
+
+def _writers() -> ThreadPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=min(WRITERS, os.cpu_count() or 1), thread_name_prefix="flowgpu-zarr")
+        return _pool
+
+
+def _write_at(fd: int, view: memoryview, at: int) -> None:
+    done = 0
+    while done < len(view):
+        done += os.pwrite(fd, view[done:], at + done)
+
+
 def _pwrite(fd: int, parts: list, path: str) -> int:
-    at = 0
+    """Write ``parts`` one after another from the file's start, in pieces of ``WRITE_PIECE`` bytes
+    on parallel threads (``os.pwrite`` lets the GIL go; copies into the page cache scale with
+    threads, one thread moves about 3 GB/s). Returns the bytes written."""
+    jobs, at = [], 0
     for p in parts:
         view = memoryview(p).cast("B")
-        done = 0
-        while done < len(view):
-            done += os.pwrite(fd, view[done:], at + done)
+        jobs += [(view[a:a + WRITE_PIECE], at + a) for a in range(0, len(view), WRITE_PIECE)]
         at += len(view)
+    if len(jobs) > 1:
+        futures = [_writers().submit(_write_at, fd, v, a) for v, a in jobs]
+        wait(futures)  # every piece done before one's error is raised and the file closed
+        for f in futures:
+            f.result()
+    elif jobs:
+        _write_at(fd, *jobs[0])
     return at
 
 
@@ -116,28 +176,42 @@ def _chunks_of(block: Any, plan: DevicePlan, lo: tuple, xp: Any) -> tuple[list, 
     return out, coords
 
 
-def _framed(plan: DevicePlan, payload: Any, nbytes: int) -> list:
-    """The parts zarr's codec stores for one encoded chunk (written with one ``pwritev``, no copy)."""
+ZSTD_ROOM = 8  # the content size a zstd header may lack (written in front of the payload, see zstd_with_size)
+
+
+def _frame(plan: DevicePlan, host: np.ndarray, at: int, n: int, nbytes: int) -> tuple[int, int]:
+    """Frame the payload ``host[at:at + n]`` in place as zarr's codec stores it; its ``(offset, size)``.
+
+    LZ4 gets numcodecs' 4-byte size in front; a zstd frame gets its content size (the header grows
+    by 8 into the room :func:`layout` left) or, having one, moves 8 bytes down: either way the
+    frame starts where the layout aligned it."""
     if plan.frame.algorithm == "LZ4":
-        return [struct.pack("<I", nbytes), payload]
+        host[at - 4:at] = np.frombuffer(struct.pack("<I", nbytes), np.uint8)
+        return at - 4, n + 4
     if plan.frame.algorithm == "Zstd":
-        raw = memoryview(payload).cast("B")
-        header, n = zstd_with_size(bytes(raw[:32]), nbytes)
-        if n:
-            return [header, raw[n:]]
-    return [payload]
+        header, k = zstd_with_size(bytes(host[at:at + 32]), nbytes)
+        if k:
+            host[at - ZSTD_ROOM:at + k] = np.frombuffer(header, np.uint8)
+            return at - ZSTD_ROOM, n + ZSTD_ROOM
+        host[at - ZSTD_ROOM:at - ZSTD_ROOM + n] = host[at:at + n].copy()
+        return at - ZSTD_ROOM, n
+    return at, n
 
 
 def _write_unit(block: Any, plan: DevicePlan = None, device: str = "nvcomp", level: int | None = None,
                 block_info: Any = None):
+    """Encode one unit's chunks as a batch, lay them out in one host buffer (each payload aligned
+    for nvCOMP's reads, :func:`~flowgpu.io.devcodec.layout`), copied from the device at once, and
+    write it with its index: one device-to-host copy and one ``pwritev`` per unit."""
     dev = device_for(device)
     lo = tuple(a for a, _ in block_info[0]["array-location"])
     unit = tuple(l // u for l, u in zip(lo, plan.unit))
     t0 = time.perf_counter()
     raws, coords = _chunks_of(block, plan, lo, dev.xp)
     nbytes = raws[0].size if raws else 0
-    enc = dev.encode(plan.frame.algorithm, raws, level) if plan.frame.algorithm else raws
-    host = [dev.to_host(e) for e in enc]
+    room = ZSTD_ROOM if plan.frame.algorithm == "Zstd" else 0
+    host, starts, sizes = dev.pack(plan.frame.algorithm, raws, level, plan.frame.head, room)
+    frames = [_frame(plan, host, at, n, nbytes) for at, n in zip(starts, sizes)]
     t1 = time.perf_counter()
     COUNTERS.add("encode", nbytes * len(raws), t1 - t0, count=len(raws))
     path = plan.path(unit)
@@ -145,19 +219,15 @@ def _write_unit(block: Any, plan: DevicePlan = None, device: str = "nvcomp", lev
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         if not plan.sharded:
-            written = _pwrite(fd, _framed(plan, host[0], nbytes), path)
+            (at, n), = frames
+            written = _pwrite(fd, [host[at:at + n]], path)
         else:
             index = np.full((*plan.chunks_per_unit, 2), MAX_U64, "<u8")
-            parts, at = [], 0
-            for c, h in zip(coords, host):
-                framed = _framed(plan, h, nbytes)
-                size = sum(memoryview(p).nbytes for p in framed)
-                index[tuple(ci - ui * p for ci, ui, p in zip(c, unit, plan.chunks_per_unit))] = (at, size)
-                parts += framed
-                at += size
+            for c, f in zip(coords, frames):
+                index[tuple(ci - ui * p for ci, ui, p in zip(c, unit, plan.chunks_per_unit))] = f
             body = index.tobytes()
-            parts += [body, np.array([google_crc32c.value(body)], "<u4").tobytes()]
-            written = _pwrite(fd, parts, path)
+            end = max((at + n for at, n in frames), default=0)
+            written = _pwrite(fd, [host[:end], body, np.array([google_crc32c.value(body)], "<u4").tobytes()], path)
     finally:
         os.close(fd)
     COUNTERS.add("write", written, time.perf_counter() - t1)

@@ -16,10 +16,10 @@ import zarr
 from flowgpu.diagnostics.report import storage_lines
 from flowgpu.errors import ConfigError
 from flowgpu.io import storage
-from flowgpu.io.devcodec import DevicePlan, Fallback, HostDevice, plan_codec
+from flowgpu.io.devcodec import ALIGN, DevicePlan, Fallback, HostDevice, plan_codec
 from flowgpu.io.faults import ENV
 from flowgpu.io.zarr import from_zarr, to_zarr
-from flowgpu.io import zarrread
+from flowgpu.io import zarrread, zarrwrite
 from flowgpu.io.zarrread import read_plan
 from tests.io.zarr_data import STORES, field, first_mismatch, make_store
 
@@ -75,11 +75,12 @@ def test_a_block_reads_its_files_and_byte_ranges_edges_and_missing_chunks(tmp_pa
     a = make_store(str(tmp_path / "a.zarr"), data, "lz4")
     plan = plan_codec(a)
     root = str(tmp_path / "a.zarr")
-    # the ragged corner chunk: one file, all of it read, the 4-byte size header skipped
+    # the ragged corner chunk: one file, all of it read but the 4-byte size header (the payload
+    # then starts the device buffer: aligned for nvCOMP)
     (r,) = read_plan(plan, (slice(30, 37), slice(18, 23)))
     assert r.path == os.path.join(root, "c", "3", "3")
-    assert (r.offset, r.nbytes) == (0, os.path.getsize(r.path))
-    assert (r.chunks[0].coords, r.chunks[0].start, r.chunks[0].stop) == ((3, 3), 4, r.nbytes)
+    assert (r.offset, r.nbytes) == (4, os.path.getsize(r.path) - 4)
+    assert (r.chunks[0].coords, r.chunks[0].start, r.chunks[0].stop) == ((3, 3), 0, r.nbytes)
     # a block of 2 x 2 chunks reads 4 files; one that is not there is the fill value
     os.remove(os.path.join(root, "c", "1", "2"))
     reads = read_plan(plan, (slice(0, 20), slice(6, 18)))
@@ -239,3 +240,85 @@ def test_whole_row_chunks_decode_straight_into_their_block(tmp_path, rng, fake, 
     got = from_zarr(root).compute(scheduler="sync")
     assert np.array_equal(got, data), first_mismatch(got, data)
     assert sorted(used) == ([True, True, True] if rows == 100 else [False, True, True])  # per shard
+
+
+def _payload_offsets(root):
+    """Each stored chunk's payload (what nvCOMP reads) as a file offset, from the shard indexes."""
+    plan = plan_codec(zarr.open_array(root))
+    key = tuple(slice(0, n) for n in plan.shape)
+    return [r.offset + c.start for r in read_plan(plan, key) for c in r.chunks], plan
+
+
+@pytest.mark.parametrize("codec,sizeless", [("zstd", False), ("zstd", True), ("lz4", False), ("none", False)])
+def test_device_written_shards_align_every_payload_and_zarr_reads_them(tmp_path, rng, fake, monkeypatch,
+                                                                        codec, sizeless):
+    if sizeless:  # nvCOMP's zstd frames: no content size, the writer adds it in front
+        encode = HostDevice.encode
+        monkeypatch.setattr(HostDevice, "encode", lambda self, alg, arrays, level=None: [
+            np.frombuffer((f := bytes(e))[:4] + bytes([f[4] & 0x3F]) + f[5:6] + f[10:], np.uint8)
+            for e in encode(self, alg, arrays, level)])
+    # sizeless frames need a window descriptor to strip the size from: chunks of 1 MiB at level 1
+    shape, chunks, shards, n = ((4096, 512), (1024, 256), (2048, 512), 8) if sizeless else \
+        ((300, 70), (20, 35), (100, 70), 30)
+    data = field(rng, shape)
+    out = str(tmp_path / "w.zarr")
+    to_zarr(da.from_array(data, chunks=shards) * 1, out, codec=codec, level=1 if sizeless else None, chunks=chunks,
+            shards=shards)
+    offsets, plan = _payload_offsets(out)
+    assert len(offsets) == n and all(o % ALIGN == 0 for o in offsets), offsets  # no copy before nvCOMP reads
+    if sizeless:
+        for r in read_plan(plan, (slice(0, shape[0]), slice(0, shape[1]))):
+            with open(r.path, "rb") as f:
+                raw = f.read()
+            assert all(raw[r.offset + c.start + 4] >> 6 == 3 for c in r.chunks)  # each frame has its size again
+    got = zarr.open_array(out)[:]  # the gaps between chunks are legal: zarr-python reads the store
+    assert np.array_equal(got, data), f"{codec}: {first_mismatch(got, data)}"
+    back = from_zarr(out).compute(scheduler="sync")
+    assert np.array_equal(back, data), f"{codec}, device read: {first_mismatch(back, data)}"
+
+
+def test_a_unit_written_in_parallel_pieces_is_whole(tmp_path, rng, fake, monkeypatch):
+    monkeypatch.setattr(zarrwrite, "WRITE_PIECE", 1000)  # shards of several pieces, on the writer threads
+    data = field(rng, (200, 64))
+    out = str(tmp_path / "p.zarr")
+    to_zarr(da.from_array(data, chunks=(100, 64)) * 1, out, codec="lz4", chunks=(10, 64), shards=(100, 64))
+    sizes = sorted(os.path.getsize(p) for p in _paths(out))
+    assert len(sizes) == 2 and sizes[0] > 3 * 1000  # several pieces each
+    got = zarr.open_array(out)[:]
+    assert np.array_equal(got, data), first_mismatch(got, data)
+
+
+def test_stores_zarr_wrote_read_their_shards_from_an_aligned_offset(tmp_path, rng, fake):
+    data = field(rng, (120, 40))
+    root = str(tmp_path / "z.zarr")
+    make_store(root, data, "sharded-lz4", chunks=(10, 40), shards=(60, 40))
+    plan = plan_codec(zarr.open_array(root))
+    reads = read_plan(plan, (slice(0, 120), slice(0, 40)))
+    assert [r.offset % ALIGN for r in reads] == [0, 0]
+    assert any((r.offset + c.start) % 16 for r in reads for c in r.chunks)  # zarr packs chunks: nvCOMP needs copies
+    got = from_zarr(root).compute(scheduler="sync")
+    assert np.array_equal(got, data), first_mismatch(got, data)
+
+
+@pytest.mark.parametrize("name", ["sharded-zstd", "sharded-lz4"])
+def test_a_shard_read_in_groups_decodes_each_as_it_arrives(tmp_path, rng, fake, monkeypatch, name):
+    data = field(rng, (120, 40))
+    root = str(tmp_path / "g.zarr")
+    make_store(root, data, name, chunks=(10, 40), shards=(60, 40))
+    plan = plan_codec(zarr.open_array(root))
+    (r,) = read_plan(plan, (slice(0, 60), slice(0, 40)))
+    groups = zarrread._groups(r, 1000)
+    assert 1 < len(groups) < len(r.chunks) + 1
+    assert all(off % ALIGN == 0 for _, off, _, _ in groups)
+    assert sorted(c.coords for g in groups for c in g[3]) == sorted(c.coords for c in r.chunks)
+    with open(r.path, "rb") as f:
+        raw = f.read()
+    whole = {c.coords: raw[r.offset + c.start:r.offset + c.stop] for c in r.chunks}
+    assert all(raw[off + c.start:off + c.stop] == whole[c.coords] for _, off, _, cs in groups for c in cs)
+    reads, read = [], HostDevice.read
+    monkeypatch.setattr(HostDevice, "read", lambda self, p, o, n: reads.append(n) or read(self, p, o, n))
+    with dask.config.set({"flowgpu.zarr.read-group": "1kB"}):
+        x = from_zarr(root)
+    got = x.compute(scheduler="sync")
+    assert np.array_equal(got, data), first_mismatch(got, data)
+    assert len(reads) > 2 and fake.moves()["storage_decode"]["count"] == 12  # 2 shards, in several reads
