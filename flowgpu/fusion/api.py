@@ -79,7 +79,9 @@ def _operand(tracer: _Tracer, v: Any) -> str:
     if isinstance(v, (bool, int, float)) and not isinstance(v, np.generic):
         text = literal_text(v)
         return text if text is not None else tracer.bind(v)
-    if is_scalar(v):  # NumPy scalars keep their dtype (they are not weak): pass them as inputs
+    if is_scalar(v) or (isinstance(v, np.ndarray) and v.ndim == 0):
+        # NumPy scalars keep their dtype (they are not weak): pass them as inputs. NumPy hands a
+        # scalar's comparison (``np.float32(1.5) < x``) to ``__array_ufunc__`` as a 0-d array.
         return tracer.bind(v)
     if isinstance(v, Reduced):
         raise Untraceable("the result of a reduction is used inside the elementwise part")

@@ -31,6 +31,16 @@ def _py_literal(value: Any, want: np.dtype) -> str:
     return f"_t_{want.name}({int(value)})"
 
 
+def _closes(code: str) -> bool:
+    """True when the first parenthesis of ``code`` closes at its end (``code`` is one call)."""
+    depth = 0
+    for i, ch in enumerate(code):
+        depth += (ch == "(") - (ch == ")")
+        if depth == 0 and ch == ")":
+            return i == len(code) - 1
+    return False
+
+
 class PythonGenerator(Generator):
     LOGICAL = {"&": "and", "|": "or", "^": "!=", "+": "or", "*": "and"}
     HELPERS = {"/": ("_div", "_div"), "//": ("_ifloordiv", "_ffloordiv"), "%": ("_imod", "_fmod"),
@@ -38,12 +48,15 @@ class PythonGenerator(Generator):
     TEMPLATES = {"not": "(not {0})", "sqrt": "_np.sqrt({0})", "plain": "_t_{d}({0} {op} {1})",
                  "sign": "_t_{d}(_sign({0}))", "clip": "_min(_max({0}, {1}), {2})", "select": "({1} if {0} else {2})"}
 
-    def cast(self, code: str, want: np.dtype) -> str:
-        c_type(want)  # refuse dtypes numba should not see either
-        return f"_t_{want.name}({code})"
-
     def literal(self, value: Any, want: np.dtype) -> str:
         return _py_literal(value, want)
+
+    def widens(self, d: np.dtype) -> bool:
+        return True  # numba computes small integers in int64, float32 ** float32 in float64, ...
+
+    def cast(self, code: str, want: np.dtype) -> str:
+        c_type(want)  # refuse dtypes numba should not see either
+        return code if code.startswith(f"_t_{want.name}(") and _closes(code) else f"_t_{want.name}({code})"
 
     def function(self, f: str) -> str:
         return _MINMAX.get(f) or f"_np.{f}"
@@ -105,6 +118,8 @@ def python_globals() -> dict[str, Any]:
     def _ifloordiv(a, b):
         if b == 0:
             return a - a
+        if b == -1:  # the lowest integer // -1 wraps to itself in NumPy (numba's // gives 0)
+            return -a
         return a // b
 
     @jit
