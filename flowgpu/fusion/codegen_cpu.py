@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from flowgpu.fusion.codegen import C_TYPES, Generator, c_type, generate
+from flowgpu.fusion.codegen import C_TYPES, Generator, Unfusable, c_type, generate
 from flowgpu.fusion.language import Expr
 
 __all__ = ["to_python", "python_globals"]
@@ -73,7 +73,11 @@ def to_python(expr: Expr, types: Mapping[str, Any], arrays: Sequence[str], *,
     Evaluate it with :func:`python_globals` as globals (which holds the ``_t_<dtype>`` casts and the
     NumPy-semantics helpers, themselves numba-compiled).
     """
-    return generate(PythonGenerator, expr, types, arrays, out_dtype=out_dtype, index=index)
+    code, dtype = generate(PythonGenerator, expr, types, arrays, out_dtype=out_dtype, index=index)
+    if "float16" in code or any(np.dtype(types[a]) == np.float16 for a in arrays):
+        # numba has no float16; NumPy rounds to it after every operation, which the array library does
+        raise Unfusable(f"expression {expr.text!r}: float16 values (numba has no float16)")
+    return code, dtype
 
 
 _GLOBALS: dict[str, Any] | None = None

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import flowgpu as fg
-from flowgpu.fusion import fused_elementwise, fusing
+from flowgpu.fusion import chunk, fused_elementwise, fusing
 
 
 def _same(got, want):
@@ -21,6 +21,7 @@ def _same(got, want):
 
 def _no_flowgpu_warning(fn):
     """``fn()``, asserting flowgpu warned nothing (no "cannot be fused", no "could not compile")."""
+    getattr(chunk, "_warned", set()).clear()  # flowgpu warns once per expression and process
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         out = fn()
@@ -158,3 +159,21 @@ def test_clip_bound_outside_the_dtype_is_no_bound(rng, lo, hi):
     _same(_no_flowgpu_warning(lambda: fg.fuse(f)(x).compute(scheduler="sync")), want)
     _same(_under_fusing(f(x)), want)
     _same(fused_elementwise(f"clip(x * 3, {lo}, {hi})", {"x": x}).compute(scheduler="sync"), want)
+
+
+# -- float16 on NumPy chunks -------------------------------------------------------------------------
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("dtype", ["int8", "uint8", "bool", "float16"])
+def test_float16_on_numpy_chunks_is_numpys_without_a_compile_warning(rng, dtype):
+    """NumPy gives float16 for float functions of (u)int8 and bool; numba has no float16, so the kernel
+    failed to compile ("could not compile ... NotImplementedError: float16") on every such chain.
+    Now the chunk is computed by NumPy, silently, with NumPy's float16 rounding after each step."""
+    xn = (rng.integers(-100, 100, 400) if dtype != "float16" else rng.standard_normal(400) * 50).astype(dtype)
+    x = da.from_array(xn, chunks=90)
+    for f in (lambda a: np.sqrt(abs(a)) * 3 + 1, lambda a: (np.arctan(a) < np.sqrt(abs(a))).sum(),
+              lambda a: (np.exp2(a * 1) - 1).max()):
+        with np.errstate(all="ignore"):
+            want = f(xn)
+        _same(_no_flowgpu_warning(lambda: fg.fuse(f)(x).compute(scheduler="sync")), want)
+        _same(_no_flowgpu_warning(lambda: _under_fusing(f(x))), want)
