@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import flowgpu as fg
-from flowgpu.fusion import FUNCTIONS, fusing
+from flowgpu.fusion import FUNCTIONS, chunk, fusing
 from tests.tolerance import assert_within_terms
 
 _EXAMPLES = os.environ.get("FLOWGPU_HYPOTHESIS_EXAMPLES")  # a longer, random run: FLOWGPU_HYPOTHESIS_EXAMPLES=2000
@@ -337,6 +337,7 @@ def run_three_ways(tree, arrays, chunks, reduction, to_device=None, to_host=np.a
         return fg.fuse(fn)(*lazy).compute(scheduler="sync")
 
     plain = None
+    getattr(chunk, "_warned", set()).clear()  # it warns once per expression: every example sees its warning
     for where, way in (("fusing()", under_fusing), ("fg.fuse", fused)):
         with warnings.catch_warnings(record=True) as seen:
             warnings.simplefilter("always")
@@ -392,3 +393,37 @@ def test_elementwise_programs_match_numpy(case):
 def test_reduced_programs_match_numpy(case):
     tree, arrays, chunks, reduction = case
     run_three_ways(tree, arrays, chunks, reduction)
+
+
+# -- the same on CuPy chunks (the lead runs these on an H200) ---------------------------------------
+
+GPU_PROFILE = settings(PROFILE, max_examples=max(10, PROFILE.max_examples // 3))
+
+
+def _on_gpu(case, reduction):
+    import cupy as cp
+
+    tree, arrays, chunks, _ = case
+
+    def to_host(v):
+        return cp.asnumpy(v) if isinstance(v, cp.ndarray) else np.asarray(v)
+
+    # where CuPy itself differs from NumPy (an integer to a negative power gives values, it does
+    # not raise), the fused result must equal the unfused dask graph over CuPy chunks
+    run_three_ways(tree, arrays, chunks, reduction, to_device=cp.asarray, to_host=to_host)
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(600)
+@GPU_PROFILE
+@given(programs(reduce=False))
+def test_gpu_elementwise_programs_match_numpy(case):
+    _on_gpu(case, None)
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(600)
+@GPU_PROFILE
+@given(programs(reduce=True))
+def test_gpu_reduced_programs_match_numpy(case):
+    _on_gpu(case, case[3])
