@@ -129,9 +129,10 @@ class Reduced(_Lazy):
         self.sym, self.reduction, self.axis, self.keepdims, self.dtype = sym, reduction, axis, keepdims, dtype
 
     def materialize(self) -> Any:
+        # ``sum(dtype=d)`` reduces the values cast to ``d`` (NumPy's meaning), not the sum cast after
         out = _fused(self.sym.text, self.sym.tracer.inputs, reduction=self.reduction,
-                     axis=self.axis, keepdims=self.keepdims)
-        return out.astype(self.dtype) if self.dtype is not None else out
+                     axis=self.axis, keepdims=self.keepdims, dtype=self.dtype)
+        return out.astype(self.dtype) if self.dtype is not None and out.dtype != self.dtype else out
 
 
 class Sym:

@@ -177,3 +177,26 @@ def test_float16_on_numpy_chunks_is_numpys_without_a_compile_warning(rng, dtype)
             want = f(xn)
         _same(_no_flowgpu_warning(lambda: fg.fuse(f)(x).compute(scheduler="sync")), want)
         _same(_no_flowgpu_warning(lambda: _under_fusing(f(x))), want)
+
+
+# -- a reduction's dtype= casts the values, not the result --------------------------------------------
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("name, dtype", [("sum", "int64"), ("sum", "int8"), ("prod", "int64"), ("sum", "uint32"),
+                                         ("mean", "float32")])
+def test_reduction_dtype_casts_each_value_as_numpy(rng, name, dtype):
+    """``fg.fuse(lambda a: (a * 1.5).sum(dtype=np.int64))`` summed the floats and truncated the sum;
+    NumPy truncates each value and sums those (in ``dtype``, whose result it returns)."""
+    xn = rng.standard_normal((40, 30)) * 3
+    x = da.from_array(xn, chunks=(13, 11))
+    for axis in (None, 0, (0, 1)):
+        def f(a):
+            return getattr(abs(a * 1.5), name)(axis=axis, dtype=dtype)
+        with np.errstate(all="ignore"):
+            want = f(xn)
+        got = _no_flowgpu_warning(lambda: fg.fuse(f)(x).compute(scheduler="sync"))
+        assert got.dtype == want.dtype and got.shape == want.shape
+        if np.dtype(dtype).kind == "f":
+            np.testing.assert_allclose(got, want, rtol=1e-5)
+        else:
+            np.testing.assert_array_equal(got, want)
