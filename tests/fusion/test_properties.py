@@ -49,9 +49,10 @@ BINARY = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator
 UNARY = {"-": operator.neg, "~": operator.invert, "abs": abs}
 CALLS = sorted(f for f, (n, _) in FUNCTIONS.items() if n in (1, 2))
 REDUCTIONS = ("sum", "prod", "min", "max", "mean")
+ACCUMULATE = [np.dtype(n) for n in ("int8", "int64", "uint32", "float32", "float64")]  # sum(dtype=...)
 INTS = [0, 1, 2, 3, -1, -2, 5, 7, 100, -100, 127, -128, 255, 2**15, 2**31, -2**31, 2**32, 2**63 - 1, -2**63,
-        2**63, 2**64, -2**64]
-FLOATS = [0.5, -2.0, 2.5, 3.0, 1e10, -1e-3, 0.0, -0.0, float("nan"), float("inf"), -float("inf")]
+        2**63, 2**64, -2**64, 2**53 + 1]
+FLOATS = [0.5, -2.0, 2.5, 3.0, 1e10, -1e-3, 1e300, -1e-300, 0.0, -0.0, float("nan"), float("inf"), -float("inf")]
 NUMPY_SCALARS = [np.float32(1.5), np.float64(-0.25), np.int16(3), np.uint8(200), np.int64(-7), np.bool_(True)]
 SCALARS = st.one_of(st.sampled_from(INTS), st.integers(-10, 10), st.sampled_from(FLOATS),
                     st.floats(-100, 100, allow_subnormal=False), st.booleans(), st.sampled_from(NUMPY_SCALARS))
@@ -196,7 +197,10 @@ def programs(draw, reduce: bool):
         out_ndim = max(len(s) for s in shapes)
         axes = st.one_of(st.none(), st.integers(-out_ndim, out_ndim - 1) if out_ndim else st.none(),
                          st.sets(st.integers(0, out_ndim - 1), max_size=out_ndim).map(tuple) if out_ndim else st.none())
-        reduction = (draw(st.sampled_from(REDUCTIONS)), draw(axes), draw(st.booleans()))
+        name = draw(st.sampled_from(REDUCTIONS))
+        dtype = None if name in ("min", "max") else draw(st.sampled_from(  # NumPy's mean(dtype=int) wraps its sum
+            [None, None, None, *(d for d in ACCUMULATE if name != "mean" or d.kind == "f")]))
+        reduction = (name, draw(axes), draw(st.booleans()), dtype)
     return tree, arrays, chunks, reduction
 
 
@@ -207,9 +211,13 @@ def _program(tree, reduction):
         value = evaluate(tree, xs)
         if reduction is None:
             return value
-        name, axis, keepdims = reduction
-        return getattr(value, name)(axis=axis, keepdims=keepdims)
+        return getattr(value, reduction[0])(**_reduce_kwargs(reduction))
     return fn
+
+
+def _reduce_kwargs(reduction):
+    name, axis, keepdims, dtype = reduction
+    return {"axis": axis, "keepdims": keepdims, **({"dtype": dtype} if dtype is not None else {})}
 
 
 def _quiet(fn):
@@ -258,8 +266,7 @@ def evaluate_reduced(tree, reduction, arrays, post=None):
     value = evaluate(tree, arrays, post)
     if reduction is None:
         return value
-    name, axis, keepdims = reduction
-    return getattr(np.asarray(value), name)(axis=axis, keepdims=keepdims)
+    return getattr(np.asarray(value), reduction[0])(**_reduce_kwargs(reduction))
 
 
 def _terms(tree, reduction, arrays, want):
@@ -274,7 +281,8 @@ def _terms(tree, reduction, arrays, want):
                 biggest.append(np.where(np.isfinite(v), np.abs(v.astype(np.float64)), 0.0))
         return v
 
-    value = np.asarray(evaluate(tree, arrays, post))
+    with np.errstate(all="ignore"):
+        value = np.asarray(evaluate(tree, arrays, post))
     shape = value.shape
     mags = np.zeros(shape)
     for b in biggest:
@@ -284,7 +292,7 @@ def _terms(tree, reduction, arrays, want):
     mags = np.maximum(mags, own)
     if reduction is None:
         return mags
-    name, axis, keepdims = reduction
+    name, axis, keepdims, _ = reduction
     count = max(1, value.size // max(1, np.asarray(want).size))
     if name in ("sum", "mean"):
         total = mags.sum(axis=axis, keepdims=keepdims) * (count + 2)
