@@ -204,7 +204,14 @@ class Generator:
         if family == "square":
             return f"({gen[0]} * {gen[0]})"
         if family == "reciprocal":
-            return self.arith("/", self.literal(1, d), gen[0], d)
+            one_over = self.arith("/", self.literal(1, d), gen[0], d)
+            if d.kind not in "iu":
+                return one_over
+            # NumPy's integer 1 / 0 is its platform's cast of inf to the dtype: take the value from NumPy
+            with np.errstate(all="ignore"):
+                at_zero = int(np.reciprocal(np.zeros(1, dtype=d))[0])
+            zero = f"({gen[0]} == {self.literal(0, d)})"
+            return self.TEMPLATES["select"].format(zero, self.literal(at_zero, d), one_over)
         if family == "sign":
             return self.TEMPLATES["sign"].format(gen[0], d=d.name)
         if family == "clip":
