@@ -38,6 +38,7 @@ if _EXAMPLES:
     settings.register_profile("flowgpu-long", max_examples=int(_EXAMPLES), derandomize=False, deadline=None,
                               database=None, print_blob=True, suppress_health_check=_QUIET)
 PROFILE = settings.get_profile("flowgpu-long" if _EXAMPLES else "flowgpu-ci")
+TIMEOUT = max(600, 3 * PROFILE.max_examples)  # seconds per test: a few numba compilations per example
 
 DTYPES = [np.dtype(n) for n in ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32",
                                 "uint64", "float32", "float64")]
@@ -108,9 +109,9 @@ def trees(draw, samples, depth, top=False):
     """``(tree, sample)``: a program over arrays whose 1-element samples are ``samples``; every
     operation has an array operand, and each is one NumPy accepts for those dtypes."""
     leaf = st.integers(0, len(samples) - 1).map(lambda i: (("in", i), samples[i]))
-    if depth == 0 or (not top and draw(st.integers(0, 4)) == 0):
+    if depth == 0 or (not top and draw(st.integers(0, 5)) == 0):
         return draw(leaf)
-    kind = draw(st.sampled_from(["bin", "bin", "bin", "un", "call", "call", "where", "clip"]))
+    kind = draw(st.sampled_from(["bin", "bin", "bin", "un", "call", "call", "call", "where", "clip"]))
     a, sa = draw(trees(samples, depth - 1))
     if kind == "un":
         ops = [op for op in UNARY if _sample(UNARY[op], sa) is not None]
@@ -191,7 +192,7 @@ def programs(draw, reduce: bool):
         shapes.append(tuple(1 if draw(st.integers(0, 3)) == 0 else s for s in base[ndim - k:]))
     arrays = [_values(rng, d, s) for d, s in zip(dtypes, shapes)]
     chunks = [tuple(_chunks(draw, s) for s in shape) for shape in shapes]
-    tree, _ = draw(trees([np.ones(1, dtype=d) for d in dtypes], draw(st.integers(1, 4)), top=True))
+    tree, _ = draw(trees([np.ones(1, dtype=d) for d in dtypes], draw(st.integers(2, 5)), top=True))
     reduction = None
     if reduce:
         out_ndim = max(len(s) for s in shapes)
@@ -387,7 +388,7 @@ def _quiet_keep_warnings(fn):
         return "raises", type(e)
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(TIMEOUT)
 @PROFILE
 @given(programs(reduce=False))
 def test_elementwise_programs_match_numpy(case):
@@ -395,7 +396,7 @@ def test_elementwise_programs_match_numpy(case):
     run_three_ways(tree, arrays, chunks, None)
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(TIMEOUT)
 @PROFILE
 @given(programs(reduce=True))
 def test_reduced_programs_match_numpy(case):
@@ -422,7 +423,7 @@ def _on_gpu(case, reduction):
 
 
 @pytest.mark.gpu
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(TIMEOUT)
 @GPU_PROFILE
 @given(programs(reduce=False))
 def test_gpu_elementwise_programs_match_numpy(case):
@@ -430,7 +431,7 @@ def test_gpu_elementwise_programs_match_numpy(case):
 
 
 @pytest.mark.gpu
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(TIMEOUT)
 @GPU_PROFILE
 @given(programs(reduce=True))
 def test_gpu_reduced_programs_match_numpy(case):
