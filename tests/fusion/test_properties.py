@@ -238,19 +238,20 @@ def _reduce_kwargs(reduction):
     return {"axis": axis, "keepdims": keepdims, **({"dtype": dtype} if dtype is not None else {})}
 
 
-def _quiet(fn):
-    """``fn()`` with NumPy's warnings silenced: ``("ok", value)`` or ``("raises", exception type)``."""
+def _quiet(fn, warn=False):
+    """``fn()`` with NumPy's warnings silenced (and any other unless ``warn``): ``("ok", value)`` or
+    ``("raises", exception type)``."""
     try:
         with np.errstate(all="ignore"), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+            if not warn:
+                warnings.simplefilter("ignore")
             return "ok", fn()
     except Exception as e:  # noqa: BLE001 - the type is what is compared
         return "raises", type(e)
 
 
 def _perturbed(scale):
-    """A ``post`` for :func:`evaluate` that moves every float value by ``scale`` epsilons (per element:
-    an array of signs broadcast), as another correct order of rounding might."""
+    """A ``post`` for :func:`evaluate`: every float value moved by ``scale`` epsilons (per element)."""
     def post(v):
         v = np.asarray(v)
         if v.dtype.kind != "f":
@@ -263,12 +264,11 @@ def _perturbed(scale):
 def _spread(tree, reduction, arrays, want, seed):
     """How far another order of roundings moves NumPy's own answer, per element (>= 0; inf where a
     few epsilons on the way change a NaN, an infinity, a comparison or a rounding)."""
-    rng = np.random.default_rng(seed)
-    want = np.asarray(want)
+    rng, want = np.random.default_rng(seed), np.asarray(want)
     out = np.zeros(want.shape)
     for scale in (lambda s: 4.0, lambda s: -4.0, lambda s: rng.choice([-4.0, 4.0], size=s),
                   lambda s: rng.choice([-4.0, 4.0], size=s)):
-        status, other = _quiet(lambda: evaluate_reduced(tree, reduction, arrays, _perturbed(scale)))
+        status, other = _quiet(lambda: _reduce(evaluate(tree, arrays, _perturbed(scale)), reduction))
         if status != "ok":
             return np.full(want.shape, np.inf)
         other = np.asarray(other)
@@ -280,11 +280,8 @@ def _spread(tree, reduction, arrays, want, seed):
     return out
 
 
-def evaluate_reduced(tree, reduction, arrays, post=None):
-    value = evaluate(tree, arrays, post)
-    if reduction is None:
-        return value
-    return getattr(np.asarray(value), reduction[0])(**_reduce_kwargs(reduction))
+def _reduce(value, reduction):
+    return value if reduction is None else getattr(np.asarray(value), reduction[0])(**_reduce_kwargs(reduction))
 
 
 def _terms(tree, reduction, arrays, want):
@@ -295,19 +292,14 @@ def _terms(tree, reduction, arrays, want):
     def post(v):
         v = np.asarray(v)
         if v.dtype.kind == "f":
-            with np.errstate(all="ignore"):
-                biggest.append(np.where(np.isfinite(v), np.abs(v.astype(np.float64)), 0.0))
+            biggest.append(np.where(np.isfinite(v), np.abs(v.astype(np.float64)), 0.0))
         return v
 
     with np.errstate(all="ignore"):
-        value = np.asarray(evaluate(tree, arrays, post))
-    shape = value.shape
-    mags = np.zeros(shape)
+        value = np.asarray(post(evaluate(tree, arrays, post)))
+    mags = np.zeros(value.shape)
     for b in biggest:
-        mags = np.maximum(mags, np.broadcast_to(b, shape))
-    with np.errstate(all="ignore"):
-        own = np.where(np.isfinite(value.astype(np.float64)), np.abs(value.astype(np.float64)), 0.0)
-    mags = np.maximum(mags, own)
+        mags = np.maximum(mags, np.broadcast_to(b, value.shape))
     if reduction is None:
         return mags
     name, axis, keepdims, _ = reduction
@@ -367,14 +359,14 @@ def run_three_ways(tree, arrays, chunks, reduction, to_device=None, to_host=np.a
     for where, way in (("fusing()", under_fusing), ("fg.fuse", fused)):
         with warnings.catch_warnings(record=True) as seen:
             warnings.simplefilter("always")
-            got = _quiet_keep_warnings(way)
+            got = _quiet(way, warn=True)
         ours = [str(w.message) for w in seen if "flowgpu" in str(w.message)]
         assert not ours, f"{where}: {show(tree)} {reduction or ''}: {ours[0]}"
         why = _differs(got, (status, want), tree, reduction, arrays, seed, where, to_host)
         if why is None:
             continue
         # where dask's own graph differs from NumPy (an empty min, ...), fusion leaves it as dask built it
-        plain = plain or _quiet_keep_warnings(lambda: fn(*lazy).compute(scheduler="sync"))
+        plain = plain or _quiet(lambda: fn(*lazy).compute(scheduler="sync"), warn=True)
         plain_host = (plain[0], to_host(plain[1])) if plain[0] == "ok" else plain
         if _differs(plain, (status, want), tree, reduction, arrays, seed, "dask", to_host) is None or \
                 _differs(got, plain_host, tree, reduction, arrays, seed, where, to_host) is not None:
@@ -395,14 +387,6 @@ def _differs(got, want, tree, reduction, arrays, seed, where, to_host):
     except AssertionError as e:
         return str(e)
     return None
-
-
-def _quiet_keep_warnings(fn):
-    try:
-        with np.errstate(all="ignore"):
-            return "ok", fn()
-    except Exception as e:  # noqa: BLE001
-        return "raises", type(e)
 
 
 @pytest.mark.timeout(TIMEOUT)
@@ -445,8 +429,7 @@ def _on_gpu(case, reduction):
     def to_host(v):
         return cp.asnumpy(v) if isinstance(v, cp.ndarray) else np.asarray(v)
 
-    # where CuPy itself differs from NumPy (an integer to a negative power gives values, it does
-    # not raise), the fused result must equal the unfused dask graph over CuPy chunks
+    # where CuPy differs from NumPy (int ** negative int gives values), fused must equal CuPy's graph
     run_three_ways(tree, arrays, chunks, reduction, to_device=cp.asarray, to_host=to_host)
 
 
