@@ -79,7 +79,9 @@ def _operand(tracer: _Tracer, v: Any) -> str:
     if isinstance(v, (bool, int, float)) and not isinstance(v, np.generic):
         text = literal_text(v)
         return text if text is not None else tracer.bind(v)
-    if is_scalar(v):  # NumPy scalars keep their dtype (they are not weak): pass them as inputs
+    if is_scalar(v) or (isinstance(v, np.ndarray) and v.ndim == 0):
+        # NumPy scalars keep their dtype (they are not weak): pass them as inputs. NumPy hands a
+        # scalar's comparison (``np.float32(1.5) < x``) to ``__array_ufunc__`` as a 0-d array.
         return tracer.bind(v)
     if isinstance(v, Reduced):
         raise Untraceable("the result of a reduction is used inside the elementwise part")
@@ -127,9 +129,10 @@ class Reduced(_Lazy):
         self.sym, self.reduction, self.axis, self.keepdims, self.dtype = sym, reduction, axis, keepdims, dtype
 
     def materialize(self) -> Any:
+        # ``sum(dtype=d)`` reduces the values cast to ``d`` (NumPy's meaning), not the sum cast after
         out = _fused(self.sym.text, self.sym.tracer.inputs, reduction=self.reduction,
-                     axis=self.axis, keepdims=self.keepdims)
-        return out.astype(self.dtype) if self.dtype is not None else out
+                     axis=self.axis, keepdims=self.keepdims, dtype=self.dtype)
+        return out.astype(self.dtype) if self.dtype is not None and out.dtype != self.dtype else out
 
 
 class Sym:

@@ -87,6 +87,12 @@ class Generator:
     def abs(self, a: str, d: np.dtype) -> str:
         raise NotImplementedError
 
+    def widens(self, d: np.dtype) -> bool:
+        """True when the target computes values of ``d`` in a wider type (C's ``char * char`` is an
+        ``int``; numba's ``int8 * int8`` an int64): such a node is cast back, so that it wraps as
+        NumPy's does before the next operation sees it."""
+        raise NotImplementedError
+
     # -- the walk --------------------------------------------------------------------------------
     def gen(self, node: Node, want: np.dtype) -> str:
         """Code for ``node`` with dtype ``want``."""
@@ -103,13 +109,17 @@ class Generator:
             return self.names[node.id]
         d = self.t.dtype(node)
         if isinstance(node, BinOp):
-            return self.binop(node, d)
-        if isinstance(node, UnaryOp):  # "-" or "~" (the parser folds "+")
+            code = self.binop(node, d)
+        elif isinstance(node, UnaryOp):  # "-" or "~" (the parser folds "+")
             a = self.gen(node.operand, d)
-            return self.TEMPLATES["not"].format(a) if d.kind == "b" else f"({node.op}{a})"
-        if isinstance(node, Call):
-            return self.call(node, d)
-        raise KernelError(f"cannot generate code for {node!r}")  # pragma: no cover
+            code = self.TEMPLATES["not"].format(a) if d.kind == "b" else f"({node.op}{a})"
+        elif isinstance(node, Call):
+            code = self.call(node, d)
+        else:  # pragma: no cover - the parser makes no other node
+            raise KernelError(f"cannot generate code for {node!r}")
+        if d.kind == "b" or not self.widens(d):
+            return code
+        return self.cast(code, d)
 
     def helper(self, names: tuple[str, str], d: np.dtype, *args: str) -> str:
         """A call of the integer or the float helper of ``names``, as ``d`` says."""
@@ -194,10 +204,23 @@ class Generator:
         if family == "square":
             return f"({gen[0]} * {gen[0]})"
         if family == "reciprocal":
-            return self.arith("/", self.literal(1, d), gen[0], d)
+            one_over = self.arith("/", self.literal(1, d), gen[0], d)
+            if d.kind not in "iu":
+                return one_over
+            # NumPy's integer 1 / 0 is its platform's cast of inf to the dtype: take the value from NumPy
+            with np.errstate(all="ignore"):
+                at_zero = int(np.reciprocal(np.zeros(1, dtype=d))[0])
+            zero = f"({gen[0]} == {self.literal(0, d)})"
+            return self.TEMPLATES["select"].format(zero, self.literal(at_zero, d), one_over)
         if family == "sign":
             return self.TEMPLATES["sign"].format(gen[0], d=d.name)
         if family == "clip":
+            # a Python int below (above) an integer dtype's range is no bound at all, as in NumPy
+            low, high = self.beyond(args[1], d) < 0, self.beyond(args[2], d) > 0
+            if low or high:
+                lo, hi = (self.function("maximum"), gen[1]), (self.function("minimum"), gen[2])
+                code = gen[0] if low else f"{lo[0]}({gen[0]}, {lo[1]})"
+                return code if high else f"{hi[0]}({code}, {hi[1]})"
             return self.TEMPLATES["clip"].format(*gen)
         if f == "power":
             self.int_power(args[1], d)

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from flowgpu.fusion.codegen import C_TYPES, Generator, c_type, generate
+from flowgpu.fusion.codegen import C_TYPES, Generator, Unfusable, c_type, generate
 from flowgpu.fusion.language import Expr
 
 __all__ = ["to_python", "python_globals"]
@@ -31,6 +31,16 @@ def _py_literal(value: Any, want: np.dtype) -> str:
     return f"_t_{want.name}({int(value)})"
 
 
+def _closes(code: str) -> bool:
+    """True when the first parenthesis of ``code`` closes at its end (``code`` is one call)."""
+    depth = 0
+    for i, ch in enumerate(code):
+        depth += (ch == "(") - (ch == ")")
+        if depth == 0 and ch == ")":
+            return i == len(code) - 1
+    return False
+
+
 class PythonGenerator(Generator):
     LOGICAL = {"&": "and", "|": "or", "^": "!=", "+": "or", "*": "and"}
     HELPERS = {"/": ("_div", "_div"), "//": ("_ifloordiv", "_ffloordiv"), "%": ("_imod", "_fmod"),
@@ -38,12 +48,15 @@ class PythonGenerator(Generator):
     TEMPLATES = {"not": "(not {0})", "sqrt": "_np.sqrt({0})", "plain": "_t_{d}({0} {op} {1})",
                  "sign": "_t_{d}(_sign({0}))", "clip": "_min(_max({0}, {1}), {2})", "select": "({1} if {0} else {2})"}
 
-    def cast(self, code: str, want: np.dtype) -> str:
-        c_type(want)  # refuse dtypes numba should not see either
-        return f"_t_{want.name}({code})"
-
     def literal(self, value: Any, want: np.dtype) -> str:
         return _py_literal(value, want)
+
+    def widens(self, d: np.dtype) -> bool:
+        return True  # numba computes small integers in int64, float32 ** float32 in float64, ...
+
+    def cast(self, code: str, want: np.dtype) -> str:
+        c_type(want)  # refuse dtypes numba should not see either
+        return code if code.startswith(f"_t_{want.name}(") and _closes(code) else f"_t_{want.name}({code})"
 
     def function(self, f: str) -> str:
         return _MINMAX.get(f) or f"_np.{f}"
@@ -60,7 +73,11 @@ def to_python(expr: Expr, types: Mapping[str, Any], arrays: Sequence[str], *,
     Evaluate it with :func:`python_globals` as globals (which holds the ``_t_<dtype>`` casts and the
     NumPy-semantics helpers, themselves numba-compiled).
     """
-    return generate(PythonGenerator, expr, types, arrays, out_dtype=out_dtype, index=index)
+    code, dtype = generate(PythonGenerator, expr, types, arrays, out_dtype=out_dtype, index=index)
+    if "float16" in code or any(np.dtype(types[a]) == np.float16 for a in arrays):
+        # numba has no float16; NumPy rounds to it after every operation, which the array library does
+        raise Unfusable(f"expression {expr.text!r}: float16 values (numba has no float16)")
+    return code, dtype
 
 
 _GLOBALS: dict[str, Any] | None = None
@@ -105,6 +122,8 @@ def python_globals() -> dict[str, Any]:
     def _ifloordiv(a, b):
         if b == 0:
             return a - a
+        if b == -1:  # the lowest integer // -1 wraps to itself in NumPy (numba's // gives 0)
+            return -a
         return a // b
 
     @jit

@@ -37,12 +37,13 @@ template <typename T> __device__ __forceinline__ T _fg_sign(T a) {
 template <typename T> __device__ __forceinline__ T _fg_iabs(T a) { return a < (T)0 ? (T)(-a) : a; }
 template <typename T> __device__ __forceinline__ T _fg_ifloordiv(T a, T b) {
     if (b == (T)0) return (T)0;
+    if ((T)-1 < (T)0 && b == (T)-1) return (T)(0ULL - (unsigned long long)a);  // lowest // -1 wraps, as NumPy
     T q = a / b;
     if ((a % b != (T)0) && ((a < (T)0) != (b < (T)0))) q -= (T)1;
     return q;
 }
 template <typename T> __device__ __forceinline__ T _fg_imod(T a, T b) {
-    if (b == (T)0) return (T)0;
+    if (b == (T)0 || ((T)-1 < (T)0 && b == (T)-1)) return (T)0;  // x % -1 is 0 (the lowest integer too)
     T r = a % b;
     if (r != (T)0 && ((r < (T)0) != (b < (T)0))) r += b;
     return r;
@@ -106,6 +107,9 @@ class CudaGenerator(Generator):
 
     def function(self, f: str) -> str:
         return _C_FUNCS.get(f, f)
+
+    def widens(self, d: np.dtype) -> bool:
+        return d.kind in "iu" and d.itemsize < 4  # C computes char and short in int
 
     def abs(self, a: str, d: np.dtype) -> str:
         if d.kind == "f":
