@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from flowgpu.backend import import_cupy
-from flowgpu.fusion.codegen import c_type
+from flowgpu.fusion.codegen import Unfusable, c_type
 from flowgpu.fusion.codegen_cpu import python_globals, to_python
 from flowgpu.fusion.codegen_cuda import CUDA_PREAMBLE, c_literal, to_cuda
 from flowgpu.fusion.language import Expr
@@ -164,6 +164,8 @@ def reduce_kernel(expr: Expr, arrays: tuple[str, ...], dtypes: tuple, scalars: t
         if backend == "cupy":
             cp = import_cupy()
             code, _ = to_cuda(expr, types, arrays, out_dtype=val_dtype)
+            if "float16" in code:  # a ReductionKernel's source has no float16 type (ElementwiseKernel's has)
+                raise Unfusable(f"expression {expr.text!r}: a float16 value inside a CuPy reduction kernel")
             act = c_type(acc)
             params = ", ".join(f"{np.dtype(d).name} in{i}" for i, d in enumerate(dtypes))
             red, ident = cuda_combine(reduction, acc)

@@ -179,6 +179,25 @@ def test_float16_on_numpy_chunks_is_numpys_without_a_compile_warning(rng, dtype)
         _same(_no_flowgpu_warning(lambda: _under_fusing(f(x))), want)
 
 
+@pytest.mark.gpu
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("dtype", ["bool", "int8", "float16"])
+def test_gpu_float16_values_in_a_reduction_are_cupys_without_a_compile_warning(rng, dtype):
+    """``np.arccos`` of a bool array is float16 in NumPy; CuPy's ReductionKernel source has no float16
+    type, so ``fg.fuse(lambda a: np.arccos(a).sum())`` on CuPy chunks failed to compile (found by the
+    property tests on the H200). Such a chunk is now reduced by CuPy itself, silently."""
+    import cupy as cp
+
+    xn = (rng.integers(0, 2, 300) if dtype == "bool" else rng.integers(-1, 2, 300)).astype(dtype)
+    x = da.from_array(cp.asarray(xn), chunks=70)
+    for f in (lambda a: np.arccos(a).sum(), lambda a: (np.arctan(a) * 2).max()):
+        with np.errstate(all="ignore"):
+            want = f(xn)
+        got = cp.asnumpy(_no_flowgpu_warning(lambda: fg.fuse(f)(x).compute(scheduler="sync")))
+        assert got.dtype == want.dtype and got.shape == want.shape, (got.dtype, want.dtype)
+        np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=1e-2)  # float16 sums
+
+
 # -- a reduction's dtype= casts the values, not the result --------------------------------------------
 
 @pytest.mark.timeout(60)
