@@ -213,6 +213,12 @@ def _fmt(v: float | None, spec: str) -> str:
     return "—" if v is None else format(v, spec)
 
 
+def cell(row: dict, key: str, template: str) -> str:
+    """``row[key]`` through ``template`` (``"{:.2f}"``) when it is a number; else the value or ""."""
+    v = row.get(key)
+    return template.format(v) if isinstance(v, (int, float)) else (v or "")
+
+
 def markdown(workloads: list[Workload], columns: tuple[str, ...]) -> str:
     lines = ["| workload | column | time (ms) | rate | fraction of floor | vs raw | vs dask | check |",
              "|---|---|---|---|---|---|---|---|"]

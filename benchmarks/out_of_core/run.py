@@ -37,6 +37,7 @@ The markdown table comes last in the output.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import sys
@@ -297,10 +298,7 @@ def table(rows: list[dict]) -> str:
             "| bit-identical | each pass (s) |")
     lines = [head, "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        def f(k, fmt):
-            v = r.get(k)
-            return fmt.format(v) if isinstance(v, (int, float)) else (v or "")
-
+        f = functools.partial(harness.cell, r)
         lines.append(f"| {r['workload']} | {r['store']} | {f('seconds', '{:.2f}')} | {f('gbps', '{:.1f}')} | "
                      f"{f('of_pinned', '{:.0%}')} | {f('speedup', '{:.1f}x')} | {f('vs_one_gpu', '{:.2f}x')} | "
                      f"{r.get('identical', r.get('error', ''))} | "

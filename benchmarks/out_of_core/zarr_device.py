@@ -38,6 +38,7 @@ The markdown table comes last in the output.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import statistics
@@ -255,10 +256,7 @@ def table(rows: list[dict]) -> str:
             "speed-up vs dask-cuda | ratio | bit-identical | zarr-python reads the store |")
     lines = [head, "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        def f(k, fmt):
-            v = r.get(k)
-            return fmt.format(v) if isinstance(v, (int, float)) else (v or "")
-
+        f = functools.partial(harness.cell, r)
         passes = " ".join(f"{p:.3f}" for p in r.get("passes", []))
         lines.append(f"| {r['workload']} | {r['store']} | {f('seconds', '{:.3f}')} | {passes} | {f('gbps', '{:.1f}')} | "
                      f"{f('of_pinned', '{:.0%}')} | {f('speedup', '{:.1f}x')} | {f('ratio', '{:.2f}x')} | "
