@@ -10,6 +10,8 @@ import dask
 import pytest
 from click.testing import CliRunner
 
+import flowgpu.pipeline.runner as runner_mod
+import flowgpu.runtime.session as session_mod
 from flowgpu.cli import cli
 
 GOOD_INPUTS = """\
@@ -121,12 +123,8 @@ def _snapshot(root) -> list:
 @pytest.fixture
 def nothing_runs(monkeypatch):
     """Fail loudly if anything is computed or a cluster is started."""
-    import flowgpu.runtime.session as session_mod
-
     def boom(*args, **kwargs):
         raise AssertionError("a bad spec must not start a cluster or compute anything")
-
-    import flowgpu.pipeline.runner as runner_mod
 
     monkeypatch.setattr(session_mod.Session, "__init__", boom)
     monkeypatch.setattr(runner_mod, "execute", boom)

@@ -12,6 +12,7 @@ import zarr
 import tests.pipeline.helpers  # noqa: F401  (registers the test ops)
 from flowgpu import pipeline
 from flowgpu.pipeline import runner
+from flowgpu.pipeline.checks import _loopback
 from flowgpu.errors import RunError, SpecError
 from flowgpu.io.atomic import written_by_flowgpu
 
@@ -126,7 +127,6 @@ def test_a_spec_error_in_the_summary_names_its_step(tmp_path, x_file):
     ("example.org:8787", False),
 ])
 def test_loopback_addresses(address, loopback):
-    from flowgpu.pipeline.checks import _loopback
 
     assert _loopback(address) is loopback
 

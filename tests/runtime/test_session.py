@@ -13,6 +13,7 @@ from distributed.security import Security
 
 import flowgpu as fg
 from flowgpu import config
+from flowgpu.arrays.chunks import target_chunk_bytes
 from flowgpu.errors import SessionError
 from tests.tolerance import assert_within_terms
 
@@ -110,7 +111,6 @@ def test_chunks_that_cannot_fit_a_worker(cpu_session):
 
 
 def test_auto_chunks_follow_the_worker_budget(cpu_session):
-    from flowgpu.arrays.chunks import target_chunk_bytes
 
     target = target_chunk_bytes()
     assert target <= cpu_session.worker_budget // 8
