@@ -157,7 +157,7 @@ def parser():
     p.add_argument("--interval", type=float, default=0.5, help="seconds between board views (default 0.5)")
     p.add_argument("--passes", type=int, default=1, help="runs of the pipeline, one after another (default 1)")
     p.add_argument("--dashboard", default="127.0.0.1:0",
-                   help="where the dashboard listens (default: any free port; 'none': off, the board is recorded all the same)")
+                   help="where the dashboard listens (default: any free port; 'none': off, and then a run does not follow the page: nothing is recorded)")
     return p
 
 

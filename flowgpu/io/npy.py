@@ -79,13 +79,12 @@ def from_npy(path: str, chunks: Any = "auto") -> da.Array:
     if current_backend() == "cupy":  # straight to the device through pinned staging buffers
         reader.device = True
         meta = import_cupy().empty((0,) * reader.ndim, reader.dtype)
-        return da.from_array(reader, chunks=chunks, asarray=False, meta=meta, name=f"from-npy-gpu-{token}",
-                             inline_array=True)
-    # inline_array: each read task holds the reader (a path) itself, so the reads depend on nothing
-    # and go to any worker; a shared reader task was fetched by every other worker, and pulled reads
-    # towards the worker that held it
+        return da.from_array(reader, chunks=chunks, asarray=False, meta=meta, name=f"from-npy-gpu-{token}")
+    # The reads share one small reader task (a path). inline_array=True would spread them over the
+    # workers without it, but the reads then run inside the next step's tasks, and the flowgpu page
+    # showed the input step with no tasks (and as failed when the next step failed): not done yet.
     x = da.from_array(reader, chunks=chunks, asarray=False, meta=np.empty((0,) * reader.ndim, reader.dtype),
-                      name=f"from-npy-{token}", inline_array=True)
+                      name=f"from-npy-{token}")
     return to_device(x)
 
 

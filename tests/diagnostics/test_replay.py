@@ -29,7 +29,7 @@ def recording(tmp_path_factory):
     where = tmp_path_factory.mktemp("recording")
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     proc = subprocess.run([sys.executable, "-m", "benchmarks.probes.dashboard_record", "--cpu", "--out", str(where),
-                           "--gib", str(GIB), "--dashboard", "none"], cwd=ROOT, env=env, capture_output=True,
+                           "--gib", str(GIB), "--dashboard", "127.0.0.1:0"], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=180)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     views = [json.loads(line) for line in (where / "board.jsonl").read_text().splitlines()]
@@ -63,7 +63,7 @@ def test_the_replay_picks_a_busy_moment_and_says_it_is_a_replay(recording):
     views, _ = dashboard_replay.load(str(where))
     i = dashboard_replay.busiest(views)
     view = views[i]["view"]
-    assert any(s["state"] == "running" for s in view["steps"]) and view["memory"]["series"]["gbps"][-1] > 0
+    assert any(s["state"] == "running" for s in view["steps"]) and max(view["memory"]["series"]["gbps"]) > 0
     assert dashboard_replay.at(views, 0.0) == 0 and dashboard_replay.at(views, 1e6) == len(views) - 1
     shown = dashboard_replay.ReplayBoard(views, meta, i).view()
     assert shown["run"]["name"].startswith("REPLAY") and meta["environment"]["node"] in shown["run"]["name"]

@@ -28,8 +28,10 @@ pytestmark = pytest.mark.timeout(120)
 
 @pytest.fixture
 def fake():
+    """The NumPy stand-in device, computing in this process (where its counters are), even when
+    another test's Session is the default client."""
     storage.COUNTERS.reset()
-    with dask.config.set({"flowgpu.zarr.device": "fake"}):
+    with dask.config.set({"flowgpu.zarr.device": "fake", "scheduler": "sync"}):
         yield storage.COUNTERS
 
 
