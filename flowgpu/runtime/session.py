@@ -138,7 +138,7 @@ class Session:
             raise
         self.fuse = bool(dask.config.get(FUSE_KEY, True) if fuse is None else fuse)
         if self.fuse:  # dask optimises graphs where compute() is called: here, in the client's process
-            self._publish({"array_optimize": array_optimize})
+            self._publish({"array_optimize": array_optimize, FUSE_KEY: True})  # fuse=True beats a false config
         with _lock:
             _stack.append(self)
 

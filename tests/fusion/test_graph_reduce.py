@@ -316,6 +316,19 @@ def test_session_installs_the_hook_and_false_turns_it_off(cpu_session, rng):
         assert float(y.compute()) == pytest.approx(float(((xn * 2 + 1) ** 2 - xn).sum()), rel=1e-12)
 
 
+@pytest.mark.timeout(120)
+def test_session_fuse_true_fuses_where_the_config_says_false(rng):
+    """``Session(fuse=True)`` fuses even under ``flowgpu.fuse-ufuncs: false`` (the hook used to be
+    installed but did nothing, since it reads that option)."""
+    xn = rng.random((30, 20))
+    x = da.from_array(xn, chunks=(8, 7))
+    y = ((x * 2 + 1) ** 2 - x).sum()
+    with dask.config.set({"flowgpu.fuse-ufuncs": False}), \
+            fg.Session(backend="cpu", n_workers=1, threads_per_worker=1, dashboard_address=None, fuse=True) as s:
+        assert s.fuse and partials(y) == {"sum"}
+        assert float(y.compute()) == pytest.approx(float(((xn * 2 + 1) ** 2 - xn).sum()), rel=1e-12)
+
+
 def test_session_fuse_false_and_env_leave_graphs_alone():
     """Session(fuse=False) does not install the hook; neither does DASK_FLOWGPU__FUSE_UFUNCS=false
     (in a real process); the default one does, and puts back what was there when it closes."""
