@@ -140,15 +140,19 @@ def worker_data_kwargs(options) -> dict:
 def worker_environ(options) -> dict[str, str]:
     """Environment the worker processes need before they import CuPy.
 
-    GPU workers get ``CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1`` (``flowgpu.spill.per-thread-streams``),
-    so each worker thread computes and copies on its own stream and transfers overlap
-    compute. Set it in ``distributed.nanny.pre-spawn-environ`` around the cluster's start.
+    GPU workers with flowgpu's store get ``CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1``
+    (``flowgpu.spill.per-thread-streams``), so each worker thread computes and copies on its own
+    stream and transfers overlap compute: the store orders a task's results before another
+    thread reads them. Every other GPU worker gets ``0``, said explicitly: the nanny leaves the
+    variable in this process's environment after an earlier Session, and a later one with
+    dask's or dask-cuda's store (which order nothing across streams) would inherit it and read
+    partial results (wrong sums, seen on an H200). Set it in
+    ``distributed.nanny.pre-spawn-environ`` around the cluster's start.
     """
-    if options.backend != "gpu" or store_choice() != "flowgpu":
+    if options.backend != "gpu":
         return {}
-    if not config.get("spill.per-thread-streams"):
-        return {}
-    return {"CUPY_CUDA_PER_THREAD_DEFAULT_STREAM": "1"}
+    on = store_choice() == "flowgpu" and bool(config.get("spill.per-thread-streams"))
+    return {"CUPY_CUDA_PER_THREAD_DEFAULT_STREAM": "1" if on else "0"}
 
 
 def install(client, options=None) -> None:

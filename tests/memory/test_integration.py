@@ -31,6 +31,16 @@ def test_auto_memory_limit_is_adopted_from_the_worker():
         assert resolved_limits(_cpu(memory_limit=1000))["host"] == 500
 
 
+@pytest.mark.parametrize("store,streams,want", [("flowgpu", True, "1"), ("flowgpu", False, "0"),
+                                                 ("dask", True, "0"), ("dask-cuda", True, "0")])
+def test_gpu_workers_get_per_thread_streams_only_with_flowgpus_store(monkeypatch, store, streams, want):
+    """Said either way: a 1 left in the environment by an earlier Session must not reach workers
+    whose store orders nothing across streams."""
+    monkeypatch.setenv("CUPY_CUDA_PER_THREAD_DEFAULT_STREAM", "1")
+    with dask.config.set({"flowgpu.spill.store": store, "flowgpu.spill.per-thread-streams": streams}):
+        assert worker_environ(SessionOptions(backend="gpu")) == {"CUPY_CUDA_PER_THREAD_DEFAULT_STREAM": want}
+
+
 def test_store_dask_keeps_the_clusters_own():
     for name in ("dask", "dask-cuda"):
         with dask.config.set({"flowgpu.spill.store": name}):
