@@ -58,9 +58,31 @@ def main(argv=None) -> int:
             ("one piece, 1 thread, 1 MiB rows", timed(lambda: one(0, (n >> 20, 1 << 20))), n),
             ("4 pieces, 4 threads at once", timed(lambda: list(pool.map(one, range(4)))), 4 * n),
         ]
+        from flowgpu.memory import staging
+
+        for mib, depth in ((16, 4), (16, 8), (8, 16), (32, 8)):
+            staging.DEPTH = depth
+            budget = mib << 20
+            rows.append((f"4 pieces, 4 threads at once, {mib} MiB slices, depth {depth}",
+                         timed(lambda: list(pool.map(lambda i: (file_rows_to_device(path, i * n, (n,), np.uint8,
+                                                                                     budget=budget),  # noqa: B023
+                                                                 cp.cuda.get_current_stream().synchronize()),
+                                                      range(4)))), 4 * n))
+        staging.DEPTH = 4
         buf = np.empty(n, np.uint8)
         fd = os.open(path, os.O_RDONLY)
         rows.append(("os.preadv into pageable memory, 1 thread", timed(lambda: os.preadv(fd, [buf], 0)), n))
+        import cupyx
+
+        pinned = cupyx.empty_pinned(4 * n, np.uint8)
+        piece = 16 << 20
+        for threads in (1, 4, 8, 16):
+            with ThreadPoolExecutor(threads) as ex:
+                def par(ex=ex):
+                    view = memoryview(pinned)
+                    list(ex.map(lambda o: os.preadv(fd, [view[o:o + piece]], o), range(0, 4 * n, piece)))
+                rows.append((f"os.preadv into pinned memory, 16 MiB pieces, {threads} threads",
+                             timed(par), 4 * n))
         os.close(fd)
         for name, s, nbytes in rows:
             print(f"{name}: {s * 1e3:.1f} ms, {nbytes / s / 1e9:.1f} GB/s", flush=True)
