@@ -189,7 +189,7 @@ def _plain_host_to_device(block: Any):
     return import_cupy().asarray(block)
 
 
-def _plain_file_rows_to_device(path: str, offset: int, shape: tuple, dtype: Any):
+def _plain_file_rows_to_device(path: str, offset: int, shape: tuple, dtype: Any, slice_bytes: int | None = None):
     dtype = np.dtype(dtype)
     if int(np.prod(shape, dtype=np.int64)) == 0:
         return import_cupy().empty(shape, dtype=dtype)
@@ -206,11 +206,13 @@ def host_to_device(block: Any):
     return _host_to_device(block)
 
 
-def file_rows_to_device(path: str, offset: int, shape: tuple, dtype: Any):
+def file_rows_to_device(path: str, offset: int, shape: tuple, dtype: Any, slice_bytes: int | None = None):
     """``shape`` (C order) of ``dtype`` read from ``path`` at byte ``offset``, as a CuPy array,
     through the registered hook (``os.preadv`` into pinned staging buffers once
-    :mod:`flowgpu.memory` is imported)."""
-    return _file_rows_to_device(path, offset, shape, dtype)
+    :mod:`flowgpu.memory` is imported, in slices of ``slice_bytes``: its default when None)."""
+    if slice_bytes is None:
+        return _file_rows_to_device(path, offset, shape, dtype)
+    return _file_rows_to_device(path, offset, shape, dtype, slice_bytes=slice_bytes)
 
 
 def set_host_to_device(fn: Callable[[Any], Any] | None) -> Callable[[Any], Any]:
@@ -222,8 +224,8 @@ def set_host_to_device(fn: Callable[[Any], Any] | None) -> Callable[[Any], Any]:
 
 
 def set_file_rows_to_device(fn: Callable[..., Any] | None) -> Callable[..., Any]:
-    """Make ``fn(path, offset, shape, dtype)`` the :func:`file_rows_to_device` hook (None: the
-    plain default); returns the hook it replaces."""
+    """Make ``fn(path, offset, shape, dtype, slice_bytes=None)`` the :func:`file_rows_to_device`
+    hook (None: the plain default); returns the hook it replaces."""
     global _file_rows_to_device
     old, _file_rows_to_device = _file_rows_to_device, fn or _plain_file_rows_to_device
     return old

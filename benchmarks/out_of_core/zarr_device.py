@@ -3,7 +3,7 @@
 GPU (one H200, one run): 32 GiB of float32, a smooth field plus noise on a grid of whole numbers
 (compresses about 2-4x, never zeros), generated on the device, is
 
-* written as a Zarr 3 store with zstd and with lz4, 1 GiB shards of 4 MiB chunks (what
+* written as a Zarr 3 store with zstd and with lz4, 1 GiB shards of 64 KiB chunks (what
   ``flowgpu convert`` writes on an H200; ``--chunk-mib`` picks another inner chunk): flowgpu
   encodes on the device (nvCOMP) and writes through pinned buffers; dask-cuda copies each shard
   to the host and lets zarr encode it (``da.to_zarr`` of ``x.map_blocks(cupy.asnumpy)``, its dask
@@ -30,6 +30,7 @@ Run::
     python -m benchmarks.out_of_core.zarr_device --size small    # 4 GiB, a quick check
     python -m benchmarks.out_of_core.zarr_device --codecs lz4 --dir /scratch
     python -m benchmarks.out_of_core.zarr_device --chunk-mib 1   # 1 MiB inner chunks
+    python -m benchmarks.out_of_core.zarr_device --dask-chunk-mib 4   # dask-cuda also on a store of 4 MiB chunks
     python -m benchmarks.out_of_core.zarr_device --read-group-mib 128   # decode overlapped with reads
     python -m benchmarks.out_of_core.zarr_device --reader kvikio   # kvikio's file reader instead
 
@@ -190,11 +191,13 @@ def _size(path: str) -> int:
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
 
 
-def run(size: str, codecs: list[str], folder: str, cold: bool, repeats: int = 3, chunk_mib: float = 4,
-        dask_repeats: int = 1, read_group_mib: float | None = None) -> list[dict]:
+def run(size: str, codecs: list[str], folder: str, cold: bool, repeats: int = 3, chunk_mib: float = 1 / 16,
+        dask_repeats: int = 1, read_group_mib: float | None = None, dask_chunk_mib: float | None = None,
+        skip_dask: bool = False) -> list[dict]:
     shape = SIZES[size]
     nbytes = int(np.prod(shape)) * 4
     chunks = inner_chunks((SHARD_ROWS, shape[1]), 4, int(chunk_mib * (1 << 20)))
+    theirs_chunks = inner_chunks((SHARD_ROWS, shape[1]), 4, int(dask_chunk_mib * (1 << 20))) if dask_chunk_mib else chunks
     layout = f"{SHARD_ROWS * shape[1] * 4 / GiB:.0f} GiB shards of {chunk_mib:g} MiB chunks {list(chunks)}" + \
         (f", shards read in groups of {read_group_mib:g} MiB" if read_group_mib else "")
     group = int(read_group_mib * (1 << 20)) if read_group_mib else None
@@ -227,13 +230,22 @@ def run(size: str, codecs: list[str], folder: str, cold: bool, repeats: int = 3,
             rows.append(_row(f"chain+sum over {codec} store ({label})", "flowgpu", nbytes,
                              t, c, identical=_identical(got, want)))
         theirs = os.path.join(folder, f"{codec}-dask.zarr")
+        if skip_dask:
+            shutil.rmtree(ours, ignore_errors=True)
+            continue
         with _session("dask-cuda"):
             _, t, _ = _passes(f"dask-cuda write {codec}", lambda i: _dask_cuda_write(  # noqa: B023
-                field(shape), paths[i], codec, chunks), dask_repeats,  # noqa: B023
+                field(shape), paths[i], codec, theirs_chunks), dask_repeats,  # noqa: B023
                 after_each=lambda i: os.rename(paths[i], theirs) if i == dask_repeats - 1 else drop(i))  # noqa: B023
             check = float(chain(_dask_cuda_read(theirs)).compute())
             rows.append(_row(f"write {nbytes / GiB:.0f} GiB, {codec}", "dask-cuda", nbytes, t,
                              identical=f"read back: {_identical([check], want)}"))
+            if dask_chunk_mib:  # dask-cuda on the store it wrote, in the chunks zarr-python on a CPU reads best
+                got, t, _ = _passes(f"dask-cuda chain+sum {codec}, {dask_chunk_mib:g} MiB chunks",
+                                    lambda i: float(chain(_dask_cuda_read(theirs)).compute()),  # noqa: B023
+                                    dask_repeats, before_each=state)
+                rows.append(_row(f"chain+sum over dask-cuda's {codec} store of {dask_chunk_mib:g} MiB chunks ({label})",
+                                 "dask-cuda", nbytes, t, identical=_identical(got, want)))
             shutil.rmtree(theirs, ignore_errors=True)
             got, t, _ = _passes(f"dask-cuda chain+sum {codec}",
                                 lambda i: float(chain(_dask_cuda_read(ours)).compute()), dask_repeats,  # noqa: B023
@@ -273,12 +285,16 @@ def parser():
     p.add_argument("--cold", action="store_true", help="drop the page cache before each read pass (needs root)")
     p.add_argument("--dask-repeats", type=int, default=1,
                    help="timed dask-cuda passes after its warm-up (default 1: its 32 GiB write takes minutes)")
-    p.add_argument("--chunk-mib", type=float, default=4.0,
-                   help="inner chunk size in MiB (at most 16; below 0.5, parts of a 512 KiB row, decoded aside "
-                        "and copied into the block instead of in place)")
+    p.add_argument("--chunk-mib", type=float, default=1 / 16,
+                   help="inner chunk size in MiB (default 1/16: 64 KiB, pieces of a 512 KiB row; at most 16)")
+    p.add_argument("--dask-chunk-mib", type=float, default=None,
+                   help="dask-cuda writes its store in chunks of this many MiB and also reads that one "
+                        "(default: the same layout as flowgpu's, and only flowgpu's store is read)")
     p.add_argument("--read-group-mib", type=float, default=None,
                    help="read each shard in parts of this many MiB, each decoded while the next is read "
                         "(flowgpu.zarr.read-group; default: one read per shard)")
+    p.add_argument("--skip-dask", action="store_true",
+                   help="flowgpu's passes only (dask-cuda's 32 GiB passes over a store of 64 KiB chunks take minutes)")
     p.add_argument("--reader", choices=("staging", "kvikio"), default="staging",
                    help="how flowgpu reads the chunk files (flowgpu.zarr.reader)")
     return p
@@ -292,7 +308,8 @@ def main(argv=None) -> int:
     d = a.dir or tempfile.mkdtemp(prefix="flowgpu-zarr-bench-")
     try:
         with dask.config.set({"flowgpu.zarr.reader": a.reader}):
-            rows = run(a.size, a.codecs.split(","), d, a.cold, a.repeats, a.chunk_mib, a.dask_repeats, a.read_group_mib)
+            rows = run(a.size, a.codecs.split(","), d, a.cold, a.repeats, a.chunk_mib, a.dask_repeats, a.read_group_mib,
+                       a.dask_chunk_mib, a.skip_dask)
     finally:
         if a.dir is None:
             shutil.rmtree(d, ignore_errors=True)

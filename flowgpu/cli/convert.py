@@ -34,7 +34,7 @@ class _Bytes(click.ParamType):
               help="Compressor of the new store (nvCOMP decodes both; lz4 is the faster, zstd the smaller).")
 @click.option("--level", type=int, default=None, help="zstd level for zarr's CPU encoder (the GPU's is fixed).")
 @click.option("--chunk-bytes", type=_Bytes(), default=None,
-              help="Bytes of one chunk, what nvCOMP decodes at once (default 4MiB, at most 16MiB).")
+              help="Bytes of one chunk, what nvCOMP decodes at once (default 64KiB, at most 16MiB).")
 @click.option("--shard-bytes", type=_Bytes(), default=None,
               help="Bytes of one shard, what one task reads (default: the chunk size the workers' budget allows, "
                    "at most 1GiB).")

@@ -1,7 +1,7 @@
 """Rewrite a ``.npy`` file or a Zarr array as a GPU-friendly Zarr 3 store (``flowgpu convert``).
 
 GPU-friendly: a codec nvCOMP decodes (zstd by default, or lz4), inner chunks small enough for
-nvCOMP's batched decoders to run many at once (``chunk_bytes``, 4 MiB by default, at most 16 MiB)
+nvCOMP's batched decoders to run many at once (``chunk_bytes``, 64 KiB by default, at most 16 MiB)
 gathered into shards of about what one task should read (``shard_bytes``: the chunk size
 ``chunks="auto"`` picks for the session's workers, at most 1 GiB; ~1 GiB on an H200). Chunks and
 shards are cut from whole rows first (a C-ordered array reads them as long contiguous ranges).

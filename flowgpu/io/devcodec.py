@@ -40,11 +40,12 @@ import numpy as np
 
 from flowgpu.backend import file_rows_to_device, import_cupy
 
-__all__ = ["MAX_CHUNK_BYTES", "ALIGN", "layout", "DevicePlan", "Fallback", "Frame", "plan_codec", "frame_for", "device_for",
+__all__ = ["MAX_CHUNK_BYTES", "ALIGN", "layout", "run_offsets", "gather", "DevicePlan", "Fallback", "Frame", "plan_codec", "frame_for", "device_for",
            "CupyDevice", "KvikioDevice", "HostDevice",
            "read_exact", "DEVICES"]
 
 MAX_U64 = 2**64 - 1
+READ_SLICE = 16 << 20  # staging slice of a shard read: four shards read at once spread over all reader threads
 MAX_CHUNK_BYTES = 16 << 20  # the largest chunk nvCOMP's batched zstd and LZ4 take (and decode well: one block each)
 ALIGN = 256  # where flowgpu's shards start each payload nvCOMP reads (it needs 16; 256 is a whole cache sector run)
 
@@ -205,21 +206,74 @@ def plan_codec(arr: Any) -> DevicePlan | Fallback:
                              frame=frame, **common))
 
 
-def layout(sizes: list[int], head: int = 0, room: int = 0, align: int = ALIGN) -> tuple[list[int], int]:
+def layout(sizes: Any, head: int = 0, room: int = 0, align: int = ALIGN) -> tuple[np.ndarray, int]:
     """Where payloads of ``sizes`` bytes go in a shard: ``(starts, end)``. Each payload has
     ``head`` bytes of framing before it (LZ4's size) and ``room`` more to grow it in (a zstd
     header given its size); what a reader hands nvCOMP (``start - room``) is at a multiple of
     ``align``. The gaps are legal in a Zarr 3 shard: its index gives each chunk's offset.
 
-    >>> layout([10, 300, 5], head=4)
+    >>> starts, end = layout([10, 300, 5], head=4)
+    >>> starts.tolist(), end
     ([256, 512, 1024], 1029)
     """
-    starts, end = [], 0
-    for n in sizes:
-        at = -(-(end + head) // align) * align + room
-        starts.append(at)
-        end = at + int(n)
-    return starts, end
+    sizes = np.asarray(sizes, dtype=np.int64).reshape(-1)
+    if not sizes.size:
+        return np.zeros(0, np.int64), 0
+    slots = -(-(room + sizes + head) // align) * align  # each slot starts aligned, the next one after it
+    base = -(-head // align) * align + np.concatenate(([0], np.cumsum(slots[:-1])))
+    starts = base + room
+    return starts, int(starts[-1] + sizes[-1])
+
+
+def run_offsets(block: tuple, chunk: tuple, coords: Any, lo: tuple, itemsize: int) -> np.ndarray | None:
+    """Byte offsets into a C-ordered ``block`` (its first element at ``lo``) of the chunks at
+    ``coords`` (rows of chunk-grid coordinates), when each chunk is one contiguous run of the
+    block's bytes (unit axes, then one axis cut, then whole trailing axes) inside the block;
+    else None (then chunks are decoded aside and copied in).
+
+    >>> run_offsets((4, 6), (2, 6), [[0, 0], [1, 0]], (0, 0), 4).tolist()
+    [0, 48]
+    >>> run_offsets((4, 6), (2, 3), [[0, 0]], (0, 0), 4) is None
+    True
+    """
+    nd = len(chunk)
+    cut = next((i for i, c in enumerate(chunk) if c > 1), nd - 1)
+    if any(chunk[j] != block[j] for j in range(cut + 1, nd)):
+        return None
+    coords = np.asarray(coords, dtype=np.int64).reshape(-1, nd)
+    if not len(coords):
+        return np.zeros(0, np.int64)
+    first = coords * np.asarray(chunk, np.int64) - np.asarray(lo, np.int64)
+    if (first < 0).any() or (first + np.asarray(chunk, np.int64) > np.asarray(block, np.int64)).any():
+        return None  # a chunk runs past the block (the array's end cuts it)
+    return np.ravel_multi_index(tuple(first.T), block).astype(np.int64) * itemsize
+
+
+_GATHER = r"""
+extern "C" __global__ void flowgpu_gather(const unsigned long long* src, const long long* dst_at,
+                                          const long long* n, unsigned char* dst) {
+    const unsigned char* s = (const unsigned char*)src[blockIdx.x];
+    unsigned char* d = dst + dst_at[blockIdx.x];
+    const long long len = n[blockIdx.x];
+    for (long long i = threadIdx.x; i < len; i += blockDim.x) d[i] = s[i];
+}
+"""
+_kernels: dict = {}
+
+
+def gather(src_ptrs: Any, dst: Any, dst_at: Any, sizes: Any) -> None:
+    """Copy ``sizes[i]`` bytes from device address ``src_ptrs[i]`` to ``dst[dst_at[i]:]`` (a
+    uint8 CuPy array), every chunk in one kernel launch on the current stream: a shard holds
+    thousands of chunks, and one ``memcpyAsync`` each costs more than its bytes."""
+    cp = import_cupy()
+    n = len(sizes)
+    if not n:
+        return
+    if "gather" not in _kernels:
+        _kernels["gather"] = cp.RawKernel(_GATHER, "flowgpu_gather")
+    args = (cp.asarray(np.asarray(src_ptrs, np.uint64)), cp.asarray(np.asarray(dst_at, np.int64)),
+            cp.asarray(np.asarray(sizes, np.int64)), dst)
+    _kernels["gather"]((n,), (256,), args)
 
 
 def read_exact(fd: int, into: Any, offset: int, path: str) -> None:
@@ -237,7 +291,11 @@ class HostDevice:
     """The device interface on NumPy arrays: nvCOMP's raw streams decoded by numcodecs and zlib.
 
     A stand-in for :class:`CupyDevice` that runs everywhere (tests, CPU machines): same reads,
-    same framing, same batches; only the memory is the host's."""
+    same framing, same batches, the same offset tables; only the memory is the host's.
+
+    A batch is one buffer and an offset table (NumPy ``int64`` arrays), never a list of views: a
+    1 GiB shard of 64 KiB chunks is 16384 chunks, and a Python object per chunk would cost more
+    than the device's decode."""
 
     name = "fake"
     xp = np
@@ -251,57 +309,57 @@ class HostDevice:
             os.close(fd)
         return out
 
-    def payloads(self, buf: Any, spans: list[tuple[int, int]]) -> list:
-        """Views of ``buf`` nvCOMP may read, one per ``(start, stop)``: in place where aligned, the
-        others copied into one new buffer (one allocation, one copy each)."""
-        return [buf[a:b] for a, b in spans]
+    def place(self, buf: Any, starts: np.ndarray, sizes: np.ndarray, out: Any, out_at: np.ndarray) -> None:
+        """Copy ``buf[starts[i]:starts[i] + sizes[i]]`` to ``out[out_at[i]:]`` (1-d uint8 arrays)."""
+        for a, n, o in zip(starts.tolist(), sizes.tolist(), out_at.tolist()):
+            out[o:o + n] = buf[a:a + n]
 
-    def pack(self, algorithm: str | None, arrays: list, level: int | None, head: int = 0,
-             room: int = 0) -> tuple[np.ndarray, list[int], list[int]]:
-        """Encode ``arrays`` (1-d uint8 chunks) as one batch and lay the payloads out as a shard
-        (:func:`layout`, gaps zeroed) in one host buffer, copied from the device at once.
-        Returns ``(host, starts, sizes)``."""
-        keep, views = self._encoded(algorithm, arrays, level) if algorithm else (None, arrays)
-        sizes = [int(v.size) for v in views]
+    def decode_into(self, algorithm: str, buf: Any, starts: np.ndarray, sizes: np.ndarray, out: Any,
+                    out_at: np.ndarray, nbytes: int) -> Any:
+        """Decode each payload ``buf[starts[i]:starts[i] + sizes[i]]`` into ``out[out_at[i]:]``
+        (``nbytes`` each, 1-d uint8 arrays), as one batch; returns what must stay alive until
+        :meth:`sync` (the device works asynchronously)."""
+        payloads = [buf[a:a + n] for a, n in zip(starts.tolist(), sizes.tolist())]
+        self.decode(algorithm, payloads, [nbytes] * len(payloads), [out[o:o + nbytes] for o in out_at.tolist()])
+        return None
+
+    def pack(self, algorithm: str | None, flat: Any, offsets: np.ndarray, nbytes: int, level: int | None,
+             head: int = 0, room: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Encode the chunks ``flat[o:o + nbytes]`` (``flat``: 1-d uint8) as one batch and lay the
+        payloads out as a shard (:func:`layout`, gaps zeroed) in one host buffer, copied from the
+        device at once. Returns ``(host, starts, sizes)``."""
+        arrays = [flat[o:o + nbytes] for o in offsets.tolist()]
+        views = self.encode(algorithm, arrays, level) if algorithm else arrays
+        sizes = np.array([int(v.size) for v in views], np.int64)
         starts, end = layout(sizes, head, room)
-        image = self.xp.zeros(end, np.uint8)
-        for at, v in zip(starts, views):
-            self._place(image, at, v)
-        host = self.to_host(image)  # complete (synchronous) before nvCOMP's batch may go
-        del keep, views
-        return host, starts, sizes
+        image = np.zeros(end, np.uint8)
+        for at, v in zip(starts.tolist(), views):
+            image[at:at + v.size] = v
+        return image, starts, sizes
 
-    def _encoded(self, algorithm: str, arrays: list, level: int | None) -> tuple[Any, list]:
-        return None, self.encode(algorithm, arrays, level)
-
-    def _place(self, image: Any, at: int, v: Any) -> None:
-        image[at:at + v.size] = v
-
-    def decode(self, algorithm: str, payloads: list, sizes: list[int], outs: list | None = None) -> list:
-        """Each payload decoded: into ``outs`` (1-d uint8 arrays of ``sizes``) when given, else new arrays."""
+    def decode(self, algorithm: str, payloads: list, sizes: list[int], outs: list) -> None:
+        """Each payload decoded into ``outs[i]`` (1-d uint8 arrays of ``sizes[i]``)."""
         import numcodecs
 
-        out = []
-        for i, (p, n) in enumerate(zip(payloads, sizes)):
+        for p, n, o in zip(payloads, sizes, outs):
             raw = bytes(memoryview(p))
-            if algorithm == "Zstd":
-                b = numcodecs.Zstd().decode(raw)
-            elif algorithm == "LZ4":
-                b = numcodecs.LZ4().decode(struct.pack("<I", n) + raw)
-            elif algorithm == "Deflate":
-                b = zlib.decompress(raw, -15)
-            elif algorithm == "Gzip":
-                b = gzip.decompress(raw)
-            else:
-                raise ValueError(f"no decoder for {algorithm}")
+            try:
+                if algorithm == "Zstd":
+                    b = numcodecs.Zstd().decode(raw)
+                elif algorithm == "LZ4":
+                    b = numcodecs.LZ4().decode(struct.pack("<I", n) + raw)
+                elif algorithm == "Deflate":
+                    b = zlib.decompress(raw, -15)
+                elif algorithm == "Gzip":
+                    b = gzip.decompress(raw)
+                else:
+                    raise ValueError(f"no decoder for {algorithm}")
+            except (RuntimeError, ValueError, OSError, zlib.error, EOFError) as e:
+                raise OSError(f"a {algorithm} chunk does not decode ({e}): the store is damaged") from None
             a = np.frombuffer(b, np.uint8)
             if a.size != n:
-                raise ValueError(f"{algorithm} chunk decoded to {a.size} bytes, not {n}")
-            if outs is not None:
-                np.copyto(outs[i], a)
-                a = outs[i]
-            out.append(a)
-        return out
+                raise OSError(f"a {algorithm} chunk decoded to {a.size} bytes, not {n}: the store is damaged")
+            np.copyto(o, a)
 
     def encode(self, algorithm: str, arrays: list, level: int | None = None) -> list:
         import numcodecs
@@ -322,7 +380,10 @@ class HostDevice:
 
 class CupyDevice(HostDevice):
     """CuPy arrays, reads through pinned staging buffers (flowgpu's ``file_rows_to_device`` hook),
-    decodes and encodes with nvCOMP on the calling thread's current stream."""
+    decodes and encodes with nvCOMP on the calling thread's current stream: one batch per call,
+    its chunks carved from one buffer by an offset table (``nvcomp.as_arrays(buffer, offsets,
+    sizes)``), decodes with a configuration built from the known chunk size (no stream sync
+    inside nvCOMP, so reads, decodes and compute of other tasks overlap)."""
 
     name = "nvcomp"
 
@@ -334,7 +395,7 @@ class CupyDevice(HostDevice):
         return import_cupy()
 
     def read(self, path: str, offset: int, nbytes: int):
-        return file_rows_to_device(path, offset, (nbytes,), np.uint8)
+        return file_rows_to_device(path, offset, (nbytes,), np.uint8, slice_bytes=READ_SLICE)
 
     def _codec(self, algorithm: str):
         cp = import_cupy()
@@ -348,47 +409,85 @@ class CupyDevice(HostDevice):
         if key not in codecs:
             codecs[key] = nvcomp.Codec(algorithm=algorithm, bitstream_kind=nvcomp.BitstreamKind.RAW,
                                        device_id=key[1], cuda_stream=stream.ptr)
-        return nvcomp, codecs[key]
+        return nvcomp, codecs[key], stream.ptr
 
-    def payloads(self, buf: Any, spans: list[tuple[int, int]]) -> list:
-        cp = import_cupy()
-        odd = [i for i, (a, _) in enumerate(spans) if (buf.data.ptr + a) % 16]  # nvCOMP's strictest alignment
-        out = [buf[a:b] for a, b in spans]
-        if odd:  # a store not written by flowgpu: its misaligned payloads gathered into one buffer
-            starts, end = layout([spans[i][1] - spans[i][0] for i in odd])
-            into = cp.empty(end, cp.uint8)
-            for i, at in zip(odd, starts):
-                self._place(into, at, out[i])
-                out[i] = into[at:at + out[i].size]
-        return out
+    def _config(self, codec: Any, n: int, nbytes: int):
+        """nvCOMP's decompression configuration for ``n`` chunks of ``nbytes``, kept per codec."""
+        configs = getattr(self._local, "configs", None)
+        if configs is None:
+            configs = self._local.configs = {}
+        key = (id(codec), n, nbytes)
+        if key not in configs:
+            if len(configs) > 64:
+                configs.clear()
+            try:
+                configs[key] = codec.decompression_config(codec.compression_config([int(nbytes)] * n))
+            except Exception:  # noqa: BLE001 - a codec nVCOMP only decodes (gzip): it parses sizes itself
+                configs[key] = None
+        return configs[key]
 
-    def _place(self, image: Any, at: int, v: Any) -> None:
-        cp = import_cupy()
-        cp.cuda.runtime.memcpyAsync(image.data.ptr + at, v.data.ptr, int(v.size), cp.cuda.runtime.memcpyDeviceToDevice,
-                                    cp.cuda.get_current_stream().ptr)
+    def place(self, buf: Any, starts: np.ndarray, sizes: np.ndarray, out: Any, out_at: np.ndarray) -> None:
+        gather(buf.data.ptr + starts.astype(np.uint64), out, out_at, sizes)
 
-    def _encoded(self, algorithm: str, arrays: list, level: int | None) -> tuple[Any, list]:
-        """nvCOMP's batch (kept alive by the caller) and a CuPy view of each payload in it: no copy."""
+    def decode_into(self, algorithm: str, buf: Any, starts: np.ndarray, sizes: np.ndarray, out: Any,
+                    out_at: np.ndarray, nbytes: int) -> Any:
         cp = import_cupy()
-        nvcomp, codec = self._codec(algorithm)
-        batch = codec.encode(nvcomp.as_arrays([a.reshape(-1).view(cp.uint8) for a in arrays]))
-        return batch, [cp.asarray(batch[i]).view(cp.uint8).reshape(-1) for i in range(len(arrays))]
+        if ((buf.data.ptr + starts) % 16).any():  # a store not written by flowgpu: payloads gathered aligned
+            at, end = layout(sizes)
+            aligned = cp.empty(max(end, 1), cp.uint8)
+            self.place(buf, starts, sizes, aligned, at)
+            buf, starts = aligned, at
+        if ((out.data.ptr + out_at) % 16).any():
+            raise ValueError("nvCOMP writes decoded chunks at 16-byte aligned addresses")
+        nvcomp, codec, stream = self._codec(algorithm)
+        n = len(starts)
+        srcs = nvcomp.as_arrays(buf, starts.tolist(), sizes.tolist(), cuda_stream=stream)
+        outs = nvcomp.as_arrays(out, out_at.tolist(), [int(nbytes)] * n, cuda_stream=stream)
+        config = self._config(codec, n, nbytes)
+        if config is None:
+            codec.decode(srcs, out=outs)
+        else:
+            codec.decode(srcs, out=outs, decompression_config=config)
+        return buf, srcs, outs
 
-    def decode(self, algorithm: str, payloads: list, sizes: list[int], outs: list | None = None) -> list:
+    def pack(self, algorithm: str | None, flat: Any, offsets: np.ndarray, nbytes: int, level: int | None,
+             head: int = 0, room: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         cp = import_cupy()
-        nvcomp, codec = self._codec(algorithm)
-        outs = [cp.empty(n, cp.uint8) for n in sizes] if outs is None else outs
-        srcs = nvcomp.as_arrays(payloads)  # a BatchArray (nvCOMP 6): keeps the payloads alive
-        try:
-            codec.decode(srcs, out=nvcomp.as_arrays(outs))  # straight into arrays CuPy owns
-        except TypeError:  # an nvCOMP whose batch decode takes no out=: copy out of its batch
-            for o, g in zip(outs, codec.decode(srcs)):
-                o[:] = cp.asarray(g).view(cp.uint8).reshape(-1)
-        return outs
+        n = len(offsets)
+        if not algorithm:
+            src, at, sizes = flat, offsets, np.full(n, nbytes, np.int64)
+        else:
+            nvcomp, codec, stream = self._codec(algorithm)
+            bound = nbytes + nbytes // 8 + 4096  # above LZ4's and zstd's own worst cases
+            try:  # nvCOMP's worst case for one chunk, if it asks for more
+                bound = max(bound, int(codec.get_max_comp_buffer_size(
+                    nvcomp.as_array(flat[int(offsets[0]):int(offsets[0]) + nbytes], cuda_stream=stream))))
+            except (TypeError, ValueError, RuntimeError):
+                pass
+            cap = -(-bound // ALIGN) * ALIGN
+            src = cp.empty(n * cap, cp.uint8)
+            at = np.arange(n, dtype=np.int64) * cap
+            batch = codec.encode(nvcomp.as_arrays(flat, offsets.tolist(), [int(nbytes)] * n, cuda_stream=stream),
+                                 out=nvcomp.as_arrays(src, at.tolist(), [cap] * n, cuda_stream=stream))
+            sizes = np.asarray(batch.buffer_sizes, np.int64)  # waits for the encode
+            if len(sizes) != n or (sizes <= 0).any() or (sizes > cap).any():
+                raise RuntimeError(f"nvCOMP {algorithm} returned {len(sizes)} chunk sizes out of range for {n} "
+                                   f"chunks of {nbytes} bytes (capacity {cap})")
+        starts, end = layout(sizes, head, room)
+        image = cp.zeros(end, cp.uint8)
+        dst = starts
+        if algorithm == "Zstd" and room and n:  # frames that carry their content size go ``room`` earlier, at
+            fhd = cp.asnumpy(src[cp.asarray(at + 4)]).astype(np.int64)  # the aligned offset (nothing to add)
+            dst = np.where(((fhd >> 6) == 0) & ((fhd & 0x20) == 0), starts, starts - room)
+        gather(src.data.ptr + at.astype(np.uint64), image, dst, sizes)
+        return self.to_host(image), starts, sizes
 
     def encode(self, algorithm: str, arrays: list, level: int | None = None) -> list:
-        batch, views = self._encoded(algorithm, arrays, level)
-        return [v.copy() for v in views]
+        """Each array encoded (a batch of one buffer each; for tests and small writes)."""
+        flat = import_cupy().concatenate([a.reshape(-1).view(np.uint8) for a in arrays])
+        nbytes = arrays[0].size * arrays[0].itemsize
+        host, starts, sizes = self.pack(algorithm, flat, np.arange(len(arrays), dtype=np.int64) * nbytes, nbytes, level)
+        return [host[a:a + n] for a, n in zip(starts.tolist(), sizes.tolist())]
 
     def to_host(self, a: Any) -> np.ndarray:
         """A device array in pinned host memory (CuPy's pinned pool keeps the buffers for reuse)."""

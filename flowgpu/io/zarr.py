@@ -135,7 +135,7 @@ def store_zarr(x: da.Array, tmp: str, *, component: str | None = None, codec: st
     With no ``codec``/``chunks``/``shards`` on the CPU: ``dask.array.to_zarr`` as it always was.
     Otherwise zarr creates the array (``codec`` zstd by default) with ``chunks`` (default: ``x``'s;
     on the device path, when those are more than nvCOMP encodes at once, shards of ``x``'s chunks
-    made of ~4 MiB chunks) and ``shards``, and on the device path each task encodes and writes its
+    made of ~64 KiB chunks) and ``shards``, and on the device path each task encodes and writes its
     unit on the device."""
     device = device_path()
     if device not in (None, "fake") and codec != "none" and _nvcomp_missing():

@@ -11,8 +11,12 @@ its shards). For each unit the task
    on the host, then every inner chunk it holds in one range from an aligned offset; a chunk
    file from its payload on). Payloads nvCOMP cannot read in place (not 16-byte aligned: stores
    flowgpu did not write) are gathered into one aligned device buffer;
-3. decodes every chunk of the block as one batch (nvCOMP), and places the decoded chunks (edge
-   chunks cut to the array) into the block.
+3. decodes every chunk of the block as one batch (nvCOMP), straight into the block where each
+   chunk is one contiguous run of it (whole trailing axes, or pieces of one row), else aside and
+   copied in (edge chunks cut to the array).
+
+The chunks of a file are NumPy arrays (coordinates, payload ranges), never a Python object per
+chunk: a 1 GiB shard of 64 KiB chunks holds 16384 of them.
 
 :func:`read_plan` lists what step 1 and 2 read, for a block, without reading the data: which
 files, which byte ranges, which chunks are missing (what the tests check).
@@ -20,7 +24,6 @@ files, which byte ranges, which chunks are missing (what the tests check).
 
 from __future__ import annotations
 
-import itertools
 import os
 import time
 from dataclasses import dataclass
@@ -30,29 +33,52 @@ import google_crc32c
 import numpy as np
 import zarr
 
-from flowgpu.io.devcodec import ALIGN, MAX_U64, DevicePlan, device_for, read_exact
+from flowgpu.io.devcodec import ALIGN, MAX_U64, DevicePlan, device_for, read_exact, run_offsets
 from flowgpu.io.storage import COUNTERS
 
-__all__ = ["DeviceReader", "ChunkRead", "UnitRead", "read_plan", "shard_index"]
+__all__ = ["DeviceReader", "ChunkRead", "Chunks", "UnitRead", "read_plan", "shard_index"]
 
 
 class ChunkRead(NamedTuple):
-    """One chunk to decode: where its payload lies in its unit's read range, and where it goes
-    (a tuple: thousands are made per shard)."""
+    """One chunk to decode, as :class:`Chunks` yields it: where its payload lies in its read range."""
 
     coords: tuple  # chunk coordinates in the array's chunk grid
     start: int  # payload offset into the unit's range (framing already skipped)
     stop: int
 
 
-@dataclass(frozen=True)
+class Chunks:
+    """The chunks of one read: ``coords`` (n, ndim), payload ``starts`` and ``stops`` (n,) into
+    the read's range, as ``int64`` arrays; iterating yields :class:`ChunkRead` tuples."""
+
+    __slots__ = ("coords", "starts", "stops")
+
+    def __init__(self, coords: np.ndarray, starts: np.ndarray, stops: np.ndarray):
+        self.coords, self.starts, self.stops = coords, starts, stops
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def __iter__(self):
+        for c, a, b in zip(self.coords.tolist(), self.starts.tolist(), self.stops.tolist()):
+            yield ChunkRead(tuple(c), a, b)
+
+    def __getitem__(self, i: int) -> ChunkRead:
+        return ChunkRead(tuple(self.coords[i].tolist()), int(self.starts[i]), int(self.stops[i]))
+
+    def take(self, idx: np.ndarray, shift: int = 0) -> "Chunks":
+        """The chunks at ``idx``, their ranges moved by ``-shift``."""
+        return Chunks(self.coords[idx], self.starts[idx] - shift, self.stops[idx] - shift)
+
+
+@dataclass(frozen=True, eq=False)
 class UnitRead:
     """One file of a block: the byte range read, the chunks in it, the chunks missing."""
 
     path: str
     offset: int
     nbytes: int
-    chunks: tuple[ChunkRead, ...]
+    chunks: Chunks
     missing: tuple[tuple, ...]  # chunk coordinates that are the fill value
 
 
@@ -78,36 +104,48 @@ def _grid(plan: DevicePlan) -> tuple:
     return tuple(-(-s // c) for s, c in zip(plan.shape, plan.chunk))
 
 
-def _unit_read(plan: DevicePlan, unit: tuple) -> UnitRead | None:
+def _inner(plan: DevicePlan, unit: tuple) -> np.ndarray:
+    """The chunk coordinates of ``unit`` (rows, C order), cut at the array's end."""
+    axes = [np.arange(u * p, min((u + 1) * p, g), dtype=np.int64)
+            for u, p, g in zip(unit, plan.chunks_per_unit, _grid(plan))]
+    return np.stack(np.meshgrid(*axes, indexing="ij"), axis=-1).reshape(-1, len(axes))
+
+
+def _tuples(rows: np.ndarray) -> tuple:
+    return tuple(tuple(r) for r in rows.tolist())
+
+
+def _unit_read(plan: DevicePlan, unit: tuple) -> UnitRead:
     path = plan.path(unit)
     try:
         size = os.path.getsize(path)
     except FileNotFoundError:
         size = None
-    per = plan.chunks_per_unit
-    grid = _grid(plan)
-    inner = [c for c in itertools.product(*(range(u * p, min((u + 1) * p, g)) for u, p, g in zip(unit, per, grid)))]
+    inner = _inner(plan, unit)
+    nd = inner.shape[1]
+    none = Chunks(np.zeros((0, nd), np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))
     if size is None:
-        return UnitRead(path, 0, 0, (), tuple(inner))
+        return UnitRead(path, 0, 0, none, _tuples(inner))
     head, tail = plan.frame.head, plan.frame.tail
     if not plan.sharded:  # the read starts at the payload (a device buffer is aligned): no copy for nvCOMP
         if size <= head + tail and plan.frame.algorithm:
             raise OSError(f"{path}: {size} bytes, too short for a {plan.frame.algorithm} chunk (the store is damaged)")
-        return UnitRead(path, head, size - head, (ChunkRead(inner[0], 0, size - head - tail),), ())
+        return UnitRead(path, head, size - head,
+                        Chunks(inner[:1], np.zeros(1, np.int64), np.array([size - head - tail], np.int64)), ())
     index = shard_index(plan, path, size)
-    first = np.array([u * p for u, p in zip(unit, per)])
-    local = np.array(inner, dtype=np.int64).reshape(len(inner), len(per)) - first  # one row per inner chunk
+    local = inner - np.array([u * p for u, p in zip(unit, plan.chunks_per_unit)], np.int64)
     entries = index[tuple(local.T)]
     have = entries[:, 0] != MAX_U64
-    off, n = (np.where(have, entries[:, k], 0).astype(np.int64) for k in (0, 1))
-    missing = tuple(c for c, h in zip(inner, have.tolist()) if not h)
+    missing = _tuples(inner[~have])
     if not have.any():
-        return UnitRead(path, 0, 0, (), missing)
-    lo = int(off[have].min()) // ALIGN * ALIGN  # the payloads flowgpu aligned stay aligned
-    hi = int((off + n)[have].max())
-    starts, stops = (off - lo + head).tolist(), (off - lo + n - tail).tolist()
-    chunks = tuple(ChunkRead(c, a, b) for c, a, b, h in zip(inner, starts, stops, have.tolist()) if h)
-    return UnitRead(path, lo, hi - lo, chunks, missing)
+        return UnitRead(path, 0, 0, none, missing)
+    off, n = (entries[have, k].astype(np.int64) for k in (0, 1))
+    if (n < head + tail + (1 if plan.frame.algorithm else 0)).any() or int((off + n).max()) > size:
+        raise OSError(f"{path}: its shard index points outside the file or at chunks too short for "
+                      f"{plan.frame.algorithm or 'raw'} data (the store is damaged)")
+    lo = int(off.min()) // ALIGN * ALIGN  # the payloads flowgpu aligned stay aligned
+    hi = int((off + n).max())
+    return UnitRead(path, lo, hi - lo, Chunks(inner[have], off - lo + head, off - lo + n - tail), missing)
 
 
 def read_plan(plan: DevicePlan, key: tuple) -> list[UnitRead] | None:
@@ -118,45 +156,42 @@ def read_plan(plan: DevicePlan, key: tuple) -> list[UnitRead] | None:
         start, stop, step = k.indices(n)
         if step != 1 or start % u or (stop % u and stop != n) or stop <= start:
             return None
-        units.append(range(start // u, -(-stop // u)))
-    return [r for r in (_unit_read(plan, unit) for unit in itertools.product(*units)) if r is not None]
+        units.append(np.arange(start // u, -(-stop // u)))
+    grid = np.stack(np.meshgrid(*units, indexing="ij"), axis=-1).reshape(-1, len(units))
+    return [_unit_read(plan, tuple(unit)) for unit in grid.tolist()]
 
 
-def _slots(plan: DevicePlan, xp, lo: tuple, hi: tuple, coords: list, chunk_bytes: int) -> tuple:
-    """``(block, slots)``: when every chunk is a whole run of the block's rows in C order (chunks
-    spanning the trailing axes, none cut by the array's end), the block and, per chunk, the bytes
-    of it the chunk decodes into; else ``(None, None)``. Saves a copy and a block of memory."""
+def _in_place(plan: DevicePlan, lo: tuple, hi: tuple, coords: np.ndarray, chunk_bytes: int) -> np.ndarray | None:
+    """Where each chunk decodes into the block ``[lo, hi)`` (byte offsets), when every chunk is a
+    whole contiguous run of it and nvCOMP's outputs stay 16-byte aligned; else None. Saves a copy
+    and a block of memory."""
     shape = tuple(b - a for a, b in zip(lo, hi))
-    if plan.chunk[1:] != shape[1:] or chunk_bytes % 16:  # nvCOMP's outputs start 16-byte aligned
-        return None, None
-    rows = plan.chunk[0]
-    if any((c[0] + 1) * rows > hi[0] for c in coords):  # the last chunk runs past the array's end
-        return None, None
-    block = xp.empty(shape, plan.dtype)
-    flat = block.reshape(-1).view(np.uint8)
-    row_bytes = chunk_bytes // rows
-    return block, [flat[(c[0] * rows - lo[0]) * row_bytes:(c[0] * rows - lo[0]) * row_bytes + chunk_bytes]
-                   for c in coords]
+    at = run_offsets(shape, plan.chunk, coords, lo, plan.dtype.itemsize)
+    if at is None or (plan.frame.algorithm and chunk_bytes % 16):
+        return None
+    return at
 
 
 def _groups(r: UnitRead, limit: int | None) -> list[tuple]:
     """``r`` as reads of about ``limit`` bytes at most, ``(path, offset, nbytes, chunks)`` with the
     chunks' ranges relative to each: cut between chunks in file order, each from an aligned offset
     and up to its last payload's end. One read of it all when ``limit`` is None or not exceeded."""
-    if not limit or r.nbytes <= limit or len(r.chunks) < 2:
-        return [(r.path, r.offset, r.nbytes, r.chunks)]
-    parts, part = [], []
-    for c in sorted(r.chunks, key=lambda c: c.start):
-        if part and c.stop - part[0].start > limit:
-            parts.append(part)
-            part = []
-        part.append(c)
+    ch = r.chunks
+    if not limit or r.nbytes <= limit or len(ch) < 2:
+        return [(r.path, r.offset, r.nbytes, ch)]
+    order = np.argsort(ch.starts, kind="stable")
+    starts, stops = ch.starts[order].tolist(), ch.stops[order].tolist()
+    cuts, first = [0], starts[0]
+    for i in range(1, len(starts)):
+        if stops[i] - first > limit:
+            cuts.append(i)
+            first = starts[i]
     out = []
-    for part in parts + [part]:
-        a = (r.offset + part[0].start) // ALIGN * ALIGN
-        b = r.offset + max(c.stop for c in part)
-        out.append((r.path, a, b - a, tuple(c._replace(start=r.offset + c.start - a, stop=r.offset + c.stop - a)
-                                             for c in part)))
+    for a, b in zip(cuts, cuts[1:] + [len(starts)]):
+        idx = order[a:b]
+        at = (r.offset + int(ch.starts[idx].min())) // ALIGN * ALIGN
+        end = r.offset + int(ch.stops[idx].max())
+        out.append((r.path, at, end - at, ch.take(idx, at - r.offset)))
     return out
 
 
@@ -195,43 +230,56 @@ class DeviceReader:
         hi = tuple(k.indices(n)[1] for k, n in zip(key, plan.shape))
         shape = tuple(b - a for a, b in zip(lo, hi))
         groups = [g for r in reads if r.nbytes for g in _groups(r, self.group)]
-        coords = [c.coords for g in groups for c in g[3]]
+        coords = np.concatenate([g[3].coords for g in groups]) if groups else np.zeros((0, len(shape)), np.int64)
         chunk_bytes = int(np.prod(plan.chunk, dtype=np.int64)) * plan.dtype.itemsize
         missing = any(r.missing for r in reads)
-        out, slots = None, None
-        if plan.frame.algorithm and len(coords) > 1 and not missing:
-            out, slots = _slots(plan, xp, lo, hi, coords, chunk_bytes)
-        decoded, keep, compressed, reading, decoding = [], [], 0, 0.0, 0.0
-        for path, offset, nbytes, chunks in groups:
+        algorithm = plan.frame.algorithm
+        if not algorithm:
+            for g in groups:
+                if (g[3].stops - g[3].starts != chunk_bytes).any():
+                    raise OSError(f"{g[0]}: a chunk holds other than the {chunk_bytes} bytes of a {plan.chunk} "
+                                  f"{plan.dtype} chunk (the store is damaged)")
+            if len(groups) == 1 and len(coords) == 1 and not missing and shape == plan.chunk:
+                path, offset, nbytes, ch = groups[0]  # one uncompressed chunk: the bytes read are the block
+                buf = dev.read(path, offset + int(ch.starts[0]), chunk_bytes)
+                COUNTERS.add("read", chunk_bytes, 0.0, count=1)
+                COUNTERS.add("moved", chunk_bytes, 0.0, count=1)
+                COUNTERS.add("decode", chunk_bytes, 0.0, count=1)
+                return buf.view(plan.dtype).reshape(plan.chunk)
+        at = _in_place(plan, lo, hi, coords, chunk_bytes)
+        if at is not None:
+            out = xp.full(shape, plan.fill_value, plan.dtype) if missing else xp.empty(shape, plan.dtype)
+            target = out.reshape(-1).view(np.uint8)
+        else:
+            out, target = None, xp.empty(max(len(coords) * chunk_bytes, 1), np.uint8)
+            at = np.arange(len(coords), dtype=np.int64) * chunk_bytes
+        keep, done, compressed, reading, decoding = [], 0, 0, 0.0, 0.0
+        for path, offset, nbytes, ch in groups:
             t0 = time.perf_counter()
             buf = dev.read(path, offset, nbytes)
             t1 = time.perf_counter()
-            part = dev.payloads(buf, [(c.start, c.stop) for c in chunks])
-            if plan.frame.algorithm:  # enqueued: the next group's file read overlaps it on the device
-                into = None if slots is None else slots[len(decoded):len(decoded) + len(part)]
-                keep.append(part)  # the compressed bytes live until the decodes are done
-                part = dev.decode(plan.frame.algorithm, part, [chunk_bytes] * len(part), into)
-            decoded += part
+            sizes, where = ch.stops - ch.starts, at[done:done + len(ch)]
+            if algorithm:  # enqueued: the next group's file read overlaps it on the device
+                keep.append(dev.decode_into(algorithm, buf, ch.starts, sizes, target, where, chunk_bytes))
+            else:
+                dev.place(buf, ch.starts, sizes, target, where)
+            keep.append(buf)  # the bytes read live until the device is done with them
+            done += len(ch)
             compressed += nbytes
             reading, decoding = reading + t1 - t0, decoding + time.perf_counter() - t1
         t2 = time.perf_counter()
-        if plan.frame.algorithm and decoded:
+        if groups:
             dev.sync()
         del keep
         decoding += time.perf_counter() - t2
         COUNTERS.add("read", compressed, reading, count=len(reads))
         COUNTERS.add("moved", compressed, 0.0, count=len(reads))
-        COUNTERS.add("decode", chunk_bytes * len(decoded), decoding, count=len(decoded))
+        COUNTERS.add("decode", chunk_bytes * done, decoding, count=done)
         if out is not None:
-            return out  # decoded in place: each chunk was a whole run of the block's rows
-        if len(decoded) == 1 and not missing and shape == plan.chunk:
-            return decoded[0].view(plan.dtype).reshape(plan.chunk)
+            return out  # decoded in place: each chunk was a whole run of the block
         out = xp.full(shape, plan.fill_value, plan.dtype) if missing else xp.empty(shape, plan.dtype)
-        for c, raw in zip(coords, decoded):
-            if raw.size != chunk_bytes:
-                raise OSError(f"{plan.root}: chunk {c} holds {raw.size} bytes, not the {chunk_bytes} of a "
-                              f"{plan.chunk} {plan.dtype} chunk (the store is damaged)")
-            chunk = raw.view(plan.dtype).reshape(plan.chunk)
+        for i, c in enumerate(coords.tolist()):
+            chunk = target[i * chunk_bytes:(i + 1) * chunk_bytes].view(plan.dtype).reshape(plan.chunk)
             a = [ci * n for ci, n in zip(c, plan.chunk)]
             b = [min(ai + n, s) for ai, n, s in zip(a, plan.chunk, hi)]
             dst = tuple(slice(ai - l, bi - l) for ai, bi, l in zip(a, b, lo))

@@ -28,15 +28,16 @@ import zarr
 
 from flowgpu.errors import ConfigError
 from flowgpu.io import faults
-from flowgpu.io.devcodec import MAX_U64, DevicePlan, Fallback, device_for, plan_codec
+from flowgpu.io.devcodec import MAX_U64, DevicePlan, Fallback, device_for, plan_codec, run_offsets
 from flowgpu.io.storage import COUNTERS
 
 __all__ = ["CODECS", "create", "device_writes", "compressors", "inner_chunks", "zstd_with_size"]
 
 CODECS = ("zstd", "lz4", "none")
-INNER_BYTES = 4 << 20
-WRITE_PIECE = 64 << 20  # a unit's file is written in pieces of this many bytes, on up to WRITERS threads
-WRITERS = 8
+INNER_BYTES = 64 << 10  # nvCOMP's batched decoders want many small chunks: a 1 GiB shard on an H200 decodes at
+# 41 GB/s (zstd) and 53 (lz4) in 64 KiB chunks, 17 and 22 in 1 MiB ones (benchmarks/probes/nvcomp_batch.py)
+WRITE_PIECE = 16 << 20  # a unit's file is written in pieces of this many bytes, on up to WRITERS threads
+WRITERS = 16  # copies into the page cache scale with threads (one moves 1.3-3 GB/s on the H200 machine)
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
 
@@ -48,8 +49,10 @@ def inner_chunks(unit: tuple, itemsize: int, target: int = INNER_BYTES) -> tuple
     shard of ``unit``: each axis of the result divides the unit's.
 
     >>> inner_chunks((2048, 131072), 4)
+    (1, 16384)
+    >>> inner_chunks((2048, 131072), 4, 4 << 20)
     (8, 131072)
-    >>> inner_chunks((1000, 3000), 8)
+    >>> inner_chunks((1000, 3000), 8, 4 << 20)
     (125, 3000)
     """
     out = list(unit)
@@ -158,12 +161,19 @@ def _pwrite(fd: int, parts: list, path: str) -> int:
     return at
 
 
-def _chunks_of(block: Any, plan: DevicePlan, lo: tuple, xp: Any) -> tuple[list, list]:
-    """The chunks of a unit (edges padded with the fill value) and their coordinates in the grid."""
-    shape = block.shape
+def _chunks_of(block: Any, plan: DevicePlan, lo: tuple, xp: Any) -> tuple[Any, np.ndarray, np.ndarray]:
+    """A unit's chunks as one flat uint8 buffer and the byte offset of each in it, with their
+    coordinates in the grid (rows): the block itself when each chunk is a contiguous run of it,
+    else the chunks copied out one by one (edges padded with the fill value)."""
+    shape = tuple(block.shape)
     per = [-(-s // c) for s, c in zip(shape, plan.chunk)]
-    out, coords = [], []
-    for idx in np.ndindex(*per):
+    grid = np.stack(np.meshgrid(*[np.arange(n, dtype=np.int64) for n in per], indexing="ij"), -1).reshape(-1, len(per))
+    coords = grid + np.array([l // c for l, c in zip(lo, plan.chunk)], np.int64)
+    at = run_offsets(shape, plan.chunk, grid, (0,) * len(shape), plan.dtype.itemsize)
+    if at is not None:
+        return xp.ascontiguousarray(block).reshape(-1).view(np.uint8), at, coords
+    parts = []
+    for idx in grid.tolist():
         a = [i * c for i, c in zip(idx, plan.chunk)]
         b = [min(ai + c, s) for ai, c, s in zip(a, plan.chunk, shape)]
         part = block[tuple(slice(ai, bi) for ai, bi in zip(a, b))]
@@ -171,31 +181,51 @@ def _chunks_of(block: Any, plan: DevicePlan, lo: tuple, xp: Any) -> tuple[list, 
             full = xp.full(plan.chunk, plan.fill_value, plan.dtype)
             full[tuple(slice(0, bi - ai) for ai, bi in zip(a, b))] = part
             part = full
-        out.append(xp.ascontiguousarray(part).reshape(-1).view(np.uint8))
-        coords.append(tuple((l + ai) // c for l, ai, c in zip(lo, a, plan.chunk)))
-    return out, coords
+        parts.append(xp.ascontiguousarray(part).reshape(-1).view(np.uint8))
+    nbytes = int(np.prod(plan.chunk, dtype=np.int64)) * plan.dtype.itemsize
+    return xp.concatenate(parts), np.arange(len(parts), dtype=np.int64) * nbytes, coords
 
 
 ZSTD_ROOM = 8  # the content size a zstd header may lack (written in front of the payload, see zstd_with_size)
+_DICT_BYTES = np.array([0, 1, 2, 4], np.int64)
 
 
-def _frame(plan: DevicePlan, host: np.ndarray, at: int, n: int, nbytes: int) -> tuple[int, int]:
-    """Frame the payload ``host[at:at + n]`` in place as zarr's codec stores it; its ``(offset, size)``.
+def _frames(plan: DevicePlan, host: np.ndarray, starts: np.ndarray, sizes: np.ndarray,
+            nbytes: int) -> tuple[np.ndarray, np.ndarray]:
+    """Frame the payloads ``host[at:at + n]`` in place as zarr's codec stores them; their
+    ``(offsets, sizes)``, for all chunks at once.
 
     LZ4 gets numcodecs' 4-byte size in front; a zstd frame gets its content size (the header grows
     by 8 into the room :func:`layout` left) or, having one, moves 8 bytes down: either way the
     frame starts where the layout aligned it."""
     if plan.frame.algorithm == "LZ4":
-        host[at - 4:at] = np.frombuffer(struct.pack("<I", nbytes), np.uint8)
-        return at - 4, n + 4
-    if plan.frame.algorithm == "Zstd":
-        header, k = zstd_with_size(bytes(host[at:at + 32]), nbytes)
-        if k:
-            host[at - ZSTD_ROOM:at + k] = np.frombuffer(header, np.uint8)
-            return at - ZSTD_ROOM, n + ZSTD_ROOM
+        host[(starts - 4)[:, None] + np.arange(4)] = np.frombuffer(struct.pack("<I", nbytes), np.uint8)
+        return starts - 4, sizes + 4
+    if plan.frame.algorithm != "Zstd":
+        return starts, sizes
+    magic = np.frombuffer(ZSTD_MAGIC, np.uint8)
+    # frames the device already put at the aligned offset (they had their size): the gaps are zeros, no false match
+    placed = (host[(starts - ZSTD_ROOM)[:, None] + np.arange(4)] == magic).all(axis=1)
+    rest = ~placed
+    if (host[starts[rest][:, None] + np.arange(4)] != magic).any():
+        raise RuntimeError("the device's zstd encoder wrote a chunk that is not a zstd frame")
+    fhd = host[starts + 4].astype(np.int64)
+    sizeless = rest & ((fhd >> 6) == 0) & ((fhd & 0x20) == 0)
+    size_bytes = np.frombuffer(int(nbytes).to_bytes(8, "little"), np.uint8)
+    for d in np.unique(_DICT_BYTES[fhd[sizeless] & 3]).tolist():  # nvCOMP: no dictionary, one pass
+        these = sizeless & (_DICT_BYTES[fhd & 3] == d)
+        at = starts[these]
+        keep = 6 + d  # magic, descriptor, window descriptor, dictionary id
+        kept = host[at[:, None] + np.arange(5, keep)]  # window descriptor and dictionary id, read first
+        base = at - ZSTD_ROOM
+        host[base[:, None] + np.arange(4)] = magic
+        host[base + 4] = (fhd[these] | 0xC0).astype(np.uint8)
+        host[(base + 5)[:, None] + np.arange(keep - 5)] = kept
+        host[(base + keep)[:, None] + np.arange(8)] = size_bytes
+    moved = rest & ~sizeless
+    for at, n in zip(starts[moved].tolist(), sizes[moved].tolist()):  # a size already: move it down
         host[at - ZSTD_ROOM:at - ZSTD_ROOM + n] = host[at:at + n].copy()
-        return at - ZSTD_ROOM, n
-    return at, n
+    return starts - ZSTD_ROOM, sizes + np.where(sizeless, ZSTD_ROOM, 0)
 
 
 def _write_unit(block: Any, plan: DevicePlan = None, device: str = "nvcomp", level: int | None = None,
@@ -207,26 +237,25 @@ def _write_unit(block: Any, plan: DevicePlan = None, device: str = "nvcomp", lev
     lo = tuple(a for a, _ in block_info[0]["array-location"])
     unit = tuple(l // u for l, u in zip(lo, plan.unit))
     t0 = time.perf_counter()
-    raws, coords = _chunks_of(block, plan, lo, dev.xp)
-    nbytes = raws[0].size if raws else 0
+    flat, offsets, coords = _chunks_of(block, plan, lo, dev.xp)
+    nbytes = int(np.prod(plan.chunk, dtype=np.int64)) * plan.dtype.itemsize
     room = ZSTD_ROOM if plan.frame.algorithm == "Zstd" else 0
-    host, starts, sizes = dev.pack(plan.frame.algorithm, raws, level, plan.frame.head, room)
-    frames = [_frame(plan, host, at, n, nbytes) for at, n in zip(starts, sizes)]
+    host, starts, sizes = dev.pack(plan.frame.algorithm, flat, offsets, nbytes, level, plan.frame.head, room)
+    at, n = _frames(plan, host, starts, sizes, nbytes)
     t1 = time.perf_counter()
-    COUNTERS.add("encode", nbytes * len(raws), t1 - t0, count=len(raws))
+    COUNTERS.add("encode", nbytes * len(offsets), t1 - t0, count=len(offsets))
     path = plan.path(unit)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         if not plan.sharded:
-            (at, n), = frames
-            written = _pwrite(fd, [host[at:at + n]], path)
+            written = _pwrite(fd, [host[int(at[0]):int(at[0] + n[0])]], path)
         else:
             index = np.full((*plan.chunks_per_unit, 2), MAX_U64, "<u8")
-            for c, f in zip(coords, frames):
-                index[tuple(ci - ui * p for ci, ui, p in zip(c, unit, plan.chunks_per_unit))] = f
+            local = coords - np.array([u * p for u, p in zip(unit, plan.chunks_per_unit)], np.int64)
+            index[tuple(local.T)] = np.stack([at, n], axis=-1).astype("<u8")
             body = index.tobytes()
-            end = max((at + n for at, n in frames), default=0)
+            end = int((at + n).max()) if len(at) else 0
             written = _pwrite(fd, [host[:end], body, np.array([google_crc32c.value(body)], "<u4").tobytes()], path)
     finally:
         os.close(fd)

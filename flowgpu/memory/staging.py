@@ -106,11 +106,14 @@ def to_device_staged(block: Any, *, budget: int | None = None, pool: PinnedPool 
     return _staged(block.shape, block.dtype, src.shape, fill, budget, pool)
 
 
-def file_rows_to_device(path: str, offset: int, shape: tuple, dtype: Any, *, budget: int | None = None,
-                        pool: PinnedPool | None = None):
+def file_rows_to_device(path: str, offset: int, shape: tuple, dtype: Any, slice_bytes: int | None = None, *,
+                        budget: int | None = None, pool: PinnedPool | None = None):
     """Read ``shape`` (C order) from ``path`` at byte ``offset`` straight into pinned staging
     buffers with ``os.preadv`` (no memory map: no page faults, no pageable copy) and on to the
-    device, reading slice *i+1* while slice *i* travels.
+    device, reading slice *i+1* while slice *i* travels. ``slice_bytes`` (or ``budget``): bytes
+    per staging slice (``STAGING_BYTES`` by default); smaller slices spread several callers'
+    reads over more reader threads (four 300 MB reads at once: 15 GB/s in 64 MiB slices, 27 in
+    16 MiB ones on the H200 machine).
 
     Returns a C-ordered CuPy array, complete on the caller's current stream.
     """
@@ -134,7 +137,7 @@ def file_rows_to_device(path: str, offset: int, shape: tuple, dtype: Any, *, bud
                     raise OSError(f"{path}: file ended {want - got} bytes early at offset {offset + a * row_bytes + got}")
                 got += n
 
-        return _staged(tuple(shape), dtype, flat, fill, budget, pool)
+        return _staged(tuple(shape), dtype, flat, fill, budget or slice_bytes, pool)
     finally:
         os.close(fd)
 

@@ -108,3 +108,39 @@ def test_shards_read_in_groups_are_bit_identical(tmp_path, rng, gpu_session, nam
     assert x.name.startswith("from-zarr-device")
     got = fg.to_numpy(x)
     assert np.array_equal(got, data), f"{writer} {name}, grouped reads: {_where(got, data, (64, 1024))}"
+
+
+@pytest.mark.parametrize("codec", ["zstd", "lz4"])
+@pytest.mark.parametrize("writer", ["zarr", "flowgpu"])
+def test_thousands_of_small_chunks_a_shard_are_bit_identical(tmp_path, rng, gpu_session, codec, writer):
+    """Pieces of rows (16 KiB chunks, 1024 a shard): decoded as one batch straight into the block."""
+    data = field(rng, (2048, 4096))
+    root = str(tmp_path / "s.zarr")
+    if writer == "zarr":
+        make_store(root, data, f"sharded-{codec}", chunks=(1, 4096), shards=(1024, 4096))
+    else:
+        fg.to_zarr(fg.from_array(data, chunks=(1024, 4096)) * 1, root, codec=codec, chunks=(1, 4096),
+                   shards=(1024, 4096))
+        assert np.array_equal(zarr.open_array(root)[:], data), f"{codec}: zarr reads flowgpu's store wrong"
+    got = fg.to_numpy(fg.from_zarr(root))
+    assert np.array_equal(got, data), f"{writer} {codec}, 16 KiB chunks: {_where(got, data, (1, 4096))}"
+
+
+@pytest.mark.parametrize("codec", ["zstd", "lz4"])
+def test_a_damaged_chunk_is_an_error_not_wrong_values(tmp_path, rng, gpu_session, codec):
+    data = field(rng, (512, 4096))
+    root = str(tmp_path / "d.zarr")
+    fg.to_zarr(fg.from_array(data, chunks=(256, 4096)) * 1, root, codec=codec, chunks=(16, 4096), shards=(256, 4096))
+    plan = plan_codec(zarr.open_array(root))
+    r = read_plan(plan, (slice(0, 256), slice(0, 4096)))[0]
+    c = r.chunks[3]
+    with open(r.path, "r+b") as f:  # scramble the middle of one payload
+        f.seek(r.offset + (c.start + c.stop) // 2)
+        f.write(rng.integers(0, 256, 64, dtype=np.uint8).tobytes())
+    try:
+        got = fg.to_numpy(fg.from_zarr(root))
+    except Exception as e:  # noqa: BLE001 - which error: any that names the damage
+        print(f"{codec}: {type(e).__name__}: {e}")
+        return
+    bad = np.argwhere(got != data)
+    assert not len(bad), f"{codec}: a damaged chunk decoded silently to wrong values ({len(bad)} differ, first {bad[0]})"
