@@ -15,8 +15,10 @@ dask.config, and puts back what was there when it closes: ``array.backend`` (cup
 from __future__ import annotations
 
 import ast
+import contextlib
 import logging
 import multiprocessing
+import os
 import sys
 import threading
 import warnings
@@ -64,6 +66,26 @@ def current_session() -> "Session | None":
     with _lock:
         return _stack[-1] if _stack else None
 
+
+
+@contextlib.contextmanager
+def spawn_environ(values: dict[str, str]):
+    """This process's environment with ``values`` while a cluster spawns its workers, then as it was.
+
+    distributed's nanny gives its workers ``distributed.nanny.pre-spawn-environ`` by writing it into
+    this process's ``os.environ`` (and leaving it there), and takes a variable already in
+    ``os.environ`` over the config's value: so a Session's setting leaked into every later cluster
+    of the process, and a later Session could not say otherwise. Set here, restored after."""
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 class Session:
     """Start or join a Dask cluster and own its client.
@@ -187,7 +209,7 @@ class Session:
             if o.rmm_pool_size:
                 gpu_kwargs["rmm_pool_size"] = o.rmm_pool_size
                 gpu_kwargs["rmm_allocator_external_lib_list"] = ["cupy"]
-            with dask.config.set(spill_env):
+            with dask.config.set(spill_env), spawn_environ(memory.worker_environ(o)):
                 self.cluster = LocalCUDACluster(**gpu_kwargs, **spill_kwargs, **common)
         else:
             self._set_array_backend("numpy")

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import time
 
+import dask
 import dask.array as da
 import numpy as np
 import psutil
@@ -139,3 +141,26 @@ def test_memory_summary_reports_what_the_workers_spilled(rng):
     assert summary["stores"] == ["flowgpu"] and not summary["errors"]
     # the host tier holds 60% of 200 MB: the rest of the 128 MiB went to disk
     assert summary["moves"]["host_to_disk"]["bytes"] >= 2**27 - 0.6 * 200e6
+
+
+def _probe_var():
+    return os.environ.get("FLOWGPU_PROBE_VAR")
+
+
+def test_a_clusters_worker_environment_neither_leaks_nor_is_overridden_by_an_earlier_one(monkeypatch):
+    """distributed's nanny writes pre-spawn-environ into this process's environment and prefers what
+    it finds there: flowgpu sets the variables itself while workers spawn, and puts them back."""
+    from distributed import Client
+
+    from flowgpu.runtime.session import spawn_environ
+
+    monkeypatch.setenv("FLOWGPU_PROBE_VAR", "1")  # what an earlier Session's workers left behind
+    with dask.config.set({"distributed.nanny.pre-spawn-environ.FLOWGPU_PROBE_VAR": "0"}), \
+            spawn_environ({"FLOWGPU_PROBE_VAR": "0"}):
+        cluster = LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None)
+    try:
+        with Client(cluster) as c:
+            assert set(c.run(_probe_var).values()) == {"0"}
+    finally:
+        cluster.close()
+    assert os.environ["FLOWGPU_PROBE_VAR"] == "1"
