@@ -158,6 +158,16 @@ def _sized(plan: DevicePlan) -> DevicePlan | Fallback:
     return plan
 
 
+def _key_encoder(meta: Any) -> Any:
+    """zarr's chunk key encoding of ``meta``, on its own: a task's plan then pickles no codecs (each
+    unpickled numcodecs codec warns that it is not in the Zarr 3 spec, on every worker)."""
+    from zarr.core.chunk_key_encodings import V2ChunkKeyEncoding
+
+    if getattr(meta, "zarr_format", 3) == 2:
+        return V2ChunkKeyEncoding(separator=meta.dimension_separator or ".").encode_chunk_key
+    return meta.chunk_key_encoding.encode_chunk_key
+
+
 def plan_codec(arr: Any) -> DevicePlan | Fallback:
     """How to read ``arr`` (a ``zarr.Array``) on the device, or why not.
 
@@ -176,7 +186,7 @@ def plan_codec(arr: Any) -> DevicePlan | Fallback:
     if isinstance(root, Fallback):
         return root
     common = dict(root=root, shape=tuple(arr.shape), dtype=dtype, fill_value=_fill(meta, dtype),
-                  encode=meta.encode_chunk_key)
+                  encode=_key_encoder(meta))
     if getattr(meta, "zarr_format", 3) == 2:
         if meta.filters:
             return Fallback(f"filters {[f.codec_id for f in meta.filters]} are applied by zarr")
