@@ -64,6 +64,23 @@ class GilMeter:
         return out, rate
 
 
+def _as_shard(cp, batch, n: int, stream) -> tuple:
+    """nvCOMP's compressed batch laid out as a shard: one buffer, each payload at a 256-byte aligned
+    start. Returns ``(buffer, starts, sizes)``."""
+    sizes = [int(x) for x in batch.buffer_sizes]
+    starts, end = [], 0
+    for x in sizes:
+        at = -(-end // 256) * 256
+        starts.append(at)
+        end = at + x
+    shard = cp.zeros(end, cp.uint8)
+    for i, (at, x) in enumerate(zip(starts, sizes)):
+        cp.cuda.runtime.memcpyAsync(shard.data.ptr + at, int(batch[i].__cuda_array_interface__["data"][0]), x,
+                                    cp.cuda.runtime.memcpyDeviceToDevice, stream.ptr)
+    stream.synchronize()
+    return shard, starts, sizes
+
+
 def main(argv=None) -> int:
     p = harness.parser(__spec__.name, __doc__, repeats=3)
     p.add_argument("--chunks-kib", default="64,256,1024")
@@ -115,19 +132,8 @@ def main(argv=None) -> int:
                     t_el = timed(enc_list)
                     t_ec = timed(enc_contig)
                     batch = enc_contig()
-                    sizes = [int(s) for s in batch.buffer_sizes]
-                    # the compressed payloads laid out as a shard: one buffer, 256-byte aligned starts
-                    starts, end = [], 0
-                    for s in sizes:
-                        at = -(-end // 256) * 256
-                        starts.append(at)
-                        end = at + s
-                    shard = cp.zeros(end, cp.uint8)
-                    ptrs = [int(b.__cuda_array_interface__["data"][0]) for b in (batch[i] for i in range(n))]
-                    for p_, at, s_ in zip(ptrs, starts, sizes):
-                        cp.cuda.runtime.memcpyAsync(shard.data.ptr + at, p_, s_, cp.cuda.runtime.memcpyDeviceToDevice,
-                                                    stream.ptr)
-                    stream.synchronize()
+                    shard, starts, sizes = _as_shard(cp, batch, n, stream)
+                    end = shard.size
                     del batch
                     out = cp.empty(total, cp.uint8)
                     pviews = [shard[at:at + s] for at, s in zip(starts, sizes)]
@@ -204,17 +210,7 @@ def main(argv=None) -> int:
                     with s:
                         c = nvcomp.Codec(algorithm=algo, bitstream_kind=nvcomp.BitstreamKind.RAW, cuda_stream=s.ptr)
                         b = c.encode(nvcomp.as_arrays(raw, offs, [chunk] * n, cuda_stream=s.ptr))
-                        sizes = [int(x) for x in b.buffer_sizes]
-                        starts, end = [], 0
-                        for x in sizes:
-                            at = -(-end // 256) * 256
-                            starts.append(at)
-                            end = at + x
-                        shard = cp.zeros(end, cp.uint8)
-                        for i, (at, x) in enumerate(zip(starts, sizes)):
-                            p_ = int(b[i].__cuda_array_interface__["data"][0])
-                            cp.cuda.runtime.memcpyAsync(shard.data.ptr + at, p_, x, cp.cuda.runtime.memcpyDeviceToDevice,
-                                                        s.ptr)
+                        shard, starts, sizes = _as_shard(cp, b, n, s)
                         del b
                         out = cp.empty(total, cp.uint8)
                         cfg = c.decompression_config(c.compression_config([chunk] * n))
