@@ -153,7 +153,9 @@ def store_zarr(x: da.Array, tmp: str, *, component: str | None = None, codec: st
         if done is not None:
             return done
     unit = tuple(shards) if shards else chunk_shape
-    return da.to_zarr(to_host(x).rechunk(unit), arr, compute=False)
+    with warnings.catch_warnings():  # whole units per task already: dask's rechunking notice is noise (an edge
+        warnings.filterwarnings("ignore", message="The input Dask array will be rechunked")  # shard past the end)
+        return da.to_zarr(to_host(x).rechunk(unit), arr, compute=False)
 
 
 def to_zarr(x: da.Array, path: str, overwrite: bool = False, component: str | None = None, codec: str | None = None,
