@@ -329,6 +329,8 @@ class HostDevice:
         """Decode each payload ``buf[starts[i]:starts[i] + sizes[i]]`` into ``out[out_at[i]:]``
         (``nbytes`` each, 1-d uint8 arrays), as one batch; returns what must stay alive until
         :meth:`sync` (the device works asynchronously)."""
+        if (np.asarray(out_at) % 16).any():  # what nvCOMP needs, checked here too so that CPU tests see it
+            raise ValueError("decoded chunks go to 16-byte aligned offsets")
         payloads = [buf[a:a + n] for a, n in zip(starts.tolist(), sizes.tolist())]
         self.decode(algorithm, payloads, [nbytes] * len(payloads), [out[o:o + nbytes] for o in out_at.tolist()])
         return None
@@ -338,6 +340,8 @@ class HostDevice:
         """Encode the chunks ``flat[o:o + nbytes]`` (``flat``: 1-d uint8) as one batch and lay the
         payloads out as a shard (:func:`layout`, gaps zeroed) in one host buffer, copied from the
         device at once. Returns ``(host, starts, sizes)``."""
+        if (np.asarray(offsets) % 16).any():  # what nvCOMP needs, checked here too so that CPU tests see it
+            raise ValueError("chunks to encode start at 16-byte aligned offsets")
         arrays = [flat[o:o + nbytes] for o in offsets.tolist()]
         views = self.encode(algorithm, arrays, level) if algorithm else arrays
         sizes = np.array([int(v.size) for v in views], np.int64)
@@ -432,7 +436,7 @@ class CupyDevice(HostDevice):
                 configs.clear()
             try:
                 configs[key] = codec.decompression_config(codec.compression_config([int(nbytes)] * n))
-            except Exception:  # noqa: BLE001 - a codec nVCOMP only decodes (gzip): it parses sizes itself
+            except Exception:  # noqa: BLE001 - a codec nvCOMP only decodes (gzip): it parses sizes itself
                 configs[key] = None
         return configs[key]
 

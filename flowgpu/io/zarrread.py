@@ -167,7 +167,7 @@ def _in_place(plan: DevicePlan, lo: tuple, hi: tuple, coords: np.ndarray, chunk_
     and a block of memory."""
     shape = tuple(b - a for a, b in zip(lo, hi))
     at = run_offsets(shape, plan.chunk, coords, lo, plan.dtype.itemsize)
-    if at is None or (plan.frame.algorithm and chunk_bytes % 16):
+    if at is None or (plan.frame.algorithm and (at % 16).any()):
         return None
     return at
 
@@ -251,8 +251,9 @@ class DeviceReader:
             out = xp.full(shape, plan.fill_value, plan.dtype) if missing else xp.empty(shape, plan.dtype)
             target = out.reshape(-1).view(np.uint8)
         else:
-            out, target = None, xp.empty(max(len(coords) * chunk_bytes, 1), np.uint8)
-            at = np.arange(len(coords), dtype=np.int64) * chunk_bytes
+            stride = -(-chunk_bytes // 16) * 16  # nvCOMP writes each decoded chunk at a 16-byte aligned address
+            out, target = None, xp.empty(max(len(coords) * stride, 1), np.uint8)
+            at = np.arange(len(coords), dtype=np.int64) * stride
         keep, done, compressed, reading, decoding = [], 0, 0, 0.0, 0.0
         for path, offset, nbytes, ch in groups:
             t0 = time.perf_counter()
@@ -279,7 +280,7 @@ class DeviceReader:
             return out  # decoded in place: each chunk was a whole run of the block
         out = xp.full(shape, plan.fill_value, plan.dtype) if missing else xp.empty(shape, plan.dtype)
         for i, c in enumerate(coords.tolist()):
-            chunk = target[i * chunk_bytes:(i + 1) * chunk_bytes].view(plan.dtype).reshape(plan.chunk)
+            chunk = target[at[i]:at[i] + chunk_bytes].view(plan.dtype).reshape(plan.chunk)
             a = [ci * n for ci, n in zip(c, plan.chunk)]
             b = [min(ai + n, s) for ai, n, s in zip(a, plan.chunk, hi)]
             dst = tuple(slice(ai - l, bi - l) for ai, bi, l in zip(a, b, lo))

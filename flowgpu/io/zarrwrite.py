@@ -170,7 +170,7 @@ def _chunks_of(block: Any, plan: DevicePlan, lo: tuple, xp: Any) -> tuple[Any, n
     grid = np.stack(np.meshgrid(*[np.arange(n, dtype=np.int64) for n in per], indexing="ij"), -1).reshape(-1, len(per))
     coords = grid + np.array([l // c for l, c in zip(lo, plan.chunk)], np.int64)
     at = run_offsets(shape, plan.chunk, grid, (0,) * len(shape), plan.dtype.itemsize)
-    if at is not None:
+    if at is not None and not (at % 16).any():  # nvCOMP reads each chunk from a 16-byte aligned address
         return xp.ascontiguousarray(block).reshape(-1).view(np.uint8), at, coords
     parts = []
     for idx in grid.tolist():
@@ -183,7 +183,11 @@ def _chunks_of(block: Any, plan: DevicePlan, lo: tuple, xp: Any) -> tuple[Any, n
             part = full
         parts.append(xp.ascontiguousarray(part).reshape(-1).view(np.uint8))
     nbytes = int(np.prod(plan.chunk, dtype=np.int64)) * plan.dtype.itemsize
-    return xp.concatenate(parts), np.arange(len(parts), dtype=np.int64) * nbytes, coords
+    stride = -(-nbytes // 16) * 16
+    flat = xp.zeros(len(parts) * stride, np.uint8)
+    for i, part in enumerate(parts):
+        flat[i * stride:i * stride + nbytes] = part
+    return flat, np.arange(len(parts), dtype=np.int64) * stride, coords
 
 
 ZSTD_ROOM = 8  # the content size a zstd header may lack (written in front of the payload, see zstd_with_size)

@@ -324,3 +324,28 @@ def test_a_shard_read_in_groups_decodes_each_as_it_arrives(tmp_path, rng, fake, 
     got = x.compute(scheduler="sync")
     assert np.array_equal(got, data), first_mismatch(got, data)
     assert len(reads) > 2 and fake.moves()["storage_decode"]["count"] == 12  # 2 shards, in several reads
+
+
+@pytest.mark.parametrize("name", ["zstd", "sharded-lz4", "sharded-zstd"])
+def test_chunks_of_odd_byte_sizes_decode_aside_at_aligned_offsets(tmp_path, rng, fake, name):
+    """7 x 5 float32 chunks are 140 bytes: decoded into a scratch buffer at 16-byte strides (nvCOMP's
+    alignment), then copied into the block."""
+    data = field(rng, (37, 23))
+    root = str(tmp_path / "o.zarr")
+    make_store(root, data, name, chunks=(7, 5), **({"shards": (14, 10)} if name.startswith("sharded") else {}))
+    got = from_zarr(root).compute(scheduler="sync")
+    assert np.array_equal(got, data), f"{name}: {first_mismatch(got, data)}"
+
+
+@pytest.mark.parametrize("codec,chunks,shards", [("zstd", (7, 5), (14, 10)), ("lz4", (7, 5), (14, 10)),
+                                                 ("lz4", (7, 5), None), ("zstd", (1, 23), (4, 23))])
+def test_chunks_of_odd_byte_sizes_are_encoded_from_aligned_offsets(tmp_path, rng, fake, codec, chunks, shards):
+    """140-byte chunks (7 x 5 float32), and rows of 92 bytes: a shard of 4 rows is one contiguous run of
+    its chunks, but not at aligned offsets."""
+    data = field(rng, (37, 23))
+    out = str(tmp_path / "o.zarr")
+    to_zarr(da.from_array(data, chunks=(14, 23)) * 1, out, codec=codec, chunks=chunks, shards=shards)
+    got = zarr.open_array(out)[:]
+    assert np.array_equal(got, data), f"{codec} {shards}: {first_mismatch(got, data)}"
+    back = from_zarr(out).compute(scheduler="sync")
+    assert np.array_equal(back, data), f"{codec} {shards}, device read: {first_mismatch(back, data)}"
