@@ -31,10 +31,12 @@ class _Bytes(click.ParamType):
 @click.argument("src", type=click.Path(exists=True))
 @click.argument("dst", type=click.Path())
 @click.option("--codec", type=click.Choice(CODECS), default="zstd", show_default=True,
-              help="Compressor of the new store (nvCOMP decodes both; lz4 is the faster, zstd the smaller).")
+              help="Compressor of the new store (nvCOMP decodes both; zstd is the smaller, and on an H200 reads "
+                   "as fast as lz4 and writes faster: fewer bytes to move).")
 @click.option("--level", type=int, default=None, help="zstd level for zarr's CPU encoder (the GPU's is fixed).")
 @click.option("--chunk-bytes", type=_Bytes(), default=None,
-              help="Bytes of one chunk, what nvCOMP decodes at once (default 64KiB, at most 16MiB).")
+              help="Bytes of one chunk, what nvCOMP decodes at once (default 64KiB, the fastest on a GPU; "
+                   "zarr-python on a CPU reads 4MiB chunks about 6x faster; at most 16MiB).")
 @click.option("--shard-bytes", type=_Bytes(), default=None,
               help="Bytes of one shard, what one task reads (default: the chunk size the workers' budget allows, "
                    "at most 1GiB).")
