@@ -28,7 +28,8 @@ from benchmarks.out_of_core.data import chain
 from benchmarks.out_of_core.zarr_device import SHARD_ROWS, _field_block, field
 from flowgpu.backend import import_cupy
 from flowgpu.io import zarrwrite
-from flowgpu.io.devcodec import device_for, plan_codec
+from flowgpu.io.devcodec import plan_codec
+from flowgpu.io.devices import device_for
 from flowgpu.io.zarrwrite import create, inner_chunks
 
 

@@ -20,29 +20,20 @@ checksummed chunks fall back, each with its reason. Sharded arrays are planned t
 end or the start, ``bytes`` + ``crc32c`` index codecs): one read per shard, its inner chunks one
 decode batch.
 
-:func:`device_for` gives the object that moves bytes and decodes: :class:`CupyDevice` (nvCOMP on
-CuPy arrays) or :class:`HostDevice`, a NumPy implementation of the same interface that decodes the
-same raw streams with numcodecs/zlib, so the whole device path runs (and is tested) on a CPU.
-Nothing here imports CuPy or nvCOMP until a device decodes.
+:mod:`flowgpu.io.devices` holds the objects that move the bytes and decode them.
 """
 
 from __future__ import annotations
 
-import gzip
 import os
-import struct
-import threading
-import zlib
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from flowgpu.backend import file_rows_to_device, import_cupy
 
-__all__ = ["MAX_CHUNK_BYTES", "ALIGN", "layout", "run_offsets", "gather", "DevicePlan", "Fallback", "Frame", "plan_codec", "frame_for", "device_for",
-           "CupyDevice", "KvikioDevice", "HostDevice",
-           "read_exact", "DEVICES"]
+__all__ = ["MAX_CHUNK_BYTES", "ALIGN", "READ_SLICE", "layout", "run_offsets", "DevicePlan", "Fallback", "Frame", "plan_codec", "frame_for",
+           "read_exact"]
 
 MAX_U64 = 2**64 - 1
 READ_SLICE = 16 << 20  # staging slice of a shard read: four shards read at once spread over all reader threads
@@ -259,33 +250,6 @@ def run_offsets(block: tuple, chunk: tuple, coords: Any, lo: tuple, itemsize: in
     return np.ravel_multi_index(tuple(first.T), block).astype(np.int64) * itemsize
 
 
-_GATHER = r"""
-extern "C" __global__ void flowgpu_gather(const unsigned long long* src, const long long* dst_at,
-                                          const long long* n, unsigned char* dst) {
-    const unsigned char* s = (const unsigned char*)src[blockIdx.x];
-    unsigned char* d = dst + dst_at[blockIdx.x];
-    const long long len = n[blockIdx.x];
-    for (long long i = threadIdx.x; i < len; i += blockDim.x) d[i] = s[i];
-}
-"""
-_kernels: dict = {}
-
-
-def gather(src_ptrs: Any, dst: Any, dst_at: Any, sizes: Any) -> None:
-    """Copy ``sizes[i]`` bytes from device address ``src_ptrs[i]`` to ``dst[dst_at[i]:]`` (a
-    uint8 CuPy array), every chunk in one kernel launch on the current stream: a shard holds
-    thousands of chunks, and one ``memcpyAsync`` each costs more than its bytes."""
-    cp = import_cupy()
-    n = len(sizes)
-    if not n:
-        return
-    if "gather" not in _kernels:
-        _kernels["gather"] = cp.RawKernel(_GATHER, "flowgpu_gather")
-    args = (cp.asarray(np.asarray(src_ptrs, np.uint64)), cp.asarray(np.asarray(dst_at, np.int64)),
-            cp.asarray(np.asarray(sizes, np.int64)), dst)
-    _kernels["gather"]((n,), (256,), args)
-
-
 def read_exact(fd: int, into: Any, offset: int, path: str) -> None:
     """Fill the writable buffer ``into`` from ``fd`` at ``offset`` (``os.preadv``, no pageable copy)."""
     view = memoryview(into).cast("B")
@@ -295,249 +259,3 @@ def read_exact(fd: int, into: Any, offset: int, path: str) -> None:
         if n <= 0:
             raise OSError(f"{path}: file ended {len(view) - got} bytes early at offset {offset + got}")
         got += n
-
-
-class HostDevice:
-    """The device interface on NumPy arrays: nvCOMP's raw streams decoded by numcodecs and zlib.
-
-    A stand-in for :class:`CupyDevice` that runs everywhere (tests, CPU machines): same reads,
-    same framing, same batches, the same offset tables; only the memory is the host's.
-
-    A batch is one buffer and an offset table (NumPy ``int64`` arrays), never a list of views: a
-    1 GiB shard of 64 KiB chunks is 16384 chunks, and a Python object per chunk would cost more
-    than the device's decode."""
-
-    name = "fake"
-    xp = np
-
-    def read(self, path: str, offset: int, nbytes: int) -> np.ndarray:
-        out = np.empty(nbytes, np.uint8)
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            read_exact(fd, out, offset, path)
-        finally:
-            os.close(fd)
-        return out
-
-    def place(self, buf: Any, starts: np.ndarray, sizes: np.ndarray, out: Any, out_at: np.ndarray) -> None:
-        """Copy ``buf[starts[i]:starts[i] + sizes[i]]`` to ``out[out_at[i]:]`` (1-d uint8 arrays)."""
-        for a, n, o in zip(starts.tolist(), sizes.tolist(), out_at.tolist()):
-            out[o:o + n] = buf[a:a + n]
-
-    def decode_into(self, algorithm: str, buf: Any, starts: np.ndarray, sizes: np.ndarray, out: Any,
-                    out_at: np.ndarray, nbytes: int) -> Any:
-        """Decode each payload ``buf[starts[i]:starts[i] + sizes[i]]`` into ``out[out_at[i]:]``
-        (``nbytes`` each, 1-d uint8 arrays), as one batch; returns what must stay alive until
-        :meth:`sync` (the device works asynchronously)."""
-        if (np.asarray(out_at) % 16).any():  # what nvCOMP needs, checked here too so that CPU tests see it
-            raise ValueError("decoded chunks go to 16-byte aligned offsets")
-        payloads = [buf[a:a + n] for a, n in zip(starts.tolist(), sizes.tolist())]
-        self.decode(algorithm, payloads, [nbytes] * len(payloads), [out[o:o + nbytes] for o in out_at.tolist()])
-        return None
-
-    def pack(self, algorithm: str | None, flat: Any, offsets: np.ndarray, nbytes: int, level: int | None,
-             head: int = 0, room: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Encode the chunks ``flat[o:o + nbytes]`` (``flat``: 1-d uint8) as one batch and lay the
-        payloads out as a shard (:func:`layout`, gaps zeroed) in one host buffer, copied from the
-        device at once. Returns ``(host, starts, sizes)``."""
-        if (np.asarray(offsets) % 16).any():  # what nvCOMP needs, checked here too so that CPU tests see it
-            raise ValueError("chunks to encode start at 16-byte aligned offsets")
-        arrays = [flat[o:o + nbytes] for o in offsets.tolist()]
-        views = self.encode(algorithm, arrays, level) if algorithm else arrays
-        sizes = np.array([int(v.size) for v in views], np.int64)
-        starts, end = layout(sizes, head, room)
-        image = np.zeros(end, np.uint8)
-        for at, v in zip(starts.tolist(), views):
-            image[at:at + v.size] = v
-        return image, starts, sizes
-
-    def decode(self, algorithm: str, payloads: list, sizes: list[int], outs: list) -> None:
-        """Each payload decoded into ``outs[i]`` (1-d uint8 arrays of ``sizes[i]``)."""
-        import numcodecs
-
-        for p, n, o in zip(payloads, sizes, outs):
-            raw = bytes(memoryview(p))
-            try:
-                if algorithm == "Zstd":
-                    b = numcodecs.Zstd().decode(raw)
-                elif algorithm == "LZ4":
-                    b = numcodecs.LZ4().decode(struct.pack("<I", n) + raw)
-                elif algorithm == "Deflate":
-                    b = zlib.decompress(raw, -15)
-                elif algorithm == "Gzip":
-                    b = gzip.decompress(raw)
-                else:
-                    raise ValueError(f"no decoder for {algorithm}")
-            except (RuntimeError, ValueError, OSError, zlib.error, EOFError) as e:
-                raise OSError(f"a {algorithm} chunk does not decode ({e}): the store is damaged") from None
-            a = np.frombuffer(b, np.uint8)
-            if a.size != n:
-                raise OSError(f"a {algorithm} chunk decoded to {a.size} bytes, not {n}: the store is damaged")
-            np.copyto(o, a)
-
-    def encode(self, algorithm: str, arrays: list, level: int | None = None) -> list:
-        import numcodecs
-
-        if algorithm == "Zstd":
-            codec = numcodecs.Zstd(level=level or 0)
-            return [np.frombuffer(codec.encode(np.ascontiguousarray(a)), np.uint8) for a in arrays]
-        if algorithm == "LZ4":
-            return [np.frombuffer(numcodecs.LZ4().encode(np.ascontiguousarray(a)), np.uint8)[4:] for a in arrays]
-        raise ValueError(f"no encoder for {algorithm}")
-
-    def to_host(self, a: Any) -> np.ndarray:
-        return np.asarray(a)
-
-    def sync(self) -> None:
-        pass
-
-
-class CupyDevice(HostDevice):
-    """CuPy arrays, reads through pinned staging buffers (flowgpu's ``file_rows_to_device`` hook),
-    decodes and encodes with nvCOMP on the calling thread's current stream: one batch per call,
-    its chunks carved from one buffer by an offset table (``nvcomp.as_arrays(buffer, offsets,
-    sizes)``), decodes with a configuration built from the known chunk size (no stream sync
-    inside nvCOMP, so reads, decodes and compute of other tasks overlap)."""
-
-    name = "nvcomp"
-
-    def __init__(self) -> None:
-        self._local = threading.local()
-
-    @property
-    def xp(self):  # noqa: D102
-        return import_cupy()
-
-    def read(self, path: str, offset: int, nbytes: int):
-        return file_rows_to_device(path, offset, (nbytes,), np.uint8, slice_bytes=READ_SLICE)
-
-    def _codec(self, algorithm: str):
-        cp = import_cupy()
-        from nvidia import nvcomp
-
-        stream = cp.cuda.get_current_stream()
-        key = (algorithm, cp.cuda.Device().id, stream.ptr)
-        codecs = getattr(self._local, "codecs", None)
-        if codecs is None:
-            codecs = self._local.codecs = {}
-        if key not in codecs:
-            codecs[key] = nvcomp.Codec(algorithm=algorithm, bitstream_kind=nvcomp.BitstreamKind.RAW,
-                                       device_id=key[1], cuda_stream=stream.ptr)
-        return nvcomp, codecs[key], stream.ptr
-
-    def _config(self, codec: Any, n: int, nbytes: int):
-        """nvCOMP's decompression configuration for ``n`` chunks of ``nbytes``, kept per codec."""
-        configs = getattr(self._local, "configs", None)
-        if configs is None:
-            configs = self._local.configs = {}
-        key = (id(codec), n, nbytes)
-        if key not in configs:
-            if len(configs) > 64:
-                configs.clear()
-            try:
-                configs[key] = codec.decompression_config(codec.compression_config([int(nbytes)] * n))
-            except Exception:  # noqa: BLE001 - a codec nvCOMP only decodes (gzip): it parses sizes itself
-                configs[key] = None
-        return configs[key]
-
-    def place(self, buf: Any, starts: np.ndarray, sizes: np.ndarray, out: Any, out_at: np.ndarray) -> None:
-        gather(buf.data.ptr + starts.astype(np.uint64), out, out_at, sizes)
-
-    def decode_into(self, algorithm: str, buf: Any, starts: np.ndarray, sizes: np.ndarray, out: Any,
-                    out_at: np.ndarray, nbytes: int) -> Any:
-        cp = import_cupy()
-        if ((buf.data.ptr + starts) % 16).any():  # a store not written by flowgpu: payloads gathered aligned
-            at, end = layout(sizes)
-            aligned = cp.empty(max(end, 1), cp.uint8)
-            self.place(buf, starts, sizes, aligned, at)
-            buf, starts = aligned, at
-        if ((out.data.ptr + out_at) % 16).any():
-            raise ValueError("nvCOMP writes decoded chunks at 16-byte aligned addresses")
-        nvcomp, codec, stream = self._codec(algorithm)
-        n = len(starts)
-        srcs = nvcomp.as_arrays(buf, starts.tolist(), sizes.tolist(), cuda_stream=stream)
-        outs = nvcomp.as_arrays(out, out_at.tolist(), [int(nbytes)] * n, cuda_stream=stream)
-        config = self._config(codec, n, nbytes)
-        if config is None:
-            codec.decode(srcs, out=outs)
-        else:
-            codec.decode(srcs, out=outs, decompression_config=config)
-        return buf, srcs, outs
-
-    def pack(self, algorithm: str | None, flat: Any, offsets: np.ndarray, nbytes: int, level: int | None,
-             head: int = 0, room: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        cp = import_cupy()
-        n = len(offsets)
-        if not algorithm:
-            src, at, sizes = flat, offsets, np.full(n, nbytes, np.int64)
-        else:
-            nvcomp, codec, stream = self._codec(algorithm)
-            bound = nbytes + nbytes // 8 + 4096  # above LZ4's and zstd's own worst cases
-            try:  # nvCOMP's worst case for one chunk, if it asks for more
-                bound = max(bound, int(codec.get_max_comp_buffer_size(
-                    nvcomp.as_array(flat[int(offsets[0]):int(offsets[0]) + nbytes], cuda_stream=stream))))
-            except (TypeError, ValueError, RuntimeError):
-                pass
-            cap = -(-bound // ALIGN) * ALIGN
-            src = cp.empty(n * cap, cp.uint8)
-            at = np.arange(n, dtype=np.int64) * cap
-            batch = codec.encode(nvcomp.as_arrays(flat, offsets.tolist(), [int(nbytes)] * n, cuda_stream=stream),
-                                 out=nvcomp.as_arrays(src, at.tolist(), [cap] * n, cuda_stream=stream))
-            sizes = np.asarray(batch.buffer_sizes, np.int64)  # waits for the encode
-            if len(sizes) != n or (sizes <= 0).any() or (sizes > cap).any():
-                raise RuntimeError(f"nvCOMP {algorithm} returned {len(sizes)} chunk sizes out of range for {n} "
-                                   f"chunks of {nbytes} bytes (capacity {cap})")
-        starts, end = layout(sizes, head, room)
-        image = cp.zeros(end, cp.uint8)
-        dst = starts
-        if algorithm == "Zstd" and room and n:  # frames that carry their content size go ``room`` earlier, at
-            fhd = cp.asnumpy(src[cp.asarray(at + 4)]).astype(np.int64)  # the aligned offset (nothing to add)
-            dst = np.where(((fhd >> 6) == 0) & ((fhd & 0x20) == 0), starts, starts - room)
-        gather(src.data.ptr + at.astype(np.uint64), image, dst, sizes)
-        return self.to_host(image), starts, sizes
-
-    def encode(self, algorithm: str, arrays: list, level: int | None = None) -> list:
-        """Each array encoded (a batch of one buffer each; for tests and small writes)."""
-        flat = import_cupy().concatenate([a.reshape(-1).view(np.uint8) for a in arrays])
-        nbytes = arrays[0].size * arrays[0].itemsize
-        host, starts, sizes = self.pack(algorithm, flat, np.arange(len(arrays), dtype=np.int64) * nbytes, nbytes, level)
-        return [host[a:a + n] for a, n in zip(starts.tolist(), sizes.tolist())]
-
-    def to_host(self, a: Any) -> np.ndarray:
-        """A device array in pinned host memory (CuPy's pinned pool keeps the buffers for reuse)."""
-        import cupyx
-
-        out = cupyx.empty_pinned(a.shape, a.dtype)
-        a.get(out=out)
-        return out
-
-    def sync(self) -> None:
-        import_cupy().cuda.get_current_stream().synchronize()
-
-
-class KvikioDevice(CupyDevice):
-    """:class:`CupyDevice` reading files with kvikio (``flowgpu.zarr.reader: kvikio``): its own
-    thread pool, GPUDirect Storage where the filesystem has it, else its own bounce buffers."""
-
-    name = "nvcomp-kvikio"
-
-    def read(self, path: str, offset: int, nbytes: int):
-        import kvikio
-
-        out = import_cupy().empty(nbytes, np.uint8)
-        with kvikio.CuFile(path, "r") as f:
-            got = f.pread(out, nbytes, file_offset=offset).get()
-        if got != nbytes:
-            raise OSError(f"{path}: file ended {nbytes - got} bytes early at offset {offset + got}")
-        return out
-
-
-DEVICES = {"nvcomp": CupyDevice, "nvcomp-kvikio": KvikioDevice, "fake": HostDevice}
-_made: dict[str, HostDevice] = {}
-
-
-def device_for(name: str) -> HostDevice:
-    """The process's device object of kind ``name`` (``nvcomp``, ``nvcomp-kvikio`` or ``fake``)."""
-    if name not in _made:
-        _made[name] = DEVICES[name]()
-    return _made[name]

@@ -33,7 +33,8 @@ import google_crc32c
 import numpy as np
 import zarr
 
-from flowgpu.io.devcodec import ALIGN, MAX_U64, DevicePlan, device_for, read_exact, run_offsets
+from flowgpu.io.devcodec import ALIGN, MAX_U64, DevicePlan, read_exact, run_offsets
+from flowgpu.io.devices import device_for
 from flowgpu.io.storage import COUNTERS
 
 __all__ = ["DeviceReader", "ChunkRead", "Chunks", "UnitRead", "read_plan", "shard_index"]

@@ -28,7 +28,8 @@ import zarr
 
 from flowgpu.errors import ConfigError
 from flowgpu.io import faults
-from flowgpu.io.devcodec import MAX_U64, DevicePlan, Fallback, device_for, plan_codec, run_offsets
+from flowgpu.io.devcodec import MAX_U64, DevicePlan, Fallback, plan_codec, run_offsets
+from flowgpu.io.devices import device_for
 from flowgpu.io.storage import COUNTERS
 
 __all__ = ["CODECS", "create", "device_writes", "compressors", "inner_chunks", "zstd_with_size"]

@@ -16,7 +16,8 @@ import zarr
 from flowgpu.diagnostics.report import storage_lines
 from flowgpu.errors import ConfigError
 from flowgpu.io import storage
-from flowgpu.io.devcodec import ALIGN, DevicePlan, Fallback, HostDevice, plan_codec
+from flowgpu.io.devcodec import ALIGN, DevicePlan, Fallback, plan_codec
+from flowgpu.io.devices import HostDevice
 from flowgpu.io.faults import ENV
 from flowgpu.io.zarr import from_zarr, to_zarr
 from flowgpu.io import zarrread, zarrwrite
