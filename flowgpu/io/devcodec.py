@@ -32,11 +32,10 @@ from typing import Any
 import numpy as np
 
 
-__all__ = ["MAX_CHUNK_BYTES", "ALIGN", "READ_SLICE", "layout", "run_offsets", "DevicePlan", "Fallback", "Frame", "plan_codec", "frame_for",
+__all__ = ["MAX_CHUNK_BYTES", "ALIGN", "layout", "run_offsets", "DevicePlan", "Fallback", "Frame", "plan_codec", "frame_for",
            "read_exact"]
 
 MAX_U64 = 2**64 - 1
-READ_SLICE = 16 << 20  # staging slice of a shard read: four shards read at once spread over all reader threads
 MAX_CHUNK_BYTES = 16 << 20  # the largest chunk nvCOMP's batched zstd and LZ4 take (and decode well: one block each)
 ALIGN = 256  # where flowgpu's shards start each payload nvCOMP reads (it needs 16; 256 is a whole cache sector run)
 

@@ -20,9 +20,11 @@ from typing import Any
 import numpy as np
 
 from flowgpu.backend import file_rows_to_device, import_cupy
-from flowgpu.io.devcodec import ALIGN, READ_SLICE, layout, read_exact
+from flowgpu.io.devcodec import ALIGN, layout, read_exact
 
 __all__ = ["gather", "HostDevice", "CupyDevice", "KvikioDevice", "DEVICES", "device_for"]
+
+READ_SLICE = 16 << 20  # staging slice of a shard read: four shards read at once spread over all reader threads
 
 
 _GATHER = r"""
@@ -250,13 +252,6 @@ class CupyDevice(HostDevice):
             dst = np.where(((fhd >> 6) == 0) & ((fhd & 0x20) == 0), starts, starts - room)
         gather(src.data.ptr + at.astype(np.uint64), image, dst, sizes)
         return self.to_host(image), starts, sizes
-
-    def encode(self, algorithm: str, arrays: list, level: int | None = None) -> list:
-        """Each array encoded (a batch of one buffer each; for tests and small writes)."""
-        flat = import_cupy().concatenate([a.reshape(-1).view(np.uint8) for a in arrays])
-        nbytes = arrays[0].size * arrays[0].itemsize
-        host, starts, sizes = self.pack(algorithm, flat, np.arange(len(arrays), dtype=np.int64) * nbytes, nbytes, level)
-        return [host[a:a + n] for a, n in zip(starts.tolist(), sizes.tolist())]
 
     def to_host(self, a: Any) -> np.ndarray:
         """A device array in pinned host memory (CuPy's pinned pool keeps the buffers for reuse)."""

@@ -173,22 +173,19 @@ def _chunks_of(block: Any, plan: DevicePlan, lo: tuple, xp: Any) -> tuple[Any, n
     at = run_offsets(shape, plan.chunk, grid, (0,) * len(shape), plan.dtype.itemsize)
     if at is not None and not (at % 16).any():  # nvCOMP reads each chunk from a 16-byte aligned address
         return xp.ascontiguousarray(block).reshape(-1).view(np.uint8), at, coords
-    parts = []
-    for idx in grid.tolist():
-        a = [i * c for i, c in zip(idx, plan.chunk)]
+    nbytes = int(np.prod(plan.chunk, dtype=np.int64)) * plan.dtype.itemsize
+    stride = -(-nbytes // 16) * 16
+    flat = xp.zeros(len(grid) * stride, np.uint8)
+    for i, idx in enumerate(grid.tolist()):
+        a = [j * c for j, c in zip(idx, plan.chunk)]
         b = [min(ai + c, s) for ai, c, s in zip(a, plan.chunk, shape)]
         part = block[tuple(slice(ai, bi) for ai, bi in zip(a, b))]
         if part.shape != plan.chunk:
             full = xp.full(plan.chunk, plan.fill_value, plan.dtype)
             full[tuple(slice(0, bi - ai) for ai, bi in zip(a, b))] = part
             part = full
-        parts.append(xp.ascontiguousarray(part).reshape(-1).view(np.uint8))
-    nbytes = int(np.prod(plan.chunk, dtype=np.int64)) * plan.dtype.itemsize
-    stride = -(-nbytes // 16) * 16
-    flat = xp.zeros(len(parts) * stride, np.uint8)
-    for i, part in enumerate(parts):
-        flat[i * stride:i * stride + nbytes] = part
-    return flat, np.arange(len(parts), dtype=np.int64) * stride, coords
+        flat[i * stride:i * stride + nbytes] = xp.ascontiguousarray(part).reshape(-1).view(np.uint8)
+    return flat, np.arange(len(grid), dtype=np.int64) * stride, coords
 
 
 ZSTD_ROOM = 8  # the content size a zstd header may lack (written in front of the payload, see zstd_with_size)
@@ -217,8 +214,9 @@ def _frames(plan: DevicePlan, host: np.ndarray, starts: np.ndarray, sizes: np.nd
     fhd = host[starts + 4].astype(np.int64)
     sizeless = rest & ((fhd >> 6) == 0) & ((fhd & 0x20) == 0)
     size_bytes = np.frombuffer(int(nbytes).to_bytes(8, "little"), np.uint8)
-    for d in np.unique(_DICT_BYTES[fhd[sizeless] & 3]).tolist():  # nvCOMP: no dictionary, one pass
-        these = sizeless & (_DICT_BYTES[fhd & 3] == d)
+    dict_bytes = _DICT_BYTES[fhd & 3]
+    for d in np.unique(dict_bytes[sizeless]).tolist():  # nvCOMP: no dictionary, one pass
+        these = sizeless & (dict_bytes == d)
         at = starts[these]
         keep = 6 + d  # magic, descriptor, window descriptor, dictionary id
         kept = host[at[:, None] + np.arange(5, keep)]  # window descriptor and dictionary id, read first

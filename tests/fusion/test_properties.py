@@ -117,15 +117,15 @@ def trees(draw, samples, depth, top=False, root=None):
     kind = root[0] if root else draw(st.sampled_from(["bin", "bin", "bin", "un", "call", "call", "call", "where",
                                                       "clip"]))
     a, sa = draw(trees(samples, depth - 1))
-    if kind == "un":
-        ops = [op for op in UNARY if _sample(UNARY[op], sa) is not None]
+    def pick(names: list):  # the root's own op, or any that the samples allow (None: none does)
         if root:
-            assume(root[1] in ops)
-            ops = [root[1]]
-        if not ops:
-            return a, sa
-        op = draw(st.sampled_from(ops))
-        return ("un", op, a), _sample(UNARY[op], sa)
+            assume(root[1] in names)
+            names = [root[1]]
+        return draw(st.sampled_from(names)) if names else None
+
+    if kind == "un":
+        op = pick([op for op in UNARY if _sample(UNARY[op], sa) is not None])
+        return (("un", op, a), _sample(UNARY[op], sa)) if op else (a, sa)
 
     def operand():
         if draw(st.booleans()):
@@ -147,14 +147,8 @@ def trees(draw, samples, depth, top=False, root=None):
     b, sb = operand()
     left, right = ((a, sa), (b, sb)) if draw(st.booleans()) else ((b, sb), (a, sa))
     if kind == "bin":
-        names = [op for op in BINARY if _sample(BINARY[op], left[1], right[1]) is not None]
-        if root:
-            assume(root[1] in names)
-            names = [root[1]]
-        if not names:
-            return a, sa
-        op = draw(st.sampled_from(names))
-        return ("bin", op, left[0], right[0]), _sample(BINARY[op], left[1], right[1])
+        op = pick([op for op in BINARY if _sample(BINARY[op], left[1], right[1]) is not None])
+        return (("bin", op, left[0], right[0]), _sample(BINARY[op], left[1], right[1])) if op else (a, sa)
     f = root[1] if root else draw(st.sampled_from(CALLS))
     args = [left, right] if FUNCTIONS[f][0] == 2 else [(a, sa)]
     out = _sample(getattr(np, f), *[s for _, s in args])

@@ -91,6 +91,14 @@ def test_kvikio_reader_gives_the_same_values(tmp_path, rng, gpu_session):
     assert np.array_equal(got, data), f"kvikio reader, sharded zstd: {_where(got, data, CHUNKS)}"
 
 
+def _sharded(root: str, data: np.ndarray, codec: str, writer: str, chunks: tuple, shards: tuple) -> None:
+    """``data`` as a sharded store written by zarr-python (payloads packed) or by flowgpu (aligned)."""
+    if writer == "zarr":
+        make_store(root, data, f"sharded-{codec}", chunks=chunks, shards=shards)
+    else:
+        fg.to_zarr(fg.from_array(data, chunks=shards) * 1, root, codec=codec, chunks=chunks, shards=shards)
+
+
 @pytest.mark.parametrize("name", ["sharded-zstd", "sharded-lz4"])
 @pytest.mark.parametrize("writer", ["zarr", "flowgpu"])
 def test_shards_read_in_groups_are_bit_identical(tmp_path, rng, gpu_session, name, writer):
@@ -98,11 +106,7 @@ def test_shards_read_in_groups_are_bit_identical(tmp_path, rng, gpu_session, nam
     (payloads gathered to align them) and flowgpu wrote (aligned in place)."""
     data = field(rng, (4096, 1024))
     root = str(tmp_path / "g.zarr")
-    if writer == "zarr":
-        make_store(root, data, name, chunks=(64, 1024), shards=(1024, 1024))
-    else:
-        fg.to_zarr(fg.from_array(data, chunks=(1024, 1024)) * 1, root, codec=name.split("-")[1],
-                   chunks=(64, 1024), shards=(1024, 1024))
+    _sharded(root, data, name.split("-")[1], writer, (64, 1024), (1024, 1024))
     with dask.config.set({"flowgpu.zarr.read-group": "256kB"}):
         x = fg.from_zarr(root)
     assert x.name.startswith("from-zarr-device")
@@ -116,11 +120,8 @@ def test_thousands_of_small_chunks_a_shard_are_bit_identical(tmp_path, rng, gpu_
     """Pieces of rows (16 KiB chunks, 1024 a shard): decoded as one batch straight into the block."""
     data = field(rng, (2048, 4096))
     root = str(tmp_path / "s.zarr")
-    if writer == "zarr":
-        make_store(root, data, f"sharded-{codec}", chunks=(1, 4096), shards=(1024, 4096))
-    else:
-        fg.to_zarr(fg.from_array(data, chunks=(1024, 4096)) * 1, root, codec=codec, chunks=(1, 4096),
-                   shards=(1024, 4096))
+    _sharded(root, data, codec, writer, (1, 4096), (1024, 4096))
+    if writer == "flowgpu":
         assert np.array_equal(zarr.open_array(root)[:], data), f"{codec}: zarr reads flowgpu's store wrong"
     got = fg.to_numpy(fg.from_zarr(root))
     assert np.array_equal(got, data), f"{writer} {codec}, 16 KiB chunks: {_where(got, data, (1, 4096))}"
