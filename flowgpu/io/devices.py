@@ -20,9 +20,10 @@ from typing import Any
 import numpy as np
 
 from flowgpu.backend import file_rows_to_device, import_cupy
+from flowgpu.io import nvcompc
 from flowgpu.io.devcodec import ALIGN, layout, read_exact
 
-__all__ = ["gather", "HostDevice", "CupyDevice", "KvikioDevice", "DEVICES", "device_for"]
+__all__ = ["gather", "HostPending", "HostDevice", "CupyDevice", "KvikioDevice", "DEVICES", "device_for"]
 
 READ_SLICE = 16 << 20  # staging slice of a shard read: four shards read at once spread over all reader threads
 
@@ -52,6 +53,17 @@ def gather(src_ptrs: Any, dst: Any, dst_at: Any, sizes: Any) -> None:
     args = (cp.asarray(np.asarray(src_ptrs, np.uint64)), cp.asarray(np.asarray(dst_at, np.int64)),
             cp.asarray(np.asarray(sizes, np.int64)), dst)
     _kernels["gather"]((n,), (256,), args)
+
+
+class HostPending:
+    """A host batch's per-chunk statuses and decoded sizes, as :class:`flowgpu.io.nvcompc.Pending`."""
+
+    def __init__(self, nbytes: int, statuses: np.ndarray, decoded: np.ndarray):
+        self.nbytes, self.statuses, self.decoded = nbytes, statuses, decoded
+
+    def damaged(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        bad = nvcompc.damaged(self.statuses, self.decoded, self.nbytes)
+        return bad, self.statuses[bad], self.decoded[bad]
 
 
 class HostDevice:
@@ -84,13 +96,14 @@ class HostDevice:
     def decode_into(self, algorithm: str, buf: Any, starts: np.ndarray, sizes: np.ndarray, out: Any,
                     out_at: np.ndarray, nbytes: int) -> Any:
         """Decode each payload ``buf[starts[i]:starts[i] + sizes[i]]`` into ``out[out_at[i]:]``
-        (``nbytes`` each, 1-d uint8 arrays), as one batch; returns what must stay alive until
-        :meth:`sync` (the device works asynchronously)."""
+        (``nbytes`` each, 1-d uint8 arrays), as one batch. Returns its pending result: it holds
+        what must stay alive until :meth:`sync` (the device works asynchronously), and after it
+        ``pending.damaged()`` names the chunks that did not decode (:mod:`flowgpu.io.nvcompc`)."""
         if (np.asarray(out_at) % 16).any():  # what nvCOMP needs, checked here too so that CPU tests see it
             raise ValueError("decoded chunks go to 16-byte aligned offsets")
         payloads = [buf[a:a + n] for a, n in zip(starts.tolist(), sizes.tolist())]
-        self.decode(algorithm, payloads, [nbytes] * len(payloads), [out[o:o + nbytes] for o in out_at.tolist()])
-        return None
+        statuses, decoded = self.decode(algorithm, payloads, nbytes, [out[o:o + nbytes] for o in out_at.tolist()])
+        return HostPending(nbytes, statuses, decoded)
 
     def pack(self, algorithm: str | None, flat: Any, offsets: np.ndarray, nbytes: int, level: int | None,
              head: int = 0, room: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -108,29 +121,34 @@ class HostDevice:
             image[at:at + v.size] = v
         return image, starts, sizes
 
-    def decode(self, algorithm: str, payloads: list, sizes: list[int], outs: list) -> None:
-        """Each payload decoded into ``outs[i]`` (1-d uint8 arrays of ``sizes[i]``)."""
+    def decode(self, algorithm: str, payloads: list, nbytes: int, outs: list) -> tuple[np.ndarray, np.ndarray]:
+        """Each payload decoded into ``outs[i]`` (1-d uint8 arrays of ``nbytes``); returns
+        nvCOMP's per-chunk ``(statuses, decoded sizes)``: 12 ("cannot decompress") where the
+        decoder refuses a payload, as nvCOMP does."""
         import numcodecs
 
-        for p, n, o in zip(payloads, sizes, outs):
+        statuses = np.zeros(len(payloads), np.int32)
+        decoded = np.zeros(len(payloads), np.uint64)
+        for i, (p, o) in enumerate(zip(payloads, outs)):
             raw = bytes(memoryview(p))
             try:
                 if algorithm == "Zstd":
                     b = numcodecs.Zstd().decode(raw)
                 elif algorithm == "LZ4":
-                    b = numcodecs.LZ4().decode(struct.pack("<I", n) + raw)
+                    b = numcodecs.LZ4().decode(struct.pack("<I", nbytes) + raw)
                 elif algorithm == "Deflate":
                     b = zlib.decompress(raw, -15)
                 elif algorithm == "Gzip":
                     b = gzip.decompress(raw)
                 else:
                     raise ValueError(f"no decoder for {algorithm}")
-            except (RuntimeError, ValueError, OSError, zlib.error, EOFError) as e:
-                raise OSError(f"a {algorithm} chunk does not decode ({e}): the store is damaged") from None
+            except (RuntimeError, ValueError, OSError, zlib.error, EOFError):
+                statuses[i] = 12
+                continue
             a = np.frombuffer(b, np.uint8)
-            if a.size != n:
-                raise OSError(f"a {algorithm} chunk decoded to {a.size} bytes, not {n}: the store is damaged")
-            np.copyto(o, a)
+            decoded[i] = a.size
+            o[:min(a.size, nbytes)] = a[:nbytes]
+        return statuses, decoded
 
     def encode(self, algorithm: str, arrays: list, level: int | None = None) -> list:
         import numcodecs
@@ -151,10 +169,10 @@ class HostDevice:
 
 class CupyDevice(HostDevice):
     """CuPy arrays, reads through pinned staging buffers (flowgpu's ``file_rows_to_device`` hook),
-    decodes and encodes with nvCOMP on the calling thread's current stream: one batch per call,
-    its chunks carved from one buffer by an offset table (``nvcomp.as_arrays(buffer, offsets,
-    sizes)``), decodes with a configuration built from the known chunk size (no stream sync
-    inside nvCOMP, so reads, decodes and compute of other tasks overlap)."""
+    on the calling thread's current stream: one batch per call, its chunks carved from one buffer by
+    an offset table. Decodes through nvCOMP's C API (:mod:`flowgpu.io.nvcompc`: no stream sync
+    inside, per-chunk statuses checked after :meth:`sync`), so reads, decodes and compute of other
+    tasks overlap; encodes with the Python API (``nvcomp.as_arrays(buffer, offsets, sizes)``)."""
 
     name = "nvcomp"
 
@@ -182,21 +200,6 @@ class CupyDevice(HostDevice):
                                        device_id=key[1], cuda_stream=stream.ptr)
         return nvcomp, codecs[key], stream.ptr
 
-    def _config(self, codec: Any, n: int, nbytes: int):
-        """nvCOMP's decompression configuration for ``n`` chunks of ``nbytes``, kept per codec."""
-        configs = getattr(self._local, "configs", None)
-        if configs is None:
-            configs = self._local.configs = {}
-        key = (id(codec), n, nbytes)
-        if key not in configs:
-            if len(configs) > 64:
-                configs.clear()
-            try:
-                configs[key] = codec.decompression_config(codec.compression_config([int(nbytes)] * n))
-            except Exception:  # noqa: BLE001 - a codec nvCOMP only decodes (gzip): it parses sizes itself
-                configs[key] = None
-        return configs[key]
-
     def place(self, buf: Any, starts: np.ndarray, sizes: np.ndarray, out: Any, out_at: np.ndarray) -> None:
         gather(buf.data.ptr + starts.astype(np.uint64), out, out_at, sizes)
 
@@ -210,16 +213,7 @@ class CupyDevice(HostDevice):
             buf, starts = aligned, at
         if ((out.data.ptr + out_at) % 16).any():
             raise ValueError("nvCOMP writes decoded chunks at 16-byte aligned addresses")
-        nvcomp, codec, stream = self._codec(algorithm)
-        n = len(starts)
-        srcs = nvcomp.as_arrays(buf, starts.tolist(), sizes.tolist(), cuda_stream=stream)
-        outs = nvcomp.as_arrays(out, out_at.tolist(), [int(nbytes)] * n, cuda_stream=stream)
-        config = self._config(codec, n, nbytes)
-        if config is None:
-            codec.decode(srcs, out=outs)
-        else:
-            codec.decode(srcs, out=outs, decompression_config=config)
-        return buf, srcs, outs
+        return nvcompc.decode(algorithm, buf, starts, sizes, out, out_at, nbytes)
 
     def pack(self, algorithm: str | None, flat: Any, offsets: np.ndarray, nbytes: int, level: int | None,
              head: int = 0, room: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -33,6 +33,7 @@ import google_crc32c
 import numpy as np
 import zarr
 
+from flowgpu.io import nvcompc
 from flowgpu.io.devcodec import ALIGN, MAX_U64, DevicePlan, read_exact, run_offsets
 from flowgpu.io.devices import device_for
 from flowgpu.io.storage import COUNTERS
@@ -196,6 +197,18 @@ def _groups(r: UnitRead, limit: int | None) -> list[tuple]:
     return out
 
 
+def _raise_damaged(path: str, ch: Chunks, pending, algorithm: str, chunk_bytes: int, plan: DevicePlan) -> None:
+    """An :class:`OSError` naming the chunks of one decoded batch that did not decode to their size."""
+    bad, statuses, got = pending.damaged()
+    if not len(bad):
+        return
+    first = tuple(int(c) for c in ch.coords[bad[0]])
+    why = nvcompc.STATUS.get(int(statuses[0]), f"status {int(statuses[0])}")
+    raise OSError(f"{path}: {len(bad)} of the {len(ch)} {algorithm} chunks read did not decode (the first, "
+                  f"chunk {first} of the {plan.chunk} grid: {why}, {int(got[0])} of {chunk_bytes} bytes); the "
+                  f"store is damaged: restore it, or rewrite it from its source")
+
+
 class DeviceReader:
     """Blocks of a Zarr array decoded on the device (``device``: ``nvcomp`` or ``fake``). With
     ``group`` (bytes), a unit is read in parts of about that much, each decoded as soon as it is on
@@ -255,14 +268,15 @@ class DeviceReader:
             stride = -(-chunk_bytes // 16) * 16  # nvCOMP writes each decoded chunk at a 16-byte aligned address
             out, target = None, xp.empty(max(len(coords) * stride, 1), np.uint8)
             at = np.arange(len(coords), dtype=np.int64) * stride
-        keep, done, compressed, reading, decoding = [], 0, 0, 0.0, 0.0
+        keep, pending, done, compressed, reading, decoding = [], [], 0, 0, 0.0, 0.0
         for path, offset, nbytes, ch in groups:
             t0 = time.perf_counter()
             buf = dev.read(path, offset, nbytes)
             t1 = time.perf_counter()
             sizes, where = ch.stops - ch.starts, at[done:done + len(ch)]
             if algorithm:  # enqueued: the next group's file read overlaps it on the device
-                keep.append(dev.decode_into(algorithm, buf, ch.starts, sizes, target, where, chunk_bytes))
+                pending.append((path, ch, dev.decode_into(algorithm, buf, ch.starts, sizes, target, where,
+                                                          chunk_bytes)))
             else:
                 dev.place(buf, ch.starts, sizes, target, where)
             keep.append(buf)  # the bytes read live until the device is done with them
@@ -271,8 +285,18 @@ class DeviceReader:
             reading, decoding = reading + t1 - t0, decoding + time.perf_counter() - t1
         t2 = time.perf_counter()
         if groups:
-            dev.sync()
+            try:
+                dev.sync()
+            except Exception as e:  # noqa: BLE001 - CuPy's CUDA errors have no common root to name
+                if not algorithm or "CUDA" not in type(e).__name__:
+                    raise
+                raise OSError(f"{groups[0][0]}: the GPU faulted decoding its {algorithm} chunks ({e}). nvCOMP's "
+                              f"decoder can fault on a damaged chunk, and this worker's GPU can do no more work "
+                              f"until it restarts; to find the chunk, read the store with zarr-python "
+                              f"(flowgpu.zarr.device: cpu)") from None
         del keep
+        for path, ch, p in pending:
+            _raise_damaged(path, ch, p, algorithm, chunk_bytes, plan)
         decoding += time.perf_counter() - t2
         COUNTERS.add("read", compressed, reading, count=len(reads))
         COUNTERS.add("moved", compressed, 0.0, count=len(reads))

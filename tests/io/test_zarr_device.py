@@ -338,6 +338,42 @@ def test_chunks_of_odd_byte_sizes_decode_aside_at_aligned_offsets(tmp_path, rng,
     assert np.array_equal(got, data), f"{name}: {first_mismatch(got, data)}"
 
 
+@pytest.mark.parametrize("name", ["zstd", "lz4", "sharded-zstd", "sharded-lz4"])
+def test_a_damaged_chunk_is_an_error_that_names_it(tmp_path, rng, fake, name):
+    """One payload overwritten with 0xff bytes: the decoder's per-chunk status names it (file and
+    chunk), and no block of wrong values comes back."""
+    data = field(rng, (40, 24))
+    root = str(tmp_path / "d.zarr")
+    make_store(root, data, name)
+    r = read_plan(plan_codec(zarr.open_array(root)), (slice(20, 40), slice(12, 24)))[0]
+    c = r.chunks[len(r.chunks) - 1]
+    with open(r.path, "r+b") as f:
+        f.seek(r.offset + c.start)
+        f.write(b"\xff" * (c.stop - c.start))
+    assert np.array_equal(from_zarr(root)[:20, :12].compute(scheduler="sync"), data[:20, :12])  # others intact
+    with pytest.raises(OSError, match="did not decode") as e:
+        from_zarr(root).compute(scheduler="sync")
+    assert r.path in str(e.value) and f"chunk {c.coords}" in str(e.value) and "damaged" in str(e.value)
+
+
+def test_a_gpu_fault_while_decoding_says_what_to_do(tmp_path, rng, fake, monkeypatch):
+    """A CUDA error at the decode's sync (nvCOMP faulting on a damaged chunk) comes back as one
+    OSError naming the file and the way to find the chunk, not as CuPy's bare error."""
+    class CUDARuntimeError(RuntimeError):  # what CuPy raises, by name
+        pass
+
+    def faults(self):
+        raise CUDARuntimeError("cudaErrorIllegalAddress: an illegal memory access was encountered")
+
+    data = field(rng, (40, 24))
+    root = str(tmp_path / "f.zarr")
+    make_store(root, data, "sharded-zstd")
+    monkeypatch.setattr(HostDevice, "sync", faults)
+    with pytest.raises(OSError, match="faulted decoding its Zstd chunks") as e:
+        from_zarr(root).compute(scheduler="sync")
+    assert "flowgpu.zarr.device: cpu" in str(e.value) and root in str(e.value)
+
+
 @pytest.mark.parametrize("codec,chunks,shards", [("zstd", (7, 5), (14, 10)), ("lz4", (7, 5), (14, 10)),
                                                  ("lz4", (7, 5), None), ("zstd", (1, 23), (4, 23))])
 def test_chunks_of_odd_byte_sizes_are_encoded_from_aligned_offsets(tmp_path, rng, fake, codec, chunks, shards):
