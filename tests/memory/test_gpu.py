@@ -10,6 +10,7 @@ import pytest
 
 import flowgpu as fg
 from flowgpu.backend import import_cupy
+from flowgpu.fusion.graph import array_optimize
 from flowgpu.memory.events import CopyEnqueued, PinnedAllocated
 from flowgpu.memory.pinned import PinnedPool
 from flowgpu.memory.staging import to_device_staged
@@ -151,7 +152,9 @@ def test_local_cuda_cluster_under_a_small_device_limit(rng):
         got_t = float((x + x.T).sum().compute())
         per_worker = s.client.run(fg.memory.stats)
         env = s.client.run(lambda: __import__("os").environ.get("CUPY_CUDA_PER_THREAD_DEFAULT_STREAM"))
-    with dask.config.set({"array.backend": "cupy", "scheduler": "threads"}):
+    # the same graph, fused as the Session fuses it (a fused chain rounds as one kernel: FMAs, its
+    # own reduction order), computed with everything held on the device
+    with dask.config.set({"array.backend": "cupy", "scheduler": "threads", "array_optimize": array_optimize}):
         y = fg.random(shape, dtype="float32", seed=seed, chunks=chunks)
         want, want_t = float(expr(y).compute()), float((y + y.T).sum().compute())
     assert got == want and got_t == want_t  # bit-identical to the same computation held on the device
