@@ -81,6 +81,7 @@ def start(folder: Path, cwd: Path, backend: str = "cpu", fault: str | None = Non
         assert page.status == 200 and b"flowgpu" in page.read()
     daemon = psutil.Process(state["daemon"]["pid"])
     state["all_pids"] = {p.pid: p for p in [daemon, *daemon.children(recursive=True)]}
+    state["names"] = {pid: _named(p) for pid, p in state["all_pids"].items()}
     assert set(state["worker_pids"]) <= set(state["all_pids"]), "the workers are the daemon's children"
     return state
 
@@ -96,6 +97,13 @@ def runs(p: psutil.Process) -> bool:
         return p.is_running() and p.status() != psutil.STATUS_ZOMBIE  # is_running also compares start times
     except psutil.NoSuchProcess:
         return False
+
+
+def _named(p: psutil.Process) -> str:
+    try:
+        return " ".join(p.cmdline()[:4])
+    except psutil.Error:
+        return "(gone)"
 
 
 def left_running(state: dict) -> list[int]:
@@ -138,7 +146,9 @@ def test_start_status_run_stop_leaves_no_process(places, rng, backend):
     assert summary["session"]["address"] == state["address"]
     expected = fg.random(SHAPE, seed=seed, chunks=(CHUNK, -1)).compute().astype(np.float64).sum()
     assert abs(summary["outputs"]["total"]["value"] - expected) <= 1e-9 * expected
-    assert all(runs(p) for p in state["all_pids"].values()), "the run left the cluster up"
+    cluster = [state["daemon"]["pid"], *state["worker_pids"]]  # not every descendant: some are short-lived
+    ended = [f"{pid} {state['names'][pid]}" for pid in cluster if not runs(state["all_pids"][pid])]
+    assert not ended, f"the run took the cluster down: {ended} ended"
 
     r = stopped(folder, work)
     assert r.returncode == 0 and state["address"] in r.stdout, r.stderr
