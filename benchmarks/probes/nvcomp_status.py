@@ -21,6 +21,7 @@ import time
 
 import numpy as np
 
+from benchmarks import harness
 from benchmarks.probes.nvcomp_batch import _field
 
 CHUNK = 64 << 10
@@ -113,17 +114,17 @@ def case(alg: str, how: str, api: str) -> None:
     print(f"{said}; {wrong} bytes wrong (chunk {victim} of {n}, {CHUNK} B)")
 
 
-def main() -> int:
+def _probe(args) -> None:
     import cupy as cp
 
     for alg in ("Zstd", "LZ4"):
         _, flat, n, at, shard, starts, sizes = _shard(alg)
         out = cp.empty(n * CHUNK, cp.uint8)
         python_api, c_api = _decoders(cp, alg, n, starts, sizes, out, at)
-        t_py = _timed(cp, lambda: python_api(shard))
+        t_py = _timed(cp, lambda: python_api(shard), args.repeats)
         same_py = bool(cp.array_equal(out, flat))
         out.fill(0)
-        t_c = _timed(cp, lambda: c_api(shard))
+        t_c = _timed(cp, lambda: c_api(shard), args.repeats)
         same_c = bool(cp.array_equal(out, flat))
         gb = flat.size / 1e9
         print(f"{alg}: {n} chunks of {CHUNK >> 10} KiB, ratio {flat.size / int(sizes.sum()):.2f}x · python API "
@@ -133,16 +134,28 @@ def main() -> int:
         for how, what in (("0xff", "payload all 0xff"), ("mid", "64 random bytes mid-payload"),
                           ("head", "first 16 bytes random"), ("many", "8 random bytes inside 1000 payloads")):
             for api in ("python", "C") if how != "many" else ("C",):
-                r = subprocess.run([sys.executable, "-m", "benchmarks.probes.nvcomp_status", alg, how, api],
+                r = subprocess.run([sys.executable, "-m", "benchmarks.probes.nvcomp_status", "--case", alg, how, api],
                                    capture_output=True, text=True, timeout=120)
                 errors = [x.strip()[:120] for x in r.stderr.splitlines() if "Error:" in x or "illegal" in x][-1:]
                 said = r.stdout.strip().splitlines()[-1:] or [f"process died (exit {r.returncode}): {errors}"]
                 print(f"  {alg}, {what}, {api} API: {said[0]}", flush=True)
-    return 0
+
+
+def _parser():
+    p = harness.parser(__spec__.name, __doc__, repeats=5)
+    p.add_argument("--case", nargs=3, metavar=("ALGORITHM", "DAMAGE", "API"),
+                   help="one damage case only (Zstd|LZ4, 0xff|mid|head|many, python|C): what the probe runs "
+                        "in a process of its own")
+    return p
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    if args.case:
+        case(*args.case)
+        return 0
+    return harness.captured_main(_parser, _probe, argv)
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 4:
-        case(*sys.argv[1:])
-        sys.exit(0)
     sys.exit(main())
