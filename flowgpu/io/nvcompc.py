@@ -13,8 +13,8 @@ nvCOMP's decoders do not bound themselves against every damaged input (measured 
 ``benchmarks/probes/nvcomp_status.py``): an LZ4 payload whose literal run is longer than its input
 makes nvCOMP write past the output, and a zstd frame with a damaged header makes it touch an
 illegal address; either leaves the process's CUDA context unusable. So payloads are walked first,
-one device thread each: LZ4 through every sequence (:data:`_LZ4_CHECK`, the walk of
-:func:`lz4_walk`), zstd through its frame header and block headers (:data:`_ZSTD_CHECK`,
+one device thread each: LZ4 through every sequence (:data:`_WALKS`, the walk of
+:func:`lz4_walk`), zstd through its frame header and block headers (:data:`_WALKS`,
 :func:`zstd_walk`). A payload that fails its walk is marked damaged and nvCOMP is handed, in its place, a valid stream
 of one zero byte (:data:`_SAFE`): nvCOMP's zstd decoder does not keep to the compressed size it
 is given either (a damaged header with a size of 0 still crashed it; 0 bytes of zeros decoded to
@@ -34,7 +34,7 @@ import numpy as np
 
 from flowgpu.backend import import_cupy
 
-__all__ = ["ALGORITHMS", "STATUS", "Pending", "decode", "damaged", "lz4_walk", "zstd_walk"]
+__all__ = ["ALGORITHMS", "STATUS", "Pending", "decode", "damaged", "lz4_walk", "zstd_walk", "check_source"]
 
 ALGORITHMS = ("Zstd", "LZ4", "Deflate", "Gzip")
 
@@ -46,14 +46,9 @@ STATUS = {  # nvcompStatus_t (nvcomp/shared_types.h)
 }
 
 
-_LZ4_CHECK = r"""
-extern "C" __global__ void flowgpu_lz4_check(unsigned long long* src, unsigned long long* n,
-                                             const long long cap, int* status, const int count,
-                                             const unsigned long long safe, const unsigned long long safe_n) {
-    const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= count) return;
-    const unsigned char* s = (const unsigned char*)src[i];
-    const long long len = (long long)n[i];
+_WALKS = {  # per algorithm, __device__ int flowgpu_walk(payload, its length, the chunk's size): 1 if damaged
+    "LZ4": r"""
+__device__ int flowgpu_walk(const unsigned char* s, const long long len, const long long cap) {
     long long pos = 0, out = 0;
     int bad = 0;
     while (pos < len && !bad) {
@@ -80,17 +75,11 @@ extern "C" __global__ void flowgpu_lz4_check(unsigned long long* src, unsigned l
         out += ml + 4;
         if (out > cap) bad = 1;
     }
-    if (bad || out != cap) { status[i] = 12; n[i] = safe_n; src[i] = safe; } else { status[i] = 0; }
+    return bad || out != cap;
 }
-"""
-_ZSTD_CHECK = r"""
-extern "C" __global__ void flowgpu_zstd_check(unsigned long long* src, unsigned long long* n,
-                                              const long long cap, int* status, const int count,
-                                              const unsigned long long safe, const unsigned long long safe_n) {
-    const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= count) return;
-    const unsigned char* s = (const unsigned char*)src[i];
-    const long long len = (long long)n[i];
+""",
+    "Zstd": r"""
+__device__ int flowgpu_walk(const unsigned char* s, const long long len, const long long cap) {
     const int dict_bytes[4] = {0, 1, 2, 4}, fcs_bytes[4] = {0, 2, 4, 8};
     long long pos = 0, lo = 0, hi = 0, sized = 0;
     int bad = len < 9, frames = 0, unsized = 0;
@@ -135,17 +124,39 @@ extern "C" __global__ void flowgpu_zstd_check(unsigned long long* src, unsigned 
         pos += 4 * checksum;
         if (pos > len) bad = 1;
     }
-    bad = bad || !frames || hi < cap || sized > cap || (!unsized && sized != cap);
-    if (bad) { status[i] = 12; n[i] = safe_n; src[i] = safe; } else { status[i] = 0; }
+    return bad || !frames || hi < cap || sized > cap || (!unsized && sized != cap);
+}
+""",
+}
+_CHECK = r"""
+extern "C" __global__ void flowgpu_check(unsigned long long* src, unsigned long long* n, const long long cap,
+                                         int* status, const int count, const unsigned long long safe,
+                                         const unsigned long long safe_n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= count) return;
+    if (flowgpu_walk((const unsigned char*)src[i], (long long)n[i], cap)) {
+        status[i] = 12;  /* cannot decompress; nvCOMP gets a valid stream in its place */
+        n[i] = safe_n;
+        src[i] = safe;
+    } else {
+        status[i] = 0;
+    }
 }
 """
-_CHECKS = {"LZ4": (_LZ4_CHECK, "flowgpu_lz4_check"), "Zstd": (_ZSTD_CHECK, "flowgpu_zstd_check")}
+
+
+def check_source(algorithm: str) -> str:
+    """The CUDA source of ``algorithm``'s walk kernel (``flowgpu_check``): plain C but for
+    ``__global__``, ``__device__`` and the thread index, so a C compiler can run it too (the tests do)."""
+    return _WALKS[algorithm] + _CHECK
+
+
 _kernels: dict = {}
 
 
 def lz4_walk(payload: bytes | np.ndarray, nbytes: int) -> bool:
     """Whether an LZ4 block decodes to exactly ``nbytes`` with every copy in bounds: the walk the
-    device does before nvCOMP decodes (:data:`_LZ4_CHECK`), here for the host and for tests."""
+    device does before nvCOMP decodes (:data:`_WALKS`), here for the host and for tests."""
     s = memoryview(np.ascontiguousarray(np.frombuffer(payload, np.uint8) if isinstance(payload, bytes)
                                         else payload, np.uint8)).cast("B")
     n, pos, out = len(s), 0, 0
@@ -191,7 +202,7 @@ def zstd_walk(payload: bytes | np.ndarray, nbytes: int) -> bool:
     """Whether a zstd payload's frames fit it and ``nbytes``: each frame's magic number, no reserved
     bit, content sizes (where frames carry them) adding up to ``nbytes``, blocks of a known type and
     at most 128 KiB that end inside the payload and can make ``nbytes``; skippable frames skipped.
-    The walk the device does before nvCOMP decodes (:data:`_ZSTD_CHECK`), here for the host and
+    The walk the device does before nvCOMP decodes (:data:`_WALKS`), here for the host and
     for tests."""
     s = payload if isinstance(payload, bytes) else bytes(np.frombuffer(payload, np.uint8))
     n, pos, lo, hi, sized, frames, unsized = len(s), 0, 0, 0, 0, 0, False
@@ -337,9 +348,9 @@ def decode(algorithm: str, buf: Any, starts: np.ndarray, sizes: np.ndarray, out:
     row = dev.strides[0]
     base = dev.data.ptr
     checked = None
-    if algorithm in _CHECKS and n:  # damaged payloads walked out of nvCOMP's way (it does not bound itself)
+    if algorithm in _WALKS and n:  # damaged payloads walked out of nvCOMP's way (it does not bound itself)
         if algorithm not in _kernels:
-            _kernels[algorithm] = cp.RawKernel(*_CHECKS[algorithm])
+            _kernels[algorithm] = cp.RawKernel(check_source(algorithm), "flowgpu_check")
         checked = cp.empty(n, cp.int32)
         _kernels[algorithm](((n + 63) // 64,), (64,), (dev[0], dev[1], np.int64(nbytes), checked, np.int32(n),
                                                        np.uint64(_safe(cp, algorithm).data.ptr),

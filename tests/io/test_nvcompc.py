@@ -4,13 +4,17 @@ zstd wrote and broke; on a GPU, the device walks against the host ones."""
 
 from __future__ import annotations
 
+import ctypes
+import shutil
+import subprocess
+
 import numcodecs
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flowgpu.io.nvcompc import damaged, lz4_walk, zstd_walk
+from flowgpu.io.nvcompc import check_source, damaged, lz4_walk, zstd_walk
 from tests.io.zarr_data import field
 
 
@@ -90,6 +94,88 @@ def test_damaged_names_bad_statuses_and_short_chunks():
     st_ = np.array([0, 12, 0, 0], np.int32)
     got = np.array([64, 64, 63, 64], np.uint64)
     assert damaged(st_, got, 64).tolist() == [1, 2]
+
+
+_HOST = r"""
+#define __device__ static
+#define __global__
+struct flowgpu_dim { unsigned int x; };
+static flowgpu_dim blockIdx, blockDim, threadIdx;
+"""
+_DRIVER = r"""
+extern "C" void flowgpu_run(unsigned long long* src, unsigned long long* n, long long cap, int* status,
+                            int count, unsigned long long safe, unsigned long long safe_n) {
+    blockDim.x = 1;
+    threadIdx.x = 0;
+    for (int i = 0; i < count; i++) { blockIdx.x = i; flowgpu_check(src, n, cap, status, count, safe, safe_n); }
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def host_kernels(tmp_path_factory):
+    """The device walks' CUDA source compiled for the CPU (one "thread" at a time), by name."""
+    cxx = shutil.which("c++") or shutil.which("g++")
+    if cxx is None:
+        pytest.skip("no C++ compiler here to run the device walks' source on the CPU")
+    runs = {}
+    for algorithm in ("LZ4", "Zstd"):
+        d = tmp_path_factory.mktemp(algorithm)
+        (d / "walk.cpp").write_text(_HOST + check_source(algorithm) + _DRIVER)
+        subprocess.run([cxx, "-O1", "-shared", "-fPIC", "-o", str(d / "walk.so"), str(d / "walk.cpp")], check=True,
+                       capture_output=True, timeout=120)
+        fn = ctypes.CDLL(str(d / "walk.so")).flowgpu_run
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_longlong, ctypes.c_void_p, ctypes.c_int,
+                       ctypes.c_ulonglong, ctypes.c_ulonglong]
+        fn.restype = None
+        runs[algorithm] = fn
+    return runs
+
+
+def _damaged_batch(rng, algorithm: str, count: int, nbytes: int) -> tuple[list[bytes], list[bool]]:
+    """``count`` payloads of fresh data, three in four damaged (random bytes anywhere, a 0xff payload,
+    cut short or grown, a zstd block of the reserved type), with whether each is the intact one."""
+    make = _block if algorithm == "LZ4" else _frame
+    payloads, intact = [], []
+    for i in range(count):
+        good, _ = make(rng, nbytes)
+        b = bytearray(good)
+        kind = i % 8
+        if kind == 5 and algorithm == "Zstd":  # the first block's type made the reserved one
+            assert b[4] == 0x60  # single segment, a 2-byte content size: the block header at 7
+            b[7] |= 0x06
+        elif kind in (1, 2, 3, 5):
+            at, w = int(rng.integers(0, len(b))), int(rng.integers(1, 48))
+            b[at:at + w] = rng.integers(0, 256, len(b[at:at + w]), dtype=np.uint8).tobytes()
+        elif kind == 6:
+            b = bytearray(b"\xff" * len(b))
+        elif kind == 7:
+            b = b[: int(rng.integers(0, len(b)))] if i % 16 == 7 else b + bytes(int(rng.integers(1, 9)))
+        payloads.append(bytes(b))
+        intact.append(bytes(b) == good)
+    return payloads, intact
+
+
+@pytest.mark.parametrize("algorithm", ["LZ4", "Zstd"])
+def test_the_device_walks_source_gives_the_host_walks_verdicts(rng, host_kernels, algorithm):
+    """The CUDA source the device runs, compiled for the CPU, refuses exactly the payloads the host
+    walk refuses, and points each refused one at the safe stream; intact payloads all pass."""
+    nbytes = 4096
+    payloads, intact = _damaged_batch(rng, algorithm, 800, nbytes)
+    walk = lz4_walk if algorithm == "LZ4" else zstd_walk
+    want = np.array([walk(p, nbytes) for p in payloads])
+    assert want[np.array(intact)].all() and not want.all()  # the batch holds both kinds
+    buf = np.frombuffer(b"".join(payloads), np.uint8).copy()
+    starts = np.cumsum([0] + [len(p) for p in payloads[:-1]]).astype(np.uint64)
+    src = (np.uint64(buf.ctypes.data) + starts).astype(np.uint64)
+    n = np.array([len(p) for p in payloads], np.uint64)
+    status = np.full(len(payloads), -1, np.int32)
+    safe = np.zeros(16, np.uint8)
+    host_kernels[algorithm](src.ctypes.data, n.ctypes.data, nbytes, status.ctypes.data, len(payloads),
+                            safe.ctypes.data, 2)
+    assert ((status == 0) == want).all(), f"verdicts differ at {np.flatnonzero((status == 0) != want)[:5]}"
+    assert (status[~want] == 12).all() and (n[~want] == 2).all() and (src[~want] == safe.ctypes.data).all()
+    assert (n[want] == [len(p) for p, ok in zip(payloads, want) if ok]).all()
 
 
 @pytest.mark.gpu
