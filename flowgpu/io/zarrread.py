@@ -204,9 +204,9 @@ def _raise_damaged(path: str, ch: Chunks, pending, algorithm: str, chunk_bytes: 
         return
     first = tuple(int(c) for c in ch.coords[bad[0]])
     why = nvcompc.STATUS.get(int(statuses[0]), f"status {int(statuses[0])}")
-    raise OSError(f"{path}: {len(bad)} of the {len(ch)} {algorithm} chunks read did not decode (the first, "
-                  f"chunk {first} of the {plan.chunk} grid: {why}, {int(got[0])} of {chunk_bytes} bytes); the "
-                  f"store is damaged: restore it, or rewrite it from its source")
+    raise OSError(f"{path}: {len(bad)} of the {len(ch)} {algorithm} chunks read did not decode (the first is "
+                  f"chunk {first}, counting in chunks of {plan.chunk}: {why}, {int(got[0])} of {chunk_bytes} "
+                  f"bytes); the store is damaged: restore it, or rewrite it from its source")
 
 
 class DeviceReader:
