@@ -154,6 +154,19 @@ def check_source(algorithm: str) -> str:
 _kernels: dict = {}
 
 
+def _lz4_length(s: memoryview, pos: int, n: int, length: int) -> tuple[int, int] | None:
+    """An LZ4 length whose 4 bits are all ones, continued by bytes of 255 and one below it:
+    ``(length, pos)`` after them, or None when the payload ends first."""
+    if length != 15:
+        return length, pos
+    b = 255
+    while b == 255 and pos < n:
+        b = s[pos]
+        pos += 1
+        length += b
+    return None if b == 255 else (length, pos)
+
+
 def lz4_walk(payload: bytes | np.ndarray, nbytes: int) -> bool:
     """Whether an LZ4 block decodes to exactly ``nbytes`` with every copy in bounds: the walk the
     device does before nvCOMP decodes (:data:`_WALKS`), here for the host and for tests."""
@@ -162,16 +175,10 @@ def lz4_walk(payload: bytes | np.ndarray, nbytes: int) -> bool:
     n, pos, out = len(s), 0, 0
     while pos < n:
         token = s[pos]
-        pos += 1
-        lit = token >> 4
-        if lit == 15:
-            b = 255
-            while b == 255 and pos < n:
-                b = s[pos]
-                pos += 1
-                lit += b
-            if b == 255:
-                return False
+        got = _lz4_length(s, pos + 1, n, token >> 4)
+        if got is None:
+            return False
+        lit, pos = got
         pos, out = pos + lit, out + lit
         if pos > n or out > nbytes:
             return False
@@ -180,18 +187,12 @@ def lz4_walk(payload: bytes | np.ndarray, nbytes: int) -> bool:
         if pos + 2 > n:
             return False
         off = s[pos] | (s[pos + 1] << 8)
-        pos += 2
         if off == 0 or off > out:
             return False
-        ml = token & 15
-        if ml == 15:
-            b = 255
-            while b == 255 and pos < n:
-                b = s[pos]
-                pos += 1
-                ml += b
-            if b == 255:
-                return False
+        got = _lz4_length(s, pos + 2, n, token & 15)
+        if got is None:
+            return False
+        ml, pos = got
         out += ml + 4
         if out > nbytes:
             return False
