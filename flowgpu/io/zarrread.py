@@ -197,9 +197,10 @@ def _groups(r: UnitRead, limit: int | None) -> list[tuple]:
     return out
 
 
-def _raise_damaged(path: str, ch: Chunks, pending, algorithm: str, chunk_bytes: int, plan: DevicePlan) -> None:
+def _raise_damaged(path: str, ch: Chunks, pending, plan: DevicePlan) -> None:
     """An :class:`OSError` naming the chunks of one decoded batch that did not decode to their size."""
     bad, statuses, got = pending.damaged()
+    algorithm, chunk_bytes = plan.frame.algorithm, pending.nbytes
     if not len(bad):
         return
     first = tuple(int(c) for c in ch.coords[bad[0]])
@@ -296,7 +297,7 @@ class DeviceReader:
                               f"(flowgpu.zarr.device: cpu)") from None
         del keep
         for path, ch, p in pending:
-            _raise_damaged(path, ch, p, algorithm, chunk_bytes, plan)
+            _raise_damaged(path, ch, p, plan)
         decoding += time.perf_counter() - t2
         COUNTERS.add("read", compressed, reading, count=len(reads))
         COUNTERS.add("moved", compressed, 0.0, count=len(reads))

@@ -67,7 +67,6 @@ def current_session() -> "Session | None":
         return _stack[-1] if _stack else None
 
 
-
 @contextlib.contextmanager
 def spawn_environ(values: dict[str, str]):
     """This process's environment with ``values`` while a cluster spawns its workers, then as it was.
@@ -86,6 +85,7 @@ def spawn_environ(values: dict[str, str]):
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
 
 class Session:
     """Start or join a Dask cluster and own its client.
@@ -181,7 +181,6 @@ class Session:
     def _start_local(self) -> None:
         o = self.options
         spill_kwargs = {} if "data" in o.extra else memory.worker_data_kwargs(o)
-        spill_env = {f"distributed.nanny.pre-spawn-environ.{k}": v for k, v in memory.worker_environ(o).items()}
         common = dict(
             threads_per_worker=o.threads_per_worker,
             memory_limit=o.memory_limit,
@@ -209,7 +208,9 @@ class Session:
             if o.rmm_pool_size:
                 gpu_kwargs["rmm_pool_size"] = o.rmm_pool_size
                 gpu_kwargs["rmm_allocator_external_lib_list"] = ["cupy"]
-            with dask.config.set(spill_env), spawn_environ(memory.worker_environ(o)):
+            env = memory.worker_environ(o)
+            spill_env = {f"distributed.nanny.pre-spawn-environ.{k}": v for k, v in env.items()}
+            with dask.config.set(spill_env), spawn_environ(env):
                 self.cluster = LocalCUDACluster(**gpu_kwargs, **spill_kwargs, **common)
         else:
             self._set_array_backend("numpy")
