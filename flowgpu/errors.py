@@ -11,6 +11,7 @@ __all__ = [
     "FlowgpuError",
     "ConfigError",
     "ImportPathError",
+    "PathNotVisibleError",
     "BackendError",
     "SessionError",
     "ClusterError",
@@ -40,6 +41,11 @@ class ConfigError(FlowgpuError, ValueError):
 class ImportPathError(ConfigError, ImportError):
     """An import path (``package.module:name``) that cannot be resolved: bad form, missing module,
     missing attribute, or a module that fails while importing."""
+
+
+class PathNotVisibleError(ConfigError):
+    """A path the client sees but a worker does not (another host, another mount, another working
+    directory): put it where every host sees it, or use a URL."""
 
 
 class BackendError(FlowgpuError, RuntimeError):

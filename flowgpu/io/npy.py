@@ -14,6 +14,7 @@ from flowgpu.arrays.movement import to_device, to_host
 from flowgpu.backend import current_backend, file_rows_to_device, host_to_device, import_cupy
 from flowgpu.errors import ConfigError
 from flowgpu.io.atomic import atomic_output
+from flowgpu.io.paths import resolve
 
 __all__ = ["from_npy", "to_npy", "NpyReader"]
 
@@ -30,7 +31,7 @@ class NpyReader:
     """
 
     def __init__(self, path: str, device: bool = False):
-        self.path = os.path.abspath(path)
+        self.path = resolve(path)  # the task runs where the working directory may be another
         self.device = device
         m = np.load(self.path, mmap_mode="r")
         self.shape, self.dtype, self.ndim = m.shape, m.dtype, m.ndim
@@ -68,6 +69,7 @@ class NpyReader:
 
 def from_npy(path: str, chunks: Any = "auto") -> da.Array:
     """A ``.npy`` file as a chunked array; reads chunk by chunk, never the whole file at once."""
+    path = resolve(path)
     if not os.path.exists(path):
         raise ConfigError(f"npy file {path!r} does not exist")
     try:

@@ -27,6 +27,7 @@ from flowgpu import arrays
 from flowgpu.arrays.creation import arange_length, check_fill_value, check_size, meta_for
 from flowgpu.errors import ConfigError, RunError
 from flowgpu.io.npy import from_npy
+from flowgpu.io.paths import resolve
 from flowgpu.io.zarr import from_zarr
 from flowgpu.registry import Entry, Options, Registry, import_object, options_model
 
@@ -193,12 +194,13 @@ def _not_special(path: str) -> str:
 
 
 class _Stored(_Source):
-    path: str
+    path: str = Field(..., description="A file or store (relative to the working directory, made absolute there), "
+                                       "or a URL.")
 
     @field_validator("path")
     @classmethod
     def _file(cls, v: str) -> str:
-        return _not_special(v)
+        return _not_special(resolve(v))  # absolute before any graph is built: workers may run elsewhere
 
 
 class ZarrOptions(_Stored):

@@ -27,6 +27,7 @@ from flowgpu.backend import current_backend, import_cupy
 from flowgpu.errors import ConfigError
 from flowgpu.io.atomic import atomic_output
 from flowgpu.io.devcodec import MAX_CHUNK_BYTES, DevicePlan, Fallback, plan_codec
+from flowgpu.io.paths import is_url, require_store, resolve
 from flowgpu.io.storage import COUNTERS
 from flowgpu.io.zarrread import DeviceReader
 from flowgpu.io.zarrwrite import create, device_writes, inner_chunks
@@ -54,8 +55,11 @@ def device_path() -> str | None:
 
 
 def open_zarr_array(path: str, component: str | None = None) -> zarr.Array:
-    """The ``zarr.Array`` at ``path`` (``component`` in a group), or a ConfigError saying why not."""
-    if "://" not in path and not os.path.exists(path):
+    """The ``zarr.Array`` at ``path`` (``component`` in a group), or a ConfigError saying why not.
+    A local path is opened absolute (:func:`flowgpu.io.paths.resolve`): the array travels to
+    workers whose working directory may be another."""
+    path = resolve(path)
+    if not is_url(path) and not os.path.exists(path):
         raise ConfigError(f"zarr store {path!r} does not exist")
     try:
         with warnings.catch_warnings():
@@ -80,9 +84,32 @@ def _note_fallback(block: Any, reason: str = "") -> Any:
     return block
 
 
+class ZarrBlocks:
+    """What ``dask.array.from_array`` slices for zarr-python's reads: the array, checking in each
+    task that its store is there before reading (:func:`flowgpu.io.paths.require_store`), since
+    zarr reads every chunk of a store that is not there as the fill value."""
+
+    def __init__(self, arr: zarr.Array, folder: str):
+        self.arr, self.folder = arr, folder
+        self.shape, self.dtype, self.ndim = tuple(arr.shape), arr.dtype, arr.ndim
+
+    def __getitem__(self, key: Any) -> Any:
+        require_store(self.folder)
+        return self.arr[key]
+
+    def __dask_tokenize__(self) -> Any:
+        return ("flowgpu-zarr", self.folder, _mtime(self.folder), self.shape, str(self.dtype), self.arr.chunks)
+
+
+def _array_folder(path: str, component: str | None) -> str:
+    return os.path.join(path, *component.split("/")) if component and not is_url(path) else path
+
+
 def from_zarr(path: str, component: str | None = None, chunks: Any = None) -> da.Array:
     """A Zarr array as a chunked array on the session's device; chunks default to the store's
-    (its shards, for a sharded array)."""
+    (its shards, for a sharded array). A local ``path`` is made absolute here, and each read
+    checks that the store is there (a worker that does not see it fails, never reads fill values)."""
+    path = resolve(path)
     arr = open_zarr_array(path, component)
     device = device_path()
     plan = plan_codec(arr) if device else None
@@ -91,7 +118,7 @@ def from_zarr(path: str, component: str | None = None, chunks: Any = None) -> da
         plan = Fallback(missing)
     if isinstance(plan, DevicePlan):
         group = dask.config.get("flowgpu.zarr.read-group", None)
-        reader = DeviceReader(plan, device, os.path.abspath(path) if "://" not in path else path, component,
+        reader = DeviceReader(plan, device, path, component,
                               parse_bytes(group) if isinstance(group, str) else group)
         token = da.core.tokenize(plan.root, _mtime(plan.root), plan.shape, str(plan.dtype), plan.chunk, plan.unit, plan.frame)
         meta = _reader_meta(device, plan)
@@ -100,7 +127,10 @@ def from_zarr(path: str, component: str | None = None, chunks: Any = None) -> da
         if chunks is not None:
             x = x.rechunk(resolve_chunks(chunks, x.shape, x.dtype))
         return x
-    x = da.from_zarr(arr, inline_array=True)  # reads spread over the workers (as npy's)
+    blocks = ZarrBlocks(arr, _array_folder(path, component))
+    # reads spread over the workers (as npy's), each inlined where its chunk is used, as dask's from_zarr
+    x = da.from_array(blocks, chunks=arr.chunks, name=f"from-zarr-{da.core.tokenize(blocks)}", inline_array=True,
+                      asarray=False, meta=np.empty((0,) * arr.ndim, arr.dtype))
     if isinstance(plan, Fallback):
         logger.warning("zarr %s: decoded on the CPU: %s", path, plan.reason)
         x = x.map_blocks(_note_fallback, reason=plan.reason, dtype=x.dtype, meta=x._meta)

@@ -36,6 +36,7 @@ import zarr
 from flowgpu.io import nvcompc
 from flowgpu.io.devcodec import ALIGN, MAX_U64, DevicePlan, read_exact, run_offsets
 from flowgpu.io.devices import device_for
+from flowgpu.io.paths import require_store
 from flowgpu.io.storage import COUNTERS
 
 __all__ = ["DeviceReader", "ChunkRead", "Chunks", "UnitRead", "read_plan", "shard_index"]
@@ -225,6 +226,7 @@ class DeviceReader:
         return (DeviceReader, (self.plan, self.device, self.zarr_path, self.component, self.group))
 
     def __getitem__(self, key):
+        require_store(self.plan.root)  # a file that is not there is the fill value; a store that is not there is an error
         key = key if isinstance(key, tuple) else (key,)
         key = key + (slice(None),) * (self.ndim - len(key))
         reads = read_plan(self.plan, key) if all(isinstance(k, slice) for k in key) else None

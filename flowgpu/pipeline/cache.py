@@ -33,7 +33,10 @@ from flowgpu.pipeline.recipe import Recipe, fingerprint, same_fingerprint
 
 __all__ = ["Cache", "Verdict", "summarize"]
 
-FORMAT = 1
+# 2: input and output paths are resolved on the client before anything runs. An entry of format 1 may
+# record fill values that workers running in another folder read from a relative Zarr path, so none is trusted.
+FORMAT = 2
+OLD_FORMATS = {1: "recorded before paths were resolved on the client (an older flowgpu)"}
 _warned: set[str] = set()
 
 
@@ -85,14 +88,16 @@ class Cache:
         text = json.dumps(self.key(plan, name, item), sort_keys=True, default=str)
         return os.path.join(self.directory, hashlib.blake2b(text.encode(), digest_size=16).hexdigest() + ".json")
 
-    def entry(self, plan: Plan, name: str, item: dict | None = None) -> dict | None:
-        """Output ``name``'s entry, or None when there is none (or it cannot be read: a new output)."""
+    def entry(self, plan: Plan, name: str, item: dict | None = None, *, any_format: bool = False) -> dict | None:
+        """Output ``name``'s entry, or None when there is none (or it cannot be read: a new output);
+        ``any_format``: also one an older flowgpu wrote (its ``format`` says which)."""
         try:
             with open(self.path(plan, name, item)) as f:
                 data = json.load(f)
         except (OSError, ValueError):
             return None
-        ok = (isinstance(data, dict) and data.get("format") == FORMAT and isinstance(data.get("digest"), str)
+        ok = (isinstance(data, dict) and (any_format or data.get("format") == FORMAT)
+              and isinstance(data.get("digest"), str)
               and data.get("key") == json.loads(json.dumps(self.key(plan, name, item), default=str)))
         return data if ok else None
 
@@ -120,9 +125,13 @@ class Cache:
 
         if force:
             return stale("forced")
-        entry = self.entry(plan, name, item)
+        entry = self.entry(plan, name, item, any_format=True)
         if entry is None or (location is None and "value" not in entry):
             return stale("new")
+        if entry.get("format") != FORMAT:
+            old = entry.get("format")
+            return stale(OLD_FORMATS.get(old, "recorded by another flowgpu") if isinstance(old, int)
+                         else "recorded by another flowgpu")
         if entry["digest"] != recipe.digest:
             before = entry.get("params") if isinstance(entry.get("params"), dict) else {}
             changed = sorted(k for k in set(before) | set(recipe.params)

@@ -11,6 +11,7 @@ from typing import Any
 
 from flowgpu.errors import OutputExistsError
 from flowgpu.io import sinks
+from flowgpu.io.paths import shown
 from flowgpu.pipeline import compose
 from flowgpu.pipeline.build import load
 from flowgpu.pipeline.spec import Spec
@@ -27,7 +28,7 @@ def _spec_paths(spec: Spec, found: dict[str, str], stack: tuple[str, ...] = ()) 
     for name, model in spec.inputs.items():
         path = getattr(model, "path", None)
         if isinstance(path, str) and path:
-            found.setdefault(os.path.realpath(os.path.expanduser(path)), f"input {name!r} ({path})")
+            found.setdefault(os.path.realpath(os.path.expanduser(path)), f"input {name!r} ({shown(path)})")
     for name, step in spec.steps.items():
         if step.uses is None or origin is None:
             continue
@@ -57,13 +58,13 @@ def check_outputs(spec: Spec, overwrite: bool = False, protect: dict[str, str] |
             continue
         path = os.path.abspath(out.path)
         if path in seen:
-            raise smap.error(f"outputs {seen[path]!r} and {name!r} both write {out.path!r}", ("outputs", name, "path"),
+            raise smap.error(f"outputs {seen[path]!r} and {name!r} both write {shown(out.path)!r}", ("outputs", name, "path"),
                              hint="give each output its own path")
         seen[path] = name
         real = os.path.realpath(path)
         for kept, what in protected.items():
             if kept == real or kept.startswith(real.rstrip(os.sep) + os.sep):
-                raise smap.error(f"output {name!r} would replace {out.path!r}, which {'is' if kept == real else 'contains'} "
+                raise smap.error(f"output {name!r} would replace {shown(out.path)!r}, which {'is' if kept == real else 'contains'} "
                                  f"{what}", ("outputs", name, "path"),
                                  hint="write the output to a path of its own (a new name such as 'result.zarr'); "
                                       "--overwrite never replaces these")
@@ -95,22 +96,23 @@ def session_options(spec: Spec, cluster: dict[str, Any] | None = None, allow_spe
                     ) -> dict[str, Any]:
     """Session keyword arguments: the spec's ``cluster:`` block, then ``cluster`` (CLI) overrides.
 
-    A spec from elsewhere must not send the run's data to another scheduler, or open the dashboard
-    to the network, without a word: its ``cluster.address`` and a ``cluster.dashboard_address``
-    that is not a loopback address are refused unless confirmed (``allow_spec_address``, the same
-    address in ``cluster``, or the key set on the command line with ``--set``).
+    A spec from elsewhere must not send the run's data to another scheduler or to batch jobs, or open
+    the dashboard to the network, without a word: its ``cluster.address``, a ``cluster.kind`` other
+    than local, and a ``cluster.dashboard_address`` that is not a loopback address are refused unless
+    confirmed (``allow_spec_address``, the key in ``cluster``, or set on the command line with ``--set``).
     """
     opts = {k: v for k, v in spec.cluster.model_dump().items() if v is not None}
     given = {k: v for k, v in (cluster or {}).items() if v is not None}
     set_here = spec._origin.overrides if spec._origin is not None else {}
     risky = {"address": ("sends this run, and its data, to the scheduler at", lambda v: False),
+             "kind": ("sends this run, and its data, to batch jobs of", lambda v: v == "local"),
              "dashboard_address": ("opens the dashboard to the network at", _loopback)}
     for key, (does, harmless) in risky.items():
         value = opts.get(key)
         if (value is None or allow_spec_address or key in given or f"cluster.{key}" in set_here
                 or harmless(str(value))):
             continue
-        flag = f"--scheduler {value}" if key == "address" else f"--set cluster.{key}={value}"
+        flag = {"address": f"--scheduler {value}", "kind": f"--cluster {value}"}.get(key, f"--set cluster.{key}={value}")
         raise spec._origin.smap.error(
             f"the spec {does} {value!r} (cluster.{key}); a spec from elsewhere could send your data anywhere",
             ("cluster", key), hint=f"if you mean it, confirm with {flag} or --allow-spec-address "

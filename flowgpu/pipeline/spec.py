@@ -28,10 +28,12 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, PrivateAttr, Tag, create_model, model_validator
+from pydantic import (BaseModel, ConfigDict, Discriminator, Field, PrivateAttr, Tag, create_model, field_validator,
+                      model_validator)
 from pydantic.json_schema import GenerateJsonSchema
 
 from flowgpu.io import sinks, sources
+from flowgpu.io.paths import resolve
 
 __all__ = [
     "Spec", "Param", "Step", "Output", "Cluster", "Expect", "ForeachGlob", "ForeachRange", "NAME_PATTERN", "PARAM_REF", "json_schema",
@@ -102,7 +104,12 @@ class Output(_Model):
 
     from_: str = Field(..., alias="from", description="Name of the input or step (or `step.output`) to write.")
     path: str | None = Field(None, description="Destination of sinks that write a file or store (relative to the "
-                                               "working directory).")
+                                               "working directory, made absolute there).")
+
+    @field_validator("path")
+    @classmethod
+    def _resolve(cls, v: str | None) -> str | None:
+        return None if v is None else resolve(v)  # absolute before any graph is built: workers may run elsewhere
 
     @model_validator(mode="after")
     def _path(self) -> "Output":
@@ -125,10 +132,16 @@ def _sink_tag(v: Any) -> Any:
 
 # -- cluster ----------------------------------------------------------------------------------------
 class Cluster(_Model):
-    """Session options (see ``flowgpu.Session``); the CLI's --scheduler/--gpus override them."""
+    """Session options (see ``flowgpu.Session``); the CLI's --scheduler/--cluster/--gpus override them."""
 
     backend: Literal["auto", "gpu", "cpu"] | None = None
     address: str | None = None
+    kind: Literal["local", "slurm", "pbs", "lsf", "sge"] | None = Field(
+        None, description="local (this machine), or batch jobs through dask-jobqueue (its own config gives queue, "
+                          "account, walltime, cores, memory): slurm, pbs, lsf, sge.")
+    jobs: int | None = Field(None, ge=1, description="Batch jobs to submit (a kind other than local).")
+    gpus_per_job: int | None = Field(None, ge=0, description="GPUs each batch job asks for, one dask-cuda worker "
+                                                            "each; 0: CPU jobs.")
     gpus: list[int] | str | int | None = None
     n_workers: int | None = Field(None, ge=1)
     threads_per_worker: int | None = Field(None, ge=1)

@@ -16,6 +16,7 @@ import dask
 
 from flowgpu.errors import SpecError
 from flowgpu.io import sources
+from flowgpu.io.paths import shown
 from flowgpu.ops import registry
 from flowgpu.pipeline import cache as outputs_cache
 from flowgpu.pipeline import recipe
@@ -86,7 +87,7 @@ def plan_items(items: list[Item], overwrite: bool, params_file: str | None, draf
                 other = seen[path]
                 raise item.spec._origin.smap.error(
                     f"batch items {other.index + 1} ({other.label}) and {item.index + 1} ({item.label}) both write "
-                    f"output {name!r} to {out.path!r}", ("outputs", name, "path"),
+                    f"output {name!r} to {shown(out.path)!r}", ("outputs", name, "path"),
                     hint="put a foreach param in the path, e.g. path: out/${params.%s}.zarr" % next(iter(item.values)))
             seen[path] = item
     return plans

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from flowgpu.errors import SpecError
@@ -25,7 +27,7 @@ def test_defaults_are_typed_and_substituted(tmp_path):
     spec = load(tmp_path / "s.yaml")
     assert spec.inputs["x"].shape == [6, 3]
     assert spec.inputs["x"].scale == 2.5
-    assert spec.outputs["o"].path == "out/run-6.npy"
+    assert spec.outputs["o"].path == os.path.abspath("out/run-6.npy")  # resolved on the client, where it loads
     assert spec._origin.params == {"n": 6, "scale": 2.5, "tag": "run", "flags": [1, 2]}
 
 
@@ -34,7 +36,7 @@ def test_set_and_params_file_override_in_order(tmp_path):
     (tmp_path / "p.yaml").write_text("n: 10\ntag: other\n")
     spec = load(tmp_path / "s.yaml", {"params.n": "12"}, params_file=str(tmp_path / "p.yaml"))
     assert spec.inputs["x"].shape == [12, 3]  # --set wins over --params
-    assert spec.outputs["o"].path == "out/other-12.npy"
+    assert spec.outputs["o"].path == os.path.abspath("out/other-12.npy")
     spec = load(tmp_path / "s.yaml", {"params.scale": "3"})
     assert spec.inputs["x"].scale == 3.0 and isinstance(spec._origin.params["scale"], float)
 

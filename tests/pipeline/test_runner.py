@@ -153,7 +153,7 @@ def test_protected_paths_and_outputs_that_contain_them(tmp_path, x_file, monkeyp
     spec = pipeline.validate(spec_for(tmp_path, path))
     protected = runner.protected_paths(spec)
     assert protected[os.path.realpath(tmp_path)] == "the working directory"
-    assert protected[os.path.realpath(path)] == f"input 'x' ({path})"
+    assert protected[os.path.realpath(path)] == "input 'x' (x.npy)"  # relative to the working directory, as written
     data = spec_for(tmp_path, path)
     data["outputs"]["n"]["path"] = str(tmp_path / "x.npy")
     with pytest.raises(SpecError, match="which is input 'x'") as e:

@@ -1,0 +1,149 @@
+"""Paths that mean the same on every host: resolved once on the client, checked from the workers.
+
+A task opens what its graph names, in the worker's process. A relative path names a file under
+*that* process's working directory, which for a cluster started elsewhere (``flowgpu cluster
+start``, ``dask worker`` run in another folder, a Slurm job) is not the client's; ``~`` is the
+worker's HOME. And Zarr reads a chunk that is not there as the fill value, so a store a worker
+cannot see read as fill values, and the run said ok. Hence:
+
+* :func:`resolve`: every local path is made absolute (``~`` expanded) where it enters flowgpu, on
+  the client, before any graph is built; a URL (``s3://...``) stays as it is;
+* :func:`require_store`: a Zarr read checks, in the task, that the array's metadata is there, so a
+  store missing as a whole is an error, never fill values; a chunk
+  missing from a store that is there is still the fill value (that is Zarr);
+* :func:`probe`: what a run asks every worker before it computes (:mod:`flowgpu.pipeline.visibility`):
+  can it read each input's metadata, and write into each output's staging folder.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+import tempfile
+from typing import Any
+
+from distributed import get_worker
+
+from flowgpu.errors import PathNotVisibleError
+
+__all__ = ["FIX", "METADATA", "is_url", "resolve", "shown", "metadata_files", "require_store", "where", "probe"]
+
+FIX = ("the workers do not see this path: put it on storage every host mounts (at the same path), "
+       "or use a URL")
+# The files that say a Zarr store (or group) is there: Zarr 3's, then Zarr 2's.
+METADATA = ("zarr.json", ".zarray", ".zgroup")
+
+def is_url(path: str) -> bool:
+    """Whether ``path`` is a URL (``s3://``, ``gs://``, ``file://``...), read the same from every host."""
+    return "://" in path
+
+
+def resolve(path: str) -> str:
+    """``path`` as every process reads it: absolute, with ``~`` expanded here; a URL unchanged."""
+    if is_url(path):
+        return path
+    return os.path.abspath(os.path.expanduser(path))
+
+
+def shown(path: str) -> str:
+    """``path`` as a message shows it: relative to the working directory when it lies under it."""
+    if is_url(path):
+        return path
+    rel = os.path.relpath(path)
+    return path if rel == ".." or rel.startswith(".." + os.sep) else rel
+
+
+def metadata_files(path: str, component: str | None = None) -> list[str]:
+    """What shows that the input at ``path`` is there, as this process sees it: a file itself; for
+    a folder (a Zarr store), its metadata files (and those of ``component`` in it), or the folder
+    when it holds none. Nothing for a URL or a path that is not here."""
+    if is_url(path):
+        return []
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return []
+    if not stat.S_ISDIR(mode):
+        return [path]
+    found = []
+    for folder in (path, os.path.join(path, *component.split("/")) if component else None):
+        if folder is not None:
+            found += [os.path.join(folder, m) for m in METADATA if os.path.isfile(os.path.join(folder, m))]
+    return found or [path]
+
+
+def where() -> str:
+    """This process, as a message names it: the worker's address (in a worker), host and folder."""
+    try:
+        name = f"worker {get_worker().address}"
+    except ValueError:  # not in a worker
+        name = f"process {os.getpid()}"
+    return f"{name} on host {socket.gethostname()} (working directory {os.getcwd()})"
+
+
+def require_store(folder: str) -> None:
+    """Refuse to read a Zarr array whose metadata is not at ``folder`` (the array's own folder):
+    Zarr would read every chunk as the fill value. Checked at every read (a stat or two beside the
+    chunk's own read), so a store removed while a worker lives is an error there too."""
+    if is_url(folder):
+        return
+    if not any(os.path.isfile(os.path.join(folder, m)) for m in METADATA[:2]):
+        raise PathNotVisibleError(f"zarr store {folder!r} is not there for {where()}; {FIX}")
+
+
+def _readable(path: str) -> str | None:
+    """Why ``path`` cannot be read here, or None. Opened without blocking (a FIFO waits for a writer)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as e:
+        return "is not there" if isinstance(e, (FileNotFoundError, NotADirectoryError)) else \
+            f"cannot be read ({e.strerror})"
+    try:
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            os.read(fd, 1)
+        return None
+    except OSError as e:
+        return f"cannot be read ({e.strerror})"
+    finally:
+        os.close(fd)
+
+
+def _writable(folder: str, marker: str | None, inode: int | None = None) -> str | None:
+    """Why a task cannot write into ``folder`` here, or None. It must be the client's folder, not one
+    of the same name on another disk: hold ``marker`` (a file the client wrote there), or, where
+    nothing may be written, have the client's ``inode`` (then only its permissions are checked)."""
+    if not os.path.isdir(folder):
+        return "is not there"
+    if marker is not None and not os.path.exists(os.path.join(folder, marker)):
+        return f"is another folder than the client's (it lacks {marker!r}, written there by the client)"
+    if inode is not None:
+        if os.stat(folder).st_ino != inode:
+            return "is another folder than the client's (its inode differs)"
+        return None if os.access(folder, os.W_OK | os.X_OK) else "cannot be written (permission denied)"
+    try:
+        fd, name = tempfile.mkstemp(prefix=".flowgpu-probe-", dir=folder)
+    except OSError as e:
+        return f"cannot be written ({e.strerror})"
+    os.close(fd)
+    os.unlink(name)
+    return None
+
+
+def probe(entries: list[dict[str, Any]], dask_worker: Any = None) -> dict[str, Any]:
+    """Run on each worker: which of ``entries`` it cannot reach. An entry is ``{"read": [files]}``
+    (each must open and read) or ``{"write": folder, "marker": name}`` (a file is made and removed
+    there) or ``{"write": folder, "inode": n}`` (nothing is written); the answer names this process
+    (``host``, ``cwd``) and lists ``(index, path, why)`` of each problem."""
+    problems = []
+    for i, entry in enumerate(entries):
+        for path in entry.get("read", ()):
+            why = _readable(path)
+            if why is not None:
+                problems.append((i, path, why))
+                break
+        if entry.get("write"):
+            why = _writable(entry["write"], entry.get("marker"), entry.get("inode"))
+            if why is not None:
+                problems.append((i, entry["write"], why))
+    return {"host": socket.gethostname(), "cwd": os.getcwd(), "problems": problems}
