@@ -25,6 +25,7 @@ from flowgpu.io.journal import (MARKER, STAGE_TAG, Output, Transaction, journals
                                 recover_journal, referenced_stages, remove, stage_dir, stages_in,
                                 written_by_flowgpu)
 from flowgpu.io.lock import OutputLock, alive, describe, held, locked_targets, owner
+from flowgpu.io.paths import resolve
 
 __all__ = ["MARKER", "TMP_TAG", "AtomicPath", "atomic_output", "check_writable", "clean", "commit_together",
            "hold", "marker_path", "output_error", "written_by_flowgpu"]
@@ -135,12 +136,13 @@ def hold(targets: Iterable[str], wait: bool = True, notify: Callable[[str], None
     ``notify``: told when waiting and what was recovered (default: a line on stderr).
     """
     notify = notify or _stderr
-    locks = []
+    locks, made = [], []
     try:
         for target in sorted(set(map(os.path.abspath, targets))):
             if held(target) is not None:
                 continue
             try:
+                made += _missing_folders(os.path.dirname(target))
                 os.makedirs(os.path.dirname(target), exist_ok=True)
                 locks.append(OutputLock(target).acquire(wait, notify))
                 for note in recover(target):
@@ -153,6 +155,20 @@ def hold(targets: Iterable[str], wait: bool = True, notify: Callable[[str], None
     finally:
         for lock in reversed(locks):
             lock.release()
+        for folder in sorted(made, key=len, reverse=True):  # a run that wrote nothing leaves no new folder
+            try:
+                os.rmdir(folder)
+            except OSError:
+                pass
+
+
+def _missing_folders(folder: str) -> list[str]:
+    """``folder`` and its parents that do not exist yet (makedirs would create them)."""
+    out = []
+    while folder and not os.path.isdir(folder) and os.path.dirname(folder) != folder:
+        out.append(folder)
+        folder = os.path.dirname(folder)
+    return out
 
 
 def _remove_settled(path: str, limit: float = 5.0) -> None:
@@ -176,7 +192,7 @@ class AtomicPath:
     """
 
     def __init__(self, path: str, overwrite: bool = False, meta: dict | None = None):
-        self.path = os.path.abspath(path)
+        self.path = resolve(path)
         self.overwrite = overwrite
         self.meta = meta or {}
         self.id = new_id()

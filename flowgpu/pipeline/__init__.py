@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from flowgpu.pipeline import visibility
 from flowgpu.pipeline.build import from_dict, load
 from flowgpu.pipeline.builder import Pipeline, Ref
 from flowgpu.pipeline.compiler import Plan, compile
@@ -33,7 +34,9 @@ def validate(spec: Spec | str | os.PathLike | dict, overrides: dict[str, Any] | 
     That is the schema, references, includes, shapes and dtypes, the output paths (taken, given
     twice, or holding the run's own files, as ``run(..., overwrite=overwrite)`` checks them) and the
     ``cluster:`` block (as ``run(..., cluster=cluster, allow_spec_address=...)`` checks it). No user
-    code is called: ``python`` sources stand for their declared shape and dtype.
+    code is called: ``python`` sources stand for their declared shape and dtype. With a scheduler
+    address in ``cluster`` (``--scheduler``), its workers are asked whether they see the inputs and
+    can write the outputs' folders (:mod:`flowgpu.pipeline.visibility`), writing nothing.
 
     Returns the validated :class:`Spec`; raises :class:`~flowgpu.errors.SpecError` otherwise.
     """
@@ -41,9 +44,11 @@ def validate(spec: Spec | str | os.PathLike | dict, overrides: dict[str, Any] | 
         spec = load(spec, overrides, params_file)
     elif isinstance(spec, dict):
         spec = from_dict(spec, overrides)
-    compile(spec)
+    plan = compile(spec)
     check_outputs(spec, overwrite, {params_file: f"the params file {params_file!r}"} if params_file else None)
-    session_options(spec, cluster, allow_spec_address)
+    options = session_options(spec, cluster, allow_spec_address)
+    if (cluster or {}).get("address"):  # --scheduler: ask its workers (a spec's own address is only checked)
+        visibility.check_joined(spec, plan, options)
     return spec
 
 

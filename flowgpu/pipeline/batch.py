@@ -28,6 +28,7 @@ from rich.console import Console
 from flowgpu.diagnostics import BatchBars, monitor
 from flowgpu.errors import FlowgpuError, OutputError, RunError, SpecError
 from flowgpu.io import faults, sinks
+from flowgpu.pipeline import visibility
 from flowgpu.pipeline.compiler import Plan, calls_user_code, compile
 from flowgpu.pipeline.failures import ASK, explain, failed_with, watch_spill
 from flowgpu.pipeline.foreach import Item, in_item
@@ -273,6 +274,8 @@ def execute(jobs: list[Job], session: Any, *, overwrite: bool = False, keep_goin
     bars = BatchBars(console, show=progress)
     batch = uuid.uuid4().hex  # the page's id of this batch
     work = [job for job in jobs if job.todo]
+    client = getattr(session, "client", None)
+    visibility.check(client, visibility.input_entries(job.plan for job in work))  # before anything is staged
     try:
         with bars:
             ready = []
@@ -287,6 +290,7 @@ def execute(jobs: list[Job], session: Any, *, overwrite: bool = False, keep_goin
                     job.abort()
                     if not keep_going:
                         raise job.error from e
+            visibility.check(client, visibility.output_entries(p for job in ready for p in job.pending.values()))
             faults.point("after-prepare")
             baseline = ASK if memory is None else memory()
             with watch_spill(session, baseline=baseline) as watch:  # a spill directory that fills during the run stops it

@@ -223,9 +223,10 @@ def test_a_spec_address_is_refused_unless_confirmed(work):
         assert r.returncode == 2, (args, r.stderr)
         assert "s.yaml:8:" in r.stderr and "cluster.address" in r.stderr and address in r.stderr
         assert "--allow-spec-address" in r.stderr and f"--scheduler {address}" in r.stderr
-    assert flowgpu(work, "validate", "--scheduler", address, "s.yaml").returncode == 0
     assert flowgpu(work, "validate", "--allow-spec-address", "s.yaml").returncode == 0
     env = {"DASK_FLOWGPU__CONNECT_TIMEOUT": "1s"}
+    r = flowgpu(work, "validate", "--scheduler", address, "s.yaml", env=env)  # confirmed, then its workers asked
+    assert r.returncode == 1 and "could not reach the scheduler at " + address in r.stderr, r.stderr
     for confirm in (("--allow-spec-address",), ("--scheduler", address)):
         r = flowgpu(work, "run", "-q", *confirm, "s.yaml", env=env)
         assert r.returncode == 1 and "could not reach the scheduler at " + address in r.stderr, r.stderr
