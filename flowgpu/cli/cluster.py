@@ -13,8 +13,8 @@ import time
 import click
 
 from flowgpu.cli.common import EXIT_FAILED, EXIT_INVALID, _fail, handle_errors, protocol_option
+from flowgpu.diagnostics import monitor, workers_line
 from flowgpu.errors import ClusterRunningError
-from flowgpu.diagnostics import monitor
 from flowgpu.runtime import standing
 from flowgpu.runtime.session import Session
 
@@ -100,6 +100,9 @@ def status(as_json: bool) -> None:
         now = "" if state["answers"] in (None, state["n_workers"]) else f", {state['answers']} connected now"
         click.echo(f"backend: {state['backend']}, workers: {state['n_workers']} x {state['threads_per_worker']} "
                    f"thread(s) (pids {', '.join(map(str, state['worker_pids']))}{now})")
+        places = workers_line(state.get("places") or [])
+        if places:
+            click.echo(places)
         click.echo(f"up {_uptime(state['uptime'])} since {started} (daemon pid {state['daemon']['pid']}, "
                    f"flowgpu {state['flowgpu']}); log: {state['log']}")
     if state["answers"] is None:

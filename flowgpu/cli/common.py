@@ -127,6 +127,20 @@ def tls_options(func: Callable) -> Callable:
 
 
 
+def cluster_kind_options(func: Callable) -> Callable:
+    """--cluster KIND, --jobs N and --gpus-per-job G: workers in batch jobs through dask-jobqueue
+    (flowgpu.runtime.hpc); they reach the command as kind, jobs and gpus_per_job."""
+    func = click.option("--gpus-per-job", type=click.IntRange(min=0), default=None, metavar="G",
+                        help="GPUs each batch job asks for (--gres=gpu:G on Slurm), one dask-cuda worker each; "
+                             "0: CPU jobs.")(func)
+    func = click.option("--jobs", type=click.IntRange(min=1), default=None, metavar="N",
+                        help="Batch jobs to submit with --cluster (default 1).")(func)
+    return click.option("--cluster", "kind", type=click.Choice(["local", "slurm", "pbs", "lsf", "sge"]), default=None,
+                        help="Where the workers run: local (this machine), or batch jobs through dask-jobqueue "
+                             "(slurm, pbs, lsf, sge; queue, account, walltime, cores and memory from its config, "
+                             "~/.config/dask/jobqueue.yaml).")(func)
+
+
 def protocol_option(func: Callable) -> Callable:
     """--protocol tcp|ucx, shared by run and cluster start (flowgpu.runtime.protocol)."""
     return click.option("--protocol", type=click.Choice(["tcp", "ucx"]), default=None,

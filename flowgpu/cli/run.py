@@ -12,8 +12,8 @@ import click
 from rich.markup import escape
 
 from flowgpu import pipeline
-from flowgpu.cli.common import (EXIT_FAILED, EXIT_INVALID, _console, _parse_sets, allow_address_option, handle_errors,
-                                protocol_option, spec_options, tls_options)
+from flowgpu.cli.common import (EXIT_FAILED, EXIT_INVALID, _console, _parse_sets, allow_address_option,
+                                cluster_kind_options, handle_errors, protocol_option, spec_options, tls_options)
 from flowgpu.diagnostics import monitor, render_batch, render_plan, render_status, render_summary, stepgraph
 from flowgpu.errors import SpecError
 from flowgpu.io import atomic
@@ -58,6 +58,7 @@ def foreach_options(func: Callable) -> Callable:
 @click.option("--backend", type=click.Choice(["auto", "gpu", "cpu"]), default=None, help="Array backend.")
 @click.option("--workers", "n_workers", type=click.IntRange(min=1), default=None, help="Workers of a CPU cluster.")
 @protocol_option
+@cluster_kind_options
 @click.option("--standalone", is_flag=True,
               help="Start a cluster of its own even when one started by 'flowgpu cluster start' runs.")
 @click.option("--summary", "summary_path", type=click.Path(dir_okay=False), default=None,
@@ -76,7 +77,8 @@ def foreach_options(func: Callable) -> Callable:
 @allow_address_option
 @handle_errors
 def run(spec: str, sets: tuple[str, ...], params_file: str | None, scheduler: str | None, gpus: str | None,
-        backend: str | None, n_workers: int | None, protocol: str | None, standalone: bool, summary_path: str | None, report: str | None,
+        backend: str | None, n_workers: int | None, protocol: str | None, kind: str | None, jobs: int | None,
+        gpus_per_job: int | None, standalone: bool, summary_path: str | None, report: str | None,
         overwrite: bool, dry_run: bool, no_wait: bool, quiet: bool, as_json: bool, foreach: tuple[str, ...],
         force: bool, checksum: bool, keep_going: bool, no_cache: bool, allow_spec_address: bool,
         **tls: str | None) -> None:
@@ -92,7 +94,8 @@ def run(spec: str, sets: tuple[str, ...], params_file: str | None, scheduler: st
     batch = _parse_foreach(foreach)
     console = _console()
     cluster = {"address": scheduler, "gpus": gpus, "backend": backend, "n_workers": n_workers, **tls,
-               "protocol": protocol, "standalone": standalone or None}
+               "protocol": protocol, "kind": kind, "jobs": jobs, "gpus_per_job": gpus_per_job,
+               "standalone": standalone or None}
     if dry_run:
         s = pipeline.validate(spec, overrides, params_file, overwrite=overwrite, cluster=cluster,
                               allow_spec_address=allow_spec_address)
@@ -159,21 +162,25 @@ def clean(paths: tuple[str, ...]) -> None:
 @click.argument("specs", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @spec_options
 @click.option("--overwrite", is_flag=True, help="Check the outputs as 'run --overwrite' would.")
-@click.option("--scheduler", default=None, metavar="ADDRESS", help="Check the spec as 'run --scheduler' would.")
+@click.option("--scheduler", default=None, metavar="ADDRESS",
+              help="Check the spec as 'run --scheduler' would, and ask that cluster's workers whether they see its "
+                   "inputs and can write its outputs' folders.")
+@tls_options
 @allow_address_option
 @handle_errors
 def validate(specs: tuple[str, ...], sets: tuple[str, ...], params_file: str | None, overwrite: bool,
-             scheduler: str | None, allow_spec_address: bool) -> None:
+             scheduler: str | None, allow_spec_address: bool, **tls: str | None) -> None:
     """Check spec files completely, refusing all that run would refuse before computing; runs nothing.
 
-    Prints each callable a spec would import (and so run when it runs).
+    Prints each callable a spec would import (and so run when it runs). With --scheduler, the workers
+    there are asked whether they see each input and can write each output's folder (nothing is written).
     """
     overrides = _parse_sets(sets)
     bad = 0
     for path in specs:
         try:
             _, imported = pipeline.imports(path, overrides, params_file, overwrite=overwrite,
-                                           cluster={"address": scheduler}, allow_spec_address=allow_spec_address)
+                                           cluster={"address": scheduler, **tls}, allow_spec_address=allow_spec_address)
             click.echo(f"{path}: ok")
             for what, target in imported:
                 click.echo(f"  imports {target} ({what}; runs when the spec runs)")
@@ -190,10 +197,18 @@ def validate(specs: tuple[str, ...], sets: tuple[str, ...], params_file: str | N
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "dot", "svg"]), default="table",
               help="table (default), JSON, or the step graph as Graphviz dot text or an SVG picture.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON (as --format json).")
+@click.option("--scheduler", default=None, metavar="ADDRESS",
+              help="First ask this cluster's workers whether they see the inputs and can write the outputs' folders "
+                   "(as validate --scheduler).")
+@tls_options
 @handle_errors
-def plan(spec: str, sets: tuple[str, ...], params_file: str | None, fmt: str, as_json: bool) -> None:
+def plan(spec: str, sets: tuple[str, ...], params_file: str | None, fmt: str, as_json: bool, scheduler: str | None,
+         **tls: str | None) -> None:
     """Show the steps of SPEC in order: shapes, dtypes, chunks, tasks, bytes, peak memory per worker."""
-    desc = pipeline.describe(pipeline.compile(pipeline.load(spec, _parse_sets(sets), params_file)))
+    loaded = pipeline.load(spec, _parse_sets(sets), params_file)
+    if scheduler is not None:
+        pipeline.validate(loaded, cluster={"address": scheduler, **tls}, allow_spec_address=True)
+    desc = pipeline.describe(pipeline.compile(loaded))
     fmt = "json" if as_json else fmt
     if fmt == "json":
         click.echo(json.dumps(desc, indent=2, default=str))

@@ -7,7 +7,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-__all__ = ["format_bytes", "render_batch", "render_plan", "render_status", "render_summary", "storage_lines"]
+__all__ = ["format_bytes", "render_batch", "render_plan", "render_status", "render_summary", "storage_lines",
+           "workers_line"]
 
 
 def format_bytes(n: int | float | None) -> str:
@@ -105,6 +106,9 @@ def render_summary(summary: dict[str, Any], console: Console) -> None:
     console.print(f"read {format_bytes(summary['bytes_read'])}, wrote {format_bytes(summary['bytes_written'])}; "
                   f"{summary['tasks']:,} tasks on {summary['session'].get('n_workers', '?')} worker(s) "
                   f"({summary['session'].get('backend', '?')})")
+    places = workers_line(summary["session"].get("workers") or [])
+    if places:
+        console.print(places, soft_wrap=True)
     memory = summary.get("memory") or {}
     moves = {a: m for a, m in (memory.get("moves") or {}).items() if not a.startswith("storage_")}
     if moves:
@@ -117,6 +121,17 @@ def render_summary(summary: dict[str, Any], console: Console) -> None:
         console.print(f"[yellow]spilling: {err}[/yellow]")
     for line in storage_lines(memory):
         console.print(line, soft_wrap=True)
+
+
+def workers_line(workers: list[dict[str, Any]]) -> str | None:
+    """``workers: 2 on vm in /data/run`` (one part per host and working directory), or None."""
+    places: dict[tuple, int] = {}
+    for w in workers:
+        key = (w.get("host"), w.get("cwd"))
+        places[key] = places.get(key, 0) + 1
+    if not places:
+        return None
+    return "workers: " + "; ".join(f"{n} on {host} in {cwd}" for (host, cwd), n in places.items())
 
 
 def storage_lines(memory: dict[str, Any]) -> list[str]:

@@ -127,7 +127,7 @@ def _outputs(spec: Spec, plan: Plan, values: dict, computed: set[str]) -> tuple[
 
 
 def _session(info: dict) -> dict:
-    return {k: info.get(k) for k in ("backend", "n_workers", "threads_per_worker", "address", "dashboard")}
+    return {k: info.get(k) for k in ("backend", "n_workers", "threads_per_worker", "address", "dashboard", "workers")}
 
 
 def run_summary(spec: Spec, plan: Plan, info: dict, values: dict, computed: set[str], wall: float, status: str,

@@ -22,6 +22,7 @@ from distributed.security import Security
 from flowgpu import backend as _backend
 from flowgpu import config
 from flowgpu.errors import BackendError, ConfigError, MemoryLimitError, SessionError
+from flowgpu.runtime import hpc
 from flowgpu.runtime import protocol as _protocol
 from flowgpu.runtime import security as _security
 
@@ -58,6 +59,10 @@ class SessionOptions:
     batch_interval: float | None = 0.001  # seconds; None keeps distributed's (flowgpu.batch-interval)
     security: Any = None  # the distributed.security.Security of the cluster and client; None: plain TCP
     protocol: str = "tcp"  # "tcp" or "ucx" (flowgpu.runtime.protocol); joining: the address's scheme
+    kind: str = "local"  # local, or a batch system through dask-jobqueue (flowgpu.runtime.hpc)
+    jobs: int = 1
+    gpus_per_job: int = 0
+    job_timeout: float = 600.0
     extra: dict = field(default_factory=dict)
 
 
@@ -192,6 +197,30 @@ def _cpu_options(values: dict, names: dict, common: dict) -> SessionOptions:
     )
 
 
+def _hpc_options(values: dict, names: dict, common: dict, own: Any) -> SessionOptions:
+    """A cluster of batch jobs (:mod:`flowgpu.runtime.hpc`): its workers run on other hosts, so nothing of
+    this machine is checked but what the client needs (CuPy for GPU jobs)."""
+    kind, gpus = values["kind"], values["gpus-per-job"]
+    if not hpc.available():
+        raise ConfigError(f"{names['kind']}={kind!r} needs dask-jobqueue, which is not installed: {hpc.INSTALL}")
+    if values["protocol"] == "ucx":
+        raise ConfigError(f"{names['protocol']}='ucx' is for local GPU clusters; a {kind} cluster speaks tcp or TLS")
+    # GPU jobs: asked for (gpus-per-job), or backend gpu with the request in jobqueue's job-extra-directives
+    backend = "gpu" if (gpus and values["backend"] != "cpu") or values["backend"] == "gpu" else "cpu"
+    if backend == "gpu":
+        _backend.import_cupy()  # the client builds CuPy graphs: a clear install hint before any job is submitted
+    mode = own or values["security"]
+    security = None if mode == "none" else (own if own is not None else True)  # auto: TLS, the jobs span hosts
+    host = values["host"] if names["host"] == "host" else None  # the jobs' hosts must reach the scheduler
+    return SessionOptions(
+        backend=backend, kind=kind, jobs=values["jobs"], gpus_per_job=gpus if backend == "gpu" else 0,
+        job_timeout=config.parse_seconds(values["job-timeout"]),
+        threads_per_worker=values["threads-per-worker"], memory_limit=parse_memory(values["memory-limit"]),
+        local_directory=values["local-directory"], security=security,
+        **{**common, "host": host},
+    )
+
+
 def resolve(address: str | None = None, **kwargs: Any) -> SessionOptions:
     """Merge arguments over ``flowgpu.*`` config and check them; starts nothing.
 
@@ -218,6 +247,8 @@ def resolve(address: str | None = None, **kwargs: Any) -> SessionOptions:
         raise ConfigError("--tls-ca-file, --tls-cert and --tls-key (tls_ca_file, tls_cert, tls_key) are for joining a "
                           "tls:// scheduler (--scheduler / address); a cluster the Session starts makes its own "
                           "with security='temporary'")
+    if values["kind"] != "local":
+        return _hpc_options(values, names, common, own)
     protocol = values["protocol"]
     _protocol.check_local(protocol, names["protocol"], values["backend"], own or values["security"])
     wanted, visible = _gpus(values, names)

@@ -7,17 +7,28 @@ import os
 import shutil
 import socket
 import sys
+import warnings
+from typing import Any
 
 import dask.config
 import psutil
 
-from flowgpu import backend
+from flowgpu import __version__, backend
+from flowgpu.errors import SessionError
+
+__all__ = ["worker_info", "ask_workers", "where", "spill_space", "set_array_backend"]
+
 
 def worker_info(dask_worker=None) -> dict:
-    """GPUs, CuPy and memory of the worker process this runs in."""
+    """GPUs, CuPy and memory of the worker process this runs in, and where it runs (host, working
+    directory, pid, flowgpu's version)."""
     gpus = backend.gpu_count()
     has_cupy = backend.import_cupy(strict=False) is not None if gpus else False
     info = {
+        "host": socket.gethostname(),
+        "cwd": os.getcwd(),
+        "pid": os.getpid(),
+        "flowgpu": __version__,
         "gpus": gpus,
         "cupy": has_cupy,
         "array_backend": dask.config.get("array.backend", "numpy"),
@@ -33,6 +44,33 @@ def worker_info(dask_worker=None) -> dict:
         info["device_memory_limit"] = int(limit)
     info.update(spill_space(getattr(dask_worker, "local_directory", None)))
     return info
+
+
+def ask_workers(client: Any) -> dict[str, dict]:
+    """:func:`worker_info` of every worker of ``client``'s cluster; a :class:`SessionError` saying so
+    when the workers cannot run flowgpu's code (it is not installed where they run)."""
+    try:
+        info = client.run(worker_info)
+    except Exception as e:
+        # a worker that cannot unpickle flowgpu's function: distributed hands back its ImportError, or
+        # (failing to deserialize it) an Exception that quotes it
+        if not (isinstance(e, ImportError) or "No module named 'flowgpu" in str(e)):
+            raise
+        raise SessionError(
+            f"the workers at {client.scheduler.address} cannot run flowgpu's code ({type(e).__name__}: {e}): install "
+            f"flowgpu {__version__} in the workers' environment too (its data store, its dashboard page and its "
+            "tasks run there)") from None
+    others = sorted({f"{w.get('flowgpu')}" for w in info.values()} - {__version__})
+    if others:
+        warnings.warn(f"the workers at {client.scheduler.address} run flowgpu {', '.join(others)}, this client "
+                      f"{__version__}: install the same version everywhere, or tasks may fail to load", stacklevel=3)
+    return info
+
+
+def where(workers: dict[str, dict]) -> list[dict]:
+    """Where each worker runs, for summaries and ``flowgpu cluster status``: address, host, working directory, pid."""
+    return [{"address": a, "host": w.get("host"), "cwd": w.get("cwd"), "pid": w.get("pid")}
+            for a, w in sorted(workers.items())]
 
 
 # What a CPU worker's process grows by when its first task loads flowgpu's compiled CPU kernels

@@ -34,7 +34,7 @@ from flowgpu import memory
 from flowgpu.errors import BackendError, ConfigError, FlowgpuError, SessionError
 from flowgpu.fusion.graph import CONFIG_KEY as FUSE_KEY
 from flowgpu.fusion.graph import array_optimize
-from flowgpu.runtime import latency, probe, security
+from flowgpu.runtime import hpc, latency, probe, security
 from flowgpu.runtime.options import SessionOptions, resolve
 
 __all__ = ["Session", "current_session"]
@@ -124,7 +124,7 @@ class Session:
     ...     float(x.sum().compute())
     """
 
-    def __init__(self, address: str | None = None, **kwargs: Any):
+    def __init__(self, address: str | None = None, *, cluster: Any = None, **kwargs: Any):
         if getattr(multiprocessing.current_process(), "_inheriting", False):
             # a worker process that multiprocessing spawned is importing the main script again: its
             # Session is not wanted; say why once, quietly (the parent's SessionError says it too)
@@ -132,14 +132,21 @@ class Session:
         fuse = kwargs.pop("fuse", None)
         if fuse is not None and not isinstance(fuse, bool):
             raise ConfigError(f"fuse={fuse!r}: give True, False or None (flowgpu.fuse-ufuncs)")
+        if cluster is not None and (address is not None or kwargs.get("kind") not in (None, "local")):
+            raise ConfigError("give one of address=, cluster= and kind=: each says which cluster to use")
         self.options: SessionOptions = resolve(address, **kwargs)
-        self.cluster = None
+        self.cluster = None  # a cluster this Session started, closed with it
+        self.given = cluster  # a cluster object the caller made (and closes)
         self.client: Client | None = None
         self._published: list = []  # dask.config.set contexts, undone in reverse order on close
         self._closed = False
         self.workers: dict[str, dict] = {}
         try:
-            if self.options.address is None:
+            if cluster is not None:
+                self._join(cluster)
+            elif self.options.kind != "local" and self.options.address is None:
+                self._start_jobs()
+            elif self.options.address is None:
                 self._start_local()
             else:
                 self._join()
@@ -150,7 +157,9 @@ class Session:
             self._teardown()
             if self.options.address is None and main_unguarded():
                 raise SessionError(f"could not start the local workers: {GUARD}") from None
-            where = self.options.address or f"{self.options.host} ({self.options.backend})"
+            where = (self.options.address or (f"{type(cluster).__name__} {getattr(cluster, 'scheduler_address', '')}"
+                                              if cluster is not None else None)
+                     or f"{self.options.host} ({self.options.backend})")
             raise SessionError(
                 f"could not start or join the cluster at {where}: {e.__class__.__name__}: {e}; "
                 "check host, ports and memory options"
@@ -229,11 +238,29 @@ class Session:
             memory.install(self.client, o)
         latency.tune(self.client, o.batch_interval, cluster=True)
         self.backend = o.backend
-        self.workers = self.client.run(probe.worker_info)
+        self.workers = probe.ask_workers(self.client)
         self._publish_workers()
 
-    def _join(self) -> None:
+    def _start_jobs(self) -> None:
+        """A cluster of batch jobs (:mod:`flowgpu.runtime.hpc`), owned by this Session; its workers are
+        then met as a joined cluster's are."""
         o = self.options
+        extra = dict(o.extra)
+        if o.host:
+            extra.setdefault("scheduler_options", {"host": o.host, "dashboard_address": o.dashboard_address or None})
+        self.cluster = hpc.make(o.kind, jobs=o.jobs, gpus_per_job=o.gpus_per_job, gpu=o.backend == "gpu",
+                                threads_per_worker=o.threads_per_worker,
+                                memory_limit=o.memory_limit, local_directory=o.local_directory,
+                                dashboard_address=o.dashboard_address, security=o.security, **extra)
+        self._join(self.cluster, timeout=o.job_timeout, expected=hpc.workers_expected(self.cluster),
+                   hint=f"the {o.kind} jobs did not start a worker within {o.job_timeout:g}s: see the queue (squeue, "
+                        "qstat, bjobs) and the jobs' logs, or raise flowgpu.job-timeout")
+
+    def _connect(self, cluster: Any) -> None:
+        o = self.options
+        if cluster is not None:
+            self.client = Client(cluster, set_as_default=True)
+            return
         where = {"scheduler_file": o.address} if security.is_scheduler_file(o.address) else {"address": o.address}
         try:
             self.client = Client(**where, security=o.security, timeout=o.connect_timeout, set_as_default=True)
@@ -243,18 +270,30 @@ class Session:
                 f"could not reach the scheduler at {o.address} within {o.connect_timeout:g}s ({e.__class__.__name__}); "
                 f"check the address and that the scheduler is running{tls}, or raise connect_timeout"
             ) from None
+
+    def _join(self, cluster: Any = None, timeout: float | None = None, hint: str | None = None,
+              expected: int = 1) -> None:
+        """Use workers this Session did not start here: a scheduler at an address, or a cluster object
+        (the caller's, or batch jobs', of which ``expected`` workers are waited for up to ``timeout``;
+        at least one must come); the array backend follows what they have."""
+        o = self.options
+        self._connect(cluster)
+        where = o.address or self.client.scheduler.address
         try:
-            self.client.wait_for_workers(1, timeout=o.connect_timeout)
+            self.client.wait_for_workers(expected, timeout=timeout or o.connect_timeout)
         except TimeoutError:
-            raise SessionError(
-                f"the scheduler at {o.address} has no workers after {o.connect_timeout:g}s; start some, e.g. "
-                f"'dask cuda worker {o.address}' or 'dask worker {o.address}'"
-            ) from None
+            have = len(self.client.scheduler_info(n_workers=-1)["workers"])
+            if not have:
+                raise SessionError(hint or (
+                    f"the scheduler at {where} has no workers after {o.connect_timeout:g}s; start some, e.g. "
+                    f"'dask cuda worker {where}' or 'dask worker {where}'")) from None
+            warnings.warn(f"{have} of the {expected} workers asked for are up after {timeout:g}s; carrying on with "
+                          "them (the others join when their jobs start)", stacklevel=3)
         latency.tune(self.client, o.batch_interval, cluster=False)  # the scheduler and workers are not ours to retune
-        self.workers = self.client.run(probe.worker_info)
+        self.workers = probe.ask_workers(self.client)
         all_gpu = all(w["gpus"] > 0 and w["cupy"] for w in self.workers.values())
         if o.backend == "gpu" and not all_gpu:
-            raise BackendError(f"backend='gpu' but not every worker of {o.address} has a GPU and CuPy")
+            raise BackendError(f"backend='gpu' but not every worker of {where} has a GPU and CuPy")
         use_gpu = all_gpu and o.backend != "cpu"
         if use_gpu and _backend.import_cupy(strict=False) is None:
             warnings.warn(
@@ -337,6 +376,8 @@ class Session:
             "worker_budget": self.worker_budget,
             "dashboard": self.dashboard_link,
             "started_cluster": self.cluster is not None,
+            "kind": self.options.kind if self.cluster is not None else None,
+            "workers": probe.where(self.workers),
         }
 
     # -- closing ----------------------------------------------------------------------------------

@@ -40,7 +40,7 @@ from distributed.security import Security
 from flowgpu import __version__, config
 from flowgpu.errors import ClusterError, ClusterRunningError, ConfigError
 from flowgpu.io import lock
-from flowgpu.runtime import security
+from flowgpu.runtime import probe, security
 from flowgpu.runtime.options import resolve
 
 __all__ = ["CREDENTIALS", "directory", "join", "session_kwargs", "start", "status", "stop"]
@@ -349,10 +349,13 @@ def join(wanted: dict[str, Any] | None = None, notify: Notify | None = _say) -> 
 
     ``wanted`` are the Session options a run asked for (its spec's ``cluster:`` block and the command
     line): the running cluster is used as it is, and the line names what of ``wanted`` it does not have.
-    None too when ``wanted`` (or ``flowgpu.scheduler-address``) names a scheduler, or TLS files, of its own.
+    None too when ``wanted`` (or ``flowgpu.scheduler-address``) names a scheduler, or TLS files, of its own,
+    or batch jobs (``kind`` other than local).
     """
     if config.get("scheduler-address", default=None) is not None or any(
             (wanted or {}).get(k) is not None for k in ("address", *security.TLS_FILES)):
+        return None
+    if ((wanted or {}).get("kind") or config.get("kind", default="local")) != "local":
         return None
     state = _running(directory(), notify)
     if state is None:
@@ -417,6 +420,7 @@ def describe(session: Any, given: dict, folder: str) -> dict:
         "daemon": lock.owner(),
         "workers": workers,
         "worker_pids": sorted(w["pid"] for w in workers.values()),
+        "places": probe.where(session.workers),  # each worker's host and working directory
         "started": time.time(),
         "flowgpu": __version__,
         "tls": {k: os.path.join(folder, name) for k, name in CREDENTIALS.items()} if given["tls"] else None,
