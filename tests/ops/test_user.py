@@ -24,6 +24,14 @@ def row_norms(block):
     return xp.sqrt((block * block).sum(axis=1))
 
 
+def where_am_i(block, block_info=None, block_id=None, scale=1.0):
+    """Asks dask where its block lies: each value becomes its global row index plus the block's id."""
+    xp = array_module(block)
+    (r0, _), (c0, _) = block_info[0]["array-location"]
+    rows = xp.arange(r0, r0 + block.shape[0], dtype=block.dtype)[:, None] + xp.zeros_like(block)
+    return scale * rows + 1000 * block_id[0] + 100 * block_id[1] + 0 * block
+
+
 def blend(a, b, w=0.5):
     return w * a + (1 - w) * b
 
@@ -38,6 +46,15 @@ def test_map_blocks_by_path(path, rng, backend):
     t = float(rng.random())
     out = get("map_blocks")(chunked(a, (5, 4), backend), function=path, kwargs={"t": t})
     np.testing.assert_allclose(computed(out, backend), _ref_soft(a, t), rtol=1e-12)
+
+
+def test_map_blocks_passes_block_info_and_block_id_as_dask_does(rng, backend):
+    a = rng.normal(size=(11, 9))
+    out = get("map_blocks")(chunked(a, (4, 5), backend), function="tests.ops.test_user:where_am_i",
+                            kwargs={"scale": 2.0})
+    rows = np.arange(11)[:, None] * np.ones((1, 9))
+    ids = np.add.outer(1000 * (np.arange(11) // 4), 100 * (np.arange(9) // 5))
+    np.testing.assert_array_equal(computed(out, backend), 2.0 * rows + ids)
 
 
 def test_map_blocks_drop_axis_and_dtype(rng, backend):
