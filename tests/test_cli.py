@@ -131,3 +131,31 @@ def test_sources_and_sinks_list_the_registries():
     assert result.exit_code == 0
     assert re.search(r"│ zarr +│ atomic, writes_path +│ component=None", result.output), result.output
     assert re.search(r"│ summary +│ in_summary ", result.output)
+
+
+def _strict(text: str):
+    """JSON as the standard has it: NaN and Infinity are not JSON (jq refuses them)."""
+    def refuse(name):
+        raise ValueError(f"{name} is not JSON")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_json_and_summary_are_valid_json_when_a_value_is_nan_or_infinite(tmp_path, rng, monkeypatch, cpu_session):
+    monkeypatch.chdir(tmp_path)
+    x = rng.random(30) + 0.5
+    np.save(tmp_path / "x.npy", x)
+    y = x.copy()
+    y[7] = np.nan
+    np.save(tmp_path / "y.npy", y)
+    (tmp_path / "spec.yaml").write_text(
+        "inputs: {x: {source: npy, path: x.npy}, y: {source: npy, path: y.npy}}\n"
+        "steps: {s: {op: sum, inputs: [y]}, m: {op: max, inputs: [x]}, inv: {op: expr, inputs: {x: x}, "
+        "args: {expression: '1 / (x - x)'}}, big: {op: max, inputs: [inv]}, small: {op: min, inputs: [neg]}, "
+        "neg: {op: expr, inputs: {x: x}, args: {expression: '-1 / (x - x)'}}}\n"
+        "outputs: {s: {from: s}, m: {from: m}, big: {from: big}, small: {from: small}}\n")
+    result = CliRunner().invoke(cli, ["run", "spec.yaml", "--json", "--quiet", "--summary", "run.json"])
+    assert result.exit_code == 0, result.output
+    for text in (result.stdout, (tmp_path / "run.json").read_text()):
+        outs = _strict(text)["outputs"]
+        assert (outs["s"]["value"], outs["big"]["value"], outs["small"]["value"]) == ("NaN", "Infinity", "-Infinity")
+        assert outs["m"]["value"] == x.max()

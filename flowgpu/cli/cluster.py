@@ -6,14 +6,13 @@ stdout and progress on stderr.
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 
 import click
 
 from flowgpu.cli.common import EXIT_FAILED, EXIT_INVALID, _fail, handle_errors, protocol_option
-from flowgpu.diagnostics import monitor, workers_line
+from flowgpu.diagnostics import jsontext, monitor, workers_line
 from flowgpu.errors import ClusterRunningError
 from flowgpu.runtime import standing
 from flowgpu.runtime.session import Session
@@ -91,7 +90,7 @@ def status(as_json: bool) -> None:
         click.echo("null" if as_json else "no cluster running")
         sys.exit(EXIT_FAILED)
     if as_json:
-        click.echo(json.dumps(state, indent=2, default=str))
+        click.echo(jsontext.dumps(state, indent=2))
     else:
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(state["started"]))
         plain = "UCX, no TLS" if str(state["address"]).startswith(("ucx://", "ucxx://")) else "plain TCP"

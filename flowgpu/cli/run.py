@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import signal
 import sys
 from collections.abc import Callable
@@ -14,7 +13,7 @@ from rich.markup import escape
 from flowgpu import pipeline
 from flowgpu.cli.common import (EXIT_FAILED, EXIT_INVALID, _console, _parse_sets, allow_address_option,
                                 cluster_kind_options, handle_errors, protocol_option, spec_options, tls_options)
-from flowgpu.diagnostics import monitor, render_batch, render_plan, render_status, render_summary, stepgraph
+from flowgpu.diagnostics import jsontext, monitor, render_batch, render_plan, render_status, render_summary, stepgraph
 from flowgpu.errors import SpecError
 from flowgpu.io import atomic
 from flowgpu.pipeline.foreach import parse_option
@@ -22,7 +21,7 @@ from flowgpu.pipeline.foreach import parse_option
 def _results(data: dict, as_json: bool, render: Callable[[dict, Any], None]) -> None:
     """Results on stdout: JSON (for scripts: ``flowgpu run x.yaml --json | jq``) or the table."""
     if as_json:
-        click.echo(json.dumps(data, indent=2, default=str))
+        click.echo(jsontext.dumps(data, indent=2))
     else:
         render(data, _console(stderr=False))
 
@@ -211,7 +210,7 @@ def plan(spec: str, sets: tuple[str, ...], params_file: str | None, fmt: str, as
     desc = pipeline.describe(pipeline.compile(loaded))
     fmt = "json" if as_json else fmt
     if fmt == "json":
-        click.echo(json.dumps(desc, indent=2, default=str))
+        click.echo(jsontext.dumps(desc, indent=2))
     elif fmt in ("dot", "svg"):
         graph = stepgraph.from_description(desc)
         click.echo(stepgraph.to_dot(graph) if fmt == "dot" else stepgraph.to_svg(graph), nl=False)

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import tempfile
 from typing import Any
 
 from flowgpu import __version__
+from flowgpu.diagnostics import jsontext
 from flowgpu.errors import SpecError
 from flowgpu.io import sinks
 from flowgpu.pipeline.compiler import Plan
@@ -24,7 +24,7 @@ def write_json(path: str, data: dict) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2, default=str)
+            f.write(jsontext.dumps(data, indent=2))  # NaN as "NaN": valid JSON
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
