@@ -37,7 +37,13 @@ class NpyReader:
         self.shape, self.dtype, self.ndim = m.shape, m.dtype, m.ndim
         self.offset = int(m.offset)  # bytes of the .npy header
         self.fortran = bool(m.flags.f_contiguous and not m.flags.c_contiguous)
+        declared = self.offset + int(m.nbytes)
         del m
+        held = os.path.getsize(self.path)
+        if held != declared:  # numpy maps the prefix its header declares and says nothing of the rest
+            raise ValueError(f"its header declares {self.shape} {self.dtype} ({declared - self.offset:,} bytes after a "
+                             f"{self.offset}-byte header), but the file holds {held:,} bytes: it is damaged, or not what "
+                             "its header says; rewrite it")
 
     def _rows(self, key) -> tuple[int, int] | None:
         """``(start, stop)`` when ``key`` selects whole rows of a C-ordered file, else None."""

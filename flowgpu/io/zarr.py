@@ -10,6 +10,7 @@ runs the device path with NumPy stand-ins for the GPU (tests); ``cpu`` turns it 
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import logging
 import os
 import warnings
@@ -95,7 +96,29 @@ class ZarrBlocks:
 
     def __getitem__(self, key: Any) -> Any:
         require_store(self.folder)
-        return self.arr[key]
+        try:
+            return self.arr[key]
+        except Exception as e:  # noqa: BLE001 - zarr raises many types for bytes that do not decode
+            raise self._damaged(key, e) from e
+
+    def _damaged(self, key: Any, error: Exception) -> OSError:
+        """The error for a block that did not decode, naming the first of its files that does not
+        (as the GPU path names it): read again file by file."""
+        unit = tuple(self.arr.shards or self.arr.chunks)
+        what = "shard" if self.arr.shards else "chunk"
+        key = key if isinstance(key, tuple) else (key,)
+        spans = [k.indices(n)[:2] if isinstance(k, slice) else (int(k), int(k) + 1) for k, n in zip(key, self.shape)]
+        grids = [range(lo // u, max(hi - 1, lo) // u + 1) for (lo, hi), u in zip(spans, unit)]
+        for coords in itertools.product(*grids):
+            try:
+                self.arr[tuple(slice(c * u, min((c + 1) * u, n)) for c, u, n in zip(coords, unit, self.shape))]
+            except Exception as e:  # noqa: BLE001 - this one is damaged
+                path = os.path.join(self.folder, *self.arr.metadata.encode_chunk_key(coords).split("/"))
+                return OSError(f"{path}: the {what} at grid position {coords} (in {what}s of {unit}) did not decode "
+                               f"({type(e).__name__}: {e}); the store is damaged: restore it, or rewrite it from its "
+                               "source")
+        return OSError(f"{self.folder}: the block {tuple(slice(*s) for s in spans)} did not decode "
+                       f"({type(error).__name__}: {error}); the store is damaged: restore it, or rewrite it from its source")
 
     def __dask_tokenize__(self) -> Any:
         return ("flowgpu-zarr", self.folder, _mtime(self.folder), self.shape, str(self.dtype), self.arr.chunks)
