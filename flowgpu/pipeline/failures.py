@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 import traceback
 from typing import Any
 
@@ -24,6 +25,7 @@ import numpy as np
 from dask.utils import format_bytes, key_split
 from distributed import Future, KilledWorker
 
+from flowgpu import config
 from flowgpu.errors import RunError
 from flowgpu.pipeline.compiler import Plan
 
@@ -87,14 +89,21 @@ ASK = object()  # watch_spill's baseline when the caller has none: it asks the w
 
 
 class watch_spill:  # noqa: N801 - used as a context manager, like a function
-    """While open, end the session's computations when a worker's spill directory stops taking writes.
+    """While open, end the session's computations when they cannot go on but would wait for ever:
+
+    * a worker's spill directory stops taking writes (distributed pauses such a worker for ever);
+    * the cluster has had no worker at all for ``flowgpu.run.no-workers-timeout`` (every worker
+      died or was killed and none came back: distributed waits for one without a word).
 
     ``baseline``: the session's :meth:`memory_summary` taken just before (its errors are old ones),
     which saves asking the workers again; by default it is asked for on entering."""
 
-    def __init__(self, session: Any, interval: float = 1.0, baseline: Any = ASK):
+    def __init__(self, session: Any, interval: float = 1.0, baseline: Any = ASK, no_workers: float | None = None):
         self.session, self.interval, self.baseline = session, interval, baseline
+        self.no_workers = config.parse_seconds(config.get("run.no-workers-timeout")) if no_workers is None \
+            else no_workers
         self.error: str | None = None
+        self.kind = "spill"
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -102,27 +111,52 @@ class watch_spill:  # noqa: N801 - used as a context manager, like a function
         summary = self.session.memory_summary()
         return list(summary["errors"]) if summary else []
 
-    def _watch(self, before: set) -> None:
+    def _stop_run(self, kind: str, error: str) -> None:
         client = self.session.client
+        self.kind, self.error = kind, error
+        futures = [Future(k, client) for k in list(client.futures)]
+        client.cancel(futures, reason=f"flowgpu-{kind}", msg=error)
+
+    def _watch(self, before: set | None, started: set[str]) -> None:
+        client = self.session.client
+        alone_since = None
         while not self._stop.wait(self.interval):
-            new = [e for e in self._errors() if e not in before]
-            if new:
-                self.error = new[0]
-                futures = [Future(k, client) for k in list(client.futures)]
-                client.cancel(futures, reason="spill-failed", msg=self.error)
+            if before is not None:
+                new = [e for e in self._errors() if e not in before]
+                if new:
+                    self._stop_run("spill", new[0])
+                    return
+            try:
+                workers = client.scheduler_info(n_workers=-1)["workers"]
+            except Exception:  # noqa: BLE001 - the scheduler does not answer now; the next look may
+                continue
+            if workers:
+                alone_since = None
+                continue
+            alone_since = alone_since or time.monotonic()
+            if time.monotonic() - alone_since >= self.no_workers:
+                self._stop_run("no-workers", _workers_gone(client, started, self.no_workers))
                 return
 
     def __enter__(self) -> "watch_spill":
-        summary = None if getattr(self.session, "client", None) is None else \
-            self.session.memory_summary() if self.baseline is ASK else self.baseline
-        if summary is not None:  # workers that keep their data in flowgpu's store, which reports spill errors
-            self._thread = threading.Thread(target=self._watch, args=(set(summary["errors"]),), daemon=True,
-                                            name="flowgpu-watch-spill")
-            self._thread.start()
+        client = getattr(self.session, "client", None)
+        if client is None:
+            return self
+        summary = self.session.memory_summary() if self.baseline is ASK else self.baseline
+        before = set(summary["errors"]) if summary is not None else None  # only flowgpu's store reports spill errors
+        try:
+            started = set(client.scheduler_info(n_workers=-1)["workers"])
+        except Exception:  # noqa: BLE001
+            started = set()
+        self._thread = threading.Thread(target=self._watch, args=(before, started), daemon=True,
+                                        name="flowgpu-watch-run")
+        self._thread.start()
         return self
 
     def stopped(self) -> RunError:
         """The error that says why the watch stopped the run (when ``self.error`` is set)."""
+        if self.kind == "no-workers":
+            return RunError(f"{self.error}. Nothing was written")
         return RunError(f"a worker could not spill, so the run was stopped: {self.error}. Nothing was written")
 
     def __exit__(self, kind, exc, tb) -> None:
@@ -131,3 +165,19 @@ class watch_spill:  # noqa: N801 - used as a context manager, like a function
             self._thread.join()
         if exc is not None and self.error is not None:
             raise self.stopped() from exc
+
+
+def _workers_gone(client: Any, started: set[str], waited: float) -> str:
+    """What happened to the workers, as the scheduler saw it: which left, and with how many tasks running."""
+    try:
+        events = [e for _, e in client.get_events("all") if isinstance(e, dict) and e.get("action") == "remove-worker"]
+    except Exception:  # noqa: BLE001 - the account is best effort; the stop is not
+        events = []
+    lost = [e for e in events if not e.get("expected")]
+    names = sorted({e.get("worker") for e in lost if e.get("worker")} | started)
+    running = sum(len(e.get("processing-tasks") or ()) for e in lost)
+    shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+    return (f"the cluster has had no worker for {waited:g}s, so the run was stopped: {len(lost) or len(names)} "
+            f"worker(s) left it without being asked to ({shown}; {running} task(s) were running on them) and none "
+            "came back. Workers die when they run out of memory, crash in native code or are killed: their logs say "
+            "which (flowgpu.run.no-workers-timeout sets how long a run waits for one)")
