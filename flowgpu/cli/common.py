@@ -21,6 +21,7 @@ from flowgpu.errors import BackendError, ConfigError, FlowgpuError, OpError, Out
 from flowgpu.registry import trusting
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT
 
 
 def _console(stderr: bool = True) -> Console:
@@ -63,8 +64,9 @@ def handle_errors(func: Callable) -> Callable:
             _fail(str(e), EXIT_INVALID)
         except FlowgpuError as e:
             _fail(str(e), EXIT_FAILED)
-        except KeyboardInterrupt:
-            _fail("interrupted; no output was moved into place", EXIT_FAILED)
+        except KeyboardInterrupt as e:  # 130 as Unix tools exit on Ctrl-C (143 on SIGTERM), one line
+            _fail(getattr(e, "flowgpu_outcome", None) or "interrupted; no output was moved into place",
+                  getattr(e, "exit_code", EXIT_INTERRUPTED))
         except BrokenPipeError:  # `flowgpu ... | head`: the reader has gone; say nothing more
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, sys.stdout.fileno())

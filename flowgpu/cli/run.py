@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import sys
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -16,6 +17,7 @@ from flowgpu.cli.common import (EXIT_FAILED, EXIT_INVALID, _console, _parse_sets
 from flowgpu.diagnostics import jsontext, monitor, render_batch, render_plan, render_status, render_summary, stepgraph
 from flowgpu.errors import SpecError
 from flowgpu.io import atomic
+from flowgpu.pipeline.checks import check_side_files
 from flowgpu.pipeline.foreach import parse_option
 
 def _results(data: dict, as_json: bool, render: Callable[[dict, Any], None]) -> None:
@@ -86,9 +88,12 @@ def run(spec: str, sets: tuple[str, ...], params_file: str | None, scheduler: st
     Outputs that are up to date (same recipe, same input files) are not computed again; --force
     computes them anyway. A cluster that stays up (flowgpu cluster start) is used when one runs.
     Results go to stdout (a table, or JSON with --json); progress and notes to stderr. Exit codes:
-    0 every item ok, 1 a failure while running, 2 an invalid spec or argument.
+    0 every item ok, 1 a failure while running, 2 an invalid spec or argument, 130 interrupted (Ctrl-C;
+    143 on SIGTERM), saying which outputs were moved into place and which were not.
     """
     signal.signal(signal.SIGTERM, _terminated)  # like Ctrl-C: staging removed, nothing moved into place
+    if quiet:  # distributed's note that the dashboard took another port is progress talk too
+        warnings.filterwarnings("ignore", message="Port .* is already in use", category=UserWarning)
     overrides = _parse_sets(sets)
     batch = _parse_foreach(foreach)
     console = _console()
@@ -98,6 +103,7 @@ def run(spec: str, sets: tuple[str, ...], params_file: str | None, scheduler: st
     if dry_run:
         s = pipeline.validate(spec, overrides, params_file, overwrite=overwrite, cluster=cluster,
                               allow_spec_address=allow_spec_address)
+        check_side_files(s, summary_path, report, overwrite, params_file)  # as the run would refuse them
         checked = pipeline.status(s, foreach=batch, overwrite=overwrite)  # every item of a batch is checked
         render_plan(pipeline.describe(pipeline.compile(s)), _console(stderr=False))
         items = len(checked["items"])
@@ -105,6 +111,8 @@ def run(spec: str, sets: tuple[str, ...], params_file: str | None, scheduler: st
         return
 
     def announce(session: Any) -> None:
+        if quiet:
+            return
         link = getattr(session, "dashboard_link", None)
         if link and monitor.install(getattr(session, "client", None)):
             link = monitor.page_link(link)  # straight to the flowgpu page
@@ -137,7 +145,9 @@ def status(spec: str, sets: tuple[str, ...], params_file: str | None, foreach: t
 
 
 def _terminated(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt
+    stop = KeyboardInterrupt()  # as Ctrl-C: staging removed, nothing half moved into place
+    stop.exit_code = 128 + signum
+    raise stop
 
 
 @click.command()
@@ -148,13 +158,20 @@ def clean(paths: tuple[str, ...]) -> None:
 
     A commit a run left half-done is completed or undone (every output of that run all new or all
     old), and the staging dirs of runs that no longer run are removed; a PATH that is a folder
-    but not an output is cleaned of all of them. Runs still alive are left alone.
+    but not an output is cleaned of all of them. Runs still alive are left alone, and so is anything
+    named like flowgpu's that flowgpu cannot tell it made (a copied or planted journal, your own
+    folder): said on stderr, exit code 1.
     """
     notes = atomic.clean(paths or (".",))
     for note in notes:
-        click.echo(note)
+        if isinstance(note, atomic.Refused):
+            click.echo(f"error: {note}", err=True)
+        else:
+            click.echo(note)
     if not notes:
         click.echo("nothing to clean")
+    if any(isinstance(n, atomic.Refused) for n in notes):
+        sys.exit(EXIT_FAILED)
 
 
 @click.command()

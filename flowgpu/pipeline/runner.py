@@ -34,11 +34,11 @@ from rich.markup import escape
 from flowgpu import runtime
 from flowgpu.backend import current_backend
 from flowgpu.diagnostics import runreport
-from flowgpu.errors import ConfigError
+from flowgpu.errors import ConfigError, FlowgpuError
 from flowgpu.io import sinks
 from flowgpu.pipeline import cache as outputs_cache
 from flowgpu.pipeline.batch import Job, execute
-from flowgpu.pipeline.checks import check_outputs, protected_paths, session_options
+from flowgpu.pipeline.checks import check_outputs, check_side_files, protected_paths, session_options
 from flowgpu.pipeline.compiler import Plan
 from flowgpu.pipeline.foreach import Item, expand
 from flowgpu.pipeline.planning import describe
@@ -135,21 +135,39 @@ def run(spec: Spec | str | os.PathLike | dict, *, overrides: dict[str, Any] | No
     console = console or Console(stderr=True, quiet=not progress)
     started = time.perf_counter()
     state: dict[str, Any] = {"written": {}}
+    given = spec
     try:
         spec = load_spec(spec, overrides, params_file)
+        check_side_files(spec, summary_path, report, overwrite, params_file)  # as outputs: before anything runs
+        state["side_files_ok"] = True
         items = expand(spec, foreach)
         options = dict(overwrite=overwrite, cluster=cluster, progress=progress, on_session=on_session,
                        allow_spec_address=allow_spec_address, params_file=params_file, wait=wait,
                        keep_going=keep_going, force=force, checksum=checksum, cache=cache, report=report)
         result = _run(spec, items, session, console, state, bool(foreach or spec.foreach), **options)
     except BaseException as e:
-        if summary_path:
+        if isinstance(e, KeyboardInterrupt):  # what the command line says of it: what was committed, what not
+            e.flowgpu_outcome = interrupted(state.get("jobs") or [])
+        if summary_path and _may_write(state, given, summary_path, overwrite, params_file):
             write_json(summary_path, state["summary"] if "summary" in state else
-                       failure_summary(spec, state, e, time.perf_counter() - started))
+                       failure_summary(spec, state, e, time.perf_counter() - started), overwrite)
         raise
     if summary_path:
-        write_json(summary_path, result.summary)
+        write_json(summary_path, result.summary, overwrite)
     return result
+
+
+def _may_write(state: dict[str, Any], spec: Any, summary_path: str, overwrite: bool, params_file: str | None) -> bool:
+    """Whether a failed run may write its summary: its path passed the checks, or (the spec did not
+    load) passes those that need no spec."""
+    if state.get("side_files_ok"):
+        return True
+    try:
+        check_side_files(spec if isinstance(spec, (str, os.PathLike)) else None, summary_path, None, overwrite,
+                         params_file)
+    except FlowgpuError:
+        return False
+    return True
 
 
 @dataclass
@@ -179,7 +197,7 @@ def _run(spec: Spec, items: list[Item], session: Any, console: Console, state: d
         session = runtime.current_session()
     plans = plan_items(items, overwrite, params_file, draft=True)
     jobs = [Job(item, plan, list(plan.outputs)) for item, plan in zip(items, plans)]
-    state["plan"] = plans[0]
+    state["plan"], state["jobs"] = plans[0], jobs
     own = None
     paths = [o.path for item in items for o in item.spec.outputs.values() if o.path is not None]
     with sinks.hold_outputs(paths, wait):
@@ -207,11 +225,11 @@ def _run(spec: Spec, items: list[Item], session: Any, console: Console, state: d
                 finally:
                     state["written"] = dict(jobs[0].written)
                     if report:  # the run report, of a failed run too
-                        _write_report(report, spec, jobs, session, started, batch)
+                        _write_report(report, spec, jobs, session, started, batch, overwrite)
             after = _memory_soon(session) if memory is not None and memory() is not None and not batch else None
             result = _batch_result(spec, jobs, session, started) if batch else _single_result(jobs[0], session, started)
             if report and not any(job.todo for job in jobs):  # all up to date: the report says so
-                _write_report(report, spec, jobs, session, started, batch)
+                _write_report(report, spec, jobs, session, started, batch, overwrite)
             if after is not None:
                 result.summary["memory"] = moves_delta(memory(), after())
             return result
@@ -220,6 +238,30 @@ def _run(spec: Spec, items: list[Item], session: Any, console: Console, state: d
                 own.close()
                 for job in jobs:  # again, now that no worker can still be writing into the staging
                     job.abort()
+
+
+def _names(paths: list[str], most: int = 6) -> str:
+    shown = [os.path.relpath(p) if not os.path.relpath(p).startswith("..") else p for p in paths[:most]]
+    return ", ".join(shown) + (f" and {len(paths) - most} more" if len(paths) > most else "")
+
+
+def interrupted(jobs: list[Job]) -> str:
+    """What an interrupted run says: each output moved into place, and those that were not (and stay
+    as they were); a commit cut short is finished by the next run or ``flowgpu clean``."""
+    moved = [loc for job in jobs for loc in job.written.values()]
+    todo = [p.location for job in jobs for n, p in job.pending.items() if p.location and n not in job.written]
+    cut = any(getattr(p.atomic, "stuck", False) for job in jobs for p in job.pending.values())
+    if not moved:
+        said = "interrupted; no output was moved into place"
+        said += f" (not written: {_names(todo)}, as they were before the run)" if todo else ""
+    else:
+        items = sum(1 for job in jobs if job.written)
+        batch = f" ({items} of {len(jobs)} batch items committed)" if len(jobs) > 1 else ""
+        said = f"interrupted after {len(moved)} output(s) were moved into place{batch}: {_names(moved)}"
+        said += f"; not written: {_names(todo)} (as they were before the run)" if todo else ""
+    if cut:
+        said += "; a commit was cut short: the next run that writes those outputs (or flowgpu clean) finishes it"
+    return said
 
 
 def _memory_soon(session: Any) -> Callable[[], dict | None]:
@@ -241,11 +283,11 @@ def _memory_soon(session: Any) -> Callable[[], dict | None]:
 
 
 def _write_report(path: str | os.PathLike, spec: Spec, jobs: list[Job], session: Any, started: float,
-                  batch: bool) -> None:
+                  batch: bool, overwrite: bool) -> None:
     summary = (_batch_result(spec, jobs, session, started) if batch else _single_result(jobs[0], session, started)).summary
     runs = [(j.item.label, j.tracked.report_data() if j.tracked is not None else  # up to date: its plan
              {"description": describe(j.run_plan or j.plan), "view": None, "dask_html": None}) for j in jobs]
-    runreport.write(path, runreport.render(summary, runs))
+    runreport.write(path, runreport.render(summary, runs), overwrite)
 
 
 def _info(session: Any) -> dict:

@@ -19,6 +19,7 @@ import contextlib
 import logging
 import multiprocessing
 import os
+import signal
 import sys
 import threading
 import warnings
@@ -65,6 +66,22 @@ def current_session() -> "Session | None":
     """The most recently started Session that is still open, or None."""
     with _lock:
         return _stack[-1] if _stack else None
+
+
+@contextlib.contextmanager
+def terminal_interrupts_ignored():
+    """While a local cluster spawns its processes, SIGINT ignored here, so they inherit that (Python
+    installs its KeyboardInterrupt handler only where SIGINT was not ignored): a Ctrl-C in the
+    terminal reaches the whole process group, and each worker printed a traceback of its own. The
+    client alone hears it and closes them. Only in the main thread, where signals are handled."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 @contextlib.contextmanager
@@ -219,11 +236,12 @@ class Session:
                 gpu_kwargs["rmm_allocator_external_lib_list"] = ["cupy"]
             env = memory.worker_environ(o)
             spill_env = {f"distributed.nanny.pre-spawn-environ.{k}": v for k, v in env.items()}
-            with dask.config.set(spill_env), spawn_environ(env):
+            with dask.config.set(spill_env), spawn_environ(env), terminal_interrupts_ignored():
                 self.cluster = LocalCUDACluster(**gpu_kwargs, **spill_kwargs, **common)
         else:
             self._set_array_backend("numpy")
-            self.cluster = LocalCluster(n_workers=o.n_workers, processes=True, **spill_kwargs, **common)
+            with terminal_interrupts_ignored():
+                self.cluster = LocalCluster(n_workers=o.n_workers, processes=True, **spill_kwargs, **common)
         self.client = Client(self.cluster, set_as_default=True)
         expected = len(self.cluster.worker_spec)
         try:
