@@ -39,10 +39,11 @@ import cloudpickle
 import dask.config
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
+from flowgpu import importcheck
 from flowgpu.errors import ImportPathError
 
 __all__ = ["Entry", "Registry", "Options", "OpenOptions", "options_model", "import_object", "add_import_dirs",
-           "pickled_by_value", "trusted_modules", "trusting", "check_trusted", "recording_imports"]
+           "checking_only", "pickled_by_value", "trusted_modules", "trusting", "check_trusted", "recording_imports"]
 
 T = TypeVar("T", bound="Entry")
 
@@ -262,6 +263,35 @@ def _fail(what: str, path: str, problem: str, fix: str) -> ImportPathError:
 
 _recorded: contextvars.ContextVar[list[tuple[str, str]] | None] = contextvars.ContextVar("flowgpu_imports",
                                                                                          default=None)
+_checking: contextvars.ContextVar[bool] = contextvars.ContextVar("flowgpu_checking_only", default=False)
+
+
+@contextlib.contextmanager
+def checking_only(on: bool = True) -> Iterator[None]:
+    """Inside the block :func:`import_object` imports no module that is not imported yet: it finds the
+    module's source and checks the name there (:mod:`flowgpu.importcheck`), and returns an
+    :class:`~flowgpu.importcheck.Unimported` stand-in. What ``validate``, ``plan``, ``status`` and
+    ``run --dry-run`` use, so that they run none of the user's code. ``on=False`` imports again (a
+    ``python`` source with ``plan_call: true`` asks to be called)."""
+    token = _checking.set(on)
+    try:
+        yield
+    finally:
+        _checking.reset(token)
+
+
+def _checked(what: str, path: str, module_name: str, attr: str) -> Any:
+    """:func:`import_object` in :func:`checking_only`: the stand-in, an ImportPathError as an import
+    would give it, or None when ``module_name`` is not there (the next candidate is tried)."""
+    verdict, detail = importcheck.lookup(module_name, attr)
+    if verdict == importcheck.NOT_FOUND and detail is None:
+        return None
+    if verdict == importcheck.NOT_FOUND:
+        name = attr.split(".")[0]
+        close = difflib.get_close_matches(name, detail, n=3)
+        fix = f"did you mean {', '.join(repr(c) for c in close)}?" if close else "check the spelling"
+        raise _fail(what, path, f"{module_name!r} has no attribute {name!r}", fix)
+    return importcheck.Unimported(path, detail if verdict == "found" else None)
 
 
 @contextlib.contextmanager
@@ -318,6 +348,12 @@ def check_trusted(path: Any, *, what: str = "import path") -> None:
                 "if you mean to run its code")
 
 
+def _record(what: str, path: str) -> None:
+    seen = _recorded.get()
+    if seen is not None and (what, path) not in seen:
+        seen.append((what, path))
+
+
 def import_object(path: Any, *, what: str = "import path") -> Any:
     """The object at ``"package.module:name"`` (or ``"package.module.name"``).
 
@@ -349,6 +385,13 @@ def import_object(path: Any, *, what: str = "import path") -> Any:
         if not module_name or not attr or not all(p.isidentifier() for p in (*module_name.split("."),
                                                                             *attr.split("."))):
             raise _fail(what, path, "is not an import path", form)
+        if _checking.get() and module_name not in sys.modules:
+            stand_in = _checked(what, path, module_name, attr)
+            if stand_in is None:
+                missing = missing or f"no module named {module_name!r}"
+                continue
+            _record(what, path)
+            return stand_in
         try:
             obj: Any = importlib.import_module(module_name)
         except ModuleNotFoundError as e:
@@ -368,9 +411,7 @@ def import_object(path: Any, *, what: str = "import path") -> Any:
                 raise _fail(what, path, f"{owner!r} has no attribute {name!r}", fix)
             obj = getattr(obj, name)
             owner = f"{owner}.{name}"
-        seen = _recorded.get()
-        if seen is not None and (what, path) not in seen:
-            seen.append((what, path))
+        _record(what, path)
         return obj
     raise _fail(what, path, missing or "not found",
                 "check the spelling, that the package is installed (here and on the workers), or put the "

@@ -19,6 +19,7 @@ from flowgpu.errors import SpecError
 from flowgpu.io import atomic
 from flowgpu.pipeline.checks import check_side_files
 from flowgpu.pipeline.foreach import parse_option
+from flowgpu.registry import checking_only
 
 def _results(data: dict, as_json: bool, render: Callable[[dict, Any], None]) -> None:
     """Results on stdout: JSON (for scripts: ``flowgpu run x.yaml --json | jq``) or the table."""
@@ -105,7 +106,8 @@ def run(spec: str, sets: tuple[str, ...], params_file: str | None, scheduler: st
                               allow_spec_address=allow_spec_address)
         check_side_files(s, summary_path, report, overwrite, params_file)  # as the run would refuse them
         checked = pipeline.status(s, foreach=batch, overwrite=overwrite)  # every item of a batch is checked
-        render_plan(pipeline.describe(pipeline.compile(s)), _console(stderr=False))
+        with checking_only():  # the spec's callables are checked in their source, never imported
+            render_plan(pipeline.describe(pipeline.compile(s)), _console(stderr=False))
         items = len(checked["items"])
         click.echo(f"dry run: {f'{items} batch items checked; ' if items > 1 else ''}nothing was run or written")
         return
@@ -221,10 +223,11 @@ def validate(specs: tuple[str, ...], sets: tuple[str, ...], params_file: str | N
 def plan(spec: str, sets: tuple[str, ...], params_file: str | None, fmt: str, as_json: bool, scheduler: str | None,
          **tls: str | None) -> None:
     """Show the steps of SPEC in order: shapes, dtypes, chunks, tasks, bytes, peak memory per worker."""
-    loaded = pipeline.load(spec, _parse_sets(sets), params_file)
-    if scheduler is not None:
-        pipeline.validate(loaded, cluster={"address": scheduler, **tls}, allow_spec_address=True)
-    desc = pipeline.describe(pipeline.compile(loaded))
+    with checking_only():  # the spec's callables are checked in their source, never imported
+        loaded = pipeline.load(spec, _parse_sets(sets), params_file)
+        if scheduler is not None:
+            pipeline.validate(loaded, cluster={"address": scheduler, **tls}, allow_spec_address=True)
+        desc = pipeline.describe(pipeline.compile(loaded))
     fmt = "json" if as_json else fmt
     if fmt == "json":
         click.echo(jsontext.dumps(desc, indent=2))

@@ -10,6 +10,7 @@ signature becomes its options model.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import os
@@ -29,7 +30,7 @@ from flowgpu.errors import ConfigError, RunError
 from flowgpu.io.npy import from_npy
 from flowgpu.io.paths import resolve
 from flowgpu.io.zarr import from_zarr
-from flowgpu.registry import Entry, Options, Registry, import_object, options_model
+from flowgpu.registry import Entry, Options, Registry, checking_only, import_object, options_model
 
 __all__ = ["register_source", "get_source", "source_entry", "source_names", "open_source", "reads_files",
            "calls_user_code", "SOURCES", "Chunks"]
@@ -295,7 +296,8 @@ def _check_declared(path: str, out: Any, shape: list[int] | None, dtype: str | N
 def _python(callable: str, args: dict | None = None, chunks: Any = "auto", shape: list[int] | None = None,  # noqa: A002
             dtype: str | None = None, plan_call: bool = False, call: bool = False) -> da.Array:
     """``call``: a run is compiling (call the function); else only ``plan_call`` calls it."""
-    func = _callable(callable)
+    with checking_only(False) if call or plan_call else contextlib.nullcontext():  # it is called: import it
+        func = _callable(callable)
     try:
         inspect.signature(func).bind(**(args or {}))
     except TypeError as e:

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any
 
@@ -19,11 +20,24 @@ from flowgpu.pipeline.compiler import Plan, compile
 from flowgpu.pipeline.planning import describe
 from flowgpu.pipeline.runner import BatchResult, RunResult, check_outputs, run, session_options
 from flowgpu.pipeline.spec import Spec, json_schema
-from flowgpu.pipeline.status import status
-from flowgpu.registry import recording_imports
+from flowgpu.pipeline.status import status as _status
+from flowgpu.registry import checking_only, recording_imports
 
 __all__ = ["BatchResult", "Pipeline", "Plan", "Ref", "RunResult", "Spec", "compile", "describe", "from_dict", "imports",
            "json_schema", "load", "run", "status", "validate"]
+
+
+def _runs_no_user_code(func: Any) -> Any:
+    """``func`` with every import path checked in its module's source, never imported: a check runs
+    none of the spec's code (:func:`flowgpu.registry.checking_only`)."""
+    @functools.wraps(func)
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        with checking_only():
+            return func(*args, **kwargs)
+    return checked
+
+
+status = _runs_no_user_code(_status)
 
 
 def validate(spec: Spec | str | os.PathLike | dict, overrides: dict[str, Any] | None = None,
@@ -40,6 +54,13 @@ def validate(spec: Spec | str | os.PathLike | dict, overrides: dict[str, Any] | 
 
     Returns the validated :class:`Spec`; raises :class:`~flowgpu.errors.SpecError` otherwise.
     """
+    with checking_only():
+        return _validate(spec, overrides, params_file, overwrite=overwrite, cluster=cluster,
+                         allow_spec_address=allow_spec_address)
+
+
+def _validate(spec: Spec | str | os.PathLike | dict, overrides: dict[str, Any] | None, params_file: str | None, *,
+              overwrite: bool, cluster: dict[str, Any] | None, allow_spec_address: bool) -> Spec:
     if isinstance(spec, (str, os.PathLike)):
         spec = load(spec, overrides, params_file)
     elif isinstance(spec, dict):

@@ -47,6 +47,7 @@ from flowgpu.pipeline.planning import describe
 from flowgpu.pipeline.refs import PARAM_TYPES, Ref, builtin_type, render, short, step_function
 from flowgpu.pipeline.sites import Pos, ScriptMap, Site, call_site
 from flowgpu.pipeline.spec import NAME_PATTERN, Spec
+from flowgpu.registry import checking_only
 
 __all__ = ["Pipeline", "Ref"]
 
@@ -265,8 +266,10 @@ class Pipeline:
         return compile(self.spec, params, **kwargs)
 
     def plan(self, params: dict[str, Any] | None = None, **kwargs: Any) -> dict[str, Any]:
-        """What ``flowgpu plan`` shows: :func:`flowgpu.pipeline.describe` of :meth:`compile`."""
-        return describe(self.compile(params, **kwargs))
+        """What ``flowgpu plan`` shows: :func:`flowgpu.pipeline.describe` of :meth:`compile` (the
+        callables it names are checked in their source, not imported)."""
+        with checking_only():
+            return describe(self.compile(params, **kwargs))
 
     def run(self, **kwargs: Any) -> Any:
         """:func:`flowgpu.pipeline.run` of this pipeline (``session=``, ``overrides=``, ``foreach=``, ...)."""
