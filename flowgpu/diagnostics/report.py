@@ -48,6 +48,11 @@ def render_plan(desc: dict[str, Any], console: Console) -> None:
                   f"estimated peak memory per worker: {format_bytes(desc['peak_worker_bytes'])} "
                   f"({format_bytes(desc['peak_task_bytes'])} per task x {desc['threads_per_worker']} thread(s), "
                   "and chunks waiting)")
+    held = desc.get("held_whole")
+    if held:
+        console.print(f"{held['name']!r} is held whole ({format_bytes(held['bytes'])}, shared by the workers): a step "
+                      "reads it chunk by chunk and through a reduction of all of it, so every chunk waits for that "
+                      "reduction (spilled past the memory limit)")
 
 
 def _where(o: dict[str, Any], width: int = 80) -> str:

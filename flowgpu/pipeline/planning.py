@@ -4,8 +4,11 @@ For every input and step in order: shape, dtype, chunk shape, the tasks it adds 
 size in bytes, and which steps are fused. The peak-memory estimate per worker is the largest
 working set of one task (its input chunks plus its output chunk) times the tasks a worker runs at
 once, plus the chunks waiting for their dependents or their write (as many as the root tasks the
-scheduler sends a worker at once); it is an estimate from metadata, not a measurement
-(``tests/faults/test_memory.py`` holds it against a worker's measured peak).
+scheduler sends a worker at once); where a step reads an array both chunk by chunk and through a
+reduction of all of it (an anomaly, ``x - x.mean(axis=0)``), every chunk of that array waits for
+the reduction, so the estimate holds all of it (:func:`held_whole`, shared among the spec's
+``n_workers``). It is an estimate from metadata, not a measurement (``tests/faults/test_memory.py``
+holds it against a worker's measured peak).
 
 :func:`check_memory` refuses, inside a session and before anything runs, a plan whose largest task
 cannot fit one worker, or whose largest array cannot fit the cluster's memory and spill disk.
@@ -27,7 +30,7 @@ from flowgpu.errors import ChunkError, SpecError
 from flowgpu.pipeline.compiler import Plan
 from flowgpu.runtime.options import GPU_THREADS
 
-__all__ = ["describe", "graph_size", "footprints", "check_memory"]
+__all__ = ["describe", "graph_size", "footprints", "check_memory", "held_whole"]
 
 
 def _keys(x: da.Array) -> set:
@@ -135,6 +138,38 @@ def _waiting(threads: int) -> int:
     return math.ceil((saturation if math.isfinite(saturation) else 2.0) * threads)
 
 
+def _partitions(x: Any) -> int:
+    return int(x.npartitions) if isinstance(x, da.Array) else 0
+
+
+def held_whole(plan: Plan) -> tuple[str, int] | None:
+    """The array of ``plan`` that a worker must hold in full, and its bytes: one that a step reads
+    both chunk by chunk and through a reduction of all its chunks (``x - x.mean(axis=0)``, a
+    z-score): no chunk of it can go until the reduction is done, so every chunk waits in memory (or
+    in the spill tiers). The largest such array, or None."""
+    ancestors: dict[str, set[str]] = {}
+    for name in plan.order:
+        node = plan.nodes[name]
+        ancestors[name] = set().union(*({d} | ancestors.get(d, set()) for d in node.deps)) if node.deps else set()
+    found: tuple[str, int] | None = None
+    for name in plan.order:
+        deps = [d for d in plan.nodes[name].deps if d in ancestors]
+        for held in deps:
+            x = plan.arrays.get(held)
+            if not isinstance(x, da.Array) or _partitions(x) < 2 or any(np.isnan(s) for s in x.shape):
+                continue
+            reduced = any(held in ancestors[other] and _partitions(plan.arrays.get(other)) < _partitions(x)
+                          for other in deps if other != held)
+            if reduced and (found is None or int(x.nbytes) > found[1]):
+                found = (held, int(x.nbytes))
+    return found
+
+
+def _workers(plan: Plan) -> int:
+    n = plan.spec.cluster.n_workers or config.get("n-workers")
+    return int(n) if n else 1  # unknown before a cluster starts: as if one worker held it all
+
+
 def describe(plan: Plan, prefix: str = "") -> dict[str, Any]:
     """Rows (one per input/step, in order) and totals of a compiled pipeline."""
     rows: list[dict[str, Any]] = []
@@ -182,6 +217,10 @@ def describe(plan: Plan, prefix: str = "") -> dict[str, Any]:
         outputs[out_name] = {"from": o.from_, "sink": o.sink, "path": o.path, "shape": list(x.shape),
                              "dtype": str(x.dtype), "bytes": int(x.nbytes)}
     threads = _threads(plan)
+    per_task = peak * threads + _waiting(threads) * max((f[3] for f in footprints(plan)), default=0)
+    held = held_whole(plan)
+    if held is not None:  # every chunk of it waits for the reduction, besides what the running tasks hold
+        per_task = max(per_task, math.ceil(held[1] / _workers(plan)) + peak * threads)
     return {
         "name": plan.spec.name,
         "file": plan.file,
@@ -192,5 +231,6 @@ def describe(plan: Plan, prefix: str = "") -> dict[str, Any]:
         "fused": plan.fused,
         "peak_task_bytes": peak,
         "threads_per_worker": threads,
-        "peak_worker_bytes": peak * threads + _waiting(threads) * max((f[3] for f in footprints(plan)), default=0),
+        "peak_worker_bytes": per_task,
+        "held_whole": {"name": prefix + held[0], "bytes": held[1]} if held is not None else None,
     }

@@ -213,3 +213,36 @@ cluster: {{backend: cpu, n_workers: 1, threads_per_worker: 1, memory_limit: 1GB,
     assert_refused(p, wall, 1, "could not write to the spill directory", "No space left on device",
                    "free space there")
     assert written(tmp_path) == []  # nothing half-written
+
+
+def test_plans_peak_estimate_holds_the_whole_input_of_an_anomaly(tmp_path):
+    """``x - x.mean(axis=0)`` holds every chunk of x until the mean is known: the plan must say so (it
+    said one chunk's worth, 2.4 MiB against 18.8 MiB measured), with the same bounds as above."""
+    path = tmp_path / "anomaly.yaml"
+    path.write_text(f"""
+name: anomaly
+inputs:
+  x: {{source: random, shape: [51200, 1000], dtype: float64, seed: 5, chunks: [3200, 1000]}}
+steps:
+  m: {{op: mean, inputs: [x], args: {{axis: 0, keepdims: true}}}}
+  a: {{op: subtract, inputs: [x, m]}}
+  q: {{op: square, inputs: [a]}}
+  s: {{op: sum, inputs: [q]}}
+outputs:
+  t: {{from: s}}
+cluster: {{backend: cpu, n_workers: 1, threads_per_worker: 1, memory_limit: "2GB", dashboard_address: null}}
+""")
+    with fg.Session(backend="cpu", n_workers=1, threads_per_worker=1, memory_limit="2GB", dashboard_address=None) as s:
+        fg.random((100, 100), seed=0).sum().compute()  # the worker's kernels are loaded: its baseline
+        s.client.run(_reset_peak)
+        (before, _), = s.client.run(_rss).values()
+        plan = pipeline.compile(str(path), for_run=True)
+        desc = pipeline.describe(plan)
+        result = pipeline.run(str(path), session=s, progress=False)
+        (_, peak), = s.client.run(_rss).values()
+    assert desc["held_whole"] == {"name": "x", "bytes": 51200 * 1000 * 8}
+    x = fg.random((51200, 1000), seed=5, chunks=(3200, 1000)).compute(scheduler="sync")
+    assert result.outputs["t"] == pytest.approx(float(((x - x.mean(axis=0)) ** 2).sum()), rel=1e-9)
+    measured, estimate = peak - before, desc["peak_worker_bytes"]
+    assert 0 < measured <= 2 * estimate, (measured, estimate)
+    assert estimate <= 3 * measured, (measured, estimate)
