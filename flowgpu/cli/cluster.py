@@ -18,6 +18,12 @@ from flowgpu.runtime import standing
 from flowgpu.runtime.session import Session
 
 
+# The scheduler speaks TLS, but bokeh's dashboard has no login: say so where it is started.
+DASHBOARD_NOTE = ("note: the dashboard is plain HTTP with no login: any user of this host can read its pages (step "
+                  "names, paths, errors); the scheduler itself speaks TLS. Start with --dashboard-address '' to "
+                  "turn it off")
+
+
 @click.group()
 def cluster() -> None:
     """A local cluster that stays up between runs: 'flowgpu run' uses it while it runs (and says so)."""
@@ -51,6 +57,8 @@ def start(gpus: str | None, backend: str | None, n_workers: int | None, threads_
     page = _install_page() if state["dashboard"] else None
     click.echo(f"cluster running at {state['address']}: {state['backend']}, {state['n_workers']} worker(s)")
     click.echo(f"dashboard: {page or state['dashboard'] or 'off'}")
+    if state["dashboard"]:
+        click.echo(DASHBOARD_NOTE, err=True)
     click.echo("'flowgpu run' uses it until you stop it: flowgpu cluster stop")
 
 
