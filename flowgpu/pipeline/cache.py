@@ -5,39 +5,70 @@ working directory), named by a digest of the output's key: its absolute path for
 writes one, else (a summary output) the spec's file or name, the output's name and the batch
 item's params. An entry holds the output's :class:`~flowgpu.pipeline.recipe.Recipe` (digest,
 params, input fingerprints, code), for a path output the output's fingerprint right after its
-commit, for a summary output its value.
+commit, for a summary output its value with the shape and dtype it was computed as, and a checksum
+of all that.
 
 A run calls :meth:`Cache.check` (before computing), :meth:`Cache.invalidate` (before committing:
 an entry never says up to date for an output that is not complete) and :meth:`Cache.record`
-(after the commit). Entries are written atomically (temporary file, then a rename); one that
-cannot be read reads as new. The cache is an aid: a cache folder that cannot be written is
+(after the commit). Entries are written atomically (temporary file, then a rename). The cache is
+an aid, and never trusted further than it checks: an entry is read only when it is a regular file
+of a size its output can need (opened without blocking, so a FIFO or a device in its place is never
+waited on or read), and used only when its checksum matches, every field has the type flowgpu
+writes, and a summary value has the output's shape and dtype. Any other entry is a miss, said in
+one line on stderr: the output is computed again. A cache folder that cannot be written is
 reported once on stderr and the run carries on.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
+import math
 import os
+import stat
 import sys
 import time
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from flowgpu import __version__, config
+from flowgpu.diagnostics import jsontext
 from flowgpu.io import sinks
 from flowgpu.io.atomic import written_by_flowgpu
 from flowgpu.pipeline.compiler import Plan
 from flowgpu.pipeline.outcome import write_json
 from flowgpu.pipeline.recipe import Recipe, fingerprint, same_fingerprint
 
-__all__ = ["Cache", "Verdict", "summarize"]
+__all__ = ["Cache", "Verdict", "entry_checksum", "summarize"]
 
 # 2: input and output paths are resolved on the client before anything runs. An entry of format 1 may
 # record fill values that workers running in another folder read from a relative Zarr path, so none is trusted.
-FORMAT = 2
-OLD_FORMATS = {1: "recorded before paths were resolved on the client (an older flowgpu)"}
+# 3: entries carry a checksum, and a summary value the shape and dtype it was computed as.
+FORMAT = 3
+OLD_FORMATS = {1: "recorded before paths were resolved on the client (an older flowgpu)",
+               2: "recorded without a checksum (an older flowgpu)"}
+DAMAGED = "cache entry damaged"
+# An entry holds a recipe (params, input fingerprints, code digests: bounded by the spec's own limits)
+# and a summary output's value: at most this plus what the value's elements can take as JSON text.
+_ENTRY_BYTES = 8 << 20
+_UNKNOWN_SHAPE_BYTES = 256 << 20
+_NONFINITE = {text: float(word) for word, text in jsontext.NONFINITE.items()}
 _warned: set[str] = set()
+
+
+class _Untrusted(Exception):
+    """An entry that is there but is not used: the message says why."""
+
+
+def entry_checksum(entry: dict) -> str:
+    """The checksum an entry carries: a digest of its JSON text (keys sorted, without ``checksum``
+    itself), as written (non-finite floats as their strings), so what was read back gives the same."""
+    body = {k: v for k, v in entry.items() if k != "checksum"}
+    text = json.dumps(jsontext.plain(body), sort_keys=True, separators=(",", ":"), allow_nan=False, default=str)
+    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
 
 
 @dataclass
@@ -61,6 +92,148 @@ def _shown(path: str) -> str:
 def _location(plan: Plan, name: str) -> str | None:
     out = plan.spec.outputs[name]
     return os.path.abspath(out.path) if sinks.sink_entry(out.sink).has(sinks.WRITES_PATH) and out.path else None
+
+
+# -- reading an entry, and what it must be to be used ------------------------------------------------
+def _shape(x: Any) -> list[int | None]:
+    """An array's shape as an entry records it (None for a length dask does not know)."""
+    return [int(d) if d == d else None for d in x.shape]
+
+
+def _most_bytes(x: Any | None) -> int:
+    """The most bytes an entry of an output computed as ``x`` (None: a path output) can need."""
+    if x is None:
+        return _ENTRY_BYTES
+    shape = _shape(x)
+    if None in shape:
+        return _ENTRY_BYTES + _UNKNOWN_SHAPE_BYTES
+    per_value = 64 + 2 * len(shape) + 12 * x.dtype.itemsize  # a number on its own indented line, generously
+    return _ENTRY_BYTES + math.prod(shape) * per_value
+
+
+def _kind(mode: int) -> str:
+    for test, what in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a device"),
+                       (stat.S_ISBLK, "a device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return what
+    return "not a regular file"
+
+
+def _read(path: str, most: int) -> dict | None:
+    """The JSON object in the entry file ``path``, or None when there is none. Only a regular file of
+    at most ``most`` bytes is read, and nothing ever waits: a FIFO or a device in its place is
+    opened without blocking and refused by ``fstat``; a symbolic link is not followed."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as e:
+        raise _Untrusted("it is a symbolic link, not a file flowgpu wrote" if e.errno == errno.ELOOP
+                         else f"it cannot be read ({e.strerror or e})") from None
+    too_big = f"it holds more bytes than an entry of this output can ({most:,})"
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise _Untrusted(f"it is {_kind(st.st_mode)}, not a file flowgpu wrote")
+        if st.st_size > most:
+            raise _Untrusted(f"{too_big}: {st.st_size:,}")
+        parts, left = [], most + 1
+        while left > 0:
+            part = os.read(fd, min(left, 1 << 20))
+            if not part:
+                break
+            parts.append(part)
+            left -= len(part)
+    except OSError as e:
+        raise _Untrusted(f"it cannot be read ({e.strerror or e})") from None
+    finally:
+        os.close(fd)
+    if left <= 0:
+        raise _Untrusted(too_big)  # it grew while read
+    try:
+        data = json.loads(b"".join(parts).decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise _Untrusted("it is not JSON text") from None
+    if not isinstance(data, dict):
+        raise _Untrusted("it is not a JSON object")
+    return data
+
+
+def _leaf_check(dtype: np.dtype) -> Any:
+    """What one value of ``dtype`` looks like in an entry (as ``to_summary_value`` wrote it)."""
+    if dtype.kind == "b":
+        return lambda v: isinstance(v, bool)
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        return lambda v: isinstance(v, int) and not isinstance(v, bool) and info.min <= v <= info.max
+    if dtype.kind in "fc":
+        return lambda v: (isinstance(v, (int, float)) and not isinstance(v, bool)) or (
+            isinstance(v, str) and v in _NONFINITE)
+    if dtype.kind == "U":
+        return lambda v: isinstance(v, str) and len(v) <= dtype.itemsize // 4
+    return None
+
+
+def _fits(value: Any, shape: list[int | None], leaf: Any) -> bool:
+    if not shape:
+        return leaf(value)
+    if not isinstance(value, list) or (shape[0] is not None and len(value) != shape[0]):
+        return False
+    return all(_fits(v, shape[1:], leaf) for v in value)
+
+
+def _finite_back(value: Any) -> Any:
+    """A float value as it was computed: the strings an entry holds for NaN and the infinities as floats."""
+    if isinstance(value, str):
+        return _NONFINITE.get(value, value)
+    if isinstance(value, list):
+        return [_finite_back(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _finite_back(v) for k, v in value.items()}
+    return value
+
+
+def _check_value(entry: dict, x: Any) -> None:
+    """A summary value of the shape and dtype the output is computed as (and recorded with)."""
+    shape, dtype = _shape(x), np.dtype(x.dtype)
+    if entry.get("shape") != shape or entry.get("dtype") != str(dtype):
+        raise _Untrusted(f"it records a value of shape {entry.get('shape')!r} and dtype {entry.get('dtype')!r}, "
+                         f"but the output is {dtype} of shape {shape}")
+    leaf = _leaf_check(dtype)
+    value = entry.get("value")
+    if leaf is None:
+        raise _Untrusted(f"flowgpu keeps no values of dtype {dtype}")
+    if dtype.kind == "c":
+        fits = isinstance(value, dict) and set(value) == {"real", "imag"} and all(
+            _fits(value[part], shape, leaf) for part in ("real", "imag"))
+    else:
+        fits = _fits(value, shape, leaf)
+    if not fits:
+        raise _Untrusted(f"its value is not {dtype} of shape {shape}")
+    if dtype.kind in "fc":
+        entry["value"] = _finite_back(value)
+
+
+_FIELDS = {"digest": str, "params": dict, "inputs": dict, "code": dict, "item": dict}
+
+
+def _check(entry: dict, key: Any, x: Any | None) -> None:
+    """Raise :class:`_Untrusted` unless ``entry`` is what flowgpu wrote for this output (``x``: the
+    array a summary output is computed as, None for a path output)."""
+    if entry.get("checksum") != entry_checksum(entry):
+        raise _Untrusted("its checksum does not match what it holds (edited by hand?)")
+    if entry.get("key") != key:
+        raise _Untrusted("it is another output's entry")
+    for name, kind in _FIELDS.items():
+        if not isinstance(entry.get(name), kind):
+            raise _Untrusted(f"its {name!r} is not a{'n' if kind is dict else ''} {'object' if kind is dict else 'string'}")
+    if not all(isinstance(v, dict) for v in entry["inputs"].values()):
+        raise _Untrusted("its 'inputs' are not fingerprints")
+    if x is None:
+        if not isinstance(entry.get("output_fingerprint"), dict):
+            raise _Untrusted("its 'output_fingerprint' is not an object")
+    else:
+        _check_value(entry, x)
 
 
 class Cache:
@@ -89,17 +262,27 @@ class Cache:
         return os.path.join(self.directory, hashlib.blake2b(text.encode(), digest_size=16).hexdigest() + ".json")
 
     def entry(self, plan: Plan, name: str, item: dict | None = None, *, any_format: bool = False) -> dict | None:
-        """Output ``name``'s entry, or None when there is none (or it cannot be read: a new output);
-        ``any_format``: also one an older flowgpu wrote (its ``format`` says which)."""
+        """Output ``name``'s entry, or None when there is none or it is not used (see :meth:`_load`);
+        ``any_format``: also one an older flowgpu wrote (its ``format`` says which; not checked)."""
         try:
-            with open(self.path(plan, name, item)) as f:
-                data = json.load(f)
-        except (OSError, ValueError):
+            data = self._load(plan, name, item)
+        except _Untrusted:
             return None
-        ok = (isinstance(data, dict) and (any_format or data.get("format") == FORMAT)
-              and isinstance(data.get("digest"), str)
-              and data.get("key") == json.loads(json.dumps(self.key(plan, name, item), default=str)))
-        return data if ok else None
+        return data if data is not None and (any_format or data.get("format") == FORMAT) else None
+
+    def _load(self, plan: Plan, name: str, item: dict | None = None) -> dict | None:
+        """Output ``name``'s entry: None when there is none, the data of an older or newer format as it
+        is (its ``format`` differs), else an entry every check passed (a summary value's NaN and
+        infinities as floats again). Raises ``_Untrusted`` (why, in words) for one that fails any."""
+        x = None if _location(plan, name) is not None else plan.outputs[name]
+        data = _read(self.path(plan, name, item), _most_bytes(x))
+        if data is None or data.get("format") != FORMAT:
+            return data
+        try:
+            _check(data, json.loads(jsontext.dumps(self.key(plan, name, item))), x)
+        except RecursionError:
+            raise _Untrusted("it nests too deep") from None
+        return data
 
     def _warn(self, what: str, e: BaseException) -> None:
         if self.directory in _warned:
@@ -125,19 +308,25 @@ class Cache:
 
         if force:
             return stale("forced")
-        entry = self.entry(plan, name, item, any_format=True)
-        if entry is None or (location is None and "value" not in entry):
+        try:
+            entry = self._load(plan, name, item)
+        except _Untrusted as e:
+            of = f" of item {', '.join(f'{k}={v}' for k, v in item.items())}" if item else ""
+            print(f"flowgpu: not using the cache entry of output {name!r}{of} "
+                  f"({_shown(self.path(plan, name, item))}): {e}; it is computed again", file=sys.stderr, flush=True)
+            return stale(DAMAGED)
+        if entry is None:
             return stale("new")
         if entry.get("format") != FORMAT:
             old = entry.get("format")
             return stale(OLD_FORMATS.get(old, "recorded by another flowgpu") if isinstance(old, int)
                          else "recorded by another flowgpu")
         if entry["digest"] != recipe.digest:
-            before = entry.get("params") if isinstance(entry.get("params"), dict) else {}
+            before = entry["params"]
             changed = sorted(k for k in set(before) | set(recipe.params)
                              if k not in before or k not in recipe.params or before[k] != recipe.params[k])
             return stale(f"params changed: {', '.join(changed)}" if changed else "recipe changed")
-        recorded = entry.get("inputs") if isinstance(entry.get("inputs"), dict) else {}
+        recorded = entry["inputs"]
         changed, unsummed = [], []
         for path, now in recipe.inputs.items():
             if checksum and "content" not in now:
@@ -186,12 +375,20 @@ class Cache:
             entry["location"] = os.path.abspath(location) if location else path_output
             entry["output_fingerprint"] = fingerprint(entry["location"])
         else:
+            x = plan.outputs[name]
+            entry["shape"], entry["dtype"] = _shape(x), str(np.dtype(x.dtype))
             try:
                 entry["value"] = json.loads(json.dumps(value, allow_nan=True))
             except (TypeError, ValueError) as e:
                 print(f"flowgpu: the value of output {name!r} is not JSON data ({e}), so it is not cached; the "
                       "next run computes it again", file=sys.stderr, flush=True)
                 return
+        entry["checksum"] = entry_checksum(entry)
+        most = _most_bytes(None if path_output is not None else plan.outputs[name])
+        if len(jsontext.dumps(entry, indent=2)) > most:
+            print(f"flowgpu: the cache entry of output {name!r} would hold more than {most:,} bytes, so it is not "
+                  "cached; the next run computes it again", file=sys.stderr, flush=True)
+            return
         try:
             os.makedirs(self.directory, exist_ok=True)
             write_json(self.path(plan, name, item), entry)

@@ -171,15 +171,53 @@ def test_an_output_removed_or_edited_by_hand_is_recomputed(work, rng):
     assert reasons(verdicts(spec, cache))["z"] == "output missing"
 
 
-@pytest.mark.parametrize("garbage", ["", "{", "[1, 2]", '{"format": 99, "digest": "x"}', "\x00\xff"])
-def test_a_corrupt_entry_reads_as_new(work, garbage):
+@pytest.mark.parametrize("garbage", ["", "{", "[1, 2]", '{"format": 3, "digest": "x"}', "\x00\xff", "[" * 100_000])
+def test_a_corrupt_entry_is_computed_again_and_said_so(work, garbage, capfd):
     _, spec = work
     cache = Cache()
     run_recorded(spec, cache)
     plan = pipeline.compile(spec)
     with open(cache.path(plan, "s"), "w", encoding="latin-1") as f:
         f.write(garbage)
-    assert reasons(verdicts(spec, cache)) == {"z": "up to date", "c": "up to date", "s": "new", "b": "up to date"}
+    capfd.readouterr()
+    assert reasons(verdicts(spec, cache)) == {"z": "up to date", "c": "up to date", "s": "cache entry damaged",
+                                              "b": "up to date"}
+    (note,) = capfd.readouterr().err.splitlines()
+    assert note.startswith("flowgpu: not using the cache entry of output 's' (") and "computed again" in note
+    assert cache.entry(plan, "s") is None
+
+
+@pytest.mark.parametrize("form, reason", [(1, "recorded before paths were resolved on the client (an older flowgpu)"),
+                                          (2, "recorded without a checksum (an older flowgpu)"),
+                                          (99, "recorded by another flowgpu")])
+def test_an_entry_of_another_format_is_computed_again_with_its_reason(work, form, reason, capfd):
+    _, spec = work
+    cache = Cache()
+    run_recorded(spec, cache)
+    plan = pipeline.compile(spec)
+    entry = json.loads(open(cache.path(plan, "s")).read())
+    del entry["checksum"]
+    entry["format"] = form
+    with open(cache.path(plan, "s"), "w") as f:
+        json.dump(entry, f)
+    assert reasons(verdicts(spec, cache))["s"] == reason
+    assert "cache entry" not in capfd.readouterr().err  # the reason says it all
+
+
+def test_a_cached_nan_is_the_float_a_run_computes(work, rng):
+    """Entries hold NaN and the infinities as JSON strings; the up-to-date value is the float again."""
+    _, spec = work
+    x = rng.standard_normal((50, 3))
+    x[rng.integers(50), 0], x[rng.integers(50), 1], x[rng.integers(50), 2] = np.nan, np.inf, -np.inf
+    np.save("a.npy", x)
+    spec["steps"]["s"] = {"op": "multiply", "inputs": ["x"], "args": {"b": 2.0}}
+    spec["outputs"] = {"s": {"from": "s"}}
+    cache = Cache()
+    result = run_recorded(spec, cache)
+    np.testing.assert_array_equal(np.array(result.outputs["s"]), x * 2)
+    got = verdicts(spec, cache)["s"]
+    assert got.up_to_date and all(isinstance(v, float) for row in got.value for v in row), got.value[:2]
+    np.testing.assert_array_equal(np.array(got.value), x * 2)  # NaN where NaN, the same infinities
 
 
 def test_summary_entries_are_per_spec_and_batch_item(work):
