@@ -30,6 +30,7 @@ import contextlib
 import graphlib
 import operator
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import dask
@@ -47,7 +48,7 @@ from flowgpu.fusion.chunk import Chain, FusedChunk
 from flowgpu.fusion.graph_reduce import graph_has_masked
 from flowgpu.fusion.language import FUNCTIONS, is_scalar, literal_text
 
-__all__ = ["optimize", "rewrite_graph", "array_optimize", "fusing", "CONFIG_KEY"]
+__all__ = ["optimize", "rewrite_graph", "array_optimize", "Fusing", "fusing", "CONFIG_KEY"]
 
 CONFIG_KEY = "flowgpu.fuse-ufuncs"
 MAX_FUSED_OPS = 32  # operations one fused layer nests at most: a longer chain becomes several kernels
@@ -121,12 +122,13 @@ def _elementwise(layer: Any) -> tuple[str, list] | None:
     return (template, operands) if template else None
 
 
-def rewrite_graph(hlg: Any, keep: set[str] = frozenset(), reductions: bool = True) -> Any:
+def rewrite_graph(hlg: Any, keep: set[str] = frozenset(), reductions: bool = True, bare: bool | None = None) -> Any:
     """A HighLevelGraph with each chain of elementwise layers replaced by one fused layer.
 
     ``keep`` names layers whose output must stay (e.g. the arrays being computed). With
     ``reductions``, the chunk stage of dask's reductions (:mod:`flowgpu.fusion.graph_reduce`)
-    takes the chain below it into its kernel too.
+    takes the chain below it into its kernel too. ``bare``: fuse a reduction of a bare array too
+    (CuPy chunks); None: when this process's ``array.backend`` is cupy.
     """
     layers = dict(hlg.layers)
     deps = {k: set(v) for k, v in hlg.dependencies.items()}
@@ -159,7 +161,8 @@ def rewrite_graph(hlg: Any, keep: set[str] = frozenset(), reductions: bool = Tru
     # A reduction of a bare array (no elementwise op before it) is one pass in NumPy already: fused
     # only on CuPy chunks, where the kernel reads a transposed input in tiles. (On CPU workers it
     # would import numba, ~150 MB, for nothing: a 200 MB worker was restarted for it.)
-    bare = dask.config.get("array.backend", "numpy") == "cupy"
+    if bare is None:
+        bare = dask.config.get("array.backend", "numpy") == "cupy"
     changed = False
     for root in [r for r in elem if not inlinable(r)] + list(reds):
         spec = reds.get(root)
@@ -270,6 +273,29 @@ def array_optimize(dsk: Any, keys: Any, **kwargs: Any) -> Any:
         names = {k[0] if isinstance(k, tuple) else k for k in flatten(keys)}
         dsk = rewrite_graph(dsk, keep=names)
     return dask_optimize(dsk, keys, **kwargs)
+
+
+@dataclass(frozen=True)
+class Fusing:
+    """dask's ``array_optimize`` hook carrying the decisions of the process that set it (a Session's).
+
+    dask resolves the hook where a graph is built, but calls it where the graph is materialized: on
+    the scheduler. For a scheduler in another process (``dask scheduler``, a joined cluster) that
+    process's config applied, not the client's: whether to fuse, and whether chunks are CuPy (a
+    reduction of a bare array is fused on CuPy only). A joined GPU cluster then fused other steps
+    than the run's own cluster did, and gave other last bits. This hook takes the client's answers
+    along (it pickles as its class and two booleans). ``flowgpu.fuse-ufuncs: false`` set for a block
+    still turns it off where the scheduler shares the client's config (a local cluster).
+    """
+
+    enabled: bool = True
+    bare: bool = False  # CuPy chunks: a reduction of a bare array is fused too
+
+    def __call__(self, dsk: Any, keys: Any, **kwargs: Any) -> Any:
+        if self.enabled and dask.config.get(CONFIG_KEY, True) and isinstance(dsk, HighLevelGraph):
+            names = {k[0] if isinstance(k, tuple) else k for k in flatten(keys)}
+            dsk = rewrite_graph(dsk, keep=names, bare=self.bare)
+        return dask_optimize(dsk, keys, **kwargs)
 
 
 @contextlib.contextmanager

@@ -34,7 +34,7 @@ from flowgpu import backend as _backend
 from flowgpu import memory
 from flowgpu.errors import BackendError, ConfigError, FlowgpuError, SessionError
 from flowgpu.fusion.graph import CONFIG_KEY as FUSE_KEY
-from flowgpu.fusion.graph import array_optimize
+from flowgpu.fusion.graph import Fusing
 from flowgpu.runtime import hpc, latency, probe, security
 from flowgpu.runtime.options import SessionOptions, resolve
 
@@ -186,7 +186,8 @@ class Session:
             raise
         self.fuse = bool(dask.config.get(FUSE_KEY, True) if fuse is None else fuse)
         if self.fuse:  # dask optimises graphs where compute() is called: here, in the client's process
-            self._publish({"array_optimize": array_optimize, FUSE_KEY: True})  # fuse=True beats a false config
+            # the hook carries this client's decisions to the scheduler, which calls it (a remote one has its own config)
+            self._publish({"array_optimize": Fusing(enabled=True, bare=self.array_backend == "cupy"), FUSE_KEY: True})
         with _lock:
             _stack.append(self)
 

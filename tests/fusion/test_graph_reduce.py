@@ -23,7 +23,7 @@ from dask._task_spec import GraphNode, Task
 import flowgpu as fg
 from flowgpu.fusion import compiled, fusing
 from flowgpu.fusion.chunk import FusedChunk
-from flowgpu.fusion.graph import array_optimize, rewrite_graph
+from flowgpu.fusion.graph import Fusing, rewrite_graph
 from flowgpu.fusion.graph_reduce import FusedPartial
 from tests.tolerance import assert_within_terms
 
@@ -304,7 +304,7 @@ def test_session_installs_the_hook_and_false_turns_it_off(cpu_session, rng):
     xn = rng.random((30, 20))
     x = da.from_array(xn, chunks=(8, 7))
     y = ((x * 2 + 1) ** 2 - x).sum()
-    assert dask.config.get("array_optimize") is array_optimize and cpu_session.fuse
+    assert isinstance(dask.config.get("array_optimize"), Fusing) and cpu_session.fuse
     assert partials(y) == {"sum"}
     assert float(y.compute()) == pytest.approx(float(((xn * 2 + 1) ** 2 - xn).sum()), rel=1e-12)
     with dask.config.set({"flowgpu.fuse-ufuncs": False}):
@@ -335,16 +335,16 @@ def test_session_fuse_false_and_env_leave_graphs_alone():
     script = (
         "import dask, dask.array as da, numpy as np\n"
         "from flowgpu import Session\n"
-        "from flowgpu.fusion.graph import array_optimize\n"
+        "from flowgpu.fusion.graph import Fusing\n"
         "if __name__ == '__main__':\n"
         "    kw = dict(backend='cpu', n_workers=1, threads_per_worker=1, dashboard_address=None)\n"
         "    with Session(fuse=False, **kw) as s:\n"
-        "        print('explicit', s.fuse, dask.config.get('array_optimize', None) is array_optimize)\n"
+        "        print('explicit', s.fuse, isinstance(dask.config.get('array_optimize', None), Fusing))\n"
         "    with Session(**kw) as s:\n"
         "        x = da.from_array(np.arange(12.0), chunks=5)\n"
-        "        print('config', s.fuse, dask.config.get('array_optimize', None) is array_optimize,\n"
+        "        print('config', s.fuse, isinstance(dask.config.get('array_optimize', None), Fusing),\n"
         "              float((x * 2 + 1).sum().compute()))\n"
-        "    print('after', dask.config.get('array_optimize', None) is array_optimize)\n"
+        "    print('after', isinstance(dask.config.get('array_optimize', None), Fusing))\n"
     )
     for env, want in ((None, "config True True 144.0"), ("false", "config False False 144.0")):
         environ = {**os.environ, **({"DASK_FLOWGPU__FUSE_UFUNCS": env} if env else {})}
@@ -352,6 +352,22 @@ def test_session_fuse_false_and_env_leave_graphs_alone():
         assert out.returncode == 0, out.stderr
         lines = out.stdout.splitlines()
         assert lines == ["explicit False False", want, "after False"], out.stdout
+
+
+def test_the_sessions_hook_takes_its_decisions_to_the_scheduler(rng):
+    """dask calls the hook where the graph is materialized: a remote scheduler, with its own config. A GPU
+    Session's hook says 'CuPy chunks' itself, so a reduction of a bare array is fused there as on the run's
+    own cluster (a joined dask-cuda cluster fused less, and gave other last bits); it pickles as it is."""
+    xn = rng.random((30, 20))
+    y = da.from_array(xn, chunks=(8, 7)).sum(axis=0)  # a bare reduction: fused on CuPy chunks only
+    hook = pickle.loads(pickle.dumps(Fusing(enabled=True, bare=True)))
+    with dask.config.set({"array.backend": "numpy", "array_optimize": hook}):  # a scheduler's config
+        assert partials(y) == {"sum"}
+        np.testing.assert_allclose(dask.compute(y, scheduler="sync")[0], xn.sum(axis=0), rtol=1e-12)
+    with dask.config.set({"array.backend": "numpy", "array_optimize": Fusing(enabled=True, bare=False)}):
+        assert partials(y) == set()
+    with dask.config.set({"array.backend": "cupy", "array_optimize": Fusing(enabled=False, bare=True)}):
+        assert fused_in(y) == []
 
 
 def test_session_refuses_a_fuse_that_is_no_bool():
