@@ -173,17 +173,27 @@ def test_plans_peak_estimate_bounds_a_workers_measured_peak(tmp_path):
     memory freed but not yet returned to the system): measured <= 2 x estimate, and the estimate is at
     most 3 x the measured peak (not a bound so loose that it says nothing)."""
     path = spec(tmp_path, [51200, 1000], chunks=[6400, 1000], limit="2GB")
+    result, desc, measured = _run_measured(path)
+    expected = float((fg.random((51200, 1000), seed=3, chunks=(6400, 1000)).compute(scheduler="sync") * 2).sum())
+    assert result.outputs["t"] == pytest.approx(expected)
+    _within(measured, desc["peak_worker_bytes"])
+
+
+def _run_measured(path: Path) -> tuple:
+    """Run the spec at ``path`` on one 2 GB worker: its result, its plan's description, and the worker's
+    measured peak resident bytes above its baseline (kernels loaded)."""
     with fg.Session(backend="cpu", n_workers=1, threads_per_worker=1, memory_limit="2GB", dashboard_address=None) as s:
         fg.random((100, 100), seed=0).sum().compute()  # the worker's kernels are loaded: its baseline
         s.client.run(_reset_peak)
         (before, _), = s.client.run(_rss).values()
-        plan = pipeline.compile(str(path), for_run=True)
-        estimate = pipeline.describe(plan)["peak_worker_bytes"]
+        desc = pipeline.describe(pipeline.compile(str(path), for_run=True))
         result = pipeline.run(str(path), session=s, progress=False)
         (_, peak), = s.client.run(_rss).values()
-    expected = float((fg.random((51200, 1000), seed=3, chunks=(6400, 1000)).compute(scheduler="sync") * 2).sum())
-    assert result.outputs["t"] == pytest.approx(expected)
-    measured = peak - before
+    return result, desc, peak - before
+
+
+def _within(measured: int, estimate: int) -> None:
+    """measured <= 2 x estimate, and the estimate at most 3 x the measured peak (not so loose it says nothing)."""
     assert 0 < measured <= 2 * estimate, (measured, estimate)
     assert estimate <= 3 * measured, (measured, estimate)
 
@@ -232,17 +242,8 @@ outputs:
   t: {{from: s}}
 cluster: {{backend: cpu, n_workers: 1, threads_per_worker: 1, memory_limit: "2GB", dashboard_address: null}}
 """)
-    with fg.Session(backend="cpu", n_workers=1, threads_per_worker=1, memory_limit="2GB", dashboard_address=None) as s:
-        fg.random((100, 100), seed=0).sum().compute()  # the worker's kernels are loaded: its baseline
-        s.client.run(_reset_peak)
-        (before, _), = s.client.run(_rss).values()
-        plan = pipeline.compile(str(path), for_run=True)
-        desc = pipeline.describe(plan)
-        result = pipeline.run(str(path), session=s, progress=False)
-        (_, peak), = s.client.run(_rss).values()
+    result, desc, measured = _run_measured(path)
     assert desc["held_whole"] == {"name": "x", "bytes": 51200 * 1000 * 8}
     x = fg.random((51200, 1000), seed=5, chunks=(3200, 1000)).compute(scheduler="sync")
     assert result.outputs["t"] == pytest.approx(float(((x - x.mean(axis=0)) ** 2).sum()), rel=1e-9)
-    measured, estimate = peak - before, desc["peak_worker_bytes"]
-    assert 0 < measured <= 2 * estimate, (measured, estimate)
-    assert estimate <= 3 * measured, (measured, estimate)
+    _within(measured, desc["peak_worker_bytes"])
