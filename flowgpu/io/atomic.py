@@ -15,20 +15,23 @@ import contextlib
 import errno
 import json
 import os
+import stat
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 
 from flowgpu.errors import FlowgpuError, OutputError, OutputExistsError, OutputLockedError
 from flowgpu.io import faults
-from flowgpu.io.journal import (MARKER, STAGE_TAG, Output, Transaction, journals_in, marker_path, new_id,
+from flowgpu.io.journal import (MARKER, STAGE_TAG, Output, Refused, Transaction, journals_in, marker_path, new_id,
                                 recover_journal, referenced_stages, remove, stage_dir, stages_in,
                                 written_by_flowgpu)
-from flowgpu.io.lock import OutputLock, alive, describe, held, locked_targets, owner
+from flowgpu.io.lock import (OutputLock, alive, describe, held, is_record, lock_path, locked_targets, owner,
+                            remove_stale)
 from flowgpu.io.paths import resolve
 
-__all__ = ["MARKER", "TMP_TAG", "AtomicPath", "atomic_output", "check_writable", "clean", "commit_together",
-           "hold", "marker_path", "output_error", "written_by_flowgpu"]
+__all__ = ["MARKER", "TMP_TAG", "AtomicPath", "Refused", "atomic_output", "canonical", "check_writable", "clean",
+           "commit_together", "hold", "marker_path", "output_error", "protected_paths", "replaces_protected",
+           "starts_with", "written_by_flowgpu"]
 
 TMP_TAG = STAGE_TAG
 _FIXES = {
@@ -66,16 +69,67 @@ def check_writable(path: str, overwrite: bool = False) -> None:
         )
 
 
-def _stage_owner(stage: str) -> dict | None:
+def protected_paths(reads: dict[str, str] | None = None) -> dict[str, str]:
+    """What no command replaces, nor a folder holding it, ``--overwrite`` or not (``realpath -> what
+    it is``): the working directory (so also every folder above it), the home folder, and ``reads``
+    (what the command reads: a spec and its inputs, a source)."""
+    found = {os.path.realpath(os.getcwd()): "the working directory",
+             os.path.realpath(os.path.expanduser("~")): "your home folder"}
+    for path, what in (reads or {}).items():
+        found.setdefault(os.path.realpath(os.path.expanduser(path)), what)
+    return found
+
+
+def replaces_protected(path: str, protected: dict[str, str]) -> str | None:
+    """What replacing ``path`` would destroy of ``protected`` (:func:`protected_paths`), said as
+    ``"is the working directory"`` or ``"contains input 'x' (x.npy)"``; None when nothing."""
+    real = os.path.realpath(os.path.expanduser(path))
+    for kept, what in protected.items():
+        if kept == real or kept.startswith(real.rstrip(os.sep) + os.sep):
+            return f"{'is' if kept == real else 'contains'} {what}"
+    return None
+
+
+def canonical(path: str) -> str:
+    """``path`` absolute, its folder's links resolved: two outputs with one canonical path are one
+    file (and one lock), whatever links their paths go through."""
+    path = os.path.abspath(os.path.expanduser(path))
+    return os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
+
+
+def starts_with(path: str, head: bytes) -> bool:
+    """Whether ``path`` is a regular file (not a link) that begins with ``head``: how a summary or a
+    report that flowgpu wrote is told from a user's file."""
     try:
-        with open(os.path.join(stage, "owner.json")) as f:
-            return json.load(f)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        return stat.S_ISREG(os.fstat(fd).st_mode) and os.pread(fd, len(head), 0) == head
+    finally:
+        os.close(fd)
+
+
+def _stage_owner(stage: str) -> dict | None:
+    """The owner record flowgpu wrote into the staging dir ``stage`` when it made it, or None when
+    ``stage`` carries none: a user's folder named like one, a copy (another inode), another user's."""
+    try:
+        info = os.lstat(stage)
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
+            return None
+        fd = os.open(os.path.join(stage, "owner.json"), os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+        try:
+            record = json.loads(os.pread(fd, 4096, 0)) if stat.S_ISREG(os.fstat(fd).st_mode) else None
+        finally:
+            os.close(fd)
     except (OSError, ValueError):
         return None
+    return record if is_record(record) and record.get("ino") == info.st_ino else None
 
 
 def _clean_dir(directory: str, only: str | None, blocking: bool) -> list[str]:
-    """Finish dead runs' commits in ``directory`` (those naming ``only``, if given) and remove their staging."""
+    """Finish dead runs' commits in ``directory`` (those naming ``only``, if given) and remove their
+    staging and lock files; only what carries flowgpu's records (else a :class:`Refused` note)."""
     notes = []
     for j in journals_in(directory):
         done = recover_journal(j, blocking, only)
@@ -85,6 +139,11 @@ def _clean_dir(directory: str, only: str | None, blocking: bool) -> list[str]:
         if only not in (None, out) or stage in keep:
             continue
         who = _stage_owner(stage)
+        if who is None:
+            notes.append(Refused(f"left alone {stage}: it is named like a flowgpu staging folder but does not carry "
+                                 "the owner record flowgpu writes into those it makes (a folder of yours, or a copy); "
+                                 "remove it yourself if it is not needed"))
+            continue
         if alive(who):
             if only is None:
                 notes.append(f"{stage}: staging of {describe(who)}, still running; left alone")
@@ -96,6 +155,9 @@ def _clean_dir(directory: str, only: str | None, blocking: bool) -> list[str]:
             except OutputLockedError:
                 notes.append(f"{stage}: {out} is being written by another run; left alone")
                 continue
+            except OutputError as e:
+                notes.append(Refused(f"left alone {stage}: {e}"))
+                continue
         try:
             remove(stage)
             notes.append(f"removed {stage}, left by {describe(who)} that is no longer running")
@@ -104,8 +166,9 @@ def _clean_dir(directory: str, only: str | None, blocking: bool) -> list[str]:
                 lock.release()
     for out in locked_targets(directory):  # lock files of runs that died: free, so removed
         if only in (None, out) and held(out) is None:
-            with contextlib.suppress(OutputLockedError):
-                OutputLock(out).acquire(wait=False).release()
+            why = remove_stale(out)
+            if why is not None:
+                notes.append(Refused(f"left alone {lock_path(out)}: {why}; remove it yourself if it is not needed"))
     return notes
 
 
@@ -116,7 +179,8 @@ def recover(target: str) -> list[str]:
 
 def clean(paths: Iterable[str]) -> list[str]:
     """What ``flowgpu clean`` does: recover every output ``path`` (and, for a folder that is not an
-    output, everything in it); runs still alive are left alone. Returns what was done."""
+    output, everything in it); runs still alive are left alone. Returns what was done, and as
+    :class:`Refused` notes what was left alone because flowgpu cannot tell that it made it."""
     notes = []
     try:
         for path in map(os.path.abspath, paths):
@@ -137,8 +201,15 @@ def hold(targets: Iterable[str], wait: bool = True, notify: Callable[[str], None
     """
     notify = notify or _stderr
     locks, made = [], []
+    targets = sorted(set(map(os.path.abspath, targets)))
+    same: dict[str, str] = {}
+    for target in targets:  # one file under two names would wait forever for its own lock
+        other = same.setdefault(canonical(target), target)
+        if other != target:
+            raise OutputError(f"outputs {other!r} and {target!r} are the same file ({canonical(target)}), through "
+                              "a linked folder; give each output a path of its own")
     try:
-        for target in sorted(set(map(os.path.abspath, targets))):
+        for target in targets:
             if held(target) is not None:
                 continue
             try:
@@ -210,8 +281,8 @@ class AtomicPath:
                     _stderr(note)
             check_writable(self.path, self.overwrite)
             os.mkdir(self.stage)
-            with open(os.path.join(self.stage, "owner.json"), "w") as f:
-                json.dump(owner(), f)
+            with open(os.path.join(self.stage, "owner.json"), "x") as f:  # its inode: what a copy cannot have
+                json.dump({**owner(), "ino": os.lstat(self.stage).st_ino}, f)
         return self.tmp
 
     @contextlib.contextmanager

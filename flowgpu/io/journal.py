@@ -1,11 +1,12 @@
 """Outputs committed together through a journal: all of a run's outputs new, or all old.
 
 Each output is staged beside its path in ``.NAME.flowgpu-tmp-<id>/`` (``data``: the new output;
-``owner.json``: pid, host and start time of the run). :meth:`Transaction.commit`:
+``owner.json``: pid, host and start time of the run, and the staging dir's inode). :meth:`Transaction.commit`:
 
 1. writes flowgpu's marker into every staged output (a file output's marker is staged beside it);
-2. writes the journal ``.flowgpu-journal-<run>.json`` (every output: path and staging dir) into
-   each output's parent directory, fsynced, and holds an ``flock`` on it while the process lives;
+2. writes the journal ``.flowgpu-journal-<run>.json`` (every output: path, id and its staging
+   dir's inode) into each output's parent directory, fsynced, and holds an ``flock`` on it while
+   the process lives;
 3. sets every old output aside into its staging dir, and checks there that flowgpu wrote it: data
    that appeared meanwhile and is not flowgpu's is put back, and the commit fails;
 4. decides: creates ``.flowgpu-journal-<run>.committed`` beside the first journal;
@@ -16,6 +17,14 @@ A failure in the process undoes all of it. A process that dies leaves its journa
 :func:`recover_journal` (called by the next run that targets one of the paths, and by
 ``flowgpu clean``) rolls forward if the decision exists, back otherwise. Every step of either
 direction can be repeated, so a crash during recovery is recovered in turn.
+
+A journal is followed only when flowgpu can tell that it wrote it, there, for that run: it is a
+regular file of this user with one name, its content records its own inode (a copy, an unpacked
+archive or a file written by hand has another), its name carries the run id its content gives,
+and it lies in the folder of the outputs it handles. Everything it touches is derived from it and
+lies beside it: the staging dirs are named from each output's path and id and must be this user's
+directories with the inode the journal recorded, the other journals of the run are named from the
+run id and checked the same way. Anything else is left alone, and said so (:class:`Refused`).
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import uuid
 from dataclasses import dataclass, field
 
@@ -34,17 +44,28 @@ from flowgpu.errors import OutputError
 from flowgpu.io import faults
 from flowgpu.io.lock import owner
 
-__all__ = ["MARKER", "STAGE_TAG", "Output", "Transaction", "recover_journal", "journals_in", "stages_in",
+__all__ = ["MARKER", "STAGE_TAG", "Output", "Refused", "Transaction", "recover_journal", "journals_in", "stages_in",
            "marker_path", "written_by_flowgpu", "stage_dir", "new_id", "remove"]
 
 MARKER = ".flowgpu-output.json"
 STAGE_TAG = ".flowgpu-tmp-"
 JOURNAL_TAG = ".flowgpu-journal-"
 _STAGE = re.compile(r"^\.(?P<name>.+)\.flowgpu-tmp-(?P<id>r[0-9a-f]{16})$")
-_JOURNAL = re.compile(r"^\.flowgpu-journal-r[0-9a-f]{16}\.json$")
+_JOURNAL = re.compile(r"^\.flowgpu-journal-(?P<run>r[0-9a-f]{16})\.json$")
+_ID = re.compile(r"^r[0-9a-f]{16}$")
+_MOST = 1 << 20  # a journal of many outputs is a few hundred KB
 # (staged name, aside name) inside the staging dir, in the order they move into place: a file
 # output's marker first, so a half-done move is still recognised as this run's by its marker
 _PARTS = (("marker", "old.marker"), ("data", "old"))
+
+
+class Refused(str):
+    """A note on something that recovery or ``flowgpu clean`` left alone because flowgpu cannot tell
+    that it made it (a ``str``: it is printed like every other note)."""
+
+
+class _NotOurs(Exception):
+    """Why a journal, or a path it names, is not one flowgpu made for it."""
 
 
 def new_id() -> str:
@@ -126,6 +147,7 @@ class Output:
     id: str
     overwrite: bool = False
     meta: dict = field(default_factory=dict)
+    stage_ino: int | None = None  # the staging dir's inode, as the journal records it
 
     def parts(self):
         """``(staged, aside, live)`` paths, in the order they move into place."""
@@ -180,13 +202,15 @@ def _flag(journals: list[str]) -> str:
     return journals[0][: -len(".json")] + ".committed"
 
 
-def _finish(outputs: list[Output], journals: list[str]) -> None:
-    """Remove staging dirs, then journals (the first last), then the decision."""
+def _finish(outputs: list[Output], journals: list[str], present: list[str] | None = None) -> None:
+    """Remove staging dirs, then journals (the first last; only those ``present`` when given), then the decision."""
     for d in {os.path.dirname(o.path) for o in outputs}:
         _fsync_dir(d)  # the moves are on disk before the journal that could redo them is gone
     for o in outputs:
         remove(o.stage)
     for j in [*journals[1:], journals[0], _flag(journals)]:
+        if present is not None and j in journals and j not in present:
+            continue
         try:
             os.unlink(j)
         except FileNotFoundError:
@@ -249,13 +273,15 @@ class Transaction:
                 faults.point(after_first)
 
     def _write_journals(self) -> None:
-        text = json.dumps({"run": self.run, "owner": owner(), "journals": self.journals,
-                           "outputs": [{"path": o.path, "stage": o.stage, "id": o.id} for o in self.outputs]})
+        outputs = [{"path": o.path, "id": o.id, "stage_ino": os.lstat(o.stage).st_ino} for o in self.outputs]
         for j in self.journals:
             tmp = os.path.join(self.by_journal[j].stage, "journal.tmp")  # in place only when complete
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
             self.fds.append(fd)
             fcntl.flock(fd, fcntl.LOCK_EX)  # held while this process lives: the journal is not stale
+            # its own inode (kept by the rename) is what a copy or a hand-written file cannot have
+            text = json.dumps({"writer": "flowgpu", "run": self.run, "ino": os.fstat(fd).st_ino, "owner": owner(),
+                               "outputs": outputs})
             os.write(fd, text.encode())
             os.fsync(fd)
             os.rename(tmp, j)
@@ -293,62 +319,174 @@ class Transaction:
         self.fds = []
 
 
-def _lock_existing(path: str, blocking: bool) -> int | None:
-    """An flock on the journal ``path``; None if it is gone (finished meanwhile); raises BlockingIOError."""
+def _journal_of(run: str, directory: str) -> str:
+    return os.path.join(directory, f"{JOURNAL_TAG}{run}.json")
+
+
+def _read_json(fd: int, size: int):
+    """The JSON document in the open regular file ``fd`` (None when it is not one)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
+        return json.loads(os.pread(fd, min(size, _MOST) + 1, 0))
+    except (OSError, ValueError):
         return None
+
+
+def _open_regular(path: str) -> tuple[int, os.stat_result]:
+    """``path`` opened for reading without following a link or waiting on a FIFO; _NotOurs if it is
+    not a regular file, FileNotFoundError if it is gone."""
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
-        if os.path.exists(path) and os.stat(path).st_ino == os.fstat(fd).st_ino:
-            return fd
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise
+    except OSError as e:
+        raise _NotOurs("it is a symbolic link" if e.errno == errno.ELOOP else f"it cannot be opened ({e.strerror})"
+                       ) from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_size > _MOST:
+        os.close(fd)
+        raise _NotOurs("it is not a regular file" if not stat.S_ISREG(info.st_mode) else
+                       "it is larger than any journal flowgpu writes")
+    return fd, info
+
+
+def _outputs_of(data, run: str) -> list[Output]:
+    """The outputs a journal's content names; _NotOurs unless it is a journal of ``run`` as flowgpu writes them."""
+    if not isinstance(data, dict) or data.get("writer") != "flowgpu" or data.get("run") != run:
+        raise _NotOurs("its content is not a flowgpu journal of the run its name gives")
+    outputs = []
+    for o in data.get("outputs") or ():
+        path, id, ino = (o.get("path"), o.get("id"), o.get("stage_ino")) if isinstance(o, dict) else (None, None, None)
+        if not (isinstance(path, str) and "\0" not in path and os.path.isabs(path) and os.path.normpath(path) == path
+                and os.path.basename(path) not in ("", ".", "..") and isinstance(id, str) and _ID.match(id)
+                and isinstance(ino, int)):
+            raise _NotOurs("it names an output or a staging dir that flowgpu would not have written")
+        outputs.append(Output(path, stage_dir(path, id), id, stage_ino=ino))
+    if not outputs:
+        raise _NotOurs("it names no output")
+    return outputs
+
+
+def _open_journal(path: str) -> tuple[int, list[Output], str]:
+    """Open the journal ``path`` and check that flowgpu wrote it, there: ``(fd, its outputs, its run)``.
+
+    FileNotFoundError when it is gone; :class:`_NotOurs` saying why flowgpu cannot tell it wrote
+    it (``named``: the outputs its content names, as far as it can be read).
+    """
+    m = _JOURNAL.match(os.path.basename(path))
+    if m is None:
+        raise _NotOurs("its name is not one flowgpu gives journals")
+    fd, info = _open_regular(path)
+    try:
+        data = _read_json(fd, info.st_size)
+        try:
+            if info.st_uid != os.geteuid():
+                raise _NotOurs(f"it belongs to another user (uid {info.st_uid})")
+            if info.st_nlink != 1:
+                raise _NotOurs(f"it has {info.st_nlink} names (hard links)")
+            outputs = _outputs_of(data, m["run"])
+            if data.get("ino") != info.st_ino:
+                raise _NotOurs("it is not the file flowgpu wrote (its content records another inode: a copy, "
+                               "or a file written by hand)")
+            here = os.path.realpath(os.path.dirname(os.path.abspath(path)))
+            if here not in {os.path.realpath(os.path.dirname(o.path)) for o in outputs}:
+                raise _NotOurs("none of the outputs it names is in its folder")
+        except _NotOurs as e:
+            named = data.get("outputs") if isinstance(data, dict) else None
+            e.named = {o.get("path") for o in named if isinstance(o, dict) and isinstance(o.get("path"), str)
+                       } if isinstance(named, list) else set()
+            raise
+        return fd, outputs, m["run"]
     except BaseException:
         os.close(fd)
         raise
-    os.close(fd)
-    return None
+
+
+def _stage_is_there(o: Output) -> bool:
+    """Whether ``o``'s staging dir is there; _NotOurs when a path of its name is not the dir flowgpu made."""
+    try:
+        info = os.lstat(o.stage)
+    except FileNotFoundError:
+        return False
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_ino != o.stage_ino:
+        raise _NotOurs(f"{o.stage} is not the staging dir flowgpu made for {o.path} (it was replaced since)")
+    return True
+
+
+def _decided(flag: str) -> bool:
+    try:
+        info = os.lstat(flag)
+    except FileNotFoundError:
+        return False
+    if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
+        raise _NotOurs(f"its decision {flag} is not a file flowgpu made")
+    return True
+
+
+def _refusal(path: str, why: str) -> Refused:
+    return Refused(f"left alone {path}: {why}; flowgpu follows a journal only when it can tell that it wrote it, "
+                   "there, and made all it names, so it touched nothing it names. Check the outputs it names, then "
+                   "remove it")
 
 
 def recover_journal(path: str, blocking: bool = True, only: str | None = None) -> list[str] | None:
     """Finish the commit of a run that died: forward if it had decided, else back.
 
     Returns notes on what was done ([] when there was nothing left to do, or the journal does not
-    name ``only``), or None when the run is alive (``blocking=False``; else this waits for it).
+    name ``only``), or None when the run is alive (``blocking=False``; else this waits for it). A
+    journal flowgpu cannot tell it wrote there is not followed: the note is a :class:`Refused`.
     """
+    fds: list[int] = []
     try:
-        with open(path) as f:
-            data = json.load(f)
-        journals = sorted(data["journals"])
-        outputs = [Output(o["path"], o["stage"], o["id"]) for o in data["outputs"]]
+        try:
+            fd, outputs, run = _open_journal(path)
+        except _NotOurs as e:
+            if only is not None and only not in getattr(e, "named", set()):
+                return []
+            return [_refusal(path, str(e))]
+        fds.append(fd)
         if only is not None and only not in {o.path for o in outputs}:
             return []
-    except FileNotFoundError:
-        return []
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise OutputError(f"journal {path!r} cannot be read ({e}); remove it after checking the outputs "
-                          "it names") from None
-    fds = []
-    try:
-        for j in journals:
+        journals = sorted({_journal_of(run, os.path.dirname(o.path)) for o in outputs})
+        present = []
+        for j in journals:  # every journal of the run, each checked as this one was, then locked
             try:
-                fd = _lock_existing(j, blocking)
+                jfd, theirs, _ = _open_journal(j)
+            except FileNotFoundError:
+                continue
+            fds.append(jfd)
+            if theirs != outputs:
+                raise _NotOurs(f"the journal {j} of the same run names other outputs")
+            try:
+                fcntl.flock(jfd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
             except BlockingIOError:
                 return None
-            if fd is not None:
-                fds.append(fd)
-        if not os.path.exists(path):
-            return []
-        forward = os.path.exists(_flag(journals))
+            if _same(j, jfd):
+                present.append(j)
+        if not present or not os.path.exists(path):
+            return []  # finished meanwhile
+        forward = _decided(_flag(journals))
+        touched = [o for o in outputs if _stage_is_there(o)]  # all checked before anything moves
         notes: list[str] = []
-        for o in outputs:
+        for o in touched:
             (_roll_forward if forward else _roll_back)(o, notes)
-        _finish(outputs, journals)
+        _finish(touched, journals, present)
         done = "completed (all new)" if forward else "undone (all old)"
         return [f"an interrupted commit of {', '.join(o.path for o in outputs)} was {done}", *notes]
+    except FileNotFoundError:
+        return []
+    except _NotOurs as e:
+        return [_refusal(path, str(e))]
     finally:
         for fd in fds:
             os.close(fd)
+
+
+def _same(path: str, fd: int) -> bool:
+    """Whether ``path`` still names the open file ``fd`` (a journal removed meanwhile does not)."""
+    try:
+        return os.lstat(path).st_ino == os.fstat(fd).st_ino
+    except FileNotFoundError:
+        return False
 
 
 def journals_in(directory: str) -> list[str]:
@@ -360,7 +498,7 @@ def journals_in(directory: str) -> list[str]:
 
 
 def stages_in(directory: str) -> list[tuple[str, str]]:
-    """``(staging dir, output path)`` of every flowgpu staging dir in ``directory``."""
+    """``(staging dir, output path)`` of every path in ``directory`` named like a staging dir."""
     try:
         names = os.listdir(directory)
     except OSError:
@@ -374,8 +512,15 @@ def referenced_stages(directory: str) -> set[str]:
     out = set()
     for j in journals_in(directory):
         try:
-            with open(j) as f:
-                out.update(o["stage"] for o in json.load(f)["outputs"])
-        except (OSError, ValueError, KeyError, TypeError):
+            fd, info = _open_regular(j)
+        except (OSError, _NotOurs):
             continue
+        try:
+            data = _read_json(fd, info.st_size)
+        finally:
+            os.close(fd)
+        named = data.get("outputs") if isinstance(data, dict) else None
+        for o in named if isinstance(named, list) else ():
+            if isinstance(o, dict) and isinstance(o.get("path"), str) and isinstance(o.get("id"), str):
+                out.add(stage_dir(o["path"], o["id"]))
     return out

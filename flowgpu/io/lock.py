@@ -3,23 +3,27 @@
 The lock is ``flock`` on ``.NAME.flowgpu-lock`` beside the output: the OS releases it when its
 process dies, however it dies. Its holder writes its pid, host and start time into it, so a run
 that waits (or fails with ``--no-wait``) can name the other. The holder removes the file while it
-still holds the lock; a waiter that then gets the lock on the removed file opens it again.
+still holds the lock; a waiter that then gets the lock on the removed file opens it again. A file
+of that name that is not flowgpu's (a link, other data) is never written to nor removed.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
 import socket
+import stat
 import threading
 from collections.abc import Callable
 
 import psutil
 
-from flowgpu.errors import OutputLockedError
+from flowgpu.errors import OutputError, OutputLockedError
 
-__all__ = ["OutputLock", "owner", "alive", "lock_path", "held", "describe", "locked_targets"]
+__all__ = ["OutputLock", "owner", "alive", "lock_path", "held", "describe", "locked_targets", "is_record",
+           "remove_stale"]
 
 LOCK_TAG = ".flowgpu-lock"
 _held = threading.local()  # target path -> OutputLock held by this thread
@@ -35,6 +39,59 @@ def _start_time(pid: int) -> float | None:
 def owner() -> dict:
     """This process: pid, host and start time (a reused pid has another start time)."""
     return {"pid": os.getpid(), "host": socket.gethostname(), "start": _start_time(os.getpid())}
+
+
+def is_record(record: object) -> bool:
+    """Whether ``record`` is an owner record as :func:`owner` makes them."""
+    return isinstance(record, dict) and {"pid", "host", "start"} <= record.keys()
+
+
+def _read_record(fd: int) -> object:
+    try:
+        return json.loads(os.pread(fd, 4096, 0) or b"null")
+    except (OSError, ValueError):
+        return None
+
+
+def _open(path: str, flags: int) -> int:
+    """``path`` opened without following a link; OutputError when it is not a regular file."""
+    try:
+        fd = os.open(path, flags | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+    except OSError as e:
+        if e.errno != errno.ELOOP:
+            raise
+        raise OutputError(f"{path} is a symbolic link, not flowgpu's lock file; flowgpu leaves it as it is: "
+                          "remove it, or write the output elsewhere") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OutputError(f"{path} is not a regular file, so not flowgpu's lock file; flowgpu leaves it as it is: "
+                          "remove it, or write the output elsewhere")
+    return fd
+
+
+def remove_stale(target: str) -> str | None:
+    """Remove ``target``'s lock file when no process holds it and it carries flowgpu's owner record
+    (a run that died left it). Returns why a file of that name was left alone, else None."""
+    path = lock_path(target)
+    try:
+        fd = _open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        return str(e)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return None  # a run holds it
+        if not os.path.exists(path) or os.stat(path).st_ino != os.fstat(fd).st_ino:
+            return None  # removed meanwhile by its holder
+        if not is_record(_read_record(fd)):
+            return "it is named like flowgpu's lock file but does not hold the owner record flowgpu writes there"
+        os.unlink(path)
+        return None
+    finally:
+        os.close(fd)
 
 
 def alive(record: dict | None) -> bool:
@@ -83,15 +140,13 @@ class OutputLock:
         self.fd: int | None = None
 
     def _holder(self, fd: int) -> dict | None:
-        try:
-            return json.loads(os.pread(fd, 4096, 0) or b"null")
-        except (OSError, ValueError):
-            return None
+        record = _read_record(fd)
+        return record if isinstance(record, dict) else None
 
     def acquire(self, wait: bool = True, notify: Callable[[str], None] | None = None) -> OutputLock:
         told = False
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            fd = _open(self.path, os.O_RDWR | os.O_CREAT)
             try:
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -106,6 +161,10 @@ class OutputLock:
                         told = True
                     fcntl.flock(fd, fcntl.LOCK_EX)
                 if os.path.exists(self.path) and os.stat(self.path).st_ino == os.fstat(fd).st_ino:
+                    if os.fstat(fd).st_size and not is_record(_read_record(fd)):
+                        raise OutputError(f"{self.path} holds data that is not flowgpu's owner record, so it is not "
+                                          "flowgpu's lock file; flowgpu leaves it as it is: move it away, or write "
+                                          f"{self.target} elsewhere")
                     os.ftruncate(fd, 0)
                     os.pwrite(fd, json.dumps(owner()).encode(), 0)
                     self.fd, fd = fd, None

@@ -106,7 +106,7 @@ def _stage(tmp_path, name, who):
     stage = tmp_path / f".{name}.flowgpu-tmp-r{os.urandom(8).hex()}"
     stage.mkdir()
     (stage / "data").write_bytes(b"half")
-    (stage / "owner.json").write_text(json.dumps(who))
+    (stage / "owner.json").write_text(json.dumps({**who, "ino": stage.stat().st_ino}))  # as flowgpu makes them
     return stage
 
 
