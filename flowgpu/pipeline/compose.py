@@ -25,6 +25,7 @@ from flowgpu.pipeline.spec import Spec
 
 __all__ = ["resolve_uses", "compile_uses", "counting_includes"]
 
+_KERNEL_FILES = ("/proc/", "/sys/")  # what they hold is the system's (an environment, its state), never a spec
 _included: ContextVar[list[int] | None] = ContextVar("flowgpu_included", default=None)
 
 
@@ -51,6 +52,10 @@ def resolve_uses(spec: Spec, name: str, smap: SourceMap, stack: tuple[str, ...])
         near = difflib.get_close_matches(os.path.basename(path), os.listdir(here), n=1) if os.path.isdir(here) else []
         hint = f"did you mean {near[0]!r}?" if near else "paths are relative to the spec file that uses them"
         raise smap.error(f"included spec {spec.steps[name].uses!r} does not exist ({path})", where, hint=hint)
+    kernel = next((k for k in _KERNEL_FILES if os.path.realpath(path).startswith(k)), None)
+    if kernel is not None:
+        raise smap.error(f"included spec {spec.steps[name].uses!r} is a file the kernel makes up ({kernel}...), "
+                         "not a spec", where, hint="give the path of a YAML spec file")
     me = os.path.abspath(origin.file) if origin is not None and origin.file else None
     if path == me:
         raise smap.error(f"step {name!r} includes the spec it is in", where,

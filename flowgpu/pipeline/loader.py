@@ -167,6 +167,9 @@ def _build(node: yaml.Node, loader: _Loader, smap: SourceMap, path: Path, depth:
     value = loader.construct_object(node, deep=True)
     if node.tag.endswith(("timestamp", "binary")):
         return node.value  # keep dates and base64 text as the strings the user wrote
+    if isinstance(value, str) and "\0" in value:
+        raise smap.error(f"the value {value[:80]!r} holds a NUL character (\\0), which no name, path or text may hold",
+                         path, hint="remove the \\0 escape from the value")
     return value
 
 
@@ -179,13 +182,29 @@ def _syntax_hint(text: str, mark: Any) -> str:
     return "check the indentation, brackets and quoting around this place"
 
 
+def _unprintable(e: yaml.reader.ReaderError, text: str, file: str | None) -> SpecError:
+    """A character YAML text may not hold (a NUL byte, a control character): where it is, as a SpecError."""
+    at = min(max(int(e.position), 0), len(text))
+    line, col = text.count("\n", 0, at) + 1, at - (text.rfind("\n", 0, at) + 1) + 1
+    code = e.character if isinstance(e.character, int) else -1
+    what = "a NUL byte" if code == 0 else f"the control character #x{code:04x}" if code >= 0 else "a character"
+    return SpecError(f"the file holds {what}, which YAML text may not hold", file=file, line=line, col=col,
+                     path="<document>", hint="specs are plain UTF-8 text: remove the character (is this a binary "
+                                             "file, or not a spec?)")
+
+
 def parse_yaml(text: str, file: str | None = None) -> tuple[Any, SourceMap]:
     """Parse YAML text into plain data and its :class:`SourceMap`; errors are :class:`SpecError`."""
     smap = SourceMap(file)
-    loader = _Loader(text, file)
+    try:
+        loader = _Loader(text, file)  # its reader refuses unprintable characters at once
+    except yaml.reader.ReaderError as e:
+        raise _unprintable(e, text, file) from None
     try:
         try:
             node = loader.get_single_node()
+        except yaml.reader.ReaderError as e:
+            raise _unprintable(e, text, file) from None
         except yaml.MarkedYAMLError as e:
             mark = e.problem_mark or e.context_mark
             line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
