@@ -17,8 +17,11 @@ from typing import Any
 from flowgpu.diagnostics import stepgraph
 from flowgpu.diagnostics.livestate import TIERS
 from flowgpu.diagnostics.report import format_bytes
+from flowgpu.errors import OutputExistsError
+from flowgpu.io.atomic import starts_with
 
-__all__ = ["render", "write"]
+__all__ = ["is_report", "render", "write"]
+_HEAD = b"<!DOCTYPE html><html><head><meta charset='utf-8'><title>flowgpu run report: "  # how render() begins
 
 _STYLE = """
 body{font-family:Helvetica,Arial,sans-serif;margin:24px;color:#263238}
@@ -164,9 +167,19 @@ def render(summary: dict[str, Any], runs: list[tuple[str, dict[str, Any]]]) -> s
     return "\n".join(out)
 
 
-def write(path: str | os.PathLike, text: str) -> None:
-    """Write ``text`` at ``path`` atomically (a file beside it, renamed over it when complete)."""
+def is_report(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a run report that flowgpu wrote (a file that begins as :func:`render` begins one)."""
+    return starts_with(os.fspath(path), _HEAD)
+
+
+def write(path: str | os.PathLike, text: str, overwrite: bool = True) -> None:
+    """Write ``text`` at ``path`` atomically (a file beside it, renamed over it when complete).
+    ``overwrite=False`` (a run's ``--report``): refuse to replace a file that is not a run report."""
     path = os.fspath(path)
+    if not overwrite and os.path.lexists(path) and not is_report(path):
+        raise OutputExistsError(f"{path!r} already exists and is not a run report flowgpu wrote; choose another "
+                                "path, or pass --overwrite (overwrite=True) to replace it")
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)  # as an output's folder is made
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".part",
                                dir=os.path.dirname(os.path.abspath(path)))
     ok = False

@@ -17,7 +17,7 @@ import numpy as np
 
 from flowgpu.arrays.chunks import target_chunk_bytes
 from flowgpu.errors import ConfigError, FlowgpuError
-from flowgpu.io.atomic import atomic_output, check_writable, output_error
+from flowgpu.io.atomic import atomic_output, check_writable, output_error, protected_paths, replaces_protected
 from flowgpu.io.devcodec import MAX_CHUNK_BYTES
 from flowgpu.io.npy import from_npy
 from flowgpu.io.zarr import from_zarr, store_zarr
@@ -81,8 +81,13 @@ def check(src: str, dst: str, *, codec: str = "zstd", chunk_bytes: int | None = 
         raise ConfigError(f"codec {codec!r}: choose one of {', '.join(CODECS)}")
     if not os.path.exists(src):
         raise ConfigError(f"{src!r} does not exist; give a .npy file or a Zarr store")
-    if os.path.abspath(src) == os.path.abspath(dst):
+    if os.path.realpath(src) == os.path.realpath(dst):
         raise ConfigError(f"{dst!r} is the source itself; write the converted store to another path")
+    hit = replaces_protected(dst, protected_paths({src: f"its source {src!r}"}))  # what run never replaces either
+    if hit is not None:
+        raise ConfigError(f"DST {dst!r} {hit}, which convert must not replace; write the converted store to a path "
+                          "of its own, e.g. a new name such as 'out.zarr' (--overwrite never replaces the source, "
+                          "the working directory or a folder that holds them)")
     if chunk_bytes is not None and chunk_bytes > MAX_CHUNK_BYTES:
         raise ConfigError(f"chunk size {chunk_bytes} bytes is more than nvCOMP decodes in one chunk "
                           f"({MAX_CHUNK_BYTES >> 20} MiB); give --chunk-bytes 16MiB or less")

@@ -1,6 +1,9 @@
 """What :func:`~flowgpu.pipeline.run` refuses before it computes anything (``validate`` makes the
-same checks): outputs that are taken, given twice, or that are or contain what the run needs, and
-a spec's ``cluster:`` block sending the run or its dashboard off this machine without a word.
+same checks): outputs that are taken, given twice (also through a linked folder), or that are or
+contain what the run needs; a ``--summary`` or ``--report`` path that would replace any of these or
+a file flowgpu did not write; and a spec's ``cluster:`` block sending the run or its dashboard off
+this machine without a word. What no command replaces is :func:`flowgpu.io.atomic.protected_paths`,
+the same for ``flowgpu convert``.
 """
 
 from __future__ import annotations
@@ -9,14 +12,15 @@ import ipaddress
 import os
 from typing import Any
 
-from flowgpu.errors import OutputExistsError
-from flowgpu.io import sinks
+from flowgpu.diagnostics import runreport
+from flowgpu.errors import ConfigError, OutputExistsError
+from flowgpu.io import atomic, sinks
 from flowgpu.io.paths import shown
-from flowgpu.pipeline import compose
+from flowgpu.pipeline import compose, outcome
 from flowgpu.pipeline.build import load
 from flowgpu.pipeline.spec import Spec
 
-__all__ = ["check_outputs", "protected_paths", "session_options"]
+__all__ = ["check_outputs", "check_side_files", "protected_paths", "session_options"]
 
 
 def _spec_paths(spec: Spec, found: dict[str, str], stack: tuple[str, ...] = ()) -> None:
@@ -38,11 +42,10 @@ def _spec_paths(spec: Spec, found: dict[str, str], stack: tuple[str, ...] = ()) 
 
 
 def protected_paths(spec: Spec, extra: dict[str, str] | None = None) -> dict[str, str]:
-    """What no output may be or contain (``realpath -> what it is``): the working directory, the spec,
+    """What no output may be or contain (``realpath -> what it is``): what no command replaces
+    (:func:`flowgpu.io.atomic.protected_paths`: the working directory, the home folder), the spec,
     its includes, every input path of the run, and ``extra`` (e.g. the params file)."""
-    found = {os.path.realpath(os.getcwd()): "the working directory"}
-    for path, what in (extra or {}).items():
-        found.setdefault(os.path.realpath(path), what)
+    found = atomic.protected_paths(extra)
     _spec_paths(spec, found)
     return found
 
@@ -56,23 +59,65 @@ def check_outputs(spec: Spec, overwrite: bool = False, protect: dict[str, str] |
     for name, out in spec.outputs.items():
         if out.path is None:
             continue
-        path = os.path.abspath(out.path)
-        if path in seen:
-            raise smap.error(f"outputs {seen[path]!r} and {name!r} both write {shown(out.path)!r}", ("outputs", name, "path"),
-                             hint="give each output its own path")
-        seen[path] = name
-        real = os.path.realpath(path)
-        for kept, what in protected.items():
-            if kept == real or kept.startswith(real.rstrip(os.sep) + os.sep):
-                raise smap.error(f"output {name!r} would replace {shown(out.path)!r}, which {'is' if kept == real else 'contains'} "
-                                 f"{what}", ("outputs", name, "path"),
-                                 hint="write the output to a path of its own (a new name such as 'result.zarr'); "
-                                      "--overwrite never replaces these")
+        path, same = os.path.abspath(out.path), atomic.canonical(out.path)
+        if same in seen:
+            first = os.path.abspath(spec.outputs[seen[same]].path)
+            through = "" if first == path else f" (through a linked folder: both are {same})"
+            raise smap.error(f"outputs {seen[same]!r} and {name!r} both write {shown(out.path)!r}{through}",
+                             ("outputs", name, "path"), hint="give each output its own path")
+        seen[same] = name
+        hit = atomic.replaces_protected(path, protected)
+        if hit is not None:
+            raise smap.error(f"output {name!r} would replace {shown(out.path)!r}, which {hit}",
+                             ("outputs", name, "path"),
+                             hint="write the output to a path of its own (a new name such as 'result.zarr'); "
+                                  "--overwrite never replaces these")
         try:
             sinks.check_destination(path, overwrite)
         except OutputExistsError as e:
             raise smap.error(str(e).split(";")[0], ("outputs", name, "path"),
                              hint="choose another path, or pass --overwrite (overwrite=True) to replace it") from None
+
+
+_SIDE_FILES = (("--summary", "run summary", outcome.is_summary), ("--report", "run report", runreport.is_report))
+
+
+def check_side_files(spec: Spec | str | os.PathLike | dict | None, summary: str | os.PathLike | None,
+                     report: str | os.PathLike | None, overwrite: bool = False, params_file: str | None = None) -> None:
+    """Refuse, before anything runs, a ``--summary`` or ``--report`` path that is or holds what the run
+    reads or the working directory (:func:`protected_paths`; never, ``overwrite`` or not), an output's
+    path, the other one's, a folder, or a file that is not a summary (report) flowgpu wrote (unless
+    ``overwrite``): the rules of outputs. ``spec``: the loaded spec, or the path of one that did not load."""
+    extra = {params_file: f"the params file {params_file!r}"} if params_file else {}
+    outputs: dict[str, str] = {}
+    if isinstance(spec, Spec):
+        protected = protected_paths(spec, extra)
+        outputs = {atomic.canonical(o.path): n for n, o in spec.outputs.items() if o.path is not None}
+    else:
+        if isinstance(spec, (str, os.PathLike)):
+            extra[os.fspath(spec)] = f"the spec {os.fspath(spec)!r}"
+        protected = atomic.protected_paths(extra)
+    seen: dict[str, str] = {}
+    for (flag, what, ours), given in zip(_SIDE_FILES, (summary, report)):
+        if given is None:
+            continue
+        path = os.fspath(given)
+        hit = atomic.replaces_protected(path, protected)
+        same = atomic.canonical(path)
+        fix = f"write the {what} to a path of its own, e.g. {flag} run.{'json' if flag == '--summary' else 'html'}"
+        if hit is not None:
+            raise ConfigError(f"{flag} {path!r} {hit}, which the run must not replace; {fix} (--overwrite never "
+                              "replaces the spec, its inputs or the working directory)")
+        if same in outputs:
+            raise ConfigError(f"{flag} {path!r} is the path of output {outputs[same]!r}; {fix}")
+        if same in seen:
+            raise ConfigError(f"{seen[same]} and {flag} are both {path!r}; {fix}")
+        seen[same] = flag
+        if os.path.isdir(path):
+            raise ConfigError(f"{flag} {path!r} is a folder; {fix}")
+        if os.path.lexists(path) and not overwrite and not ours(path):
+            raise OutputExistsError(f"{flag} {path!r} already exists and is not a {what} flowgpu wrote; choose "
+                                    "another path, or pass --overwrite (overwrite=True) to replace it")
 
 
 def _loopback(address: str) -> bool:

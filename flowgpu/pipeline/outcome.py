@@ -9,18 +9,30 @@ from typing import Any
 
 from flowgpu import __version__
 from flowgpu.diagnostics import jsontext
-from flowgpu.errors import SpecError
-from flowgpu.io import sinks
+from flowgpu.errors import OutputExistsError, SpecError
+from flowgpu.io import atomic, sinks
 from flowgpu.pipeline.compiler import Plan
 from flowgpu.pipeline.planning import graph_size
 from flowgpu.pipeline.spec import Spec
 
-__all__ = ["batch_summary", "failure_summary", "moves_delta", "run_summary", "write_json"]
+__all__ = ["batch_summary", "failure_summary", "is_summary", "moves_delta", "run_summary", "write_json"]
+
+_HEAD = b'{\n  "flowgpu": '  # how every summary written here begins (its first key is the version)
 
 
-def write_json(path: str, data: dict) -> None:
-    """Write ``data`` to ``path`` as JSON atomically: a temporary file beside it, then a rename."""
+def is_summary(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a run summary that :func:`write_json` wrote (a file that begins as one)."""
+    return atomic.starts_with(os.fspath(path), _HEAD)
+
+
+def write_json(path: str, data: dict, overwrite: bool = True) -> None:
+    """Write ``data`` to ``path`` as JSON atomically: a temporary file beside it, then a rename.
+    ``overwrite=False`` (a run's ``--summary``): refuse to replace a file that is not a summary."""
+    if not overwrite and os.path.lexists(path) and not is_summary(path):
+        raise OutputExistsError(f"{path!r} already exists and is not a run summary flowgpu wrote; choose another "
+                                "path, or pass --overwrite (overwrite=True) to replace it")
     folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)  # as an output's folder is made
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
     try:
         with os.fdopen(fd, "w") as f:

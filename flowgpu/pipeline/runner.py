@@ -138,6 +138,7 @@ def run(spec: Spec | str | os.PathLike | dict, *, overrides: dict[str, Any] | No
     given = spec
     try:
         spec = load_spec(spec, overrides, params_file)
+        state["side_files_ok"] = False
         check_side_files(spec, summary_path, report, overwrite, params_file)  # as outputs: before anything runs
         state["side_files_ok"] = True
         items = expand(spec, foreach)
@@ -160,8 +161,8 @@ def run(spec: Spec | str | os.PathLike | dict, *, overrides: dict[str, Any] | No
 def _may_write(state: dict[str, Any], spec: Any, summary_path: str, overwrite: bool, params_file: str | None) -> bool:
     """Whether a failed run may write its summary: its path passed the checks, or (the spec did not
     load) passes those that need no spec."""
-    if state.get("side_files_ok"):
-        return True
+    if "side_files_ok" in state:
+        return state["side_files_ok"]
     try:
         check_side_files(spec if isinstance(spec, (str, os.PathLike)) else None, summary_path, None, overwrite,
                          params_file)

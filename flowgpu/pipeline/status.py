@@ -16,6 +16,7 @@ import dask
 
 from flowgpu.errors import SpecError
 from flowgpu.io import sources
+from flowgpu.io.atomic import canonical
 from flowgpu.io.paths import shown
 from flowgpu.ops import registry
 from flowgpu.pipeline import cache as outputs_cache
@@ -82,14 +83,15 @@ def plan_items(items: list[Item], overwrite: bool, params_file: str | None, draf
         for name, out in item.spec.outputs.items():
             if out.path is None:
                 continue
-            path = os.path.abspath(out.path)
+            path = canonical(out.path)  # one file, also when a linked folder gives it two names
             if path in seen:
-                other = seen[path]
+                other, first = seen[path]
+                through = "" if first == os.path.abspath(out.path) else f" (through a linked folder: both are {path})"
                 raise item.spec._origin.smap.error(
                     f"batch items {other.index + 1} ({other.label}) and {item.index + 1} ({item.label}) both write "
-                    f"output {name!r} to {shown(out.path)!r}", ("outputs", name, "path"),
+                    f"output {name!r} to {shown(out.path)!r}{through}", ("outputs", name, "path"),
                     hint="put a foreach param in the path, e.g. path: out/${params.%s}.zarr" % next(iter(item.values)))
-            seen[path] = item
+            seen[path] = item, os.path.abspath(out.path)
     return plans
 
 
