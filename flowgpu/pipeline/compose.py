@@ -33,8 +33,9 @@ _included: ContextVar[list[int] | None] = ContextVar("flowgpu_included", default
 def counting_includes() -> Iterator[None]:
     """Count the included specs one compile builds: includes of includes multiply (two steps using a
     file that has two steps using the next ... is 2**depth compiles), so past ``flowgpu.spec.max-includes``
-    the compile stops instead of running for hours."""
-    token = _included.set([0])
+    the compile stops instead of running for hours; so does one whose included specs' steps, each time
+    included, make more than ``flowgpu.spec.max-steps`` in all (counted before each is built)."""
+    token = _included.set([0, 0])
     try:
         yield
     finally:
@@ -83,6 +84,20 @@ def _check_binding(child: Spec, inner: str, x: Any, where: tuple, smap: SourceMa
                                                                  "a param of the included spec")
 
 
+def _count_steps(count: list[int] | None, spec: Spec, data: Any, name: str, smap: SourceMap) -> None:
+    """Add the steps of step ``name``'s included spec (``data``, as read) to this compile's, the top
+    spec's own first (the first include of a compile is always one of its steps)."""
+    if count is None:
+        return
+    steps = data.get("steps") if isinstance(data, dict) else None
+    count[1] = (count[1] or len(spec.steps)) + (len(steps) if isinstance(steps, dict) else 0)
+    most = limit("max-steps")
+    if count[1] > most:
+        raise smap.error(f"the included specs would make {count[1]:,} steps to compile, more than {most:,}",
+                         ("steps", name, "uses"), kind=SpecLimitError,
+                         hint="include large specs from fewer steps, or raise flowgpu.spec.max-steps")
+
+
 def compile_uses(spec: Spec, name: str, smap: SourceMap, values: dict[str, Any], stack: tuple[str, ...],
                  compile_spec: Callable[..., Any]):
     """Compile step ``name``'s included spec with its inputs bound; returns its Plan."""
@@ -96,6 +111,7 @@ def compile_uses(spec: Spec, name: str, smap: SourceMap, values: dict[str, Any],
                              ("steps", name, "uses"), kind=SpecLimitError,
                              hint="include each spec from fewer steps, or raise flowgpu.spec.max-includes")
     data, child_map = read_yaml(path)
+    _count_steps(count, spec, data, name, smap)
     declared = (data.get("params") or {}) if isinstance(data, dict) else {}
     for key in step.params:
         if key not in declared:

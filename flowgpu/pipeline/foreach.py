@@ -6,18 +6,27 @@ list ``0,1,2``, a glob of paths ``data/*.npy``, a range ``start:stop[:step]``) o
 first name varying slowest. Each combination is an :class:`Item`, a spec of its own built with
 those param values, so every check a single run makes is made for every item, before any runs.
 A param pinned with ``--set params.NAME=...`` is not iterated.
+
+A batch holds at most ``flowgpu.spec.max-items`` items, counted before any is built (a range is
+never listed to count it, a glob stops one past the limit). A glob's ``**`` enters each real folder
+once, so a link to a folder above it ends instead of looping, and a file reached by two names
+(through a linked folder, or a hard link) is one item, under the name that goes through no link.
 """
 
 from __future__ import annotations
 
 import glob
 import itertools
+import math
+import os
 import re
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from flowgpu.errors import SpecError
+from flowgpu.errors import SpecError, SpecLimitError
 from flowgpu.pipeline.build import build
+from flowgpu.pipeline.loader import limit
 from flowgpu.pipeline.params import parse_value
 from flowgpu.pipeline.spec import ForeachGlob, ForeachRange, Spec
 
@@ -53,15 +62,91 @@ def in_item(error: SpecError, item: Item) -> SpecError:
                      line=error.line, col=error.col, path=error.path, hint=error.hint)
 
 
-def _fail(message: str, where: str, hint: str, spec: Spec | None = None, path: tuple = ()) -> SpecError:
+def _fail(message: str, where: str, hint: str, spec: Spec | None = None, path: tuple = (),
+          kind: type[SpecError] = SpecError) -> SpecError:
     if spec is not None and spec._origin is not None and path:
-        return spec._origin.smap.error(message, path, hint=hint)
-    return SpecError(message, path=where, hint=hint)
+        return spec._origin.smap.error(message, path, hint=hint, kind=kind)
+    return kind(message, path=where, hint=hint)
 
 
-def values_of(name: str, given: Any, *, spec: Spec | None = None, where: str | None = None) -> list[Any]:
+def _file_key(path: str) -> Any:
+    """Which file ``path`` names: its device and inode (the path itself when it names nothing)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return path
+    return st.st_dev, st.st_ino
+
+
+def _folders_once(top: str) -> Iterator[str]:
+    """``top`` and every folder under it that ``**`` matches (not hidden ones), each real folder once.
+    The tree is walked without entering linked folders first; a linked folder is walked afterwards,
+    and only where it leads to folders not seen yet: a link to a folder above it ends at once."""
+    seen: set[Any] = set()
+    pending = [top]
+    while pending:
+        linked = []
+        for root in pending:
+            for here, dirs, _ in os.walk(root):  # lists linked folders, never enters them
+                key = _file_key(here)
+                if key in seen:
+                    dirs[:] = []
+                    continue
+                seen.add(key)
+                yield here
+                dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+                linked += [os.path.join(here, d) for d in dirs if os.path.islink(os.path.join(here, d))]
+        pending = linked
+
+
+def _matches(pattern: str) -> Iterator[str]:
+    """The paths ``pattern`` matches, as ``glob`` matches them (``**``: any folders, none included),
+    with ``**`` walked by :func:`_folders_once`."""
+    parts = pattern.split(os.sep)
+    if "**" not in parts:
+        yield from glob.iglob(pattern)
+        return
+    at = parts.index("**")
+    head, tail = os.sep.join(parts[:at]), os.sep.join(parts[at + 1:])
+    bases = [b for b in glob.iglob(head) if os.path.isdir(b)] if glob.has_magic(head) else [head]
+    for base in bases:
+        for folder in _folders_once(base or os.curdir):
+            if not base:  # a pattern relative to the working directory gives relative paths
+                folder = "" if folder == os.curdir else folder.removeprefix(os.curdir + os.sep)
+            inside = os.path.join(glob.escape(folder), tail or "*") if folder else (tail or "*")
+            if not tail and folder:
+                yield folder
+            yield from _matches(inside)
+
+
+def _glob(pattern: str, most: int) -> list[str]:
+    """The files ``pattern`` matches, sorted, each real file once; stops once more than ``most`` are found."""
+    found: dict[Any, str] = {}
+    for path in _matches(pattern):
+        key = _file_key(path)
+        kept = found.get(key)
+        if kept is None or _through_links(kept) > _through_links(path) or (
+                _through_links(kept) == _through_links(path) and (len(path), path) < (len(kept), kept)):
+            found[key] = path
+        if len(found) > most:
+            break
+    return sorted(found.values())
+
+
+def _through_links(path: str) -> bool:
+    absolute = os.path.abspath(path)
+    return os.path.realpath(absolute) != absolute
+
+
+def _too_many(what: str, where: str, spec: Spec | None, path: tuple) -> SpecError:
+    return _fail(f"{what}, more than the {limit('max-items'):,} items a batch may have", where,
+                 "split it into smaller batches, or raise flowgpu.spec.max-items", spec, path, SpecLimitError)
+
+
+def values_of(name: str, given: Any, *, spec: Spec | None = None, where: str | None = None) -> Sequence[Any]:
     """The values of one foreach param: a list, a glob (``{glob: ...}`` or text with ``*?[``), a
-    range (``{range: "0:8"}`` or text ``start:stop[:step]``), or comma-separated text."""
+    range (``{range: "0:8"}`` or text ``start:stop[:step]``; a ``range``, never listed), or
+    comma-separated text. More than ``flowgpu.spec.max-items`` values are refused (SpecLimitError)."""
     where = where or f"foreach.{name}"
     path = ("foreach", name) if where == f"foreach.{name}" else ()
     if isinstance(given, ForeachGlob):
@@ -70,10 +155,12 @@ def values_of(name: str, given: Any, *, spec: Spec | None = None, where: str | N
         given = {"range": given.range}
     if isinstance(given, dict) and set(given) == {"glob"}:
         pattern = str(given["glob"])
-        found = sorted(glob.glob(pattern, recursive=True))
+        found = _glob(pattern, limit("max-items"))
         if not found:
-            raise _fail(f"{where}: the glob {pattern!r} matches no path", where,
+            raise _fail(f"the glob {pattern!r} matches no path", where,
                         "check the pattern (relative to the working directory)", spec, path)
+        if len(found) > limit("max-items"):
+            raise _too_many(f"the glob {pattern!r} matches more than {limit('max-items'):,} paths", where, spec, path)
         return found
     if isinstance(given, dict) and set(given) == {"range"}:
         text = given["range"]
@@ -81,12 +168,14 @@ def values_of(name: str, given: Any, *, spec: Spec | None = None, where: str | N
         bounds = [int(v) for v in text] if isinstance(text, list) else (
             [int(g) for g in m.groups() if g is not None] if m else None)
         if not bounds or not 2 <= len(bounds) <= 3 or (len(bounds) == 3 and bounds[2] == 0):
-            raise _fail(f"{where}: {text!r} is not a range", where, "write start:stop or start:stop:step, e.g. 0:64:8",
+            raise _fail(f"{text!r} is not a range", where, "write start:stop or start:stop:step, e.g. 0:64:8",
                         spec, path)
-        values = list(range(*bounds))
+        values = range(*bounds)
         if not values:
-            raise _fail(f"{where}: the range {text!r} is empty", where, "stop must be past start, in step's direction",
+            raise _fail(f"the range {text!r} is empty", where, "stop must be past start, in step's direction",
                         spec, path)
+        if len(values) > limit("max-items"):
+            raise _too_many(f"the range {text!r} holds {len(values):,} values", where, spec, path)
         return values
     if isinstance(given, str):
         text = given.strip()
@@ -97,9 +186,11 @@ def values_of(name: str, given: Any, *, spec: Spec | None = None, where: str | N
         given = [parse_value(v.strip()) for v in text.split(",")] if text else []
     if isinstance(given, (list, tuple)):
         if not given:
-            raise _fail(f"{where}: no values", where, "give at least one value", spec, path)
+            raise _fail(f"no values", where, "give at least one value", spec, path)
+        if len(given) > limit("max-items"):
+            raise _too_many(f"it lists {len(given):,} values", where, spec, path)
         return list(given)
-    raise _fail(f"{where}: {given!r} is not a list of values, a glob or a range", where,
+    raise _fail(f"{given!r} is not a list of values, a glob or a range", where,
                 "e.g. [0, 1, 2], {glob: data/*.npy} or {range: 0:8}", spec, path)
 
 
@@ -118,7 +209,7 @@ def _declared(spec: Spec, name: str, where: str) -> None:
         return
     known = ", ".join(spec.params) or "none"
     path = ("foreach", name) if where.startswith("foreach.") else ()
-    raise _fail(f"{where}: {name!r} is not a param of this spec", where,
+    raise _fail(f"{name!r} is not a param of this spec", where,
                 f"its params: {known}; declare it under params: and use it as ${{params.{name}}}", spec, path)
 
 
@@ -137,16 +228,21 @@ def expand(spec: Spec, foreach: dict[str, Any] | None = None) -> list[Item]:
         where = f"--foreach params.{name}"
         _declared(spec, name, where)
         if name in pinned:
-            raise SpecError(f"{where}: params.{name} is also set (--set or --params)", path=where,
+            raise SpecError(f"params.{name} is also set (--set or --params)", path=where,
                             hint="give it one way: a single value, or values to iterate over")
         axes[name] = values_of(name, given, spec=spec, where=where)
     if not axes:
         return [Item(0, {}, spec)]
-    combos = list(itertools.product(*axes.values()))
+    count, most = math.prod(len(v) for v in axes.values()), limit("max-items")
+    if count > most:  # each axis is within the limit: their grid is not
+        grid = " x ".join(f"{len(v):,} {k}" for k, v in axes.items())
+        where, path = ("foreach", ("foreach",)) if spec.foreach else ("--foreach", ())
+        raise _fail(f"the batch would have {count:,} items ({grid}), more than the {most:,} a batch may have", where,
+                    "split it into smaller batches, or raise flowgpu.spec.max-items", spec, path, SpecLimitError)
     items = []
-    for i, combo in enumerate(combos):
+    for i, combo in enumerate(itertools.product(*axes.values())):
         values = dict(zip(axes, combo))
-        item = Item(i, values, spec, len(combos))
+        item = Item(i, values, spec, count)
         try:
             item.spec = build(origin.raw, origin.smap, {**origin.overrides, **{f"params.{k}": v for k, v in values.items()}})
         except SpecError as e:
