@@ -92,7 +92,63 @@ def plan_items(items: list[Item], overwrite: bool, params_file: str | None, draf
                     f"output {name!r} to {shown(out.path)!r}{through}", ("outputs", name, "path"),
                     hint="put a foreach param in the path, e.g. path: out/${params.%s}.zarr" % next(iter(item.values)))
             seen[path] = item, os.path.abspath(out.path)
+    _refuse_reading_another_items_output(items, plans)
     return plans
+
+
+def _reads(plan: Plan) -> list[tuple[str, Spec, str]]:
+    """The files ``plan`` reads: ``(path, the spec whose input names it, that input)``, its included specs' too."""
+    found = []
+    for name, node in plan.nodes.items():
+        path = getattr(plan.spec.inputs[name], "path", None) if node.kind == "input" and node.reads_files else None
+        if isinstance(path, str) and path and "://" not in path:
+            found.append((path, plan.spec, name))
+    for child in plan.children.values():
+        found += _reads(child)
+    return found
+
+
+def _above(path: str) -> list[str]:
+    """``path`` and every folder it is in."""
+    out = [path]
+    while os.path.dirname(out[-1]) != out[-1]:
+        out.append(os.path.dirname(out[-1]))
+    return out
+
+
+def _refuse_reading_another_items_output(items: list[Item], plans: list[Plan]) -> None:
+    """Refuse a batch in which an item reads what another item writes (the path, a file in it, or a
+    folder holding it): the items run at the same time, so what it read would depend on which ran first."""
+    if len(items) < 2:
+        return
+    written: dict[str, tuple[Item, str]] = {}  # an output's real path -> who writes it
+    holding: dict[str, list[tuple[Item, str]]] = {}  # a folder -> two items writing in it, at most
+    for item in items:
+        for name, out in item.spec.outputs.items():
+            if out.path is None or "://" in out.path:
+                continue
+            real = os.path.realpath(os.path.abspath(out.path))
+            written.setdefault(real, (item, name))
+            for folder in _above(real)[1:]:
+                writers = holding.setdefault(folder, [])
+                if len(writers) < 2 and all(w is not item for w, _ in writers):
+                    writers.append((item, name))
+    for item, plan in zip(items, plans):
+        for path, spec, name in _reads(plan):
+            real = os.path.realpath(os.path.abspath(path))
+            found = [written[p] for p in _above(real) if p in written] + holding.get(real, [])
+            other = next(((w, o) for w, o in found if w is not item), None)
+            if other is None:
+                continue
+            writer, output = other
+            message = (f"batch item {item.index + 1} ({item.label}) reads {shown(path)!r} (input {name!r}), which batch "
+                       f"item {writer.index + 1} ({writer.label}) writes (output {output!r}): the items of a batch run "
+                       "at the same time, so what it read would depend on which ran first")
+            hint = ("let no item read what another writes: make that output in a batch of its own first, "
+                    "or give the items' outputs paths none of them reads")
+            if spec._origin is None:
+                raise SpecError(message, path=f"inputs.{name}.path", hint=hint)
+            raise spec._origin.smap.error(message, ("inputs", name, "path"), hint=hint)
 
 
 def judge(jobs: list[Job], store: Any, force: bool, checksum: bool) -> None:

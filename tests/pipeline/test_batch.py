@@ -158,6 +158,46 @@ def test_two_items_writing_one_path_are_refused(tmp_path):
         pipeline.run(spec, session="local", progress=False, foreach={"seed": [1, 2], "n": [16, 32]})
 
 
+def chained_spec() -> dict:
+    """Item p reads src/p.npy and writes d/p.out.npy: item p=x.out reads what item p=x writes when src is d."""
+    return {
+        "name": "chained",
+        "params": {"p": {"type": "str", "default": "x"}, "src": {"type": "str", "default": "d"}},
+        "inputs": {"a": {"source": "npy", "path": "${params.src}/${params.p}.npy", "chunks": [10, -1]}},
+        "steps": {"b": {"op": "multiply", "inputs": ["a"], "args": {"b": 2.0}},
+                  "total": {"op": "sum", "inputs": ["b"]}},
+        "outputs": {"total": {"from": "total"}, "b": {"from": "b", "sink": "npy", "path": "d/${params.p}.out.npy"}},
+    }
+
+
+@pytest.mark.parametrize("src", ["d", "linked"])
+def test_an_item_may_not_read_what_another_item_of_the_batch_writes(tmp_path, rng, monkeypatch, src):
+    """Items run at the same time: item 2 read item 1's output before or after its commit, by chance."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "d").mkdir()
+    os.symlink("d", tmp_path / "linked")  # the same folder by another name
+    x = rng.standard_normal((30, 4))
+    np.save(tmp_path / "d" / "x.npy", x)
+    spec = _write(tmp_path / "chained.yaml", chained_spec())
+    first = pipeline.run(str(spec), session="local", progress=False)  # d/x.out.npy, written by flowgpu
+    np.testing.assert_allclose(first.outputs["total"], 2 * x.sum())
+    written, before = (tmp_path / "d" / "x.out.npy").read_bytes(), sorted(os.listdir(tmp_path / "d"))
+    with pytest.raises(SpecError) as e:
+        pipeline.run(str(spec), session="local", progress=False, foreach={"p": ["x", "x.out"]},
+                     overrides={"params.src": src})
+    message = str(e.value)
+    assert message.startswith(f"{spec}:12:11: inputs.a.path: "), message  # where the path is given
+    assert (f"batch item 2 (p=x.out) reads '{src}/x.out.npy' (input 'a'), which batch item 1 (p=x) writes (output 'b')"
+            in message), message
+    assert sorted(os.listdir(tmp_path / "d")) == before  # nothing ran
+    assert (tmp_path / "d" / "x.out.npy").read_bytes() == written
+    done = _cli("run", "chained.yaml", "--foreach", "params.p=x.out,x", "--set", f"params.src={src}", cwd=tmp_path)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert "batch item 1 (p=x.out) reads" in done.stderr and "which batch item 2 (p=x) writes" in done.stderr
+    ok = pipeline.run(str(spec), session="local", progress=False, foreach={"p": ["x"]}, overrides={"params.src": src})
+    np.testing.assert_allclose(ok.items[0].outputs["total"], 2 * x.sum())  # one item reads no other's output
+
+
 @pytest.mark.parametrize("given, message", [
     ({"nope": [1, 2]}, "'nope' is not a param of this spec"),
     ({"seed": "nothing/*.npy"}, "matches no path"),
