@@ -13,18 +13,22 @@ import os
 from typing import Any
 
 from flowgpu.diagnostics import runreport
-from flowgpu.errors import ConfigError, OutputExistsError
+from flowgpu.errors import ConfigError, OutputExistsError, SpecLimitError
 from flowgpu.io import atomic, sinks
 from flowgpu.io.paths import shown
 from flowgpu.pipeline import compose, outcome
 from flowgpu.pipeline.build import load
+from flowgpu.pipeline.loader import limit
 from flowgpu.pipeline.spec import Spec
 
 __all__ = ["check_outputs", "check_side_files", "protected_paths", "session_options"]
 
 
-def _spec_paths(spec: Spec, found: dict[str, str], stack: tuple[str, ...] = ()) -> None:
-    """The files a run reads (``realpath -> what it is``): the spec, its includes and its inputs' paths."""
+def _spec_paths(spec: Spec, found: dict[str, str], stack: tuple[str, ...] = (), loaded: set | None = None) -> None:
+    """The files a run reads (``realpath -> what it is``): the spec, its includes and its inputs' paths.
+    Each included file is read once per set of params it is given, and at most ``flowgpu.spec.max-includes``
+    times in all (two steps using a file that has two steps using the next ... would be 2**depth reads)."""
+    loaded = set() if loaded is None else loaded
     origin = spec._origin
     if origin is not None and origin.file:
         found.setdefault(os.path.realpath(origin.file), f"the spec {origin.file!r}" if not stack
@@ -37,8 +41,16 @@ def _spec_paths(spec: Spec, found: dict[str, str], stack: tuple[str, ...] = ()) 
         if step.uses is None or origin is None:
             continue
         child_file = compose.resolve_uses(spec, name, origin.smap, stack)
+        key = (child_file, repr(sorted(step.params.items())))
+        if key in loaded:
+            continue
+        loaded.add(key)
+        if len(loaded) > limit("max-includes"):
+            raise origin.smap.error(f"more than {limit('max-includes')} included specs to read", ("steps", name, "uses"),
+                                    kind=SpecLimitError,
+                                    hint="include each spec from fewer steps, or raise flowgpu.spec.max-includes")
         child = load(child_file, {f"params.{k}": v for k, v in step.params.items()})
-        _spec_paths(child, found, (*stack, os.path.abspath(origin.file or os.curdir)))
+        _spec_paths(child, found, (*stack, os.path.abspath(origin.file or os.curdir)), loaded)
 
 
 def protected_paths(spec: Spec, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -88,6 +100,8 @@ def check_side_files(spec: Spec | str | os.PathLike | dict | None, summary: str 
     reads or the working directory (:func:`protected_paths`; never, ``overwrite`` or not), an output's
     path, the other one's, a folder, or a file that is not a summary (report) flowgpu wrote (unless
     ``overwrite``): the rules of outputs. ``spec``: the loaded spec, or the path of one that did not load."""
+    if summary is None and report is None:
+        return
     extra = {params_file: f"the params file {params_file!r}"} if params_file else {}
     outputs: dict[str, str] = {}
     if isinstance(spec, Spec):

@@ -209,3 +209,16 @@ def test_a_nul_byte_or_a_kernel_file_is_a_spec_error(tmp_path, case, command):
     before = snapshot(tmp_path)
     refused(flowgpu(command, "spec.yaml", cwd=tmp_path, limit=60), *words, "hint:")
     assert snapshot(tmp_path) == before
+
+
+def test_checking_the_summary_path_reads_each_include_once(tmp_path):
+    """What --summary may not replace includes every included spec: each is read once per set of params,
+    so an include bomb (2**20 includes) is still refused by the compile's limit, in seconds."""
+    for i in range(20):
+        (tmp_path / f"l{i}.yaml").write_text(
+            f"inputs:\n  x: {{source: random, shape: [4]}}\nsteps:\n  a: {{uses: l{i + 1}.yaml, inputs: {{x: x}}}}\n"
+            f"  b: {{uses: l{i + 1}.yaml, inputs: {{x: x}}}}\noutputs:\n  y: {{from: x, sink: npy, path: out.npy}}\n")
+    (tmp_path / "l20.yaml").write_text("inputs:\n  x: {source: random, shape: [4]}\noutputs:\n  y: {from: x}\n")
+    refused(flowgpu("run", "l0.yaml", "--summary", "s.json", cwd=tmp_path, limit=40), "more than 200 included specs")
+    assert not (tmp_path / "s.json").exists() or json.loads((tmp_path / "s.json").read_text())["status"] == "failed"
+    assert not (tmp_path / "out.npy").exists()
