@@ -20,6 +20,8 @@ from flowgpu.pipeline.compiler import Plan, compile
 from flowgpu.pipeline.planning import describe
 from flowgpu.pipeline.runner import BatchResult, RunResult, check_outputs, run, session_options
 from flowgpu.pipeline.spec import Spec, json_schema
+from flowgpu.pipeline.foreach import expand
+from flowgpu.pipeline.status import plan_items
 from flowgpu.pipeline.status import status as _status
 from flowgpu.registry import checking_only, recording_imports
 
@@ -67,6 +69,9 @@ def _validate(spec: Spec | str | os.PathLike | dict, overrides: dict[str, Any] |
         spec = from_dict(spec, overrides)
     plan = compile(spec)
     check_outputs(spec, overwrite, {params_file: f"the params file {params_file!r}"} if params_file else None)
+    items = expand(spec)  # a batch (foreach: block): within flowgpu.spec.max-items, every item as run checks it
+    if len(items) > 1:
+        plan_items(items, overwrite, params_file)
     options = session_options(spec, cluster, allow_spec_address)
     if (cluster or {}).get("address"):  # --scheduler: ask its workers (a spec's own address is only checked)
         visibility.check_joined(spec, plan, options)
