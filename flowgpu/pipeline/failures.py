@@ -126,11 +126,8 @@ class watch_spill:  # noqa: N801 - used as a context manager, like a function
                 if new:
                     self._stop_run("spill", new[0])
                     return
-            try:
-                workers = client.scheduler_info(n_workers=-1)["workers"]
-            except Exception:  # noqa: BLE001 - the scheduler does not answer now; the next look may
-                continue
-            if workers:
+            workers = _worker_count(client)
+            if workers is None or workers:
                 alone_since = None
                 continue
             alone_since = alone_since or time.monotonic()
@@ -144,10 +141,7 @@ class watch_spill:  # noqa: N801 - used as a context manager, like a function
             return self
         summary = self.session.memory_summary() if self.baseline is ASK else self.baseline
         before = set(summary["errors"]) if summary is not None else None  # only flowgpu's store reports spill errors
-        try:
-            started = set(client.scheduler_info(n_workers=-1)["workers"])
-        except Exception:  # noqa: BLE001
-            started = set()
+        started = set(getattr(self.session, "workers", None) or ())  # as the Session met them: no round trip
         self._thread = threading.Thread(target=self._watch, args=(before, started), daemon=True,
                                         name="flowgpu-watch-run")
         self._thread.start()
@@ -165,6 +159,16 @@ class watch_spill:  # noqa: N801 - used as a context manager, like a function
             self._thread.join()
         if exc is not None and self.error is not None:
             raise self.stopped() from exc
+
+
+def _worker_count(client: Any) -> int | None:
+    """How many workers the scheduler has, as the client last heard (it asks every 2 s by itself,
+    ``distributed.client.scheduler-info-interval``): no round trip of the run's own. None: not known."""
+    info = getattr(client, "_scheduler_identity", None)
+    count = info.get("n_workers") if isinstance(info, dict) else None
+    if count is None and isinstance(info, dict) and isinstance(info.get("workers"), dict):
+        count = len(info["workers"])
+    return count if isinstance(count, int) else None
 
 
 def _workers_gone(client: Any, started: set[str], waited: float) -> str:
