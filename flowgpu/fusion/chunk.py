@@ -74,8 +74,10 @@ class FusedChunk:
     """Picklable per-chunk function; compiled kernels live in the module cache, never in the task."""
 
     def __init__(self, text: str, arrays: tuple[str, ...], scalars: tuple, out_dtype: np.dtype,
-                 reduction: str | None = None, axes: tuple[int, ...] = (), fallback: Chain | None = None):
+                 reduction: str | None = None, axes: tuple[int, ...] = (), fallback: Chain | None = None,
+                 cast: bool = False):
         self.fallback = fallback  # dask's own functions, for chunks no kernel takes
+        self.cast = cast  # out_dtype is not the expression's own (a dtype= was given)
         self.text = text
         self.arrays = arrays
         self.scalars = scalars

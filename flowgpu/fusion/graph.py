@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import graphlib
 import operator
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -48,7 +49,7 @@ from flowgpu.fusion.chunk import Chain, FusedChunk
 from flowgpu.fusion.graph_reduce import graph_has_masked
 from flowgpu.fusion.language import FUNCTIONS, is_scalar, literal_text
 
-__all__ = ["optimize", "rewrite_graph", "array_optimize", "Fusing", "fusing", "CONFIG_KEY"]
+__all__ = ["optimize", "rewrite_graph", "fusions", "Fusion", "array_optimize", "Fusing", "fusing", "CONFIG_KEY"]
 
 CONFIG_KEY = "flowgpu.fuse-ufuncs"
 MAX_FUSED_OPS = 32  # operations one fused layer nests at most: a longer chain becomes several kernels
@@ -92,6 +93,32 @@ def _template(func: Any, nargs: int) -> str | None:
     return None
 
 
+_NAME = re.compile(r"(?<![0-9.])\b[A-Za-z_][A-Za-z_0-9]*")
+
+
+def _fused_template(fc: FusedChunk, nargs: int) -> str | None:
+    """The template of an elementwise :class:`FusedChunk` (``fused_elementwise``, the ``expr`` op):
+    its text over ``{0}, {1}, ...`` with its scalars written in, so a chain through it fuses too."""
+    if fc.reduction is not None or fc.cast or len(fc.arrays) != nargs:
+        return None
+    names = {n: "{%d}" % i for i, n in enumerate(fc.arrays)}
+    for n, v in fc.scalars:
+        text = literal_text(v) if type(v) in (bool, int, float) else None
+        if text is None:
+            return None  # NaN, infinities, NumPy scalars: the kernel keeps them as arguments
+        names[n] = text
+    return "(" + _NAME.sub(lambda m: names.get(m.group(0), m.group(0)), fc.text) + ")"
+
+
+def _weight(layer: Any) -> int:
+    """The operations a layer adds to a fused expression: one, or a fused layer's own (its text's
+    operators and calls), so a chain of long ``expr`` steps still nests at most ``MAX_FUSED_OPS``."""
+    func = layer.task.func
+    if isinstance(func, FusedChunk):
+        return max(1, len(re.findall(r"\*\*|//|[-+*/%<>&|^~]|==|!=|\w+\(", func.text)))
+    return 1
+
+
 def _elementwise(layer: Any) -> tuple[str, list] | None:
     """``(template, operands)`` when ``layer`` is a plain elementwise Blockwise layer, else None."""
     if type(layer) is not Blockwise or layer.new_axes or layer.concatenate or getattr(layer, "io_deps", None):
@@ -118,8 +145,24 @@ def _elementwise(layer: Any) -> tuple[str, list] | None:
             if not isinstance(value, str) or not set(ind) <= set(out) or ind != out[len(out) - len(ind):]:
                 return None
             operands.append(("array", value, ind))
-    template = _template(task.func, len(operands))
+    if isinstance(task.func, FusedChunk):
+        template = _fused_template(task.func, len(operands))
+    else:
+        template = _template(task.func, len(operands))
     return (template, operands) if template else None
+
+
+@dataclass(frozen=True)
+class Fusion:
+    """One fused layer of a rewrite: ``root`` (the layer it replaces, whose name it keeps), the
+    layers it took in (``members``, the root among them), its expression over its leaves (``leaves``:
+    the layer each ``v<i>`` reads) and the reduction whose chunk stage it is (None: elementwise)."""
+
+    root: str
+    members: frozenset[str]
+    text: str
+    leaves: tuple[str, ...]
+    reduction: str | None
 
 
 def rewrite_graph(hlg: Any, keep: set[str] = frozenset(), reductions: bool = True, bare: bool | None = None) -> Any:
@@ -130,6 +173,15 @@ def rewrite_graph(hlg: Any, keep: set[str] = frozenset(), reductions: bool = Tru
     takes the chain below it into its kernel too. ``bare``: fuse a reduction of a bare array too
     (CuPy chunks); None: when this process's ``array.backend`` is cupy.
     """
+    return _rewrite(hlg, keep, reductions, bare)[0]
+
+
+def fusions(hlg: Any, keep: set[str] = frozenset(), reductions: bool = True, bare: bool | None = None) -> list[Fusion]:
+    """What :func:`rewrite_graph` fuses in ``hlg``, without using the result (a plan shows it)."""
+    return _rewrite(hlg, keep, reductions, bare)[1]
+
+
+def _rewrite(hlg: Any, keep: set[str], reductions: bool, bare: bool | None) -> tuple[Any, list[Fusion]]:
     layers = dict(hlg.layers)
     deps = {k: set(v) for k, v in hlg.dependencies.items()}
     elem = {name: info for name, layer in layers.items() if (info := _elementwise(layer)) is not None}
@@ -137,7 +189,7 @@ def rewrite_graph(hlg: Any, keep: set[str] = frozenset(), reductions: bool = Tru
     if reductions and not graph_has_masked(layers):
         reds = {name: spec for name, layer in layers.items() if (spec := graph_reduce.match(layer)) is not None}
     if not elem and not reds:
-        return hlg
+        return hlg, []
     dependents: dict[str, set[str]] = {k: set() for k in layers}
     for k, ds in deps.items():
         for d in ds:
@@ -154,7 +206,7 @@ def rewrite_graph(hlg: Any, keep: set[str] = frozenset(), reductions: bool = Tru
             for name, (_, operands) in elem.items()}
     depth: dict[str, int] = {}  # layers nested in a layer's expression, itself included
     for name in graphlib.TopologicalSorter(srcs).static_order():
-        depth[name] = 1 + max((depth[s] for s in srcs[name] if inlinable(s)), default=0)
+        depth[name] = _weight(layers[name]) + max((depth[s] for s in srcs[name] if inlinable(s)), default=0)
         if depth[name] >= MAX_FUSED_OPS:
             cut.add(name)
 
@@ -163,11 +215,11 @@ def rewrite_graph(hlg: Any, keep: set[str] = frozenset(), reductions: bool = Tru
     # would import numba, ~150 MB, for nothing: a 200 MB worker was restarted for it.)
     if bare is None:
         bare = dask.config.get("array.backend", "numpy") == "cupy"
-    changed = False
+    done: list[Fusion] = []
     for root in [r for r in elem if not inlinable(r)] + list(reds):
         spec = reds.get(root)
         info = elem[root] if spec is None else ("{0}", [("array", *spec.source)])
-        text, chain, leaves, scalars, numblocks, n_ops = _expression(root, info, layers, elem, inlinable)
+        text, chain, leaves, scalars, numblocks, n_ops, members = _expression(root, info, layers, elem, inlinable)
         if spec is None and n_ops < 2 or spec is not None and n_ops < 2 and not bare:
             continue
         root_layer = layers[root]
@@ -183,11 +235,12 @@ def rewrite_graph(hlg: Any, keep: set[str] = frozenset(), reductions: bool = Tru
         layers[root] = Blockwise(root, root_layer.output_indices, task, indices, numblocks,
                                  output_blocks=root_layer.output_blocks, annotations=root_layer.annotations)
         deps[root] = {src for src, _ in leaves}
-        changed = True
-    if not changed:
-        return hlg
+        done.append(Fusion(root, frozenset(members | {root}), text, tuple(src for src, _ in leaves),
+                           (spec.mean or spec.kind) if spec is not None else None))
+    if not done:
+        return hlg, done
     if not keep:
-        return HighLevelGraph(layers, deps)
+        return HighLevelGraph(layers, deps), done
     reachable: set[str] = set()
     stack = list(keep)
     while stack:  # drop the layers that were inlined
@@ -196,14 +249,15 @@ def rewrite_graph(hlg: Any, keep: set[str] = frozenset(), reductions: bool = Tru
             reachable.add(k)
             stack.extend(deps.get(k, ()))
     return HighLevelGraph({k: v for k, v in layers.items() if k in reachable},
-                          {k: deps[k] & reachable for k in reachable})
+                          {k: deps[k] & reachable for k in reachable}), done
 
 
 def _expression(root: str, info: tuple, layers: dict, elem: dict, inlinable: Any) -> tuple:
     """The fused expression of the chain ending at ``root`` (whose ``(template, operands)`` is
-    ``info``): ``(text, Chain, leaves, scalars, numblocks, n_ops)``; ``leaves`` maps each
-    (input layer, indices) to its name in the text."""
+    ``info``): ``(text, Chain, leaves, scalars, numblocks, n_ops, members)``; ``leaves`` maps each
+    (input layer, indices) to its name in the text, ``members`` holds the layers inlined."""
     leaves: dict[tuple, str] = {}
+    members: set[str] = set()
     scalars: list[tuple[str, Any]] = []
     numblocks: dict[str, Any] = {}
     n_ops = 0
@@ -211,6 +265,7 @@ def _expression(root: str, info: tuple, layers: dict, elem: dict, inlinable: Any
     def build(name: str, template: str, operands: list, rename: dict) -> tuple[str, Chain]:
         nonlocal n_ops
         n_ops += 1
+        members.add(name)
         parts = []
         calls = []  # dask's own function of this layer, over the same operands
         for op in operands:
@@ -242,7 +297,7 @@ def _expression(root: str, info: tuple, layers: dict, elem: dict, inlinable: Any
         return template.format(*parts), Chain(layers[name].task.func, tuple(calls))
 
     text, chain = build(root, *info, {})
-    return text, chain, leaves, scalars, numblocks, n_ops
+    return text, chain, leaves, scalars, numblocks, n_ops, members
 
 
 def optimize(*arrays: da.Array) -> Any:

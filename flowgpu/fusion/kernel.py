@@ -115,7 +115,8 @@ def fused_elementwise(expression: str, inputs: Mapping[str, Any], *, dtype: Any 
     ndim = max(a.ndim for a in arrays.values())
     arrs = list(arrays.values())
     if reduction is None:
-        return _blockwise(FusedChunk(expr.text, names, scalars, out_dtype), arrs, ndim, out_dtype, "fused-")
+        return _blockwise(FusedChunk(expr.text, names, scalars, out_dtype, cast=out_dtype != natural), arrs, ndim,
+                          out_dtype, "fused-")
     if reduction not in REDUCTIONS:
         raise KernelError(f"reduction={reduction!r} is not one of {', '.join(REDUCTIONS)}")
     if axis is None:

@@ -5,9 +5,12 @@ the :func:`op` decorator or through the ``flowgpu.ops`` entry-point group (each 
 module to import, or a callable to register under the entry point's name).
 
 An op is called with dask arrays (its inputs) and keyword arguments, and returns a dask array (or a
-tuple of them). An elementwise op may also give ``expression``: a template over its inputs such as
-``"a + b"`` or ``"sqrt(x)"``, which lets the pipeline compiler fuse chains of such ops into one
-kernel per chunk.
+tuple of them). An elementwise op may also give ``expression``: the formula it computes over its
+inputs, such as ``"a + b"`` or ``"sqrt(x)"`` (documentation; a test checks each built-in op
+against its own). Fusing a chain of ops into one kernel per chunk needs no template: a Session
+fuses the graph the ops build (:mod:`flowgpu.fusion.graph`), so an op written with NumPy ufuncs or
+dask's operators on its inputs fuses with its neighbours, and one written with ``map_blocks`` runs
+as it is.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ class Op(Entry):
 
     kind: str = "array"
     inputs: tuple[str, ...] = ()  # names of the array parameters, in order; "*" suffix = variadic
-    expression: str | None = None  # elementwise template over ``inputs``, for fusion
+    expression: str | None = None  # the elementwise formula over ``inputs`` (documentation)
     gpu_only: bool = False
     meta: dict = field(default_factory=dict)
 

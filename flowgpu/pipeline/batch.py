@@ -99,7 +99,7 @@ def _prepare(job: Job, session: Any, overwrite: bool, recompile: bool) -> None:
     """Compile ``job`` for the session (python sources are called here, and only here; chunks sized
     for its workers, unless the plan was made while this session was already open) and stage its writes."""
     spec = job.item.spec
-    plan = job.run_plan = compile(spec, for_run=True, reference=job.plan) if recompile or calls_user_code(job.plan) \
+    plan = job.run_plan = compile(spec, for_run=True) if recompile or calls_user_code(job.plan) \
         else job.plan
     if getattr(session, "workers", None):  # one task, and the largest array, fit the workers (or a SpecError)
         check_memory(plan, session.workers, session.threads_per_worker, session.worker_budget)

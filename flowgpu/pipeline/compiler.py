@@ -5,27 +5,34 @@ only metadata), calls each step's op on the lazy arrays of its inputs, and so le
 shape, dtype and chunks from Dask's metadata. A step whose op refuses its inputs (shapes that do
 not broadcast, a dtype it does not take) or whose result differs from its ``expect`` fails with a
 :class:`~flowgpu.errors.SpecError` naming the step and its place in the file.
+
+The graph is plain dask.array, as the same steps written in Python would build it. Fusing its
+chains of elementwise steps into one kernel per chunk is the Session's job, as for any dask code
+(:mod:`flowgpu.fusion.graph`, dask's ``array_optimize`` hook); the plan only says which steps that
+rewrite will fuse (:func:`fusion_of`), so ``flowgpu plan`` and the dashboard show it.
 """
 
 from __future__ import annotations
 
 import functools
 import os
-import warnings
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
+import dask
 import dask.array as da
 import numpy as np
+from dask.highlevelgraph import HighLevelGraph
 
 from flowgpu.errors import ArgumentError, ConfigError, FlowgpuError, ImportPathError, RunError, SpecError
-from flowgpu.fusion import fused_elementwise
+from flowgpu.backend import current_backend
+from flowgpu.fusion import graph as fusion_graph
 from flowgpu.io import sinks, sources
 from flowgpu.ops import registry
 from flowgpu.ops.signature import bind_arguments
 from flowgpu.pipeline import compose
 from flowgpu.pipeline.build import Origin, build, from_dict, load
-from flowgpu.pipeline.fusing import FusionPlan, plan_fusion
 from flowgpu.pipeline.graph import order, step_refs
 from flowgpu.pipeline.loader import SourceMap
 from flowgpu.pipeline.spec import Spec
@@ -42,8 +49,8 @@ class Node:
     what: str  # the source, op or included file
     array: da.Array | None
     deps: list[str] = field(default_factory=list)
-    fused_into: str | None = None
-    fused: str | None = None  # the fused expression this node computes
+    fused_into: str | None = None  # the step whose kernel computes this one (fused into it)
+    fused: str | None = None  # the fused expression this node's kernel computes
     reads_files: bool = False
 
 
@@ -56,10 +63,14 @@ class Plan:
     order: list[str]
     arrays: dict[str, da.Array]
     outputs: dict[str, da.Array]
-    fusion: FusionPlan
-    fused: bool
     params: dict[str, Any]
     children: dict[str, "Plan"] = field(default_factory=dict)
+    fusion: dict[str, str] = field(default_factory=dict)  # step -> the expression its fused kernel computes
+
+    @property
+    def fused(self) -> bool:
+        """Whether a Session's fusion runs some of the steps as one kernel."""
+        return bool(self.fusion)
 
     @property
     def file(self) -> str | None:
@@ -176,18 +187,14 @@ def _lookup(values: dict[str, Any], ref: str) -> Any:
 
 
 def _build_graph(spec: Spec, smap: SourceMap, names: list[str], bindings: dict[str, da.Array],
-                 stack: tuple[str, ...], fusion: FusionPlan | None, fused_fn, opened: dict[str, da.Array],
-                 for_run: bool) -> tuple[dict, dict, dict]:
-    """``opened``: inputs opened by an earlier build of the same spec (a source is opened once)."""
+                 stack: tuple[str, ...], for_run: bool) -> tuple[dict, dict, dict]:
     values: dict[str, Any] = {}
     nodes: dict[str, Node] = {}
     children: dict[str, Plan] = {}
     for name in names:
         if name in spec.inputs:
             src = spec.inputs[name].source
-            if name not in bindings and name not in opened:
-                opened[name] = _open_input(spec, name, smap, for_run)
-            x = bindings[name] if name in bindings else opened[name]
+            x = bindings[name] if name in bindings else _open_input(spec, name, smap, for_run)
             values[name] = x
             nodes[name] = Node(name, "input", "bound" if name in bindings else src, x,
                                reads_files=name not in bindings and sources.reads_files(src))
@@ -202,13 +209,8 @@ def _build_graph(spec: Spec, smap: SourceMap, names: list[str], bindings: dict[s
             nodes[name] = Node(name, "uses", step.uses, None, deps)
             continue
         op = _get_op(name, step.op, smap)
-        if fusion is not None and name in fusion.inlined:
-            nodes[name] = Node(name, "step", step.op, None, deps)
-            continue
         for where, ref in step_refs(spec, name):
             head, _, part = ref.partition(".")
-            if fusion is not None and head in fusion.inlined:
-                continue
             value = values[head]
             if isinstance(value, dict):
                 if part not in value:
@@ -217,17 +219,10 @@ def _build_graph(spec: Spec, smap: SourceMap, names: list[str], bindings: dict[s
                 values[ref] = value[part]
             elif part:
                 raise smap.error(f"{ref!r}: step {head!r} has a single result", where, hint=f"refer to it as {head!r}")
-        if fusion is not None and name in fusion.roots:
-            root = fusion.roots[name]
-            leaves = {v: _lookup(values, r) for v, r in root["leaves"].items()}
-            out = fused_fn(root["expression"], leaves,
-                           **({"reduction": root["reduction"], "axis": root["axis"], "keepdims": root["keepdims"]}
-                              if root["reduction"] else {}))
-        else:
-            out = _call_op(spec, name, op, values, smap)
+        out = _call_op(spec, name, op, values, smap)
         values[name] = out
         nodes[name] = Node(name, "step", step.op, out if isinstance(out, da.Array) else None, deps)
-        if isinstance(out, da.Array) and fusion is None:
+        if isinstance(out, da.Array):
             _check_expect(spec, name, out, smap)
     return values, nodes, children
 
@@ -261,95 +256,66 @@ def calls_user_code(plan: Plan) -> bool:
         calls_user_code(child) for child in plan.children.values())
 
 
-def _mark_fused(nodes: dict[str, Node], fusion: FusionPlan) -> None:
-    for root_name, root in fusion.roots.items():
-        for s in root["steps"]:
-            nodes[s].fused_into = root_name
-        nodes[root_name].fused = root["expression"] + (f" -> {root['reduction']}" if root["reduction"] else "")
-        nodes[root_name].deps = sorted({r.split(".")[0] for r in root["leaves"].values()})
-
-
-def _matching(fused: dict[str, da.Array], unfused: dict[str, da.Array]) -> dict[str, da.Array]:
-    """The fused outputs, each of the unfused one's dtype; a ValueError if a shape differs."""
-    out = {}
-    for k, x in fused.items():
-        want = unfused[k]
-        if x.shape != want.shape:
-            raise ValueError("fused result differs in shape from the unfused one")
-        out[k] = x if x.dtype == want.dtype else x.astype(want.dtype)
-    return out
-
-
-def _fused_from(spec: Spec, smap: SourceMap, names: list[str], stack: tuple[str, ...], reference: Plan,
-                opened: dict[str, da.Array], for_run: bool) -> Plan | None:
-    """``spec``'s fused plan built at once, ``reference`` (the same spec compiled before, e.g. its
-    draft) standing for the unfused build: its fusion, its outputs' shapes and dtypes, its inlined
-    steps' arrays. None when the fused build fails: the caller compiles in full (the inputs opened here
-    are not opened again)."""
+def _owners(nodes: dict[str, Node], names: list[str]) -> dict[str, str]:
+    """``{layer name: node}``: each layer of the plan's graph goes to the first node (in plan order)
+    whose array holds it, so a step owns the layers it adds."""
+    owner: dict[str, str] = {}
     for name in names:
-        if name in spec.inputs and name not in opened:
-            opened[name] = _open_input(spec, name, smap, for_run)
-    fusion = reference.fusion
-    try:
-        values, nodes, children = _build_graph(spec, smap, names, {}, stack, fusion, fused_elementwise, opened,
-                                               for_run)
-        outputs = _matching(_output_arrays(spec, values, smap), reference.outputs)
-    except Exception:  # noqa: BLE001 - the full compile says what is wrong, or falls back to unfused
-        return None
-    for name in fusion.inlined:
-        nodes[name].array = reference.nodes[name].array
-    _mark_fused(nodes, fusion)
-    return Plan(spec, nodes, names, values, outputs, fusion, True, dict(_origin(spec).params), children)
+        x = nodes[name].array
+        if isinstance(x, da.Array):
+            for layer in x.__dask_graph__().layers:
+                owner.setdefault(layer, name)
+    return owner
+
+
+def fusion_of(nodes: dict[str, Node], names: list[str], outputs: dict[str, da.Array]) -> dict[str, str]:
+    """Which steps a Session's fusion (:mod:`flowgpu.fusion.graph`) runs as one kernel when it
+    computes ``outputs``: marks each fused step's ``fused_into`` and its kernel's root's ``fused``
+    expression (over the names of the inputs and steps it reads); returns ``{root step: expression}``.
+    Nothing when ``flowgpu.fuse-ufuncs`` is off."""
+    arrays = [x for x in outputs.values() if isinstance(x, da.Array)]
+    if not arrays or not dask.config.get(fusion_graph.CONFIG_KEY, True):
+        return {}
+    graph = HighLevelGraph.merge(*(x.__dask_graph__() for x in arrays))
+    found = fusion_graph.fusions(graph, keep={x.name for x in arrays}, bare=current_backend() == "cupy")
+    owner = _owners(nodes, names)
+    fused: dict[str, str] = {}
+    for f in found:
+        root = owner.get(f.root)
+        if root is None or nodes[root].kind != "step":
+            continue
+        steps = {owner[m] for m in f.members if m in owner and nodes[owner[m]].kind == "step"}
+        if len(steps) < 2 and f.reduction is None:
+            continue  # the ops of one step (scale's multiply and add): that step, as it is
+        leaves = [owner.get(leaf, leaf) for leaf in f.leaves]
+        text = re.sub(r"\bv(\d+)\b", lambda m: leaves[int(m.group(1))], f.text)
+        inner = steps - {root}
+        for s in inner:
+            nodes[s].fused_into = root
+        nodes[root].fused = fused[root] = text + (f" -> {f.reduction}" if f.reduction else "")
+        deps, todo = set(), list(nodes[root].deps)  # what the kernel reads: the fused steps' own inputs
+        while todo:
+            d = todo.pop()
+            if d in inner:
+                todo.extend(nodes[d].deps)
+            else:
+                deps.add(d)
+        nodes[root].deps = sorted(deps)
+    return fused
 
 
 def _compile(spec: Spec, bindings: dict[str, da.Array] | None = None, stack: tuple[str, ...] = (),
-             fuse: bool = True, for_run: bool = False, draft: bool = False, reference: Plan | None = None) -> Plan:
+             for_run: bool = False) -> Plan:
     origin = _origin(spec)
     smap = origin.smap
     names = order(spec, smap)
-    bindings = bindings or {}
-    opened: dict[str, da.Array] = {}
-    if fuse and reference is not None and reference.fusion.roots and not bindings and not reference.children:
-        plan = _fused_from(spec, smap, names, stack, reference, opened, for_run)
-        if plan is not None:
-            return plan
-    values, nodes, children = _build_graph(spec, smap, names, bindings, stack, None, None, opened, for_run)
+    values, nodes, children = _build_graph(spec, smap, names, bindings or {}, stack, for_run)
     outputs = _output_arrays(spec, values, smap)
-    plan = Plan(spec, nodes, names, values, outputs, FusionPlan(), False, dict(origin.params), children)
-    fused_fn = fused_elementwise if fuse else None
-    if fused_fn is None:
-        return plan
-    ops = {n: registry.get(s.op) for n, s in spec.steps.items() if s.op is not None}
-    consumers: dict[str, list[str]] = {}
-    for n in spec.steps:
-        for _, ref in step_refs(spec, n):
-            consumers.setdefault(ref.split(".")[0], []).append(n)
-    fusion = plan_fusion(spec, ops, consumers, {o.from_.split(".")[0] for o in spec.outputs.values()})
-    if not fusion.roots:
-        return plan
-    if draft and not for_run and calls_user_code(plan):  # the run compiles it again: its fused graph is built then
-        _mark_fused(nodes, fusion)
-        plan.fusion = fusion
-        return plan
-    try:
-        f_values, f_nodes, _ = _build_graph(spec, smap, names, bindings, stack, fusion, fused_fn, opened, for_run)
-        f_outputs = _matching(_output_arrays(spec, f_values, smap), outputs)
-    except Exception as e:  # fusion is an optimisation: never let it break a pipeline
-        warnings.warn(f"running {spec.name!r} unfused: {e}", stacklevel=2)
-        return plan
-    _mark_fused(nodes, fusion)
-    for root_name in fusion.roots:
-        nodes[root_name].array = f_values[root_name]
-    for n, node in f_nodes.items():
-        if node.array is not None and n not in fusion.inlined:
-            nodes[n].array = node.array
-    plan.arrays, plan.outputs, plan.fusion, plan.fused = f_values, f_outputs, fusion, True
-    return plan
+    return Plan(spec, nodes, names, values, outputs, dict(origin.params), children, fusion_of(nodes, names, outputs))
 
 
 def compile(spec: Spec | str | os.PathLike | dict, params: dict[str, Any] | None = None, *,
-            overrides: dict[str, Any] | None = None, fuse: bool = True, for_run: bool = False,
-            draft: bool = False, reference: Plan | None = None) -> Plan:  # noqa: A001
+            overrides: dict[str, Any] | None = None, for_run: bool = False) -> Plan:  # noqa: A001
     """Build and check the lazy graph of ``spec``; starts no cluster, computes nothing, calls no user code.
 
     Parameters
@@ -357,14 +323,8 @@ def compile(spec: Spec | str | os.PathLike | dict, params: dict[str, Any] | None
     spec : a :class:`Spec`, the path of a YAML spec, or a spec as a Python dict.
     params : param values to use instead of the spec's defaults, e.g. ``{"n": 1000}``.
     overrides : other dotted keys to set, as ``--set`` does.
-    fuse : fuse chains of elementwise steps into one kernel per chunk.
     for_run : compile for a run: ``python`` sources call their callable (only ``run`` passes True;
         otherwise they stand for their declared shape and dtype, unless ``plan_call: true``).
-    draft : the plan is for checks, recipes and the summary of a run that compiles it again inside
-        its session (it calls user code to open an input): the fusion is planned and marked on the
-        nodes, but its fused graph is left to that second compile (the arrays are the unfused ones).
-    reference : a plan of the same spec compiled before (that draft): its fusion is built at once,
-        without building the unfused graph again (which it stands for), unless that fails.
 
     Returns
     -------
@@ -381,7 +341,7 @@ def compile(spec: Spec | str | os.PathLike | dict, params: dict[str, Any] | None
         spec = build(origin.raw, origin.smap, {**origin.overrides, **extra})
     try:
         with compose.counting_includes():
-            return _compile(spec, fuse=fuse, for_run=for_run, draft=draft, reference=reference)
+            return _compile(spec, for_run=for_run)
     except ConfigError as e:  # e.g. bad chunks
         raise SpecError(str(e), file=_origin(spec).file, line=1, col=1, path="<document>",
                         hint="check the spec's inputs and args") from None

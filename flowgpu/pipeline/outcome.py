@@ -160,7 +160,7 @@ def run_summary(spec: Spec, plan: Plan, info: dict, values: dict, computed: set[
         "bytes_read": read,
         "bytes_written": written,
         "tasks": graph_size([plan.outputs[n] for n in computed]) if computed else 0,
-        "fused": {k: v["expression"] for k, v in plan.fusion.roots.items()},
+        "fused": dict(plan.fusion),
         "session": _session(info),
         "outputs": outputs,
     }

@@ -196,7 +196,7 @@ def _run(spec: Spec, items: list[Item], session: Any, console: Console, state: d
         session = _LocalRun()
     if session is None:
         session = runtime.current_session()
-    plans = plan_items(items, overwrite, params_file, draft=True)
+    plans = plan_items(items, overwrite, params_file)
     jobs = [Job(item, plan, list(plan.outputs)) for item, plan in zip(items, plans)]
     state["plan"], state["jobs"] = plans[0], jobs
     own = None

@@ -6,77 +6,31 @@ of every run too (:mod:`flowgpu.pipeline.runner`), so both say the same.
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import os
-from collections import OrderedDict
 from typing import Any
 
-import dask
-
 from flowgpu.errors import SpecError
-from flowgpu.io import sources
 from flowgpu.io.atomic import canonical
 from flowgpu.io.paths import shown
-from flowgpu.ops import registry
 from flowgpu.pipeline import cache as outputs_cache
 from flowgpu.pipeline import recipe
 from flowgpu.pipeline.batch import Job
 from flowgpu.pipeline.build import build, from_dict, load, read_params_file
 from flowgpu.pipeline.checks import check_outputs
-from flowgpu.pipeline.compiler import Plan, calls_user_code, compile
+from flowgpu.pipeline.compiler import Plan, compile
 from flowgpu.pipeline.foreach import Item, expand, in_item
 from flowgpu.pipeline.spec import Spec
 
 __all__ = ["judge", "line", "load_spec", "plan_items", "status"]
 
 
-_DRAFTS: OrderedDict[str, Plan] = OrderedDict()  # the drafts of recent runs, by what each was made from
-_KEPT = 32
-
-
-def _draft_key(spec: Spec) -> str | None:
-    """All a draft of ``spec`` is made from (its data, overrides, file name, the config, the ops it
-    calls), or None when that is not all: an input that reads stored data, or an included spec,
-    whose contents can change between two runs."""
-    origin = spec._origin
-    if origin is None or any(step.uses is not None for step in spec.steps.values()):
-        return None
-    try:
-        if any(sources.reads_files(i.source) for i in spec.inputs.values()):
-            return None
-        ops = [(n, step.op, id(registry.get(step.op))) for n, step in spec.steps.items() if step.op is not None]
-        return json.dumps([origin.file, origin.raw, origin.overrides, ops, dask.config.get("flowgpu", {}),
-                           dask.config.get("array", {})], sort_keys=True, default=repr)
-    except Exception:  # noqa: BLE001 - an unknown source or op: compiled (and refused) as usual
-        return None
-
-
-def _draft(spec: Spec) -> Plan:
-    """A run's first compile of ``spec`` (see :func:`~flowgpu.pipeline.compiler.compile`'s ``draft``).
-    A draft that the run compiles again (it calls user code) is kept for the next run of the same
-    spec in this process: it is only checks, recipes and the summary's plan, and ``_draft_key``
-    holds everything it depends on."""
-    key = _draft_key(spec)
-    if key is not None and key in _DRAFTS:
-        _DRAFTS.move_to_end(key)
-        return dataclasses.replace(_DRAFTS[key], spec=spec)
-    plan = compile(spec, draft=True)
-    if key is not None and calls_user_code(plan):
-        _DRAFTS[key] = plan
-        while len(_DRAFTS) > _KEPT:
-            _DRAFTS.popitem(last=False)
-    return plan
-
-
-def plan_items(items: list[Item], overwrite: bool, params_file: str | None, draft: bool = False) -> list[Plan]:
-    """Compile and check every item before anything runs; an invalid item refuses the batch, named.
-    ``draft``: a run's plans (see :func:`_draft`)."""
+def plan_items(items: list[Item], overwrite: bool, params_file: str | None) -> list[Plan]:
+    """Compile and check every item before anything runs; an invalid item refuses the batch, named."""
     plans, seen = [], {}
     protect = {params_file: f"the params file {params_file!r}"} if params_file else None
     for item in items:
         try:
-            plans.append(_draft(item.spec) if draft else compile(item.spec))
+            plans.append(compile(item.spec))
             check_outputs(item.spec, overwrite, protect)
         except SpecError as e:
             raise in_item(e, item) from None

@@ -8,8 +8,9 @@ import dask.array as da
 import numpy as np
 
 import flowgpu as fg
-from flowgpu.fusion import fusing
+from flowgpu.fusion import fused_elementwise, fusing
 from flowgpu.fusion.chunk import FusedChunk
+from flowgpu.fusion.graph import fusions
 
 
 def _fused_texts(arr):
@@ -61,3 +62,42 @@ def test_non_elementwise_graph_is_untouched(rng):
     x = da.from_array(rng.random((30, 30)), chunks=10)
     e = (x @ x).T
     assert fg.optimize(e).__dask_graph__() is e.__dask_graph__()
+
+
+def test_fused_elementwise_layers_join_the_chains_around_them(rng):
+    """An ``expr`` step or ``fused_elementwise`` result is a chain like any other: the ufuncs after
+    it and the reduction reading them become one kernel with it, with NumPy's values."""
+    xn, yn = rng.standard_normal((40, 30)), rng.random((40, 30)) + 0.5
+    x, y = da.from_array(xn, chunks=(10, 15)), da.from_array(yn, chunks=(10, 15))
+    first = fused_elementwise("(a * 2 + 1e-3) ** 2 - a / b", {"a": x, "b": y})
+    total = (first * -3.0 + y).sum(axis=0)
+    found = fusions(total.__dask_graph__(), keep={total.name})
+    assert [(len(f.members), f.reduction) for f in found] == [(4, "sum")]  # fused, *, +, sum's chunk stage
+    assert found[0].text.count("**") == 1 and "1e-3" in found[0].text
+    with fusing():
+        got = total.compute()
+    np.testing.assert_allclose(got, ((-3.0 * ((xn * 2 + 1e-3) ** 2 - xn / yn)) + yn).sum(0), rtol=1e-12)
+
+
+def test_a_fused_layer_with_a_cast_or_a_nan_constant_stays_its_own_kernel(rng):
+    xn = rng.standard_normal((30, 20)).astype(np.float32)
+    x = da.from_array(xn, chunks=10)
+    cast = fused_elementwise("x * 3.5", {"x": x}, dtype="float64")  # the cast is the kernel's: not a template
+    nan = fused_elementwise("where(x > 0, x, c)", {"x": x, "c": float("nan")})
+    for arr, want in ((cast + 1, (xn * np.float32(3.5)).astype(np.float64) + 1), (nan + 1, np.where(xn > 0, xn, np.nan) + 1)):
+        assert fusions(arr.__dask_graph__(), keep={arr.name}) == []
+        with fusing():
+            np.testing.assert_allclose(arr.compute(), want, rtol=1e-6)
+
+
+def test_a_long_chain_of_fused_layers_is_cut_into_kernels_of_bounded_depth(rng):
+    xn = rng.random((20, 20))
+    z = x = da.from_array(xn, chunks=10)
+    want = xn
+    for _ in range(40):
+        z = fused_elementwise("v * 1.01 + 0.5 - v / 3", {"v": z})
+        want = want * 1.01 + 0.5 - want / 3
+    found = fusions(z.__dask_graph__(), keep={z.name})
+    assert len(found) > 1 and all(len(f.members) < 40 for f in found)
+    with fusing():
+        np.testing.assert_allclose(z.compute(), want, rtol=1e-12)

@@ -9,6 +9,7 @@ import pytest
 import tests.pipeline.helpers as helpers
 from flowgpu import pipeline
 from flowgpu.errors import SpecError
+from flowgpu.fusion import fusing
 
 
 def _boom(*a, **k):
@@ -40,13 +41,16 @@ def chain_spec(path):
 
 @pytest.mark.parametrize("fuse", [False, True])
 def test_compile_is_pure_and_matches_numpy(tmp_path, data, fuse):
-    with dask.config.set(scheduler=_boom):
-        plan = pipeline.compile(chain_spec(tmp_path / "x.npy"), fuse=fuse)
+    with dask.config.set({"scheduler": _boom, "flowgpu.fuse-ufuncs": fuse}):
+        plan = pipeline.compile(chain_spec(tmp_path / "x.npy"))
+    assert plan.fused == fuse  # what a Session fuses is said, and nothing when fusion is off
     assert plan.outputs["z"].shape == data.shape and plan.outputs["z"].dtype == np.float64
     assert plan.order.index("mu") < plan.order.index("centered") < plan.order.index("z") < plan.order.index("total")
     z_ref = (data - data.mean(0)) / data.std(0)
-    np.testing.assert_allclose(plan.outputs["z"].compute(), z_ref, rtol=1e-10)
-    np.testing.assert_allclose(plan.outputs["total"].compute(), (z_ref ** 2).sum(0), rtol=1e-10)
+    with fusing(enabled=fuse):  # computed as a Session computes it
+        z, total = dask.compute(plan.outputs["z"], plan.outputs["total"])
+    np.testing.assert_allclose(z, z_ref, rtol=1e-10)
+    np.testing.assert_allclose(total, (z_ref ** 2).sum(0), rtol=1e-10)
     assert not (tmp_path / "z.npy").exists()
 
 
@@ -68,17 +72,23 @@ def test_elementwise_chains_fuse(tmp_path, data):
     }
     plan = pipeline.compile(spec)
     assert plan.fused
-    assert set(plan.fusion.roots) == {"b", "s", "f", "h"}  # b = sqrt(abs(x)) is an output itself
-    assert plan.fusion.roots["h"]["reduction"] == "max" and plan.nodes["g"].fused_into == "h"
-    assert plan.fusion.roots["s"]["reduction"] == "sum"
-    assert plan.nodes["c"].fused_into == "s" and plan.nodes["a"].fused_into == "b"
+    # the graph is dask's own: what the Session's rewrite fuses is what the plan says
+    assert plan.fusion == {"b": "sqrt(abs(x))", "s": "((b * 2.0) + x) -> sum", "f": "exp((-x))",
+                           "h": "(x * b + 1) -> max"}  # an expr step is a chain like the others
+    assert plan.nodes["g"].fused_into == "h"
+    assert plan.nodes["a"].fused_into == "b" and plan.nodes["c"].fused_into == "s" and plan.nodes["d"].fused_into == "s"
+    assert plan.nodes["e"].fused_into == "f" and plan.nodes["s"].deps == ["b", "x"]
     b = np.sqrt(np.abs(data))
-    np.testing.assert_allclose(plan.outputs["s"].compute(), (b * 2 + data).sum(1), rtol=1e-12)
-    np.testing.assert_allclose(plan.outputs["f"].compute(), np.exp(-data), rtol=1e-12)
-    np.testing.assert_allclose(plan.outputs["a"].compute(), b, rtol=1e-12)
-    np.testing.assert_allclose(plan.outputs["h"].compute(), (data * b + 1).max(0), rtol=1e-12)
-    rows = pipeline.describe(plan)["steps"]
-    assert any(r["fused"] and "sum" in r["fused"] for r in rows)
+    with fusing():
+        s, f, a, h = dask.compute(*(plan.outputs[k] for k in ("s", "f", "a", "h")))
+    np.testing.assert_allclose(s, (b * 2 + data).sum(1), rtol=1e-12)
+    np.testing.assert_allclose(f, np.exp(-data), rtol=1e-12)
+    np.testing.assert_allclose(a, b, rtol=1e-12)
+    np.testing.assert_allclose(h, (data * b + 1).max(0), rtol=1e-12)
+    rows = {r["name"]: r for r in pipeline.describe(plan)["steps"]}
+    assert rows["s"]["fused"].endswith("-> sum") and rows["c"]["fused_into"] == "s"
+    with dask.config.set({"flowgpu.fuse-ufuncs": False}):  # fusion off: nothing is said to be fused
+        assert not pipeline.compile(spec).fused
 
 
 def test_params_at_compile_time(tmp_path):

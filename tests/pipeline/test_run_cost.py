@@ -1,5 +1,5 @@
-"""What a run does beyond the graph it computes: a python source called once, its chain fused in
-one build, and on a Session one wait for the cluster, as ``compute()`` makes."""
+"""What a run does beyond the graph it computes: a python source called once, its chain fused where
+it is computed, and on a Session one wait for the cluster, as ``compute()`` makes."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from distributed import Client
 from flowgpu import pipeline
 from flowgpu.backend import is_cupy
 from flowgpu.errors import SpecError
-from flowgpu.pipeline import compiler
+from flowgpu.fusion import chunk, fusing
 from tests.pipeline import helpers
 
 pytestmark = pytest.mark.timeout(180)
@@ -53,7 +53,7 @@ def test_each_run_calls_a_python_source_once_and_computes_its_chain_fused(where,
 
 
 def test_a_spec_run_again_computes_its_new_data_and_sees_its_edits_and_the_files_it_reads(tmp_path, rng):
-    """What a run keeps of the same spec's previous run (its checked draft) never stands for data."""
+    """Nothing of the same spec's previous run stands for data."""
     seed = int(rng.integers(1 << 30))
     spec = _spec(seed)
     helpers.CALLS["shift"] = 0.0
@@ -64,7 +64,7 @@ def test_a_spec_run_again_computes_its_new_data_and_sees_its_edits_and_the_files
     assert helpers.CALLS["source"] == 1
     np.testing.assert_allclose(again, _want(seed), rtol=1e-12)  # the new data, not the first run's
     helpers.CALLS["shift"] = 0.0
-    spec["steps"]["z"]["args"]["b"] = 5.0  # an edit: a new recipe, and its own draft
+    spec["steps"]["z"]["args"]["b"] = 5.0  # an edit: a new recipe
     edited = pipeline.run(spec, session="local", progress=False).outputs["total"]
     np.testing.assert_allclose(edited, _want(seed) * (5.0 / -3.0), rtol=1e-12)
     path = tmp_path / "w.npy"
@@ -84,18 +84,22 @@ def test_a_spec_run_again_computes_its_new_data_and_sees_its_edits_and_the_files
             assert helpers.CALLS["source"] == 0
 
 
-def test_a_chain_that_cannot_be_fused_with_the_real_input_runs_unfused_calling_the_source_once(rng, monkeypatch):
+def test_a_chain_whose_kernel_does_not_compile_runs_unfused_with_one_warning(rng, monkeypatch):
+    """The run's graph is fused where it is computed (the Session's hook, as for any dask code); a
+    kernel that the compiler refuses is computed unfused there: the same values, one warning."""
     def refuse(*args, **kwargs):
         raise ValueError("no kernel for this")
 
-    monkeypatch.setattr(compiler, "fused_elementwise", refuse)
+    monkeypatch.setattr(chunk, "reduce_kernel", refuse)
+    monkeypatch.setattr(chunk, "elementwise_kernel", refuse)
+    monkeypatch.setattr(chunk, "_warned", set())
     seed = int(rng.integers(1 << 30))
     helpers.CALLS["source"] = 0
-    with pytest.warns(UserWarning, match="running 'cost' unfused: no kernel for this"):
+    with fusing(), pytest.warns(RuntimeWarning, match="could not compile a fused kernel .*no kernel for this"):
         result = pipeline.run(_spec(seed), session="local", progress=False)
     assert helpers.CALLS["source"] == 1
     np.testing.assert_allclose(result.outputs["total"], _want(seed), rtol=1e-12)
-    assert not result.plan.fused and result.summary["fused"] == {}
+    assert result.summary["fused"] == {"total": "(((m * 2 + 1) ** 2 - m) * (-3.0)) -> sum"}
 
 
 def _waits(fn) -> Counter:
@@ -131,7 +135,7 @@ def test_a_run_on_a_session_waits_for_the_cluster_once_like_compute(cpu_session,
 
 @pytest.mark.gpu
 def test_a_run_on_a_gpu_session_waits_once_and_computes_its_chain_fused_on_the_device(gpu_session, rng):
-    for _ in range(2):  # the second run uses the first's draft
+    for _ in range(2):  # the second run too
         seed = int(rng.integers(1 << 30))
         helpers.CALLS["source"] = 0
         got = {}
