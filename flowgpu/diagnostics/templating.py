@@ -11,7 +11,7 @@ from markupsafe import Markup
 
 from flowgpu.diagnostics.report import format_bytes
 
-__all__ = ["Markup", "render"]
+__all__ = ["Markup", "macros", "render"]
 
 _ENV = Environment(loader=PackageLoader("flowgpu.diagnostics"), autoescape=True, trim_blocks=True,
                    lstrip_blocks=True, finalize=lambda v: "" if v is None else v)  # None shows as nothing
@@ -21,3 +21,8 @@ _ENV.filters["bytes"] = lambda n: format_bytes(None if isinstance(n, Undefined) 
 def render(template: str, **context: Any) -> str:
     """The text of ``templates/<template>`` with ``context``."""
     return _ENV.get_template(template).render(**context)
+
+
+def macros(template: str) -> Any:
+    """The macros of ``templates/<template>`` as attributes (each returns :class:`Markup`)."""
+    return _ENV.get_template(template).module
