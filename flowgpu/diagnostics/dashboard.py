@@ -14,16 +14,14 @@ so it works on a cluster flowgpu started and on one joined by address). On the s
 
 from __future__ import annotations
 
-import html
 import logging
 from typing import Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 from tornado.ioloop import IOLoop, PeriodicCallback
 
-from flowgpu.diagnostics import stepgraph
+from flowgpu.diagnostics import stepgraph, templating
 from flowgpu.diagnostics.livestate import MOVES, TIERS, Board
-from flowgpu.diagnostics.report import format_bytes
 
 __all__ = ["DashboardPlugin", "PLUGIN_NAME", "PAGE", "install_page", "render_tables"]
 
@@ -119,50 +117,12 @@ def install_page(scheduler: Any) -> bool:
 
 # -- the page ------------------------------------------------------------------------------------------
 
-def _cell(v: Any) -> str:
-    return html.escape("" if v is None else str(v))
-
-
 def render_tables(view: dict[str, Any]) -> dict[str, str]:
-    """The HTML of the page's tables (steps, batch items, memory per worker) from a board view."""
-    run = view["run"]
-    head = ("<p>no flowgpu run on this cluster yet</p>" if run is None else
-            f'<h3 id="flowgpu-run" data-status="{_cell(run["status"])}">{_cell(run["name"])}'
-            + (f" [{_cell(run['item'])}]" if run.get("item") else "")
-            + f': {_cell(run["status"])} ({run["seconds"]:.1f} s)</h3>'
-            + (f'<p class="flowgpu-error">{_cell(run["error"])}</p>' if run.get("error") else ""))
-    rows = []
-    for s in view["steps"]:
-        color = stepgraph.STATE_COLORS.get(s["state"], "#fff")
-        rows.append(f'<tr data-step="{_cell(s["id"])}" data-state="{_cell(s["state"])}">'
-                    f'<td>{_cell(s["id"])}</td><td>{_cell(s["what"])}</td>'
-                    f'<td style="background:{color}">{_cell(s["state"])}</td>'
-                    f'<td>{s["done"]} / {s["total"]}</td><td>{format_bytes(s["bytes"])}</td>'
-                    f'<td>{s["seconds"]:.2f} s</td><td>{_cell(s["error"])}</td></tr>')
-    steps = ('<table id="flowgpu-steps" class="flowgpu-table"><tr><th>step</th><th>op / source</th><th>state</th>'
-             '<th>tasks done</th><th>bytes</th><th>compute time</th><th>error</th></tr>' + "".join(rows) + "</table>")
-    items = "".join(f'<tr data-item="{_cell(i["id"])}" data-status="{_cell(i["status"])}"><td>{_cell(i["item"] or i["name"])}'
-                    f'</td><td>{_cell(i["status"])}</td><td>{i["done"]} / {i["total"]}</td>'
-                    f'<td>{i["seconds"]:.1f} s</td><td>{_cell(i["error"])}</td></tr>' for i in view["items"])
-    items = ('<table id="flowgpu-items" class="flowgpu-table"><tr><th>item</th><th>status</th><th>tasks done</th>'
-             '<th>time</th><th>error</th></tr>' + items + "</table>")
-    mem = []
-    peaks = (run or {}).get("peak") or {}
-    for w in view["memory"]["workers"]:
-        top = peaks.get(w["worker"], {}).get("store", 0)
-        moves = ", ".join(f"{a.replace('_', ' ')} {format_bytes(m['bytes'])}"
-                          + (f" at {m['gbps']:.2f} GB/s" if m.get("gbps") else "") for a, m in w["moves"].items())
-        gpu = format_bytes(w["gpu_memory"]) if w.get("gpu_memory") is not None else "-"
-        mem.append(f'<tr data-worker="{_cell(w["worker"])}" data-bytes="{sum(w[t] for t in TIERS)}" data-peak="{top}">'
-                   f'<td>{_cell(w["worker"])}</td>' + "".join(f"<td>{format_bytes(w[t])}</td>" for t in TIERS)
-                   + f"<td>{format_bytes(top)}</td><td>{gpu}</td><td>{_cell(moves or '-')}</td></tr>")
-    memory = ('<table id="flowgpu-memory" class="flowgpu-table"><tr><th>worker</th><th>device</th>'
-              '<th>host (pinned on GPU workers)</th><th>disk</th><th>peak in the run</th><th>GPU memory</th>'
-              '<th>moves between tiers</th></tr>'
-              + "".join(mem) + "</table>")
-    style = ("<style>.flowgpu-table{border-collapse:collapse;font-size:12px}.flowgpu-table td,.flowgpu-table th"
-             "{border:1px solid #ccc;padding:2px 6px;text-align:left}</style>")
-    return {"head": style + head, "steps": style + steps, "items": style + items, "memory": style + memory}
+    """The HTML of the page's tables (steps, batch items, memory per worker) from a board view
+    (``templates/dashboard.html.j2``)."""
+    page = templating.macros("dashboard.html.j2")
+    return {"head": str(page.head(view["run"])), "steps": str(page.steps(view, stepgraph.STATE_COLORS)),
+            "items": str(page.items(view)), "memory": str(page.memory(view))}
 
 
 def _graph_data(view: dict[str, Any]) -> tuple[dict, dict]:

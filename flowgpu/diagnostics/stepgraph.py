@@ -19,7 +19,8 @@ import shutil
 import subprocess
 from dataclasses import dataclass, field
 from typing import Any
-from xml.sax.saxutils import escape, quoteattr
+
+from flowgpu.diagnostics import templating
 
 __all__ = ["StepGraph", "GraphNode", "Edge", "STATES", "STATE_COLORS", "from_description", "layout",
            "to_dot", "to_svg", "to_dict", "from_dict"]
@@ -159,38 +160,10 @@ def _own_svg(graph: StepGraph, states: dict[str, str] | None) -> str:
     pos = layout(graph)
     cols = 1 + max((c for c, _ in pos.values()), default=0)
     rows = 1 + max((r for _, r in pos.values()), default=0)
-    width, height = 2 * _PAD + (cols - 1) * _COL + _W, 2 * _PAD + (rows - 1) * _ROW + _H + 20
-
-    def xy(n: str) -> tuple[int, int]:
-        c, r = pos[n]
-        return _PAD + c * _COL, _PAD + 20 + r * _ROW
-
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-             f'viewBox="0 0 {width} {height}" font-family="Helvetica, Arial, sans-serif" font-size="11">',
-             '<defs><marker id="arrow" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="7" markerHeight="7" '
-             'orient="auto-start-reverse"><path d="M 0 0 L 10 5 L 0 10 z" fill="#555"/></marker></defs>',
-             f'<title>{escape(graph.name)}</title>',
-             f'<text x="{_PAD}" y="{_PAD}" font-size="13" font-weight="bold">{escape(graph.name)}</text>']
-    for e in graph.edges:
-        (x1, y1), (x2, y2) = xy(e.source), xy(e.target)
-        dash = ' stroke-dasharray="5,3"' if e.kind in ("fused", "uses") else ""
-        parts.append(f'<line class="edge" data-source={quoteattr(e.source)} data-target={quoteattr(e.target)} '
-                     f'x1="{x1 + _W}" y1="{y1 + _H // 2}" x2="{x2}" y2="{y2 + _H // 2}" stroke="#555"{dash} '
-                     'marker-end="url(#arrow)"/>')
-    for n, node in graph.nodes.items():
-        x, y = xy(n)
-        state = states.get(n, "waiting") if states is not None else None
-        rx = 2 if node.kind == "output" else 8
-        parts.append(f'<g class="node" id={quoteattr("node-" + n)} data-kind="{node.kind}"'
-                     + (f' data-state="{state}"' if state else "") + f'><title>{escape(n)}</title>'
-                     f'<rect x="{x}" y="{y}" width="{_W}" height="{_H}" rx="{rx}" fill="{_color(node, states)}" '
-                     'stroke="#455a64"/>'
-                     f'<text x="{x + _W // 2}" y="{y + 18}" text-anchor="middle" font-weight="bold">'
-                     f'{escape(node.label)}</text>'
-                     f'<text x="{x + _W // 2}" y="{y + 34}" text-anchor="middle" fill="#37474f">'
-                     f'{escape(node.what + (" -> " + node.fused_into if node.fused_into else ""))}</text></g>')
-    parts.append("</svg>")
-    return "\n".join(parts) + "\n"
+    return templating.render("stepgraph.svg.j2", graph=graph, states=states, pad=_PAD, w=_W, h=_H,
+                             width=2 * _PAD + (cols - 1) * _COL + _W, height=2 * _PAD + (rows - 1) * _ROW + _H + 20,
+                             xy={n: (_PAD + c * _COL, _PAD + 20 + r * _ROW) for n, (c, r) in pos.items()},
+                             colors={n: _color(node, states) for n, node in graph.nodes.items()}) + "\n"
 
 
 def to_svg(graph: StepGraph, states: dict[str, str] | None = None, engine: str | None = "auto") -> str:

@@ -5,6 +5,7 @@ bytes, time, errors, batch items, memory per tier and the moves between tiers as
 from __future__ import annotations
 
 import re
+from html import unescape
 
 from bokeh.document import Document
 from bokeh.models import ColumnDataSource, Div
@@ -81,6 +82,17 @@ def test_a_failed_task_fails_its_step_with_the_error_and_the_run_ends(rng):
     html = render_tables(v)
     assert 'data-step="s" data-state="failed"' in html["steps"] and "boom while running" in html["steps"]
     assert 'data-status="failed"' in html["head"]
+
+
+def test_error_text_and_worker_names_on_the_page_stay_text(rng):
+    b, keys = _board(rng)
+    b.transition(("sum-2", 1), "processing", "erred", error="ValueError: <img src=x onerror=alert(1)> & \"q\"")
+    b.sample({"<script>w</script>": {"host_bytes": int(rng.integers(1, 1 << 20))}}, now=101.0)
+    b.finish("r", "failed", "<b>bold</b>", now=102.0)
+    html = "".join(render_tables(b.view()).values())
+    assert "<img" not in html and "<script>" not in html and "<b>" not in html
+    shown = unescape(html)  # what a browser shows
+    assert 'ValueError: <img src=x onerror=alert(1)> & "q"' in shown and "<script>w</script>" in shown
 
 
 def test_states_the_client_knows_and_batch_items(rng):

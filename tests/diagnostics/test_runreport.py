@@ -95,3 +95,37 @@ def test_report_of_a_local_run_and_from_the_command_line(tmp_path, rng, monkeypa
     assert result.exit_code == 0, result.output
     page = _Elements((tmp_path / "cli.html").read_text())
     assert page.rows("data-step") == ["x", "y", "s"] and "plot-time-per-step" in page.ids()
+
+
+class _Text(_Elements):
+    """Also every piece of text, as a browser shows it (entities decoded)."""
+
+    def __init__(self, text: str):
+        self.data: list[str] = []
+        super().__init__(text)
+
+    def handle_data(self, data):
+        self.data.append(data)
+
+
+def test_user_text_in_a_report_stays_text(tmp_path, rng):
+    """Params, paths and errors come from users: the report shows them as written and runs none of them."""
+    hostile = ['<script>alert(1)</script>', 'a&b"c\'<img src=x onerror=alert(2)>']
+    spec = {"version": 1, "name": "hostile", "params": {"tag": "t", "scale": 1.0},
+            "inputs": {"x": {"source": "random", "shape": [40, 6], "seed": 3, "chunks": [20, -1]}},
+            "steps": {"y": {"op": "multiply", "inputs": ["x"], "args": {"b": "${params.scale}"}},
+                      "t": {"op": "sum", "inputs": ["y"]}},
+            "outputs": {"t": {"from": "t"},
+                        "y": {"from": "y", "sink": "npy", "path": str(tmp_path / "y-${params.tag}.npy")}}}
+    scale = float(rng.uniform(0.5, 2.0))
+    spec["params"]["scale"] = scale
+    result = pipeline.run(spec, session="local", progress=False, foreach={"tag": hostile},
+                          report=str(tmp_path / "r.html"))
+    x = fg.random((40, 6), seed=3, chunks=(20, -1)).compute()
+    assert all(np.isclose(r.outputs["t"], scale * x.sum()) for r in result.items)
+    text = (tmp_path / "r.html").read_text()
+    page = _Text(text)
+    assert not [t for t, _ in page.found if t in ("script", "img")]  # nothing the user wrote became an element
+    shown = "".join(page.data)
+    assert all(f"tag={h}" in shown for h in hostile)  # and it reads as they wrote it
+    assert all(np.array_equal(np.load(tmp_path / f"y-{h}.npy"), scale * x) for h in hostile)
