@@ -20,6 +20,7 @@ from flowgpu.io import atomic
 from flowgpu.pipeline.checks import check_side_files
 from flowgpu.pipeline.foreach import parse_option
 from flowgpu.registry import checking_only
+from flowgpu.runtime import RunSession
 
 def _results(data: dict, as_json: bool, render: Callable[[dict, Any], None]) -> None:
     """Results on stdout: JSON (for scripts: ``flowgpu run x.yaml --json | jq``) or the table."""
@@ -112,21 +113,21 @@ def run(spec: str, sets: tuple[str, ...], params_file: str | None, scheduler: st
         click.echo(f"dry run: {f'{items} batch items checked; ' if items > 1 else ''}nothing was run or written")
         return
 
-    def announce(session: Any) -> None:
+    def announce(session: RunSession) -> None:
         if quiet:
             return
-        link = getattr(session, "dashboard_link", None)
-        if link and monitor.install(getattr(session, "client", None)):
+        link = session.dashboard_link
+        if link and monitor.install(session.client):
             link = monitor.page_link(link)  # straight to the flowgpu page
-        console.print(f"[bold]flowgpu[/] running {escape(spec)} on {getattr(session, 'backend', '?')} "
-                      f"({getattr(session, 'n_workers', '?')} worker(s)); dashboard: {link or 'off'}")
+        console.print(f"[bold]flowgpu[/] running {escape(spec)} on {session.backend} "
+                      f"({session.n_workers} worker(s)); dashboard: {link or 'off'}")
 
     result = pipeline.run(spec, overrides=overrides, params_file=params_file, overwrite=overwrite,
                           summary_path=summary_path, cluster=cluster, console=console if not quiet else None,
                           progress=not quiet, on_session=announce, allow_spec_address=allow_spec_address,
                           wait=not no_wait, foreach=batch, keep_going=keep_going, force=force, checksum=checksum,
                           cache=not no_cache, report=report)
-    _results(result.summary, as_json, render_batch if "items" in result.summary else render_summary)
+    _results(result.summary, as_json, render_batch if isinstance(result, pipeline.BatchResult) else render_summary)
     if result.summary["status"] != "ok":
         sys.exit(EXIT_FAILED)
 

@@ -33,6 +33,7 @@ from flowgpu.pipeline.compiler import Plan, calls_user_code, compile
 from flowgpu.pipeline.failures import ASK, explain, failed_with, watch_spill
 from flowgpu.pipeline.foreach import Item, in_item
 from flowgpu.pipeline.planning import check_memory, describe
+from flowgpu.runtime import RunSession
 
 __all__ = ["Job", "execute"]
 
@@ -80,7 +81,7 @@ def _said(job: Job, error: FlowgpuError) -> FlowgpuError:
     return said
 
 
-def _failure(job: Job, error: BaseException, session: Any) -> FlowgpuError:
+def _failure(job: Job, error: BaseException, session: RunSession) -> FlowgpuError:
     """What a user is told when ``job`` failed with ``error``: the step, the fix, that nothing was replaced."""
     if isinstance(error, FlowgpuError):
         return _said(job, error)
@@ -95,13 +96,13 @@ def _failure(job: Job, error: BaseException, session: Any) -> FlowgpuError:
     return _said(job, out)
 
 
-def _prepare(job: Job, session: Any, overwrite: bool, recompile: bool) -> None:
+def _prepare(job: Job, session: RunSession, overwrite: bool, recompile: bool) -> None:
     """Compile ``job`` for the session (python sources are called here, and only here; chunks sized
     for its workers, unless the plan was made while this session was already open) and stage its writes."""
     spec = job.item.spec
     plan = job.run_plan = compile(spec, for_run=True) if recompile or calls_user_code(job.plan) \
         else job.plan
-    if getattr(session, "workers", None):  # one task, and the largest array, fit the workers (or a SpecError)
+    if session.workers:  # one task, and the largest array, fit the workers (or a SpecError)
         check_memory(plan, session.workers, session.threads_per_worker, session.worker_budget)
     for name in job.todo:
         out = spec.outputs[name]
@@ -129,7 +130,7 @@ def _commit(job: Job, results: list[Any], cache: Any) -> None:
     job.status = "ok"
 
 
-def _settle(job: Job, error: BaseException | None, session: Any, results: list[Any] | None, cache: Any,
+def _settle(job: Job, error: BaseException | None, session: RunSession, results: list[Any] | None, cache: Any,
             bars: BatchBars, started: float) -> None:
     job.seconds = time.perf_counter() - started
     bars.done(job.bar)
@@ -145,10 +146,10 @@ def _settle(job: Job, error: BaseException | None, session: Any, results: list[A
     _told(job)
 
 
-def _follow(job: Job, session: Any, batch: str, report: bool) -> None:
+def _follow(job: Job, session: RunSession, batch: str, report: bool) -> None:
     """The dashboard's flowgpu page follows ``job`` from now on (one row per item of a batch); not
     where no dashboard can show it and no report needs what the page records."""
-    if not report and not getattr(session, "may_serve_dashboard", True):
+    if not report and not session.may_serve_dashboard:
         return
     item = job.item
     job.tracked = monitor.follow(job.run_plan, session, functools.partial(describe, job.run_plan),
@@ -163,7 +164,7 @@ def _told(job: Job) -> None:
         job.tracked.finish("ok" if job.status == "ok" else "failed", str(job.error) if job.error else job.status)
 
 
-def _run_local(jobs: list[Job], session: Any, cache: Any, bars: BatchBars, keep_going: bool) -> None:
+def _run_local(jobs: list[Job], session: RunSession, cache: Any, bars: BatchBars, keep_going: bool) -> None:
     """One item after the other on dask's threaded scheduler, in this process."""
     for job in jobs:
         started = time.perf_counter()
@@ -179,7 +180,7 @@ def _run_local(jobs: list[Job], session: Any, cache: Any, bars: BatchBars, keep_
             return
 
 
-def _run_distributed(jobs: list[Job], session: Any, cache: Any, bars: BatchBars, keep_going: bool) -> None:
+def _run_distributed(jobs: list[Job], session: RunSession, cache: Any, bars: BatchBars, keep_going: bool) -> None:
     """Every item submitted at once; each committed as soon as its last future is done."""
     client = session.client
     started = time.perf_counter()
@@ -226,7 +227,7 @@ def _run_distributed(jobs: list[Job], session: Any, cache: Any, bars: BatchBars,
             job.abort()
 
 
-def _gather_one(client: Any, job: Job, session: Any, cache: Any, bars: BatchBars, started: float) -> None:
+def _gather_one(client: Any, job: Job, session: RunSession, cache: Any, bars: BatchBars, started: float) -> None:
     """Wait for ``job``'s futures and fetch their results in one round trip (the first failure ends
     the wait), then commit or fail it."""
     try:
@@ -261,7 +262,7 @@ def _cancel(client: Any, job: Job) -> None:
         client.cancel(writes)
 
 
-def execute(jobs: list[Job], session: Any, *, overwrite: bool = False, keep_going: bool = False,
+def execute(jobs: list[Job], session: RunSession, *, overwrite: bool = False, keep_going: bool = False,
             console: Console | None = None, progress: bool = True, cache: Any = None, recompile: bool = True,
             report: bool = False, memory: Callable[[], Any] | None = None) -> None:
     """Compute the ``todo`` outputs of every job on ``session`` and commit each job's outputs when all

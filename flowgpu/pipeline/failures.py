@@ -28,6 +28,7 @@ from distributed import Future, KilledWorker
 from flowgpu import config
 from flowgpu.errors import RunError
 from flowgpu.pipeline.compiler import Plan
+from flowgpu.runtime import RunSession
 
 __all__ = ["explain", "failed_with", "watch_spill"]
 
@@ -63,7 +64,7 @@ def failed_with(error: BaseException) -> str:
     return text
 
 
-def explain(error: BaseException, plan: Plan | None, session: Any) -> RunError | None:
+def explain(error: BaseException, plan: Plan | None, session: RunSession) -> RunError | None:
     """A :class:`RunError` naming the step, chunk size and memory limit for a ``KilledWorker``; None
     for any other error."""
     if not isinstance(error, KilledWorker) or plan is None:
@@ -98,7 +99,7 @@ class watch_spill:  # noqa: N801 - used as a context manager, like a function
     ``baseline``: the session's :meth:`memory_summary` taken just before (its errors are old ones),
     which saves asking the workers again; by default it is asked for on entering."""
 
-    def __init__(self, session: Any, interval: float = 1.0, baseline: Any = ASK, no_workers: float | None = None):
+    def __init__(self, session: RunSession, interval: float = 1.0, baseline: Any = ASK, no_workers: float | None = None):
         self.session, self.interval, self.baseline = session, interval, baseline
         self.no_workers = config.parse_seconds(config.get("run.no-workers-timeout")) if no_workers is None \
             else no_workers

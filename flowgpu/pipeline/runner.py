@@ -32,7 +32,6 @@ from rich.console import Console
 from rich.markup import escape
 
 from flowgpu import runtime
-from flowgpu.backend import current_backend
 from flowgpu.diagnostics import runreport
 from flowgpu.errors import ConfigError, FlowgpuError
 from flowgpu.io import sinks
@@ -42,7 +41,7 @@ from flowgpu.pipeline.checks import check_outputs, check_side_files, protected_p
 from flowgpu.pipeline.compiler import Plan
 from flowgpu.pipeline.foreach import Item, expand
 from flowgpu.pipeline.planning import describe
-from flowgpu.pipeline.outcome import batch_summary, failure_summary, moves_delta, run_summary, write_json
+from flowgpu.pipeline.outcome import RunState, batch_summary, failure_summary, moves_delta, run_summary, write_json
 from flowgpu.pipeline.spec import Spec
 from flowgpu.pipeline.status import judge, line, load_spec, plan_items
 from flowgpu.runtime import standing
@@ -77,26 +76,10 @@ def _start_session(spec: Spec, cluster: dict[str, Any] | None, allow_spec_addres
         raise spec._origin.smap.error(str(e), ("cluster",), hint="fix the cluster: block or the CLI option") from None
 
 
-class _LocalRun:
-    """Stands in for a Session when running on dask's local threaded scheduler."""
-
-    client = None
-    backend = "local"
-    n_workers = 1
-    dashboard_link = None
-
-    def memory_summary(self) -> None:
-        return None  # no workers, no flowgpu data store
-
-    def info(self) -> dict:
-        return {"backend": f"local ({current_backend()})", "n_workers": 1, "threads_per_worker": os.cpu_count(),
-                "address": None, "dashboard": None}
-
-
 def run(spec: Spec | str | os.PathLike | dict, *, overrides: dict[str, Any] | None = None, params_file: str | None = None,
-        session: Any = None, overwrite: bool = False, summary_path: str | None = None,
+        session: runtime.RunSession | str | None = None, overwrite: bool = False, summary_path: str | None = None,
         cluster: dict[str, Any] | None = None, console: Console | None = None, progress: bool = True,
-        on_session: Any = None, allow_spec_address: bool = False, wait: bool = True,
+        on_session: Callable[[runtime.RunSession], None] | None = None, allow_spec_address: bool = False, wait: bool = True,
         foreach: dict[str, Any] | None = None, keep_going: bool = False, force: bool = False,
         checksum: bool = False, cache: bool = True, report: str | os.PathLike | None = None) -> "RunResult | BatchResult":
     """Run a pipeline (or a batch of it) and return its outputs and summary.
@@ -134,13 +117,13 @@ def run(spec: Spec | str | os.PathLike | dict, *, overrides: dict[str, Any] | No
     """
     console = console or Console(stderr=True, quiet=not progress)
     started = time.perf_counter()
-    state: dict[str, Any] = {"written": {}}
+    state = RunState()
     given = spec
     try:
         spec = load_spec(spec, overrides, params_file)
-        state["side_files_ok"] = False
+        state.side_files_ok = False
         check_side_files(spec, summary_path, report, overwrite, params_file)  # as outputs: before anything runs
-        state["side_files_ok"] = True
+        state.side_files_ok = True
         items = expand(spec, foreach)
         options = dict(overwrite=overwrite, cluster=cluster, progress=progress, on_session=on_session,
                        allow_spec_address=allow_spec_address, params_file=params_file, wait=wait,
@@ -148,9 +131,9 @@ def run(spec: Spec | str | os.PathLike | dict, *, overrides: dict[str, Any] | No
         result = _run(spec, items, session, console, state, bool(foreach or spec.foreach), **options)
     except BaseException as e:
         if isinstance(e, KeyboardInterrupt):  # what the command line says of it: what was committed, what not
-            e.flowgpu_outcome = interrupted(state.get("jobs") or [])
+            e.flowgpu_outcome = interrupted(state.jobs)
         if summary_path and _may_write(state, given, summary_path, overwrite, params_file):
-            write_json(summary_path, state["summary"] if "summary" in state else
+            write_json(summary_path, state.summary if state.summary is not None else
                        failure_summary(spec, state, e, time.perf_counter() - started), overwrite)
         raise
     if summary_path:
@@ -158,11 +141,11 @@ def run(spec: Spec | str | os.PathLike | dict, *, overrides: dict[str, Any] | No
     return result
 
 
-def _may_write(state: dict[str, Any], spec: Any, summary_path: str, overwrite: bool, params_file: str | None) -> bool:
+def _may_write(state: RunState, spec: Any, summary_path: str, overwrite: bool, params_file: str | None) -> bool:
     """Whether a failed run may write its summary: its path passed the checks, or (the spec did not
     load) passes those that need no spec."""
-    if "side_files_ok" in state:
-        return state["side_files_ok"]
+    if state.side_files_ok is not None:
+        return state.side_files_ok
     try:
         check_side_files(spec if isinstance(spec, (str, os.PathLike)) else None, summary_path, None, overwrite,
                          params_file)
@@ -185,20 +168,21 @@ class BatchResult:
         return self.summary["status"] == "ok"
 
 
-def _run(spec: Spec, items: list[Item], session: Any, console: Console, state: dict[str, Any], batch: bool, *,
-         overwrite: bool, cluster: dict[str, Any] | None, progress: bool, on_session: Any, allow_spec_address: bool,
+def _run(spec: Spec, items: list[Item], session: runtime.RunSession | str | None, console: Console, state: RunState,
+         batch: bool, *, overwrite: bool, cluster: dict[str, Any] | None, progress: bool,
+         on_session: Callable[[runtime.RunSession], None] | None, allow_spec_address: bool,
          params_file: str | None, wait: bool, keep_going: bool, force: bool, checksum: bool,
          cache: bool, report: str | os.PathLike | None) -> "RunResult | BatchResult":
     started = time.perf_counter()
     if isinstance(session, str):
         if session != "local":
             raise ConfigError(f"session={session!r}: give a flowgpu.Session, None, or \"local\"")
-        session = _LocalRun()
+        session = runtime.ThreadedSession()
     if session is None:
         session = runtime.current_session()
     plans = plan_items(items, overwrite, params_file)
     jobs = [Job(item, plan, list(plan.outputs)) for item, plan in zip(items, plans)]
-    state["plan"], state["jobs"] = plans[0], jobs
+    state.plan, state.jobs = plans[0], jobs
     own = None
     paths = [o.path for item in items for o in item.spec.outputs.values() if o.path is not None]
     with sinks.hold_outputs(paths, wait):
@@ -221,10 +205,10 @@ def _run(spec: Spec, items: list[Item], session: Any, console: Console, state: d
                             memory=memory)
                 except BaseException:
                     if batch:  # what a failed batch's --summary says
-                        state["summary"] = _batch_result(spec, jobs, session, started).summary
+                        state.summary = _batch_result(spec, jobs, session, started).summary
                     raise
                 finally:
-                    state["written"] = dict(jobs[0].written)
+                    state.written = dict(jobs[0].written)
                     if report:  # the run report, of a failed run too
                         _write_report(report, spec, jobs, session, started, batch, overwrite)
             after = _memory_soon(session) if memory is not None and memory() is not None and not batch else None
@@ -265,7 +249,7 @@ def interrupted(jobs: list[Job]) -> str:
     return said
 
 
-def _memory_soon(session: Any) -> Callable[[], dict | None]:
+def _memory_soon(session: runtime.RunSession) -> Callable[[], dict | None]:
     """``session.memory_summary()`` asked for now, on a thread of its own (a round trip to every
     worker); the function returned waits for the answer."""
     if getattr(session, "client", None) is None:
@@ -283,7 +267,7 @@ def _memory_soon(session: Any) -> Callable[[], dict | None]:
     return answer
 
 
-def _write_report(path: str | os.PathLike, spec: Spec, jobs: list[Job], session: Any, started: float,
+def _write_report(path: str | os.PathLike, spec: Spec, jobs: list[Job], session: runtime.RunSession, started: float,
                   batch: bool, overwrite: bool) -> None:
     summary = (_batch_result(spec, jobs, session, started) if batch else _single_result(jobs[0], session, started)).summary
     runs = [(j.item.label, j.tracked.report_data() if j.tracked is not None else  # up to date: its plan
@@ -291,11 +275,11 @@ def _write_report(path: str | os.PathLike, spec: Spec, jobs: list[Job], session:
     runreport.write(path, runreport.render(summary, runs), overwrite)
 
 
-def _info(session: Any) -> dict:
+def _info(session: runtime.RunSession) -> dict:
     return session.info() if session is not None and hasattr(session, "info") else {}
 
 
-def _single_result(job: Job, session: Any, started: float) -> RunResult:
+def _single_result(job: Job, session: runtime.RunSession, started: float) -> RunResult:
     values = {**job.cached, **job.values}
     status = "ok" if job.status in ("ok", "up-to-date") else job.status
     plan = job.run_plan or job.plan
@@ -304,7 +288,7 @@ def _single_result(job: Job, session: Any, started: float) -> RunResult:
     return RunResult(values, summary, plan, status)
 
 
-def _batch_result(spec: Spec, jobs: list[Job], session: Any, started: float) -> BatchResult:
+def _batch_result(spec: Spec, jobs: list[Job], session: runtime.RunSession, started: float) -> BatchResult:
     results, entries = [], []
     for job in jobs:
         one = _single_result(job, session, started)

@@ -1,0 +1,62 @@
+"""What a run needs of the session it runs on: :class:`RunSession`, which :class:`~flowgpu.Session`
+and :class:`ThreadedSession` (dask's threaded scheduler in this process, no cluster) both are."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Protocol, runtime_checkable
+
+from flowgpu.backend import current_backend
+
+__all__ = ["RunSession", "ThreadedSession"]
+
+
+@runtime_checkable
+class RunSession(Protocol):
+    """The session a pipeline run computes on (:func:`flowgpu.pipeline.run`'s ``session``)."""
+
+    client: Any  # a distributed Client, or None: dask's threaded scheduler in this process
+    backend: str  # "gpu", "cpu" or "local"
+
+    @property
+    def n_workers(self) -> int: ...
+
+    @property
+    def dashboard_link(self) -> str | None: ...
+
+    @property
+    def may_serve_dashboard(self) -> bool: ...
+
+    @property
+    def workers(self) -> dict[str, dict]: ...  # each worker's probe results (empty: none to ask)
+
+    @property
+    def threads_per_worker(self) -> int: ...
+
+    @property
+    def worker_budget(self) -> int | None: ...
+
+    def memory_summary(self) -> dict | None: ...
+
+    def info(self) -> dict: ...
+
+
+class ThreadedSession:
+    """A :class:`RunSession` on dask's local threaded scheduler: no cluster, no workers to ask, no
+    flowgpu data store (small runs and tests: ``run(..., session="local")``)."""
+
+    client = None
+    backend = "local"
+    n_workers = 1
+    dashboard_link = None
+    may_serve_dashboard = False
+    workers: dict[str, dict] = {}
+    threads_per_worker = os.cpu_count() or 1
+    worker_budget = None
+
+    def memory_summary(self) -> None:
+        return None
+
+    def info(self) -> dict:
+        return {"backend": f"local ({current_backend()})", "n_workers": 1, "threads_per_worker": os.cpu_count(),
+                "address": None, "dashboard": None}
