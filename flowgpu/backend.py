@@ -2,13 +2,8 @@
 
 This is the one place that imports CuPy (lazily, with an install hint when it is missing) and the
 one place that counts GPUs. Nothing here imports cupy, rmm or dask_cuda at import time, so
-``import flowgpu`` stays instant on a machine without a GPU.
-
-It also holds the two *staging hooks*, how host data reaches the device: :func:`host_to_device`
-(a host block) and :func:`file_rows_to_device` (a byte range of a file). Their defaults are plain
-(``cupy.asarray``; a memory map and ``cupy.asarray``); importing :mod:`flowgpu.memory` replaces
-them with pinned staging (``set_host_to_device`` / ``set_file_rows_to_device``), so that
-:mod:`flowgpu.arrays` and :mod:`flowgpu.io` move data fast without importing the memory layer.
+``import flowgpu`` stays instant on a machine without a GPU. How host data reaches the device
+(pinned staging) is :mod:`flowgpu.transfer`, the layer above.
 """
 
 from __future__ import annotations
@@ -16,7 +11,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
-from typing import Any, Callable
+from typing import Any
 
 import dask.config
 import numpy as np
@@ -32,10 +27,6 @@ __all__ = [
     "has_gpu",
     "visible_gpus",
     "device_total_memory",
-    "host_to_device",
-    "set_host_to_device",
-    "file_rows_to_device",
-    "set_file_rows_to_device",
 ]
 
 INSTALL_HINT = (
@@ -183,49 +174,3 @@ def device_total_memory(ordinal: int = 0) -> int:
     with cp.cuda.Device(ordinal):
         return int(cp.cuda.runtime.memGetInfo()[1])
 
-
-# -- staging hooks: how host data reaches the device ---------------------------------------------
-def _plain_host_to_device(block: Any):
-    return import_cupy().asarray(block)
-
-
-def _plain_file_rows_to_device(path: str, offset: int, shape: tuple, dtype: Any, slice_bytes: int | None = None):
-    dtype = np.dtype(dtype)
-    if int(np.prod(shape, dtype=np.int64)) == 0:
-        return import_cupy().empty(shape, dtype=dtype)
-    return import_cupy().asarray(np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=tuple(shape)))
-
-
-_host_to_device: Callable[[Any], Any] = _plain_host_to_device
-_file_rows_to_device: Callable[..., Any] = _plain_file_rows_to_device
-
-
-def host_to_device(block: Any):
-    """A host block (NumPy, or anything ``cupy.asarray`` takes) as a CuPy array, through the
-    registered hook (pinned staging once :mod:`flowgpu.memory` is imported)."""
-    return _host_to_device(block)
-
-
-def file_rows_to_device(path: str, offset: int, shape: tuple, dtype: Any, slice_bytes: int | None = None):
-    """``shape`` (C order) of ``dtype`` read from ``path`` at byte ``offset``, as a CuPy array,
-    through the registered hook (``os.preadv`` into pinned staging buffers once
-    :mod:`flowgpu.memory` is imported, in slices of ``slice_bytes``: its default when None)."""
-    if slice_bytes is None:
-        return _file_rows_to_device(path, offset, shape, dtype)
-    return _file_rows_to_device(path, offset, shape, dtype, slice_bytes=slice_bytes)
-
-
-def set_host_to_device(fn: Callable[[Any], Any] | None) -> Callable[[Any], Any]:
-    """Make ``fn(block)`` the :func:`host_to_device` hook (None: the plain default); returns the
-    hook it replaces."""
-    global _host_to_device
-    old, _host_to_device = _host_to_device, fn or _plain_host_to_device
-    return old
-
-
-def set_file_rows_to_device(fn: Callable[..., Any] | None) -> Callable[..., Any]:
-    """Make ``fn(path, offset, shape, dtype, slice_bytes=None)`` the :func:`file_rows_to_device`
-    hook (None: the plain default); returns the hook it replaces."""
-    global _file_rows_to_device
-    old, _file_rows_to_device = _file_rows_to_device, fn or _plain_file_rows_to_device
-    return old

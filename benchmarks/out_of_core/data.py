@@ -11,7 +11,7 @@ import numpy as np
 import flowgpu as fg
 from flowgpu.backend import import_cupy
 from flowgpu.io.npy import NpyReader
-from flowgpu.memory.pinned import PinnedPool
+from flowgpu.transfer.pinned import PinnedPool
 
 GiB = 1 << 30
 

@@ -54,7 +54,8 @@ import flowgpu.config  # noqa: F401 - load flowgpu's defaults before setting one
 from benchmarks import harness
 from benchmarks.out_of_core.data import chain, npy_array, pinned_h2d_gbps, transpose_sum
 from flowgpu.backend import import_cupy
-from flowgpu.memory import staging, stats, summary
+from flowgpu.memory import stats, summary
+from flowgpu.transfer import staging
 
 GiB = 1 << 30
 

@@ -33,8 +33,8 @@ import numpy as np
 
 from benchmarks import harness
 from flowgpu.backend import import_cupy
-from flowgpu.memory.pinned import registered_pinned_allocator
-from flowgpu.memory.staging import file_rows_to_device
+from flowgpu.transfer.pinned import registered_pinned_allocator
+from flowgpu.transfer.staging import file_rows_to_device
 
 MiB, GiB = 1 << 20, 1 << 30
 READ_ONLY, PORTABLE = 8, 1  # cudaHostRegisterReadOnly, cudaHostRegisterPortable

@@ -27,7 +27,7 @@ import numpy as np
 
 from benchmarks import harness
 from flowgpu.backend import import_cupy
-from flowgpu.memory.pinned import registered_pinned_allocator
+from flowgpu.transfer.pinned import registered_pinned_allocator
 
 GiB = 1 << 30
 

@@ -26,7 +26,7 @@ import flowgpu as fg
 from benchmarks import harness
 from benchmarks.out_of_core.data import chain
 from flowgpu.memory import events as ev
-from flowgpu.memory import staging
+from flowgpu.transfer import staging
 
 
 def _install(dask_worker=None):

@@ -20,7 +20,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from benchmarks import harness
-from flowgpu.memory.staging import file_rows_to_device
+from flowgpu.transfer import staging
+from flowgpu.transfer.staging import file_rows_to_device
 
 
 def main(argv=None) -> int:
@@ -58,8 +59,6 @@ def main(argv=None) -> int:
             ("one piece, 1 thread, 1 MiB rows", timed(lambda: one(0, (n >> 20, 1 << 20))), n),
             ("4 pieces, 4 threads at once", timed(lambda: list(pool.map(one, range(4)))), 4 * n),
         ]
-        from flowgpu.memory import staging
-
         for mib, depth in ((16, 4), (16, 8), (8, 16), (32, 8)):
             staging.DEPTH = depth
             budget = mib << 20

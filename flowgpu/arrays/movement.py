@@ -5,14 +5,15 @@ from __future__ import annotations
 import dask.array as da
 import numpy as np
 
-from flowgpu.backend import current_backend, host_to_device, import_cupy, is_cupy
+from flowgpu.backend import current_backend, import_cupy, is_cupy
+from flowgpu.transfer.staging import host_to_device
 
 __all__ = ["to_device", "to_host", "to_numpy", "as_backend"]
 
 
 def _to_cupy_block(block):
-    """One host block on the device, through the backend's staging hook (pinned staging buffers
-    once flowgpu.memory is imported, as a session and flowgpu's worker store do)."""
+    """One host block on the device, through pinned staging buffers when it is large enough
+    (:func:`flowgpu.transfer.staging.host_to_device`)."""
     return host_to_device(block)
 
 

@@ -19,9 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from flowgpu.backend import file_rows_to_device, import_cupy
+from flowgpu.backend import import_cupy
 from flowgpu.io import nvcompc
 from flowgpu.io.devcodec import ALIGN, layout, read_exact
+from flowgpu.transfer.staging import file_rows_to_device
 
 __all__ = ["gather", "HostPending", "HostDevice", "CupyDevice", "KvikioDevice", "DEVICES", "device_for"]
 
@@ -168,7 +169,7 @@ class HostDevice:
 
 
 class CupyDevice(HostDevice):
-    """CuPy arrays, reads through pinned staging buffers (flowgpu's ``file_rows_to_device`` hook),
+    """CuPy arrays, reads through pinned staging buffers (:func:`flowgpu.transfer.staging.file_rows_to_device`),
     on the calling thread's current stream: one batch per call, its chunks carved from one buffer by
     an offset table. Decodes through nvCOMP's C API (:mod:`flowgpu.io.nvcompc`: no stream sync
     inside, per-chunk statuses checked after :meth:`sync`), so reads, decodes and compute of other

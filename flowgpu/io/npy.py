@@ -11,10 +11,11 @@ import numpy as np
 
 from flowgpu.arrays.chunks import resolve_chunks
 from flowgpu.arrays.movement import to_device, to_host
-from flowgpu.backend import current_backend, file_rows_to_device, host_to_device, import_cupy
+from flowgpu.backend import current_backend, import_cupy
 from flowgpu.errors import ConfigError
 from flowgpu.io.atomic import atomic_output
 from flowgpu.io.paths import resolve
+from flowgpu.transfer.staging import file_rows_to_device, host_to_device
 
 __all__ = ["from_npy", "to_npy", "NpyReader"]
 
@@ -24,10 +25,10 @@ class NpyReader:
 
     ``device=False``: a NumPy chunk, through a memory map, with one copy. ``device=True``: a CuPy
     chunk. A block of whole rows of a C-ordered file is one byte range, handed to
-    :func:`flowgpu.backend.file_rows_to_device` (with flowgpu.memory imported: read with
-    ``os.preadv`` straight into pinned staging buffers and copied on to the device while the next
-    slice is read, never through pageable memory). Other blocks go from the memory map through
-    :func:`flowgpu.backend.host_to_device` (the same staging buffers).
+    :func:`flowgpu.transfer.staging.file_rows_to_device` (read with ``os.preadv`` straight into
+    pinned staging buffers and copied on to the device while the next slice is read, never through
+    pageable memory). Other blocks go from the memory map through
+    :func:`flowgpu.transfer.staging.host_to_device` (the same staging buffers).
     """
 
     def __init__(self, path: str, device: bool = False):

@@ -15,9 +15,9 @@ from typing import Any, Callable
 
 from flowgpu.memory.disk import DiskFile, DiskTier
 from flowgpu.memory.events import CopyEnqueued, Events, Moved
-from flowgpu.memory.pinned import PinnedPool
 from flowgpu.memory.tiers import HostEntry
-from flowgpu.memory.transfer import PendingCopy
+from flowgpu.transfer.pinned import PinnedPool
+from flowgpu.transfer.streams import PendingCopy
 
 __all__ = ["CopiesInFlight", "copy_up"]
 

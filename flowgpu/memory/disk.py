@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from flowgpu.memory.transfer import ArrayMeta
+from flowgpu.transfer.streams import ArrayMeta
 
 __all__ = ["DiskTier", "DiskFile", "DiskFull", "can_store"]
 

@@ -22,13 +22,16 @@ only when something subscribes to its kind, so an unobserved store pays a dictio
 :class:`SpillStarted`             a device chunk starts its way to host memory
 :class:`SpillEnded`               ... its copy is enqueued (room made, buffer taken, waits included)
 :class:`CopyEnqueued`             an asynchronous copy was queued; ``copy`` is its
-                                  :class:`~flowgpu.memory.transfer.PendingCopy` (CUDA events)
+                                  :class:`~flowgpu.transfer.streams.PendingCopy` (CUDA events)
 :class:`Moved`                    a move between tiers finished: ``activity`` (see
                                   :mod:`flowgpu.memory.accounting`), bytes, seconds
 :class:`PinnedAllocated`          the pinned pool allocated a buffer (``background`` for spares)
 :class:`CleanCopyDropped`         the host copy of a chunk that is also on the device was freed
 :class:`Noted`                    something worth counting: a fallback, a failure (``name``, message)
 ================================  ==============================================================
+
+:class:`PinnedAllocated` and :class:`Noted` are defined by the pinned pool's module
+(:mod:`flowgpu.transfer.pinned`), the layer below, which emits them into the hub it is given.
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ import logging
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable
+
+from flowgpu.transfer.pinned import Noted, PinnedAllocated  # what the store's pinned pool emits
 
 __all__ = [
     "Events",
@@ -110,26 +115,11 @@ class Moved:
 
 
 @dataclass(frozen=True, slots=True)
-class PinnedAllocated:
-    nbytes: int
-    thread: str
-    background: bool
-    start: float
-    end: float
-
-
-@dataclass(frozen=True, slots=True)
 class CleanCopyDropped:
     key: Any
     nbytes: int
     start: float
     end: float
-
-
-@dataclass(frozen=True, slots=True)
-class Noted:
-    name: str
-    message: str | None = None
 
 
 Event = (FetchStarted | FetchEnded | SpillStarted | SpillEnded | CopyEnqueued | Moved | PinnedAllocated

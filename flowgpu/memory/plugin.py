@@ -29,7 +29,7 @@ from distributed.diagnostics.plugin import WorkerPlugin
 
 from flowgpu.backend import import_cupy
 from flowgpu.memory.store import FlowgpuStore
-from flowgpu.memory.transfer import sync_current_stream
+from flowgpu.transfer.streams import sync_current_stream
 
 __all__ = ["MemoryPlugin", "stats", "summary"]
 

@@ -5,7 +5,7 @@ fit, in tiers (:mod:`flowgpu.memory.tiers`) it composes and moves chunks between
 
 * **device** (CuPy chunks): least recently used first out once their bytes pass
   ``device_memory_limit``, copied asynchronously into pinned host buffers from a
-  :class:`~flowgpu.memory.pinned.PinnedPool`, never pickled;
+  :class:`~flowgpu.transfer.pinned.PinnedPool`, never pickled;
 * **host** (spilled device chunks and NumPy chunks): least recently used first out once
   their bytes pass ``memory_limit``, written to disk as raw bytes behind a ``.npy`` header;
 * **disk**: files in ``<worker local directory>/flowgpu-spill``.
@@ -29,16 +29,15 @@ from collections.abc import MutableMapping
 from typing import Any, Callable, Iterator
 
 from flowgpu.backend import is_cupy
-from flowgpu.memory import staging  # noqa: F401 - workers that use this store stage through pinned buffers
 from flowgpu.memory.accounting import Accounting
 from flowgpu.memory.copies import CopiesInFlight, copy_up
 from flowgpu.memory.disk import DiskFile, DiskTier, can_store
 from flowgpu.memory.events import Events, FetchEnded, FetchStarted, Moved, Noted, SpillEnded, SpillStarted, thread_name
-from flowgpu.memory.pinned import PinnedPool
 from flowgpu.memory.placement import Load, Placement
 from flowgpu.memory.spill import HostSpill
 from flowgpu.memory.tiers import HostEntry, HostTier, LRUTier
-from flowgpu.memory.transfer import CupyTransfer, PendingCopy
+from flowgpu.transfer.pinned import PinnedPool
+from flowgpu.transfer.streams import CupyTransfer, PendingCopy
 
 __all__ = ["FlowgpuStore"]
 

@@ -6,7 +6,7 @@ running ``nbytes``. A tier only holds and counts; which key goes where, and when
 
 * :class:`LRUTier` ``"device"``: CuPy chunks, least recently used first;
 * :class:`HostTier` ``"host"``: chunks in host memory, in buffers of a
-  :class:`~flowgpu.memory.pinned.PinnedPool` (pinned, or pageable as a fallback) for spilled device
+  :class:`~flowgpu.transfer.pinned.PinnedPool` (pinned, or pageable as a fallback) for spilled device
   chunks, in their own NumPy arrays otherwise (all of a CPU worker's chunks); it also holds the
   *clean copies*, host copies of chunks that are back on the device;
 * :class:`~flowgpu.memory.disk.DiskTier` ``"disk"``: raw ``.npy`` files, no pickle.
@@ -22,8 +22,8 @@ from typing import Any, Callable, Iterator, Protocol, runtime_checkable
 
 import numpy as np
 
-from flowgpu.memory.pinned import HostBuffer, PinnedPool
-from flowgpu.memory.transfer import ArrayMeta, PendingCopy
+from flowgpu.transfer.pinned import HostBuffer, PinnedPool
+from flowgpu.transfer.streams import ArrayMeta, PendingCopy
 
 __all__ = ["Tier", "LRUTier", "HostEntry", "HostTier"]
 

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 import flowgpu as fg
-import flowgpu.memory  # noqa: F401 - registers pinned staging as the backend's hooks, as a session does
 from flowgpu.io.npy import NpyReader
-from tests.memory.fakes import fake_staging
+from flowgpu.transfer.staging import file_rows_to_device, staging_pool
+from tests.transfer.fakes import fake_staging
 
 
 def test_row_blocks_are_recognised_as_one_byte_range(tmp_path, rng):
@@ -29,9 +29,9 @@ def test_row_blocks_are_recognised_as_one_byte_range(tmp_path, rng):
 
 
 @pytest.mark.parametrize("order", ["C", "F"])
-def test_device_reads_go_through_the_staging_hooks(tmp_path, rng, monkeypatch, order):
+def test_device_reads_go_through_staging(tmp_path, rng, monkeypatch, order):
     """Row blocks of a C-ordered file are one byte range read into staging buffers; other blocks
-    (and Fortran files) come from the memory map through the host-to-device hook."""
+    (and Fortran files) come from the memory map through host_to_device."""
     cp = fake_staging(monkeypatch)
     data = rng.standard_normal((40, 30)).astype(np.float32)
     data = np.asfortranarray(data) if order == "F" else data
@@ -41,7 +41,7 @@ def test_device_reads_go_through_the_staging_hooks(tmp_path, rng, monkeypatch, o
     rows, part = r[(slice(5, 25), slice(0, 30))], r[(slice(5, 25), slice(3, 9))]
     np.testing.assert_array_equal(rows.a, data[5:25])
     np.testing.assert_array_equal(part.a, data[5:25, 3:9])
-    # small blocks: cupy.asarray, except the row block of a C file, which is read by the file hook
+    # small blocks: cupy.asarray, except the row block of a C file, which is read into staging buffers
     assert cp.plain_copies == (1 if order == "C" else 2)
 
 
@@ -67,8 +67,6 @@ def test_gpu_from_npy_matches_the_file(tmp_path, rng, chunks, order):
 def test_gpu_file_rows_to_device_spans_many_staging_slices(tmp_path, rng):
     import cupy as cp
 
-    from flowgpu.memory.staging import file_rows_to_device
-
     data = rng.integers(0, 1 << 30, (301, 77), dtype=np.int64)
     path = str(tmp_path / "x.npy")
     np.save(path, data)
@@ -90,8 +88,6 @@ def test_gpu_to_device_stages_large_numpy_blocks(rng):
 
 @pytest.mark.gpu
 def test_gpu_file_rows_read_past_the_end_fails_cleanly(tmp_path, rng):
-    from flowgpu.memory.staging import file_rows_to_device, staging_pool
-
     data = rng.random((100, 50))
     path = str(tmp_path / "x.npy")
     np.save(path, data)
@@ -103,8 +99,6 @@ def test_gpu_file_rows_read_past_the_end_fails_cleanly(tmp_path, rng):
 
 
 def test_a_read_past_the_end_of_the_file_is_refused_before_any_copy(tmp_path, rng):
-    from flowgpu.memory.staging import file_rows_to_device
-
     data = rng.random((100, 50))
     path = str(tmp_path / "x.npy")
     np.save(path, data)

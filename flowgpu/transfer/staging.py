@@ -12,11 +12,9 @@ copies out of the page cache at about 5 GB/s on the H200 machine, 16 at 45 GB/s.
 copies run on the calling thread's current CUDA stream (its per-thread default stream when
 ``CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1``), so several worker threads stage at once.
 
-Importing this module registers :func:`host_to_device` and :func:`file_rows_to_device` as the
-staging hooks of :mod:`flowgpu.backend` (``set_host_to_device`` / ``set_file_rows_to_device``),
-which ``flowgpu.to_device`` and ``flowgpu.from_npy`` call: it is imported by
-``flowgpu.memory`` and by the worker store's module, so a session's client and every worker with
-flowgpu's store stage through pinned buffers.
+:func:`host_to_device` and :func:`file_rows_to_device` are how ``flowgpu.to_device``,
+``flowgpu.from_npy`` and the Zarr device reader put host data on the device: they call them
+directly, so every process stages through pinned buffers, whatever it imported before.
 """
 
 from __future__ import annotations
@@ -28,9 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from flowgpu import backend
 from flowgpu.backend import import_cupy
-from flowgpu.memory.pinned import PinnedPool, shared_executor
+from flowgpu.transfer.pinned import PinnedPool, shared_executor
 
 __all__ = ["host_to_device", "to_device_staged", "file_rows_to_device", "plan_slices", "staging_pool",
            "STAGING_BYTES", "STAGE_MIN"]
@@ -71,7 +68,7 @@ def plan_slices(shape: tuple, itemsize: int, budget: int = STAGING_BYTES) -> lis
 
 
 def host_to_device(block: Any):
-    """One host block on the device (the ``flowgpu.backend.host_to_device`` hook): NumPy blocks of
+    """One host block (NumPy, or anything ``cupy.asarray`` takes) as a CuPy array: NumPy blocks of
     ``STAGE_MIN`` bytes or more through pinned staging buffers (from pageable memory
     ``cupy.asarray`` copies at a fraction of PCIe speed, 6 against 55 GB/s on an H200), anything
     else through ``cupy.asarray``."""
@@ -213,7 +210,3 @@ def _staged(shape: tuple, dtype: np.dtype, flat: tuple, fill, budget: int | None
         for buf in bufs:
             pool.give(buf)
     return out
-
-
-backend.set_host_to_device(host_to_device)
-backend.set_file_rows_to_device(file_rows_to_device)

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from flowgpu.memory.pinned import PinnedPool, size_class
-from tests.memory.fakes import fake_pinned
+from flowgpu.transfer.pinned import PinnedPool, shared_executor, size_class
+from tests.transfer.fakes import fake_pinned
 
 MiB = 1 << 20
 
@@ -85,8 +85,6 @@ def test_a_failing_background_allocation_stops_spares_and_take_still_serves():
 
 def test_shared_executor_is_one_bounded_pool_per_name():
     import os
-
-    from flowgpu.memory.pinned import shared_executor
 
     a, b = shared_executor("flowgpu-test-pool", 64), shared_executor("flowgpu-test-pool", 2)
     assert a is b and a._max_workers == min(64, os.cpu_count() or 1)

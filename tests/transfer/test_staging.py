@@ -3,16 +3,12 @@ CUDA may, so a staging buffer refilled before its copy has run shows up as wrong
 
 from __future__ import annotations
 
-import types
-
 import numpy as np
 import pytest
 
-from flowgpu import backend
-from flowgpu.arrays.movement import _to_cupy_block
-from flowgpu.memory import staging
-from flowgpu.memory.pinned import PinnedPool
-from tests.memory.fakes import fake_pinned, fake_staging
+from flowgpu.transfer import staging
+from flowgpu.transfer.pinned import PinnedPool
+from tests.transfer.fakes import fake_pinned, fake_staging
 
 
 @pytest.fixture
@@ -66,47 +62,23 @@ def test_a_failing_fill_returns_every_buffer(rng, fake_cp):
     assert pool.stats()["in_use"] == 0
 
 
-def test_flowgpu_memory_registers_pinned_staging_as_the_backend_hooks(tmp_path, rng, fake_cp):
-    """flowgpu.to_device (arrays) and from_npy (io) reach the device through flowgpu.backend's hooks;
-    importing flowgpu.memory makes those pinned staging (without it, here, they would need CuPy)."""
+def test_large_blocks_are_staged_and_small_ones_copied_plainly(tmp_path, rng, fake_cp):
+    """What flowgpu.to_device (arrays) and from_npy (io) call for each block."""
     big = rng.standard_normal(staging.STAGE_MIN // 8 + 3)
     small = rng.integers(0, 100, (7, 5))
-    got_big, got_small = _to_cupy_block(big), backend.host_to_device(small)
+    got_big, got_small = staging.host_to_device(big), staging.host_to_device(small)
     np.testing.assert_array_equal(got_big.a, big)
     np.testing.assert_array_equal(got_small.a, small)
     pool = staging.staging_pool().stats()
     assert pool["allocations"] >= 1 and pool["in_use"] == 0  # the large block went through staging
     assert fake_cp.plain_copies == 1  # the small one straight through asarray
-    data = rng.standard_normal((40, 9))
+    data = rng.integers(-50, 50, (40, 3, 2), dtype=np.int16)
     path = str(tmp_path / "x.npy")
     np.save(path, data)
     offset = np.load(path, mmap_mode="r").offset
     takes = pool["allocations"] + pool["reuses"]
-    rows = backend.file_rows_to_device(path, offset + 3 * 9 * 8, (30, 9), data.dtype)
-    np.testing.assert_array_equal(rows.a, data[3:33])
+    rows = staging.file_rows_to_device(path, offset + 5 * 6 * 2, (30, 3, 2), data.dtype)
+    np.testing.assert_array_equal(rows.a, data[5:35])
     pool = staging.staging_pool().stats()
-    assert fake_cp.plain_copies == 1 and pool["allocations"] + pool["reuses"] > takes
-
-
-@pytest.fixture
-def plain_hooks(monkeypatch):
-    """The backend's own staging hooks (on a NumPy stand-in for CuPy), restored afterwards."""
-    monkeypatch.setattr(backend, "import_cupy", lambda strict=True: types.SimpleNamespace(asarray=np.array,
-                                                                                        empty=np.empty))
-    old = backend.set_host_to_device(None), backend.set_file_rows_to_device(None)
-    yield old
-    backend.set_host_to_device(old[0])
-    backend.set_file_rows_to_device(old[1])
-
-
-def test_the_backend_defaults_copy_plainly(tmp_path, rng, plain_hooks):
-    assert plain_hooks == (staging.host_to_device, staging.file_rows_to_device)  # what flowgpu.memory set
-    block = rng.standard_normal((6, 4))
-    np.testing.assert_array_equal(backend.host_to_device(block), block)
-    data = rng.integers(-50, 50, (20, 3, 2), dtype=np.int16)
-    path = str(tmp_path / "x.npy")
-    np.save(path, data)
-    offset = np.load(path, mmap_mode="r").offset
-    got = backend.file_rows_to_device(path, offset + 5 * 6 * 2, (10, 3, 2), np.int16)
-    np.testing.assert_array_equal(got, data[5:15])
-    assert backend.file_rows_to_device(path, offset, (0, 3, 2), np.int16).shape == (0, 3, 2)
+    assert fake_cp.plain_copies == 1 and pool["allocations"] + pool["reuses"] > takes  # read into staging
+    assert staging.file_rows_to_device(path, offset, (0, 3, 2), np.int16).a.shape == (0, 3, 2)

@@ -28,18 +28,43 @@ import time
 import warnings
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import numpy as np
 
 from flowgpu.backend import import_cupy
-from flowgpu.memory import numa
-from flowgpu.memory.events import Events, Noted, PinnedAllocated, thread_name
+from flowgpu.transfer import numa
 
 __all__ = ["HostBuffer", "PinnedPool", "size_class", "cupy_pinned_allocator", "registered_pinned_allocator",
-           "shared_executor"]
+           "shared_executor", "PinnedAllocated", "Noted"]
 
 _MiB = 1 << 20
+
+
+# What a pool reports to the events hub it is given (a worker store passes its own, which lists these
+# two among its kinds: flowgpu.memory.events).
+@dataclass(frozen=True, slots=True)
+class PinnedAllocated:
+    nbytes: int
+    thread: str
+    background: bool
+    start: float
+    end: float
+
+
+@dataclass(frozen=True, slots=True)
+class Noted:
+    name: str
+    message: str | None = None
+
+
+class _Unheard:
+    """The events hub of a pool that was given none: nothing listens."""
+
+    @staticmethod
+    def emit(kind: type, *fields: Any) -> None:
+        pass
 
 
 def size_class(nbytes: int) -> int:
@@ -151,7 +176,7 @@ class _Registered:
 
 def registered_pinned_allocator(size: int) -> HostBuffer:
     """``size`` bytes of pinned memory: an anonymous mapping on transparent huge pages, placed on the
-    NUMA node of this worker's GPU where the host has several (:mod:`flowgpu.memory.numa`), its
+    NUMA node of this worker's GPU where the host has several (:mod:`flowgpu.transfer.numa`), its
     pages faulted in from several threads, then pinned with ``cudaHostRegister`` (portable).
 
     Falls back to :func:`cupy_pinned_allocator` when the mapping cannot be pinned.
@@ -200,15 +225,16 @@ class PinnedPool:
         None for no limit.
     allocator : ``size -> HostBuffer``; :func:`registered_pinned_allocator` by default. Tests
         pass a fake one.
-    events : where :class:`~flowgpu.memory.events.PinnedAllocated` and fallback
-        :class:`~flowgpu.memory.events.Noted` events go (a store passes its own).
+    events : a hub with ``emit(kind, *fields)`` that :class:`PinnedAllocated` and fallback
+        :class:`Noted` events go to (a worker store passes its own :class:`~flowgpu.memory.events.Events`);
+        None: they go nowhere.
     """
 
     def __init__(self, capacity: int | None = None, allocator: Callable[[int], HostBuffer] | None = None,
-                 events: Events | None = None):
+                 events: Any = None):
         self.capacity = capacity
         self._allocator = allocator or registered_pinned_allocator
-        self.events = events if events is not None else Events()
+        self.events = events if events is not None else _Unheard()
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._spare: dict[int, int] = {}  # size class -> free buffers to keep ready
@@ -232,7 +258,7 @@ class PinnedPool:
         try:
             return self._allocator(size)
         finally:
-            self.events.emit(PinnedAllocated, size, thread_name(), background, start, time.time())
+            self.events.emit(PinnedAllocated, size, threading.current_thread().name, background, start, time.time())
 
     @property
     def cached(self) -> int:

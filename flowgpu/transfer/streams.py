@@ -9,7 +9,7 @@ only enqueues its copy: the worker's event loop, which fetches each task's input
 for PCIe; tasks order their streams after the uploads (:meth:`CupyTransfer.order_current_stream`).
 
 Nothing here pickles: a chunk travels as raw bytes plus ``(shape, dtype, order)``.
-Tests without a GPU use a stand-in with the same four methods (see ``tests/memory``).
+Tests without a GPU use a stand-in with the same four methods (``tests/memory/fakes.py``).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from flowgpu.backend import import_cupy, is_cupy
-from flowgpu.memory.pinned import HostBuffer
+from flowgpu.transfer.pinned import HostBuffer
 
 __all__ = ["ArrayMeta", "PendingCopy", "CupyTransfer", "sync_current_stream"]
 

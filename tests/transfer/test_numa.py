@@ -9,7 +9,7 @@ import types
 import numpy as np
 import pytest
 
-from flowgpu.memory import numa, pinned
+from flowgpu.transfer import numa, pinned
 
 
 def _fake_sys(root, cpus_per_node: dict[int, str], devices: dict[str, str]) -> str:

@@ -2,7 +2,7 @@
 
 On a host with several NUMA nodes (two sockets, each with its GPUs on its own PCIe root), a copy
 between a GPU and pinned host memory on the other socket crosses the socket link, at a fraction of
-the PCIe speed. Each worker process has one GPU and one :class:`~flowgpu.memory.pinned.PinnedPool`
+the PCIe speed. Each worker process has one GPU and one :class:`~flowgpu.transfer.pinned.PinnedPool`
 (its store's), so a pool per worker is a pool per NUMA node: :func:`local_node` says which node,
 and :func:`prefer` asks the kernel (``mbind``, ``MPOL_PREFERRED``) to place a mapping's pages
 there when they are first touched. Preferred, not bound: a full node spills to another instead
