@@ -6,8 +6,9 @@ compressed payloads out as the unit's file on the device (each payload nvCOMP wi
 256-byte offset, so that readers never copy one to align it; the gaps are legal in a shard, its
 index says where each chunk is), copies that to pinned host memory at once, frames each chunk
 there as zarr's codec expects (numcodecs' LZ4 size header, zstd's content size), appends each
-chunk's ``crc32c`` (zarr's checksum codec, written by default) and writes the file, with a shard's index and checksum, in pieces on parallel threads. The store is written
-inside an atomic output's staging directory, so a failed write leaves nothing.
+chunk's ``crc32c`` (zarr's checksum codec, written by default) and writes the file, with a
+shard's index and checksum, in pieces on parallel threads. The store is written inside an atomic
+output's staging directory, so a failed write leaves nothing.
 """
 
 from __future__ import annotations
@@ -107,7 +108,8 @@ def create(path: str, shape: tuple, dtype: Any, *, codec: str = "zstd", level: i
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return zarr.create_array(store, shape=tuple(shape), dtype=np.dtype(dtype), chunks=tuple(chunks),
-                                 shards=tuple(shards) if shards else None, compressors=compressors(codec, level, checksum) or None,
+                                 shards=tuple(shards) if shards else None,
+                                 compressors=compressors(codec, level, checksum) or None,
                                  fill_value=0, zarr_format=3, overwrite=False)
 
 
