@@ -15,8 +15,11 @@ zarr codec                          nvCOMP     framing of one chunk's bytes
 none (only ``bytes``)               -          the chunk's bytes, C order
 ==================================  =========  ==============================================
 
-Blosc (its own blocks, headers and shuffle), filters, ``transpose``, big-endian ``bytes`` and
-checksummed chunks fall back, each with its reason. Sharded arrays are planned too (index at the
+Any of them may be followed by zarr's ``crc32c`` codec (flowgpu writes it by default): 4 more bytes
+at the end of each chunk, a CRC-32C of the bytes before them, which the reader checks on the host
+before nvCOMP sees the chunk (:attr:`Frame.checksum`). Blosc (its own blocks, headers and shuffle),
+filters, ``transpose``, big-endian ``bytes``, zstd's own checksums and a ``crc32c`` anywhere but
+last fall back, each with its reason. Sharded arrays are planned too (index at the
 end or the start, ``bytes`` + ``crc32c`` index codecs): one read per shard, its inner chunks one
 decode batch.
 
@@ -43,11 +46,13 @@ ALIGN = 256  # where flowgpu's shards start each payload nvCOMP reads (it needs 
 @dataclass(frozen=True)
 class Frame:
     """How zarr's bytes of one chunk wrap the raw stream nvCOMP reads: ``head`` bytes before it,
-    ``tail`` after it, ``algorithm`` nvCOMP's name (None: not compressed)."""
+    ``tail`` after it, ``algorithm`` nvCOMP's name (None: not compressed); ``checksum``: the last 4
+    of the ``tail`` bytes are a CRC-32C (little-endian) of all the chunk's bytes before them."""
 
     algorithm: str | None
     head: int = 0
     tail: int = 0
+    checksum: bool = False
 
 
 @dataclass(frozen=True)
@@ -110,7 +115,7 @@ def _named(codec: Any) -> tuple[str, dict]:
 
 
 def _pipeline(codecs: tuple, dtype: np.dtype, what: str) -> Frame | Fallback:
-    """``bytes`` then at most one compressor."""
+    """``bytes``, then at most one compressor, then at most a ``crc32c``."""
     names = [_named(c) for c in codecs]
     if not names or names[0][0] != "bytes":
         kinds = ", ".join(n for n, _ in names) or "none"
@@ -119,12 +124,16 @@ def _pipeline(codecs: tuple, dtype: np.dtype, what: str) -> Frame | Fallback:
     if dtype.itemsize > 1 and endian not in (None, "little"):
         return Fallback(f"{what} chunks are big-endian")
     rest = names[1:]
-    if not rest:
-        return Frame(None)
+    checksum = bool(rest) and rest[-1][0] == "crc32c"
+    if checksum:
+        rest = rest[:-1]
     if len(rest) > 1:
         return Fallback(f"{what} chunks pass {len(rest)} byte codecs ({', '.join(n for n, _ in rest)}); "
                         "the device decodes one compressor")
-    return frame_for(*rest[0])
+    frame = frame_for(*rest[0]) if rest else Frame(None)
+    if checksum and isinstance(frame, Frame):
+        return Frame(frame.algorithm, frame.head, frame.tail + 4, checksum=True)
+    return frame
 
 
 def _local_root(arr: Any) -> str | Fallback:
@@ -206,23 +215,26 @@ def plan_codec(arr: Any) -> DevicePlan | Fallback:
                              frame=frame, **common))
 
 
-def layout(sizes: Any, head: int = 0, room: int = 0, align: int = ALIGN) -> tuple[np.ndarray, int]:
+def layout(sizes: Any, head: int = 0, room: int = 0, align: int = ALIGN, tail: int = 0) -> tuple[np.ndarray, int]:
     """Where payloads of ``sizes`` bytes go in a shard: ``(starts, end)``. Each payload has
-    ``head`` bytes of framing before it (LZ4's size) and ``room`` more to grow it in (a zstd
-    header given its size); what a reader hands nvCOMP (``start - room``) is at a multiple of
-    ``align``. The gaps are legal in a Zarr 3 shard: its index gives each chunk's offset.
+    ``head`` bytes of framing before it (LZ4's size), ``room`` more to grow it in (a zstd
+    header given its size) and ``tail`` bytes after it (a ``crc32c``); what a reader hands nvCOMP
+    (``start - room``) is at a multiple of ``align``. The gaps are legal in a Zarr 3 shard: its
+    index gives each chunk's offset.
 
     >>> starts, end = layout([10, 300, 5], head=4)
     >>> starts.tolist(), end
     ([256, 512, 1024], 1029)
+    >>> layout([10, 300, 5], head=4, tail=4)[1]
+    1033
     """
     sizes = np.asarray(sizes, dtype=np.int64).reshape(-1)
     if not sizes.size:
         return np.zeros(0, np.int64), 0
-    slots = -(-(room + sizes + head) // align) * align  # each slot starts aligned, the next one after it
+    slots = -(-(room + sizes + tail + head) // align) * align  # each slot starts aligned, the next one after it
     base = -(-head // align) * align + np.concatenate(([0], np.cumsum(slots[:-1])))
     starts = base + room
-    return starts, int(starts[-1] + sizes[-1])
+    return starts, int(starts[-1] + sizes[-1] + tail)
 
 
 def run_offsets(block: tuple, chunk: tuple, coords: Any, lo: tuple, itemsize: int) -> np.ndarray | None:

@@ -81,13 +81,22 @@ class HostDevice:
     xp = np
 
     def read(self, path: str, offset: int, nbytes: int) -> np.ndarray:
-        out = np.empty(nbytes, np.uint8)
+        return self.read_host(path, offset, nbytes)
+
+    def read_host(self, path: str, offset: int, nbytes: int, out: np.ndarray | None = None) -> np.ndarray:
+        """``nbytes`` of ``path`` at ``offset`` in host memory (``out``, or a new array): bytes to
+        check before :meth:`upload` moves them to the device."""
+        out = np.empty(nbytes, np.uint8) if out is None else out
         fd = os.open(path, os.O_RDONLY)
         try:
             read_exact(fd, out, offset, path)
         finally:
             os.close(fd)
         return out
+
+    def upload(self, host: np.ndarray) -> Any:
+        """The host bytes ``host`` on the device (keep ``host`` alive until :meth:`sync`)."""
+        return host
 
     def place(self, buf: Any, starts: np.ndarray, sizes: np.ndarray, out: Any, out_at: np.ndarray) -> None:
         """Copy ``buf[starts[i]:starts[i] + sizes[i]]`` to ``out[out_at[i]:]`` (1-d uint8 arrays)."""
@@ -107,16 +116,16 @@ class HostDevice:
         return HostPending(nbytes, statuses, decoded)
 
     def pack(self, algorithm: str | None, flat: Any, offsets: np.ndarray, nbytes: int, level: int | None,
-             head: int = 0, room: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+             head: int = 0, room: int = 0, tail: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Encode the chunks ``flat[o:o + nbytes]`` (``flat``: 1-d uint8) as one batch and lay the
-        payloads out as a shard (:func:`layout`, gaps zeroed) in one host buffer, copied from the
-        device at once. Returns ``(host, starts, sizes)``."""
+        payloads out as a shard (:func:`layout`, gaps zeroed, ``tail`` bytes left after each) in
+        one host buffer, copied from the device at once. Returns ``(host, starts, sizes)``."""
         if (np.asarray(offsets) % 16).any():  # what nvCOMP needs, checked here too so that CPU tests see it
             raise ValueError("chunks to encode start at 16-byte aligned offsets")
         arrays = [flat[o:o + nbytes] for o in offsets.tolist()]
         views = self.encode(algorithm, arrays, level) if algorithm else arrays
         sizes = np.array([int(v.size) for v in views], np.int64)
-        starts, end = layout(sizes, head, room)
+        starts, end = layout(sizes, head, room, tail=tail)
         image = np.zeros(end, np.uint8)
         for at, v in zip(starts.tolist(), views):
             image[at:at + v.size] = v
@@ -187,6 +196,17 @@ class CupyDevice(HostDevice):
     def read(self, path: str, offset: int, nbytes: int):
         return file_rows_to_device(path, offset, (nbytes,), np.uint8, slice_bytes=READ_SLICE)
 
+    def read_host(self, path: str, offset: int, nbytes: int, out: np.ndarray | None = None) -> np.ndarray:
+        import cupyx
+
+        return super().read_host(path, offset, nbytes, cupyx.empty_pinned(nbytes, np.uint8) if out is None else out)
+
+    def upload(self, host: np.ndarray) -> Any:
+        """Copied on the current stream, from pinned memory: asynchronous (``host`` lives until :meth:`sync`)."""
+        out = import_cupy().empty(host.shape, host.dtype)
+        out.set(host, stream=import_cupy().cuda.get_current_stream())
+        return out
+
     def _codec(self, algorithm: str):
         cp = import_cupy()
         from nvidia import nvcomp
@@ -217,7 +237,7 @@ class CupyDevice(HostDevice):
         return nvcompc.decode(algorithm, buf, starts, sizes, out, out_at, nbytes)
 
     def pack(self, algorithm: str | None, flat: Any, offsets: np.ndarray, nbytes: int, level: int | None,
-             head: int = 0, room: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+             head: int = 0, room: int = 0, tail: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         cp = import_cupy()
         n = len(offsets)
         if not algorithm:
@@ -239,7 +259,7 @@ class CupyDevice(HostDevice):
             if len(sizes) != n or (sizes <= 0).any() or (sizes > cap).any():
                 raise RuntimeError(f"nvCOMP {algorithm} returned {len(sizes)} chunk sizes out of range for {n} "
                                    f"chunks of {nbytes} bytes (capacity {cap})")
-        starts, end = layout(sizes, head, room)
+        starts, end = layout(sizes, head, room, tail=tail)
         image = cp.zeros(end, cp.uint8)
         dst = starts
         if algorithm == "Zstd" and room and n:  # frames that carry their content size go ``room`` earlier, at

@@ -1,16 +1,18 @@
 """One writer per output: a lock file beside it, and records of which process owns what.
 
-The lock is ``flock`` on ``.NAME.flowgpu-lock`` beside the output: the OS releases it when its
-process dies, however it dies. Its holder writes its pid, host and start time into it, so a run
-that waits (or fails with ``--no-wait``) can name the other. The holder removes the file while it
-still holds the lock; a waiter that then gets the lock on the removed file opens it again. A file
-of that name that is not flowgpu's (a link, other data) is never written to nor removed.
+The lock is :class:`filelock.UnixFileLock` (``flock``) on ``.NAME.flowgpu-lock`` beside the output:
+the OS releases it when its process dies, however it dies, and filelock opens it without following
+a link and retries when the file it locked was removed meanwhile. Around it flowgpu keeps what
+filelock does not do: the holder writes its pid, host and start time into the file, so a run that
+waits (or fails with ``--no-wait``) can name the other and ``flowgpu clean`` can tell a stale lock
+file of a dead run from a user's file; a file of that name that is not flowgpu's (a link, a FIFO,
+other data) is never written to nor removed; and the holder removes the file while it still holds
+the lock (filelock leaves it on Unix), so a finished run leaves nothing behind.
 """
 
 from __future__ import annotations
 
 import errno
-import fcntl
 import json
 import os
 import socket
@@ -18,6 +20,7 @@ import stat
 import threading
 from collections.abc import Callable
 
+import filelock
 import psutil
 
 from flowgpu.errors import OutputError, OutputLockedError
@@ -53,45 +56,40 @@ def _read_record(fd: int) -> object:
         return None
 
 
-def _open(path: str, flags: int) -> int:
-    """``path`` opened without following a link; OutputError when it is not a regular file."""
+def _holder(path: str) -> dict | None:
+    """The owner record in the lock file ``path`` (read, never locked), if it holds one."""
     try:
-        fd = os.open(path, flags | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
-    except OSError as e:
-        if e.errno != errno.ELOOP:
-            raise
-        raise OutputError(f"{path} is a symbolic link, not flowgpu's lock file; flowgpu leaves it as it is: "
-                          "remove it, or write the output elsewhere") from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        record = _read_record(fd) if stat.S_ISREG(os.fstat(fd).st_mode) else None
+    finally:
         os.close(fd)
-        raise OutputError(f"{path} is not a regular file, so not flowgpu's lock file; flowgpu leaves it as it is: "
-                          "remove it, or write the output elsewhere")
-    return fd
+    return record if isinstance(record, dict) else None
+
+
+class _NotOurs(OutputError):
+    """A file at a lock path that flowgpu did not write there (``what`` it is)."""
+
+    def __init__(self, path: str, what: str):
+        self.what = what
+        super().__init__(f"{path} {what}, so it is not flowgpu's lock file; flowgpu leaves it as it is: "
+                         "remove it, or write the output elsewhere")
 
 
 def remove_stale(target: str) -> str | None:
     """Remove ``target``'s lock file when no process holds it and it carries flowgpu's owner record
     (a run that died left it). Returns why a file of that name was left alone, else None."""
-    path = lock_path(target)
     try:
-        fd = _open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        return None
+        OutputLock(target).acquire(wait=False).release()  # taken and released: the file is gone
+    except OutputLockedError:
+        return None  # a run holds it
+    except _NotOurs as e:
+        return f"it is named like flowgpu's lock file but {e.what}"
     except OSError as e:
-        return str(e)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return None  # a run holds it
-        if not os.path.exists(path) or os.stat(path).st_ino != os.fstat(fd).st_ino:
-            return None  # removed meanwhile by its holder
-        if not is_record(_read_record(fd)):
-            return "it is named like flowgpu's lock file but does not hold the owner record flowgpu writes there"
-        os.unlink(path)
-        return None
-    finally:
-        os.close(fd)
+        return e.strerror or str(e)
+    return None
 
 
 def alive(record: dict | None) -> bool:
@@ -137,53 +135,52 @@ class OutputLock:
     def __init__(self, target: str):
         self.target = target
         self.path = lock_path(target)
-        self.fd: int | None = None
+        self._lock = filelock.UnixFileLock(self.path, is_singleton=False, thread_local=False, fallback_to_soft=False,
+                                           on_acquired=self._claim)
 
-    def _holder(self, fd: int) -> dict | None:
-        record = _read_record(fd)
-        return record if isinstance(record, dict) else None
+    def _claim(self, fd: int) -> None:
+        """Called by filelock with the lock taken: check the file is flowgpu's, then write our record."""
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise _NotOurs(self.path, "is not a regular file")
+        if info.st_size and not is_record(_read_record(fd)):
+            raise _NotOurs(self.path, "holds data that is not flowgpu's owner record")
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(owner()).encode(), 0)
+
+    def _take(self, blocking: bool) -> bool:
+        try:
+            self._lock.acquire(blocking=blocking)
+        except filelock.Timeout:
+            return False
+        except OSError as e:
+            if e.errno != errno.ELOOP:
+                raise
+            raise _NotOurs(self.path, "is a symbolic link") from None
+        return True
 
     def acquire(self, wait: bool = True, notify: Callable[[str], None] | None = None) -> OutputLock:
-        told = False
-        while True:
-            fd = _open(self.path, os.O_RDWR | os.O_CREAT)
-            try:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    other = describe(self._holder(fd))
-                    if not wait:
-                        raise OutputLockedError(
-                            f"output {self.target!r} is being written by {other}; wait for it to finish, "
-                            "or run without --no-wait to wait for it") from None
-                    if notify is not None and not told:
-                        notify(f"waiting for {other} to finish writing {self.target} ...")
-                        told = True
-                    fcntl.flock(fd, fcntl.LOCK_EX)
-                if os.path.exists(self.path) and os.stat(self.path).st_ino == os.fstat(fd).st_ino:
-                    if os.fstat(fd).st_size and not is_record(_read_record(fd)):
-                        raise OutputError(f"{self.path} holds data that is not flowgpu's owner record, so it is not "
-                                          "flowgpu's lock file; flowgpu leaves it as it is: move it away, or write "
-                                          f"{self.target} elsewhere")
-                    os.ftruncate(fd, 0)
-                    os.pwrite(fd, json.dumps(owner()).encode(), 0)
-                    self.fd, fd = fd, None
-                    locks = getattr(_held, "locks", None)
-                    if locks is None:
-                        locks = _held.locks = {}
-                    locks[self.target] = self
-                    return self
-            finally:
-                if fd is not None:
-                    os.close(fd)  # the file was removed by its last holder (or we failed): open it again
+        if not self._take(blocking=False):
+            other = describe(_holder(self.path))
+            if not wait:
+                raise OutputLockedError(
+                    f"output {self.target!r} is being written by {other}; wait for it to finish, "
+                    "or run without --no-wait to wait for it")
+            if notify is not None:
+                notify(f"waiting for {other} to finish writing {self.target} ...")
+            self._take(blocking=True)
+        locks = getattr(_held, "locks", None)
+        if locks is None:
+            locks = _held.locks = {}
+        locks[self.target] = self
+        return self
 
     def release(self) -> None:
-        if self.fd is None:
+        if not self._lock.is_locked:
             return
         getattr(_held, "locks", {}).pop(self.target, None)
         try:
-            os.unlink(self.path)
+            os.unlink(self.path)  # while still held: a waiter that then locks the removed file opens it again
         except OSError:
             pass
-        os.close(self.fd)
-        self.fd = None
+        self._lock.release()

@@ -11,6 +11,9 @@ its shards). For each unit the task
    on the host, then every inner chunk it holds in one range from an aligned offset; a chunk
    file from its payload on). Payloads nvCOMP cannot read in place (not 16-byte aligned: stores
    flowgpu did not write) are gathered into one aligned device buffer;
+   When the store's codecs end in ``crc32c``, the bytes are read on the host instead, every
+   chunk's checksum is checked there (:func:`check_crc32c`), and only then copied to the device:
+   nvCOMP never sees a damaged chunk of such a store;
 3. decodes every chunk of the block as one batch (nvCOMP), straight into the block where each
    chunk is one contiguous run of it (whole trailing axes, or pieces of one row), else aside and
    copied in (edge chunks cut to the array).
@@ -39,7 +42,7 @@ from flowgpu.io.devices import device_for
 from flowgpu.io.paths import require_store
 from flowgpu.io.storage import COUNTERS
 
-__all__ = ["DeviceReader", "ChunkRead", "Chunks", "UnitRead", "read_plan", "shard_index"]
+__all__ = ["DeviceReader", "ChunkRead", "Chunks", "UnitRead", "read_plan", "shard_index", "check_crc32c"]
 
 
 class ChunkRead(NamedTuple):
@@ -103,6 +106,23 @@ def shard_index(plan: DevicePlan, path: str, size: int) -> np.ndarray:
     return np.frombuffer(body, "<u8").reshape(*plan.chunks_per_unit, 2)
 
 
+def check_crc32c(path: str, buf: np.ndarray, ch: Chunks, plan: DevicePlan) -> None:
+    """Check the ``crc32c`` that ends each chunk of ``ch`` in the host bytes ``buf`` (a read of
+    ``path``); an :class:`OSError` naming the first chunk whose bytes do not match it."""
+    if not len(ch):
+        return
+    ends = ch.stops + plan.frame.tail - 4  # where each chunk's checksum starts
+    stored = buf[ends[:, None] + np.arange(4)].reshape(-1).view("<u4")
+    computed = np.fromiter((google_crc32c.value(buf[a:b]) for a, b in
+                            zip((ch.starts - plan.frame.head).tolist(), ends.tolist())), np.uint32, len(ch))
+    bad = np.flatnonzero(stored != computed)
+    if len(bad):
+        first = tuple(int(c) for c in ch.coords[bad[0]])
+        raise OSError(f"{path}: {len(bad)} of the {len(ch)} chunks read do not match their crc32c checksum (the "
+                      f"first is chunk {first}, counting in chunks of {plan.chunk}); the store is damaged: restore "
+                      "it, or rewrite it from its source")
+
+
 def _grid(plan: DevicePlan) -> tuple:
     return tuple(-(-s // c) for s, c in zip(plan.shape, plan.chunk))
 
@@ -131,10 +151,12 @@ def _unit_read(plan: DevicePlan, unit: tuple) -> UnitRead:
         return UnitRead(path, 0, 0, none, _tuples(inner))
     head, tail = plan.frame.head, plan.frame.tail
     if not plan.sharded:  # the read starts at the payload (a device buffer is aligned): no copy for nvCOMP
+        # (but for a checksummed LZ4 chunk, whose check needs its size header)
         if size <= head + tail and plan.frame.algorithm:
             raise OSError(f"{path}: {size} bytes, too short for a {plan.frame.algorithm} chunk (the store is damaged)")
-        return UnitRead(path, head, size - head,
-                        Chunks(inner[:1], np.zeros(1, np.int64), np.array([size - head - tail], np.int64)), ())
+        skip = 0 if plan.frame.checksum else head  # a checksum covers the head (LZ4's size): read it too
+        return UnitRead(path, skip, size - skip, Chunks(inner[:1], np.array([head - skip], np.int64),
+                                                        np.array([size - skip - tail], np.int64)), ())
     index = shard_index(plan, path, size)
     local = inner - np.array([u * p for u, p in zip(unit, plan.chunks_per_unit)], np.int64)
     entries = index[tuple(local.T)]
@@ -175,10 +197,12 @@ def _in_place(plan: DevicePlan, lo: tuple, hi: tuple, coords: np.ndarray, chunk_
     return at
 
 
-def _groups(r: UnitRead, limit: int | None) -> list[tuple]:
+def _groups(r: UnitRead, limit: int | None, head: int = 0, tail: int = 0) -> list[tuple]:
     """``r`` as reads of about ``limit`` bytes at most, ``(path, offset, nbytes, chunks)`` with the
     chunks' ranges relative to each: cut between chunks in file order, each from an aligned offset
-    and up to its last payload's end. One read of it all when ``limit`` is None or not exceeded."""
+    and up to its last payload's end, with ``head`` bytes before each payload and ``tail`` after it
+    (a checksummed chunk's framing, which its check reads). One read of it all when ``limit`` is
+    None or not exceeded."""
     ch = r.chunks
     if not limit or r.nbytes <= limit or len(ch) < 2:
         return [(r.path, r.offset, r.nbytes, ch)]
@@ -192,8 +216,8 @@ def _groups(r: UnitRead, limit: int | None) -> list[tuple]:
     out = []
     for a, b in zip(cuts, cuts[1:] + [len(starts)]):
         idx = order[a:b]
-        at = (r.offset + int(ch.starts[idx].min())) // ALIGN * ALIGN
-        end = r.offset + int(ch.stops[idx].max())
+        at = (r.offset + int(ch.starts[idx].min()) - head) // ALIGN * ALIGN
+        end = r.offset + int(ch.stops[idx].max()) + tail
         out.append((r.path, at, end - at, ch.take(idx, at - r.offset)))
     return out
 
@@ -246,7 +270,8 @@ class DeviceReader:
         lo = tuple(k.indices(n)[0] for k, n in zip(key, plan.shape))
         hi = tuple(k.indices(n)[1] for k, n in zip(key, plan.shape))
         shape = tuple(b - a for a, b in zip(lo, hi))
-        groups = [g for r in reads if r.nbytes for g in _groups(r, self.group)]
+        framing = (plan.frame.head, plan.frame.tail) if plan.frame.checksum else (0, 0)
+        groups = [g for r in reads if r.nbytes for g in _groups(r, self.group, *framing)]
         coords = np.concatenate([g[3].coords for g in groups]) if groups else np.zeros((0, len(shape)), np.int64)
         chunk_bytes = int(np.prod(plan.chunk, dtype=np.int64)) * plan.dtype.itemsize
         missing = any(r.missing for r in reads)
@@ -256,7 +281,8 @@ class DeviceReader:
                 if (g[3].stops - g[3].starts != chunk_bytes).any():
                     raise OSError(f"{g[0]}: a chunk holds other than the {chunk_bytes} bytes of a {plan.chunk} "
                                   f"{plan.dtype} chunk (the store is damaged)")
-            if len(groups) == 1 and len(coords) == 1 and not missing and shape == plan.chunk:
+            if len(groups) == 1 and len(coords) == 1 and not missing and shape == plan.chunk and \
+                    not plan.frame.checksum:
                 path, offset, nbytes, ch = groups[0]  # one uncompressed chunk: the bytes read are the block
                 buf = dev.read(path, offset + int(ch.starts[0]), chunk_bytes)
                 COUNTERS.add("read", chunk_bytes, 0.0, count=1)
@@ -274,7 +300,13 @@ class DeviceReader:
         keep, pending, done, compressed, reading, decoding = [], [], 0, 0, 0.0, 0.0
         for path, offset, nbytes, ch in groups:
             t0 = time.perf_counter()
-            buf = dev.read(path, offset, nbytes)
+            if plan.frame.checksum:  # checked on the host, before the device (and nvCOMP) sees the bytes
+                host = dev.read_host(path, offset, nbytes)
+                check_crc32c(path, host, ch, plan)
+                buf = dev.upload(host)
+                keep.append(host)
+            else:
+                buf = dev.read(path, offset, nbytes)
             t1 = time.perf_counter()
             sizes, where = ch.stops - ch.starts, at[done:done + len(ch)]
             if algorithm:  # enqueued: the next group's file read overlaps it on the device

@@ -5,9 +5,10 @@ encodes the chunks of its unit (a shard, or one chunk) as one batch on the devic
 compressed payloads out as the unit's file on the device (each payload nvCOMP will read at a
 256-byte offset, so that readers never copy one to align it; the gaps are legal in a shard, its
 index says where each chunk is), copies that to pinned host memory at once, frames each chunk
-there as zarr's codec expects (numcodecs' LZ4 size header, zstd's content size) and writes the
-file, with a shard's index and checksum, in pieces on parallel threads. The store is written
-inside an atomic output's staging directory, so a failed write leaves nothing.
+there as zarr's codec expects (numcodecs' LZ4 size header, zstd's content size), appends each
+chunk's ``crc32c`` (zarr's checksum codec, written by default) and writes the file, with a
+shard's index and checksum, in pieces on parallel threads. The store is written inside an atomic
+output's staging directory, so a failed write leaves nothing.
 """
 
 from __future__ import annotations
@@ -67,22 +68,33 @@ def inner_chunks(unit: tuple, itemsize: int, target: int = INNER_BYTES) -> tuple
     return tuple(out)
 
 
-def compressors(codec: str, level: int | None = None) -> Any:
-    """zarr's compressor for ``codec`` (``zstd``, ``lz4`` or ``none``)."""
+def compressors(codec: str, level: int | None = None, checksum: bool = True) -> list:
+    """zarr's byte codecs for ``codec`` (``zstd``, ``lz4`` or ``none``): the compressor, then, with
+    ``checksum``, zarr's ``crc32c`` of the compressed bytes, so that a damaged chunk is an error on
+    read (zarr checks it on the CPU, :func:`flowgpu.io.zarrread.check_crc32c` before the device
+    decodes) rather than wrong values, or a crash in nvCOMP.
+
+    >>> [c.to_dict()["name"] for c in compressors("zstd")]
+    ['zstd', 'crc32c']
+    """
     if codec == "zstd":
-        return zarr.codecs.ZstdCodec(level=0 if level is None else int(level))
-    if codec == "lz4":
+        out = [zarr.codecs.ZstdCodec(level=0 if level is None else int(level))]
+    elif codec == "lz4":
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # numcodecs codecs are not in the Zarr 3 spec; zarr says so
-            return zarr.codecs.numcodecs.LZ4()
-    if codec == "none":
-        return None
-    raise ConfigError(f"zarr codec {codec!r} is not one flowgpu writes; choose one of {', '.join(CODECS)}")
+            out = [zarr.codecs.numcodecs.LZ4()]
+    elif codec == "none":
+        out = []
+    else:
+        raise ConfigError(f"zarr codec {codec!r} is not one flowgpu writes; choose one of {', '.join(CODECS)}")
+    return out + [zarr.codecs.Crc32cCodec()] if checksum else out
 
 
 def create(path: str, shape: tuple, dtype: Any, *, codec: str = "zstd", level: int | None = None,
-           chunks: tuple, shards: tuple | None = None, component: str | None = None) -> zarr.Array:
-    """A new Zarr 3 array at ``path`` (``component`` inside a group there), its metadata written by zarr."""
+           chunks: tuple, shards: tuple | None = None, component: str | None = None,
+           checksum: bool = True) -> zarr.Array:
+    """A new Zarr 3 array at ``path`` (``component`` inside a group there), its metadata written by
+    zarr; its chunks end in a ``crc32c`` unless ``checksum=False`` (:func:`compressors`)."""
     for what, v in (("chunks", chunks), ("shards", shards)):
         if v is not None and (len(v) != len(shape) or any(int(n) < 1 for n in v)):
             raise ConfigError(f"zarr {what} {list(v)}: give one length >= 1 per axis of the {len(shape)}-d array "
@@ -96,7 +108,8 @@ def create(path: str, shape: tuple, dtype: Any, *, codec: str = "zstd", level: i
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return zarr.create_array(store, shape=tuple(shape), dtype=np.dtype(dtype), chunks=tuple(chunks),
-                                 shards=tuple(shards) if shards else None, compressors=compressors(codec, level),
+                                 shards=tuple(shards) if shards else None,
+                                 compressors=compressors(codec, level, checksum) or None,
                                  fill_value=0, zarr_format=3, overwrite=False)
 
 
@@ -231,6 +244,14 @@ def _frames(plan: DevicePlan, host: np.ndarray, starts: np.ndarray, sizes: np.nd
     return starts - ZSTD_ROOM, sizes + np.where(sizeless, ZSTD_ROOM, 0)
 
 
+def _checksums(host: np.ndarray, at: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """Append to each framed chunk ``host[at:at + n]`` its ``crc32c`` (4 bytes, little-endian, in
+    the room :func:`~flowgpu.io.devcodec.layout` left after it), as zarr's codec does; the new sizes."""
+    crcs = np.fromiter((google_crc32c.value(host[a:a + k]) for a, k in zip(at.tolist(), n.tolist())), "<u4", len(at))
+    host[(at + n)[:, None] + np.arange(4)] = crcs.view(np.uint8).reshape(-1, 4)
+    return n + 4
+
+
 def _write_unit(block: Any, plan: DevicePlan = None, device: str = "nvcomp", level: int | None = None,
                 block_info: Any = None):
     """Encode one unit's chunks as a batch, lay them out in one host buffer (each payload aligned
@@ -243,8 +264,11 @@ def _write_unit(block: Any, plan: DevicePlan = None, device: str = "nvcomp", lev
     flat, offsets, coords = _chunks_of(block, plan, lo, dev.xp)
     nbytes = int(np.prod(plan.chunk, dtype=np.int64)) * plan.dtype.itemsize
     room = ZSTD_ROOM if plan.frame.algorithm == "Zstd" else 0
-    host, starts, sizes = dev.pack(plan.frame.algorithm, flat, offsets, nbytes, level, plan.frame.head, room)
+    tail = 4 if plan.frame.checksum else 0
+    host, starts, sizes = dev.pack(plan.frame.algorithm, flat, offsets, nbytes, level, plan.frame.head, room, tail)
     at, n = _frames(plan, host, starts, sizes, nbytes)
+    if plan.frame.checksum:
+        n = _checksums(host, at, n)
     t1 = time.perf_counter()
     COUNTERS.add("encode", nbytes * len(offsets), t1 - t0, count=len(offsets))
     path = plan.path(unit)

@@ -8,13 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import dask.array as da
 import numpy as np
 import pytest
 import zarr
 
 from flowgpu.errors import ConfigError
 from flowgpu.io.npy import from_npy
-from flowgpu.io.zarr import from_zarr
+from flowgpu.io.zarr import from_zarr, to_zarr
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
@@ -37,6 +38,29 @@ def test_a_zarr_chunk_that_does_not_decode_is_named(tmp_path, rng, shards):
     assert said.startswith(f"{damaged}: the {'shard' if shards else 'chunk'} at grid position (1, 1)")
     assert "the store is damaged: restore it, or rewrite it from its source" in said
     np.testing.assert_array_equal(from_zarr(str(tmp_path / "x.zarr"))[:4, :6].compute(), data[:4, :6])  # the rest reads
+
+
+@pytest.mark.parametrize("options", [{}, {"codec": "lz4", "chunks": (4, 6), "shards": (8, 6)}])
+def test_a_bit_flipped_in_a_store_flowgpu_wrote_is_caught_by_its_crc32c(tmp_path, rng, options):
+    """flowgpu ends every chunk it writes in zarr's crc32c: one bit flipped in a chunk's bytes (which a
+    decompressor may turn into other values without a word) is an error naming that file, on read."""
+    data = rng.random((16, 12)).astype("f4")
+    out = str(tmp_path / "w.zarr")
+    to_zarr(da.from_array(data, chunks=(4, 6)), out, **options)
+    a = zarr.open_array(out)
+    assert [c.to_dict()["name"] for c in (a.metadata.codecs[0].codecs if a.shards else a.metadata.codecs)][-1] == "crc32c"
+    unit = "c/1/1"
+    damaged = tmp_path / "w.zarr" / unit
+    raw = bytearray(damaged.read_bytes())
+    at = int(rng.integers(0, len(raw) - (16 * 2 + 4 if a.shards else 0)))  # a chunk's bytes, not a shard's index
+    raw[at] ^= 1 << int(rng.integers(0, 8))
+    damaged.write_bytes(bytes(raw))
+    with pytest.raises(OSError) as e:
+        from_zarr(out).sum().compute()
+    said = str(e.value)
+    assert said.startswith(f"{damaged}: the {'shard' if a.shards else 'chunk'} at grid position (1, 1)"), said
+    assert "checksum" in said and "the store is damaged" in said
+    np.testing.assert_array_equal(from_zarr(out)[:4, :6].compute(), data[:4, :6])  # the rest reads
 
 
 def test_a_npy_that_holds_more_than_its_header_says_is_refused(tmp_path, rng):

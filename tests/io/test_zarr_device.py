@@ -303,14 +303,15 @@ def test_stores_zarr_wrote_read_their_shards_from_an_aligned_offset(tmp_path, rn
     assert np.array_equal(got, data), first_mismatch(got, data)
 
 
-@pytest.mark.parametrize("name", ["sharded-zstd", "sharded-lz4"])
+@pytest.mark.parametrize("name", ["sharded-zstd", "sharded-lz4", "sharded-lz4-crc32c"])
 def test_a_shard_read_in_groups_decodes_each_as_it_arrives(tmp_path, rng, fake, monkeypatch, name):
     data = field(rng, (120, 40))
     root = str(tmp_path / "g.zarr")
     make_store(root, data, name, chunks=(10, 40), shards=(60, 40))
     plan = plan_codec(zarr.open_array(root))
     (r,) = read_plan(plan, (slice(0, 60), slice(0, 40)))
-    groups = zarrread._groups(r, 1000)
+    framing = (plan.frame.head, plan.frame.tail) if plan.frame.checksum else (0, 0)
+    groups = zarrread._groups(r, 1000, *framing)
     assert 1 < len(groups) < len(r.chunks) + 1
     assert all(off % ALIGN == 0 for _, off, _, _ in groups)
     assert sorted(c.coords for g in groups for c in g[3]) == sorted(c.coords for c in r.chunks)
@@ -318,8 +319,9 @@ def test_a_shard_read_in_groups_decodes_each_as_it_arrives(tmp_path, rng, fake, 
         raw = f.read()
     whole = {c.coords: raw[r.offset + c.start:r.offset + c.stop] for c in r.chunks}
     assert all(raw[off + c.start:off + c.stop] == whole[c.coords] for _, off, _, cs in groups for c in cs)
-    reads, read = [], HostDevice.read
-    monkeypatch.setattr(HostDevice, "read", lambda self, p, o, n: reads.append(n) or read(self, p, o, n))
+    assert all(c.start >= framing[0] and c.stop + framing[1] <= n for _, _, n, cs in groups for c in cs)  # checks read
+    reads, read = [], HostDevice.read_host
+    monkeypatch.setattr(HostDevice, "read_host", lambda self, p, o, n, out=None: reads.append(n) or read(self, p, o, n, out))
     with dask.config.set({"flowgpu.zarr.read-group": "1kB"}):
         x = from_zarr(root)
     got = x.compute(scheduler="sync")
@@ -354,6 +356,67 @@ def test_a_damaged_chunk_is_an_error_that_names_it(tmp_path, rng, fake, name):
     with pytest.raises(OSError, match="did not decode") as e:
         from_zarr(root).compute(scheduler="sync")
     assert r.path in str(e.value) and f"chunk {c.coords}" in str(e.value) and "damaged" in str(e.value)
+
+
+def _flip_a_byte(path: str, lo: int, hi: int, rng) -> None:
+    """One bit of one byte in ``path[lo:hi]`` flipped (a damage a decoder may not notice)."""
+    at = int(rng.integers(lo, hi))
+    with open(path, "r+b") as f:
+        f.seek(at)
+        byte = f.read(1)[0]
+        f.seek(at)
+        f.write(bytes([byte ^ (1 << int(rng.integers(0, 8)))]))
+
+
+def _codec_names(a: zarr.Array) -> list[str]:
+    codecs = a.metadata.codecs[0].codecs if a.shards else a.metadata.codecs
+    return [c.to_dict()["name"] for c in codecs]
+
+
+@pytest.mark.parametrize("name", ["zstd-crc32c", "lz4-crc32c", "none-crc32c", "sharded-lz4-crc32c"])
+def test_a_chunk_that_fails_its_crc32c_is_named_before_anything_decodes_it(tmp_path, rng, fake, monkeypatch, name):
+    """One bit flipped anywhere in one chunk (framing, payload or checksum) of a store whose codecs end
+    in crc32c: the reader checks the checksums on the host and names the chunk; the block's bytes are
+    never handed to the decoder (nvCOMP, which can crash on damaged input), and the rest reads."""
+    data = field(rng, (40, 24))
+    root = str(tmp_path / "c.zarr")
+    make_store(root, data, name)
+    plan = plan_codec(zarr.open_array(root))
+    assert plan.frame.checksum
+    r = read_plan(plan, (slice(20, 40), slice(12, 24)))[0]  # the unit at (20, 12)
+    c = r.chunks[len(r.chunks) - 1]
+    _flip_a_byte(r.path, r.offset + c.start - plan.frame.head, r.offset + c.stop + plan.frame.tail, rng)
+    unit = (slice(20, 20 + plan.unit[0]), slice(12, 12 + plan.unit[1]))
+    calls = []
+    for method in ("decode_into", "place"):
+        orig = getattr(HostDevice, method)
+        monkeypatch.setattr(HostDevice, method, lambda self, *a, _o=orig, _m=method: calls.append(_m) or _o(self, *a))
+    with pytest.raises(OSError, match="do not match their crc32c checksum") as e:
+        from_zarr(root)[unit].compute(scheduler="sync")
+    assert calls == []
+    assert r.path in str(e.value) and f"chunk {c.coords}" in str(e.value) and "the store is damaged" in str(e.value)
+    with pytest.raises(ValueError, match="checksum"):  # zarr-python agrees
+        zarr.open_array(root)[unit]
+    assert np.array_equal(from_zarr(root)[:20, :12].compute(scheduler="sync"), data[:20, :12])
+
+
+@pytest.mark.parametrize("codec,shards", [("zstd", None), ("lz4", (24, 12)), ("none", None)])
+def test_device_written_stores_end_each_chunk_in_a_crc32c_both_readers_check(tmp_path, rng, fake, codec, shards):
+    data = field(rng, (37, 23))
+    out = str(tmp_path / "w.zarr")
+    to_zarr(da.from_array(data, chunks=(11, 9)) * 1, out, codec=codec, chunks=(8, 6), shards=shards)
+    a = zarr.open_array(out)
+    assert _codec_names(a)[-1] == "crc32c"
+    assert np.array_equal(a[:], data)  # zarr-python checks the checksums the device writer appended
+    plan = plan_codec(a)
+    lo = [c // u * u for c, u in zip((8, 6), plan.unit)]  # the unit (chunk or shard) holding chunk (1, 1)
+    (r,) = read_plan(plan, tuple(slice(a, min(a + u, n)) for a, u, n in zip(lo, plan.unit, plan.shape)))
+    c = next(c for c in r.chunks if c.coords == (1, 1))
+    _flip_a_byte(r.path, r.offset + c.start - plan.frame.head, r.offset + c.stop + plan.frame.tail, rng)
+    with pytest.raises(OSError, match=r"crc32c checksum \(the first is chunk \(1, 1\)"):
+        from_zarr(out).compute(scheduler="sync")
+    with pytest.raises(ValueError, match="checksum"):
+        zarr.open_array(out)[8:16, 6:12]
 
 
 def test_a_gpu_fault_while_decoding_says_what_to_do(tmp_path, rng, fake, monkeypatch):

@@ -145,16 +145,19 @@ if __name__ == "__main__":
 
 
 @pytest.mark.parametrize("codec", ["zstd", "lz4"])
-def test_a_damaged_chunk_is_an_error_not_wrong_values(tmp_path, rng, gpu_session, codec):
+@pytest.mark.parametrize("checksum", [True, False])
+def test_a_damaged_chunk_is_an_error_not_wrong_values(tmp_path, rng, gpu_session, codec, checksum):
     """Read in a process of its own: a decoder fed damaged bytes may leave its CUDA context unusable.
     One payload is overwritten with 0xff bytes (a broken zstd frame header; an LZ4 literal run longer
-    than its input): damage every decoder sees, so nvCOMP's per-chunk status must report it."""
+    than its input): with the crc32c flowgpu writes by default the reader refuses it on the host, before
+    nvCOMP; without (stores written by others) the walkers and nvCOMP's per-chunk status must report it."""
     import subprocess
     import sys
 
     data = field(rng, (512, 4096))
     root = str(tmp_path / "d.zarr")
-    fg.to_zarr(fg.from_array(data, chunks=(256, 4096)) * 1, root, codec=codec, chunks=(16, 4096), shards=(256, 4096))
+    fg.to_zarr(fg.from_array(data, chunks=(256, 4096)) * 1, root, codec=codec, chunks=(16, 4096), shards=(256, 4096),
+               checksum=checksum)
     plan = plan_codec(zarr.open_array(root))
     r = read_plan(plan, (slice(0, 256), slice(0, 4096)))[0]
     c = r.chunks[3]
@@ -169,3 +172,4 @@ def test_a_damaged_chunk_is_an_error_not_wrong_values(tmp_path, rng, gpu_session
     said = out.stdout.strip().splitlines()[-1:] or [f"(nothing; exit {out.returncode}) {out.stderr[-500:]}"]
     assert said[0].startswith("ERROR"), f"{codec}: a damaged chunk read without an error: {said[0]}"
     assert f"chunk {c.coords}" in said[0] and "damaged" in said[0], said[0]
+    assert ("crc32c" in said[0]) == checksum, said[0]

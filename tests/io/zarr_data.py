@@ -23,6 +23,13 @@ STORES = {
     "v2-zlib": ({"zarr_format": 2, "compressors": numcodecs.Zlib()}, ("Deflate", 2, 4)),
     "sharded-zstd": ({"shards": (20, 12)}, ("Zstd", 0, 0)),
     "sharded-lz4": ({"shards": (20, 12), "compressors": "numcodecs.lz4"}, ("LZ4", 4, 0)),
+    # zarr's crc32c after the compressor (what flowgpu writes): 4 more bytes, checked before decoding
+    "zstd-crc32c": ({"compressors": [zarr.codecs.ZstdCodec(), zarr.codecs.Crc32cCodec()]}, ("Zstd", 0, 4)),
+    "lz4-crc32c": ({"compressors": ["numcodecs.lz4", zarr.codecs.Crc32cCodec()]}, ("LZ4", 4, 4)),
+    "zlib-crc32c": ({"compressors": ["numcodecs.zlib", zarr.codecs.Crc32cCodec()]}, ("Deflate", 2, 8)),
+    "none-crc32c": ({"compressors": [zarr.codecs.Crc32cCodec()]}, (None, 0, 4)),
+    "sharded-lz4-crc32c": ({"shards": (20, 12), "compressors": ["numcodecs.lz4", zarr.codecs.Crc32cCodec()]},
+                           ("LZ4", 4, 4)),
 }
 
 
@@ -35,11 +42,12 @@ def field(rng: np.random.Generator, shape: tuple, dtype: str = "float32") -> np.
 
 def _compressors(kw: dict) -> dict:
     kw = dict(kw)
+    named = {"numcodecs.zlib": zarr_numcodecs.Zlib, "numcodecs.lz4": zarr_numcodecs.LZ4}
     c = kw.get("compressors")
-    if c == "numcodecs.zlib":
-        kw["compressors"] = zarr_numcodecs.Zlib()
-    elif c == "numcodecs.lz4":
-        kw["compressors"] = zarr_numcodecs.LZ4()
+    if isinstance(c, list):
+        kw["compressors"] = [named[x]() if isinstance(x, str) else x for x in c]
+    elif isinstance(c, str) and c in named:
+        kw["compressors"] = named[c]()
     return kw
 
 
