@@ -38,29 +38,15 @@ from flowgpu.pipeline.spec import PARAM_REF
 
 __all__ = ["Recipe", "recipes", "fingerprint", "same_fingerprint", "content_digest"]
 
-_BLOCK = 1 << 20  # bytes read at a time when hashing file contents
-
-
 # -- fingerprints of files and folders -------------------------------------------------------------
 def _hasher() -> Any:
     return hashlib.blake2b(digest_size=16)
 
 
-def _hash_file(path: str, h: Any, buffer: bytearray) -> None:
-    view = memoryview(buffer)
-    with open(path, "rb", buffering=0) as f:
-        while True:
-            n = f.readinto(buffer)
-            if not n:
-                return
-            h.update(view[:n])
-
-
 def content_digest(path: str) -> str:
-    """blake2b of a file's bytes, read in 1 MiB blocks (bounded memory)."""
-    h = _hasher()
-    _hash_file(path, h, bytearray(_BLOCK))
-    return h.hexdigest()
+    """blake2b of a file's bytes (``hashlib.file_digest``: read in blocks, bounded memory)."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, _hasher).hexdigest()
 
 
 def _folder(path: str, checksum: bool) -> dict:
@@ -78,11 +64,11 @@ def _folder(path: str, checksum: bool) -> dict:
         listing.update(f"{rel}\0{size}\0{mtime}\n".encode())
     out = {"kind": "dir", "files": len(files), "size": sum(f[1] for f in files), "stat": listing.hexdigest()}
     if checksum:
-        h, buffer = _hasher(), bytearray(_BLOCK)
+        h = _hasher()
         for rel, size, _, regular in files:
             h.update(f"{rel}\0{size}\n".encode())
             if regular:
-                _hash_file(os.path.join(path, rel), h, buffer)
+                h.update(bytes.fromhex(content_digest(os.path.join(path, rel))))
         out["content"] = h.hexdigest()
     return out
 
