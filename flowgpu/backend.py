@@ -8,9 +8,13 @@ one place that counts GPUs. Nothing here imports cupy, rmm or dask_cuda at impor
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import os
+from collections.abc import Iterator
+from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any
 
 import dask.config
@@ -19,6 +23,8 @@ import numpy as np
 from flowgpu.errors import BackendError
 
 __all__ = [
+    "Facts",
+    "using",
     "import_cupy",
     "is_cupy",
     "array_module",
@@ -57,12 +63,55 @@ def array_module(x: Any):
     return np
 
 
+@dataclass(frozen=True)
+class Facts:
+    """What building a graph needs to know of the workers that will run it: their chunks' array
+    library, the bytes one worker may hold (None: no bound known) and the tasks it runs at once.
+
+    A pipeline is compiled with the facts of its Session (``Session.facts``), or of this machine
+    when it has none (:meth:`here`); ``chunks="auto"`` and the backend of every array it opens
+    follow them (:func:`using`). Plain dask code on an open Session reads the same facts from
+    dask.config, where the Session publishes them (``array.backend``, ``flowgpu.worker.*``).
+    """
+
+    backend: str = "numpy"  # "numpy" or "cupy"
+    budget: int | None = None
+    threads: int | None = None
+
+    @classmethod
+    def here(cls) -> "Facts":
+        """The facts in force in this process: a compile's (:func:`using`), else those an open
+        Session published in dask.config, else NumPy with no memory bound."""
+        given = _FACTS.get()
+        if given is not None:
+            return given
+        budget, threads = dask.config.get("flowgpu.worker.budget", None), dask.config.get("flowgpu.worker.threads", None)
+        return cls("cupy" if dask.config.get("array.backend", "numpy") == "cupy" else "numpy",
+                   int(budget) if budget is not None else None, int(threads) if threads is not None else None)
+
+
+_FACTS: ContextVar[Facts | None] = ContextVar("flowgpu_facts", default=None)
+
+
+@contextlib.contextmanager
+def using(facts: Facts | None) -> Iterator[None]:
+    """Within the block (this thread or task), arrays are built for ``facts`` (None: as before)."""
+    if facts is None:
+        yield
+        return
+    token = _FACTS.set(facts)
+    try:
+        yield
+    finally:
+        _FACTS.reset(token)
+
+
 def current_backend() -> str:
-    """The array backend in force on this process: ``"cupy"`` or ``"numpy"``.
+    """The array backend in force: ``"cupy"`` or ``"numpy"`` (:meth:`Facts.here`).
 
     A :class:`flowgpu.Session` on GPUs sets dask's ``array.backend`` to ``cupy`` while it is open.
     """
-    return "cupy" if dask.config.get("array.backend", "numpy") == "cupy" else "numpy"
+    return Facts.here().backend
 
 
 def _parse_visible(env: str) -> list[str]:

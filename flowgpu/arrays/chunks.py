@@ -5,9 +5,10 @@ costs about a millisecond of scheduling, and an H200 streams ~4 TB/s, so chunks 
 1 GiB) to keep the device busy, yet bounded by device memory. ``python -m benchmarks.suite.chunk_size`` measures
 throughput against chunk size; the defaults in ``flowgpu.yaml`` come from that curve.
 
-The worker budget comes from dask.config: an open :class:`~flowgpu.Session` publishes
-``flowgpu.worker.budget`` (bytes one worker may hold) and ``flowgpu.worker.threads``. Without a
-session both are null, and only the per-backend target applies.
+The worker budget and threads are :class:`flowgpu.backend.Facts`: those a pipeline is compiled
+with, else those an open :class:`~flowgpu.Session` publishes in dask.config
+(``flowgpu.worker.budget``, ``flowgpu.worker.threads``). Without either, only the per-backend
+target applies.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from dask.array.core import normalize_chunks
 from dask.utils import parse_bytes
 
 from flowgpu import config
-from flowgpu.backend import current_backend
+from flowgpu.backend import Facts
 from flowgpu.errors import ChunkError
 
 __all__ = ["target_chunk_bytes", "resolve_chunks", "check_fits"]
@@ -30,12 +31,11 @@ _MIN_CHUNK = 1 << 20
 def target_chunk_bytes() -> int:
     """Bytes ``chunks="auto"`` aims at for one chunk: the backend's target, or less when the open
     session's workers cannot hold ``flowgpu.chunks.headroom`` chunks per thread."""
-    gpu = current_backend() == "cupy"
-    cap = parse_bytes(config.get("chunks.gpu-target" if gpu else "chunks.cpu-target"))
-    budget = config.get("worker.budget")
-    if budget is not None:
-        threads = config.get("worker.threads") or 1
-        cap = min(cap, int(budget) // max(int(config.get("chunks.headroom")) * int(threads), 1))
+    facts = Facts.here()
+    cap = parse_bytes(config.get("chunks.gpu-target" if facts.backend == "cupy" else "chunks.cpu-target"))
+    if facts.budget is not None:
+        threads = facts.threads or 1
+        cap = min(cap, int(facts.budget) // max(int(config.get("chunks.headroom")) * int(threads), 1))
     return max(int(cap), _MIN_CHUNK)
 
 
@@ -84,7 +84,7 @@ def _balanced(chunks: tuple, asked: Any) -> tuple:
 
 def check_fits(chunks: tuple, dtype: Any) -> None:
     """Refuse chunks whose largest block cannot fit one worker's memory budget (``flowgpu.worker.budget``)."""
-    budget = config.get("worker.budget")
+    budget = Facts.here().budget
     if budget is None:
         return
     largest = int(np.prod([max(c) if c else 0 for c in chunks], dtype=np.int64)) * np.dtype(dtype).itemsize

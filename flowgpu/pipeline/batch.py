@@ -96,12 +96,14 @@ def _failure(job: Job, error: BaseException, session: RunSession) -> FlowgpuErro
     return _said(job, out)
 
 
-def _prepare(job: Job, session: RunSession, overwrite: bool, recompile: bool) -> None:
-    """Compile ``job`` for the session (python sources are called here, and only here; chunks sized
-    for its workers, unless the plan was made while this session was already open) and stage its writes."""
+def _prepare(job: Job, session: RunSession, overwrite: bool) -> None:
+    """Stage ``job``'s writes, on its plan as compiled, unless that was built for other workers than
+    the session's (a run that started its own cluster after judging its outputs) or stands in for
+    python sources, which are called here, and only here: then compiled for the session."""
     spec = job.item.spec
-    plan = job.run_plan = compile(spec, for_run=True) if recompile or calls_user_code(job.plan) \
-        else job.plan
+    facts = session.facts
+    plan = job.run_plan = compile(spec, for_run=True, facts=facts) \
+        if job.plan.facts != facts or calls_user_code(job.plan) else job.plan
     if session.workers:  # one task, and the largest array, fit the workers (or a SpecError)
         check_memory(plan, session.workers, session.threads_per_worker, session.worker_budget)
     for name in job.todo:
@@ -263,13 +265,10 @@ def _cancel(client: Any, job: Job) -> None:
 
 
 def execute(jobs: list[Job], session: RunSession, *, overwrite: bool = False, keep_going: bool = False,
-            console: Console | None = None, progress: bool = True, cache: Any = None, recompile: bool = True,
-            report: bool = False, memory: Callable[[], Any] | None = None) -> None:
+            console: Console | None = None, progress: bool = True, cache: Any = None, report: bool = False, memory: Callable[[], Any] | None = None) -> None:
     """Compute the ``todo`` outputs of every job on ``session`` and commit each job's outputs when all
     are done; sets each job's ``status``, ``values`` and ``error``. Without ``keep_going`` the first
-    failure cancels the rest and is raised; with it, every failure stays in its job. ``recompile=False``:
-    the jobs' plans were compiled while ``session`` was open, so they are used as they are (but
-    for plans whose sources call user code: those are called only now). ``memory``: a function that
+    failure cancels the rest and is raised; with it, every failure stays in its job. ``memory``: a function that
     gives the session's ``memory_summary()`` the caller asked for just before (the spill watch starts
     from it), so the workers need not be asked again."""
     bars = BatchBars(console, show=progress)
@@ -282,7 +281,7 @@ def execute(jobs: list[Job], session: RunSession, *, overwrite: bool = False, ke
             ready = []
             for job in work:
                 try:
-                    _prepare(job, session, overwrite, recompile)
+                    _prepare(job, session, overwrite)
                     _follow(job, session, batch, report)
                     job.bar = bars.add(job.item.label)
                     ready.append(job)

@@ -88,7 +88,7 @@ class Pipeline:
     def from_spec(cls, spec: Spec) -> "Pipeline":
         """The pipeline of a spec (as written: params not substituted), to extend or write out; errors
         still point into the file it was read from."""
-        origin = spec._origin
+        origin = spec.origin
         p = cls.__new__(cls)
         if origin is None:
             p._setup(spec.model_dump(by_alias=True, exclude_defaults=True), ScriptMap(None), {})

@@ -29,7 +29,7 @@ def _spec_paths(spec: Spec, found: dict[str, str], stack: tuple[str, ...] = (), 
     Each included file is read once per set of params it is given, and at most ``flowgpu.spec.max-includes``
     times in all (two steps using a file that has two steps using the next ... would be 2**depth reads)."""
     loaded = set() if loaded is None else loaded
-    origin = spec._origin
+    origin = spec.origin
     if origin is not None and origin.file:
         found.setdefault(os.path.realpath(origin.file), f"the spec {origin.file!r}" if not stack
                          else f"the included spec {origin.file!r}")
@@ -65,7 +65,7 @@ def protected_paths(spec: Spec, extra: dict[str, str] | None = None) -> dict[str
 def check_outputs(spec: Spec, overwrite: bool = False, protect: dict[str, str] | None = None) -> None:
     """Refuse, before anything runs, output paths that are taken, given twice, or that are or
     contain what the run needs (:func:`protected_paths`; ``protect`` adds paths and what they are)."""
-    smap = spec._origin.smap
+    smap = spec.origin.smap
     seen: dict[str, str] = {}
     protected = protected_paths(spec, protect) if any(o.path for o in spec.outputs.values()) else {}
     for name, out in spec.outputs.items():
@@ -162,7 +162,7 @@ def session_options(spec: Spec, cluster: dict[str, Any] | None = None, allow_spe
     """
     opts = {k: v for k, v in spec.cluster.model_dump().items() if v is not None}
     given = {k: v for k, v in (cluster or {}).items() if v is not None}
-    set_here = spec._origin.overrides if spec._origin is not None else {}
+    set_here = spec.origin.overrides if spec.origin is not None else {}
     risky = {"address": ("sends this run, and its data, to the scheduler at", lambda v: False),
              "kind": ("sends this run, and its data, to batch jobs of", lambda v: v == "local"),
              "dashboard_address": ("opens the dashboard to the network at", _loopback)}
@@ -172,7 +172,7 @@ def session_options(spec: Spec, cluster: dict[str, Any] | None = None, allow_spe
                 or harmless(str(value))):
             continue
         flag = {"address": f"--scheduler {value}", "kind": f"--cluster {value}"}.get(key, f"--set cluster.{key}={value}")
-        raise spec._origin.smap.error(
+        raise spec.error(
             f"the spec {does} {value!r} (cluster.{key}); a spec from elsewhere could send your data anywhere",
             ("cluster", key), hint=f"if you mean it, confirm with {flag} or --allow-spec-address "
                                    "(Python: run(..., allow_spec_address=True)); else remove it from the spec")

@@ -26,7 +26,7 @@ import numpy as np
 from dask.highlevelgraph import HighLevelGraph
 
 from flowgpu.errors import ArgumentError, ConfigError, FlowgpuError, ImportPathError, RunError, SpecError
-from flowgpu.backend import current_backend
+from flowgpu.backend import Facts, current_backend, using
 from flowgpu.fusion import graph as fusion_graph
 from flowgpu.io import sinks, sources
 from flowgpu.ops import registry
@@ -66,6 +66,7 @@ class Plan:
     params: dict[str, Any]
     children: dict[str, "Plan"] = field(default_factory=dict)
     fusion: dict[str, str] = field(default_factory=dict)  # step -> the expression its fused kernel computes
+    facts: Facts = field(default_factory=Facts)  # what its arrays were built for (backend, worker budget, threads)
 
     @property
     def fused(self) -> bool:
@@ -74,14 +75,14 @@ class Plan:
 
     @property
     def file(self) -> str | None:
-        return self.spec._origin.file if self.spec._origin else None
+        return self.spec.origin.file if self.spec.origin else None
 
 
 def _origin(spec: Spec) -> Origin:
-    if spec._origin is None:
+    if spec.origin is None:
         spec._origin = Origin(None, SourceMap(None), spec.model_dump(by_alias=True, exclude_defaults=True),
                               {})
-    return spec._origin
+    return spec.origin
 
 
 def _open_input(spec: Spec, name: str, smap: SourceMap, for_run: bool) -> da.Array:
@@ -311,11 +312,13 @@ def _compile(spec: Spec, bindings: dict[str, da.Array] | None = None, stack: tup
     names = order(spec, smap)
     values, nodes, children = _build_graph(spec, smap, names, bindings or {}, stack, for_run)
     outputs = _output_arrays(spec, values, smap)
-    return Plan(spec, nodes, names, values, outputs, dict(origin.params), children, fusion_of(nodes, names, outputs))
+    return Plan(spec, nodes, names, values, outputs, dict(origin.params), children, fusion_of(nodes, names, outputs),
+                Facts.here())
 
 
 def compile(spec: Spec | str | os.PathLike | dict, params: dict[str, Any] | None = None, *,
-            overrides: dict[str, Any] | None = None, for_run: bool = False) -> Plan:  # noqa: A001
+            overrides: dict[str, Any] | None = None, for_run: bool = False, facts: Facts | None = None
+            ) -> Plan:  # noqa: A001
     """Build and check the lazy graph of ``spec``; starts no cluster, computes nothing, calls no user code.
 
     Parameters
@@ -325,6 +328,8 @@ def compile(spec: Spec | str | os.PathLike | dict, params: dict[str, Any] | None
     overrides : other dotted keys to set, as ``--set`` does.
     for_run : compile for a run: ``python`` sources call their callable (only ``run`` passes True;
         otherwise they stand for their declared shape and dtype, unless ``plan_call: true``).
+    facts : the workers it is built for (:class:`flowgpu.backend.Facts`: a Session's ``facts``);
+        None: :meth:`~flowgpu.backend.Facts.here` (an open Session's, else NumPy with no memory bound).
 
     Returns
     -------
@@ -340,7 +345,7 @@ def compile(spec: Spec | str | os.PathLike | dict, params: dict[str, Any] | None
         origin = _origin(spec)
         spec = build(origin.raw, origin.smap, {**origin.overrides, **extra})
     try:
-        with compose.counting_includes():
+        with compose.counting_includes(), using(facts):
             return _compile(spec, for_run=for_run)
     except ConfigError as e:  # e.g. bad chunks
         raise SpecError(str(e), file=_origin(spec).file, line=1, col=1, path="<document>",

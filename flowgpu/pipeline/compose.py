@@ -44,7 +44,7 @@ def counting_includes() -> Iterator[None]:
 
 def resolve_uses(spec: Spec, name: str, smap: SourceMap, stack: tuple[str, ...]) -> str:
     """Absolute path of step ``name``'s included file; missing, self and cyclic includes fail."""
-    origin = spec._origin
+    origin = spec.origin
     base = origin.base_dir if origin is not None else os.getcwd()
     path = os.path.abspath(os.path.join(base, os.path.expanduser(spec.steps[name].uses)))
     where = ("steps", name, "uses")
@@ -132,7 +132,7 @@ def compile_uses(spec: Spec, name: str, smap: SourceMap, values: dict[str, Any],
         x = values[head][part] if part and isinstance(values.get(head), dict) else values.get(ref)
         _check_binding(child, inner, x, where, smap, name)
         bindings[inner] = x
-    me = spec._origin.file if spec._origin is not None else None
+    me = spec.origin.file if spec.origin is not None else None
     try:
         return compile_spec(child, bindings, (*stack, os.path.abspath(me)) if me else stack)
     except SpecError:

@@ -64,8 +64,8 @@ def in_item(error: SpecError, item: Item) -> SpecError:
 
 def _fail(message: str, where: str, hint: str, spec: Spec | None = None, path: tuple = (),
           kind: type[SpecError] = SpecError) -> SpecError:
-    if spec is not None and spec._origin is not None and path:
-        return spec._origin.smap.error(message, path, hint=hint, kind=kind)
+    if spec is not None and spec.origin is not None and path:
+        return spec.error(message, path, hint=hint, kind=kind)
     return kind(message, path=where, hint=hint)
 
 
@@ -216,7 +216,7 @@ def _declared(spec: Spec, name: str, where: str) -> None:
 def expand(spec: Spec, foreach: dict[str, Any] | None = None) -> list[Item]:
     """Every item of the batch ``spec`` describes (its ``foreach:`` block, then ``foreach``), each
     built and checked as a spec of its own; a spec without foreach is one item with no values."""
-    origin = spec._origin
+    origin = spec.origin
     pinned = {k.removeprefix("params.") for k in (origin.overrides if origin else {}) if k.startswith("params.")}
     axes: dict[str, list[Any]] = {}
     for name, given in spec.foreach.items():

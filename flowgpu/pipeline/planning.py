@@ -82,7 +82,7 @@ _KERNEL_SOURCES = {"random", "normal"}
 
 
 def _refuse(plan: Plan, where: tuple[str, str], message: str, hint: str) -> SpecError:
-    origin = plan.spec._origin
+    origin = plan.spec.origin
     if origin is None:
         return ChunkError(f"{where[0]}.{where[1]}: {message}; {hint}")
     return origin.smap.error(message, (where[0], where[1].split("/")[0]), hint=hint)

@@ -267,7 +267,7 @@ class _Hasher:
         self.plan, self.spec = plan, plan.spec
         self.top = bindings is None
         self.bindings = bindings or {}
-        origin = self.spec._origin
+        origin = self.spec.origin
         self.raw = origin.raw if origin is not None and isinstance(origin.raw, dict) else {}
         self.overrides = {k: v for k, v in (origin.overrides if origin is not None else {}).items()
                           if not k.startswith("params.")}

@@ -1,7 +1,7 @@
 """Running a pipeline, or a batch of it: one Session, every item's graph submitted together, written atomically.
 
 1. load the spec and expand its batch (``foreach``: :mod:`flowgpu.pipeline.foreach`; a plain run
-   is one item), then compile and check every item (pure; any problem is a :class:`SpecError`
+   is one item), then compile (for the session's workers: its ``facts``) and check every item (pure; any problem is a :class:`SpecError`
    naming the item, and nothing runs);
 2. refuse output paths that hold data flowgpu did not write (unless ``overwrite``), that are or
    contain the run's own files (:mod:`flowgpu.pipeline.checks`), or that two items share;
@@ -12,7 +12,8 @@
    stop here, starting no cluster;
 5. use the given (or current) Session, or start one from the spec's ``cluster:`` block (whose
    address or open dashboard needs ``allow_spec_address``), and hand the jobs to
-   :func:`flowgpu.pipeline.batch.execute`: compiled again inside the session, staged, computed
+   :func:`flowgpu.pipeline.batch.execute`: compiled again only when the plans were built for other
+   workers (a cluster started after step 4) or stand in for python sources, staged, computed
    together, each item committed in one transaction (all new or all old) when all its outputs are
    done, then recorded in the cache. A failure removes the item's staging and raises (or, with
    ``keep_going``, stays in its item); ``summary_path`` is written either way
@@ -73,7 +74,7 @@ def _start_session(spec: Spec, cluster: dict[str, Any] | None, allow_spec_addres
     try:
         return runtime.Session(address, **opts)
     except ConfigError as e:
-        raise spec._origin.smap.error(str(e), ("cluster",), hint="fix the cluster: block or the CLI option") from None
+        raise spec.error(str(e), ("cluster",), hint="fix the cluster: block or the CLI option") from None
 
 
 def run(spec: Spec | str | os.PathLike | dict, *, overrides: dict[str, Any] | None = None, params_file: str | None = None,
@@ -180,7 +181,7 @@ def _run(spec: Spec, items: list[Item], session: runtime.RunSession | str | None
         session = runtime.ThreadedSession()
     if session is None:
         session = runtime.current_session()
-    plans = plan_items(items, overwrite, params_file)
+    plans = plan_items(items, overwrite, params_file, session.facts if session is not None else None)
     jobs = [Job(item, plan, list(plan.outputs)) for item, plan in zip(items, plans)]
     state.plan, state.jobs = plans[0], jobs
     own = None
@@ -193,15 +194,14 @@ def _run(spec: Spec, items: list[Item], session: runtime.RunSession | str | None
         memory = None
         try:
             if any(job.todo for job in jobs):
-                reuse = session is not None  # the plans were made with its chunk sizes
-                if session is None:
+                if session is None:  # the plans were built for this machine: compiled again if its workers differ
                     own = session = _start_session(items[0].spec, cluster, allow_spec_address, console)
                 if on_session is not None:
                     on_session(session)
                 memory = _memory_soon(session)  # the workers answer while the items compile
                 try:
                     execute(jobs, session, overwrite=overwrite, keep_going=keep_going, console=console,
-                            progress=progress, cache=store, recompile=not reuse, report=bool(report),
+                            progress=progress, cache=store, report=bool(report),
                             memory=memory)
                 except BaseException:
                     if batch:  # what a failed batch's --summary says

@@ -32,8 +32,10 @@ from pydantic import (BaseModel, ConfigDict, Discriminator, Field, PrivateAttr, 
                       model_validator)
 from pydantic.json_schema import GenerateJsonSchema
 
+from flowgpu.errors import SpecError
 from flowgpu.io import sinks, sources
 from flowgpu.io.paths import resolve
+from flowgpu.pipeline.loader import format_path
 
 __all__ = [
     "Spec", "Param", "Step", "Output", "Cluster", "Expect", "ForeachGlob", "ForeachRange", "NAME_PATTERN", "PARAM_REF", "json_schema",
@@ -190,6 +192,21 @@ class Spec(_Model):
                     "batch on one cluster: `seed: [0, 1, 2]`, `input: {glob: data/*.npy}`, `n: {range: 100:500:100}`.")
     # where the spec came from (file, source map, data before params were substituted); set by load()
     _origin: Any = PrivateAttr(default=None)
+
+    @property
+    def origin(self) -> Any:
+        """Where the spec came from (:class:`flowgpu.pipeline.build.Origin`): its file, the line and
+        column of every node, the document before params were substituted, the params and the
+        overrides; None for a spec made in memory by ``Spec(...)``."""
+        return self._origin
+
+    def error(self, message: str, path: tuple = (), hint: str | None = None, *,
+              kind: type[SpecError] = SpecError) -> SpecError:
+        """A :class:`SpecError` at ``path`` (``("steps", "z", "args")``): ``file:line:col`` and the
+        field path when the spec came from a file, the field path alone otherwise."""
+        if self._origin is not None:
+            return self._origin.smap.error(message, path, hint=hint, kind=kind)
+        return kind(message, path=format_path(tuple(path)), hint=hint)
 
     @model_validator(mode="after")
     def _names_unique(self) -> "Spec":

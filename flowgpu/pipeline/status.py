@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from flowgpu.backend import Facts
 from flowgpu.errors import SpecError
 from flowgpu.io.atomic import canonical
 from flowgpu.io.paths import shown
@@ -24,13 +25,14 @@ from flowgpu.pipeline.spec import Spec
 __all__ = ["judge", "line", "load_spec", "plan_items", "status"]
 
 
-def plan_items(items: list[Item], overwrite: bool, params_file: str | None) -> list[Plan]:
-    """Compile and check every item before anything runs; an invalid item refuses the batch, named."""
+def plan_items(items: list[Item], overwrite: bool, params_file: str | None, facts: Facts | None = None) -> list[Plan]:
+    """Compile (for ``facts``: a Session's, else this machine's) and check every item before anything
+    runs; an invalid item refuses the batch, named."""
     plans, seen = [], {}
     protect = {params_file: f"the params file {params_file!r}"} if params_file else None
     for item in items:
         try:
-            plans.append(compile(item.spec))
+            plans.append(compile(item.spec, facts=facts))
             check_outputs(item.spec, overwrite, protect)
         except SpecError as e:
             raise in_item(e, item) from None
@@ -41,7 +43,7 @@ def plan_items(items: list[Item], overwrite: bool, params_file: str | None) -> l
             if path in seen:
                 other, first = seen[path]
                 through = "" if first == os.path.abspath(out.path) else f" (through a linked folder: both are {path})"
-                raise item.spec._origin.smap.error(
+                raise item.spec.error(
                     f"batch items {other.index + 1} ({other.label}) and {item.index + 1} ({item.label}) both write "
                     f"output {name!r} to {shown(out.path)!r}{through}", ("outputs", name, "path"),
                     hint="put a foreach param in the path, e.g. path: out/${params.%s}.zarr" % next(iter(item.values)))
@@ -100,9 +102,7 @@ def _refuse_reading_another_items_output(items: list[Item], plans: list[Plan]) -
                        "at the same time, so what it read would depend on which ran first")
             hint = ("let no item read what another writes: make that output in a batch of its own first, "
                     "or give the items' outputs paths none of them reads")
-            if spec._origin is None:
-                raise SpecError(message, path=f"inputs.{name}.path", hint=hint)
-            raise spec._origin.smap.error(message, ("inputs", name, "path"), hint=hint)
+            raise spec.error(message, ("inputs", name, "path"), hint=hint)
 
 
 def judge(jobs: list[Job], store: Any, force: bool, checksum: bool) -> None:
@@ -133,9 +133,9 @@ def load_spec(spec: Spec | str | os.PathLike | dict, overrides: dict[str, Any] |
     if isinstance(spec, dict):
         return from_dict(spec, {**(read_params_file(params_file) if params_file else {}), **(overrides or {})})
     if overrides or params_file:
-        merged = {**spec._origin.overrides, **(read_params_file(params_file) if params_file else {}),
-                  **(overrides or {})} if spec._origin else dict(overrides or {})
-        return build(spec._origin.raw, spec._origin.smap, merged)
+        merged = {**spec.origin.overrides, **(read_params_file(params_file) if params_file else {}),
+                  **(overrides or {})} if spec.origin else dict(overrides or {})
+        return build(spec.origin.raw, spec.origin.smap, merged)
     return spec
 
 
@@ -158,6 +158,6 @@ def status(spec: Spec | str | os.PathLike | dict, *, overrides: dict[str, Any] |
             outputs[name] = {"up_to_date": v.up_to_date, "reason": v.reason,
                              **({"location": v.location} if v.location is not None else {"value": v.value})}
         entries.append({"index": job.item.index, "params": job.item.values, "outputs": outputs})
-    return {"name": spec.name, "file": spec._origin.file if spec._origin else None,
+    return {"name": spec.name, "file": spec.origin.file if spec.origin else None,
             "line": line(jobs),
             "items": entries}

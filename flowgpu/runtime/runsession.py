@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from typing import Any, Protocol, runtime_checkable
 
-from flowgpu.backend import current_backend
+from flowgpu.backend import Facts, current_backend
 
 __all__ = ["RunSession", "ThreadedSession"]
 
@@ -36,6 +36,9 @@ class RunSession(Protocol):
     @property
     def worker_budget(self) -> int | None: ...
 
+    @property
+    def facts(self) -> Facts: ...  # what its graphs are built with (a pipeline is compiled with them)
+
     def memory_summary(self) -> dict | None: ...
 
     def info(self) -> dict: ...
@@ -53,6 +56,10 @@ class ThreadedSession:
     workers: dict[str, dict] = {}
     threads_per_worker = os.cpu_count() or 1
     worker_budget = None
+
+    @property
+    def facts(self) -> Facts:
+        return Facts.here()
 
     def memory_summary(self) -> None:
         return None

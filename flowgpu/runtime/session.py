@@ -31,6 +31,7 @@ import psutil
 from distributed import Client, LocalCluster
 
 from flowgpu import backend as _backend
+from flowgpu.backend import Facts
 from flowgpu import memory
 from flowgpu.errors import BackendError, ConfigError, FlowgpuError, SessionError
 from flowgpu.fusion.graph import CONFIG_KEY as FUSE_KEY
@@ -371,6 +372,11 @@ class Session:
     def worker_budget(self) -> int:
         """Bytes one worker can hold for chunks: device memory on GPU workers, host memory on CPU."""
         return worker_budget(self.workers, self.backend)
+
+    @property
+    def facts(self) -> Facts:
+        """What a graph for these workers is built with (a pipeline is compiled with them)."""
+        return Facts("cupy" if self.array_backend == "cupy" else "numpy", self.worker_budget, self._nthreads)
 
     def memory_summary(self) -> dict | None:
         """The workers' data-store accounting summed over them (:func:`flowgpu.memory.summary`):

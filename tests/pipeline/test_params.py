@@ -28,7 +28,7 @@ def test_defaults_are_typed_and_substituted(tmp_path):
     assert spec.inputs["x"].shape == [6, 3]
     assert spec.inputs["x"].scale == 2.5
     assert spec.outputs["o"].path == os.path.abspath("out/run-6.npy")  # resolved on the client, where it loads
-    assert spec._origin.params == {"n": 6, "scale": 2.5, "tag": "run", "flags": [1, 2]}
+    assert spec.origin.params == {"n": 6, "scale": 2.5, "tag": "run", "flags": [1, 2]}
 
 
 def test_set_and_params_file_override_in_order(tmp_path):
@@ -38,7 +38,7 @@ def test_set_and_params_file_override_in_order(tmp_path):
     assert spec.inputs["x"].shape == [12, 3]  # --set wins over --params
     assert spec.outputs["o"].path == os.path.abspath("out/other-12.npy")
     spec = load(tmp_path / "s.yaml", {"params.scale": "3"})
-    assert spec.inputs["x"].scale == 3.0 and isinstance(spec._origin.params["scale"], float)
+    assert spec.inputs["x"].scale == 3.0 and isinstance(spec.origin.params["scale"], float)
 
 
 def test_other_dotted_overrides(tmp_path):

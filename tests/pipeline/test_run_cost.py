@@ -143,3 +143,40 @@ def test_a_run_on_a_gpu_session_waits_once_and_computes_its_chain_fused_on_the_d
         assert waits == Counter({"_gather": 1}) and helpers.CALLS["source"] == 1
         np.testing.assert_allclose(got["outputs"]["total"], _want(seed), rtol=1e-12)
         assert got["plan"].fused and is_cupy(got["plan"].outputs["total"]._meta)
+
+
+def test_a_spec_is_compiled_for_the_facts_it_is_given_and_nothing_global(rng):
+    """``compile(spec, facts=...)``: chunks="auto" follows the given workers' budget, not dask.config."""
+    import dask
+
+    from flowgpu.backend import Facts
+
+    spec = {"name": "facts", "inputs": {"x": {"source": "random", "shape": [4096, 512], "seed": 3}},
+            "steps": {"s": {"op": "sum", "inputs": ["x"], "args": {"axis": 0}}}, "outputs": {"s": {"from": "s"}}}
+    published = dask.config.get("flowgpu.worker.budget", None)  # an open Session's, if any
+    plain = pipeline.compile(spec)
+    tight = pipeline.compile(spec, facts=Facts("numpy", budget=4 << 20, threads=1))
+    assert plain.facts == Facts.here() and tight.facts == Facts("numpy", 4 << 20, 1)
+    assert tight.outputs["s"].chunks != plain.outputs["s"].chunks or tight.arrays["x"].chunks != plain.arrays["x"].chunks
+    assert max(tight.arrays["x"].chunks[0]) * 512 * 8 <= (4 << 20)  # a chunk fits the given budget's share
+    assert dask.config.get("flowgpu.worker.budget", None) == published  # nothing was published to get there
+    assert pipeline.compile(spec).facts == plain.facts  # and nothing of the given facts stays
+    np.testing.assert_allclose(tight.outputs["s"].compute(), plain.outputs["s"].compute(), rtol=1e-12)
+
+
+def test_a_run_on_an_open_session_compiles_once_and_one_that_starts_its_cluster_again_only_for_its_workers(
+        cpu_session, rng, monkeypatch):
+    from flowgpu.pipeline import batch
+
+    compiled = []
+    original = batch.compile
+    monkeypatch.setattr(batch, "compile", lambda *a, **k: compiled.append(k) or original(*a, **k))
+    spec = {"name": "once", "inputs": {"x": {"source": "random", "shape": [300, 200], "seed": 5}},
+            "steps": {"y": {"op": "multiply", "inputs": ["x"], "args": {"b": 2.0}},
+                      "s": {"op": "sum", "inputs": ["y"]}}, "outputs": {"s": {"from": "s"}}}
+    result = pipeline.run(spec, session=cpu_session, progress=False, cache=False)
+    assert compiled == [] and result.plan.facts == cpu_session.facts  # built for its workers at once
+    x = pipeline.compile(spec).arrays["x"].compute()
+    np.testing.assert_allclose(result.outputs["s"], (x * 2.0).sum(), rtol=1e-12)
+    result = pipeline.run(spec, session="local", progress=False, cache=False)
+    assert compiled == []  # the local threaded scheduler: this machine's facts, as compiled
