@@ -45,17 +45,20 @@ class _Bytes(click.ParamType):
               help="Where to encode: gpu (nvCOMP), cpu (zarr), auto (the GPU when there is one).")
 @click.option("--workers", "n_workers", type=click.IntRange(min=1), default=None, help="Workers of a CPU cluster.")
 @click.option("--overwrite", is_flag=True, help="Replace DST even when flowgpu did not write it.")
+@click.option("--checksum/--no-checksum", default=None,
+              help="End each chunk in zarr's crc32c, checked on every read (default: flowgpu.zarr.checksum, off).")
 @click.option("--json", "as_json", is_flag=True, help="Print what was written as JSON.")
 @handle_errors
 def convert(src: str, dst: str, codec: str, level: int | None, chunk_bytes: int | None, shard_bytes: int | None,
-            component: str | None, backend: str | None, n_workers: int | None, overwrite: bool, as_json: bool) -> None:
+            component: str | None, backend: str | None, n_workers: int | None, overwrite: bool, checksum: bool | None,
+            as_json: bool) -> None:
     """Rewrite SRC (a .npy file or a Zarr array) as a Zarr 3 store DST that the GPU decodes (nvCOMP codec,
     chunks and shards sized for the workers). DST appears only when complete."""
     check(src, dst, codec=codec, chunk_bytes=chunk_bytes, overwrite=overwrite)  # bad input: before any cluster
     options = {k: v for k, v in (("backend", backend), ("n_workers", n_workers)) if v is not None}
     with Session(dashboard_address=None, **options):
         out = convert_array(src, dst, codec=codec, level=level, chunk_bytes=chunk_bytes, shard_bytes=shard_bytes,
-                            component=component, overwrite=overwrite)
+                            component=component, overwrite=overwrite, checksum=checksum)
     if as_json:
         click.echo(json.dumps(out, indent=2))
         return

@@ -95,7 +95,8 @@ def check(src: str, dst: str, *, codec: str = "zstd", chunk_bytes: int | None = 
 
 
 def convert(src: str, dst: str, *, codec: str = "zstd", level: int | None = None, chunk_bytes: int | None = None,
-            shard_bytes: int | None = None, component: str | None = None, overwrite: bool = False) -> dict:
+            shard_bytes: int | None = None, component: str | None = None, overwrite: bool = False,
+            checksum: bool | None = None) -> dict:
     """Write the array at ``src`` (``.npy`` or Zarr) to a new Zarr 3 store ``dst``, atomically.
 
     Returns what was written: ``{"path", "shape", "dtype", "chunks", "shards", "codec",
@@ -106,7 +107,8 @@ def convert(src: str, dst: str, *, codec: str = "zstd", level: int | None = None
     chunks, shards = choose_layout(x.shape, x.dtype, chunk_bytes, shard_bytes)
     with atomic_output(dst, overwrite, meta={"format": "zarr"}) as tmp:
         try:
-            dask.compute(store_zarr(x, tmp, codec=codec, level=level, chunks=chunks, shards=shards))
+            dask.compute(store_zarr(x, tmp, codec=codec, level=level, chunks=chunks, shards=shards,
+                                    checksum=checksum))
         except OSError as e:
             if isinstance(e, FlowgpuError):
                 raise

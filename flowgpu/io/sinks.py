@@ -139,15 +139,19 @@ def _npy(x: da.Array, path: str | None = None, overwrite: bool = False) -> Pendi
 
 def _zarr(x: da.Array, path: str | None = None, overwrite: bool = False, component: str | None = None,
           codec: Literal["zstd", "lz4", "none"] | None = None, level: int | None = None,
-          chunks: list[int] | None = None, shards: list[int] | None = None) -> PendingWrite:
+          chunks: list[int] | None = None, shards: list[int] | None = None,
+          checksum: bool | None = None) -> PendingWrite:
     """A Zarr store (``component``: an array inside a group), moved into place when complete.
 
     ``codec`` (zstd, lz4 or none), ``level`` (zstd's, for zarr's CPU encoder), ``chunks`` and
-    ``shards`` (shapes) choose a Zarr 3 layout; on a GPU session the chunks are encoded there."""
+    ``shards`` (shapes) choose a Zarr 3 layout; on a GPU session the chunks are encoded there.
+    ``checksum``: each chunk ends in zarr's crc32c, checked on every read (default
+    ``flowgpu.zarr.checksum``, off)."""
     atomic = AtomicPath(path, overwrite, meta={"format": "zarr"})
     tmp = atomic.begin()
     with atomic.preparing():
-        target = store_zarr(x, tmp, component=component, codec=codec, level=level, chunks=chunks, shards=shards)
+        target = store_zarr(x, tmp, component=component, codec=codec, level=level, chunks=chunks, shards=shards,
+                            checksum=checksum)
     return PendingWrite("zarr", target, atomic.path, atomic)
 
 

@@ -31,7 +31,7 @@ from flowgpu.io.devcodec import MAX_CHUNK_BYTES, DevicePlan, Fallback, plan_code
 from flowgpu.io.paths import is_url, require_store, resolve
 from flowgpu.io.storage import COUNTERS
 from flowgpu.io.zarrread import DeviceReader
-from flowgpu.io.zarrwrite import compressors, create, device_writes, inner_chunks
+from flowgpu.io.zarrwrite import checksummed, compressors, create, device_writes, inner_chunks
 
 __all__ = ["from_zarr", "to_zarr", "device_path", "open_zarr_array", "store_zarr"]
 
@@ -182,21 +182,21 @@ def _regular(x: da.Array) -> da.Array:
 
 
 def store_zarr(x: da.Array, tmp: str, *, component: str | None = None, codec: str | None = None,
-               level: int | None = None, chunks: Any = None, shards: Any = None, checksum: bool = True) -> Any:
+               level: int | None = None, chunks: Any = None, shards: Any = None, checksum: bool | None = None) -> Any:
     """The lazy write of ``x`` into a new store at ``tmp`` (inside an atomic output's staging).
 
     With no ``codec``/``chunks``/``shards`` on the CPU: ``dask.array.to_zarr`` (zstd). Otherwise
     zarr creates the array (``codec`` zstd by default) with ``chunks`` (default: ``x``'s; on the
     device path, when those are more than nvCOMP encodes at once, shards of ``x``'s chunks made of
     ~64 KiB chunks) and ``shards``, and on the device path each task encodes and writes its unit on
-    the device. Every chunk ends in zarr's ``crc32c`` unless ``checksum=False``
-    (:func:`flowgpu.io.zarrwrite.compressors`)."""
+    the device. With ``checksum`` (default ``flowgpu.zarr.checksum``) every chunk ends in zarr's
+    ``crc32c`` (:func:`flowgpu.io.zarrwrite.compressors`)."""
     device = device_path()
     if device not in (None, "fake") and codec != "none" and _nvcomp_missing():
         device = None
-    if codec is None and chunks is None and shards is None and device is None:  # zarr's own layout, checksummed
-        return da.to_zarr(_regular(to_host(x)), tmp, component=component, compute=False,
-                           compressors=compressors("zstd", checksum=checksum))
+    if codec is None and chunks is None and shards is None and device is None:  # zarr's own layout
+        extra = {"compressors": compressors("zstd", checksum=True)} if checksummed(checksum) else {}
+        return da.to_zarr(_regular(to_host(x)), tmp, component=component, compute=False, **extra)
     chunk_shape = tuple(chunks) if chunks is not None else tuple(max(c) if c else 1 for c in _regular(x).chunks)
     if chunks is None and shards is None and device and codec != "none" and \
             int(np.prod(chunk_shape, dtype=np.int64)) * x.dtype.itemsize > MAX_CHUNK_BYTES:
@@ -214,12 +214,13 @@ def store_zarr(x: da.Array, tmp: str, *, component: str | None = None, codec: st
 
 
 def to_zarr(x: da.Array, path: str, overwrite: bool = False, component: str | None = None, codec: str | None = None,
-            level: int | None = None, chunks: Any = None, shards: Any = None, checksum: bool = True) -> str:
+            level: int | None = None, chunks: Any = None, shards: Any = None, checksum: bool | None = None) -> str:
     """Write ``x`` to a new Zarr store at ``path``; it appears there only when complete.
 
     ``codec`` (``zstd``, ``lz4``, ``none``), ``chunks`` and ``shards`` choose the store's layout
-    (see :func:`store_zarr`); on a GPU session the chunks are encoded on the device. Each chunk
-    ends in zarr's ``crc32c``, checked on every read, unless ``checksum=False``."""
+    (see :func:`store_zarr`); on a GPU session the chunks are encoded on the device. With
+    ``checksum`` (default ``flowgpu.zarr.checksum``) each chunk ends in zarr's ``crc32c``, checked on
+    every read."""
     with atomic_output(path, overwrite, meta={"format": "zarr"}) as tmp:
         target = store_zarr(x, tmp, component=component, codec=codec, level=level, chunks=chunks, shards=shards,
                             checksum=checksum)

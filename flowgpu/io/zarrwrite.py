@@ -6,7 +6,7 @@ compressed payloads out as the unit's file on the device (each payload nvCOMP wi
 256-byte offset, so that readers never copy one to align it; the gaps are legal in a shard, its
 index says where each chunk is), copies that to pinned host memory at once, frames each chunk
 there as zarr's codec expects (numcodecs' LZ4 size header, zstd's content size), appends each
-chunk's ``crc32c`` (zarr's checksum codec, written by default) and writes the file, with a
+chunk's ``crc32c`` (zarr's checksum codec, when asked for) and writes the file, with a
 shard's index and checksum, in pieces on parallel threads. The store is written inside an atomic
 output's staging directory, so a failed write leaves nothing.
 """
@@ -27,6 +27,7 @@ import google_crc32c
 import numpy as np
 import zarr
 
+from flowgpu import config
 from flowgpu.errors import ConfigError
 from flowgpu.io import faults
 from flowgpu.io.devcodec import MAX_U64, DevicePlan, Fallback, plan_codec, run_offsets
@@ -68,13 +69,18 @@ def inner_chunks(unit: tuple, itemsize: int, target: int = INNER_BYTES) -> tuple
     return tuple(out)
 
 
-def compressors(codec: str, level: int | None = None, checksum: bool = True) -> list:
-    """zarr's byte codecs for ``codec`` (``zstd``, ``lz4`` or ``none``): the compressor, then, with
-    ``checksum``, zarr's ``crc32c`` of the compressed bytes, so that a damaged chunk is an error on
-    read (zarr checks it on the CPU, :func:`flowgpu.io.zarrread.check_crc32c` before the device
-    decodes) rather than wrong values, or a crash in nvCOMP.
+def checksummed(checksum: bool | None) -> bool:
+    """Whether chunks end in zarr's ``crc32c``: ``checksum``, or ``flowgpu.zarr.checksum`` when None."""
+    return bool(config.get("zarr.checksum")) if checksum is None else bool(checksum)
 
-    >>> [c.to_dict()["name"] for c in compressors("zstd")]
+
+def compressors(codec: str, level: int | None = None, checksum: bool | None = None) -> list:
+    """zarr's byte codecs for ``codec`` (``zstd``, ``lz4`` or ``none``): the compressor, then, with
+    ``checksum`` (default ``flowgpu.zarr.checksum``), zarr's ``crc32c`` of the compressed bytes, so
+    that a damaged chunk is an error on read (zarr checks it on the CPU,
+    :func:`flowgpu.io.zarrread.check_crc32c` before the device decodes) rather than wrong values.
+
+    >>> [c.to_dict()["name"] for c in compressors("zstd", checksum=True)]
     ['zstd', 'crc32c']
     """
     if codec == "zstd":
@@ -87,14 +93,14 @@ def compressors(codec: str, level: int | None = None, checksum: bool = True) -> 
         out = []
     else:
         raise ConfigError(f"zarr codec {codec!r} is not one flowgpu writes; choose one of {', '.join(CODECS)}")
-    return out + [zarr.codecs.Crc32cCodec()] if checksum else out
+    return out + [zarr.codecs.Crc32cCodec()] if checksummed(checksum) else out
 
 
 def create(path: str, shape: tuple, dtype: Any, *, codec: str = "zstd", level: int | None = None,
            chunks: tuple, shards: tuple | None = None, component: str | None = None,
-           checksum: bool = True) -> zarr.Array:
+           checksum: bool | None = None) -> zarr.Array:
     """A new Zarr 3 array at ``path`` (``component`` inside a group there), its metadata written by
-    zarr; its chunks end in a ``crc32c`` unless ``checksum=False`` (:func:`compressors`)."""
+    zarr; with ``checksum`` its chunks end in a ``crc32c`` (:func:`compressors`)."""
     for what, v in (("chunks", chunks), ("shards", shards)):
         if v is not None and (len(v) != len(shape) or any(int(n) < 1 for n in v)):
             raise ConfigError(f"zarr {what} {list(v)}: give one length >= 1 per axis of the {len(shape)}-d array "

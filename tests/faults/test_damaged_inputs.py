@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import dask
 import dask.array as da
 import numpy as np
 import pytest
@@ -42,11 +43,13 @@ def test_a_zarr_chunk_that_does_not_decode_is_named(tmp_path, rng, shards):
 
 @pytest.mark.parametrize("options", [{}, {"codec": "lz4", "chunks": (4, 6), "shards": (8, 6)}])
 def test_a_bit_flipped_in_a_store_flowgpu_wrote_is_caught_by_its_crc32c(tmp_path, rng, options):
-    """flowgpu ends every chunk it writes in zarr's crc32c: one bit flipped in a chunk's bytes (which a
-    decompressor may turn into other values without a word) is an error naming that file, on read."""
+    """With ``flowgpu.zarr.checksum`` flowgpu ends every chunk it writes in zarr's crc32c: one bit
+    flipped in a chunk's bytes (which a decompressor may turn into other values without a word) is an
+    error naming that file, on read."""
     data = rng.random((16, 12)).astype("f4")
     out = str(tmp_path / "w.zarr")
-    to_zarr(da.from_array(data, chunks=(4, 6)), out, **options)
+    with dask.config.set({"flowgpu.zarr.checksum": True}):
+        to_zarr(da.from_array(data, chunks=(4, 6)), out, **options)
     a = zarr.open_array(out)
     assert [c.to_dict()["name"] for c in (a.metadata.codecs[0].codecs if a.shards else a.metadata.codecs)][-1] == "crc32c"
     unit = "c/1/1"

@@ -51,16 +51,17 @@ def test_convert_npy_then_zarr_round_trips_bit_identical(tmp_path, rng):
     assert r.stdout.startswith("wrote x.zarr: (3000, 700) float32, chunks (93, 700), shards (744, 700), zstd")
     a = zarr.open_array(str(tmp_path / "x.zarr"))
     assert (a.chunks, a.shards) == ((93, 700), (744, 700))
-    assert [c.to_dict()["name"] for c in a.metadata.codecs[0].codecs] == ["bytes", "zstd", "crc32c"]  # checked on read
+    assert [c.to_dict()["name"] for c in a.metadata.codecs[0].codecs] == ["bytes", "zstd"]  # flowgpu.zarr.checksum: off
     assert np.array_equal(a[:], data), first_mismatch(a[:], data)
-    # a Zarr source (v2, zlib) into lz4 without shards
+    # a Zarr source (v2, zlib) into lz4 without shards, each chunk ending in its crc32c
     make_store(str(tmp_path / "v2.zarr"), data, "v2-zlib", chunks=(500, 700))
     r = flowgpu("convert", "v2.zarr", "y.zarr", "--codec", "lz4", "--chunk-bytes", "1MiB", "--shard-bytes", "1MiB",
-                "--json", *CPU, cwd=tmp_path)
+                "--checksum", "--json", *CPU, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert (out["codec"], out["shards"], out["chunks"]) == ("lz4", None, [374, 700])
     b = zarr.open_array(str(tmp_path / "y.zarr"))
+    assert [c.to_dict()["name"] for c in b.metadata.codecs] == ["bytes", "numcodecs.lz4", "crc32c"]  # checked on read
     assert np.array_equal(b[:], data), first_mismatch(b[:], data)
 
 
@@ -103,7 +104,7 @@ def test_run_summary_has_a_storage_line(tmp_path, rng):
         "name: s\ninputs:\n  x: {source: zarr, path: in.zarr}\n  b: {source: zarr, path: b.zarr}\n"
         "steps:\n  t: {op: sum, inputs: [x]}\n  u: {op: sum, inputs: [b]}\n"
         "outputs:\n  t: {from: t}\n  u: {from: u}\n"
-        "  z: {from: x, sink: zarr, path: z.zarr, codec: lz4, chunks: [50, 300], shards: [200, 300]}\n")
+        "  z: {from: x, sink: zarr, path: z.zarr, codec: lz4, chunks: [50, 300], shards: [200, 300], checksum: true}\n")
     r = flowgpu("run", "p.yaml", "--backend", "cpu", "--workers", "1", "--no-cache", "--json", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     summary = json.loads(r.stdout)

@@ -404,7 +404,7 @@ def test_a_chunk_that_fails_its_crc32c_is_named_before_anything_decodes_it(tmp_p
 def test_device_written_stores_end_each_chunk_in_a_crc32c_both_readers_check(tmp_path, rng, fake, codec, shards):
     data = field(rng, (37, 23))
     out = str(tmp_path / "w.zarr")
-    to_zarr(da.from_array(data, chunks=(11, 9)) * 1, out, codec=codec, chunks=(8, 6), shards=shards)
+    to_zarr(da.from_array(data, chunks=(11, 9)) * 1, out, codec=codec, chunks=(8, 6), shards=shards, checksum=True)
     a = zarr.open_array(out)
     assert _codec_names(a)[-1] == "crc32c"
     assert np.array_equal(a[:], data)  # zarr-python checks the checksums the device writer appended

@@ -149,7 +149,7 @@ if __name__ == "__main__":
 def test_a_damaged_chunk_is_an_error_not_wrong_values(tmp_path, rng, gpu_session, codec, checksum):
     """Read in a process of its own: a decoder fed damaged bytes may leave its CUDA context unusable.
     One payload is overwritten with 0xff bytes (a broken zstd frame header; an LZ4 literal run longer
-    than its input): with the crc32c flowgpu writes by default the reader refuses it on the host, before
+    than its input): with the crc32c flowgpu writes when asked (checksum=True) the reader refuses it on the host, before
     nvCOMP; without (stores written by others) the walkers and nvCOMP's per-chunk status must report it."""
     import subprocess
     import sys
