@@ -32,6 +32,7 @@ from pydantic import (BaseModel, ConfigDict, Discriminator, Field, PrivateAttr, 
                       model_validator)
 from pydantic.json_schema import GenerateJsonSchema
 
+from flowgpu import config
 from flowgpu.errors import SpecError
 from flowgpu.io import sinks, sources
 from flowgpu.io.paths import resolve
@@ -133,27 +134,50 @@ def _sink_tag(v: Any) -> Any:
 
 
 # -- cluster ----------------------------------------------------------------------------------------
-class Cluster(_Model):
-    """Session options (see ``flowgpu.Session``); the CLI's --scheduler/--cluster/--gpus override them."""
+# The session options a spec's ``cluster:`` block may set, declared once, in flowgpu-schema.yaml (a
+# Session checks its keyword arguments against the same schema): the model's fields, their types and
+# their descriptions are made from it.
+CLUSTER_OPTIONS = ("backend", "scheduler-address", "kind", "jobs", "gpus-per-job", "gpus", "n-workers",
+                   "threads-per-worker", "memory-limit", "device-memory-limit", "rmm-pool-size", "local-directory",
+                   "dashboard-address", "protocol")
 
-    backend: Literal["auto", "gpu", "cpu"] | None = None
-    address: str | None = None
-    kind: Literal["local", "slurm", "pbs", "lsf", "sge"] | None = Field(
-        None, description="local (this machine), or batch jobs through dask-jobqueue (its own config gives queue, "
-                          "account, walltime, cores, memory): slurm, pbs, lsf, sge.")
-    jobs: int | None = Field(None, ge=1, description="Batch jobs to submit (a kind other than local).")
-    gpus_per_job: int | None = Field(None, ge=0, description="GPUs each batch job asks for, one dask-cuda worker "
-                                                            "each; 0: CPU jobs.")
-    gpus: list[int] | str | int | None = None
-    n_workers: int | None = Field(None, ge=1)
-    threads_per_worker: int | None = Field(None, ge=1)
-    memory_limit: str | int | float | None = None
-    device_memory_limit: str | int | float | None = None
-    rmm_pool_size: str | int | float | None = None
-    local_directory: str | None = None
-    dashboard_address: str | None = None
-    protocol: Literal["tcp", "ucx"] | None = Field(
-        None, description="tcp (default), or ucx: GPU workers move chunks GPU to GPU (needs distributed-ucxx).")
+
+def _annotation(schema: dict) -> Any:
+    """A type pydantic checks as the JSON Schema subset of flowgpu-schema.yaml says (strings of a
+    ``format``, such as "4GiB", stay strings: the Session parses them)."""
+    if "anyOf" in schema:
+        return Union[tuple(_annotation(s) for s in schema["anyOf"])]
+    if "enum" in schema or "const" in schema:
+        return Literal[tuple(schema.get("enum", [schema.get("const")]))]
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        return Union[tuple(_annotation({**schema, "type": k}) for k in kind)]
+    bounds = {"ge": schema["minimum"]} if "minimum" in schema else {}
+    if kind == "null":
+        return type(None)
+    if kind == "integer":
+        return Annotated[int, Field(**bounds)]
+    if kind == "number":  # an int stays an int (4 bytes is not the fraction 4.0)
+        return Union[Annotated[int, Field(**bounds)], Annotated[float, Field(**bounds)]]
+    if kind == "string":
+        return Annotated[str, Field(min_length=schema["minLength"])] if "minLength" in schema else str
+    if kind == "boolean":
+        return bool
+    if kind == "array":
+        return list[_annotation(schema["items"])]
+    raise TypeError(f"flowgpu-schema.yaml: no type for {schema!r}")
+
+
+def _option_name(key: str) -> str:
+    return "address" if key == "scheduler-address" else key.replace("-", "_")
+
+
+Cluster = create_model(
+    "Cluster", __base__=_Model,
+    __doc__="Session options (see ``flowgpu.Session``); the CLI's --scheduler/--cluster/--gpus override them.",
+    **{_option_name(k): (Union[_annotation(config.SCHEMA["properties"][k]), None],
+                         Field(None, description=config.SCHEMA["properties"][k].get("description")))
+       for k in CLUSTER_OPTIONS})
 
 
 # -- foreach ----------------------------------------------------------------------------------------
