@@ -11,7 +11,8 @@ import time
 
 import click
 
-from flowgpu.cli.common import EXIT_FAILED, EXIT_INVALID, _fail, handle_errors, protocol_option
+from flowgpu.cli.common import (EXIT_FAILED, EXIT_INVALID, _fail, handle_errors, protocol_option, session_option,
+                                worker_options)
 from flowgpu.diagnostics import jsontext, monitor, workers_line
 from flowgpu.errors import ClusterRunningError
 from flowgpu.runtime import standing
@@ -30,11 +31,9 @@ def cluster() -> None:
 
 
 @cluster.command()
-@click.option("--gpus", default=None, metavar="0,1,...", help="GPU ordinals to use (one worker each).")
-@click.option("--backend", type=click.Choice(["auto", "gpu", "cpu"]), default=None, help="Array backend.")
-@click.option("--workers", "n_workers", type=click.IntRange(min=1), default=None, help="Workers of a CPU cluster.")
-@click.option("--threads-per-worker", type=click.IntRange(min=1), default=None, help="Threads per worker.")
-@click.option("--memory-limit", default=None, metavar="SIZE", help="Host memory per worker ('4GiB', 0.5, 0: none).")
+@worker_options
+@session_option("--threads-per-worker", "threads-per-worker")
+@session_option("--memory-limit", "memory-limit", metavar="SIZE", more=" For example 4GiB, 0.5 (of the machine), 0 (none).")
 @click.option("--dashboard-address", default=None, metavar="ADDR",
               help="Where the dashboard listens (default 127.0.0.1:8787; '' turns it off).")
 @click.option("--no-tls", is_flag=True,

@@ -17,6 +17,7 @@ from typing import Any
 import click
 from rich.console import Console
 
+from flowgpu import config
 from flowgpu.errors import BackendError, ConfigError, FlowgpuError, OpError, OutputExistsError, SpecError
 from flowgpu.registry import trusting
 
@@ -129,23 +130,40 @@ def tls_options(func: Callable) -> Callable:
 
 
 
+def session_option(flag: str, key: str, dest: str | None = None, *, metavar: str | None = None,
+                   more: str = "") -> Callable:
+    """The flag for the Session option ``key`` of flowgpu-schema.yaml, where it is declared once: its
+    choices, its lower bound and its help come from there (``more`` adds to the help)."""
+    schema = config.SCHEMA["properties"][key]
+    kinds = schema.get("type") if isinstance(schema.get("type"), list) else [schema.get("type")]
+    if "enum" in schema:
+        kind: Any = click.Choice([str(v) for v in schema["enum"]])
+    elif "integer" in kinds:
+        kind = click.IntRange(min=schema.get("minimum"))
+    else:
+        kind = None  # strings of a format ("4GiB", "0,1"): the Session parses and checks them
+    names = (flag, dest) if dest else (flag,)
+    return click.option(*names, type=kind, default=None, metavar=metavar,
+                        help=(schema.get("description", "") + more).strip())
+
+
 def cluster_kind_options(func: Callable) -> Callable:
     """--cluster KIND, --jobs N and --gpus-per-job G: workers in batch jobs through dask-jobqueue
     (flowgpu.runtime.hpc); they reach the command as kind, jobs and gpus_per_job."""
-    func = click.option("--gpus-per-job", type=click.IntRange(min=0), default=None, metavar="G",
-                        help="GPUs each batch job asks for (--gres=gpu:G on Slurm), one dask-cuda worker each; "
-                             "0: CPU jobs.")(func)
-    func = click.option("--jobs", type=click.IntRange(min=1), default=None, metavar="N",
-                        help="Batch jobs to submit with --cluster (default 1).")(func)
-    return click.option("--cluster", "kind", type=click.Choice(["local", "slurm", "pbs", "lsf", "sge"]), default=None,
-                        help="Where the workers run: local (this machine), or batch jobs through dask-jobqueue "
-                             "(slurm, pbs, lsf, sge; queue, account, walltime, cores and memory from its config, "
-                             "~/.config/dask/jobqueue.yaml).")(func)
+    func = session_option("--gpus-per-job", "gpus-per-job", metavar="G", more=" On Slurm: --gres=gpu:G.")(func)
+    func = session_option("--jobs", "jobs", metavar="N")(func)
+    return session_option("--cluster", "kind", "kind",
+                          more=" Queue, account, walltime, cores and memory come from dask-jobqueue's config "
+                               "(~/.config/dask/jobqueue.yaml).")(func)
 
 
 def protocol_option(func: Callable) -> Callable:
     """--protocol tcp|ucx, shared by run and cluster start (flowgpu.runtime.protocol)."""
-    return click.option("--protocol", type=click.Choice(["tcp", "ucx"]), default=None,
-                        help="How the cluster's processes talk: tcp (default), or ucx: GPU workers move chunks GPU "
-                             "to GPU (NVLink, PCIe) through distributed-ucxx (pip install distributed-ucxx-cu13); "
-                             "no TLS.")(func)
+    return session_option("--protocol", "protocol", more=" No TLS with ucx.")(func)
+
+
+def worker_options(func: Callable) -> Callable:
+    """--gpus, --backend and --workers, shared by run and cluster start."""
+    func = session_option("--workers", "n-workers", "n_workers")(func)
+    func = session_option("--backend", "backend")(func)
+    return session_option("--gpus", "gpus", metavar="0,1,...")(func)

@@ -13,7 +13,8 @@ from rich.markup import escape
 
 from flowgpu import pipeline
 from flowgpu.cli.common import (EXIT_FAILED, EXIT_INVALID, _console, _parse_sets, allow_address_option,
-                                cluster_kind_options, handle_errors, protocol_option, spec_options, tls_options)
+                                cluster_kind_options, handle_errors, protocol_option, spec_options, tls_options,
+                                worker_options)
 from flowgpu.diagnostics import jsontext, monitor, render_batch, render_plan, render_status, render_summary, stepgraph
 from flowgpu.errors import SpecError
 from flowgpu.io import atomic
@@ -57,9 +58,7 @@ def foreach_options(func: Callable) -> Callable:
               help="Join this scheduler (tcp://host:port, tls://host:port or a scheduler file) instead of "
                    "starting a cluster.")
 @tls_options
-@click.option("--gpus", default=None, metavar="0,1,...", help="GPU ordinals to use (one worker each).")
-@click.option("--backend", type=click.Choice(["auto", "gpu", "cpu"]), default=None, help="Array backend.")
-@click.option("--workers", "n_workers", type=click.IntRange(min=1), default=None, help="Workers of a CPU cluster.")
+@worker_options
 @protocol_option
 @cluster_kind_options
 @click.option("--standalone", is_flag=True,
