@@ -72,4 +72,4 @@ def test_a_run_left_without_workers_stops_and_says_so(tmp_path):
         for p in procs:
             if p.poll() is None:
                 p.kill()
-            p.wait(timeout=30)
+            p.wait(timeout=60)
