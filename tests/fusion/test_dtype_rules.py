@@ -1,5 +1,8 @@
-"""Bugs that the property-based tests (tests/fusion/test_properties.py) found, each on fresh random
-data against NumPy, through ``fusing()``, ``fg.fuse`` and the expression language."""
+"""Fused arithmetic follows NumPy's dtype rules: a NumPy scalar on the left of a comparison, the lowest
+integer floor-divided by -1, narrow integers wrapping after every operation, clip bounds beyond the
+dtype, float16 on NumPy chunks, a reduction's ``dtype=``, the integer reciprocal of zero. Found by the
+property-based tests (tests/fusion/test_properties.py), each checked on fresh random data against
+NumPy, through ``fusing()``, ``fg.fuse`` and the expression language."""
 
 from __future__ import annotations
 
