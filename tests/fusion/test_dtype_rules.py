@@ -115,7 +115,8 @@ NARROW = {
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("dtype", ["int8", "uint8", "int16", "uint16"])
+@pytest.mark.parametrize("dtype", ["int8", "uint8", pytest.param("int16", marks=pytest.mark.slow),
+                                   pytest.param("uint16", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("name", list(NARROW))
 def test_small_integers_wrap_before_the_next_operation(rng, dtype, name):
     """numba computes ``int8 * int8`` in int64 (CUDA C in int): ``x ** 2 > 0`` with ``x = 16`` was True

@@ -65,6 +65,7 @@ def test_pipeline_reports_bad_expressions_as_spec_errors(tmp_path, rng):
         assert "digits" in str(e.value) or "nests more than" in str(e.value)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_long_chains_fuse_in_segments(rng):
     """Bug 7 (and 3): a chain of hundreds of ops under fusing() raised KernelError at compute (and
