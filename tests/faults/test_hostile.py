@@ -128,7 +128,7 @@ BAD_INPUTS = {
 }
 
 
-@pytest.mark.parametrize("command", ["validate", "run"])
+@pytest.mark.parametrize("command", ["validate", pytest.param("run", marks=pytest.mark.slow)])  # one parser
 @pytest.mark.parametrize("case", list(BAD_INPUTS))
 def test_hostile_spec_is_refused_and_nothing_is_written(tmp_path, case, command):
     text, words = BAD_INPUTS[case]
@@ -165,7 +165,8 @@ def test_hostile_set_is_refused(tmp_path, setting, words):
 
 
 @pytest.mark.parametrize("kind", ["fifo", "device", "directory", "too large"])
-@pytest.mark.parametrize("role", ["spec", "params", "include"])
+@pytest.mark.parametrize("role", ["spec", pytest.param("params", marks=pytest.mark.slow),
+                                  pytest.param("include", marks=pytest.mark.slow)])
 def test_non_regular_or_large_files_are_refused_at_once(tmp_path, kind, role):
     """A FIFO would block the reader forever and /dev/zero fill its memory: both are refused by stat."""
     if kind == "fifo":
@@ -250,6 +251,7 @@ def chain_numpy(x: np.ndarray, steps: int) -> np.ndarray:
     return x
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_chain_of_350_steps_runs_and_matches_numpy(tmp_path, rng):
     """350 elementwise steps and a sum: fused in kernels of at most 32 steps, never a RecursionError."""

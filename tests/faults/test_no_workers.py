@@ -25,6 +25,7 @@ def slow(block, marker=""):
 '''
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_run_left_without_workers_stops_and_says_so(tmp_path):
     (tmp_path / "slowfuncs.py").write_text(SLOW)

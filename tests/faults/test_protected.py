@@ -118,6 +118,7 @@ def job(tmp_path, rng):
     (["bad.yaml", "--summary", "bad.yaml"], ["bad.yaml:", "malformed YAML"]),  # its own error; no summary over it
     (["spec.yaml", "--summary", "s.json", "--dry-run", "--report", "spec.yaml"], ["--report 'spec.yaml' is the spec"]),
 ], ids=["spec", "input", "user-summary", "user-report", "output", "both", "invalid-spec", "dry-run"])
+@pytest.mark.slow
 def test_summary_and_report_are_refused_before_the_run(job, args, words):
     x, tmp = job
     before = snapshot(tmp)
@@ -125,6 +126,7 @@ def test_summary_and_report_are_refused_before_the_run(job, args, words):
     assert snapshot(tmp) == before, "written or replaced: the run was not refused before it started"
 
 
+@pytest.mark.slow
 def test_summary_and_report_replace_their_own_and_with_overwrite_a_users(job):
     x, tmp = job
     code, out, err, _ = flowgpu("run", "spec.yaml", "-q", "--summary", "s.json", "--report", "r.html", cwd=tmp)
@@ -200,6 +202,7 @@ BAD_SPECS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["validate", "run"])
 @pytest.mark.parametrize("case", list(BAD_SPECS))
 def test_a_nul_byte_or_a_kernel_file_is_a_spec_error(tmp_path, case, command):

@@ -124,6 +124,7 @@ def places(tmp_path):
         stopped(folder, work)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
 def test_start_status_run_stop_leaves_no_process(places, rng, backend):
     folder, work = places
@@ -159,6 +160,7 @@ def test_start_status_run_stop_leaves_no_process(places, rng, backend):
     assert r.returncode == 1 and r.stdout.strip() == "no cluster running"
 
 
+@pytest.mark.slow
 def test_a_killed_daemon_leaves_no_worker_and_status_removes_its_state(places):
     folder, work = places
     state = start(folder, work)
@@ -174,6 +176,7 @@ def test_a_killed_daemon_leaves_no_worker_and_status_removes_its_state(places):
     assert not (folder / "cluster.json").exists() and not (folder / "tls-key.pem").exists()
 
 
+@pytest.mark.slow
 def test_a_daemon_that_does_not_close_is_killed_with_its_workers(places, tmp_path):
     folder, work = places
     state = start(folder, work, fault=f"cluster:stopping@pause={tmp_path}")  # told to stop, it hangs
@@ -186,6 +189,7 @@ def test_a_daemon_that_does_not_close_is_killed_with_its_workers(places, tmp_pat
     assert left_running(state) == [] and not (folder / "cluster.json").exists()
 
 
+@pytest.mark.slow
 def test_second_start_is_refused_and_plain_tcp_cannot_join(places):
     folder, work = places
     state = start(folder, work)
@@ -232,6 +236,7 @@ outputs:
 """
 
 
+@pytest.mark.slow
 def test_a_module_beside_the_spec_reaches_the_running_clusters_workers_as_it_is_now(places, rng):
     """The standing workers never had the spec's folder on their path, and would keep a module they
     imported once: the function travels with the tasks, so the second run sees the edited code."""

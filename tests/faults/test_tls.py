@@ -167,6 +167,7 @@ def _flowgpu(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 
 # -- the tests ------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_flowgpu_run_joins_a_tls_cluster_that_refuses_clients_without_certificates(tls_cluster, rng):
     address, creds, tmp = tls_cluster
     data = rng.standard_normal((256, 96))
