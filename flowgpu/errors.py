@@ -10,6 +10,7 @@ from __future__ import annotations
 __all__ = [
     "FlowgpuError",
     "ConfigError",
+    "QueryPlanningError",
     "ImportPathError",
     "PathNotVisibleError",
     "BackendError",
@@ -36,6 +37,11 @@ class FlowgpuError(Exception):
 
 class ConfigError(FlowgpuError, ValueError):
     """A bad option value: unknown backend, unparsable memory limit, ..."""
+
+
+class QueryPlanningError(ConfigError):
+    """dask's ``array.query-planning`` is on: flowgpu's fusion works on dask's classic graphs, so a
+    Session or a pipeline run refuses (:func:`flowgpu.fusion.classic.require_classic_graphs`)."""
 
 
 class ImportPathError(ConfigError, ImportError):

@@ -7,6 +7,7 @@ import pathlib
 import pytest
 
 NOTEBOOKS = sorted((pathlib.Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
+pytestmark = pytest.mark.slow  # each notebook starts a kernel and a cluster: the full tier
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])

@@ -35,6 +35,7 @@ from rich.markup import escape
 from flowgpu import runtime
 from flowgpu.diagnostics import runreport
 from flowgpu.errors import ConfigError, FlowgpuError
+from flowgpu.fusion.classic import require_classic_graphs
 from flowgpu.io import sinks
 from flowgpu.pipeline import cache as outputs_cache
 from flowgpu.pipeline.batch import Job, execute
@@ -116,6 +117,7 @@ def run(spec: Spec | str | os.PathLike | dict, *, overrides: dict[str, Any] | No
     report : also write a self-contained HTML report of the run (or batch) there, atomically, also
         when it failed while computing: :mod:`flowgpu.diagnostics.runreport`.
     """
+    require_classic_graphs()
     console = console or Console(stderr=True, quiet=not progress)
     started = time.perf_counter()
     state = RunState()

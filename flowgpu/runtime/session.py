@@ -34,6 +34,7 @@ from flowgpu import backend as _backend
 from flowgpu.backend import Facts
 from flowgpu import memory
 from flowgpu.errors import BackendError, ConfigError, FlowgpuError, SessionError
+from flowgpu.fusion.classic import require_classic_graphs
 from flowgpu.fusion.graph import CONFIG_KEY as FUSE_KEY
 from flowgpu.fusion.graph import Fusing
 from flowgpu.runtime import hpc, latency, probe, security
@@ -147,6 +148,7 @@ class Session:
             # a worker process that multiprocessing spawned is importing the main script again: its
             # Session is not wanted; say why once, quietly (the parent's SessionError says it too)
             raise SystemExit(f"error: in a worker process: {GUARD}")
+        require_classic_graphs()
         fuse = kwargs.pop("fuse", None)
         if fuse is not None and not isinstance(fuse, bool):
             raise ConfigError(f"fuse={fuse!r}: give True, False or None (flowgpu.fuse-ufuncs)")

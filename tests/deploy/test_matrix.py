@@ -165,7 +165,7 @@ def clusters(tmp_path_factory):
             p.terminate()
         for p in procs:
             try:
-                p.wait(timeout=30)
+                p.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 p.kill()
 

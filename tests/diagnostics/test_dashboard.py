@@ -23,7 +23,7 @@ def _spec(tmp_path, rng, op="multiply"):
 
 
 def _get(url: str) -> str:
-    with urllib.request.urlopen(url, timeout=30) as r:
+    with urllib.request.urlopen(url, timeout=60) as r:
         assert r.status == 200
         return r.read().decode()
 

@@ -18,7 +18,7 @@ import zarr
 import flowgpu as fg
 from tests.faults.test_commit import flowgpu
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]  # kills runs of a batch mid-way: the full tier
 
 SPEC = """
 name: killed-batch

@@ -102,6 +102,7 @@ def edit(path: Path, **fields) -> None:
     path.write_text(json.dumps(entry))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["script", "five million zeros", "one value nudged"])
 def test_an_edited_value_is_never_the_answer(project, case):
     cwd, x = project
@@ -133,6 +134,7 @@ WRONG = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(WRONG))
 def test_an_entry_of_the_wrong_form_is_a_miss_not_an_error(project, case):
     """Edited with its checksum made right again: the checks of each field still refuse it."""
@@ -151,6 +153,7 @@ def test_an_entry_of_the_wrong_form_is_a_miss_not_an_error(project, case):
         assert_recomputed(cwd, x)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["fifo", "link to /dev/zero", "folder"])
 def test_an_entry_that_is_not_a_regular_file_is_never_waited_on_or_read(project, kind):
     cwd, x = project

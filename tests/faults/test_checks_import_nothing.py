@@ -58,6 +58,7 @@ def project(tmp_path):
     return tmp_path
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_checks_import_nothing_and_run_imports(project):
     for args in (("validate", "s.yaml"), ("plan", "s.yaml"), ("status", "s.yaml"), ("run", "--dry-run", "s.yaml"),

@@ -101,6 +101,7 @@ def leftovers(root: Path) -> list[str]:
                   for f in dirs + files if any(t in f for t in LEFTOVER_TAGS))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("recover_by", ["next-run", "clean"])
 @pytest.mark.parametrize("point", POINTS_BEFORE_DECISION + POINTS_AFTER_DECISION)
 def test_kill_at_a_commit_point_is_recovered(job, point, recover_by):
@@ -118,6 +119,7 @@ def test_kill_at_a_commit_point_is_recovered(job, point, recover_by):
     assert leftovers(tmp) == [], "staging or journal left behind"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
 def test_signal_mid_run_leaves_only_staging_that_the_next_run_removes(job, sig):
     x, spec, tmp = job
@@ -155,6 +157,7 @@ def test_user_function_raising_leaves_nothing(job):
     assert generation(x, tmp / "out") == 2.0 and leftovers(tmp) == [], "staging left behind, or old outputs lost"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("point", ["commit:after-aside", "commit:after-first-rename"])
 def test_second_output_failing_to_commit_keeps_both_old(job, point):
     x, spec, tmp = job
@@ -165,6 +168,7 @@ def test_second_output_failing_to_commit_keeps_both_old(job, point):
     assert leftovers(tmp) == []
 
 
+@pytest.mark.slow
 def test_marker_write_failing_keeps_the_old_outputs(job):
     x, spec, tmp = job
     failed = flowgpu("run", str(spec), "-q", "--set", "params.k=3", cwd=tmp, fault="commit:before-marker@raise=ENOSPC")
@@ -193,6 +197,7 @@ def test_user_file_appearing_during_the_run_is_kept(tmp_path, rng):
     assert leftovers(tmp_path) == []
 
 
+@pytest.mark.slow
 def test_two_writers_of_one_output(job):
     x, spec, tmp = job
     first = start("run", str(spec), "-q", "--set", "params.k=3", cwd=tmp, log=tmp / "first.log",
@@ -222,6 +227,7 @@ def small_fs(tmp_path):
     subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sink", ["npy", "zarr"])
 def test_full_filesystem_fails_with_a_message_and_keeps_the_old_output(tmp_path, small_fs, rng, sink):
     small, big = rng.standard_normal((100, 8)), rng.standard_normal((40_000, 8))  # 2.5 MB: more than it holds

@@ -108,6 +108,7 @@ def assert_same_bits(runs: list[dict[str, bytes]], what: str) -> None:
         assert not differ, f"{what}: run {i} differs from run 0 in {differ}: the same spec gave other bits"
 
 
+@pytest.mark.slow
 def test_ten_cpu_runs_and_a_fresh_process_give_the_same_bits(spec, tmp_path, cpu_session):
     runs = [run_here(spec, tmp_path / f"run{i}", cpu_session) for i in range(RUNS)]
     runs.append(run_process(spec, tmp_path / "process"))

@@ -56,6 +56,7 @@ def _one_line(err: str) -> str:
     return said[0]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_ctrl_c_after_an_item_committed_says_what_was_moved_and_what_was_not(tmp_path, rng):
     done, tiles = _interrupt(tmp_path, "item-committed#1", signal.SIGINT, rng)
@@ -71,6 +72,7 @@ def test_ctrl_c_after_an_item_committed_says_what_was_moved_and_what_was_not(tmp
     assert not [p for p in (tmp_path / "out").iterdir() if "flowgpu-tmp" in p.name]  # no staging left
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_ctrl_c_before_any_commit_and_sigterm(tmp_path, rng):
     done, _ = _interrupt(tmp_path, "after-prepare", signal.SIGTERM, rng)

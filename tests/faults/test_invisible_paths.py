@@ -77,7 +77,7 @@ def project(tmp_path_factory):
         for p in (worker, sched):
             p.terminate()
             try:
-                p.wait(timeout=30)
+                p.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 p.kill()
 

@@ -246,7 +246,7 @@ def test_a_staging_dir_replaced_after_the_crash_is_not_followed(tmp_path, rng, m
     assert {name: (tmp_path / name).read_bytes() for name in old} == old
 
 
-@pytest.mark.timeout(30)
+@pytest.mark.timeout(120)
 def test_a_lock_path_that_is_not_flowgpus_is_never_written(tmp_path, rng):
     """A user's file, or a link to one, at an output's lock path is refused, not truncated."""
     theirs = rng.bytes(300)

@@ -105,6 +105,7 @@ def test_auto_chunks_follow_the_workers_memory_limit():
     assert small < large  # smaller workers, smaller chunks
 
 
+@pytest.mark.slow
 def test_a_worker_killed_for_memory_names_the_step_chunks_and_limit(tmp_path):
     step = '{op: map_blocks, inputs: [x], args: {function: "tests.faults.memfuncs:hog", dtype: float64}}'
     path = spec(tmp_path, [4000, 1000], chunks=[2000, 1000], limit="600MB", step=step)
@@ -168,6 +169,7 @@ def _reset_peak(dask_worker=None) -> None:
         f.write("5")
 
 
+@pytest.mark.slow
 def test_plans_peak_estimate_bounds_a_workers_measured_peak(tmp_path):
     """``plan``'s peak per worker against the worker's measured peak resident memory (which also holds
     memory freed but not yet returned to the system): measured <= 2 x estimate, and the estimate is at
@@ -198,6 +200,7 @@ def _within(measured: int, estimate: int) -> None:
     assert estimate <= 3 * measured, (measured, estimate)
 
 
+@pytest.mark.slow
 def test_a_spill_disk_that_fills_during_the_run_fails_it_promptly(tmp_path, tmpfs128):
     """The first block fills the spill filesystem; the worker then holds more than its store's host limit
     (the mean needs every chunk of f before c) and cannot spill: the run fails at once, saying why,
@@ -225,6 +228,7 @@ cluster: {{backend: cpu, n_workers: 1, threads_per_worker: 1, memory_limit: 1GB,
     assert written(tmp_path) == []  # nothing half-written
 
 
+@pytest.mark.slow
 def test_plans_peak_estimate_holds_the_whole_input_of_an_anomaly(tmp_path):
     """``x - x.mean(axis=0)`` holds every chunk of x until the mean is known: the plan must say so (it
     said one chunk's worth, 2.4 MiB against 18.8 MiB measured), with the same bounds as above."""

@@ -25,6 +25,7 @@ def slow(block, marker=""):
 '''
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_run_left_without_workers_stops_and_says_so(tmp_path):
     (tmp_path / "slowfuncs.py").write_text(SLOW)
@@ -72,4 +73,4 @@ def test_a_run_left_without_workers_stops_and_says_so(tmp_path):
         for p in procs:
             if p.poll() is None:
                 p.kill()
-            p.wait(timeout=30)
+            p.wait(timeout=60)

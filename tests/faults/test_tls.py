@@ -97,15 +97,15 @@ def _stop(procs: list[subprocess.Popen]) -> None:
         if p.poll() is None:
             p.terminate()
             try:
-                p.wait(15)
+                p.wait(60)
             except subprocess.TimeoutExpired:
                 p.kill()
-                p.wait(5)
+                p.wait(60)
 
 
 def _scheduler_clients(address: str, security: Security) -> set[str]:
     """The clients the scheduler knows, less the one that asks."""
-    with Client(address, security=security, timeout=10, set_as_default=False) as c:
+    with Client(address, security=security, timeout=60, set_as_default=False) as c:
         return set(c.run_on_scheduler(lambda dask_scheduler: list(dask_scheduler.clients))) - {c.id}
 
 
@@ -167,6 +167,7 @@ def _flowgpu(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 
 # -- the tests ------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_flowgpu_run_joins_a_tls_cluster_that_refuses_clients_without_certificates(tls_cluster, rng):
     address, creds, tmp = tls_cluster
     data = rng.standard_normal((256, 96))
@@ -205,14 +206,14 @@ def test_flowgpu_run_joins_a_tls_cluster_that_refuses_clients_without_certificat
         started = time.monotonic()
         with pytest.raises((OSError, TimeoutError)):
             Client(**kwargs, timeout=5, set_as_default=False).close()
-        assert time.monotonic() - started < 30, what
+        assert time.monotonic() - started < 60, what  # refused, not left hanging
     # distributed itself will not connect over TLS without a certificate; a bare TLS socket that
     # trusts the cluster's CA but shows none is refused by the scheduler at the handshake
     host, port = address.removeprefix("tls://").rsplit(":", 1)
     context = ssl.create_default_context(cafile=creds["ca"])
     context.check_hostname = False
     with pytest.raises(OSError):  # ssl.SSLError (certificate required) or a reset connection
-        with socket.create_connection((host, int(port)), timeout=10) as raw, \
+        with socket.create_connection((host, int(port)), timeout=60) as raw, \
                 context.wrap_socket(raw, server_hostname=host) as tls:
             tls.sendall(b"\0" * 64)
             assert tls.recv(1), "the scheduler closed the connection"

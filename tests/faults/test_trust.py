@@ -86,6 +86,7 @@ def marker(folder: pathlib.Path) -> list[str]:
 
 
 # -- nothing runs before run ----------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_validate_plan_and_dry_run_call_no_user_code_and_run_does(work, rng):
     seed, n = int(rng.integers(1 << 30)), int(rng.integers(20, 80))
@@ -165,6 +166,7 @@ def test_run_checks_the_callable_against_the_declared_shape(work):
 
 
 # -- nothing replaced that holds the user's work ---------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("case", ["parent", "cwd", "spec_folder", "input", "include"])
 def test_overwrite_never_replaces_the_cwd_the_spec_its_includes_or_an_input(work, case, rng):
@@ -214,6 +216,7 @@ def test_validate_refuses_what_run_refuses_before_computing(work):
 
 
 # -- a spec cannot send the run elsewhere ----------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_spec_address_is_refused_unless_confirmed(work):
     address = "tcp://127.0.0.1:9"  # nothing listens there: a confirmed address fails to connect, quickly
@@ -233,6 +236,7 @@ def test_a_spec_address_is_refused_unless_confirmed(work):
     assert marker(work) == [] and not (work / "out.zarr").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_dashboard_open_to_the_network_needs_confirmation_and_the_link_says_where_it_listens(work):
     cluster = 'cluster: {backend: cpu, n_workers: 1, threads_per_worker: 1, dashboard_address: "0.0.0.0:0"}\n'

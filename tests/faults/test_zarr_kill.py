@@ -12,7 +12,7 @@ import zarr
 
 from tests.faults.test_commit import TRACEBACK, flowgpu, leftovers
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]  # kills a worker mid-write: the full tier
 
 
 def _spec(tmp: Path) -> Path:

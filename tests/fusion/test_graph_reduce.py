@@ -128,14 +128,14 @@ def _compute(mode, y):
     return partials(y), y.compute()
 
 
-@pytest.fixture(params=["fusing", "session"])
+@pytest.fixture(params=["fusing", pytest.param("session", marks=pytest.mark.slow)])
 def mode(request):
     if request.param == "session":
         request.getfixturevalue("cpu_session")
     return request.param
 
 
-@pytest.mark.parametrize("keepdims", [False, True])
+@pytest.mark.parametrize("keepdims", [False, pytest.param(True, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("axis", AXES, ids=str)
 @pytest.mark.parametrize("name", list(CHAINS))
 def test_reduction_of_a_chain_is_one_kernel(mode, data, name, axis, keepdims):
@@ -146,7 +146,7 @@ def test_reduction_of_a_chain_is_one_kernel(mode, data, name, axis, keepdims):
     _check(name, got, data, axis, keepdims, None, np.float64)
 
 
-@pytest.mark.parametrize("in_dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("in_dtype", [np.float64, pytest.param(np.float32, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("dtype", [None, "float32", "float64", "int64"])
 @pytest.mark.parametrize("axis", [None, 0], ids=str)
 @pytest.mark.parametrize("name", TYPED + ("min", "max", "any", "nanmax"))
@@ -316,6 +316,7 @@ def test_session_installs_the_hook_and_false_turns_it_off(cpu_session, rng):
         assert float(y.compute()) == pytest.approx(float(((xn * 2 + 1) ** 2 - xn).sum()), rel=1e-12)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_session_fuse_true_fuses_where_the_config_says_false(rng):
     """``Session(fuse=True)`` fuses even under ``flowgpu.fuse-ufuncs: false`` (the hook used to be
@@ -329,6 +330,7 @@ def test_session_fuse_true_fuses_where_the_config_says_false(rng):
         assert float(y.compute()) == pytest.approx(float(((xn * 2 + 1) ** 2 - xn).sum()), rel=1e-12)
 
 
+@pytest.mark.slow
 def test_session_fuse_false_and_env_leave_graphs_alone():
     """Session(fuse=False) does not install the hook; neither does DASK_FLOWGPU__FUSE_UFUNCS=false
     (in a real process); the default one does, and puts back what was there when it closes."""
@@ -444,6 +446,7 @@ def test_a_nan_scalar_compiles_once_however_often_it_is_unpickled(rng):
     assert sizes[0] == sizes[1] == sizes[2]
 
 
+@pytest.mark.slow
 def test_integer_boolean_broadcast_and_3d_inputs(rng):
     """Integer and boolean chains (exact, NumPy's dtypes: int32 sums to int64, bool sums count),
     a row broadcast against a matrix, and a 3-D array reduced over two of its axes."""

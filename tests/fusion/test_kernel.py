@@ -109,7 +109,7 @@ def test_integer_semantics_match_numpy(rng, dtype):
     np.testing.assert_array_equal(out.compute(), want)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("dtype", [pytest.param("float32", marks=pytest.mark.slow), "float64"])
 def test_float_functions_and_operators(rng, dtype):
     xn = (rng.random(1000) * 4 - 2).astype(dtype)
     yn = (rng.random(1000) * 4 - 2).astype(dtype)

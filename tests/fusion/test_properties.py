@@ -39,6 +39,7 @@ if _EXAMPLES:
                               database=None, print_blob=True, suppress_health_check=_QUIET)
 PROFILE = settings.get_profile("flowgpu-long" if _EXAMPLES else "flowgpu-ci")
 TIMEOUT = max(600, 3 * PROFILE.max_examples)  # seconds per test: a few numba compilations per example
+pytestmark = pytest.mark.slow  # hundreds of random programs, each compiled: the full tier
 
 DTYPES = [np.dtype(n) for n in ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32",
                                 "uint64", "float32", "float64")]

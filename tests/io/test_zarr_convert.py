@@ -65,6 +65,7 @@ def test_convert_npy_then_zarr_round_trips_bit_identical(tmp_path, rng):
     assert np.array_equal(b[:], data), first_mismatch(b[:], data)
 
 
+@pytest.mark.slow
 def test_convert_refuses_bad_input_with_one_line_and_writes_nothing(tmp_path, rng):
     np.save(tmp_path / "x.npy", field(rng, (50, 40)))
     (tmp_path / "foreign.zarr").mkdir()
@@ -85,6 +86,7 @@ def test_convert_refuses_bad_input_with_one_line_and_writes_nothing(tmp_path, rn
     assert os.listdir(tmp_path / "foreign.zarr") == ["keep.txt"]
 
 
+@pytest.mark.slow
 def test_a_write_that_fails_midway_leaves_no_store(tmp_path, rng):
     np.save(tmp_path / "x.npy", field(rng, (2000, 300)))
     r = flowgpu("convert", "x.npy", "o.zarr", "--chunk-bytes", "64KiB", "--shard-bytes", "256KiB", *CPU,
@@ -96,6 +98,7 @@ def test_a_write_that_fails_midway_leaves_no_store(tmp_path, rng):
     assert sorted(os.listdir(tmp_path)) == ["x.npy"]  # no store, no staging, no lock
 
 
+@pytest.mark.slow
 def test_run_summary_has_a_storage_line(tmp_path, rng):
     data = field(rng, (400, 300))
     make_store(str(tmp_path / "in.zarr"), data, "lz4", chunks=(100, 300))

@@ -425,7 +425,7 @@ def test_spills_find_spare_buffers_allocated_ahead(tmp_path, rng):
     for i, (k, v) in enumerate(chunks.items()):
         store[k] = FakeDeviceArray(v)
         if i:  # from the first spill on, each spill has a spare allocated behind it
-            assert spares.acquire(timeout=30), "no spare buffer was allocated ahead"
+            assert spares.acquire(timeout=60), "no spare buffer was allocated ahead"
     st = store.stats()["pinned_pool"]
     assert calls[0] == threading.current_thread().name  # the very first spill had nothing ready
     assert calls.count("flowgpu-pinned-spares") == len(calls) - 1 == 3  # every later one was ready

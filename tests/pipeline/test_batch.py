@@ -51,6 +51,7 @@ def glob_spec() -> dict:
     }
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_glob_batch_with_one_bad_file_keeps_going_and_says_which_failed(tmp_path, rng):
     (tmp_path / "checks.py").write_text(CHECKS)
@@ -79,6 +80,7 @@ def test_a_glob_batch_with_one_bad_file_keeps_going_and_says_which_failed(tmp_pa
     assert not [f for _, d, fs in os.walk(tmp_path / "out") for f in d + fs if ".flowgpu-tmp-" in f]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_without_keep_going_the_first_failure_stops_the_batch_with_its_item_named(tmp_path, rng):
     (tmp_path / "checks.py").write_text(CHECKS)

@@ -282,6 +282,7 @@ def test_a_uses_step_binds_refs_and_passes_params(tmp_path, rng):
     assert (e.value.line, e.value.path) == (line_of("uses-part"), "outputs.bad.from")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_functions_become_map_blocks_steps(tmp_path, rng):
     p = builder_steps.p

@@ -284,6 +284,7 @@ def test_a_value_that_is_not_json_is_not_recorded(work, capfd):
     assert reasons(verdicts(spec, cache))["s"] == "new"
 
 
+@pytest.mark.slow
 def test_two_processes_recording_different_outputs_at_once_keep_both(work, tmp_path):
     _, spec = work
     run_recorded(spec, Cache())

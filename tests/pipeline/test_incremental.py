@@ -155,6 +155,7 @@ def _cli(*args, cwd):
                           timeout=240)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_the_command_line_says_what_is_up_to_date_and_status_agrees(tmp_path, data):
     a, b = data

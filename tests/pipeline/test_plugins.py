@@ -104,6 +104,7 @@ def _flowgpu(how: list[str], args: list[str], site, work) -> subprocess.Complete
     return subprocess.run([*how, *args], cwd=work, env=env, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["python -m flowgpu", "console script"])
 def test_entry_point_source_and_sink_run_from_yaml(how, plugin_dist, tmp_path, rng):
     site, specs, work = plugin_dist
@@ -133,6 +134,7 @@ def test_entry_point_source_and_sink_run_from_yaml(how, plugin_dist, tmp_path, r
     assert "did you mean 'step'" in refused.stderr
 
 
+@pytest.mark.slow
 def test_plugins_are_listed_and_in_the_schema(plugin_dist):
     site, _, work = plugin_dist
     cmd = [sys.executable, "-m", "flowgpu"]

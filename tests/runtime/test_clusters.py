@@ -170,4 +170,4 @@ def test_workers_without_flowgpu_are_said_in_one_message(tmp_path):
     finally:
         for p in procs:
             p.terminate()
-            p.wait(timeout=30)
+            p.wait(timeout=60)

@@ -80,7 +80,7 @@ def test_a_stale_state_takes_the_workers_its_daemon_left_with_it(folder):
     said = []
     assert standing.stop(notify=said.append) is None
     assert not lock.alive(worker), "the worker its daemon left still runs"  # killed and reaped
-    left.wait(timeout=10)
+    left.wait(timeout=60)
     assert "killed 1 process(es) it left" in said[0]
 
 

@@ -13,7 +13,7 @@ from tests.transfer.fakes import fake_pinned
 MiB = 1 << 20
 
 
-def _until(cond, timeout=10.0):
+def _until(cond, timeout=60.0):
     deadline = time.monotonic() + timeout
     while not cond():
         assert time.monotonic() < deadline, "timed out"
@@ -48,7 +48,7 @@ def test_take_waits_for_the_spare_being_allocated():
     def slow(size):
         calls.append(threading.current_thread().name)
         if len(calls) == 1:
-            gate.wait(10)
+            gate.wait(60)
         return fake_pinned(size)
 
     pool = PinnedPool(allocator=slow)
@@ -101,12 +101,12 @@ def test_trim_waits_for_a_spare_being_allocated_and_frees_it():
 
     def slow(size):
         started.set()
-        gate.wait(10)
+        gate.wait(60)
         return fake_pinned(size)
 
     pool = PinnedPool(allocator=slow)
     pool.keep_spare(2 * MiB, 1)
-    assert started.wait(10)
+    assert started.wait(60)
     freed = []
     trimmer = threading.Thread(target=lambda: freed.append(pool.trim()))
     trimmer.start()
