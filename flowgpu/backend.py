@@ -86,8 +86,8 @@ class Facts:
         if given is not None:
             return given
         budget, threads = dask.config.get("flowgpu.worker.budget", None), dask.config.get("flowgpu.worker.threads", None)
-        return cls("cupy" if dask.config.get("array.backend", "numpy") == "cupy" else "numpy",
-                   int(budget) if budget is not None else None, int(threads) if threads is not None else None)
+        return cls(current_backend(), int(budget) if budget is not None else None,
+                   int(threads) if threads is not None else None)
 
 
 _FACTS: ContextVar[Facts | None] = ContextVar("flowgpu_facts", default=None)
@@ -111,7 +111,10 @@ def current_backend() -> str:
 
     A :class:`flowgpu.Session` on GPUs sets dask's ``array.backend`` to ``cupy`` while it is open.
     """
-    return Facts.here().backend
+    given = _FACTS.get()  # only the backend: this is asked for every array made, the worker facts are not needed
+    if given is not None:
+        return given.backend
+    return "cupy" if dask.config.get("array.backend", "numpy") == "cupy" else "numpy"
 
 
 def _parse_visible(env: str) -> list[str]:
