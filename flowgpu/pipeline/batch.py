@@ -103,7 +103,7 @@ def _prepare(job: Job, session: RunSession, overwrite: bool) -> None:
     spec = job.item.spec
     facts = session.facts
     plan = job.run_plan = compile(spec, for_run=True, facts=facts) \
-        if job.plan.facts != facts or calls_user_code(job.plan) else job.plan
+        if job.plan.facts != facts or (calls_user_code(job.plan) and not job.plan.for_run) else job.plan
     if session.workers:  # one task, and the largest array, fit the workers (or a SpecError)
         check_memory(plan, session.workers, session.threads_per_worker, session.worker_budget)
     for name in job.todo:

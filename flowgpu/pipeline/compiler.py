@@ -67,6 +67,7 @@ class Plan:
     children: dict[str, "Plan"] = field(default_factory=dict)
     fusion: dict[str, str] = field(default_factory=dict)  # step -> the expression its fused kernel computes
     facts: Facts = field(default_factory=Facts)  # what its arrays were built for (backend, worker budget, threads)
+    for_run: bool = False  # its python sources were called (not stood in for by their declared shape)
 
     @property
     def fused(self) -> bool:
@@ -313,7 +314,7 @@ def _compile(spec: Spec, bindings: dict[str, da.Array] | None = None, stack: tup
     values, nodes, children = _build_graph(spec, smap, names, bindings or {}, stack, for_run)
     outputs = _output_arrays(spec, values, smap)
     return Plan(spec, nodes, names, values, outputs, dict(origin.params), children, fusion_of(nodes, names, outputs),
-                Facts.here())
+                Facts.here(), for_run)
 
 
 def compile(spec: Spec | str | os.PathLike | dict, params: dict[str, Any] | None = None, *,

@@ -183,7 +183,10 @@ def _run(spec: Spec, items: list[Item], session: runtime.RunSession | str | None
         session = runtime.ThreadedSession()
     if session is None:
         session = runtime.current_session()
-    plans = plan_items(items, overwrite, params_file, session.facts if session is not None else None)
+    # on an open session where every output will be computed, python sources are called now, once;
+    # otherwise they stand in until an item is known to run (batch._prepare calls them then)
+    plans = plan_items(items, overwrite, params_file, session.facts if session is not None else None,
+                       for_run=session is not None and (force or not cache))
     jobs = [Job(item, plan, list(plan.outputs)) for item, plan in zip(items, plans)]
     state.plan, state.jobs = plans[0], jobs
     own = None

@@ -25,14 +25,15 @@ from flowgpu.pipeline.spec import Spec
 __all__ = ["judge", "line", "load_spec", "plan_items", "status"]
 
 
-def plan_items(items: list[Item], overwrite: bool, params_file: str | None, facts: Facts | None = None) -> list[Plan]:
-    """Compile (for ``facts``: a Session's, else this machine's) and check every item before anything
-    runs; an invalid item refuses the batch, named."""
+def plan_items(items: list[Item], overwrite: bool, params_file: str | None, facts: Facts | None = None,
+               for_run: bool = False) -> list[Plan]:
+    """Compile (for ``facts``: a Session's, else this machine's; calling python sources if ``for_run``)
+    and check every item before anything runs; an invalid item refuses the batch, named."""
     plans, seen = [], {}
     protect = {params_file: f"the params file {params_file!r}"} if params_file else None
     for item in items:
         try:
-            plans.append(compile(item.spec, facts=facts))
+            plans.append(compile(item.spec, facts=facts, for_run=for_run))
             check_outputs(item.spec, overwrite, protect)
         except SpecError as e:
             raise in_item(e, item) from None

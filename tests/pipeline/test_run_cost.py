@@ -180,3 +180,28 @@ def test_a_run_on_an_open_session_compiles_once_and_one_that_starts_its_cluster_
     np.testing.assert_allclose(result.outputs["s"], (x * 2.0).sum(), rtol=1e-12)
     result = pipeline.run(spec, session="local", progress=False, cache=False)
     assert compiled == []  # the local threaded scheduler: this machine's facts, as compiled
+
+
+@pytest.mark.parametrize("how", [{"force": True}, {"cache": False}])
+def test_a_forced_run_of_a_python_source_on_a_session_calls_it_once_and_compiles_once(cpu_session, rng, monkeypatch,
+                                                                                       how):
+    """Every output will be computed: the source is called while the spec compiles, not compiled again."""
+    from flowgpu.pipeline import batch
+
+    compiled = []
+    original = batch.compile
+    monkeypatch.setattr(batch, "compile", lambda *a, **k: compiled.append(k) or original(*a, **k))
+    seed = int(rng.integers(1 << 30))
+    helpers.CALLS["source"] = 0
+    result = pipeline.run(_spec(seed), session=cpu_session, progress=False, **how)
+    assert compiled == [] and helpers.CALLS["source"] == 1
+    np.testing.assert_allclose(result.outputs["total"], _want(seed), rtol=1e-12)
+    helpers.CALLS["source"] = 0  # a run that may find its outputs up to date calls it only when it must
+    pipeline.run(_spec(seed), session=cpu_session, progress=False)
+    assert helpers.CALLS["source"] == ("cache" in how) and len(compiled) == ("cache" in how)
+    compiled.clear()
+    helpers.CALLS["source"] = 0
+    seed += 1  # new args: not up to date, so called (once) and compiled for the run
+    result = pipeline.run(_spec(seed), session=cpu_session, progress=False)
+    assert helpers.CALLS["source"] == 1 and len(compiled) == 1
+    np.testing.assert_allclose(result.outputs["total"], _want(seed), rtol=1e-12)
