@@ -8,8 +8,8 @@ ufuncs of :mod:`flowgpu.fusion.language`, ``where`` and ``clip``) into ONE layer
 generated kernel (CuPy ``ElementwiseKernel`` on GPU chunks, numba on NumPy chunks). A chain (or a
 single array, ``x.T`` among them) that feeds one of dask's reductions (``sum``, ``mean``, ``max``,
 ``any``, ``nansum``, ...) goes into the reduction's chunk stage instead: one kernel reads each
-chunk once and writes only the partial (:mod:`flowgpu.fusion.graph_reduce`), and dask's tree
-combines the partials as usual. Dask's own optimisation then runs, so the fused layer is still
+chunk once and writes only the partial (:mod:`flowgpu.fusion.graph_reduce`); dask's aggregate
+combines them (in one task for a full reduction: :mod:`flowgpu.fusion.graph_tree`). Dask's own optimisation then runs, so the fused layer is still
 merged with its neighbours (a transpose's view reaches the kernel, which reads it in tiles).
 
 A :class:`flowgpu.Session` installs the hook while it is open (``flowgpu.fuse-ufuncs: true``, the
@@ -44,7 +44,7 @@ from dask.core import flatten
 from dask.highlevelgraph import HighLevelGraph
 
 from flowgpu.backend import is_cupy
-from flowgpu.fusion import graph_reduce
+from flowgpu.fusion import graph_reduce, graph_tree
 from flowgpu.fusion.chunk import Chain, FusedChunk
 from flowgpu.fusion.graph_reduce import graph_has_masked
 from flowgpu.fusion.language import FUNCTIONS, is_scalar, literal_text
@@ -237,6 +237,8 @@ def _rewrite(hlg: Any, keep: set[str], reductions: bool, bare: bool | None) -> t
         deps[root] = {src for src, _ in leaves}
         done.append(Fusion(root, frozenset(members | {root}), text, tuple(src for src, _ in leaves),
                            (spec.mean or spec.kind) if spec is not None else None))
+        if spec is not None and len(spec.axes) == len(root_layer.output_indices):  # one value per chunk
+            graph_tree.flatten_tree(layers, deps, root, len(root_layer.output_indices), keep)
     if not done:
         return hlg, done
     if not keep:

@@ -478,3 +478,32 @@ def test_integer_boolean_broadcast_and_3d_inputs(rng):
         assert partials(y) == {"mean"}
         np.testing.assert_allclose(y.compute(scheduler="sync"), np.mean(cube * 2 - 1, axis=(0, 2), keepdims=True),
                                    rtol=1e-12)
+
+
+def _tasks(arr) -> int:
+    (opt,) = dask.optimize(arr)
+    return len(dict(opt.__dask_graph__()))
+
+
+@pytest.mark.parametrize("how", ["sum", "mean", "max", "nanmean", "prod", "any"])
+def test_a_full_reduction_of_a_fused_chain_combines_its_partials_in_one_task_as_fuse_does(rng, how):
+    """dask's tree (2 partials per task on a 2-D array) becomes one aggregate over every partial:
+    the task count of ``flowgpu.fuse``, and NumPy's answer."""
+    xn = rng.random((90, 40)) + 0.5
+    x = da.from_array(xn, chunks=(10, 20))  # 9 x 2 chunks
+    e = (x * 2 - 0.5) ** 2 - x * 0.9 if how != "any" else (x * 2 - 0.5) > 3.2
+    want = getattr(np, how)((xn * 2 - 0.5) ** 2 - xn * 0.9 if how != "any" else (xn * 2 - 0.5) > 3.2)
+    plain = _tasks(getattr(da, how)(e))
+    with fusing():
+        got = getattr(da, how)(e)
+        assert _tasks(got) == _tasks(x) + 18 + 1 < plain  # the chunks, 18 fused partials, one aggregate
+        np.testing.assert_allclose(got.compute(), want, rtol=1e-12)
+
+
+def test_a_reduction_over_some_axes_keeps_dasks_tree(rng):
+    xn = rng.random((90, 40))
+    x = da.from_array(xn, chunks=(10, 20))
+    with fusing():
+        got = ((x * 2 - 0.5) ** 2).sum(axis=0)
+        assert _tasks(got) > _tasks(x) + 18 + 2
+        np.testing.assert_allclose(got.compute(), ((xn * 2 - 0.5) ** 2).sum(axis=0), rtol=1e-12)

@@ -1,0 +1,83 @@
+"""dask's reduction tree over fused partials, flattened to one aggregate task.
+
+``x.sum()`` in dask.array is a chunk stage (one partial per chunk), then a tree of combine tasks
+(fan-in ``split_every``, 4 by default: 2 per axis of a 2-D array), then one aggregate. When the
+chunk stage is a fused kernel over the whole array (:mod:`flowgpu.fusion.graph_reduce`), each
+partial is one value: the tree's levels add tasks, each a scheduler round trip (milliseconds on a
+distributed GPU worker), to combine a few bytes. ``flowgpu.fuse`` combines its partials in one
+task; this gives plain dask code the same: the aggregate task takes every partial, as dask itself
+builds it when ``split_every`` is at least the number of chunks. The aggregate's own function
+(``mean_agg``, ``sum`` after concatenation, ...) is kept, so the result is dask's, summed in one
+step instead of pairwise levels (the last bits may differ from the tree's, as they do between two
+``split_every``).
+
+Only full reductions (every axis, so one result block) of at most :data:`MAX_FANIN` chunks, whose
+tree is dask's own shape (a chain of layers, each used only by the next); anything else stays.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dask.highlevelgraph import MaterializedLayer
+
+__all__ = ["flatten_tree", "MAX_FANIN"]
+
+MAX_FANIN = 1024  # partials one aggregate takes at most (flowgpu.fuse's flat combine takes as many)
+
+
+def flatten_tree(layers: dict, deps: dict, root: str, ndim: int, keep: set[str]) -> bool:
+    """Replace the tree above the chunk-stage layer ``root`` (a full reduction of an ``ndim``-D
+    array) by its aggregate over every partial, in ``layers``/``deps``; whether it did."""
+    chain, name = [], root
+    while True:
+        users = [k for k, ds in deps.items() if name in ds]
+        if len(users) != 1 or name in keep and name != root:
+            return False
+        name = users[0]
+        layer = layers[name]
+        if type(layer) is not MaterializedLayer or deps[name] != {chain[-1] if chain else root}:
+            return False
+        chain.append(name)
+        if len(layer) == 1:
+            break
+    if len(chain) < 2:
+        return False  # already one aggregate over the partials
+    top = layers[chain[-1]]
+    ((key, task),) = top.mapping.items()
+    if not (isinstance(task, tuple) and len(task) == 2 and callable(task[0]) and isinstance(task[1], list)):
+        return False
+    shape = _numblocks(layers[root], ndim)
+    if shape is None or _count(shape) > MAX_FANIN or layers[root].output_blocks is not None:
+        return False
+    layers[chain[-1]] = MaterializedLayer({key: (task[0], _nested(root, shape, ()))},
+                                          annotations=top.annotations)
+    deps[chain[-1]] = {root}
+    for name in chain[:-1]:
+        del layers[name], deps[name]
+    return True
+
+
+def _numblocks(layer: Any, ndim: int) -> tuple[int, ...] | None:
+    """The block grid of the Blockwise chunk stage ``layer`` (its output indices' sizes)."""
+    out = getattr(layer, "output_indices", None)
+    if out is None or len(out) != ndim:
+        return None
+    try:
+        return tuple(int(layer.dims[i]) for i in out)
+    except (KeyError, TypeError):
+        return None
+
+
+def _count(shape: tuple[int, ...]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def _nested(name: str, shape: tuple[int, ...], index: tuple[int, ...]) -> Any:
+    """The keys of ``name``'s blocks as dask's tree passes them: nested lists, one level per axis."""
+    if len(index) == len(shape):
+        return (name, *index)
+    return [_nested(name, shape, index + (i,)) for i in range(shape[len(index)])]
