@@ -2,16 +2,19 @@
 
 Each is registered with ``kind="reduction"``; those the kernel fusion can fold into a chain of
 elementwise steps (sum, mean, min, max, prod) also carry ``reduction=<name>`` in ``Op.meta``. dask
-reduces per chunk with the chunk's own module (NumPy or CuPy) and then combines the partial results
-in a tree, so a reduction reads its input once.
+reduces per chunk with the chunk's own module (NumPy or CuPy) and then combines the partial results,
+so a reduction reads its input once: in one task when it reduces every axis (one value per chunk, as
+``flowgpu.fuse`` and the Session's rewrite of plain dask code combine them), else in dask's tree.
 """
 
 from __future__ import annotations
 
+import builtins
 from typing import Any
 
 import dask.array as da
 
+from flowgpu.fusion.graph_tree import MAX_FANIN
 from flowgpu.ops._common import Array, Axis, DType, axis_arg, defop, dtype_arg, same_backend
 
 __all__ = ["sum", "mean", "min", "max", "std", "var", "prod"]
@@ -42,9 +45,13 @@ ddof : int, default 0
     Delta degrees of freedom: the divisor is ``N - ddof`` (1 for the sample estimate)."""
 
 
-def _prepare(name: str, x: Any, axis: Any) -> tuple[da.Array, Any]:
+def _prepare(name: str, x: Any, axis: Any) -> tuple[da.Array, Any, dict | None]:
+    """``x`` in the session's backend, the axes, and dask's ``split_every`` (flat for a full reduction)."""
     (x,) = same_backend(x)
-    return x, axis_arg(name, axis, x.ndim)
+    ax = axis_arg(name, axis, x.ndim)
+    full = ax is None or len(set(ax if isinstance(ax, (tuple, list)) else (ax,))) == x.ndim
+    flat = full and x.ndim and 1 < x.npartitions <= MAX_FANIN
+    return x, ax, {a: builtins.max(2, n) for a, n in enumerate(x.numblocks)} if flat else None
 
 
 def _doc(func, summary: str, np_name: str, extra: str = "") -> None:
@@ -53,8 +60,8 @@ def _doc(func, summary: str, np_name: str, extra: str = "") -> None:
 
 def _with_dtype(name: str, dask_func, summary: str) -> Any:
     def func(x: Array, *, axis: Axis = None, keepdims: bool = False, dtype: DType | None = None) -> Array:
-        x, ax = _prepare(name, x, axis)
-        return dask_func(x, axis=ax, keepdims=keepdims, dtype=dtype_arg(name, dtype))
+        x, ax, split = _prepare(name, x, axis)
+        return dask_func(x, axis=ax, keepdims=keepdims, dtype=dtype_arg(name, dtype), split_every=split)
 
     func.__name__ = func.__qualname__ = name
     _doc(func, summary, name, _DTYPE_DOC)
@@ -63,8 +70,8 @@ def _with_dtype(name: str, dask_func, summary: str) -> Any:
 
 def _plain(name: str, dask_func, summary: str) -> Any:
     def func(x: Array, *, axis: Axis = None, keepdims: bool = False) -> Array:
-        x, ax = _prepare(name, x, axis)
-        return dask_func(x, axis=ax, keepdims=keepdims)
+        x, ax, split = _prepare(name, x, axis)
+        return dask_func(x, axis=ax, keepdims=keepdims, split_every=split)
 
     func.__name__ = func.__qualname__ = name
     _doc(func, summary, name)
@@ -74,8 +81,8 @@ def _plain(name: str, dask_func, summary: str) -> Any:
 def _moment(name: str, dask_func, summary: str) -> Any:
     def func(x: Array, *, axis: Axis = None, keepdims: bool = False, ddof: int = 0,
              dtype: DType | None = None) -> Array:
-        x, ax = _prepare(name, x, axis)
-        return dask_func(x, axis=ax, keepdims=keepdims, ddof=ddof, dtype=dtype_arg(name, dtype))
+        x, ax, split = _prepare(name, x, axis)
+        return dask_func(x, axis=ax, keepdims=keepdims, ddof=ddof, dtype=dtype_arg(name, dtype), split_every=split)
 
     func.__name__ = func.__qualname__ = name
     _doc(func, summary, name, _DDOF_DOC + _DTYPE_DOC)

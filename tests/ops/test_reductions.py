@@ -67,3 +67,14 @@ def test_axis_out_of_range_is_an_op_error(rng):
 
     with pytest.raises(OpError, match="axis 2 is out of range for an array of 2 dimension"):
         get("sum")(da.from_array(rng.random((3, 3))), axis=2)
+
+
+@pytest.mark.parametrize("name", ["sum", "mean", "max", "std"])
+def test_a_full_reduction_combines_every_chunk_in_one_task_and_one_over_an_axis_keeps_the_tree(rng, name, backend):
+    a = rng.random((90, 40)) - 0.25
+    x = chunked(a, (10, 20), backend)  # 18 chunks
+    full, axis0 = get(name)(x), get(name)(x, axis=0)
+    assert len([layer for layer in full.__dask_graph__().layers if "partial" in layer]) == 0  # no combine level
+    assert len([layer for layer in axis0.__dask_graph__().layers if "partial" in layer]) >= 1  # dask's tree
+    np.testing.assert_allclose(computed(full, backend), getattr(np, name)(a), rtol=1e-12)
+    np.testing.assert_allclose(computed(axis0, backend), getattr(np, name)(a, axis=0), rtol=1e-12)
