@@ -39,12 +39,15 @@ from flowgpu.io.paths import resolve
 from flowgpu.pipeline.loader import format_path
 
 __all__ = [
-    "Spec", "Param", "Step", "Output", "Cluster", "Expect", "ForeachGlob", "ForeachRange", "NAME_PATTERN", "PARAM_REF", "json_schema",
+    "Spec", "Param", "Step", "Output", "Cluster", "Expect", "ForeachGlob", "ForeachRange", "NAME_PATTERN", "PARAM_REF",
+    "PATH_ATTRIBUTES", "json_schema",
     "spec_model", "input_model", "output_model",
 ]
 
 NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
-PARAM_REF = re.compile(r"\$\{params\.([A-Za-z_][A-Za-z0-9_]*)\}")
+# ``${params.name}`` and ``${params.name.stem}``: group 1 the name, group 2 the attributes (".parent.name")
+PARAM_REF = re.compile(r"\$\{params\.([A-Za-z_][A-Za-z0-9_]*)((?:\.[A-Za-z_][A-Za-z0-9_]*)*)\}")
+PATH_ATTRIBUTES = ("name", "stem", "suffix", "parent")  # of a path param, as pathlib's
 Name = Annotated[str, Field(pattern=NAME_PATTERN)]
 Scalar = Union[bool, int, float, str, None]
 

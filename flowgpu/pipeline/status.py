@@ -20,7 +20,7 @@ from flowgpu.pipeline.build import build, from_dict, load, read_params_file
 from flowgpu.pipeline.checks import check_outputs
 from flowgpu.pipeline.compiler import Plan, compile
 from flowgpu.pipeline.foreach import Item, expand, in_item
-from flowgpu.pipeline.spec import Spec
+from flowgpu.pipeline.spec import PARAM_REF, Spec
 
 __all__ = ["judge", "line", "load_spec", "plan_items", "status"]
 
@@ -46,10 +46,24 @@ def plan_items(items: list[Item], overwrite: bool, params_file: str | None, fact
                 raise item.spec.error(
                     f"batch items {other.index + 1} ({other.label}) and {item.index + 1} ({item.label}) both write "
                     f"output {name!r} to {shown(out.path)!r}{through}", ("outputs", name, "path"),
-                    hint="put a foreach param in the path, e.g. path: out/${params.%s}.zarr" % next(iter(item.values)))
+                    hint=_distinct_hint(item, name))
             seen[path] = item, os.path.abspath(out.path)
     _refuse_reading_another_items_output(items, plans)
     return plans
+
+
+def _distinct_hint(item: Item, output: str) -> str:
+    """How to give each item's output a path of its own: a foreach param in it, or (a path param's
+    part, such as ``.stem``, is the same for two items) more of that param's path."""
+    raw = item.spec.origin.raw if item.spec.origin is not None and isinstance(item.spec.origin.raw, dict) else {}
+    given = ((raw.get("outputs") or {}).get(output) or {}).get("path") if isinstance(raw.get("outputs"), dict) else None
+    parts = [m for m in PARAM_REF.finditer(given)] if isinstance(given, str) else []
+    part = next((m for m in parts if m.group(2) and m.group(1) in item.values), None)
+    if part is not None:
+        name = part.group(1)
+        return (f"their {name}s differ in a part that ${{params.{name}{part.group(2)}}} drops: keep more of it, e.g. "
+                f"${{params.{name}.parent.name}}_${{params.{name}.stem}} (folder and name)")
+    return "put a foreach param in the path, e.g. path: out/${params.%s}.zarr" % next(iter(item.values))
 
 
 def _reads(plan: Plan) -> list[tuple[str, Spec, str]]:
