@@ -120,9 +120,10 @@ class Output(_Model):
     @model_validator(mode="after")
     def _path(self) -> "Output":
         entry = sinks.sink_entry(self.sink)
-        if entry.has(sinks.WRITES_PATH) and not self.path:
+        needs_path = entry.has(sinks.WRITES_PATH) or entry.has(sinks.COLLECTS)
+        if needs_path and not self.path:
             raise ValueError(f"a {self.sink} output needs a 'path'")
-        if not entry.has(sinks.WRITES_PATH) and self.path:
+        if not needs_path and self.path:
             raise ValueError(f"a {self.sink} output has no 'path'; choose a sink that writes a file "
                              f"({', '.join(n for n in sinks.sink_names() if sinks.sink_entry(n).has(sinks.WRITES_PATH))})")
         return self

@@ -14,7 +14,7 @@ from flowgpu.errors import SpecError
 from flowgpu.io.atomic import canonical
 from flowgpu.io.paths import shown
 from flowgpu.pipeline import cache as outputs_cache
-from flowgpu.pipeline import recipe
+from flowgpu.pipeline import recipe, tables
 from flowgpu.pipeline.batch import Job
 from flowgpu.pipeline.build import build, from_dict, load, read_params_file
 from flowgpu.pipeline.checks import check_outputs
@@ -37,7 +37,7 @@ def plan_items(items: list[Item], overwrite: bool, params_file: str | None, fact
         except SpecError as e:
             raise in_item(e, item) from None
         for name, out in item.spec.outputs.items():
-            if out.path is None:
+            if out.path is None or tables.collects(out):  # every item writes a row of the table
                 continue
             path = canonical(out.path)  # one file, also when a linked folder gives it two names
             if path in seen:
@@ -48,6 +48,7 @@ def plan_items(items: list[Item], overwrite: bool, params_file: str | None, fact
                     f"output {name!r} to {shown(out.path)!r}{through}", ("outputs", name, "path"),
                     hint=_distinct_hint(item, name))
             seen[path] = item, os.path.abspath(out.path)
+    tables.check_items(items, plans)
     _refuse_reading_another_items_output(items, plans)
     return plans
 
