@@ -221,3 +221,15 @@ def test_the_command_line_runs_a_table_batch(tmp_path, rng):
     for row, (tile, x) in zip(_rows(tmp_path / "out" / "stats.csv"), sorted(tiles.items()), strict=True):
         _check_row(row, tile, x)
         assert (tmp_path / "out" / f"{Path(tile).stem}.doubled.npy").exists()
+
+
+@pytest.mark.gpu
+def test_a_table_batch_on_a_gpu_session_holds_numpys_values(tmp_path, rng, monkeypatch, gpu_session):
+    monkeypatch.chdir(tmp_path)
+    tiles = _tiles(tmp_path, rng)
+    (tmp_path / "s.yaml").write_text(SPEC)
+    result = pipeline.run(tmp_path / "s.yaml", session=gpu_session, progress=False)
+    assert result.summary["session"]["backend"] == "gpu"
+    for row, (tile, x) in zip(_rows(tmp_path / "out" / "stats.csv"), sorted(tiles.items()), strict=True):
+        _check_row(row, tile, x)
+        np.testing.assert_array_equal(np.load(tmp_path / "out" / f"{Path(tile).stem}.doubled.npy"), x * 2)
