@@ -168,8 +168,10 @@ def _summary(x: da.Array, path: str | None = None, overwrite: bool = False) -> P
 
 
 def _table(x: da.Array, path: str | None = None, overwrite: bool = False) -> PendingWrite:
-    """A column (a scalar) or columns (a 1-D array, one per value) of the CSV or Parquet table at
-    ``path``: one row per batch item, after its params; the value is in the run summary too."""
+    """Columns of a CSV or Parquet table, one row per batch item (scalars, 1-D up to 64 values).
+
+    A scalar is one column named after the output, a 1-D array one column per value; the row
+    starts with the item's params (:mod:`flowgpu.io.table`). The value is in the run summary too."""
     return PendingWrite("table", to_host(x))
 
 
