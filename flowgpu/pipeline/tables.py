@@ -75,8 +75,16 @@ class _Table:
     members: list[tuple[Any, Any]] = field(default_factory=list)  # (item, plan) or (job, plan)
 
 
+def _params(item: Any) -> dict[str, Any]:
+    """The param columns of ``item``'s row: its foreach params, and those of the spec's ``foreach:``
+    block pinned by ``--set`` (so a rerun of one item has the batch's columns)."""
+    given = item.spec.origin.params if item.spec.origin is not None else {}
+    pinned = {n: given[n] for n in item.spec.foreach if n not in item.values and n in given}
+    return {**item.values, **pinned}
+
+
 def _columns(item: Any, plan: Any, outputs: list[str]) -> list[str]:
-    return [*item.values, *(c for n in outputs for c in table.column_names(n, plan.outputs[n].shape))]
+    return [*_params(item), *(c for n in outputs for c in table.column_names(n, plan.outputs[n].shape))]
 
 
 def _gather(pairs: list[tuple[Any, Any, Any]]) -> dict[str, _Table]:
@@ -121,7 +129,7 @@ def check_items(items: list[Any], plans: list[Any]) -> None:
             if column in seen:
                 raise item.spec.error(
                     f"the table {shown(t.path)!r} would have two columns {column!r} (its columns: the foreach params "
-                    f"{', '.join(item.values) or '(none)'}, then the outputs {', '.join(t.outputs)})",
+                    f"{', '.join(_params(item)) or '(none)'}, then the outputs {', '.join(t.outputs)})",
                     ("outputs", first, "path"), hint="rename the output, so each column has a name of its own")
             seen.add(column)
 
@@ -139,7 +147,7 @@ def write_tables(jobs: list[Any], overwrite: bool = False) -> list[str]:
         rows = []
         for job, plan in t.members:
             values = {**job.cached, **job.values}
-            row = list(job.item.values.values())
+            row = list(_params(job.item).values())
             for name in t.outputs:
                 x = plan.outputs[name]
                 row += table.cells(values[name], x.dtype, x.shape)

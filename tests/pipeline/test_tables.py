@@ -233,3 +233,13 @@ def test_a_table_batch_on_a_gpu_session_holds_numpys_values(tmp_path, rng, monke
     for row, (tile, x) in zip(_rows(tmp_path / "out" / "stats.csv"), sorted(tiles.items()), strict=True):
         _check_row(row, tile, x)
         np.testing.assert_array_equal(np.load(tmp_path / "out" / f"{Path(tile).stem}.doubled.npy"), x * 2)
+
+
+def test_a_rerun_of_one_pinned_item_keeps_the_batchs_columns(tmp_path, rng, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    tiles = _tiles(tmp_path, rng)
+    (tmp_path / "s.yaml").write_text(SPEC)
+    pipeline.run(tmp_path / "s.yaml", session="local", progress=False, overrides={"params.tile": "data/tiles/t_02.npy"})
+    rows = _rows(tmp_path / "out" / "stats.csv")
+    assert len(rows) == 1 and list(rows[0])[:2] == ["tile", "mean"]  # the run's one item, under the batch's header
+    _check_row(rows[0], "data/tiles/t_02.npy", tiles["data/tiles/t_02.npy"])
