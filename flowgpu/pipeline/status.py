@@ -56,10 +56,10 @@ def plan_items(items: list[Item], overwrite: bool, params_file: str | None, fact
 def _distinct_hint(item: Item, output: str) -> str:
     """How to give each item's output a path of its own: a foreach param in it, or (a path param's
     part, such as ``.stem``, is the same for two items) more of that param's path."""
-    raw = item.spec.origin.raw if item.spec.origin is not None and isinstance(item.spec.origin.raw, dict) else {}
-    given = ((raw.get("outputs") or {}).get(output) or {}).get("path") if isinstance(raw.get("outputs"), dict) else None
-    parts = [m for m in PARAM_REF.finditer(given)] if isinstance(given, str) else []
-    part = next((m for m in parts if m.group(2) and m.group(1) in item.values), None)
+    raw = item.spec.origin.raw if item.spec.origin is not None else {}
+    given = (raw.get("outputs") or {}).get(output, {}).get("path")  # as written: ${params...} not substituted
+    refs = PARAM_REF.finditer(given) if isinstance(given, str) else ()
+    part = next((m for m in refs if m.group(2) and m.group(1) in item.values), None)
     if part is not None:
         name = part.group(1)
         return (f"their {name}s differ in a part that ${{params.{name}{part.group(2)}}} drops: keep more of it, e.g. "
