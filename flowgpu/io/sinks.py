@@ -5,11 +5,13 @@ temporary path when computed, and ``commit``/``abort`` to move it into place or 
 pipeline runner computes the targets of all outputs together (one graph, shared intermediates
 computed once) and commits only when all of them are complete.
 
-Built in: ``zarr``, ``npy`` and ``summary`` (the value itself, reported in the run summary). Add
-more with :func:`register_sink` or the ``flowgpu.sinks`` entry-point group (a ``prepare``
-function; its capabilities, when not the defaults, as attributes ``writes_path``, ``atomic``,
-``in_summary``). Each sink declares capabilities instead of being known by name: whether it writes
-a path, whether its commit is atomic, whether its value goes into the summary.
+Built in: ``zarr``, ``npy``, ``summary`` (the value itself, reported in the run summary) and
+``table`` (the value as a summary's, and as columns of one row per batch item in a CSV or Parquet
+file: :mod:`flowgpu.io.table`). Add more with :func:`register_sink` or the ``flowgpu.sinks``
+entry-point group (a ``prepare`` function; its capabilities, when not the defaults, as attributes
+``writes_path``, ``atomic``, ``in_summary``, ``collects``). Each sink declares capabilities instead
+of being known by name: whether it writes a path, whether its commit is atomic, whether its value
+goes into the summary, whether its values are collected across a batch's items into the file at its path.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from flowgpu.io.zarr import store_zarr
 from flowgpu.registry import Entry, Registry, options_model
 
 __all__ = ["PendingWrite", "commit_all", "hold_outputs", "register_sink", "get_sink", "sink_entry", "sink_names", "prepare_write",
-           "check_destination", "SUMMARY_MAX_ELEMENTS", "to_summary_value", "SINKS", "DEFAULT_SINK"]
+           "check_destination", "SUMMARY_MAX_ELEMENTS", "COLLECTS", "to_summary_value", "SINKS", "DEFAULT_SINK"]
 
 SUMMARY_MAX_ELEMENTS = 10_000
 
@@ -53,8 +55,8 @@ class PendingWrite:
             self.atomic.abort()
 
 
-WRITES_PATH, ATOMIC, IN_SUMMARY = "writes_path", "atomic", "in_summary"
-CAPABILITIES = (WRITES_PATH, ATOMIC, IN_SUMMARY)
+WRITES_PATH, ATOMIC, IN_SUMMARY, COLLECTS = "writes_path", "atomic", "in_summary", "collects"
+CAPABILITIES = (WRITES_PATH, ATOMIC, IN_SUMMARY, COLLECTS)
 
 
 def _entry(name: str, prepare: Callable[..., PendingWrite], capabilities: set[str],
@@ -76,8 +78,8 @@ SINKS: Registry[Entry] = Registry("flowgpu.sinks", "sink", error=ConfigError, fr
 
 
 def register_sink(name: str, prepare: Callable[..., PendingWrite], *, writes_path: bool = True,
-                  atomic: bool = False, in_summary: bool = False, options: type | None = None,
-                  replace: bool = True) -> Entry:
+                  atomic: bool = False, in_summary: bool = False, collects: bool = False,
+                  options: type | None = None, replace: bool = True) -> Entry:
     """Register ``prepare(x, path=None, overwrite=False, **options) -> PendingWrite`` as sink ``name``.
 
     Parameters
@@ -85,9 +87,11 @@ def register_sink(name: str, prepare: Callable[..., PendingWrite], *, writes_pat
     writes_path : the sink writes a file or folder and needs ``path`` (checked for foreign data first).
     atomic : its ``commit`` moves a complete output into place (nothing half-written is ever seen).
     in_summary : the computed value itself goes into the run summary (small results only).
+    collects : with ``in_summary``: the values of every batch item go, as one row each, into the
+        file at ``path`` once all items are done (the pipeline runner writes it: ``table``).
     options : a pydantic model of its further options; default: one made from its signature.
     """
-    caps = {c for c, on in zip(CAPABILITIES, (writes_path, atomic, in_summary)) if on}
+    caps = {c for c, on in zip(CAPABILITIES, (writes_path, atomic, in_summary, collects)) if on}
     return SINKS.add(_entry(name, prepare, caps, options), replace=replace)
 
 
@@ -163,6 +167,14 @@ def _summary(x: da.Array, path: str | None = None, overwrite: bool = False) -> P
     return PendingWrite("summary", to_host(x))
 
 
+def _table(x: da.Array, path: str | None = None, overwrite: bool = False) -> PendingWrite:
+    """Columns of a CSV or Parquet table, one row per batch item (scalars, 1-D up to 64 values).
+
+    A scalar is one column named after the output, a 1-D array one column per value; the row
+    starts with the item's params (:mod:`flowgpu.io.table`). The value is in the run summary too."""
+    return PendingWrite("table", to_host(x))
+
+
 def to_summary_value(value: Any) -> Any:
     """A computed summary output as plain JSON-able Python (a number, or nested lists)."""
     if hasattr(value, "get") and not isinstance(value, (np.ndarray, dict)):
@@ -176,4 +188,5 @@ def to_summary_value(value: Any) -> Any:
 register_sink("npy", _npy, atomic=True)
 register_sink("zarr", _zarr, atomic=True)
 register_sink("summary", _summary, writes_path=False, in_summary=True)
+register_sink("table", _table, writes_path=False, in_summary=True, collects=True)
 DEFAULT_SINK = "summary"  # an output that names no sink

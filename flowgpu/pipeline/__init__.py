@@ -22,6 +22,7 @@ from flowgpu.pipeline.runner import BatchResult, RunResult, check_outputs, run, 
 from flowgpu.pipeline.spec import Spec, json_schema
 from flowgpu.pipeline.foreach import expand
 from flowgpu.pipeline.status import plan_items
+from flowgpu.pipeline.tables import check_items
 from flowgpu.pipeline.status import status as _status
 from flowgpu.registry import checking_only, recording_imports
 
@@ -72,6 +73,8 @@ def _validate(spec: Spec | str | os.PathLike | dict, overrides: dict[str, Any] |
     items = expand(spec)  # a batch (foreach: block): within flowgpu.spec.max-items, every item as run checks it
     if len(items) > 1:
         plan_items(items, overwrite, params_file)
+    else:
+        check_items(items, [plan])
     options = session_options(spec, cluster, allow_spec_address)
     if (cluster or {}).get("address"):  # --scheduler: ask its workers (a spec's own address is only checked)
         visibility.check_joined(spec, plan, options)

@@ -16,7 +16,7 @@ from flowgpu.diagnostics import runreport
 from flowgpu.errors import ConfigError, OutputExistsError, SpecLimitError
 from flowgpu.io import atomic, sinks
 from flowgpu.io.paths import shown
-from flowgpu.pipeline import compose, outcome
+from flowgpu.pipeline import compose, outcome, tables
 from flowgpu.pipeline.build import load
 from flowgpu.pipeline.loader import limit
 from flowgpu.pipeline.spec import Spec
@@ -64,7 +64,8 @@ def protected_paths(spec: Spec, extra: dict[str, str] | None = None) -> dict[str
 
 def check_outputs(spec: Spec, overwrite: bool = False, protect: dict[str, str] | None = None) -> None:
     """Refuse, before anything runs, output paths that are taken, given twice, or that are or
-    contain what the run needs (:func:`protected_paths`; ``protect`` adds paths and what they are)."""
+    contain what the run needs (:func:`protected_paths`; ``protect`` adds paths and what they are).
+    Table outputs that name one path are the columns of one table (:mod:`flowgpu.pipeline.tables`)."""
     smap = spec.origin.smap
     seen: dict[str, str] = {}
     protected = protected_paths(spec, protect) if any(o.path for o in spec.outputs.values()) else {}
@@ -72,6 +73,10 @@ def check_outputs(spec: Spec, overwrite: bool = False, protect: dict[str, str] |
         if out.path is None:
             continue
         path, same = os.path.abspath(out.path), atomic.canonical(out.path)
+        if tables.collects(out):
+            tables.check_path(spec, name, out.path)
+            if same in seen and tables.collects(spec.outputs[seen[same]]):
+                continue  # another column of the same table
         if same in seen:
             first = os.path.abspath(spec.outputs[seen[same]].path)
             through = "" if first == path else f" (through a linked folder: both are {same})"

@@ -31,7 +31,7 @@ from flowgpu.fusion import graph as fusion_graph
 from flowgpu.io import sinks, sources
 from flowgpu.ops import registry
 from flowgpu.ops.signature import bind_arguments
-from flowgpu.pipeline import compose
+from flowgpu.pipeline import compose, tables
 from flowgpu.pipeline.build import Origin, build, from_dict, load
 from flowgpu.pipeline.graph import order, step_refs
 from flowgpu.pipeline.loader import SourceMap
@@ -246,6 +246,8 @@ def _output_arrays(spec: Spec, values: dict, smap: SourceMap) -> dict[str, da.Ar
             raise smap.error(f"output {out_name!r} has {value.size} values; a {out.sink} output holds at most "
                              f"{sinks.SUMMARY_MAX_ELEMENTS}", ("outputs", out_name),
                              hint="write it to a file: a sink that writes a path (see `flowgpu sinks`)")
+        if tables.collects(out):
+            tables.check_column(smap, out_name, value)
         outs[out_name] = value
     return outs
 

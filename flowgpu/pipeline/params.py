@@ -1,6 +1,11 @@
 """Params: typed defaults, overrides (``--set params.n=1000``, ``--params file.yaml``) and the
 substitution of ``${params.name}`` everywhere else in a spec.
 
+A path param (one whose value is text, e.g. a glob's items) also gives its parts, as pathlib's
+``PurePath`` names them: ``${params.tile.stem}`` (``data/tiles/t_01.npy`` -> ``t_01``), ``.name``
+(``t_01.npy``), ``.suffix`` (``.npy``) and ``.parent`` (``data/tiles``), chained left to right
+(``${params.tile.parent.name}`` -> ``tiles``).
+
 A reference that is the whole value (``shape: [${params.n}, ${params.n}]``) is replaced by the
 typed value; one inside a longer string (``path: out/${params.name}.zarr``) by its text.
 """
@@ -8,11 +13,12 @@ typed value; one inside a longer string (``path: out/${params.name}.zarr``) by i
 from __future__ import annotations
 
 import difflib
+import pathlib
 from typing import Any
 
 from flowgpu.errors import SpecError, SpecLimitError
 from flowgpu.pipeline.loader import SourceMap, limit, parse_yaml
-from flowgpu.pipeline.spec import PARAM_REF
+from flowgpu.pipeline.spec import PARAM_REF, PATH_ATTRIBUTES
 
 __all__ = ["resolve_params", "substitute", "parse_value", "set_path", "split_overrides"]
 
@@ -120,8 +126,31 @@ def resolve_params(data: dict, smap: SourceMap, overrides: dict[str, Any] | None
     return values
 
 
+def _attribute(m: Any, values: dict[str, Any], smap: SourceMap, path: tuple) -> Any:
+    """The value ``${params.name.attr...}`` in match ``m`` stands for: the param's value, or (with
+    attributes) that of a path param's ``name``, ``stem``, ``suffix`` or ``parent`` as pathlib says."""
+    name, attrs = m.group(1), m.group(2)
+    value = values[name]
+    if not attrs:
+        return value
+    allowed = ", ".join(f".{a}" for a in PATH_ATTRIBUTES)
+    if not isinstance(value, str):
+        raise smap.error(f"{m.group(0)}: param {name!r} is {type(value).__name__} ({value!r}), not a path: "
+                         f"{attrs.split('.')[1]!r} is an attribute of path params ({allowed})", path,
+                         hint=f"use ${{params.{name}}} for its value, or give a path (text) param, e.g. a glob's items")
+    for attr in attrs.split(".")[1:]:
+        if attr not in PATH_ATTRIBUTES:
+            close = difflib.get_close_matches(attr, PATH_ATTRIBUTES, n=1)
+            raise smap.error(f"{m.group(0)}: unknown attribute {attr!r} of path param {name!r}", path,
+                             hint=(f"did you mean .{close[0]}? " if close else "") + f"a path param has {allowed}, "
+                                  f"e.g. ${{params.{name}.stem}} (data/t_01.npy -> t_01)")
+        value = str(getattr(pathlib.PurePath(value), attr))
+    return value
+
+
 def substitute(data: Any, values: dict[str, Any], smap: SourceMap, path: tuple = ()) -> Any:
-    """Replace ``${params.name}`` in every string of ``data`` (but the ``params`` block itself)."""
+    """Replace ``${params.name}`` (and ``${params.name.stem}``, ...: :data:`PATH_ATTRIBUTES` of a
+    path param) in every string of ``data`` (but the ``params`` block itself)."""
     if isinstance(data, dict):
         return {k: (v if path == () and k == "params" else substitute(v, values, smap, path + (k,)))
                 for k, v in data.items()}
@@ -135,10 +164,12 @@ def substitute(data: Any, values: dict[str, Any], smap: SourceMap, path: tuple =
             hint = f"did you mean ${{params.{close[0]}}}?" if close else (
                 f"declare it under params: (defined: {', '.join(values) or 'none'})")
             raise smap.error(f"undefined param {m.group(1)!r} in {data!r}", path, hint=hint)
+        _attribute(m, values, smap, path)
     whole = PARAM_REF.fullmatch(data)
     if whole:
-        return values[whole.group(1)]
+        return _attribute(whole, values, smap, path)
     if "${" in PARAM_REF.sub("", data):
         raise smap.error(f"malformed param reference in {data!r}", path,
-                         hint="write references as ${params.name}")
-    return PARAM_REF.sub(lambda m: str(values[m.group(1)]), data)
+                         hint="write references as ${params.name} (a path param's parts: ${params.name.stem}, "
+                              ".name, .suffix, .parent)")
+    return PARAM_REF.sub(lambda m: str(_attribute(m, values, smap, path)), data)

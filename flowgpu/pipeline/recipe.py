@@ -257,7 +257,7 @@ def _param_names(data: Any) -> set[str]:
         return set().union(*map(_param_names, data.values())) if data else set()
     if isinstance(data, list):
         return set().union(*map(_param_names, data)) if data else set()
-    return set(PARAM_REF.findall(data)) if isinstance(data, str) else set()
+    return {m.group(1) for m in PARAM_REF.finditer(data)} if isinstance(data, str) else set()
 
 
 class _Hasher:

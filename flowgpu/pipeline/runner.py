@@ -38,6 +38,7 @@ from flowgpu.errors import ConfigError, FlowgpuError
 from flowgpu.fusion.classic import require_classic_graphs
 from flowgpu.io import sinks
 from flowgpu.pipeline import cache as outputs_cache
+from flowgpu.pipeline import tables
 from flowgpu.pipeline.batch import Job, execute
 from flowgpu.pipeline.checks import check_outputs, check_side_files, protected_paths, session_options
 from flowgpu.pipeline.compiler import Plan
@@ -216,6 +217,8 @@ def _run(spec: Spec, items: list[Item], session: runtime.RunSession | str | None
                     state.written = dict(jobs[0].written)
                     if report:  # the run report, of a failed run too
                         _write_report(report, spec, jobs, session, started, batch, overwrite)
+            for said in tables.write_tables(jobs, overwrite):  # every item's row, computed now or up to date
+                console.print(said, markup=False, highlight=False, soft_wrap=True)
             after = _memory_soon(session) if memory is not None and memory() is not None and not batch else None
             result = _batch_result(spec, jobs, session, started) if batch else _single_result(jobs[0], session, started)
             if report and not any(job.todo for job in jobs):  # all up to date: the report says so

@@ -39,12 +39,15 @@ from flowgpu.io.paths import resolve
 from flowgpu.pipeline.loader import format_path
 
 __all__ = [
-    "Spec", "Param", "Step", "Output", "Cluster", "Expect", "ForeachGlob", "ForeachRange", "NAME_PATTERN", "PARAM_REF", "json_schema",
+    "Spec", "Param", "Step", "Output", "Cluster", "Expect", "ForeachGlob", "ForeachRange", "NAME_PATTERN", "PARAM_REF",
+    "PATH_ATTRIBUTES", "json_schema",
     "spec_model", "input_model", "output_model",
 ]
 
 NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
-PARAM_REF = re.compile(r"\$\{params\.([A-Za-z_][A-Za-z0-9_]*)\}")
+# ``${params.name}`` and ``${params.name.stem}``: group 1 the name, group 2 the attributes (".parent.name")
+PARAM_REF = re.compile(r"\$\{params\.([A-Za-z_][A-Za-z0-9_]*)((?:\.[A-Za-z_][A-Za-z0-9_]*)*)\}")
+PATH_ATTRIBUTES = ("name", "stem", "suffix", "parent")  # of a path param, as pathlib's
 Name = Annotated[str, Field(pattern=NAME_PATTERN)]
 Scalar = Union[bool, int, float, str, None]
 
@@ -117,9 +120,10 @@ class Output(_Model):
     @model_validator(mode="after")
     def _path(self) -> "Output":
         entry = sinks.sink_entry(self.sink)
-        if entry.has(sinks.WRITES_PATH) and not self.path:
+        needs_path = entry.has(sinks.WRITES_PATH) or entry.has(sinks.COLLECTS)
+        if needs_path and not self.path:
             raise ValueError(f"a {self.sink} output needs a 'path'")
-        if not entry.has(sinks.WRITES_PATH) and self.path:
+        if not needs_path and self.path:
             raise ValueError(f"a {self.sink} output has no 'path'; choose a sink that writes a file "
                              f"({', '.join(n for n in sinks.sink_names() if sinks.sink_entry(n).has(sinks.WRITES_PATH))})")
         return self

@@ -14,13 +14,13 @@ from flowgpu.errors import SpecError
 from flowgpu.io.atomic import canonical
 from flowgpu.io.paths import shown
 from flowgpu.pipeline import cache as outputs_cache
-from flowgpu.pipeline import recipe
+from flowgpu.pipeline import recipe, tables
 from flowgpu.pipeline.batch import Job
 from flowgpu.pipeline.build import build, from_dict, load, read_params_file
 from flowgpu.pipeline.checks import check_outputs
 from flowgpu.pipeline.compiler import Plan, compile
 from flowgpu.pipeline.foreach import Item, expand, in_item
-from flowgpu.pipeline.spec import Spec
+from flowgpu.pipeline.spec import PARAM_REF, Spec
 
 __all__ = ["judge", "line", "load_spec", "plan_items", "status"]
 
@@ -38,7 +38,7 @@ def plan_items(items: list[Item], overwrite: bool, params_file: str | None, fact
         except SpecError as e:
             raise in_item(e, item) from None
         for name, out in item.spec.outputs.items():
-            if out.path is None:
+            if out.path is None or tables.collects(out):  # every item writes a row of the table
                 continue
             path = canonical(out.path)  # one file, also when a linked folder gives it two names
             if path in seen:
@@ -47,10 +47,25 @@ def plan_items(items: list[Item], overwrite: bool, params_file: str | None, fact
                 raise item.spec.error(
                     f"batch items {other.index + 1} ({other.label}) and {item.index + 1} ({item.label}) both write "
                     f"output {name!r} to {shown(out.path)!r}{through}", ("outputs", name, "path"),
-                    hint="put a foreach param in the path, e.g. path: out/${params.%s}.zarr" % next(iter(item.values)))
+                    hint=_distinct_hint(item, name))
             seen[path] = item, os.path.abspath(out.path)
+    tables.check_items(items, plans)
     _refuse_reading_another_items_output(items, plans)
     return plans
+
+
+def _distinct_hint(item: Item, output: str) -> str:
+    """How to give each item's output a path of its own: a foreach param in it, or (a path param's
+    part, such as ``.stem``, is the same for two items) more of that param's path."""
+    raw = item.spec.origin.raw if item.spec.origin is not None else {}
+    given = (raw.get("outputs") or {}).get(output, {}).get("path")  # as written: ${params...} not substituted
+    refs = PARAM_REF.finditer(given) if isinstance(given, str) else ()
+    part = next((m for m in refs if m.group(2) and m.group(1) in item.values), None)
+    if part is not None:
+        name = part.group(1)
+        return (f"their {name}s differ in a part that ${{params.{name}{part.group(2)}}} drops: keep more of it, e.g. "
+                f"${{params.{name}.parent.name}}_${{params.{name}.stem}} (folder and name)")
+    return "put a foreach param in the path, e.g. path: out/${params.%s}.zarr" % next(iter(item.values))
 
 
 def _reads(plan: Plan) -> list[tuple[str, Spec, str]]:

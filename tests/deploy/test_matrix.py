@@ -221,6 +221,8 @@ def _numpy_checks(spec: str, data: dict[str, np.ndarray], result: dict, workdir:
             want = ndimage.gaussian_filter(data[f"t{i}"].astype(np.float64), sigma=1.5, mode="reflect")
             got = np.load(workdir / f"out/tiles/t{i}.smooth.npy")
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+            row = (workdir / "out/tiles/peaks.csv").read_text().splitlines()[i + 1]
+            assert row.startswith(f"data/tiles/t{i}.npy,") and np.float32(row.split(",")[1]) == np.float32(got.max())
 
 
 @pytest.fixture(scope="module")

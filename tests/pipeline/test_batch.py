@@ -160,6 +160,29 @@ def test_two_items_writing_one_path_are_refused(tmp_path):
         pipeline.run(spec, session="local", progress=False, foreach={"seed": [1, 2], "n": [16, 32]})
 
 
+def test_two_items_whose_paths_share_a_stem_are_refused_saying_how_to_keep_them_apart(tmp_path, rng, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+        np.save(tmp_path / folder / "t.npy", rng.random((4, 3)))
+    spec = {"params": {"tile": "a/t.npy"}, "foreach": {"tile": {"glob": "*/t.npy"}},
+            "inputs": {"x": {"source": "npy", "path": "${params.tile}"}},
+            "outputs": {"o": {"from": "x", "sink": "npy", "path": "out/${params.tile.stem}.npy"}}}
+    path = _write(tmp_path / "s.yaml", spec)
+    with pytest.raises(SpecError) as e:
+        pipeline.run(path, session="local", progress=False)
+    assert "batch items 1 (tile=a/t.npy) and 2 (tile=b/t.npy) both write output 'o' to 'out/t.npy'" in e.value.message
+    assert "${params.tile.parent.name}_${params.tile.stem}" in e.value.hint
+    line = next(i for i, text in enumerate(path.read_text().splitlines(), 1) if "out/${params.tile.stem}" in text)
+    assert (e.value.file, e.value.line, e.value.path) == (str(path), line, "outputs.o.path")
+    assert not (tmp_path / "out").exists()
+    spec["outputs"]["o"]["path"] = "out/${params.tile.parent.name}_${params.tile.stem}.npy"  # as the hint says
+    result = pipeline.run(_write(tmp_path / "s.yaml", spec), session="local", progress=False)
+    for folder, item in zip("ab", result.items):
+        np.testing.assert_array_equal(np.load(item.outputs["o"]), np.load(tmp_path / folder / "t.npy"))
+        assert item.outputs["o"] == str(tmp_path / "out" / f"{folder}_t.npy")
+
+
 def chained_spec() -> dict:
     """Item p reads src/p.npy and writes d/p.out.npy: item p=x.out reads what item p=x writes when src is d."""
     return {

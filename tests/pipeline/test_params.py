@@ -56,3 +56,47 @@ def test_python_dicts_get_the_same_treatment():
     assert spec.inputs["x"].shape == [7]
     with pytest.raises(SpecError, match="undefined param 'm'"):
         from_dict({"inputs": {"x": {"source": "zeros", "shape": ["${params.m}"]}}})
+
+
+PATHS = """\
+params:
+  tile: data/tiles/t_01.npy
+  n: 3
+inputs:
+  x: {source: zeros, shape: ["${params.n}"]}
+outputs:
+  o: {from: x, sink: npy, path: "out/PATH"}
+"""
+
+
+@pytest.mark.parametrize("ref, expected", [
+    ("${params.tile.stem}.smooth.npy", "t_01.smooth.npy"),
+    ("${params.tile.name}", "t_01.npy"),
+    ("x${params.tile.suffix}", "x.npy"),
+    ("${params.tile.parent}/o.npy", "data/tiles/o.npy"),
+    ("${params.tile.parent.name}_${params.tile.stem}.npy", "tiles_t_01.npy"),
+])
+def test_a_path_param_gives_its_parts_as_pathlib_does(tmp_path, ref, expected):
+    (tmp_path / "s.yaml").write_text(PATHS.replace("PATH", ref))
+    spec = load(tmp_path / "s.yaml")
+    assert spec.outputs["o"].path == os.path.abspath(os.path.join("out", expected))
+
+
+def test_a_whole_value_path_part_is_text(tmp_path):
+    spec = from_dict({"params": {"tile": "data/a.b.npy"}, "name": "${params.tile.stem}"})
+    assert spec.name == "a.b"
+
+
+@pytest.mark.parametrize("ref, message, hint", [
+    ("${params.n.stem}", "param 'n' is int (3), not a path: 'stem' is an attribute of path params "
+                         "(.name, .stem, .suffix, .parent)", "use ${params.n} for its value"),
+    ("${params.tile.stm}", "unknown attribute 'stm' of path param 'tile'", "did you mean .stem?"),
+    ("${params.tile.parent.size}", "unknown attribute 'size' of path param 'tile'", ".name, .stem, .suffix, .parent"),
+])
+def test_a_bad_path_part_is_refused_where_it_is(tmp_path, ref, message, hint):
+    (tmp_path / "s.yaml").write_text(PATHS.replace("PATH", ref))
+    with pytest.raises(SpecError) as e:
+        load(tmp_path / "s.yaml")
+    assert (e.value.line, e.value.col, e.value.path) == (7, 33, "outputs.o.path")
+    assert message in e.value.message and hint in e.value.hint
+    assert str(e.value).startswith(f"{tmp_path / 's.yaml'}:7:33: outputs.o.path: ")

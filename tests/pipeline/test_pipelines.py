@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import csv
+import importlib.util
 import json
 import os
 import pathlib
@@ -44,12 +46,26 @@ def small(name, tmp_path, stack_path):
         "transpose_sum.yaml": {"params.n": 60, "params.chunk": 25},
         "denoise.yaml": {"params.input": stack_path, "params.out": out + "/d.zarr", "params.sigma": 1.5},
         "denoise_synthetic.yaml": {"params.frames": 2, "params.size": 48, "params.out": out + "/d.zarr"},
+        "tile_stats.yaml": {"params.sigma": 1.5, "params.out": out},
     }[name]
 
 
+def _make_tiles(rng):
+    """pipelines/make_tiles.py, as a user runs it before tile_stats.yaml (in the working directory)."""
+    spec = importlib.util.spec_from_file_location("make_tiles", ROOT / "make_tiles.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.make_tiles("data/tiles", count=3, size=40, seed=int(rng.integers(2**31)))
+
+
+DATA = {"tile_stats.yaml": _make_tiles}  # specs whose data a script makes
+
+
 @pytest.mark.parametrize("name", SPECS)
-def test_shipped_spec_validates_and_runs(name, tmp_path, stack, monkeypatch):
+def test_shipped_spec_validates_and_runs(name, tmp_path, stack, monkeypatch, rng):
     monkeypatch.chdir(tmp_path)
+    if name in DATA:
+        DATA[name](rng)
     overrides = small(name, tmp_path, stack[1])
     pipeline.validate(ROOT / name, overrides)
     result = pipeline.run(ROOT / name, overrides=overrides, session="local", progress=False)
@@ -101,12 +117,28 @@ def _denoise(result, x):
     np.testing.assert_allclose(got, ndimage.gaussian_filter(x, sigma=[0, 1.5, 1.5]), rtol=1e-5, atol=1e-6)
 
 
+def _tile_stats(result, _):
+    from scipy import ndimage
+
+    with open(result.items[0].outputs["smoothed"].rsplit("/", 1)[0] + "/stats.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["tile"] for r in rows] == [f"data/tiles/tile_{i:02d}.npy" for i in range(3)]
+    for row, item in zip(rows, result.items, strict=True):
+        x = np.load(item.params["tile"]).astype("float64")
+        want = ndimage.gaussian_filter(x, sigma=1.5)
+        assert item.outputs["smoothed"].endswith(f"/{os.path.basename(item.params['tile'])[:-4]}.smooth.npy")
+        np.testing.assert_allclose(np.load(item.outputs["smoothed"]), want, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose([float(row[c]) for c in ("mean", "std", "peak")], [want.mean(), want.std(), want.max()],
+                                   rtol=1e-4)
+        assert abs(int(row["bright"]) - int((want > 0.5).sum())) <= 2  # float32 against float64 at the threshold
+
+
 def _denoise_synthetic(result, _):
     assert result.outputs["mse_denoised"] < 0.5 * result.outputs["mse_noisy"]
 
 
 CHECKS = {"quickstart.yaml": _quickstart, "quickstart_batch.yaml": _quickstart_batch, "standardize.yaml": _standardize, "transpose_sum.yaml": _transpose_sum,
-          "denoise.yaml": _denoise, "denoise_synthetic.yaml": _denoise_synthetic}
+          "denoise.yaml": _denoise, "denoise_synthetic.yaml": _denoise_synthetic, "tile_stats.yaml": _tile_stats}
 
 
 def test_quickstart_through_the_cli_on_a_cluster(tmp_path, monkeypatch, cpu_session):

@@ -1,0 +1,158 @@
+"""Table outputs (``sink: table``): one row per batch item, checked before anything runs, written
+once every item of the batch is done.
+
+Each output with ``sink: table`` is computed, cached and reported like a ``summary`` output (its
+value is in the run summary and in ``flowgpu status --json`` as before); the outputs that name one
+``path`` are the columns of that table, in the spec's order, after the item's foreach params. So a
+rerun in which some items are up to date still writes every row (their values come from the
+cache), and an item whose input changed gets its row recomputed. A plain run is one row. A path
+with a foreach param in it (``out/stats-${params.n}.csv``) makes one table per value, each with the
+rows of its items. The file is written only when all of its items succeeded (``--keep-going``
+with a failed item leaves the old table as it was, and says so), and not at all when it already
+holds the same rows. What a column may hold: :mod:`flowgpu.io.table`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from flowgpu.io import sinks, table
+from flowgpu.io.atomic import canonical
+from flowgpu.io.paths import shown
+from flowgpu.pipeline.loader import SourceMap
+from flowgpu.pipeline.spec import Spec
+
+__all__ = ["collects", "check_column", "check_path", "check_items", "write_tables"]
+
+
+def collects(out: Any) -> bool:
+    """Whether output ``out`` goes into a table (its sink collects values across a batch's items)."""
+    return sinks.sink_entry(out.sink).has(sinks.COLLECTS)
+
+
+def check_column(smap: SourceMap, name: str, x: Any) -> None:
+    """Refuse (at ``outputs.NAME.from``) a table output that is not a scalar or a short 1-D array of
+    numbers, booleans or text."""
+    dtype, shape = np.dtype(x.dtype), tuple(x.shape)
+    where = ("outputs", name, "from")
+    if dtype.kind not in table.KINDS:
+        fix = "take its real and imaginary parts as two outputs (ops real, imag)" if dtype.kind == "c" else \
+            "cast it (op astype) or write it with an array sink (npy, zarr)"
+        raise smap.error(f"output {name!r} is {dtype}: a table holds numbers, booleans and text", where, hint=fix)
+    if len(shape) > 1 or (len(shape) == 1 and not (shape[0] == shape[0] and shape[0] <= table.MAX_VALUES)):
+        shown_shape = tuple(None if d != d else int(d) for d in shape)
+        raise smap.error(f"output {name!r} has shape {shown_shape}: a table column holds a scalar, or a 1-D array of "
+                         f"at most {table.MAX_VALUES} values (one column each)", where,
+                         hint="reduce it to a few values (e.g. op: mean, max or percentile), or write it with an array "
+                              "sink (npy, zarr)")
+
+
+def check_path(spec: Spec, name: str, path: str) -> None:
+    """Refuse (at ``outputs.NAME.path``) a table path that is neither ``.csv`` nor ``.parquet``, and
+    a Parquet table where pyarrow is not installed."""
+    fmt = table.table_format(path)
+    where = ("outputs", name, "path")
+    if fmt is None:
+        raise spec.error(f"output {name!r}: a table is written as CSV or Parquet, and {shown(path)!r} ends in neither "
+                         ".csv nor .parquet", where, hint="e.g. path: out/stats.csv")
+    if fmt == "parquet" and not table.has_pyarrow():
+        raise spec.error(f"output {name!r}: writing a Parquet table needs pyarrow, which is not installed", where,
+                         hint="install it (pip install pyarrow, here where the run starts), or write CSV: a path "
+                              "ending in .csv")
+
+
+@dataclass
+class _Table:
+    """One table file: its path, its header, and its items (with the plan each was compiled to)."""
+
+    path: str
+    header: list[str]
+    first: Any  # the item that gave the header
+    outputs: list[str]
+    members: list[tuple[Any, Any]] = field(default_factory=list)  # (item, plan) or (job, plan)
+
+
+def _params(item: Any) -> dict[str, Any]:
+    """The param columns of ``item``'s row: its foreach params, and those of the spec's ``foreach:``
+    block pinned by ``--set`` (so a rerun of one item has the batch's columns)."""
+    given = item.spec.origin.params if item.spec.origin is not None else {}
+    pinned = {n: given[n] for n in item.spec.foreach if n not in item.values and n in given}
+    return {**item.values, **pinned}
+
+
+def _columns(item: Any, plan: Any, outputs: list[str]) -> list[str]:
+    return [*_params(item), *(c for n in outputs for c in table.column_names(n, plan.outputs[n].shape))]
+
+
+def _gather(pairs: list[tuple[Any, Any, Any]]) -> dict[str, _Table]:
+    """The tables of a batch: ``pairs`` are ``(item, plan, what to keep)`` (what: the item or its job)."""
+    found: dict[str, _Table] = {}
+    for item, plan, what in pairs:
+        mine: dict[str, list[str]] = {}
+        for name, out in item.spec.outputs.items():
+            if out.path is not None and collects(out):
+                mine.setdefault(canonical(out.path), []).append(name)
+        for key, outputs in mine.items():
+            header = _columns(item, plan, outputs)
+            t = found.setdefault(key, _Table(item.spec.outputs[outputs[0]].path, header, item, outputs))
+            if header != t.header:
+                raise item.spec.error(
+                    f"batch items {t.first.index + 1} ({t.first.label}) and {item.index + 1} ({item.label}) give the "
+                    f"table {shown(t.path)!r} different columns: {', '.join(t.header)} and {', '.join(header)}",
+                    ("outputs", outputs[0], "path"),
+                    hint="the rows of a table have the same columns: give the items outputs of one shape, or a table "
+                         "each (a foreach param in the path)")
+            t.members.append((what, plan))
+    return found
+
+
+def check_items(items: list[Any], plans: list[Any]) -> None:
+    """Refuse a batch whose table would have two columns of one name, rows of different columns, or
+    whose table is another output's file."""
+    found = _gather([(item, plan, item) for item, plan in zip(items, plans)])
+    files = {canonical(o.path): (item, n) for item in items for n, o in item.spec.outputs.items()
+             if o.path is not None and not collects(o)}
+    for key, t in found.items():
+        item, first = t.first, t.outputs[0]
+        if key in files:
+            other, name = files[key]
+            raise item.spec.error(f"output {first!r} collects into the table {shown(t.path)!r}, which output {name!r} "
+                                  f"of batch item {other.index + 1} ({other.label}) writes too"
+                                  if len(items) > 1 else f"output {first!r} collects into the table {shown(t.path)!r}, "
+                                  f"which output {name!r} writes too", ("outputs", first, "path"),
+                                  hint="give the table a path of its own")
+        seen: set[str] = set()
+        for column in t.header:
+            if column in seen:
+                raise item.spec.error(
+                    f"the table {shown(t.path)!r} would have two columns {column!r} (its columns: the foreach params "
+                    f"{', '.join(_params(item)) or '(none)'}, then the outputs {', '.join(t.outputs)})",
+                    ("outputs", first, "path"), hint="rename the output, so each column has a name of its own")
+            seen.add(column)
+
+
+def write_tables(jobs: list[Any], overwrite: bool = False) -> list[str]:
+    """Write every table of the batch ``jobs`` ran (:class:`flowgpu.pipeline.batch.Job`): a row per
+    item, from its computed or cached values; returns a line to say of each."""
+    said = []
+    for t in _gather([(job.item, job.plan, job) for job in jobs]).values():
+        missing = [job for job, _ in t.members if job.status not in ("ok", "up-to-date")]
+        if missing:
+            said.append(f"table {shown(t.path)}: not written, {len(missing)} of {len(t.members)} items did not "
+                        "complete (the file is as it was)")
+            continue
+        rows = []
+        for job, plan in t.members:
+            values = {**job.cached, **job.values}
+            row = list(_params(job.item).values())
+            for name in t.outputs:
+                x = plan.outputs[name]
+                row += table.cells(values[name], x.dtype, x.shape)
+            rows.append(row)
+        wrote = table.write(t.path, table.render(t.path, t.header, rows), overwrite)
+        said.append(f"table {shown(t.path)}: {len(rows)} row{'s' if len(rows) != 1 else ''}, "
+                    f"{'written' if wrote else 'up to date'}")
+    return said
