@@ -39,14 +39,18 @@ def target_chunk_bytes() -> int:
     return max(int(cap), _MIN_CHUNK)
 
 
-def resolve_chunks(chunks: Any, shape: tuple[int, ...], dtype: Any) -> tuple:
-    """Normalise ``chunks`` for an array of ``shape``/``dtype``; ``"auto"`` uses the worker budget."""
+def resolve_chunks(chunks: Any, shape: tuple[int, ...], dtype: Any, previous: tuple[int, ...] | None = None) -> tuple:
+    """Normalise ``chunks`` for an array of ``shape``/``dtype``; ``"auto"`` uses the worker budget.
+
+    ``previous``: the stored data's own chunks (an HDF5 dataset's); ``"auto"`` blocks are then whole
+    multiples of them, so no stored chunk is read by two tasks.
+    """
     dtype = np.dtype(dtype)
     try:
         if chunks is None or chunks == "auto" or (isinstance(chunks, (tuple, list)) and "auto" in chunks):
             limit = target_chunk_bytes()
-            out = _balanced(normalize_chunks("auto" if chunks is None else chunks, shape, limit=limit, dtype=dtype),
-                            chunks)
+            out = _balanced(normalize_chunks("auto" if chunks is None else chunks, shape, limit=limit, dtype=dtype,
+                                             previous_chunks=previous), chunks, previous)
         else:
             out = normalize_chunks(chunks, shape, dtype=dtype)
     except ZeroDivisionError:  # dask divides by each given block length
@@ -61,23 +65,27 @@ def resolve_chunks(chunks: Any, shape: tuple[int, ...], dtype: Any) -> tuple:
     return out
 
 
-def _balanced(chunks: tuple, asked: Any) -> tuple:
+def _balanced(chunks: tuple, asked: Any, previous: tuple[int, ...] | None = None) -> tuple:
     """Spread each automatically sized axis evenly over the same number of blocks.
 
     dask's ``"auto"`` fills blocks up to the limit and leaves a ragged last one (40000 rows at
     32768 a block: 32768 + 7232). Each block is a task, so a small last one costs as much
     scheduling as a full one and leaves threads idle at the end: 20000 + 20000 does the same
-    work in as many tasks, evenly. No block grows.
+    work in as many tasks, evenly. No block grows. With ``previous`` (stored chunks) blocks stay
+    whole multiples of them (all but the last).
     """
     auto = [True] * len(chunks)
     if isinstance(asked, (tuple, list)):
         auto = [a == "auto" or a == -1 or a is None for a in asked]
     out = []
-    for c, a in zip(chunks, auto):
+    for i, (c, a) in enumerate(zip(chunks, auto)):
         n, total = len(c), sum(c)
         if a and n > 1 and max(c) != min(c):
-            base, extra = divmod(total, n)
-            c = tuple(base + (1 if i < extra else 0) for i in range(n))
+            unit = max(1, int(previous[i])) if previous else 1
+            base, extra = divmod(-(-total // unit), n)  # stored chunks per block
+            sizes = [(base + (1 if j < extra else 0)) * unit for j in range(n)]
+            sizes[-1] -= sum(sizes) - total  # the last block ends at the array's end
+            c = tuple(sizes)
         out.append(tuple(c))
     return tuple(out)
 
