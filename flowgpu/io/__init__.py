@@ -1,4 +1,4 @@
-"""Sources and sinks: .npy and Zarr, synthetic data, Python callables, with atomic writes."""
+"""Sources and sinks: .npy and Zarr, HDF5 and TIFF (read), synthetic data, Python callables, with atomic writes."""
 
 from flowgpu.io.atomic import AtomicPath, atomic_output, check_writable, written_by_flowgpu
 from flowgpu.io.hdf5 import from_hdf5

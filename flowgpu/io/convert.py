@@ -69,12 +69,13 @@ def choose_layout(shape: tuple, dtype: Any, chunk_bytes: int | None = None,
     return chunks, (None if shards == chunks else shards)
 
 
-SOURCES = "a .npy file, a Zarr store, an HDF5 file (with --component DATASET) or a TIFF stack (a multi-page file or a " \
-          "quoted glob of pages)"
+SOURCES = ("a .npy file, a Zarr store, an HDF5 file (with --component DATASET) or a TIFF stack (a multi-page file "
+           "or a quoted glob of pages)")
 
 
 def _kind(src: str) -> str:
-    """What ``src`` holds, from its first bytes: ``npy``, ``zarr`` (a folder), ``tiff`` (or a glob of pages), ``hdf5``."""
+    """What ``src`` holds, from its first bytes: ``npy``, ``zarr`` (a folder), ``tiff`` (or a glob of pages),
+    ``hdf5``."""
     if is_glob(src):
         return "tiff"
     if not os.path.exists(src):

@@ -159,8 +159,13 @@ class TiffReader:
                     for j in range(a, b):
                         i = first + j
                         if tif is not None:
-                            page = self._check(tif.pages[i], f"page {i} of {self.files[0]}")
-                            _read(page, out[j - a], whole, rest)
+                            try:
+                                page = tif.pages[i]
+                            except IndexError:
+                                raise OSError(f"{self.files[0]} holds fewer pages than the {self.shape[0]} the run "
+                                              "was planned for; the file changed after the run was planned: run "
+                                              "again") from None
+                            _read(self._check(page, f"page {i} of {self.files[0]}"), out[j - a], whole, rest)
                         else:
                             with tifffile.TiffFile(self.files[i]) as one:
                                 _read(self._check(one.pages[0], self.files[i]), out[j - a], whole, rest)

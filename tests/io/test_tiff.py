@@ -117,6 +117,19 @@ def test_bad_paths_are_one_clear_error(tmp_path, multipage):
         fg.from_tiff(str(tmp_path / "gone.tif"))
 
 
+def test_a_stack_changed_after_planning_is_an_error_not_other_values(multipage, pages, rng):
+    path, want = multipage
+    x = fg.from_tiff(path, chunks=[5, -1, -1])
+    tifffile.imwrite(path, want[:8])
+    with pytest.raises(OSError, match="holds fewer pages than the 23 the run was planned for"):
+        x.compute()
+    glob_path, _ = pages
+    y = fg.from_tiff(glob_path, chunks=[5, -1, -1])
+    tifffile.imwrite(glob_path.replace("*", "3"), rng.random((5, 5)).astype("float32"))
+    with pytest.raises(OSError, match=r"page_3.tif is now a \(5, 5\) float32 page, but the run was planned for"):
+        y.compute()
+
+
 def test_missing_tifffile_says_how_to_install(monkeypatch, multipage):
     monkeypatch.setitem(sys.modules, "tifffile", None)
     with pytest.raises(ConfigError, match=r"needs tifffile.*pip install 'flowgpu\[formats\]'"):

@@ -106,7 +106,8 @@ def test_a_page_that_does_not_match_is_named_at_the_path(project, rng):
     tifffile.imwrite(folder / "data" / "pages" / "page_4.tif", rng.integers(0, 9, (16, 15)).astype("uint16"))
     err = _error(folder, SPEC)
     assert (err.line, err.path) == (7, "inputs.pages.path")
-    assert "page_4.tif' holds a (16, 15) uint16 page, but" in str(err) and "page_0.tif' holds (16, 14) uint16" in str(err)
+    assert "page_4.tif' holds a (16, 15) uint16 page, but" in str(err)
+    assert "page_0.tif' holds (16, 14) uint16" in str(err)
 
 
 def test_the_cli_says_it_in_one_line_without_a_traceback(project):
