@@ -110,6 +110,15 @@ def test_a_page_that_does_not_match_is_named_at_the_path(project, rng):
     assert "page_0.tif' holds (16, 14) uint16" in str(err)
 
 
+def test_no_output_replaces_the_pages_of_a_glob(project):
+    folder, _ = project
+    (folder / "bad.yaml").write_text(SPEC.replace("path: out/brightest.npy", "path: data/pages"))
+    with pytest.raises(SpecError, match=r"output 'brightest' would replace 'data/pages', which contains input "
+                                        r"'pages' \(data/pages/page_0.tif\)"):
+        pipeline.validate(folder / "bad.yaml", overwrite=True)
+    assert len(os.listdir(folder / "data" / "pages")) == 11
+
+
 def test_the_cli_says_it_in_one_line_without_a_traceback(project):
     folder, _ = project
     (folder / "bad.yaml").write_text(SPEC.replace("data/pages/page_*.tif", "data/nothing/*.tif"))
