@@ -13,6 +13,7 @@ file is opened.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from typing import Any
@@ -151,8 +152,10 @@ class TiffReader:
         shape = tuple(k.stop - k.start for k in key)
         first, rest = key[0].start, key[1:]
         whole = all(k.start == 0 and k.stop == n for k, n in zip(rest, self.shape[1:]))
-        lock = threading.Lock()  # tifffile's file handles are not thread-safe; fills may run on several threads
         tif = tifffile.TiffFile(self.files[0]) if self.multipage else None
+        # fills may run on several threads: one file handle (not thread-safe) is read by one at a time;
+        # a glob's pages, each its own file, are decoded in parallel
+        lock = threading.Lock() if tif is not None else contextlib.nullcontext()
         try:
             def fill(out: np.ndarray, a: int, b: int) -> None:
                 with lock:

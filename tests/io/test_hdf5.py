@@ -158,14 +158,17 @@ def test_device_reads_of_compressed_chunks_decode_into_staging(tmp_path, rng, mo
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("layout", ["contiguous", "gzip-chunks"])
-@pytest.mark.parametrize("chunks", [(50, -1), (40, 300)], ids=["row-blocks", "column-blocks"])
-def test_gpu_from_hdf5_matches_the_file(tmp_path, rng, layout, chunks):
+@pytest.mark.parametrize("chunks", [(400, -1), (800, 2000), (50, 300)], ids=["row-blocks", "column-blocks", "small"])
+def test_gpu_from_hdf5_matches_the_file(tmp_path, rng, monkeypatch, layout, chunks):
+    """Blocks of 4.8 and 6.4 MB go through the staging buffers (1 MiB slices: several per block), the small
+    ones through cupy.asarray; row blocks of the contiguous dataset are read from the file directly."""
     import cupy as cp
 
-    want = rng.standard_normal((400, 3000)).astype("float32")
+    monkeypatch.setattr(staging, "STAGING_BYTES", 1 << 20)
+    want = rng.standard_normal((1600, 3000)).astype("float32")
     path = str(tmp_path / "g.h5")
     with h5py.File(path, "w") as f:
-        f.create_dataset("/g/x", data=want, **({"chunks": (25, 1000), "compression": "gzip"}
+        f.create_dataset("/g/x", data=want, **({"chunks": (100, 1000), "compression": "gzip"}
                                                 if layout == "gzip-chunks" else {}))
     with dask.config.set({"array.backend": "cupy", "scheduler": "threads"}):
         x = fg.from_hdf5(path, "/g/x", chunks=chunks)

@@ -163,3 +163,23 @@ def test_gpu_from_tiff_matches_the_pages(request, kind):
         got = x.compute()
     assert isinstance(got, cp.ndarray)
     np.testing.assert_array_equal(cp.asnumpy(got), want)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("multi", [True, False], ids=["multipage", "pages"])
+def test_gpu_large_page_blocks_stage_through_pinned_buffers(tmp_path, rng, monkeypatch, multi):
+    """Blocks of 5 MiB (10 pages of 512 x 512 uint16) are decoded into 1 MiB staging slices."""
+    import cupy as cp
+
+    monkeypatch.setattr(staging, "STAGING_BYTES", 1 << 20)
+    want = rng.integers(0, 60000, (24, 512, 512)).astype("uint16")
+    if multi:
+        path = str(tmp_path / "big.tif")
+        tifffile.imwrite(path, want, compression="zlib")
+    else:
+        for i, page in enumerate(want):
+            tifffile.imwrite(tmp_path / f"f{i}.tif", page)
+        path = str(tmp_path / "f*.tif")
+    with dask.config.set({"array.backend": "cupy", "scheduler": "threads"}):
+        got = fg.from_tiff(path, chunks=[10, -1, -1]).compute()
+    np.testing.assert_array_equal(cp.asnumpy(got), want)
