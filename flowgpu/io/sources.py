@@ -2,9 +2,8 @@
 
 Built in: ``random``, ``normal``, ``zeros``, ``ones``, ``full``, ``arange`` (synthetic, through
 :mod:`flowgpu.arrays`), ``zarr``, ``npy``, ``hdf5``, ``tiff`` and ``python`` (a callable given by
-import path). Each
-has a pydantic model of its options (below), from which the pipeline spec model and ``flowgpu
-schema`` are generated. Add more with :func:`register_source` or the ``flowgpu.sources``
+import path). Each has a pydantic model of its options (below), from which the pipeline spec model
+and ``flowgpu schema`` are generated. Add more with :func:`register_source` or the ``flowgpu.sources``
 entry-point group: a plain function ``f(**options) -> dask.array.Array`` whose type-hinted
 signature becomes its options model.
 """

@@ -13,9 +13,9 @@ copies run on the calling thread's current CUDA stream (its per-thread default s
 ``CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1``), so several worker threads stage at once.
 
 :func:`host_to_device`, :func:`file_rows_to_device` and :func:`rows_to_device` are how
-``flowgpu.to_device``, ``flowgpu.from_npy``, the Zarr device reader and the HDF5 and TIFF
-sources put host data on the device: they call them
-directly, so every process stages through pinned buffers, whatever it imported before.
+``flowgpu.to_device``, ``flowgpu.from_npy``, the Zarr device reader and the HDF5 and TIFF sources
+put host data on the device: they call them directly, so every process stages through pinned
+buffers, whatever it imported before.
 """
 
 from __future__ import annotations
