@@ -4,7 +4,7 @@ Where things live:
 
 * :mod:`flowgpu.runtime` starts or joins the cluster (:class:`Session`);
 * :mod:`flowgpu.arrays` creates chunked arrays and moves chunks between host and device;
-* :mod:`flowgpu.io` reads and writes ``.npy`` and Zarr;
+* :mod:`flowgpu.io` reads and writes ``.npy`` and Zarr, and reads HDF5 and TIFF;
 * :mod:`flowgpu.ops`, :mod:`flowgpu.kernels`, :mod:`flowgpu.pipeline` build pipelines.
 
 Everything is imported on first use, so ``import flowgpu`` is instant and never imports CuPy.
@@ -33,6 +33,8 @@ _EXPORTS = {
     "to_numpy": "flowgpu.arrays.movement",
     "from_npy": "flowgpu.io.npy",
     "to_npy": "flowgpu.io.npy",
+    "from_hdf5": "flowgpu.io.hdf5",
+    "from_tiff": "flowgpu.io.tiff",
     "from_zarr": "flowgpu.io.zarr",
     "to_zarr": "flowgpu.io.zarr",
     "op": "flowgpu.ops.registry",
@@ -73,7 +75,9 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from flowgpu.arrays.movement import to_device, to_host, to_numpy
     from flowgpu.backend import gpu_count, has_gpu
     from flowgpu.errors import FlowgpuError, SpecError
+    from flowgpu.io.hdf5 import from_hdf5
     from flowgpu.io.npy import from_npy, to_npy
+    from flowgpu.io.tiff import from_tiff
     from flowgpu.io.zarr import from_zarr, to_zarr
     from flowgpu.fusion import fuse, optimize
     from flowgpu.kernels import dlpack_map, guvectorize, kernel, vectorize

@@ -10,6 +10,7 @@ from __future__ import annotations
 __all__ = [
     "FlowgpuError",
     "ConfigError",
+    "SourceError",
     "QueryPlanningError",
     "ImportPathError",
     "PathNotVisibleError",
@@ -37,6 +38,15 @@ class FlowgpuError(Exception):
 
 class ConfigError(FlowgpuError, ValueError):
     """A bad option value: unknown backend, unparsable memory limit, ..."""
+
+
+class SourceError(ConfigError):
+    """A source that cannot be opened as its options say (a dataset not in the file, pages that do
+    not stack); ``option`` names the option at fault, so a spec's error points at it."""
+
+    def __init__(self, message: str, option: str | None = None):
+        self.option = option
+        super().__init__(message)
 
 
 class QueryPlanningError(ConfigError):

@@ -39,14 +39,19 @@ def target_chunk_bytes() -> int:
     return max(int(cap), _MIN_CHUNK)
 
 
-def resolve_chunks(chunks: Any, shape: tuple[int, ...], dtype: Any) -> tuple:
-    """Normalise ``chunks`` for an array of ``shape``/``dtype``; ``"auto"`` uses the worker budget."""
+def resolve_chunks(chunks: Any, shape: tuple[int, ...], dtype: Any, previous: tuple[int, ...] | None = None) -> tuple:
+    """Normalise ``chunks`` for an array of ``shape``/``dtype``; ``"auto"`` uses the worker budget.
+
+    ``previous``: the stored data's own chunks (an HDF5 dataset's); ``"auto"`` blocks are then whole
+    multiples of them, so no stored chunk is read by two tasks.
+    """
     dtype = np.dtype(dtype)
     try:
         if chunks is None or chunks == "auto" or (isinstance(chunks, (tuple, list)) and "auto" in chunks):
             limit = target_chunk_bytes()
-            out = _balanced(normalize_chunks("auto" if chunks is None else chunks, shape, limit=limit, dtype=dtype),
-                            chunks)
+            stored = _stored_multiples(chunks, shape, previous, limit // dtype.itemsize) if previous else None
+            out = _balanced(stored or normalize_chunks("auto" if chunks is None else chunks, shape, limit=limit,
+                                                       dtype=dtype), chunks, previous if stored else None)
         else:
             out = normalize_chunks(chunks, shape, dtype=dtype)
     except ZeroDivisionError:  # dask divides by each given block length
@@ -61,23 +66,51 @@ def resolve_chunks(chunks: Any, shape: tuple[int, ...], dtype: Any) -> tuple:
     return out
 
 
-def _balanced(chunks: tuple, asked: Any) -> tuple:
+def _auto_axes(asked: Any, ndim: int) -> list[bool]:
+    if isinstance(asked, (tuple, list)):
+        return [a == "auto" or a == -1 or a is None for a in asked]
+    return [True] * ndim
+
+
+def _stored_multiples(asked: Any, shape: tuple, previous: tuple, items: int) -> tuple | None:
+    """Blocks of whole stored chunks (``previous``) within ``items`` elements where one stored chunk
+    fits, cut from the leading automatic axes first (a C-ordered block keeps whole rows); never
+    less than one stored chunk an axis. None when ``asked`` lists blocks by hand (then dask's rule)."""
+    if len(previous) != len(shape) or not all(previous):
+        return None
+    entries = list(asked) if isinstance(asked, (tuple, list)) else ["auto"] * len(shape)
+    if len(entries) != len(shape) or any(isinstance(e, (tuple, list)) for e in entries):
+        return None
+    shrink = [e is None or e == "auto" for e in entries]
+    sizes = [n if s else max(normalize_chunks((e,), (n,))[0], default=0) for e, s, n in zip(entries, shrink, shape)]
+    for i in (i for i in range(len(shape)) if shrink[i]):
+        total = int(np.prod(sizes, dtype=np.int64))
+        if total <= items or sizes[i] == 0:
+            break
+        unit = max(1, min(int(previous[i]), shape[i]))
+        others = max(1, total // sizes[i])
+        sizes[i] = max(unit, min(sizes[i], (items // others) // unit * unit))
+    return normalize_chunks(tuple(max(1, n) for n in sizes), shape)
+
+
+def _balanced(chunks: tuple, asked: Any, previous: tuple[int, ...] | None = None) -> tuple:
     """Spread each automatically sized axis evenly over the same number of blocks.
 
     dask's ``"auto"`` fills blocks up to the limit and leaves a ragged last one (40000 rows at
     32768 a block: 32768 + 7232). Each block is a task, so a small last one costs as much
     scheduling as a full one and leaves threads idle at the end: 20000 + 20000 does the same
-    work in as many tasks, evenly. No block grows.
+    work in as many tasks, evenly. No block grows. With ``previous`` (stored chunks) blocks stay
+    whole multiples of them (all but the last).
     """
-    auto = [True] * len(chunks)
-    if isinstance(asked, (tuple, list)):
-        auto = [a == "auto" or a == -1 or a is None for a in asked]
     out = []
-    for c, a in zip(chunks, auto):
+    for i, (c, a) in enumerate(zip(chunks, _auto_axes(asked, len(chunks)))):
         n, total = len(c), sum(c)
         if a and n > 1 and max(c) != min(c):
-            base, extra = divmod(total, n)
-            c = tuple(base + (1 if i < extra else 0) for i in range(n))
+            unit = max(1, int(previous[i])) if previous else 1
+            base, extra = divmod(-(-total // unit), n)  # stored chunks per block
+            sizes = [(base + (1 if j < extra else 0)) * unit for j in range(n)]
+            sizes[-1] -= sum(sizes) - total  # the last block ends at the array's end
+            c = tuple(sizes)
         out.append(tuple(c))
     return tuple(out)
 

@@ -1,4 +1,4 @@
-"""``flowgpu convert``: a ``.npy`` file or Zarr array rewritten as a GPU-friendly Zarr 3 store."""
+"""``flowgpu convert``: a ``.npy`` file, Zarr array, HDF5 dataset or TIFF stack rewritten as a GPU-friendly Zarr 3 store."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ class _Bytes(click.ParamType):
 
 
 @click.command()
-@click.argument("src", type=click.Path(exists=True))
+@click.argument("src")
 @click.argument("dst", type=click.Path())
 @click.option("--codec", type=click.Choice(CODECS), default="zstd", show_default=True,
               help="Compressor of the new store (nvCOMP decodes both; zstd is the smaller, and on an H200 reads "
@@ -40,7 +40,8 @@ class _Bytes(click.ParamType):
 @click.option("--shard-bytes", type=_Bytes(), default=None,
               help="Bytes of one shard, what one task reads (default: the chunk size the workers' budget allows, "
                    "at most 1GiB).")
-@click.option("--component", default=None, help="The array inside a Zarr group SRC.")
+@click.option("--component", default=None,
+              help="The array inside SRC: a Zarr group's component, or an HDF5 dataset's path such as /group/temp.")
 @click.option("--backend", type=click.Choice(["auto", "gpu", "cpu"]), default=None,
               help="Where to encode: gpu (nvCOMP), cpu (zarr), auto (the GPU when there is one).")
 @click.option("--workers", "n_workers", type=click.IntRange(min=1), default=None, help="Workers of a CPU cluster.")
@@ -52,8 +53,9 @@ class _Bytes(click.ParamType):
 def convert(src: str, dst: str, codec: str, level: int | None, chunk_bytes: int | None, shard_bytes: int | None,
             component: str | None, backend: str | None, n_workers: int | None, overwrite: bool, checksum: bool | None,
             as_json: bool) -> None:
-    """Rewrite SRC (a .npy file or a Zarr array) as a Zarr 3 store DST that the GPU decodes (nvCOMP codec,
-    chunks and shards sized for the workers). DST appears only when complete."""
+    """Rewrite SRC (a .npy file, a Zarr array, an HDF5 dataset, a multi-page TIFF file or a quoted glob of
+    TIFF pages such as 'pages/*.tif') as a Zarr 3 store DST that the GPU decodes (nvCOMP codec, chunks and
+    shards sized for the workers). DST appears only when complete."""
     check(src, dst, codec=codec, chunk_bytes=chunk_bytes, overwrite=overwrite)  # bad input: before any cluster
     options = {k: v for k, v in (("backend", backend), ("n_workers", n_workers)) if v is not None}
     with Session(dashboard_address=None, **options):

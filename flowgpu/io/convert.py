@@ -1,4 +1,5 @@
-"""Rewrite a ``.npy`` file or a Zarr array as a GPU-friendly Zarr 3 store (``flowgpu convert``).
+"""Rewrite a ``.npy`` file, a Zarr array, an HDF5 dataset or a TIFF stack as a GPU-friendly Zarr 3
+store (``flowgpu convert``).
 
 GPU-friendly: a codec nvCOMP decodes (zstd by default, or lz4), inner chunks small enough for
 nvCOMP's batched decoders to run many at once (``chunk_bytes``, 64 KiB by default, at most 16 MiB)
@@ -19,7 +20,10 @@ from flowgpu.arrays.chunks import target_chunk_bytes
 from flowgpu.errors import ConfigError, FlowgpuError
 from flowgpu.io.atomic import atomic_output, check_writable, output_error, protected_paths, replaces_protected
 from flowgpu.io.devcodec import MAX_CHUNK_BYTES
+from flowgpu.io.hdf5 import from_hdf5, is_hdf5
 from flowgpu.io.npy import from_npy
+from flowgpu.io.paths import is_glob
+from flowgpu.io.tiff import from_tiff, is_tiff, tiff_files
 from flowgpu.io.zarr import from_zarr, store_zarr
 from flowgpu.io.zarrwrite import CODECS, INNER_BYTES
 
@@ -65,25 +69,51 @@ def choose_layout(shape: tuple, dtype: Any, chunk_bytes: int | None = None,
     return chunks, (None if shards == chunks else shards)
 
 
-def _open(src: str, component: str | None):
+SOURCES = ("a .npy file, a Zarr store, an HDF5 file (with --component DATASET) or a TIFF stack (a multi-page file "
+           "or a quoted glob of pages)")
+
+
+def _kind(src: str) -> str:
+    """What ``src`` holds, from its first bytes: ``npy``, ``zarr`` (a folder), ``tiff`` (or a glob of pages),
+    ``hdf5``."""
+    if is_glob(src):
+        return "tiff"
     if not os.path.exists(src):
-        raise ConfigError(f"{src!r} does not exist; give a .npy file or a Zarr store")
+        raise ConfigError(f"{src!r} does not exist; give {SOURCES}")
     if os.path.isdir(src):
+        return "zarr"
+    with open(src, "rb") as fh:
+        head = fh.read(6)
+    if head == b"\x93NUMPY":
+        return "npy"
+    if is_tiff(src):
+        return "tiff"
+    if is_hdf5(src):
+        return "hdf5"
+    raise ConfigError(f"{src!r} is none of {SOURCES}")
+
+
+def _open(src: str, component: str | None):
+    kind = _kind(src)
+    if kind == "zarr":
         return from_zarr(src, component=component)
+    if kind == "hdf5":
+        return from_hdf5(src, dataset=component, chunks="auto")
     if component is not None:
-        raise ConfigError(f"{src!r} is a .npy file: it has no component {component!r}")
-    return from_npy(src, chunks="auto")
+        raise ConfigError(f"{src!r} is a {'.npy file' if kind == 'npy' else 'TIFF stack'}: it has no component "
+                          f"{component!r}")
+    return from_npy(src, chunks="auto") if kind == "npy" else from_tiff(src, chunks="auto")
 
 
 def check(src: str, dst: str, *, codec: str = "zstd", chunk_bytes: int | None = None, overwrite: bool = False) -> None:
     """Refuse what :func:`convert` would refuse, touching nothing (before a cluster starts)."""
     if codec not in CODECS:
         raise ConfigError(f"codec {codec!r}: choose one of {', '.join(CODECS)}")
-    if not os.path.exists(src):
-        raise ConfigError(f"{src!r} does not exist; give a .npy file or a Zarr store")
-    if os.path.realpath(src) == os.path.realpath(dst):
+    _kind(src)
+    read = tiff_files(os.path.abspath(src)) if is_glob(src) else [src]  # a glob's pages are its sources
+    if any(os.path.realpath(f) == os.path.realpath(dst) for f in read):
         raise ConfigError(f"{dst!r} is the source itself; write the converted store to another path")
-    hit = replaces_protected(dst, protected_paths({src: f"its source {src!r}"}))  # what run never replaces either
+    hit = replaces_protected(dst, protected_paths({f: f"its source {f!r}" for f in read}))  # what run never replaces
     if hit is not None:
         raise ConfigError(f"DST {dst!r} {hit}, which convert must not replace; write the converted store to a path "
                           "of its own, e.g. a new name such as 'out.zarr' (--overwrite never replaces the source, "
@@ -97,7 +127,9 @@ def check(src: str, dst: str, *, codec: str = "zstd", chunk_bytes: int | None = 
 def convert(src: str, dst: str, *, codec: str = "zstd", level: int | None = None, chunk_bytes: int | None = None,
             shard_bytes: int | None = None, component: str | None = None, overwrite: bool = False,
             checksum: bool | None = None) -> dict:
-    """Write the array at ``src`` (``.npy`` or Zarr) to a new Zarr 3 store ``dst``, atomically.
+    """Write the array at ``src`` to a new Zarr 3 store ``dst``, atomically: a ``.npy`` file, a Zarr
+    array (``component`` in a group), an HDF5 dataset (``component`` is its path in the file; may be
+    left out when the file holds one) or a TIFF stack (a multi-page file, or a glob of one-page files).
 
     Returns what was written: ``{"path", "shape", "dtype", "chunks", "shards", "codec",
     "bytes", "stored_bytes"}``. Runs on the session's workers (any, or none: dask's scheduler).

@@ -17,6 +17,7 @@ cannot see read as fill values, and the run said ok. Hence:
 
 from __future__ import annotations
 
+import glob
 import os
 import socket
 import stat
@@ -27,7 +28,7 @@ from distributed import get_worker
 
 from flowgpu.errors import PathNotVisibleError
 
-__all__ = ["FIX", "METADATA", "is_url", "resolve", "shown", "metadata_files", "require_store", "where", "probe"]
+__all__ = ["FIX", "METADATA", "is_url", "is_glob", "expand", "resolve", "shown", "metadata_files", "require_store", "where", "probe"]
 
 FIX = ("the workers do not see this path: put it on storage every host mounts (at the same path), "
        "or use a URL")
@@ -37,6 +38,16 @@ METADATA = ("zarr.json", ".zarray", ".zgroup")
 def is_url(path: str) -> bool:
     """Whether ``path`` is a URL (``s3://``, ``gs://``, ``file://``...), read the same from every host."""
     return "://" in path
+
+
+def is_glob(path: str) -> bool:
+    """Whether ``path`` is a pattern (``*``, ``?``, ``[...]``: a TIFF source's pages) rather than a file that is there."""
+    return not is_url(path) and glob.has_magic(path) and not os.path.exists(path)
+
+
+def expand(path: str) -> list[str]:
+    """The files ``path`` names: a pattern's matches (sorted; ``**`` recurses), else ``path`` itself."""
+    return sorted(glob.glob(path, recursive=True)) if is_glob(path) else [path]
 
 
 def resolve(path: str) -> str:
@@ -60,6 +71,8 @@ def metadata_files(path: str, component: str | None = None) -> list[str]:
     when it holds none. Nothing for a URL or a path that is not here."""
     if is_url(path):
         return []
+    if is_glob(path):  # a stack of pages: each is read
+        return [f for f in expand(path) if os.path.isfile(f)]
     try:
         mode = os.stat(path).st_mode
     except OSError:

@@ -1,9 +1,9 @@
 """The source registry: a name maps to a function that returns a lazy chunked array.
 
 Built in: ``random``, ``normal``, ``zeros``, ``ones``, ``full``, ``arange`` (synthetic, through
-:mod:`flowgpu.arrays`), ``zarr``, ``npy`` and ``python`` (a callable given by import path). Each
-has a pydantic model of its options (below), from which the pipeline spec model and ``flowgpu
-schema`` are generated. Add more with :func:`register_source` or the ``flowgpu.sources``
+:mod:`flowgpu.arrays`), ``zarr``, ``npy``, ``hdf5``, ``tiff`` and ``python`` (a callable given by
+import path). Each has a pydantic model of its options (below), from which the pipeline spec model
+and ``flowgpu schema`` are generated. Add more with :func:`register_source` or the ``flowgpu.sources``
 entry-point group: a plain function ``f(**options) -> dask.array.Array`` whose type-hinted
 signature becomes its options model.
 """
@@ -27,8 +27,10 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from flowgpu import arrays
 from flowgpu.arrays.creation import arange_length, check_fill_value, check_size, meta_for
 from flowgpu.errors import ConfigError, RunError
+from flowgpu.io.hdf5 import from_hdf5
 from flowgpu.io.npy import from_npy
 from flowgpu.io.paths import resolve
+from flowgpu.io.tiff import from_tiff
 from flowgpu.io.zarr import from_zarr
 from flowgpu.registry import Entry, Options, Registry, checking_only, import_object, options_model
 
@@ -215,6 +217,20 @@ class NpyOptions(_Stored):
     """A ``.npy`` file, read chunk by chunk (path relative to the working directory)."""
 
 
+class Hdf5Options(_Stored):
+    """A dataset of an HDF5 (or NetCDF-4) file, read chunk by chunk (path relative to the working directory)."""
+
+    dataset: str | None = Field(None, description="The dataset's path in the file, e.g. '/group/temp' (may be left "
+                                                   "out when the file holds one dataset).")
+
+
+class TiffOptions(_Stored):
+    """A TIFF stack as one (pages, y, x) array, read page by page: a multi-page file, or a glob of one-page files."""
+
+    path: str = Field(..., description="A multi-page TIFF file, or a glob of one-page TIFF files ('pages/*.tif', "
+                                       "stacked in natural order), relative to the working directory.")
+
+
 class PythonOptions(_Source):
     """An array returned by a Python callable given by import path, ``package.module:function``.
 
@@ -339,4 +355,8 @@ register_source("zarr", lambda path, component=None, chunks=None: from_zarr(path
                 reads_files=True, options=ZarrOptions)
 register_source("npy", lambda path, chunks="auto": from_npy(path, chunks=chunks), reads_files=True,
                 options=NpyOptions)
+register_source("hdf5", lambda path, dataset=None, chunks="auto": from_hdf5(path, dataset=dataset, chunks=chunks),
+                reads_files=True, options=Hdf5Options)
+register_source("tiff", lambda path, chunks="auto": from_tiff(path, chunks=chunks), reads_files=True,
+                options=TiffOptions)
 register_source("python", _python, options=PythonOptions, calls_user_code=True)

@@ -15,7 +15,7 @@ from typing import Any
 from flowgpu.diagnostics import runreport
 from flowgpu.errors import ConfigError, OutputExistsError, SpecLimitError
 from flowgpu.io import atomic, sinks
-from flowgpu.io.paths import shown
+from flowgpu.io.paths import expand, shown
 from flowgpu.pipeline import compose, outcome, tables
 from flowgpu.pipeline.build import load
 from flowgpu.pipeline.loader import limit
@@ -36,7 +36,8 @@ def _spec_paths(spec: Spec, found: dict[str, str], stack: tuple[str, ...] = (), 
     for name, model in spec.inputs.items():
         path = getattr(model, "path", None)
         if isinstance(path, str) and path:
-            found.setdefault(os.path.realpath(os.path.expanduser(path)), f"input {name!r} ({shown(path)})")
+            for one in expand(os.path.expanduser(path)):  # a glob (a TIFF source's pages): each file it matches
+                found.setdefault(os.path.realpath(one), f"input {name!r} ({shown(one)})")
     for name, step in spec.steps.items():
         if step.uses is None or origin is None:
             continue

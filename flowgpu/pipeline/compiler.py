@@ -94,7 +94,9 @@ def _open_input(spec: Spec, name: str, smap: SourceMap, for_run: bool) -> da.Arr
     except RunError:
         raise  # the user's callable failed while a run compiled: not a problem of the spec
     except (FlowgpuError, ValueError, TypeError, OSError, ImportError) as e:
-        raise smap.error(f"input {name!r} ({model.source}) cannot be opened: {e}", ("inputs", name),
+        option = getattr(e, "option", None)  # a SourceError names the option at fault
+        raise smap.error(f"input {name!r} ({model.source}) cannot be opened: {e}",
+                         ("inputs", name) + ((option,) if option else ()),
                          hint="check its path, shape, dtype and chunks") from None
 
 

@@ -31,7 +31,7 @@ from typing import Any
 from dask.base import tokenize
 
 from flowgpu import __version__
-from flowgpu.io import sinks, sources
+from flowgpu.io import paths, sinks, sources
 from flowgpu.ops import registry
 from flowgpu.pipeline.compiler import Plan
 from flowgpu.pipeline.spec import PARAM_REF
@@ -336,7 +336,7 @@ class _Hasher:
         if entry.has(sources.READS_FILES) and isinstance(options.get("path"), str):
             if "://" not in options["path"]:  # a URL has no fingerprint here: always "changed"
                 options["path"] = os.path.abspath(options["path"])
-            files = frozenset([options["path"]])
+            files = frozenset(paths.expand(options["path"]) or [options["path"]])  # a glob (TIFF pages): each file
         called = options.get("callable") if entry.has(sources.CALLS_USER_CODE) else None
         code = _code([called] if isinstance(called, str) else [], [entry.func])
         content = {"kind": "input", "source": model.source, "options": options}

@@ -15,7 +15,8 @@ the worker store (:mod:`flowgpu.memory`) or the runtime, and never imports CuPy 
 from __future__ import annotations
 
 from flowgpu.transfer.pinned import HostBuffer, PinnedPool
-from flowgpu.transfer.staging import file_rows_to_device, host_to_device, staging_pool, to_device_staged
+from flowgpu.transfer.staging import (file_rows_to_device, host_to_device, rows_to_device, staging_pool,
+                                      to_device_staged)
 from flowgpu.transfer.streams import CupyTransfer
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "PinnedPool",
     "file_rows_to_device",
     "host_to_device",
+    "rows_to_device",
     "staging_pool",
     "to_device_staged",
 ]

@@ -12,9 +12,10 @@ copies out of the page cache at about 5 GB/s on the H200 machine, 16 at 45 GB/s.
 copies run on the calling thread's current CUDA stream (its per-thread default stream when
 ``CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1``), so several worker threads stage at once.
 
-:func:`host_to_device` and :func:`file_rows_to_device` are how ``flowgpu.to_device``,
-``flowgpu.from_npy`` and the Zarr device reader put host data on the device: they call them
-directly, so every process stages through pinned buffers, whatever it imported before.
+:func:`host_to_device`, :func:`file_rows_to_device` and :func:`rows_to_device` are how
+``flowgpu.to_device``, ``flowgpu.from_npy``, the Zarr device reader and the HDF5 and TIFF sources
+put host data on the device: they call them directly, so every process stages through pinned
+buffers, whatever it imported before.
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ import numpy as np
 from flowgpu.backend import import_cupy
 from flowgpu.transfer.pinned import PinnedPool, shared_executor
 
-__all__ = ["host_to_device", "to_device_staged", "file_rows_to_device", "plan_slices", "staging_pool",
-           "STAGING_BYTES", "STAGE_MIN"]
+__all__ = ["host_to_device", "to_device_staged", "file_rows_to_device", "rows_to_device", "plan_slices",
+           "staging_pool", "STAGING_BYTES", "STAGE_MIN"]
 
 STAGING_BYTES = 64 << 20  # per staging buffer
 STAGE_MIN = 4 << 20  # smaller blocks go straight through cupy.asarray (staging costs a sync per slice)
@@ -137,6 +138,27 @@ def file_rows_to_device(path: str, offset: int, shape: tuple, dtype: Any, slice_
         return _staged(tuple(shape), dtype, flat, fill, budget or slice_bytes, pool)
     finally:
         os.close(fd)
+
+
+def rows_to_device(shape: tuple, dtype: Any, fill, *, budget: int | None = None, pool: PinnedPool | None = None):
+    """A block that a reader writes into host memory, on the device: ``fill(out, a, b)`` writes rows
+    [a, b) (along axis 0) of the C-ordered block of ``shape``/``dtype`` into ``out``, a C-contiguous
+    NumPy array of ``b - a`` rows. Blocks of ``STAGE_MIN`` bytes or more are filled straight into
+    pinned staging buffers (an HDF5 or TIFF reader decodes into them: no pageable copy of the
+    block), slice *i+1* while slice *i* travels; ``fill`` may then run on several reader threads
+    at once (lock what is not thread-safe). Smaller blocks are filled into one NumPy array and
+    copied with ``cupy.asarray``.
+
+    Returns a C-ordered CuPy array, complete on the caller's current stream.
+    """
+    dtype = np.dtype(dtype)
+    flat = (1,) if len(shape) == 0 else tuple(shape)
+    if int(np.prod(flat, dtype=np.int64)) * dtype.itemsize < STAGE_MIN or dtype.hasobject:
+        host = np.empty(flat, dtype)
+        if host.size:
+            fill(host, 0, flat[0])
+        return import_cupy().asarray(host.reshape(shape))
+    return _staged(tuple(shape), dtype, flat, fill, budget, pool)
 
 
 def _staged(shape: tuple, dtype: np.dtype, flat: tuple, fill, budget: int | None, pool: PinnedPool | None,

@@ -25,6 +25,19 @@ def test_auto_chunks_are_even_and_within_the_target(shape, target):
         assert chunks == ((20000, 20000), (20000, 20000))  # not 32768 + 7232
 
 
+@pytest.mark.parametrize("shape, stored", [((1000, 1000), (64, 64)), ((40000, 300), (1000, 300)), ((977,), (10,))])
+def test_auto_chunks_of_stored_data_are_whole_stored_chunks_within_the_target(shape, stored):
+    """An HDF5 dataset's own chunks (``previous``): no stored chunk is split between two tasks."""
+    with dask.config.set({"flowgpu.chunks.cpu-target": "1MiB", **NO_SESSION}):
+        chunks = resolve_chunks("auto", shape, "float64", previous=stored)
+    assert tuple(sum(c) for c in chunks) == shape
+    one_stored_chunk = int(np.prod(stored)) * 8
+    assert int(np.prod([max(c) for c in chunks])) * 8 <= max(1 << 20, one_stored_chunk)  # never splits a stored chunk
+    for c, unit in zip(chunks, stored):
+        assert all(n % unit == 0 for n in c[:-1]) and 0 < c[-1] <= max(c)
+        assert len(c) == 1 or max(c[:-1]) - min(c[:-1]) <= unit  # as even as whole stored chunks allow
+
+
 def test_explicit_chunks_are_kept_as_given_and_auto_axes_evened(rng):
     with dask.config.set({"flowgpu.chunks.cpu-target": "64KiB", **NO_SESSION}):
         chunks = resolve_chunks(("auto", 300), (5000, 1000), "float64")

@@ -50,6 +50,7 @@ CASES = {
     "denoise": ["--set", "params.input=data/stack.zarr"],
     "denoise_synthetic": ["--set", "params.frames=3", "--set", "params.size=64"],
     "sources": [],
+    "files": [],
     "composed": [],
     "tiles": [],
 }
@@ -68,7 +69,9 @@ def _env(**more: str) -> dict[str, str]:
 def _data(rng: np.random.Generator) -> dict[str, np.ndarray]:
     return {"a": rng.random((200, 16), dtype=np.float32), "b": rng.random((200, 16), dtype=np.float32),
             "stack": rng.random((3, 48, 40), dtype=np.float32),
-            **{f"t{i}": rng.random((64, 48), dtype=np.float32) for i in range(3)}}
+            **{f"t{i}": rng.random((64, 48), dtype=np.float32) for i in range(3)},
+            "h": rng.random((200, 16), dtype=np.float32), "pages": rng.integers(0, 1000, (5, 24, 20), dtype=np.uint16),
+            "tiff": rng.integers(0, 1000, (5, 24, 20), dtype=np.uint16)}
 
 
 def _workdir(base: Path, data: dict[str, np.ndarray]) -> Path:
@@ -84,7 +87,21 @@ def _workdir(base: Path, data: dict[str, np.ndarray]) -> Path:
         z[:] = data[name]
     for i in range(3):
         np.save(base / "data" / "tiles" / f"t{i}.npy", data[f"t{i}"])
+    _format_files(base / "data", data)
     return base
+
+
+def _format_files(folder: Path, data: dict[str, np.ndarray]) -> None:
+    """files.yaml's inputs: an HDF5 dataset, TIFF pages (p0.tif ...) and a multi-page TIFF file."""
+    import h5py
+    import tifffile
+
+    with h5py.File(folder / "fields.h5", "w") as f:
+        f.create_dataset("/fields/h", data=data["h"], chunks=(25, 16), compression="gzip")
+    (folder / "pages").mkdir()
+    for i, page in enumerate(data["pages"]):
+        tifffile.imwrite(folder / "pages" / f"p{i}.tif", page)
+    tifffile.imwrite(folder / "stack.tif", data["tiff"])
 
 
 def _wait_file(path: Path, proc: subprocess.Popen, what: str) -> None:
@@ -211,6 +228,12 @@ def _numpy_checks(spec: str, data: dict[str, np.ndarray], result: dict, workdir:
         assert result["b_max"] == float(data["b"].max())  # read, not the fill value: a max is exact
         abr = np.load(workdir / "out/sources/abr.npy")
         assert abr.shape == (200, 16) and np.isfinite(abr).all() and abr.std() > 0
+    if spec == "files":
+        np.testing.assert_allclose(result["h_mean"], data["h"].astype(np.float64).mean(), rtol=1e-5)
+        assert result["h_max"] == float(data["h"].max())
+        assert result["pages_sum"] == int(data["pages"].astype(np.int64).sum())
+        np.testing.assert_array_equal(np.load(workdir / "out/files/projection.npy"),
+                                      (data["pages"] + data["tiff"]).max(axis=0))
     if spec == "denoise":
         want = ndimage.gaussian_filter(data["stack"].astype(np.float64), sigma=(0, 2.0, 2.0), mode="reflect")
         got = zarr.open_array(str(workdir / "flowgpu-output/denoise/denoised.zarr"), mode="r")[:]

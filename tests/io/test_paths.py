@@ -37,6 +37,20 @@ def test_metadata_files_name_what_shows_a_store_is_there(tmp_path, rng):
     assert paths.metadata_files("s3://bucket/x.zarr") == []
 
 
+def test_a_glob_names_each_file_it_matches(tmp_path, rng):
+    """A TIFF source's glob of pages: each page is what a worker must read, and an input of the cache."""
+    (tmp_path / "pages" / "deeper").mkdir(parents=True)
+    for name in ("p10.tif", "p2.tif", "deeper/p3.tif", "notes.txt"):
+        (tmp_path / "pages" / name).write_bytes(rng.bytes(8))
+    pattern = str(tmp_path / "pages" / "p*.tif")
+    assert paths.is_glob(pattern) and not paths.is_glob(str(tmp_path / "pages" / "p2.tif"))
+    assert paths.metadata_files(pattern) == [str(tmp_path / "pages" / n) for n in ("p10.tif", "p2.tif")]
+    assert paths.expand(str(tmp_path / "pages" / "**" / "*.tif")) == [
+        str(tmp_path / "pages" / n) for n in ("deeper/p3.tif", "p10.tif", "p2.tif")]
+    assert paths.metadata_files(str(tmp_path / "none" / "*.tif")) == []
+    assert not paths.is_glob("s3://bucket/*.tif")
+
+
 def test_probe_names_each_path_a_process_cannot_reach(tmp_path):
     (tmp_path / "meta.json").write_text("{}")
     staging = tmp_path / "stage"

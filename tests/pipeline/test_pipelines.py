@@ -7,6 +7,7 @@ import importlib.util
 import json
 import os
 import pathlib
+import runpy
 
 import numpy as np
 import pytest
@@ -37,8 +38,19 @@ def stack(tmp_path, rng):
     return x, str(tmp_path / "stack.zarr")
 
 
+def _files(tmp_path):
+    """The file examples' inputs, made by their script (pipelines/make_files.py) in ``tmp_path/data``."""
+    pytest.importorskip("h5py"), pytest.importorskip("tifffile")
+    made = runpy.run_path(str(ROOT / "make_files.py"))["make"](str(tmp_path / "data"), seed=7, frames=6, size=40)
+    return str(tmp_path / "data"), made
+
+
 def small(name, tmp_path, stack_path):
     out = str(tmp_path / "out")
+    if name in ("hdf5_anomaly.yaml", "tiff_projection.yaml"):
+        data, _ = _files(tmp_path)
+        return {"params.input": f"{data}/climate.h5" if name.startswith("hdf5") else f"{data}/frames/frame_*.tif",
+                "params.out": out}
     return {
         "quickstart.yaml": {"params.n": 64, "params.rows_per_chunk": 16, "params.out": out},
         "quickstart_batch.yaml": {"params.n": 48, "params.rows_per_chunk": 16, "params.out": out},
@@ -137,7 +149,38 @@ def _denoise_synthetic(result, _):
     assert result.outputs["mse_denoised"] < 0.5 * result.outputs["mse_noisy"]
 
 
-CHECKS = {"quickstart.yaml": _quickstart, "quickstart_batch.yaml": _quickstart_batch, "standardize.yaml": _standardize, "transpose_sum.yaml": _transpose_sum,
+def _made(result, output, *parts):
+    """A file the example's script made: ``data/`` beside the run's ``out/`` folder."""
+    out = os.path.dirname(result.summary["outputs"][output]["location"])
+    return os.path.join(os.path.dirname(out), "data", *parts)
+
+
+def _hdf5_anomaly(result, _):
+    import h5py
+
+    with h5py.File(_made(result, "anomaly", "climate.h5")) as f:
+        t2m = f["/fields/t2m"][:].astype("float64")
+    anomaly = t2m - t2m.mean(0, keepdims=True)
+    got = zarr.open_array(result.summary["outputs"]["anomaly"]["location"])[:]
+    np.testing.assert_allclose(got, anomaly, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(np.load(result.summary["outputs"]["spread"]["location"]), anomaly.std(0), rtol=1e-4)
+    np.testing.assert_allclose(result.outputs["warmest"], anomaly.max(), rtol=1e-4)
+
+
+def _tiff_projection(result, _):
+    import tifffile
+    from scipy import ndimage
+
+    frames = tifffile.imread(_made(result, "projection", "frames", "frame_*.tif")).astype("float32")
+    assert frames.shape == (6, 40, 40)
+    smooth = ndimage.gaussian_filter(frames, sigma=[0, 1.5, 1.5])
+    got = zarr.open_array(result.summary["outputs"]["projection"]["location"])[:]
+    np.testing.assert_allclose(got, smooth.max(0), rtol=1e-5)
+    np.testing.assert_allclose(result.outputs["frame_means"], frames.mean((1, 2)), rtol=1e-5)
+
+
+CHECKS = {"hdf5_anomaly.yaml": _hdf5_anomaly, "tiff_projection.yaml": _tiff_projection,
+          "quickstart.yaml": _quickstart, "quickstart_batch.yaml": _quickstart_batch, "standardize.yaml": _standardize, "transpose_sum.yaml": _transpose_sum,
           "denoise.yaml": _denoise, "denoise_synthetic.yaml": _denoise_synthetic, "tile_stats.yaml": _tile_stats}
 
 

@@ -1,0 +1,228 @@
+"""HDF5 datasets (h5py; NetCDF-4 files are HDF5 too): chunked reads spread over the workers.
+
+Only the file's path and the dataset's name travel in the graph: each task opens the file, reads
+its block and closes it (an open h5py handle neither pickles nor survives a fork). ``chunks="auto"``
+sizes blocks for the workers' budget in whole multiples of the dataset's own chunks, so no stored
+chunk is decompressed by two tasks. On a GPU session each block goes to the device through pinned
+staging buffers: a contiguous, uncompressed dataset's whole-row block is one byte range, read with
+``os.preadv`` straight into them as a ``.npy`` file's is
+(:func:`flowgpu.transfer.staging.file_rows_to_device`); any other block is decoded by HDF5 straight
+into them (:func:`flowgpu.transfer.staging.rows_to_device`), never through a pageable copy.
+
+h5py is an optional dependency (``pip install 'flowgpu[formats]'``), imported only when an HDF5
+file is opened.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from typing import Any
+
+import dask.array as da
+import numpy as np
+
+from flowgpu.arrays.chunks import resolve_chunks
+from flowgpu.arrays.movement import to_device
+from flowgpu.backend import current_backend, import_cupy
+from flowgpu.errors import ConfigError, SourceError
+from flowgpu.io.paths import resolve
+from flowgpu.transfer.staging import file_rows_to_device, rows_to_device
+
+__all__ = ["from_hdf5", "Hdf5Reader", "block_slices", "import_h5py", "is_hdf5", "list_datasets"]
+
+_SHOWN = 20  # datasets named in a message
+
+
+def import_h5py() -> Any:
+    """The ``h5py`` module, or a ConfigError saying how to install it."""
+    try:
+        import h5py
+    except ImportError:
+        raise ConfigError("reading HDF5 files needs h5py, which is not installed: pip install 'flowgpu[formats]' "
+                          "(or pip install h5py)") from None
+    return h5py
+
+
+def is_hdf5(path: str) -> bool:
+    """Whether the file at ``path`` carries HDF5's signature (at 0, 512, 1024, ...: after a user block)."""
+    return bool(import_h5py().is_hdf5(path))
+
+
+def list_datasets(f: Any) -> list[str]:
+    """The absolute names of every dataset in the open file (or group) ``f``, in HDF5's order."""
+    h5py = import_h5py()
+    found: list[str] = []
+    f.visititems(lambda name, obj: found.append(obj.name) if isinstance(obj, h5py.Dataset) else None)
+    return found
+
+
+def _listing(names: list[str]) -> str:
+    if not names:
+        return "no datasets at all"
+    more = f" and {len(names) - _SHOWN} more" if len(names) > _SHOWN else ""
+    return ", ".join(names[:_SHOWN]) + more
+
+
+def _open_file(path: str) -> Any:
+    h5py = import_h5py()
+    if not os.path.exists(path):
+        raise SourceError(f"HDF5 file {path!r} does not exist", "path")
+    if os.path.isdir(path):
+        raise SourceError(f"{path!r} is a folder, not an HDF5 file (for a Zarr store use source: zarr)", "path")
+    if not h5py.is_hdf5(path):
+        raise SourceError(f"{path!r} is not an HDF5 file (it lacks HDF5's signature); give an HDF5 (.h5, .hdf5) "
+                          "or NetCDF-4 (.nc) file", "path")
+    try:
+        return h5py.File(path, "r")
+    except OSError as e:
+        raise SourceError(f"HDF5 file {path!r} cannot be opened: {e}", "path") from None
+
+
+def _find(f: Any, path: str, dataset: str | None) -> Any:
+    """The dataset ``dataset`` names in the open file ``f`` (the only one, when None)."""
+    h5py = import_h5py()
+    names = list_datasets(f)
+    if dataset is None:
+        if len(names) == 1:
+            return f[names[0]]
+        raise SourceError(f"{path!r} holds {len(names)} datasets, so name one with 'dataset:' (its path in the "
+                          f"file); it holds {_listing(names)}", "dataset")
+    key = "/" + dataset.strip().strip("/")
+    try:
+        obj = f.get(key)
+    except (KeyError, OSError, ValueError):  # a broken link on the way
+        obj = None
+    if isinstance(obj, h5py.Dataset):
+        return obj
+    if isinstance(obj, h5py.Group):
+        inside = [n for n in names if n.startswith(key.rstrip("/") + "/")]
+        raise SourceError(f"{dataset!r} in {path!r} is a group, not a dataset; name one of the datasets in it: "
+                          f"{_listing(inside)}", "dataset")
+    close = difflib.get_close_matches(key, names, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    raise SourceError(f"{path!r} has no dataset {dataset!r}; it holds {_listing(names)}{hint}", "dataset")
+
+
+def _numeric(dset: Any, path: str) -> tuple[tuple[int, ...], np.dtype]:
+    """The shape and (native byte order) dtype a dataset is read as; refuse what is not a numeric array."""
+    dtype = dset.dtype
+    if dset.shape is None:
+        raise SourceError(f"dataset {dset.name!r} in {path!r} is empty (no dataspace); name a dataset that holds "
+                          "an array", "dataset")
+    if dtype.kind not in "biufc" or dtype.fields is not None or dtype.subdtype is not None:
+        raise SourceError(f"dataset {dset.name!r} in {path!r} holds {dtype} values, not numbers; flowgpu reads "
+                          "datasets of booleans, integers, floats or complex numbers", "dataset")
+    return tuple(int(n) for n in dset.shape), dtype.newbyteorder("=")
+
+
+def block_slices(key: Any, shape: tuple[int, ...]) -> tuple[slice, ...]:
+    """dask's block key (what ``from_array`` asks a reader for) as one ``slice(start, stop)`` per axis."""
+    key = key if isinstance(key, tuple) else (key,)
+    key = key + (slice(None),) * (len(shape) - len(key))
+    out = []
+    for k, n in zip(key, shape):
+        start, stop, step = k.indices(n)
+        if step != 1:
+            raise IndexError(f"blocks are read in unit steps, not {k}")
+        out.append(slice(start, max(start, stop)))
+    return tuple(out)
+
+
+def _contiguous_offset(dset: Any) -> int | None:
+    """Where a contiguous, unfiltered, native-order dataset's bytes start in its file, or None."""
+    h5py = import_h5py()
+    if dset.chunks is not None or dset.external or dset.is_virtual or not dset.dtype.isnative:
+        return None
+    if dset.id.get_create_plist().get_layout() != h5py.h5d.CONTIGUOUS:
+        return None
+    return dset.id.get_offset()  # None until the data is written (HDF5 reads the fill value then)
+
+
+class Hdf5Reader:
+    """Reads blocks of one dataset in the task that needs them; only the path and the name travel.
+
+    ``device=False``: a NumPy block, decoded by HDF5 into it. ``device=True``: a CuPy block, through
+    pinned staging buffers (see the module's notes).
+    """
+
+    def __init__(self, path: str, dataset: str, shape: tuple[int, ...], dtype: Any, device: bool = False):
+        self.path, self.dataset, self.device = path, dataset, device
+        self.shape, self.dtype = tuple(shape), np.dtype(dtype)
+        self.ndim = len(self.shape)
+
+    def _open(self) -> tuple[Any, Any]:
+        f = import_h5py().File(self.path, "r")
+        try:
+            dset = f[self.dataset]
+            shape, dtype = tuple(dset.shape or ()), dset.dtype.newbyteorder("=")
+        except (KeyError, OSError) as e:
+            f.close()
+            raise OSError(f"{self.path}: dataset {self.dataset!r} cannot be read ({e}); the file changed after the "
+                          "run was planned: run again") from None
+        if shape != self.shape or dtype != self.dtype:
+            f.close()
+            raise OSError(f"{self.path}: dataset {self.dataset!r} is now {shape} {dtype}, but the run was planned for "
+                          f"{self.shape} {self.dtype}; the file changed after the run was planned: run again")
+        return f, dset
+
+    def __getitem__(self, key: Any) -> Any:
+        key = block_slices(key, self.shape)
+        shape = tuple(k.stop - k.start for k in key)
+        f, dset = self._open()
+        with f:
+            if self.ndim == 0:  # a scalar dataset
+                value = np.asarray(dset[()], dtype=self.dtype)
+                return import_cupy().asarray(value) if self.device else value
+            if not self.device:
+                out = np.empty(shape, self.dtype)
+                if out.size:
+                    dset.read_direct(out, source_sel=key)
+                return out
+            whole_rows = all(k.start == 0 and k.stop == n for k, n in zip(key[1:], self.shape[1:]))
+            offset = _contiguous_offset(dset) if whole_rows else None
+            if offset is not None:  # one byte range, as a .npy file's rows
+                row_bytes = int(np.prod(self.shape[1:], dtype=np.int64)) * self.dtype.itemsize
+                return file_rows_to_device(self.path, offset + key[0].start * row_bytes, shape, self.dtype)
+
+            def fill(out: np.ndarray, a: int, b: int) -> None:  # h5py serialises its calls: safe on any thread
+                dset.read_direct(out, source_sel=(slice(key[0].start + a, key[0].start + b),) + key[1:])
+
+            return rows_to_device(shape, self.dtype, fill)
+
+    def __reduce__(self):
+        return (Hdf5Reader, (self.path, self.dataset, self.shape, str(self.dtype), self.device))
+
+
+def from_hdf5(path: str, dataset: str | None = None, chunks: Any = "auto") -> da.Array:
+    """A dataset of an HDF5 (or NetCDF-4) file as a chunked array on the session's device.
+
+    Parameters
+    ----------
+    path : the file (relative to the working directory; made absolute here).
+    dataset : the dataset's path in the file, e.g. ``"/group/temp"``; may be left out when the file
+        holds one dataset. A name that is not there lists the datasets that are.
+    chunks : ``"auto"`` (sized for the workers, whole multiples of the dataset's own chunks), one
+        length per axis, or a byte size such as ``"256MiB"``.
+
+    Examples
+    --------
+    >>> x = fg.from_hdf5("run.h5", "/fields/temperature")  # doctest: +SKIP
+    >>> x.mean(axis=0).compute()  # doctest: +SKIP
+    """
+    path = resolve(path)
+    with _open_file(path) as f:
+        dset = _find(f, path, dataset)
+        shape, dtype = _numeric(dset, path)
+        name, stored = dset.name, dset.chunks
+    chunks = resolve_chunks(chunks, shape, dtype, previous=stored)
+    token = da.core.tokenize(path, name, os.path.getmtime(path), chunks, str(dtype))
+    reader = Hdf5Reader(path, name, shape, dtype)
+    if current_backend() == "cupy":  # straight to the device through pinned staging buffers
+        reader.device = True
+        meta = import_cupy().empty((0,) * reader.ndim, dtype)
+        return da.from_array(reader, chunks=chunks, asarray=False, meta=meta, name=f"from-hdf5-gpu-{token}")
+    # as npy's: the reads share one small reader task (a path and a name) and run on any worker
+    x = da.from_array(reader, chunks=chunks, asarray=False, meta=np.empty((0,) * reader.ndim, dtype),
+                      name=f"from-hdf5-{token}")
+    return to_device(x)

@@ -1,0 +1,239 @@
+"""TIFF stacks (tifffile): a multi-page file, or a glob of one-page files, as one (pages, y, x) array.
+
+Chunked by pages: each task opens the file (or its files) and decodes only its own pages
+(``TiffFile.pages[i]``), never the whole stack. A glob is stacked in natural order, as tifffile's
+own ``imread`` of a glob orders it (``page_9.tif`` before ``page_10.tif``). Every page must have
+the first page's shape and dtype; opening refuses the first one that does not, naming it. On a GPU
+session pages are decoded straight into pinned staging buffers and copied on to the device
+(:func:`flowgpu.transfer.staging.rows_to_device`).
+
+tifffile is an optional dependency (``pip install 'flowgpu[formats]'``), imported only when a TIFF
+file is opened.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from typing import Any
+
+import dask.array as da
+import numpy as np
+from dask.utils import parse_bytes
+
+from flowgpu.arrays.chunks import resolve_chunks
+from flowgpu.arrays.movement import to_device
+from flowgpu.backend import current_backend, import_cupy
+from flowgpu.errors import ConfigError, SourceError
+from flowgpu.io.hdf5 import block_slices
+from flowgpu.io.paths import expand, is_glob, resolve
+from flowgpu.transfer.staging import rows_to_device
+
+__all__ = ["from_tiff", "TiffReader", "import_tifffile", "is_tiff", "tiff_files"]
+
+# the first bytes of a TIFF file: classic and BigTIFF, little- and big-endian
+_MAGIC = (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")
+
+
+def import_tifffile() -> Any:
+    """The ``tifffile`` module, or a ConfigError saying how to install it."""
+    try:
+        import tifffile
+    except ImportError:
+        raise ConfigError("reading TIFF files needs tifffile, which is not installed: pip install 'flowgpu[formats]' "
+                          "(or pip install tifffile)") from None
+    return tifffile
+
+
+def is_tiff(path: str) -> bool:
+    """Whether the file at ``path`` starts as a TIFF (or BigTIFF) file does."""
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(4) in _MAGIC
+    except OSError:
+        return False
+
+
+def tiff_files(path: str) -> list[str]:
+    """The files ``path`` names: itself, or a glob's matches in natural order (``**`` recurses)."""
+    if not is_glob(path):
+        return [path]
+    files = import_tifffile().natural_sorted(f for f in expand(path) if os.path.isfile(f))
+    if not files:
+        raise SourceError(f"{path!r} matches no files; give a multi-page TIFF file or a glob of TIFF pages such "
+                          "as 'pages/*.tif'", "path")
+    return files
+
+
+def _open(path: str) -> Any:
+    tifffile = import_tifffile()
+    if not os.path.exists(path):
+        raise SourceError(f"TIFF file {path!r} does not exist", "path")
+    if os.path.isdir(path):
+        raise SourceError(f"{path!r} is a folder; give a TIFF file, or a glob of its pages such as "
+                          f"'{os.path.join(path, '*.tif')}'", "path")
+    if not is_tiff(path):
+        raise SourceError(f"{path!r} is not a TIFF file (it does not start as one)", "path")
+    try:
+        return tifffile.TiffFile(path)
+    except Exception as e:  # noqa: BLE001 - tifffile raises several types for a damaged file
+        raise SourceError(f"TIFF file {path!r} cannot be read: {e}", "path") from None
+
+
+def _page_kind(page: Any) -> tuple[tuple[int, ...], np.dtype | None]:
+    dtype = page.dtype
+    return tuple(int(n) for n in page.shape), (None if dtype is None else np.dtype(dtype).newbyteorder("="))
+
+
+def _mismatch(where: str, got: tuple, first_where: str, first: tuple) -> SourceError:
+    return SourceError(f"{where} holds a {got[0]} {got[1]} page, but {first_where} holds {first[0]} {first[1]}; the "
+                       "pages of a stack must all have one shape and dtype: give only pages that match", "path")
+
+
+def _scan(path: str) -> tuple[list[str], bool, tuple[int, ...], np.dtype]:
+    """``(files, multipage, shape, dtype)``: what ``path`` stacks, every page checked; ``shape`` is
+    the stack's, (pages, *page shape)."""
+    files = tiff_files(path)
+    if len(files) == 1 and not is_glob(path):
+        with _open(files[0]) as tif:
+            pages = list(tif.pages)
+            if not pages:
+                raise SourceError(f"TIFF file {path!r} holds no pages", "path")
+            first = _page_kind(pages[0])
+            for i, page in enumerate(pages):
+                kind = _page_kind(page)
+                if kind != first:
+                    raise _mismatch(f"page {i} of {path!r}", kind, "page 0", first)
+        multipage, count = True, len(pages)
+    else:
+        first = None
+        for f in files:
+            with _open(f) as tif:
+                n = len(tif.pages)
+                if n != 1:
+                    raise SourceError(f"{f!r} holds {n} pages, but a glob stacks files of one page each; give a "
+                                      "multi-page file as 'path' alone, or a glob of one-page files", "path")
+                kind = _page_kind(tif.pages[0])
+            if first is None:
+                first = kind
+            elif kind != first:
+                raise _mismatch(repr(f), kind, repr(files[0]), first)
+        multipage, count = False, len(files)
+    page, dtype = first
+    if dtype is None:
+        raise SourceError(f"{files[0]!r}: tifffile cannot decode its pages (unsupported sample format)", "path")
+    return files, multipage, (count,) + page, dtype
+
+
+class TiffReader:
+    """Reads pages [a, b) of a stack in the task that needs them; only the file names travel.
+
+    ``files``: one multi-page file (``multipage``) or one file per page. ``device=True``: a CuPy
+    block, decoded into pinned staging buffers first.
+    """
+
+    def __init__(self, files: tuple[str, ...], multipage: bool, shape: tuple[int, ...], dtype: Any,
+                 device: bool = False):
+        self.files, self.multipage, self.device = tuple(files), multipage, device
+        self.shape, self.dtype = tuple(shape), np.dtype(dtype)
+        self.ndim = len(self.shape)
+
+    def _check(self, page: Any, where: str) -> Any:
+        kind = _page_kind(page)
+        if kind != (self.shape[1:], self.dtype):
+            raise OSError(f"{where} is now a {kind[0]} {kind[1]} page, but the run was planned for "
+                          f"{self.shape[1:]} {self.dtype}; the stack changed after the run was planned: run again")
+        return page
+
+    def __getitem__(self, key: Any) -> Any:
+        tifffile = import_tifffile()
+        key = block_slices(key, self.shape)
+        shape = tuple(k.stop - k.start for k in key)
+        first, rest = key[0].start, key[1:]
+        whole = all(k.start == 0 and k.stop == n for k, n in zip(rest, self.shape[1:]))
+        tif = tifffile.TiffFile(self.files[0]) if self.multipage else None
+        # fills may run on several threads: one file handle (not thread-safe) is read by one at a time;
+        # a glob's pages, each its own file, are decoded in parallel
+        lock = threading.Lock() if tif is not None else contextlib.nullcontext()
+        try:
+            def fill(out: np.ndarray, a: int, b: int) -> None:
+                with lock:
+                    for j in range(a, b):
+                        i = first + j
+                        if tif is not None:
+                            try:
+                                page = tif.pages[i]
+                            except IndexError:
+                                raise OSError(f"{self.files[0]} holds fewer pages than the {self.shape[0]} the run "
+                                              "was planned for; the file changed after the run was planned: run "
+                                              "again") from None
+                            _read(self._check(page, f"page {i} of {self.files[0]}"), out[j - a], whole, rest)
+                        else:
+                            with tifffile.TiffFile(self.files[i]) as one:
+                                _read(self._check(one.pages[0], self.files[i]), out[j - a], whole, rest)
+
+            if self.device:
+                return rows_to_device(shape, self.dtype, fill)
+            out = np.empty(shape, self.dtype)
+            if out.size:
+                fill(out, 0, shape[0])
+            return out
+        finally:
+            if tif is not None:
+                tif.close()
+
+    def __reduce__(self):
+        return (TiffReader, (self.files, self.multipage, self.shape, str(self.dtype), self.device))
+
+
+def _read(page: Any, out: np.ndarray, whole: bool, rest: tuple[slice, ...]) -> None:
+    """Decode ``page`` into ``out`` (its part ``rest`` when the block is not whole pages)."""
+    if whole:
+        page.asarray(out=out)
+    else:
+        out[...] = page.asarray()[rest]
+
+
+def _page_chunks(chunks: Any, shape: tuple[int, ...], dtype: np.dtype) -> tuple:
+    """Whole pages per chunk for ``"auto"`` and byte sizes; any other ``chunks`` as given."""
+    if chunks is None or chunks == "auto":
+        return resolve_chunks(("auto",) + (-1,) * (len(shape) - 1), shape, dtype)
+    if isinstance(chunks, str):
+        try:
+            size = parse_bytes(chunks)
+        except ValueError:
+            size = None
+        if size is not None:
+            page = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
+            return resolve_chunks((max(1, size // max(page, 1)),) + (-1,) * (len(shape) - 1), shape, dtype)
+    return resolve_chunks(chunks, shape, dtype)
+
+
+def from_tiff(path: str, chunks: Any = "auto") -> da.Array:
+    """A TIFF stack as a chunked ``(pages, y, x)`` array on the session's device.
+
+    Parameters
+    ----------
+    path : a multi-page TIFF file, or a glob of one-page files (``"pages/*.tif"``; ``**`` recurses)
+        stacked in natural order (``page_9`` before ``page_10``), relative to the working directory.
+    chunks : ``"auto"`` (whole pages, as many as the workers' chunk size holds), a byte size such as
+        ``"256MiB"`` (whole pages within it), or one length per axis such as ``[16, -1, -1]``.
+
+    Examples
+    --------
+    >>> stack = fg.from_tiff("frames/*.tif")  # doctest: +SKIP
+    >>> stack.max(axis=0).compute()  # doctest: +SKIP
+    """
+    path = resolve(path)
+    files, multipage, shape, dtype = _scan(path)
+    chunks = _page_chunks(chunks, shape, dtype)
+    token = da.core.tokenize(files, [os.path.getmtime(f) for f in files], chunks, str(dtype))
+    reader = TiffReader(tuple(files), multipage, shape, dtype)
+    if current_backend() == "cupy":
+        reader.device = True
+        meta = import_cupy().empty((0,) * len(shape), dtype)
+        return da.from_array(reader, chunks=chunks, asarray=False, meta=meta, name=f"from-tiff-gpu-{token}")
+    x = da.from_array(reader, chunks=chunks, asarray=False, meta=np.empty((0,) * len(shape), dtype),
+                      name=f"from-tiff-{token}")
+    return to_device(x)
