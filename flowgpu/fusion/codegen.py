@@ -223,7 +223,8 @@ class Generator:
             # a Python int below (above) an integer dtype's range is no bound at all, as in NumPy
             low, high = self.beyond(args[1], d) < 0, self.beyond(args[2], d) > 0
             if low or high:
-                lo, hi = (self.typed(self.function("maximum"), d), gen[1]), (self.typed(self.function("minimum"), d), gen[2])
+                lo = (self.typed(self.function("maximum"), d), gen[1])
+                hi = (self.typed(self.function("minimum"), d), gen[2])
                 code = gen[0] if low else f"{lo[0]}({gen[0]}, {lo[1]})"
                 return code if high else f"{hi[0]}({code}, {hi[1]})"
             return self.TEMPLATES["clip"].format(*gen, c=c_type(d))
