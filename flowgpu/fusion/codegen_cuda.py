@@ -16,7 +16,11 @@ import numpy as np
 from flowgpu.fusion.codegen import Generator, c_type, generate
 from flowgpu.fusion.language import Expr
 
-__all__ = ["to_cuda", "CUDA_PREAMBLE", "c_literal"]
+__all__ = ["to_cuda", "CUDA_PREAMBLE", "CUDA_OPTIONS", "c_literal"]
+
+# nvrtc contracts a * b + c into one fused multiply-add by default: one rounding where NumPy (and CuPy's
+# unfused operators, one kernel each) round twice, and finite where NumPy's a * b overflows to inf
+CUDA_OPTIONS = ("--fmad=false",)
 
 _C_FUNCS = {
     "arcsin": "asin", "arccos": "acos", "arctan": "atan", "arcsinh": "asinh", "arccosh": "acosh",

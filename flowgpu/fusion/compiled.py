@@ -18,7 +18,7 @@ import numpy as np
 from flowgpu.backend import import_cupy
 from flowgpu.fusion.codegen import Unfusable, c_type
 from flowgpu.fusion.codegen_cpu import python_globals, to_python
-from flowgpu.fusion.codegen_cuda import CUDA_PREAMBLE, c_literal, to_cuda
+from flowgpu.fusion.codegen_cuda import CUDA_OPTIONS, CUDA_PREAMBLE, c_literal, to_cuda
 from flowgpu.fusion.language import Expr
 
 __all__ = ["REDUCTIONS", "reduction_dtypes", "elementwise_kernel", "reduce_kernel", "cuda_combine"]
@@ -99,7 +99,7 @@ def elementwise_kernel(expr: Expr, arrays: tuple[str, ...], dtypes: tuple, scala
             # "float" would declare float64 (and "long long" would not parse)
             params = ", ".join(f"{np.dtype(d).name} {a}" for d, a in zip(dtypes, args))
             return cp.ElementwiseKernel(params, f"{np.dtype(out_dtype).name} out", f"out = {code};",
-                                        name=_name(key), preamble=CUDA_PREAMBLE)
+                                        name=_name(key), preamble=CUDA_PREAMBLE, options=CUDA_OPTIONS)
         import numba
 
         code, _ = to_python(expr, types, arrays, out_dtype=out_dtype)
@@ -256,7 +256,7 @@ def reduce_kernel(expr: Expr, arrays: tuple[str, ...], dtypes: tuple, scalars: t
             params = ", ".join(f"{np.dtype(d).name} in{i}" for i, d in enumerate(dtypes))
             red, ident = cuda_combine(reduction, acc)
             return cp.ReductionKernel(params, f"{np.dtype(acc).name} out", f"(({act}){code})", red, "out = a", ident,
-                                      name=_name(key), reduce_type=act, preamble=CUDA_PREAMBLE)
+                                      name=_name(key), reduce_type=act, preamble=CUDA_PREAMBLE, options=CUDA_OPTIONS)
         import numba
 
         jit = numba.njit(nogil=True, error_model="numpy")
