@@ -106,6 +106,29 @@ def test_float64_product_is_not_reassociated():
         _same(fg.fuse(lambda a: (a * 1).prod())(x).compute(scheduler="sync"), want)
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_multiply_add_is_not_contracted(rng, device, dtype):
+    """``x * y - z`` where ``x * y`` just overflows and ``z`` brings it back: NumPy rounds the product
+    to inf first. A fused multiply-add (nvrtc's default ``--fmad=true``, LLVM's ``contract``) rounds
+    once and gives a finite value."""
+    big = np.finfo(dtype).max
+    xn = (big / 10 * (1.03 + 0.02 * rng.random(200))).astype(dtype)
+    zn = np.full(200, big / 4, dtype=dtype)
+    if device == "gpu":
+        import cupy as cp
+
+        x, z = (da.from_array(cp.asarray(a), chunks=64) for a in (xn, zn))
+    else:
+        x, z = (da.from_array(a, chunks=64) for a in (xn, zn))
+    with np.errstate(over="ignore"):
+        want = xn * 10 - zn
+        assert np.isinf(want).all()
+        for lazy, expected in ((x * 10 - z, want), ((x * 10 - z).max(), want.max())):
+            got = _fused(lazy)
+            _same(got if device == "cpu" else got.get(), expected)
+
+
 @pytest.mark.parametrize("dtype, reduction, acc", [
     ("float32", "sum", "float32"), ("float32", "mean", "float32"), ("float64", "prod", "float64"),
     ("int8", "sum", "int64"), ("uint8", "prod", "uint64"), ("int16", "mean", "float64"), ("bool", "sum", "int64"),
