@@ -156,6 +156,7 @@ class FusedChunk:
         """The operations unfused with NumPy, as dask's tasks run them, for their warnings only: NumPy
         warns (or raises, or calls) for each operation as the caller's ``np.errstate`` says."""
         value = np.asarray(expr.evaluate(self.env(blocks), np))
+        value = np.broadcast_to(value, np.broadcast_shapes(value.shape, *(b.shape for b in blocks)))
         if self.reduction is None:
             if value.dtype != out_dtype:
                 value.astype(out_dtype)
