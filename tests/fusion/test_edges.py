@@ -36,6 +36,15 @@ def _same(got, want) -> None:
     np.testing.assert_array_equal(got, want)
 
 
+def _close(got, want) -> None:
+    """Same dtype, NaN and infinities, and values within a few units in the last place (NumPy's own
+    log, exp, ... are not the math library's a kernel calls: they differ in the last bit)."""
+    got, want = np.asarray(got), np.asarray(want)
+    assert got.dtype == want.dtype, (got.dtype, want.dtype)
+    np.testing.assert_allclose(got, want, rtol=8 * np.finfo(want.dtype).eps if want.dtype.kind == "f" else 0,
+                               equal_nan=True)
+
+
 # ------------------------------------------------------------------ accumulation: dtype and order
 
 
@@ -191,7 +200,7 @@ def test_warnings_are_numpys(rng, case):
         want = lazy.compute(scheduler="sync")
     with pytest.warns(RuntimeWarning, match=message):
         got = _fused(lazy)
-    _same(got, want)
+    _close(got, want)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         with pytest.raises(RuntimeWarning, match=message):
@@ -199,7 +208,7 @@ def test_warnings_are_numpys(rng, case):
         with np.errstate(all="raise"), pytest.raises(FloatingPointError):
             _fused(lazy)
         with np.errstate(all="ignore"):
-            _same(_fused(lazy), want)
+            _close(_fused(lazy), want)
 
 
 def test_no_warning_where_numpy_gives_none(rng):
@@ -209,7 +218,7 @@ def test_no_warning_where_numpy_gives_none(rng):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         lazy = (da.log(x - 1) + 1 / x + (x.astype("int64") // 3) % 2 + da.sqrt(x) * 1e300).sum()
-        _same(_fused(lazy), lazy.compute(scheduler="sync"))
+        _close(_fused(lazy), lazy.compute(scheduler="sync"))
 
 
 # ------------------------------------------------------------------ float16 CUDA templates
