@@ -75,7 +75,8 @@ class FusedChunk:
 
     def __init__(self, text: str, arrays: tuple[str, ...], scalars: tuple, out_dtype: np.dtype,
                  reduction: str | None = None, axes: tuple[int, ...] = (), fallback: Chain | None = None,
-                 cast: bool = False):
+                 cast: bool = False, quiet: bool = False):
+        self.quiet = quiet  # raise no floating-point warnings (a second pass over values already checked)
         self.fallback = fallback  # dask's own functions, for chunks no kernel takes
         self.cast = cast  # out_dtype is not the expression's own (a dtype= was given)
         self.text = text
@@ -121,16 +122,9 @@ class FusedChunk:
             out_dtype = self.out_dtype
             if out_dtype is None:
                 out_dtype = expr.result_dtype({**dict(zip(self.arrays, dtypes)), **dict(self.scalars)})
-            if self.reduction is None:
-                kern = elementwise_kernel(expr, self.arrays, dtypes, self.scalars, out_dtype, backend)
-                if backend == "cupy" and any(b.ndim == 0 for b in blocks):
-                    # CuPy hands 0-d arrays to kernels as (weakly typed) scalars, which typed kernel
-                    # parameters refuse: pass them as 1-element arrays and restore the shape after.
-                    shape = np.broadcast_shapes(*(b.shape for b in blocks))
-                    return kern(*(b.reshape(1) if b.ndim == 0 else b for b in blocks)).reshape(shape)
-                return kern(*blocks)
-            return reduce_chunk(expr, self.arrays, blocks, self.scalars, out_dtype, self.reduction,
-                                self.axes, backend)
+            if backend == "cupy":  # CuPy's kernels raise no floating-point warnings, fused or not
+                return self.run(expr, blocks, dtypes, out_dtype, backend)
+            value, flagged = _flags_raised(lambda: self.run(expr, blocks, dtypes, out_dtype, backend), self.quiet)
         except Unfusable:  # NumPy semantics no kernel has (e.g. it raises on some values): the array library's
             return self.unfused(expr, blocks, backend, out_dtype)
         except KernelError:
@@ -142,6 +136,38 @@ class FusedChunk:
             if self.fallback is not None:
                 return self.fallback(*given)
             return self.unfused(expr, blocks, backend, out_dtype)
+        if flagged:  # NumPy says which warnings its own operations give (or raises, as its errstate says)
+            self.replay(expr, blocks, out_dtype)
+        return value
+
+    def run(self, expr: Expr, blocks: tuple, dtypes: tuple, out_dtype: np.dtype, backend: str) -> Any:
+        """The fused kernel on the chunk."""
+        if self.reduction is None:
+            kern = elementwise_kernel(expr, self.arrays, dtypes, self.scalars, out_dtype, backend)
+            if backend == "cupy" and any(b.ndim == 0 for b in blocks):
+                # CuPy hands 0-d arrays to kernels as (weakly typed) scalars, which typed kernel
+                # parameters refuse: pass them as 1-element arrays and restore the shape after.
+                shape = np.broadcast_shapes(*(b.shape for b in blocks))
+                return kern(*(b.reshape(1) if b.ndim == 0 else b for b in blocks)).reshape(shape)
+            return kern(*blocks)
+        return reduce_chunk(expr, self.arrays, blocks, self.scalars, out_dtype, self.reduction, self.axes, backend)
+
+    def replay(self, expr: Expr, blocks: tuple, out_dtype: np.dtype) -> None:
+        """The operations unfused with NumPy, as dask's tasks run them, for their warnings only: NumPy
+        warns (or raises, or calls) for each operation as the caller's ``np.errstate`` says."""
+        value = np.asarray(expr.evaluate(self.env(blocks), np))
+        value = np.broadcast_to(value, np.broadcast_shapes(value.shape, *(b.shape for b in blocks)))
+        if self.reduction is None:
+            if value.dtype != out_dtype:
+                value.astype(out_dtype)
+            return
+        op = "sum" if self.reduction == "mean" else self.reduction
+        if op in _ACCUMULATING:
+            getattr(np, op)(value, axis=self.axes, dtype=out_dtype)
+        elif op in ("nanmin", "nanmax"):  # dask's chunk functions (NumPy's warn "All-NaN slice")
+            (np.fmin if op == "nanmin" else np.fmax).reduce(value.astype(out_dtype), axis=self.axes)
+        else:
+            getattr(np, op)(value.astype(out_dtype), axis=self.axes)
 
     def unfused(self, expr: Expr, blocks: tuple, backend: str, out_dtype: np.dtype) -> Any:
         xp = import_cupy() if backend == "cupy" else np
@@ -154,6 +180,28 @@ class FusedChunk:
         kw = {"dtype": acc} if op in _ACCUMULATING else {}
         return getattr(xp, op)(xp.broadcast_to(value, shape), axis=self.axes, keepdims=True, **kw).astype(
             acc, copy=False)
+
+
+_FLAGS = {"divide by zero": "divide", "overflow": "over", "underflow": "under", "invalid value": "invalid"}
+
+
+def _flags_raised(run: Any, quiet: bool = False) -> tuple[Any, bool]:
+    """``(run(), whether it raised a floating-point flag the caller's np.errstate does not ignore)``.
+
+    NumPy reads the flags after each ufunc loop (the fused kernels are numba ufuncs and gufuncs); here
+    it tells us instead of warning. The flags are the kernel's, not NumPy's warnings: a vectorised
+    comparison of NaN raises "invalid" where NumPy's does not, and the kernel may skip an operation
+    NumPy computes (a branch of ``where``). So a flag only says that NumPy should be asked.
+    """
+    care = {k for k, v in np.geterr().items() if v != "ignore"}
+    if quiet or not care:
+        with np.errstate(all="ignore"):
+            return run(), False
+    seen: list[str] = []
+    modes = {k: ("call" if k in care else "ignore") for k in ("divide", "over", "under", "invalid")}
+    with np.errstate(call=lambda kind, flag: seen.append(kind), **modes):
+        value = run()
+    return value, any(_FLAGS.get(kind) in care for kind in seen)
 
 
 _warned: set[str] = set()
@@ -179,13 +227,18 @@ def reduce_chunk(expr: Expr, arrays: tuple[str, ...], blocks: tuple, scalars: tu
     n = int(np.prod(shape, dtype=np.int64))
     if backend == "numpy":
         same = all(b.shape == shape for b in blocks)
-        if full and same and all(b.flags.c_contiguous for b in blocks):
+        # NumPy reduces the values (a new array, laid out as the inputs are) in memory order: C order,
+        # or F order where every input is F-ordered (a transposed block), which a transpose makes C
+        order = "C" if all(b.flags.c_contiguous for b in blocks) else \
+            "F" if all(b.flags.f_contiguous for b in blocks) else None
+        if full and same and order:
             kern = reduce_kernel(expr, arrays, dtypes, scalars, val_dtype, reduction, backend, 1)
-            return np.full(out_shape, kern(n, *[b.reshape(-1) for b in blocks]), dtype=acc)
+            flat = [b.reshape(-1) if order == "C" else b.T.reshape(-1) for b in blocks]
+            return np.full(out_shape, kern(*flat), dtype=acc)
         if full and same and ndim == 2:  # strided 2-D chunks (e.g. column blocks of a row-major array)
             rows = all(b.strides[1] == b.itemsize for b in blocks)
             kern = reduce_kernel(expr, arrays, dtypes, scalars, val_dtype, reduction, backend, "rows" if rows else 2)
-            return np.full(out_shape, kern(n, *blocks), dtype=acc)
+            return np.full(out_shape, kern(*blocks), dtype=acc)
         ew = elementwise_kernel(expr, arrays, dtypes, scalars, val_dtype, "numpy")
         kw = {"dtype": acc} if combine in _ACCUMULATING else {}
         return getattr(np, combine)(ew(*blocks), axis=axes, keepdims=True, **kw).astype(acc, copy=False)

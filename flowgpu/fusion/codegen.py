@@ -121,9 +121,14 @@ class Generator:
             return code
         return self.cast(code, d)
 
+    def typed(self, name: str, d: np.dtype) -> str:
+        """``name`` of a function or helper, as called on values of dtype ``d`` (a C++ template's
+        instance: ``_fg_min<float>``)."""
+        return name
+
     def helper(self, names: tuple[str, str], d: np.dtype, *args: str) -> str:
         """A call of the integer or the float helper of ``names``, as ``d`` says."""
-        return f"{names[0] if d.kind in 'iu' else names[1]}({', '.join(args)})"
+        return f"{self.typed(names[0] if d.kind in 'iu' else names[1], d)}({', '.join(args)})"
 
     def arith(self, op: str, a: str, b: str, d: np.dtype) -> str:
         if op in self.HELPERS:
@@ -213,19 +218,20 @@ class Generator:
             zero = f"({gen[0]} == {self.literal(0, d)})"
             return self.TEMPLATES["select"].format(zero, self.literal(at_zero, d), one_over)
         if family == "sign":
-            return self.TEMPLATES["sign"].format(gen[0], d=d.name)
+            return self.TEMPLATES["sign"].format(gen[0], d=d.name, c=c_type(d))
         if family == "clip":
             # a Python int below (above) an integer dtype's range is no bound at all, as in NumPy
             low, high = self.beyond(args[1], d) < 0, self.beyond(args[2], d) > 0
             if low or high:
-                lo, hi = (self.function("maximum"), gen[1]), (self.function("minimum"), gen[2])
+                lo = (self.typed(self.function("maximum"), d), gen[1])
+                hi = (self.typed(self.function("minimum"), d), gen[2])
                 code = gen[0] if low else f"{lo[0]}({gen[0]}, {lo[1]})"
                 return code if high else f"{hi[0]}({code}, {hi[1]})"
-            return self.TEMPLATES["clip"].format(*gen)
+            return self.TEMPLATES["clip"].format(*gen, c=c_type(d))
         if f == "power":
             self.int_power(args[1], d)
             return self.helper(self.HELPERS["**"], d, *gen)
-        return f"{self.function(f)}({gen[0]}, {gen[1]})"  # minimum, maximum, fmin, fmax, arctan2, hypot
+        return f"{self.typed(self.function(f), d)}({gen[0]}, {gen[1]})"  # minimum, maximum, fmin, fmax, arctan2, hypot
 
 
 def generate(generator: type[Generator], expr: Expr, types: Mapping[str, Any], arrays: Sequence[str], *,

@@ -46,7 +46,7 @@ class PythonGenerator(Generator):
     HELPERS = {"/": ("_div", "_div"), "//": ("_ifloordiv", "_ffloordiv"), "%": ("_imod", "_fmod"),
                "**": ("_ipow", "_pow")}
     TEMPLATES = {"not": "(not {0})", "sqrt": "_np.sqrt({0})", "plain": "_t_{d}({0} {op} {1})",
-                 "sign": "_t_{d}(_sign({0}))", "clip": "_min(_max({0}, {1}), {2})", "select": "({1} if {0} else {2})"}
+                 "sign": "_t_{d}(_sign({0}))", "clip": "_min(_max({0}, {1}), {2})", "select": "_where({0}, {1}, {2})"}
 
     def literal(self, value: Any, want: np.dtype) -> str:
         return _py_literal(value, want)
@@ -89,8 +89,49 @@ def python_globals() -> dict[str, Any]:
     if _GLOBALS is not None:
         return _GLOBALS
     import numba
+    from llvmlite import ir
+    from numba.extending import intrinsic
 
     jit = numba.njit(cache=False, error_model="numpy")
+
+    @intrinsic
+    def _raise_divide(typingctx):
+        """Raise the divide-by-zero flag, as NumPy's integer ``//`` and ``%`` by zero do: ``1.0 / 0.0`` of
+        a zero the compiler cannot see (through an empty asm), whose result it must keep."""
+        def codegen(context, builder, signature, args):
+            i64, f64 = ir.IntType(64), ir.DoubleType()
+            zero = builder.asm(ir.FunctionType(i64, [i64]), "", "=r,0", [ir.Constant(i64, 0)], side_effect=True)
+            q = builder.fdiv(ir.Constant(f64, 1.0), builder.sitofp(zero, f64))
+            builder.asm(ir.FunctionType(ir.VoidType(), [i64]), "", "r", [builder.bitcast(q, i64)], side_effect=True)
+            return context.get_dummy_value()
+        return numba.types.none(), codegen
+
+    @jit
+    def _where(c, a, b):  # both values computed first, as NumPy's where (and their flags raised)
+        return a if c else b
+
+    @jit
+    def _pw_leaf(buf, m, zero):  # NumPy's pairwise_sum of m <= 128 values (numpy loops_utils.h.src)
+        if m < 8:
+            res = zero  # NumPy's -0.0: the sign of a zero sum is lost when the identity 0 is added
+            for i in range(m):
+                res += buf[i]
+            return res
+        r0, r1, r2, r3, r4, r5, r6, r7 = buf[0], buf[1], buf[2], buf[3], buf[4], buf[5], buf[6], buf[7]
+        end = m - m % 8
+        for i in range(8, end, 8):
+            r0 += buf[i]
+            r1 += buf[i + 1]
+            r2 += buf[i + 2]
+            r3 += buf[i + 3]
+            r4 += buf[i + 4]
+            r5 += buf[i + 5]
+            r6 += buf[i + 6]
+            r7 += buf[i + 7]
+        res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+        for i in range(end, m):
+            res += buf[i]
+        return res
 
     @jit
     def _max(a, b):
@@ -121,6 +162,7 @@ def python_globals() -> dict[str, Any]:
     @jit
     def _ifloordiv(a, b):
         if b == 0:
+            _raise_divide()
             return a - a
         if b == -1:  # the lowest integer // -1 wraps to itself in NumPy (numba's // gives 0)
             return -a
@@ -129,6 +171,7 @@ def python_globals() -> dict[str, Any]:
     @jit
     def _imod(a, b):
         if b == 0:
+            _raise_divide()
             return a - a
         return a % b
 

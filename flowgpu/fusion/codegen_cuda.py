@@ -16,7 +16,11 @@ import numpy as np
 from flowgpu.fusion.codegen import Generator, c_type, generate
 from flowgpu.fusion.language import Expr
 
-__all__ = ["to_cuda", "CUDA_PREAMBLE", "c_literal"]
+__all__ = ["to_cuda", "CUDA_PREAMBLE", "CUDA_OPTIONS", "c_literal"]
+
+# nvrtc contracts a * b + c into one fused multiply-add by default: one rounding where NumPy (and CuPy's
+# unfused operators, one kernel each) round twice, and finite where NumPy's a * b overflows to inf
+CUDA_OPTIONS = ("--fmad=false",)
 
 _C_FUNCS = {
     "arcsin": "asin", "arccos": "acos", "arctan": "atan", "arcsinh": "asinh", "arccosh": "acosh",
@@ -96,8 +100,8 @@ def c_literal(value: Any, dtype: Any) -> str:
 class CudaGenerator(Generator):
     LOGICAL = {"&": "&&", "|": "||", "^": "!=", "+": "||", "*": "&&"}
     HELPERS = {"//": ("_fg_ifloordiv", "_fg_ffloordiv"), "%": ("_fg_imod", "_fg_fmod"), "**": ("_fg_ipow", "pow")}
-    TEMPLATES = {"not": "(!{0})", "sqrt": "sqrt({0})", "plain": "({0} {op} {1})", "sign": "_fg_sign({0})",
-                 "clip": "_fg_clip({0}, {1}, {2})", "select": "({0} ? {1} : {2})"}
+    TEMPLATES = {"not": "(!{0})", "sqrt": "sqrt({0})", "plain": "({0} {op} {1})", "sign": "_fg_sign<{c}>({0})",
+                 "clip": "_fg_clip<{c}>({0}, {1}, {2})", "select": "({0} ? {1} : {2})"}
 
     def cast(self, code: str, want: np.dtype) -> str:
         return f"(({c_type(want)}){code})"
@@ -108,13 +112,20 @@ class CudaGenerator(Generator):
     def function(self, f: str) -> str:
         return _C_FUNCS.get(f, f)
 
+    def typed(self, name: str, d: np.dtype) -> str:
+        # the template's type given, never deduced: operands of two C types (float16 and the float a
+        # math function returns for it) match no template otherwise (_fg_ffloordiv(float, float16))
+        return f"{name}<{c_type(d)}>" if name.startswith("_fg_") else name
+
     def widens(self, d: np.dtype) -> bool:
-        return d.kind in "iu" and d.itemsize < 4  # C computes char and short in int
+        # C computes char and short in int; CUDA's math functions compute float16 in float: cast back,
+        # so the value is NumPy's (rounded to float16 after each operation) and has the C type float16
+        return (d.kind in "iu" and d.itemsize < 4) or d == np.float16
 
     def abs(self, a: str, d: np.dtype) -> str:
         if d.kind == "f":
             return f"fabs({a})"
-        return a if d.kind in "bu" else f"_fg_iabs({a})"
+        return a if d.kind in "bu" else f"_fg_iabs<{c_type(d)}>({a})"
 
 
 def to_cuda(expr: Expr, types: Mapping[str, Any], arrays: Sequence[str], *, out_dtype: Any = None) -> tuple[str, np.dtype]:

@@ -134,7 +134,7 @@ class FusedPartial:
         # nanmean counts its non-NaN values in a second fused pass (no temporary is written)
         self.count = None if spec.mean != "nanmean" else FusedChunk(
             f"logical_not(isnan({fused.text}))", fused.arrays, fused.scalars, np.dtype("int64"),
-            reduction="sum", axes=fused.axes)
+            reduction="sum", axes=fused.axes, quiet=True)
 
     def __dask_tokenize__(self):
         return ("flowgpu-fused-partial", self.fused.__dask_tokenize__(), self.spec)

@@ -9,8 +9,10 @@ temporary is written; dask combines the per-chunk partial results.
 Compiled kernels are cached per (expression, input dtypes, inlined scalars, output dtype), in
 :mod:`flowgpu.fusion.compiled`; each task runs a :class:`~flowgpu.fusion.chunk.FusedChunk`. Dtypes
 follow NumPy: the result has the dtype NumPy gives the unfused expression (``float32 * 2.0`` stays
-float32). Sums of floats accumulate in float64 inside a chunk (more accurate than NumPy's pairwise
-float32 sum) and are cast back to NumPy's result dtype at the end.
+float32). Reductions accumulate as NumPy's do for the chunk: in NumPy's dtype (a float32 sum in
+float32, integers in the platform's integer) and, on NumPy chunks, in NumPy's order (its pairwise
+summation, products in order), so a sum overflows exactly where NumPy's does. Floating-point
+warnings are NumPy's (:mod:`flowgpu.fusion.chunk`).
 
 Examples
 --------

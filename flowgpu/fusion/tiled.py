@@ -20,7 +20,7 @@ import numpy as np
 
 from flowgpu.backend import import_cupy
 from flowgpu.fusion.codegen import c_type
-from flowgpu.fusion.codegen_cuda import CUDA_PREAMBLE, to_cuda
+from flowgpu.fusion.codegen_cuda import CUDA_OPTIONS, CUDA_PREAMBLE, to_cuda
 from flowgpu.fusion.language import Expr
 
 __all__ = ["applies", "tiled_reduce"]
@@ -117,7 +117,7 @@ def tiled_reduce(expr: Expr, arrays: tuple[str, ...], blocks: tuple, scalars: tu
             types.update(dict(scalars))
             code, _ = to_cuda(expr, types, arrays, out_dtype=val_dtype)
             name = "fg_tiled_" + hashlib.sha1(repr(key).encode()).hexdigest()[:12]  # stable: CuPy's disk cache
-            kern = cp.RawKernel(_source(name, code, dtypes, forder, acc, combine, ident), name)
+            kern = cp.RawKernel(_source(name, code, dtypes, forder, acc, combine, ident), name, options=CUDA_OPTIONS)
             kern.compile()
         except Exception:
             _failed.add(key)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from flowgpu.errors import KernelError
-from flowgpu.fusion import chunk, compiled, fused_elementwise, parse
+from flowgpu.fusion import chunk, compiled, fused_elementwise, fusing, parse
 from tests.tolerance import assert_within_terms
 
 CHAIN = "(x * 2 + 1) ** 2 - x"
@@ -52,10 +52,15 @@ def test_fused_reductions(rng, reduction):
     text = CHAIN if reduction != "prod" else "1 + x * 1e-4"
     out = fused_elementwise(text, {"x": da.from_array(xn, chunks=1500)}, reduction=reduction)
     want = getattr(np, reduction)(ref(text, {"x": xn}))
-    if reduction == "prod":  # the float32 rounding of 10,000 factors adds up: start from the float32 values
-        want = np.prod(parse(text).evaluate({"x": xn}, np).astype(np.float64))
     assert out.dtype == getattr(np, reduction)(xn).dtype == np.float32
     got = out.compute()
+    if reduction == "prod":  # 10,000 float32 products, multiplied in float32 as NumPy and dask multiply
+        values = parse(text).evaluate({"x": xn}, np)
+        assert rel_err(got, np.prod(values.astype(np.float64))) < 1e-4
+        plain = (1 + da.from_array(xn, chunks=1500) * 1e-4).prod()  # as dask code, fused: dask's to the last bit
+        with fusing():
+            assert plain.compute() == plain.compute(optimize_graph=False)
+        return
     assert np.shape(got) == () and rel_err(got, want) < 1e-6
 
 

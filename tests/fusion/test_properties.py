@@ -10,6 +10,11 @@ integers and booleans, NaN and infinities in the same places, and finite floats 
 rounding that the operations allow (:func:`_spread`). Where NumPy raises, both fused ways raise
 the same exception type; NumPy's warnings (overflow, division by zero) are not required of kernels.
 
+``test_dask_reductions_match_numpy_under_warnings_as_errors`` writes reductions as plain dask code
+(``sum``, ``mean``, ``nanmean``, ``min``, ``max``, ``prod``, ``any``, ``all`` with ``axis``, ``keepdims``,
+``dtype=``) over bool, small integer, float16 and float inputs with NaN, infinities and overflow-sized
+values, warnings as errors: there NumPy's warnings are required of the kernels too.
+
 The default run is bounded and deterministic (``derandomize``, a fixed number of examples per
 test); ``FLOWGPU_HYPOTHESIS_EXAMPLES=2000`` runs that many random (not derandomized) examples.
 """
@@ -442,3 +447,104 @@ def test_gpu_elementwise_programs_match_numpy(case):
 @given(programs(reduce=True))
 def test_gpu_reduced_programs_match_numpy(case):
     _on_gpu(case, case[3])
+
+
+# -- reductions written as plain dask code, under warnings-as-errors (issue 28) ---------------------
+
+CHAINS = {  # elementwise code before the reduction, as a user writes it
+    "x * 1": lambda x: x * 1,
+    "x * 2 - 1": lambda x: x * 2 - 1,
+    "abs(x) + x": lambda x: abs(x) + x,
+    "(x > 0) & (x < 5)": lambda x: (x > 0) & (x < 5),
+    "where(x > 0, x, 0)": lambda x: np.where(x > 0, x, 0),
+    "sqrt(abs(x))": lambda x: np.sqrt(abs(x)),
+}
+DASK_REDUCTIONS = ("sum", "mean", "nanmean", "min", "max", "prod", "any", "all")
+REDUCED_DTYPES = [np.dtype(n) for n in ("bool", "int8", "uint8", "int64", "float16", "float32", "float64")]
+
+
+@st.composite
+def dask_reductions(draw):
+    """``(chain, values, chunks, reduction, axis, keepdims, dtype)``: fresh values of one dtype (NaN,
+    infinities and, now and then, values near the dtype's largest), cut into ragged chunks."""
+    dtype = draw(st.sampled_from(REDUCED_DTYPES))
+    ndim = draw(st.integers(1, 3))  # sizes past NumPy's pairwise blocks of 8 and 128 values, a few thousand in all
+    shape = tuple(draw(st.lists(st.sampled_from([1, 3, 8, 17, 40, 300] if ndim < 3 else [1, 2, 5, 13, 20]),
+                                min_size=ndim, max_size=ndim)))
+    values = _values(np.random.default_rng(draw(st.integers(0, 2**32 - 1))), dtype, shape)
+    huge = dtype.kind == "f" and draw(st.booleans())
+    if huge:  # overflow-sized: sums and products of a few overflow
+        with np.errstate(over="ignore"):
+            values = values * np.asarray(np.finfo(dtype).max / 4, dtype=dtype)
+    chunks = tuple(_chunks(draw, s) for s in shape)
+    name = draw(st.sampled_from(DASK_REDUCTIONS))
+    ndim = len(shape)
+    axis = draw(st.one_of(st.none(), st.integers(-ndim, ndim - 1),
+                          st.sets(st.integers(0, ndim - 1), min_size=1, max_size=ndim).map(tuple)))
+    dtypes = {"sum": [None, None, "int64", "float32", "float64"], "prod": [None, None, "float64"],
+              "mean": [None, None, "float32", "float64"]}.get(name, [None])
+    acc = draw(st.sampled_from(dtypes))
+    if acc is not None and np.dtype(acc).kind != "f" and dtype.kind == "f":
+        acc = None  # a float's cast to an integer is the platform's beyond the range (and warns there)
+    return draw(st.sampled_from(sorted(CHAINS))), values, chunks, name, axis, draw(st.booleans()), acc, huge
+
+
+def _as_errors(fn):
+    """``fn()`` with every warning an error (as ``pytest -W error``): ``("ok", value)`` or ``("raises", type)``."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            return "ok", fn()
+    except Exception as e:  # noqa: BLE001 - the type is what is compared
+        return "raises", type(e)
+
+
+@pytest.mark.timeout(TIMEOUT)
+@settings(PROFILE, max_examples=max(10, PROFILE.max_examples // 2))
+@given(dask_reductions())
+def test_dask_reductions_match_numpy_under_warnings_as_errors(case):
+    """A chain and one of dask's reductions, plain and fused on the same chunks, warnings as errors:
+    fused gives plain dask's answer exactly (value to the last bit, NaN and infinities, dtype, and the
+    same warning raised), and NumPy's dtype and values (within the rounding a sum's other grouping
+    allows; where values near the largest float are summed, the grouping also decides what
+    overflows, so there only plain dask is the reference)."""
+    chain, values, chunks, name, axis, keepdims, acc, huge = case
+    kwargs = {"axis": axis, "keepdims": keepdims, **({"dtype": acc} if acc is not None else {})}
+    x = da.from_array(values, chunks=chunks)
+
+    def program(xp, v):
+        return getattr(xp, name)(CHAINS[chain](v), **kwargs)
+
+    label = f"{name}({chain}, {kwargs}) over {values.dtype} {values.shape} in {chunks}"
+    plain = _as_errors(lambda: program(da, x).compute(scheduler="sync"))
+    with fusing():
+        fused = _as_errors(lambda: program(da, x).compute(scheduler="sync"))
+    assert fused[0] == plain[0], f"{label}: fused {fused}, plain dask {plain}"
+    if plain[0] == "raises":
+        assert fused[1] is plain[1], f"{label}: fused raises {fused[1]}, plain dask {plain[1]}"
+        return
+    got, want = np.asarray(fused[1]), np.asarray(plain[1])
+    assert (got.dtype, got.shape) == (want.dtype, want.shape), f"{label}: {got.dtype} {got.shape}, dask {want.dtype}"
+    same = (got == want) | (np.isnan(got) & np.isnan(want)) if got.dtype.kind == "f" else got == want
+    assert same.all(), f"{label}: fused {got[~same][:5]}, plain dask {want[~same][:5]}"
+    reference = _as_errors(lambda: program(np, values))
+    if huge:
+        return
+    assert reference[0] == "ok" or reference[1] is not RuntimeWarning, f"{label}: NumPy warns, fused does not"
+    if reference[0] != "ok":
+        return
+    ref = np.asarray(reference[1])
+    assert got.dtype == ref.dtype and got.shape == ref.shape, f"{label}: {got.dtype}, NumPy {ref.dtype}"
+    if ref.dtype.kind != "f":
+        assert (got == ref).all(), f"{label}: {got}, NumPy {ref}"
+        return
+    finite = np.isfinite(ref)
+    assert ((got == ref) | (np.isnan(got) & np.isnan(ref)) | finite).all(), f"{label}: {got}, NumPy {ref}"
+    n = max(1, values.size // max(1, ref.size))
+    with np.errstate(all="ignore"):
+        scale = getattr(np, "nansum" if "nan" in name else "sum")(
+            np.abs(CHAINS[chain](values).astype(np.float64)), axis=axis, keepdims=keepdims)
+        scale = scale / n if "mean" in name else scale if name == "sum" else np.abs(ref.astype(np.float64))
+        tol = 4 * n * np.finfo(ref.dtype).eps * np.where(np.isfinite(scale), scale, 0) + np.finfo(ref.dtype).tiny
+        err = np.abs(got.astype(np.float64) - ref.astype(np.float64))
+    assert (~finite | (err <= tol)).all(), f"{label}: {got}, NumPy {ref}"
