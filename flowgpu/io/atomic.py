@@ -17,6 +17,7 @@ import json
 import os
 import stat
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
 
@@ -31,7 +32,7 @@ from flowgpu.io.paths import resolve
 
 __all__ = ["MARKER", "TMP_TAG", "AtomicPath", "Refused", "atomic_output", "canonical", "check_writable", "clean",
            "commit_together", "hold", "marker_path", "output_error", "protected_paths", "replaces_protected",
-           "starts_with", "written_by_flowgpu"]
+           "starts_with", "write_text", "written_by_flowgpu"]
 
 TMP_TAG = STAGE_TAG
 _FIXES = {
@@ -108,6 +109,29 @@ def starts_with(path: str, head: bytes) -> bool:
         return stat.S_ISREG(os.fstat(fd).st_mode) and os.pread(fd, len(head), 0) == head
     finally:
         os.close(fd)
+
+
+def write_text(path: str | os.PathLike, text: str, *, head: bytes | None = None, what: str = "") -> None:
+    """Write ``text`` at ``path`` atomically: a temporary file beside it (0600), synced, then renamed
+    over it. With ``head`` (a run's ``--summary``/``--report`` without ``--overwrite``), refuse to
+    replace a file that does not begin with it: one that is not a ``what`` flowgpu wrote."""
+    path = os.fspath(path)
+    if head is not None and os.path.lexists(path) and not starts_with(path, head):
+        raise OutputExistsError(f"{path!r} already exists and is not a {what} flowgpu wrote; choose another "
+                                "path, or pass --overwrite (overwrite=True) to replace it")
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)  # as an output's folder is made
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def _stage_owner(stage: str) -> dict | None:

@@ -28,19 +28,18 @@ their inputs (Hamilton's style)::
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import difflib
 import inspect
 import os
 import re
-import tempfile
 from collections.abc import Callable
 from typing import Any
 
 import yaml
 
 from flowgpu import pipeline as api
+from flowgpu.io import atomic
 from flowgpu.pipeline.build import build, load
 from flowgpu.pipeline.compiler import Plan, compile
 from flowgpu.pipeline.planning import describe
@@ -258,7 +257,7 @@ class Pipeline:
         if schema:
             text = f"# yaml-language-server: $schema={schema}\n{text}"
         if path is not None:
-            _write_text(os.fspath(path), text)
+            atomic.write_text(path, text)
         return text
 
     def compile(self, params: dict[str, Any] | None = None, **kwargs: Any) -> Plan:
@@ -399,15 +398,3 @@ class Pipeline:
         self._data["steps"][step] = entry
         self._functions[func] = Ref(self, step, "step")
 
-
-def _write_text(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file beside it, renamed into place."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=os.path.dirname(os.path.abspath(path)))
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise

@@ -28,7 +28,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -40,6 +39,7 @@ from distributed.security import Security
 from flowgpu import __version__, config
 from flowgpu.errors import ClusterError, ClusterRunningError, ConfigError
 from flowgpu.io import lock
+from flowgpu.io.atomic import write_text
 from flowgpu.runtime import probe, security
 from flowgpu.runtime.options import resolve
 
@@ -82,31 +82,17 @@ def directory(create: bool = False) -> str:
     return path
 
 
-def write_private(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` atomically, readable by this user only (0600)."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=os.path.dirname(path))  # 0600
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-
-
 def make_credentials(folder: str) -> Security:
     """TLS credentials made for a new cluster, also written (0600) into ``folder`` for clients."""
     made = security.for_local("temporary")
     pems = {"tls_ca_file": made.tls_ca_file, "tls_cert": made.tls_client_cert, "tls_key": made.tls_client_key}
     for key, name in CREDENTIALS.items():
-        write_private(os.path.join(folder, name), pems[key])
+        write_text(os.path.join(folder, name), pems[key])
     return made
 
 
 def record(folder: str, state: dict) -> None:
-    write_private(os.path.join(folder, STATE), json.dumps(state, indent=2, default=str))
+    write_text(os.path.join(folder, STATE), json.dumps(state, indent=2, default=str))
 
 
 def forget(folder: str) -> None:
