@@ -43,7 +43,8 @@ from flowgpu import importcheck
 from flowgpu.errors import ImportPathError
 
 __all__ = ["Entry", "Registry", "Options", "OpenOptions", "options_model", "import_object", "add_import_dirs",
-           "checking_only", "pickled_by_value", "trusted_modules", "trusting", "check_trusted", "recording_imports"]
+           "checking_only", "import_candidates", "pickled_by_value", "trusted_modules", "trusting", "check_trusted",
+           "recording_imports"]
 
 T = TypeVar("T", bound="Entry")
 
@@ -248,8 +249,8 @@ def pickled_by_value(obj: Any) -> bytes | None:
     return cloudpickle.dumps(obj)
 
 
-def _candidates(path: str) -> list[tuple[str, str]]:
-    """(module, attribute path) pairs for ``path``, the longest module first."""
+def import_candidates(path: str) -> list[tuple[str, str]]:
+    """(module, attribute path) pairs an import path may mean, the longest module first."""
     if ":" in path:
         module, _, attr = path.partition(":")
         return [(module, attr)]
@@ -381,7 +382,7 @@ def import_object(path: Any, *, what: str = "import path") -> Any:
         raise _fail(what, path, "is not an import path", form)
     check_trusted(path, what=what)
     missing: str | None = None
-    for module_name, attr in _candidates(path):
+    for module_name, attr in import_candidates(path):
         if not module_name or not attr or not all(p.isidentifier() for p in (*module_name.split("."),
                                                                             *attr.split("."))):
             raise _fail(what, path, "is not an import path", form)
