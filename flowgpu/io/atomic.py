@@ -27,7 +27,7 @@ from flowgpu.io.journal import (MARKER, STAGE_TAG, Output, Refused, Transaction,
                                 recover_journal, referenced_stages, remove, stage_dir, stages_in,
                                 written_by_flowgpu)
 from flowgpu.io.lock import (OutputLock, alive, describe, held, is_record, lock_path, locked_targets, owner,
-                            remove_stale)
+                            read_head, read_record, remove_stale)
 from flowgpu.io.paths import resolve
 
 __all__ = ["MARKER", "TMP_TAG", "AtomicPath", "Refused", "atomic_output", "canonical", "check_writable", "clean",
@@ -101,14 +101,7 @@ def canonical(path: str) -> str:
 def starts_with(path: str, head: bytes) -> bool:
     """Whether ``path`` is a regular file (not a link) that begins with ``head``: how a summary or a
     report that flowgpu wrote is told from a user's file."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
-        return False
-    try:
-        return stat.S_ISREG(os.fstat(fd).st_mode) and os.pread(fd, len(head), 0) == head
-    finally:
-        os.close(fd)
+    return read_head(path, len(head)) == head
 
 
 def write_text(path: str | os.PathLike, text: str, *, head: bytes | None = None, what: str = "") -> None:
@@ -139,15 +132,11 @@ def _stage_owner(stage: str) -> dict | None:
     ``stage`` carries none: a user's folder named like one, a copy (another inode), another user's."""
     try:
         info = os.lstat(stage)
-        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
-            return None
-        fd = os.open(os.path.join(stage, "owner.json"), os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
-        try:
-            record = json.loads(os.pread(fd, 4096, 0)) if stat.S_ISREG(os.fstat(fd).st_mode) else None
-        finally:
-            os.close(fd)
-    except (OSError, ValueError):
+    except OSError:
         return None
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
+        return None
+    record = read_record(os.path.join(stage, "owner.json"))
     return record if is_record(record) and record.get("ino") == info.st_ino else None
 
 
