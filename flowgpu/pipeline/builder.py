@@ -29,7 +29,6 @@ their inputs (Hamilton's style)::
 from __future__ import annotations
 
 import copy
-import difflib
 import inspect
 import os
 import re
@@ -39,6 +38,7 @@ from typing import Any
 import yaml
 
 from flowgpu import pipeline as api
+from flowgpu.errors import did_you_mean
 from flowgpu.io import atomic
 from flowgpu.pipeline.build import build, load
 from flowgpu.pipeline.compiler import Plan, compile
@@ -231,10 +231,9 @@ class Pipeline:
         known = list(self._data["params"]) if param is not None else self._nodes()
         if (param or name) in known:
             return Ref(self, param, "param") if param is not None else Ref(self, name, self._kind(name))
-        close = difflib.get_close_matches(str(param or name), [str(k) for k in known], n=1)
         raise call_site(__file__).error(f"pipeline {self.name!r} has no {'param' if param else 'input or step'} "
-                                        f"{name!r}", hint=f"did you mean {close[0]!r}?" if close else
-                                        f"it has: {', '.join(map(str, known)) or 'none'}")
+                                        f"{name!r}", hint=did_you_mean(param or name, known, "it has: "
+                                                                       f"{', '.join(map(str, known)) or 'none'}"))
 
     # -- using --------------------------------------------------------------------------------------
     @property
@@ -377,11 +376,10 @@ class Pipeline:
                 continue
             ref = bound.get(par.name)
             if ref is None and par.name not in self._nodes():
-                close = difflib.get_close_matches(par.name, self._nodes(), n=1)
                 raise site.error(f"step function {what!r}: parameter {par.name!r} names no input or step of "
-                                 f"{self.name!r}", ("steps", step, "inputs"),
-                                 hint=f"did you mean {close[0]!r}?" if close else
-                                 f"define {par.name!r} first, or bind it: @p.blocks({par.name}=ref)")
+                                 f"{self.name!r}", ("steps", step, "inputs"), hint=did_you_mean(
+                                     par.name, self._nodes(),
+                                     f"define {par.name!r} first, or bind it: @p.blocks({par.name}=ref)"))
             inputs.append(self._node(site, ref, ("steps", step, "inputs"), site.keyword(par.name)) if ref is not None
                           else par.name)
         extra = sorted(set(bound) - {par.name for par in params})
