@@ -33,7 +33,7 @@ from dask.array.utils import validate_axis
 from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph
 
-from flowgpu.backend import import_cupy, is_cupy
+from flowgpu.backend import empty_meta, import_cupy, is_cupy
 from flowgpu.errors import KernelError
 from flowgpu.fusion.chunk import FusedChunk
 from flowgpu.fusion.codegen import Unfusable
@@ -70,9 +70,7 @@ def _split_inputs(expr: Expr, inputs: Mapping[str, Any]) -> tuple[dict[str, da.A
 
 
 def _meta(arrays: list[da.Array], dtype: np.dtype, ndim: int):
-    metas = [a._meta for a in arrays]
-    xp = import_cupy() if any(is_cupy(m) for m in metas) else np
-    return xp.empty((0,) * ndim, dtype=dtype)
+    return empty_meta(any(is_cupy(a._meta) for a in arrays), dtype, ndim)
 
 
 def fused_elementwise(expression: str, inputs: Mapping[str, Any], *, dtype: Any = None,

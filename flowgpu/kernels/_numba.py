@@ -33,12 +33,12 @@ from dask.base import tokenize
 if not hasattr(np, "row_stack"):
     np.row_stack = np.vstack
 
-from flowgpu.backend import import_cupy, is_cupy
+from flowgpu.backend import empty_meta, import_cupy, is_cupy
 from flowgpu.errors import KernelError
 
 __all__ = [
     "Signature", "parse_signatures", "select_signature", "infer_return_dtype", "cached", "new_key",
-    "is_scalar", "arg_dtype", "any_cupy", "meta_array", "numba_stream", "numba_view", "describe",
+    "is_scalar", "arg_dtype", "any_cupy", "numba_stream", "numba_view", "describe",
     "map_broadcast", "cuda_ufunc", "NumbaUfunc",
 ]
 
@@ -233,11 +233,6 @@ def any_cupy(args: Sequence[Any]) -> bool:
     return False
 
 
-def meta_array(cupy: bool, dtype: Any, ndim: int):
-    xp = import_cupy() if cupy else np
-    return xp.empty((0,) * ndim, dtype=dtype)
-
-
 def numba_stream():
     """A numba stream object for CuPy's current stream, so numba kernels queue behind CuPy's work."""
     from numba import cuda
@@ -305,7 +300,7 @@ def map_broadcast(func: Callable, args: Sequence[Any], dtype: Any, *, name: str,
     pairs = []
     for a in dargs:
         pairs += [a, tuple(range(a.ndim))[::-1] if isinstance(a, da.Array) else None]
-    meta = meta_array(any_cupy(dargs) if cupy is None else cupy, dtype, ndim)
+    meta = empty_meta(any_cupy(dargs) if cupy is None else cupy, dtype, ndim)
     return da.blockwise(func, tuple(range(ndim))[::-1], *pairs, dtype=dtype, meta=meta,
                         name=f"{name}-{tokenize(*token, *dargs)}")
 

@@ -43,7 +43,7 @@ import dask.array as da
 import numpy as np
 from dask.base import tokenize
 
-from flowgpu.backend import import_cupy, is_cupy
+from flowgpu.backend import empty_meta, import_cupy, is_cupy
 from flowgpu.errors import KernelError
 from flowgpu.kernels import _numba as nb
 
@@ -163,7 +163,7 @@ class DLPackFunction:
         arrays = [a for a in dargs if isinstance(a, da.Array)]
         ndim = max(a.ndim for a in arrays)
         if self.dtype is not None:
-            return nb.meta_array(cupy, self.dtype, ndim)
+            return empty_meta(cupy, self.dtype, ndim)
         xp = import_cupy() if cupy else np
         sample = [xp.ones((1,) * a.ndim, dtype=a.dtype) if isinstance(a, da.Array) else a
                   for a in dargs]
@@ -171,7 +171,7 @@ class DLPackFunction:
             dtype = self.apply(*sample, **kwargs).dtype
         except Exception:
             dtype = arrays[0].dtype
-        return nb.meta_array(cupy, dtype, ndim)
+        return empty_meta(cupy, dtype, ndim)
 
     def __call__(self, *arrays: Any, **kwargs: Any) -> Any:
         """Apply to dask arrays (lazy) or NumPy/CuPy arrays (at once); ``kwargs`` go to ``fn``."""
