@@ -376,15 +376,14 @@ class PinnedPool:
                 self._growing.discard(size)
                 if buf is None:
                     self.allocated -= size
+                    self._grower_running = False
                 else:
                     self._free[size].append(buf)
                     self.allocations += 1
                     self.background_allocations += 1
-                if buf is None:
-                    self._grower_running = False
                 self._cond.notify_all()
-                if buf is None:
-                    return
+            if buf is None:
+                return
 
     def _trim_locked(self, nbytes: int) -> int:
         freed = 0
