@@ -219,11 +219,6 @@ def cached(key: Any, build: Callable[[], Any]) -> Any:
         return _cache[key]
 
 
-def wrap_compile_error(name: str, target: str, sig: Any, e: BaseException) -> KernelError:
-    return KernelError(f"{name}: numba could not compile it for the {target} target with signature "
-                       f"{sig}: {_first_line(e)}")
-
-
 # -- chunks and CuPy ----------------------------------------------------------------------------
 def any_cupy(args: Sequence[Any]) -> bool:
     """True when any argument is a CuPy array, or a dask array whose chunks are CuPy."""
@@ -366,6 +361,7 @@ class NumbaUfunc:
                 return getattr(numba, self.KIND)(*args)(self.pyfunc)
             except Exception as e:
                 shown = sig.source if sig.source is not None else sig
-                raise wrap_compile_error(self.__name__, target, shown, e) from None
+                raise KernelError(f"{self.__name__}: numba could not compile it for the {target} target with "
+                                  f"signature {shown}: {_first_line(e)}") from None
 
         return cached((self._key, target, sig.inputs, sig.outputs), build)
