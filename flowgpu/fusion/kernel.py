@@ -22,6 +22,7 @@ Examples
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Mapping
 from typing import Any
@@ -106,10 +107,8 @@ def fused_elementwise(expression: str, inputs: Mapping[str, Any], *, dtype: Any 
     types = {**{n: a.dtype for n, a in arrays.items()}, **dict(scalars)}
     natural = expr.result_dtype(types)
     out_dtype = np.dtype(dtype) if dtype is not None else natural
-    try:
+    with contextlib.suppress(Unfusable):  # each chunk is computed by its array library (FusedChunk)
         to_python(expr, types, names, out_dtype=out_dtype)  # refuse complex, strings, ... here
-    except Unfusable:
-        pass  # each chunk is computed by its array library (FusedChunk)
     ndim = max(a.ndim for a in arrays.values())
     arrs = list(arrays.values())
     if reduction is None:

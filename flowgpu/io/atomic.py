@@ -240,10 +240,8 @@ def hold(targets: Iterable[str], wait: bool = True, notify: Callable[[str], None
         for lock in reversed(locks):
             lock.release()
         for folder in sorted(made, key=len, reverse=True):  # a run that wrote nothing leaves no new folder
-            try:
+            with contextlib.suppress(OSError):
                 os.rmdir(folder)
-            except OSError:
-                pass
 
 
 def _missing_folders(folder: str) -> list[str]:

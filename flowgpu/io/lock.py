@@ -12,6 +12,7 @@ the lock (filelock leaves it on Unix), so a finished run leaves nothing behind.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -195,8 +196,6 @@ class OutputLock:
         if not self._lock.is_locked:
             return
         getattr(_held, "locks", {}).pop(self.target, None)
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(self.path)  # while still held: a waiter that then locks the removed file opens it again
-        except OSError:
-            pass
         self._lock.release()

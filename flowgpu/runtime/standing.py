@@ -22,6 +22,7 @@ also kill any recorded worker still there.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -98,10 +99,8 @@ def record(folder: str, state: dict) -> None:
 def forget(folder: str) -> None:
     """Remove the state and the credentials (the log stays, for what happened)."""
     for name in (STATE, *CREDENTIALS.values()):
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(os.path.join(folder, name))
-        except FileNotFoundError:
-            pass
 
 
 def _read(folder: str) -> dict | None:
@@ -145,10 +144,8 @@ def _processes(state: dict) -> list[psutil.Process]:
     daemon = _process(state.get("daemon"))
     if daemon is not None:
         found[daemon.pid] = daemon
-        try:
+        with contextlib.suppress(psutil.Error):
             found.update((p.pid, p) for p in daemon.children(recursive=True))
-        except psutil.Error:
-            pass
     for rec in (state.get("workers") or {}).values():
         p = _process(rec)
         if p is not None:
@@ -174,10 +171,8 @@ def _end(procs: list[psutil.Process], timeout: float, notify: Notify | None) -> 
     if notify:
         notify(f"pid(s) {', '.join(str(p.pid) for p in left)} did not exit within {timeout:g}s; killing them")
     for p in left:
-        try:
+        with contextlib.suppress(psutil.Error):
             p.kill()
-        except psutil.Error:
-            pass
     left = _wait_gone(left, 10)
     if left:
         raise ClusterError(f"pid(s) {', '.join(str(p.pid) for p in left)} would not die after SIGKILL; "
@@ -320,10 +315,8 @@ def stop(timeout: float = STOP_TIMEOUT, notify: Notify | None = _say) -> dict | 
     if state is None:
         return None
     procs = _processes(state)
-    try:
+    with contextlib.suppress(psutil.NoSuchProcess):
         procs[0].send_signal(signal.SIGTERM)
-    except psutil.NoSuchProcess:
-        pass
     _end(procs, timeout, notify)
     forget(folder)  # the daemon removes them too; not when it was killed
     return state
