@@ -39,7 +39,7 @@ from flowgpu.errors import KernelError
 __all__ = [
     "Signature", "parse_signatures", "select_signature", "infer_return_dtype", "cached", "new_key",
     "is_scalar", "arg_dtype", "any_cupy", "numba_stream", "numba_view", "describe",
-    "map_broadcast", "cuda_ufunc", "NumbaUfunc",
+    "map_broadcast", "cuda_ufunc", "Named", "NumbaUfunc",
 ]
 
 _PYTHON_SCALARS = (bool, int, float, complex)
@@ -315,7 +315,21 @@ def cuda_ufunc(kind: str, pyfunc: Callable, *args: Any) -> Any:
         return getattr(cuda, kind)(*args)(pyfunc)
 
 
-class NumbaUfunc:
+class Named:
+    """What the decorators' objects share: each stands for a user function (its name, module and
+    docstring) and is tokenized by a key of its own (:func:`new_key`), not by its code."""
+
+    def _stand_for(self, func: Any, name: str, doc: str | None = None) -> None:
+        self.__name__ = self.__qualname__ = name
+        self.__module__ = getattr(func, "__module__", None) or type(self).__module__
+        self.__doc__ = func.__doc__ if doc is None else doc
+        self._key = new_key(name)
+
+    def __dask_tokenize__(self):
+        return self._key
+
+
+class NumbaUfunc(Named):
     """A (generalised) ufunc of ``pyfunc`` compiled by numba: ``KIND`` is ``numba.vectorize`` or
     ``numba.guvectorize``; a subclass says the decorator's arguments for a signature
     (:meth:`numba_args`) and how to run it on NumPy chunks (``_apply_cpu``) and CuPy chunks
@@ -325,14 +339,7 @@ class NumbaUfunc:
 
     def __init__(self, pyfunc: Callable, name: str | None, default: str):
         self.pyfunc = pyfunc
-        self.__name__ = name or getattr(pyfunc, "__name__", default)
-        self.__qualname__ = self.__name__
-        self.__module__ = getattr(pyfunc, "__module__", None) or type(self).__module__
-        self.__doc__ = pyfunc.__doc__
-        self._key = new_key(self.__name__)
-
-    def __dask_tokenize__(self):
-        return self._key
+        self._stand_for(pyfunc, name or getattr(pyfunc, "__name__", default))
 
     def numba_args(self, sig: Signature) -> tuple:
         raise NotImplementedError

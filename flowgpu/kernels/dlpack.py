@@ -116,7 +116,7 @@ def _to_host(result: Any) -> Any:
         return np.asarray(result)
 
 
-class DLPackFunction:
+class DLPackFunction(nb.Named):
     """``fn`` applied chunk by chunk through DLPack; made by :func:`dlpack_map`."""
 
     def __init__(self, fn: Callable, framework: str = "torch", *, dtype: Any = None,
@@ -130,17 +130,11 @@ class DLPackFunction:
         self.framework = framework
         self.dtype = np.dtype(dtype) if dtype is not None else None
         self.map_blocks_kwargs = map_blocks_kwargs
-        self.__name__ = self.__qualname__ = name or getattr(fn, "__name__", "dlpack_fn")
-        self.__module__ = getattr(fn, "__module__", None) or __name__
-        self.__doc__ = fn.__doc__
+        self._stand_for(fn, name or getattr(fn, "__name__", "dlpack_fn"))
         self.__signature__ = nb.describe(fn)
-        self._key = nb.new_key(self.__name__)
 
     def __repr__(self) -> str:
         return f"<flowgpu.dlpack_map {self.__name__} via {self.framework}>"
-
-    def __dask_tokenize__(self):
-        return self._key
 
     def apply(self, *chunks: Any, **kwargs: Any) -> Any:
         """Run ``fn`` on in-memory chunks (NumPy or CuPy) and return the chunk type back."""
