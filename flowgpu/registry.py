@@ -39,7 +39,7 @@ import dask.config
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from flowgpu import importcheck
-from flowgpu.errors import did_you_mean, ImportPathError
+from flowgpu.errors import ImportPathError, did_you_mean
 
 __all__ = ["Entry", "Registry", "Options", "OpenOptions", "options_model", "import_object", "add_import_dirs",
            "checking_only", "import_candidates", "pickled_by_value", "trusted_modules", "trusting", "check_trusted",

@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from flowgpu.errors import did_you_mean, SpecError
+from flowgpu.errors import SpecError, did_you_mean
 from flowgpu.io import sinks, sources
 from flowgpu.pipeline import spec as S
 from flowgpu.pipeline.loader import SourceMap, read_yaml

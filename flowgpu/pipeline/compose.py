@@ -17,7 +17,7 @@ from typing import Any
 import dask.array as da
 import numpy as np
 
-from flowgpu.errors import did_you_mean, SpecError, SpecLimitError
+from flowgpu.errors import SpecError, SpecLimitError, did_you_mean
 from flowgpu.pipeline.build import build
 from flowgpu.pipeline.loader import SourceMap, limit, read_yaml
 from flowgpu.pipeline.spec import Spec
