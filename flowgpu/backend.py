@@ -28,6 +28,7 @@ __all__ = [
     "import_cupy",
     "is_cupy",
     "array_module",
+    "empty_meta",
     "current_backend",
     "gpu_count",
     "has_gpu",
@@ -61,6 +62,11 @@ def array_module(x: Any):
     if is_cupy(x):
         return import_cupy()
     return np
+
+
+def empty_meta(cupy: bool, dtype: Any, ndim: int):
+    """An empty CuPy (``cupy``) or NumPy array of ``dtype`` and ``ndim``, for dask's ``meta=``."""
+    return (import_cupy() if cupy else np).empty((0,) * ndim, dtype=dtype)
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,11 @@ for failures while running, ...). Messages say what was wrong, where, and how to
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
+
 __all__ = [
+    "did_you_mean",
     "FlowgpuError",
     "ConfigError",
     "SourceError",
@@ -166,3 +170,9 @@ class OutputLockedError(OutputError):
 
 class RunError(FlowgpuError, RuntimeError):
     """A pipeline failed while running."""
+
+
+def did_you_mean(name: object, known: Iterable[object], otherwise: str = "", n: int = 1) -> str:
+    """``"did you mean 'x'?"`` naming the ``n`` closest of ``known`` to ``name``, else ``otherwise``."""
+    close = difflib.get_close_matches(str(name), [str(k) for k in known], n=n)
+    return f"did you mean {', '.join(map(repr, close))}?" if close else otherwise

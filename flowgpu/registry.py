@@ -19,7 +19,6 @@ and of the ``flowgpu.trusted-modules`` setting that, when set, limits what it ma
 
 from __future__ import annotations
 
-import difflib
 import functools
 import importlib
 import inspect
@@ -31,7 +30,7 @@ import contextvars
 import typing
 import warnings
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any, Generic, TypeVar
 
@@ -40,10 +39,11 @@ import dask.config
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from flowgpu import importcheck
-from flowgpu.errors import ImportPathError
+from flowgpu.errors import ImportPathError, did_you_mean
 
 __all__ = ["Entry", "Registry", "Options", "OpenOptions", "options_model", "import_object", "add_import_dirs",
-           "checking_only", "pickled_by_value", "trusted_modules", "trusting", "check_trusted", "recording_imports"]
+           "checking_only", "import_candidates", "pickled_by_value", "trusted_modules", "trusting", "check_trusted",
+           "recording_imports"]
 
 T = TypeVar("T", bound="Entry")
 
@@ -147,11 +147,9 @@ class Registry(Generic[T]):
     def suggest(self, name: Any, known: Iterable[str] | None = None) -> str:
         """'did you mean ...?' for ``name``, else the names to choose from."""
         known = sorted(known if known is not None else self.names())
-        close = difflib.get_close_matches(str(name), known, n=3, cutoff=0.6)
-        if close:
-            return f"did you mean {', '.join(repr(c) for c in close)}?"
         listing = f"run 'flowgpu {self.what}s' to list them"
-        return f"choose one of {', '.join(known)} ({listing})" if len(known) <= 12 else listing
+        return did_you_mean(name, known, f"choose one of {', '.join(known)} ({listing})" if len(known) <= 12
+                            else listing, n=3)
 
     def names(self) -> list[str]:
         self._load_plugins()
@@ -248,8 +246,8 @@ def pickled_by_value(obj: Any) -> bytes | None:
     return cloudpickle.dumps(obj)
 
 
-def _candidates(path: str) -> list[tuple[str, str]]:
-    """(module, attribute path) pairs for ``path``, the longest module first."""
+def import_candidates(path: str) -> list[tuple[str, str]]:
+    """(module, attribute path) pairs an import path may mean, the longest module first."""
     if ":" in path:
         module, _, attr = path.partition(":")
         return [(module, attr)]
@@ -288,9 +286,8 @@ def _checked(what: str, path: str, module_name: str, attr: str) -> Any:
         return None
     if verdict == importcheck.NOT_FOUND:
         name = attr.split(".")[0]
-        close = difflib.get_close_matches(name, detail, n=3)
-        fix = f"did you mean {', '.join(repr(c) for c in close)}?" if close else "check the spelling"
-        raise _fail(what, path, f"{module_name!r} has no attribute {name!r}", fix)
+        raise _fail(what, path, f"{module_name!r} has no attribute {name!r}",
+                    did_you_mean(name, detail, "check the spelling", n=3))
     return importcheck.Unimported(path, detail if verdict == "found" else None)
 
 
@@ -381,7 +378,7 @@ def import_object(path: Any, *, what: str = "import path") -> Any:
         raise _fail(what, path, "is not an import path", form)
     check_trusted(path, what=what)
     missing: str | None = None
-    for module_name, attr in _candidates(path):
+    for module_name, attr in import_candidates(path):
         if not module_name or not attr or not all(p.isidentifier() for p in (*module_name.split("."),
                                                                             *attr.split("."))):
             raise _fail(what, path, "is not an import path", form)
@@ -406,9 +403,8 @@ def import_object(path: Any, *, what: str = "import path") -> Any:
         owner = module_name
         for name in attr.split("."):
             if not hasattr(obj, name):
-                close = difflib.get_close_matches(name, [n for n in dir(obj) if not n.startswith("_")], n=3)
-                fix = f"did you mean {', '.join(repr(c) for c in close)}?" if close else "check the spelling"
-                raise _fail(what, path, f"{owner!r} has no attribute {name!r}", fix)
+                raise _fail(what, path, f"{owner!r} has no attribute {name!r}", did_you_mean(
+                    name, [n for n in dir(obj) if not n.startswith("_")], "check the spelling", n=3))
             obj = getattr(obj, name)
             owner = f"{owner}.{name}"
         _record(what, path)

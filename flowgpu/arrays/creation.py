@@ -15,7 +15,7 @@ from flowgpu import config
 from flowgpu.arrays import random as _random
 from flowgpu.arrays.chunks import resolve_chunks, target_chunk_bytes
 from flowgpu.arrays.movement import to_device
-from flowgpu.backend import current_backend, import_cupy, is_cupy
+from flowgpu.backend import current_backend, empty_meta, import_cupy, is_cupy
 from flowgpu.errors import ChunkError, ConfigError
 
 __all__ = ["random", "normal", "zeros", "ones", "full", "arange", "from_array", "meta_for", "check_size",
@@ -26,9 +26,7 @@ _INDEX_MAX = 2**63 - 1  # the most elements a 64-bit index (NumPy's, dask's) can
 
 def meta_for(dtype: Any, ndim: int = 0, backend: str | None = None):
     """An empty array of the current backend, for dask's ``meta=``."""
-    backend = backend or current_backend()
-    xp = import_cupy() if backend == "cupy" else np
-    return xp.empty((0,) * ndim, dtype=dtype)
+    return empty_meta((backend or current_backend()) == "cupy", dtype, ndim)
 
 
 def _shape(shape: Any) -> tuple[int, ...]:
@@ -130,6 +128,13 @@ def _generated(block_fn, shape, dtype, chunks, **kwargs) -> da.Array:
     return da.map_blocks(block, chunks=normalized, dtype=dtype, meta=meta_for(dtype, len(shape), backend))
 
 
+def _generated_random(block_fn, what: str, shape: Any, dtype: Any, seed: Any, chunks: Any) -> da.Array:
+    shape, dtype = _shape(shape), np.dtype(dtype)
+    if dtype not in _random.UNIFORM_DTYPES:
+        raise ConfigError(f"{what}() makes float32 or float64, not {dtype}; cast afterwards with .astype()")
+    return _generated(block_fn, shape, dtype, chunks, key=_random.seed_key(_seed(seed)))
+
+
 def random(shape: Any, dtype: Any = "float64", seed: int | None = None, chunks: Any = "auto") -> da.Array:
     """Uniform random numbers in [0, 1), reproducible per seed.
 
@@ -143,27 +148,16 @@ def random(shape: Any, dtype: Any = "float64", seed: int | None = None, chunks: 
     >>> bool(((x >= 0) & (x < 1)).all().compute())
     True
     """
-    shape = _shape(shape)
-    dtype = np.dtype(dtype)
-    if dtype not in _random.UNIFORM_DTYPES:
-        raise ConfigError(f"random() makes float32 or float64, not {dtype}; cast afterwards with .astype()")
-    key = _random.seed_key(_seed(seed))
-    return _generated(_random.uniform_block, shape, dtype, chunks, key=key)
+    return _generated_random(_random.uniform_block, "random", shape, dtype, seed, chunks)
 
 
 def normal(shape: Any, dtype: Any = "float64", seed: int | None = None, chunks: Any = "auto",
            loc: float = 0.0, scale: float = 1.0) -> da.Array:
     """Normal random numbers with mean ``loc`` and standard deviation ``scale``, reproducible per seed."""
-    shape = _shape(shape)
-    dtype = np.dtype(dtype)
-    if dtype not in _random.UNIFORM_DTYPES:
-        raise ConfigError(f"normal() makes float32 or float64, not {dtype}")
-    key = _random.seed_key(_seed(seed))
-    x = _generated(_random.normal_block, shape, dtype, chunks, key=key)
+    x = _generated_random(_random.normal_block, "normal", shape, dtype, seed, chunks)
     if scale != 1.0 or loc != 0.0:
-        x = (x * dtype.type(scale) + dtype.type(loc)).astype(dtype)
+        x = (x * x.dtype.type(scale) + x.dtype.type(loc)).astype(x.dtype)
     return x
-
 
 
 def zeros(shape: Any, dtype: Any = "float64", chunks: Any = "auto") -> da.Array:
@@ -231,11 +225,5 @@ def from_array(x: Any, chunks: Any = "auto") -> da.Array:
         return to_device(x)
     if not is_cupy(x):
         x = np.asarray(x)
-    if chunks == "auto" or chunks is None:
-        chunks = resolve_chunks("auto", x.shape, x.dtype)
-    else:
-        try:
-            chunks = resolve_chunks(chunks, x.shape, x.dtype)
-        except ChunkError:
-            raise
+    chunks = resolve_chunks("auto" if chunks is None else chunks, x.shape, x.dtype)
     return to_device(da.from_array(x, chunks=chunks, asarray=False))

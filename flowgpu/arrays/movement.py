@@ -5,7 +5,7 @@ from __future__ import annotations
 import dask.array as da
 import numpy as np
 
-from flowgpu.backend import current_backend, import_cupy, is_cupy
+from flowgpu.backend import current_backend, empty_meta, is_cupy
 from flowgpu.transfer.staging import host_to_device
 
 __all__ = ["to_device", "to_host", "to_numpy", "as_backend"]
@@ -23,10 +23,6 @@ def _to_numpy_block(block):
     return np.asarray(block)
 
 
-def _meta_like(x: da.Array, module):
-    return module.empty((0,) * x.ndim, dtype=x.dtype)
-
-
 def to_device(x: da.Array) -> da.Array:
     """Chunks onto the session's compute device: CuPy on GPU sessions; unchanged on CPU sessions.
 
@@ -34,15 +30,14 @@ def to_device(x: da.Array) -> da.Array:
     """
     if current_backend() != "cupy" or is_cupy(x._meta):
         return x
-    cp = import_cupy()
-    return x.map_blocks(_to_cupy_block, dtype=x.dtype, meta=_meta_like(x, cp))
+    return x.map_blocks(_to_cupy_block, dtype=x.dtype, meta=empty_meta(True, x.dtype, x.ndim))
 
 
 def to_host(x: da.Array) -> da.Array:
     """Chunks as NumPy arrays in host memory (lazy)."""
     if not is_cupy(x._meta):
         return x
-    return x.map_blocks(_to_numpy_block, dtype=x.dtype, meta=_meta_like(x, np))
+    return x.map_blocks(_to_numpy_block, dtype=x.dtype, meta=empty_meta(False, x.dtype, x.ndim))
 
 
 def as_backend(x: da.Array) -> da.Array:

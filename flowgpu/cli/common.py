@@ -59,9 +59,7 @@ def handle_errors(func: Callable) -> Callable:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return func(*args, **kwargs)
-        except (SpecError, ConfigError, OpError, OutputExistsError) as e:
-            _fail(str(e), EXIT_INVALID)
-        except BackendError as e:
+        except (SpecError, ConfigError, OpError, OutputExistsError, BackendError) as e:
             _fail(str(e), EXIT_INVALID)
         except FlowgpuError as e:
             _fail(str(e), EXIT_FAILED)
@@ -126,8 +124,6 @@ def tls_options(func: Callable) -> Callable:
                             help=f"Joining a tls:// --scheduler: the {what} (else dask's distributed.comm.tls.* "
                                  "config).")(func)
     return func
-
-
 
 
 def session_option(flag: str, key: str, dest: str | None = None, *, metavar: str | None = None,

@@ -97,6 +97,9 @@ class Board:
 
     def _forget(self, run_id: str) -> None:
         self.runs.pop(run_id, None)
+        self._unkey(run_id)
+
+    def _unkey(self, run_id: str) -> None:
         self._layers = {k: v for k, v in self._layers.items() if v[0] != run_id}
         self._keys = {k: v for k, v in self._keys.items() if v[0] != run_id}
 
@@ -106,9 +109,7 @@ class Board:
         if run is not None:
             run.status, run.error = status, error
             run.finished = time.time() if now is None else now
-            # its counts stay; which key is whose is not needed any more (a batch holds many keys)
-            self._layers = {k: v for k, v in self._layers.items() if v[0] != run_id}
-            self._keys = {k: v for k, v in self._keys.items() if v[0] != run_id}
+            self._unkey(run_id)  # its counts stay; which key is whose is not needed any more (a batch holds many)
 
     # -- fed by the scheduler --------------------------------------------------------------------------
     def add_tasks(self, tasks: Iterable[tuple[Hashable, Iterable[Hashable]]]) -> None:

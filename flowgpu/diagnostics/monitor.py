@@ -1,8 +1,7 @@
 """The client side of the flowgpu dashboard page: install it, and tell it what a run is doing.
 
-``with monitor.track(plan, session, description) as run:`` around a run's compute (or
-``run = monitor.follow(...)`` ... ``run.finish("ok")`` for the items of a batch in flight together)
-publishes the run's step graph and which Dask layer belongs to which step (from the graph the compiler built:
+``run = monitor.follow(plan, session, description)`` ... ``run.finish("ok")`` around a run's
+compute (or each item of a batch in flight together) publishes the run's step graph and which Dask layer belongs to which step (from the graph the compiler built:
 each plan node's lazy array and its HighLevelGraph layers) to the scheduler's
 :class:`~flowgpu.diagnostics.dashboard.DashboardPlugin`, and at the end whether the run succeeded.
 ``run.view()`` is what the page shows about it (the run report reads it). Without a distributed
@@ -11,19 +10,16 @@ client (``session="local"``) it does nothing.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
-from flowgpu.diagnostics import runreport, stepgraph
+from flowgpu.diagnostics import stepgraph
 from flowgpu.diagnostics.dashboard import PAGE, PLUGIN_NAME, DashboardPlugin
 
-__all__ = ["install", "page_link", "step_layers", "follow", "track", "Tracked"]
+__all__ = ["install", "page_link", "step_layers", "follow", "Tracked"]
 
 logger = logging.getLogger("flowgpu.dashboard")
 _TIMEOUT = 10.0  # seconds for one call to the scheduler's board
@@ -94,7 +90,7 @@ class Tracked:
     """A run the dashboard follows; ``view()`` is what the board shows about it (None without one).
 
     With ``report``, it also keeps dask's performance report of the compute (``dask_html``) and the
-    board's view at its end (``final``), and :meth:`write_report` writes the run report.
+    board's view at its end (``final``): the run report's data (:meth:`report_data`).
     """
 
     def __init__(self, client: Any = None, run_id: str | None = None, description: Any = None,
@@ -130,10 +126,6 @@ class Tracked:
         """What the run report shows of this run: ``{"description", "view", "dask_html"}``."""
         return {"description": self.description, "view": self.final, "dask_html": self.dask_html}
 
-    def write_report(self, path: str | os.PathLike, summary: dict) -> None:
-        """Write the run report (:mod:`flowgpu.diagnostics.runreport`) of this run at ``path``, atomically."""
-        runreport.write(path, runreport.render(summary, [(str(summary.get("name")), self.report_data())]))
-
     def _call(self, **kwargs: Any) -> Any:
         # bounded: a scheduler that went away must not hold up the run's own error
         return self.client.sync(self.client.scheduler.flowgpu_board, run_id=self.run_id, callback_timeout=_TIMEOUT,
@@ -167,7 +159,7 @@ def follow(plan: Any, session: Any, description: Any, item: str | None = None, b
            targets: dict[str, Any] | None = None, states: dict[str, str] | None = None,
            report: bool = False) -> Tracked:
     """Start following a run (or one item of a batch) on the flowgpu page; call
-    :meth:`Tracked.finish` when it ended. :func:`track` is the same as a context manager.
+    :meth:`Tracked.finish` when it ended.
 
     Parameters
     ----------
@@ -179,7 +171,7 @@ def follow(plan: Any, session: Any, description: Any, item: str | None = None, b
         the page shows one row per item of the batch.
     targets : output name -> what computes it (a sink's write), so writes count for the outputs.
     states : fixed states of nodes, e.g. ``{"out:y": "up-to-date"}``.
-    report : also record what a run report needs (:meth:`Tracked.write_report`).
+    report : also record what a run report needs (:meth:`Tracked.report_data`).
     """
     client = getattr(session, "client", None)
     if client is None or not install(client):
@@ -196,15 +188,3 @@ def follow(plan: Any, session: Any, description: Any, item: str | None = None, b
         return Tracked(description=description, report=report)
     return tracked
 
-
-@contextlib.contextmanager
-def track(plan: Any, session: Any, description: Any, **kwargs: Any) -> Iterator[Tracked]:
-    """``with track(plan, session, description) as t:`` around the compute: :func:`follow`, then
-    ``t.finish("ok")``, or ``"failed"`` with the error that left the block."""
-    tracked = follow(plan, session, description, **kwargs)
-    try:
-        yield tracked
-    except BaseException as e:
-        tracked.finish("failed", f"{type(e).__name__}: {e}")
-        raise
-    tracked.finish("ok")

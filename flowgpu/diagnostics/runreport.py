@@ -11,14 +11,12 @@ is ``templates/report.html.j2`` (Jinja2, autoescaped: user text is never markup)
 from __future__ import annotations
 
 import os
-import tempfile
 from typing import Any
 
 from flowgpu.diagnostics import stepgraph, templating
 from flowgpu.diagnostics.livestate import TIERS
 from flowgpu.diagnostics.templating import Markup
-from flowgpu.errors import OutputExistsError
-from flowgpu.io.atomic import starts_with
+from flowgpu.io.atomic import starts_with, write_text
 
 __all__ = ["is_report", "render", "write"]
 _HEAD = b"<!DOCTYPE html><html><head><meta charset='utf-8'><title>flowgpu run report: "  # how render() begins
@@ -57,21 +55,6 @@ def is_report(path: str | os.PathLike) -> bool:
 
 
 def write(path: str | os.PathLike, text: str, overwrite: bool = True) -> None:
-    """Write ``text`` at ``path`` atomically (a file beside it, renamed over it when complete).
-    ``overwrite=False`` (a run's ``--report``): refuse to replace a file that is not a run report."""
-    path = os.fspath(path)
-    if not overwrite and os.path.lexists(path) and not is_report(path):
-        raise OutputExistsError(f"{path!r} already exists and is not a run report flowgpu wrote; choose another "
-                                "path, or pass --overwrite (overwrite=True) to replace it")
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)  # as an output's folder is made
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".part",
-                               dir=os.path.dirname(os.path.abspath(path)))
-    ok = False
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-        ok = True
-    finally:
-        if not ok and os.path.exists(tmp):
-            os.unlink(tmp)
+    """Write ``text`` at ``path`` atomically; ``overwrite=False`` (a run's ``--report``): refuse to
+    replace a file that is not a run report."""
+    write_text(path, text, head=None if overwrite else _HEAD, what="run report")

@@ -94,9 +94,6 @@ class _Lazy:
     def materialize(self) -> Any:
         raise NotImplementedError
 
-    def _late(self, op: Callable, *args: Any) -> "Late":
-        return Late(op, args)
-
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
         if method != "__call__" or kwargs:
             return NotImplemented

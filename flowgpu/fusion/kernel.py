@@ -24,6 +24,7 @@ Examples
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Mapping
 from typing import Any
@@ -35,7 +36,7 @@ from dask.array.utils import validate_axis
 from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph
 
-from flowgpu.backend import import_cupy, is_cupy
+from flowgpu.backend import empty_meta, import_cupy, is_cupy
 from flowgpu.errors import KernelError
 from flowgpu.fusion.chunk import FusedChunk
 from flowgpu.fusion.codegen import Unfusable
@@ -72,9 +73,7 @@ def _split_inputs(expr: Expr, inputs: Mapping[str, Any]) -> tuple[dict[str, da.A
 
 
 def _meta(arrays: list[da.Array], dtype: np.dtype, ndim: int):
-    metas = [a._meta for a in arrays]
-    xp = import_cupy() if any(is_cupy(m) for m in metas) else np
-    return xp.empty((0,) * ndim, dtype=dtype)
+    return empty_meta(any(is_cupy(a._meta) for a in arrays), dtype, ndim)
 
 
 def fused_elementwise(expression: str, inputs: Mapping[str, Any], *, dtype: Any = None,
@@ -110,10 +109,8 @@ def fused_elementwise(expression: str, inputs: Mapping[str, Any], *, dtype: Any 
     types = {**{n: a.dtype for n, a in arrays.items()}, **dict(scalars)}
     natural = expr.result_dtype(types)
     out_dtype = np.dtype(dtype) if dtype is not None else natural
-    try:
+    with contextlib.suppress(Unfusable):  # each chunk is computed by its array library (FusedChunk)
         to_python(expr, types, names, out_dtype=out_dtype)  # refuse complex, strings, ... here
-    except Unfusable:
-        pass  # each chunk is computed by its array library (FusedChunk)
     ndim = max(a.ndim for a in arrays.values())
     arrs = list(arrays.values())
     if reduction is None:

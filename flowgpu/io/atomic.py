@@ -17,6 +17,7 @@ import json
 import os
 import stat
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
 
@@ -26,12 +27,12 @@ from flowgpu.io.journal import (MARKER, STAGE_TAG, Output, Refused, Transaction,
                                 recover_journal, referenced_stages, remove, stage_dir, stages_in,
                                 written_by_flowgpu)
 from flowgpu.io.lock import (OutputLock, alive, describe, held, is_record, lock_path, locked_targets, owner,
-                            remove_stale)
+                            read_head, read_record, remove_stale)
 from flowgpu.io.paths import resolve
 
 __all__ = ["MARKER", "TMP_TAG", "AtomicPath", "Refused", "atomic_output", "canonical", "check_writable", "clean",
            "commit_together", "hold", "marker_path", "output_error", "protected_paths", "replaces_protected",
-           "starts_with", "written_by_flowgpu"]
+           "starts_with", "write_text", "written_by_flowgpu"]
 
 TMP_TAG = STAGE_TAG
 _FIXES = {
@@ -100,14 +101,30 @@ def canonical(path: str) -> str:
 def starts_with(path: str, head: bytes) -> bool:
     """Whether ``path`` is a regular file (not a link) that begins with ``head``: how a summary or a
     report that flowgpu wrote is told from a user's file."""
+    return read_head(path, len(head)) == head
+
+
+def write_text(path: str | os.PathLike, text: str, *, head: bytes | None = None, what: str = "") -> None:
+    """Write ``text`` at ``path`` atomically: a temporary file beside it (0600), synced, then renamed
+    over it. With ``head`` (a run's ``--summary``/``--report`` without ``--overwrite``), refuse to
+    replace a file that does not begin with it: one that is not a ``what`` flowgpu wrote."""
+    path = os.fspath(path)
+    if head is not None and os.path.lexists(path) and not starts_with(path, head):
+        raise OutputExistsError(f"{path!r} already exists and is not a {what} flowgpu wrote; choose another "
+                                "path, or pass --overwrite (overwrite=True) to replace it")
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)  # as an output's folder is made
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
-        return False
-    try:
-        return stat.S_ISREG(os.fstat(fd).st_mode) and os.pread(fd, len(head), 0) == head
-    finally:
-        os.close(fd)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def _stage_owner(stage: str) -> dict | None:
@@ -115,15 +132,11 @@ def _stage_owner(stage: str) -> dict | None:
     ``stage`` carries none: a user's folder named like one, a copy (another inode), another user's."""
     try:
         info = os.lstat(stage)
-        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
-            return None
-        fd = os.open(os.path.join(stage, "owner.json"), os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
-        try:
-            record = json.loads(os.pread(fd, 4096, 0)) if stat.S_ISREG(os.fstat(fd).st_mode) else None
-        finally:
-            os.close(fd)
-    except (OSError, ValueError):
+    except OSError:
         return None
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
+        return None
+    record = read_record(os.path.join(stage, "owner.json"))
     return record if is_record(record) and record.get("ino") == info.st_ino else None
 
 
@@ -227,10 +240,8 @@ def hold(targets: Iterable[str], wait: bool = True, notify: Callable[[str], None
         for lock in reversed(locks):
             lock.release()
         for folder in sorted(made, key=len, reverse=True):  # a run that wrote nothing leaves no new folder
-            try:
+            with contextlib.suppress(OSError):
                 os.rmdir(folder)
-            except OSError:
-                pass
 
 
 def _missing_folders(folder: str) -> list[str]:

@@ -29,6 +29,7 @@ run id and checked the same way. Anything else is left alone, and said so (:clas
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import fcntl
@@ -211,10 +212,8 @@ def _finish(outputs: list[Output], journals: list[str], present: list[str] | Non
     for j in [*journals[1:], journals[0], _flag(journals)]:
         if present is not None and j in journals and j not in present:
             continue
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(j)
-        except FileNotFoundError:
-            pass
 
 
 class Transaction:
@@ -226,7 +225,7 @@ class Transaction:
         firsts: dict[str, Output] = {}
         for o in self.outputs:
             firsts.setdefault(os.path.dirname(o.path), o)
-        self.by_journal = {os.path.join(d, f"{JOURNAL_TAG}{self.run}.json"): o for d, o in firsts.items()}
+        self.by_journal = {_journal_of(self.run, d): o for d, o in firsts.items()}
         self.journals = sorted(self.by_journal)
         self.fds: list[int] = []
         self.stuck = False

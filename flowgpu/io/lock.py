@@ -12,6 +12,7 @@ the lock (filelock leaves it on Unix), so a finished run leaves nothing behind.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -26,7 +27,7 @@ import psutil
 from flowgpu.errors import OutputError, OutputLockedError
 
 __all__ = ["OutputLock", "owner", "alive", "lock_path", "held", "describe", "locked_targets", "is_record",
-           "remove_stale"]
+           "read_head", "read_record", "remove_stale"]
 
 LOCK_TAG = ".flowgpu-lock"
 _held = threading.local()  # target path -> OutputLock held by this thread
@@ -56,16 +57,32 @@ def _read_record(fd: int) -> object:
         return None
 
 
-def _holder(path: str) -> dict | None:
-    """The owner record in the lock file ``path`` (read, never locked), if it holds one."""
+def read_head(path: str, nbytes: int) -> bytes | None:
+    """The first ``nbytes`` of ``path`` when it is a regular file, opened without following a link or
+    waiting on a FIFO; None when it is anything else or cannot be read."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
         return None
     try:
-        record = _read_record(fd) if stat.S_ISREG(os.fstat(fd).st_mode) else None
+        return os.pread(fd, nbytes, 0) if stat.S_ISREG(os.fstat(fd).st_mode) else None
+    except OSError:
+        return None
     finally:
         os.close(fd)
+
+
+def read_record(path: str) -> object:
+    """The JSON value of the first 4 KiB of ``path`` (a record), None when it holds none."""
+    try:
+        return json.loads(read_head(path, 4096) or b"null")
+    except ValueError:
+        return None
+
+
+def _holder(path: str) -> dict | None:
+    """The owner record in the lock file ``path`` (read, never locked), if it holds one."""
+    record = read_record(path)
     return record if isinstance(record, dict) else None
 
 
@@ -179,8 +196,6 @@ class OutputLock:
         if not self._lock.is_locked:
             return
         getattr(_held, "locks", {}).pop(self.target, None)
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(self.path)  # while still held: a waiter that then locks the removed file opens it again
-        except OSError:
-            pass
         self._lock.release()

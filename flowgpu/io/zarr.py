@@ -24,7 +24,7 @@ from dask.utils import parse_bytes
 
 from flowgpu.arrays.chunks import resolve_chunks
 from flowgpu.arrays.movement import to_device, to_host
-from flowgpu.backend import current_backend, import_cupy
+from flowgpu.backend import current_backend, empty_meta
 from flowgpu.errors import ConfigError
 from flowgpu.io.atomic import atomic_output
 from flowgpu.io.devcodec import MAX_CHUNK_BYTES, DevicePlan, Fallback, plan_codec
@@ -144,7 +144,7 @@ def from_zarr(path: str, component: str | None = None, chunks: Any = None) -> da
         reader = DeviceReader(plan, device, path, component,
                               parse_bytes(group) if isinstance(group, str) else group)
         token = da.core.tokenize(plan.root, _mtime(plan.root), plan.shape, str(plan.dtype), plan.chunk, plan.unit, plan.frame)
-        meta = _reader_meta(device, plan)
+        meta = empty_meta(device != "fake", plan.dtype, len(plan.shape))
         x = da.from_array(reader, chunks=plan.unit, asarray=False, meta=meta, name=f"from-zarr-device-{token}",
                           inline_array=True)
         if chunks is not None:
@@ -167,12 +167,6 @@ def _mtime(root: str) -> float:
         return os.path.getmtime(os.path.join(root, "zarr.json") if os.path.isdir(root) else root)
     except OSError:
         return 0.0
-
-
-def _reader_meta(device: str, plan: DevicePlan) -> Any:
-    if device == "fake":
-        return np.empty((0,) * len(plan.shape), plan.dtype)
-    return import_cupy().empty((0,) * len(plan.shape), plan.dtype)
 
 
 def _regular(x: da.Array) -> da.Array:

@@ -34,7 +34,7 @@ from flowgpu.io.devcodec import MAX_U64, DevicePlan, Fallback, plan_codec, run_o
 from flowgpu.io.devices import device_for
 from flowgpu.io.storage import COUNTERS
 
-__all__ = ["CODECS", "create", "device_writes", "compressors", "inner_chunks", "zstd_with_size"]
+__all__ = ["CODECS", "create", "device_writes", "compressors", "inner_chunks"]
 
 CODECS = ("zstd", "lz4", "none")
 INNER_BYTES = 64 << 10  # nvCOMP's batched decoders want many small chunks: a 1 GiB shard on an H200 decodes at
@@ -122,32 +122,6 @@ def create(path: str, shape: tuple, dtype: Any, *, codec: str = "zstd", level: i
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 
 
-def zstd_with_size(head: bytes, size: int) -> tuple[bytes, int]:
-    """A zstd frame's header with its content size (RFC 8878, 3.1.1.1), for a frame that lacks it.
-
-    ``head`` is the frame's first bytes (at least 6). Returns ``(header, n)``: write ``header``
-    in place of the frame's first ``n`` bytes. A streaming encoder (nvCOMP's) may leave the size
-    out; decoders that allocate from it (older numcodecs, some zarr.js codecs) then refuse the chunk.
-
-    >>> import numcodecs, numpy as np
-    >>> f = numcodecs.Zstd().encode(np.arange(1 << 20, dtype="f4"))  # 4 MiB: window, 4-byte size
-    >>> stripped = f[:4] + bytes([f[4] & 0x3F]) + f[5:6] + f[10:]  # the same frame without its size
-    >>> header, n = zstd_with_size(stripped[:6], 4 << 20)
-    >>> header + stripped[n:] == f[:4] + bytes([0xC0]) + f[5:6] + (4 << 20).to_bytes(8, "little") + f[10:]
-    True
-    """
-    if head[:4] != ZSTD_MAGIC or len(head) < 6:
-        return b"", 0
-    fhd = head[4]
-    if fhd >> 6 or fhd & 0x20:  # a size field already (single-segment frames always have one)
-        return b"", 0
-    dict_len = (0, 1, 2, 4)[fhd & 3]
-    keep = 6 + dict_len  # magic, descriptor, window descriptor, dictionary id
-    if len(head) < keep:
-        return b"", 0
-    return (ZSTD_MAGIC + bytes([fhd | 0xC0]) + bytes(head[5:keep]) + int(size).to_bytes(8, "little"), keep)
-
-
 def _writers() -> ThreadPoolExecutor:
     global _pool
     with _pool_lock:
@@ -207,7 +181,7 @@ def _chunks_of(block: Any, plan: DevicePlan, lo: tuple, xp: Any) -> tuple[Any, n
     return flat, np.arange(len(grid), dtype=np.int64) * stride, coords
 
 
-ZSTD_ROOM = 8  # the content size a zstd header may lack (written in front of the payload, see zstd_with_size)
+ZSTD_ROOM = 8  # the content size a zstd header may lack (written in front of the payload, see _frames)
 _DICT_BYTES = np.array([0, 1, 2, 4], np.int64)
 
 

@@ -33,13 +33,13 @@ from dask.base import tokenize
 if not hasattr(np, "row_stack"):
     np.row_stack = np.vstack
 
-from flowgpu.backend import import_cupy, is_cupy
+from flowgpu.backend import empty_meta, import_cupy, is_cupy
 from flowgpu.errors import KernelError
 
 __all__ = [
     "Signature", "parse_signatures", "select_signature", "infer_return_dtype", "cached", "new_key",
-    "is_scalar", "arg_dtype", "any_cupy", "meta_array", "numba_stream", "numba_view", "describe",
-    "map_broadcast", "cuda_ufunc", "NumbaUfunc",
+    "is_scalar", "arg_dtype", "any_cupy", "numba_stream", "numba_view", "describe",
+    "map_broadcast", "cuda_ufunc", "Named", "NumbaUfunc",
 ]
 
 _PYTHON_SCALARS = (bool, int, float, complex)
@@ -219,11 +219,6 @@ def cached(key: Any, build: Callable[[], Any]) -> Any:
         return _cache[key]
 
 
-def wrap_compile_error(name: str, target: str, sig: Any, e: BaseException) -> KernelError:
-    return KernelError(f"{name}: numba could not compile it for the {target} target with signature "
-                       f"{sig}: {_first_line(e)}")
-
-
 # -- chunks and CuPy ----------------------------------------------------------------------------
 def any_cupy(args: Sequence[Any]) -> bool:
     """True when any argument is a CuPy array, or a dask array whose chunks are CuPy."""
@@ -231,11 +226,6 @@ def any_cupy(args: Sequence[Any]) -> bool:
         if is_cupy(a) or (isinstance(a, da.Array) and is_cupy(a._meta)):
             return True
     return False
-
-
-def meta_array(cupy: bool, dtype: Any, ndim: int):
-    xp = import_cupy() if cupy else np
-    return xp.empty((0,) * ndim, dtype=dtype)
 
 
 def numba_stream():
@@ -305,7 +295,7 @@ def map_broadcast(func: Callable, args: Sequence[Any], dtype: Any, *, name: str,
     pairs = []
     for a in dargs:
         pairs += [a, tuple(range(a.ndim))[::-1] if isinstance(a, da.Array) else None]
-    meta = meta_array(any_cupy(dargs) if cupy is None else cupy, dtype, ndim)
+    meta = empty_meta(any_cupy(dargs) if cupy is None else cupy, dtype, ndim)
     return da.blockwise(func, tuple(range(ndim))[::-1], *pairs, dtype=dtype, meta=meta,
                         name=f"{name}-{tokenize(*token, *dargs)}")
 
@@ -325,7 +315,21 @@ def cuda_ufunc(kind: str, pyfunc: Callable, *args: Any) -> Any:
         return getattr(cuda, kind)(*args)(pyfunc)
 
 
-class NumbaUfunc:
+class Named:
+    """What the decorators' objects share: each stands for a user function (its name, module and
+    docstring) and is tokenized by a key of its own (:func:`new_key`), not by its code."""
+
+    def _stand_for(self, func: Any, name: str, doc: str | None = None) -> None:
+        self.__name__ = self.__qualname__ = name
+        self.__module__ = getattr(func, "__module__", None) or type(self).__module__
+        self.__doc__ = func.__doc__ if doc is None else doc
+        self._key = new_key(name)
+
+    def __dask_tokenize__(self):
+        return self._key
+
+
+class NumbaUfunc(Named):
     """A (generalised) ufunc of ``pyfunc`` compiled by numba: ``KIND`` is ``numba.vectorize`` or
     ``numba.guvectorize``; a subclass says the decorator's arguments for a signature
     (:meth:`numba_args`) and how to run it on NumPy chunks (``_apply_cpu``) and CuPy chunks
@@ -335,14 +339,7 @@ class NumbaUfunc:
 
     def __init__(self, pyfunc: Callable, name: str | None, default: str):
         self.pyfunc = pyfunc
-        self.__name__ = name or getattr(pyfunc, "__name__", default)
-        self.__qualname__ = self.__name__
-        self.__module__ = getattr(pyfunc, "__module__", None) or type(self).__module__
-        self.__doc__ = pyfunc.__doc__
-        self._key = new_key(self.__name__)
-
-    def __dask_tokenize__(self):
-        return self._key
+        self._stand_for(pyfunc, name or getattr(pyfunc, "__name__", default))
 
     def numba_args(self, sig: Signature) -> tuple:
         raise NotImplementedError
@@ -371,6 +368,7 @@ class NumbaUfunc:
                 return getattr(numba, self.KIND)(*args)(self.pyfunc)
             except Exception as e:
                 shown = sig.source if sig.source is not None else sig
-                raise wrap_compile_error(self.__name__, target, shown, e) from None
+                raise KernelError(f"{self.__name__}: numba could not compile it for the {target} target with "
+                                  f"signature {shown}: {_first_line(e)}") from None
 
         return cached((self._key, target, sig.inputs, sig.outputs), build)

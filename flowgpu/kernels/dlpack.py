@@ -43,7 +43,7 @@ import dask.array as da
 import numpy as np
 from dask.base import tokenize
 
-from flowgpu.backend import import_cupy, is_cupy
+from flowgpu.backend import empty_meta, import_cupy, is_cupy
 from flowgpu.errors import KernelError
 from flowgpu.kernels import _numba as nb
 
@@ -116,7 +116,7 @@ def _to_host(result: Any) -> Any:
         return np.asarray(result)
 
 
-class DLPackFunction:
+class DLPackFunction(nb.Named):
     """``fn`` applied chunk by chunk through DLPack; made by :func:`dlpack_map`."""
 
     def __init__(self, fn: Callable, framework: str = "torch", *, dtype: Any = None,
@@ -130,17 +130,11 @@ class DLPackFunction:
         self.framework = framework
         self.dtype = np.dtype(dtype) if dtype is not None else None
         self.map_blocks_kwargs = map_blocks_kwargs
-        self.__name__ = self.__qualname__ = name or getattr(fn, "__name__", "dlpack_fn")
-        self.__module__ = getattr(fn, "__module__", None) or __name__
-        self.__doc__ = fn.__doc__
+        self._stand_for(fn, name or getattr(fn, "__name__", "dlpack_fn"))
         self.__signature__ = nb.describe(fn)
-        self._key = nb.new_key(self.__name__)
 
     def __repr__(self) -> str:
         return f"<flowgpu.dlpack_map {self.__name__} via {self.framework}>"
-
-    def __dask_tokenize__(self):
-        return self._key
 
     def apply(self, *chunks: Any, **kwargs: Any) -> Any:
         """Run ``fn`` on in-memory chunks (NumPy or CuPy) and return the chunk type back."""
@@ -163,7 +157,7 @@ class DLPackFunction:
         arrays = [a for a in dargs if isinstance(a, da.Array)]
         ndim = max(a.ndim for a in arrays)
         if self.dtype is not None:
-            return nb.meta_array(cupy, self.dtype, ndim)
+            return empty_meta(cupy, self.dtype, ndim)
         xp = import_cupy() if cupy else np
         sample = [xp.ones((1,) * a.ndim, dtype=a.dtype) if isinstance(a, da.Array) else a
                   for a in dargs]
@@ -171,7 +165,7 @@ class DLPackFunction:
             dtype = self.apply(*sample, **kwargs).dtype
         except Exception:
             dtype = arrays[0].dtype
-        return nb.meta_array(cupy, dtype, ndim)
+        return empty_meta(cupy, dtype, ndim)
 
     def __call__(self, *arrays: Any, **kwargs: Any) -> Any:
         """Apply to dask arrays (lazy) or NumPy/CuPy arrays (at once); ``kwargs`` go to ``fn``."""

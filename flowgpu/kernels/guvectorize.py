@@ -36,7 +36,7 @@ from typing import Any
 import dask.array as da
 import numpy as np
 
-from flowgpu.backend import import_cupy
+from flowgpu.backend import empty_meta, import_cupy
 from flowgpu.errors import KernelError
 from flowgpu.kernels import _numba as nb
 
@@ -140,7 +140,7 @@ class GUVectorized(nb.NumbaUfunc):
         loop_ndim = max((a.ndim - len(d) for a, d in zip(dargs, self.in_core)
                          if isinstance(a, da.Array)), default=0)
         self._unify_loop_chunks(dargs, loop_ndim)
-        metas = tuple(nb.meta_array(cupy, dt, loop_ndim + len(dims))
+        metas = tuple(empty_meta(cupy, dt, loop_ndim + len(dims))
                       for dt, dims in zip(sig.outputs, self.out_core))
         func = functools.partial(self.apply, sig)
         try:

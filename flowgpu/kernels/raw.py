@@ -57,7 +57,7 @@ def _is_numba_cuda(obj: Any) -> bool:
     return (module.startswith("numba.cuda") or module.startswith("numba_cuda")) and hasattr(obj, "py_func")
 
 
-class Kernel:
+class Kernel(nb.Named):
     """A raw CUDA kernel made by :func:`kernel`; call it with dask, NumPy or CuPy arrays."""
 
     def __init__(self, cuda: str | Callable, *, name: str | None = None, dtype: Any = None,
@@ -98,13 +98,10 @@ class Kernel:
         if cpu is not None and not callable(cpu):
             raise KernelError(f"kernel {self.kernel_name!r}: cpu= must be a function of NumPy "
                               f"arrays, not {cpu!r}")
-        self.__name__ = self.__qualname__ = self.kernel_name
-        self.__module__ = getattr(cpu or self.py_func, "__module__", None) or __name__
-        self.__doc__ = (getattr(self.py_func, "__doc__", None) or getattr(cpu, "__doc__", None)
-                        or f"Raw CUDA kernel {self.kernel_name}.")
+        self._stand_for(cpu or self.py_func, self.kernel_name, getattr(self.py_func, "__doc__", None)
+                        or getattr(cpu, "__doc__", None) or f"Raw CUDA kernel {self.kernel_name}.")
         self.__signature__ = self._python_signature()
         self.gpu_only = cpu is None
-        self._key = nb.new_key(self.kernel_name)
 
     def _python_signature(self) -> inspect.Signature:
         if self.py_func is not None:
@@ -120,9 +117,6 @@ class Kernel:
     def __repr__(self) -> str:
         kind = "CUDA C" if self.source is not None else "numba.cuda"
         return f"<flowgpu.kernel {self.kernel_name} ({kind}{', GPU-only' if self.gpu_only else ''})>"
-
-    def __dask_tokenize__(self):
-        return self._key
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)

@@ -8,6 +8,7 @@ then keeps the chunk in memory and records why.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import os
@@ -64,10 +65,8 @@ class DiskFile:
         self.meta = meta
 
     def discard(self) -> None:
-        try:
+        with contextlib.suppress(OSError):
             os.remove(self.path)
-        except OSError:
-            pass
 
 
 class DiskTier:
@@ -121,10 +120,8 @@ class DiskTier:
             _write_file(path, array)
             size = os.path.getsize(path)
         except OSError as e:
-            try:
+            with contextlib.suppress(OSError):
                 os.remove(path)
-            except OSError:
-                pass
             raise DiskFull(f"could not write to the spill directory {self.directory!r}: {e}") from e
         self.attach(key, DiskFile(path, size, origin, meta or ArrayMeta.of(array)))
         return size

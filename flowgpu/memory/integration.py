@@ -37,9 +37,9 @@ STORES = ("flowgpu", "dask-cuda", "dask")
 DASK_CUDA_DEFAULT_FRACTION = 0.8  # what dask-cuda's device_memory_limit="default" means
 
 
-def store_choice(override: str | None = None) -> str:
+def store_choice() -> str:
     """``flowgpu.spill.store``, checked."""
-    store = config.get("spill.store", override)
+    store = config.get("spill.store")
     if store not in STORES:
         raise ConfigError(f"flowgpu.spill.store={store!r} is not a store; choose one of {', '.join(STORES)}")
     return store

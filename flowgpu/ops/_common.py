@@ -9,7 +9,7 @@ from typing import Any
 import dask.array as da
 import numpy as np
 
-from flowgpu.backend import import_cupy, is_cupy
+from flowgpu.backend import empty_meta, import_cupy, is_cupy
 from flowgpu.errors import OpError
 from flowgpu.ops.registry import register
 from flowgpu.ops.signature import Array, checked
@@ -67,8 +67,7 @@ def same_backend(*xs: Any) -> list[Any]:
 
 def meta_like(x: da.Array, dtype: Any = None, ndim: int | None = None):
     """An empty array of ``x``'s chunk type, for dask's ``meta=``."""
-    module = import_cupy() if on_gpu(x) else np
-    return module.empty((0,) * (x.ndim if ndim is None else ndim), dtype=x.dtype if dtype is None else dtype)
+    return empty_meta(on_gpu(x), x.dtype if dtype is None else dtype, x.ndim if ndim is None else ndim)
 
 
 def axis_arg(op_name: str, axis: Any, ndim: int) -> int | tuple[int, ...] | None:

@@ -14,6 +14,7 @@ block. To work on both, pick the module from the block::
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -37,10 +38,10 @@ class _Checked:
     def __init__(self, func: Callable, path: str, dtype: np.dtype, ndim: int):
         self.func, self.path, self.dtype, self.ndim = func, path, dtype, ndim
         self.__name__ = getattr(func, "__name__", "map_blocks")
-        try:  # dask passes block_info / block_id to a function whose signature asks for them
+        # dask passes block_info / block_id to a function whose signature asks for them; a builtin
+        # without one (TypeError, ValueError): dask passes neither, as to the function itself
+        with contextlib.suppress(TypeError, ValueError):
             self.__signature__ = inspect.signature(func)
-        except (TypeError, ValueError):  # a builtin without one: dask passes neither, as to the function itself
-            pass
 
     def __call__(self, *blocks: Any, **kwargs: Any) -> Any:
         try:

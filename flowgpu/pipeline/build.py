@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import copy
-import difflib
 import os
 from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import ValidationError
 
-from flowgpu.errors import SpecError
+from flowgpu.errors import SpecError, did_you_mean
 from flowgpu.io import sinks, sources
 from flowgpu.pipeline import spec as S
 from flowgpu.pipeline.loader import SourceMap, read_yaml
@@ -83,11 +82,8 @@ def _translate(err: dict, data: Any, smap: SourceMap) -> SpecError:
         key = loc[-1]
         parent = path[:-1] if path[-1:] == (key,) else path
         allowed = _fields_at(data, parent)
-        close = difflib.get_close_matches(str(key), allowed, n=1)
-        if key == "include" and "uses" in allowed:
-            close = ["uses"]
-        hint = (f"did you mean {close[0]!r}?" if close else
-                f"allowed here: {', '.join(allowed)}" if allowed else "remove it (see `flowgpu schema`)")
+        hint = did_you_mean("uses" if key == "include" and "uses" in allowed else key, allowed,
+                            f"allowed here: {', '.join(allowed)}" if allowed else "remove it (see `flowgpu schema`)")
         return smap.error(f"unknown key {key!r}", parent + (key,), hint=hint, key=True)
     if kind == "missing":
         return smap.error(f"missing required key {loc[-1]!r}", path, hint=f"add '{loc[-1]}: ...' here")
@@ -118,10 +114,9 @@ def build(data: Any, smap: SourceMap, overrides: dict[str, Any] | None = None) -
     work = copy.deepcopy(data)
     for key, value in other.items():
         if key.split(".")[0] not in S.Spec.model_fields:
-            close = difflib.get_close_matches(key.split(".")[0], list(S.Spec.model_fields), n=1)
             raise SpecError(f"--set {key}: {key.split('.')[0]!r} is not a section of a spec", file=smap.file,
                             line=1, col=1, path=key if len(key) <= 60 else key[:57] + "...",
-                            hint=f"did you mean {close[0]!r}?" if close else "use e.g. params.n=1000")
+                            hint=did_you_mean(key.split(".")[0], S.Spec.model_fields, "use e.g. params.n=1000"))
         set_path(work, key, value, smap)
     values = resolve_params(work, smap, param_over)
     work = substitute(work, values, smap)

@@ -28,19 +28,18 @@ their inputs (Hamilton's style)::
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import difflib
 import inspect
 import os
 import re
-import tempfile
 from collections.abc import Callable
 from typing import Any
 
 import yaml
 
 from flowgpu import pipeline as api
+from flowgpu.errors import did_you_mean
+from flowgpu.io import atomic
 from flowgpu.pipeline.build import build, load
 from flowgpu.pipeline.compiler import Plan, compile
 from flowgpu.pipeline.planning import describe
@@ -232,10 +231,9 @@ class Pipeline:
         known = list(self._data["params"]) if param is not None else self._nodes()
         if (param or name) in known:
             return Ref(self, param, "param") if param is not None else Ref(self, name, self._kind(name))
-        close = difflib.get_close_matches(str(param or name), [str(k) for k in known], n=1)
         raise call_site(__file__).error(f"pipeline {self.name!r} has no {'param' if param else 'input or step'} "
-                                        f"{name!r}", hint=f"did you mean {close[0]!r}?" if close else
-                                        f"it has: {', '.join(map(str, known)) or 'none'}")
+                                        f"{name!r}", hint=did_you_mean(param or name, known, "it has: "
+                                                                       f"{', '.join(map(str, known)) or 'none'}"))
 
     # -- using --------------------------------------------------------------------------------------
     @property
@@ -258,7 +256,7 @@ class Pipeline:
         if schema:
             text = f"# yaml-language-server: $schema={schema}\n{text}"
         if path is not None:
-            _write_text(os.fspath(path), text)
+            atomic.write_text(path, text)
         return text
 
     def compile(self, params: dict[str, Any] | None = None, **kwargs: Any) -> Plan:
@@ -378,11 +376,10 @@ class Pipeline:
                 continue
             ref = bound.get(par.name)
             if ref is None and par.name not in self._nodes():
-                close = difflib.get_close_matches(par.name, self._nodes(), n=1)
                 raise site.error(f"step function {what!r}: parameter {par.name!r} names no input or step of "
-                                 f"{self.name!r}", ("steps", step, "inputs"),
-                                 hint=f"did you mean {close[0]!r}?" if close else
-                                 f"define {par.name!r} first, or bind it: @p.blocks({par.name}=ref)")
+                                 f"{self.name!r}", ("steps", step, "inputs"), hint=did_you_mean(
+                                     par.name, self._nodes(),
+                                     f"define {par.name!r} first, or bind it: @p.blocks({par.name}=ref)"))
             inputs.append(self._node(site, ref, ("steps", step, "inputs"), site.keyword(par.name)) if ref is not None
                           else par.name)
         extra = sorted(set(bound) - {par.name for par in params})
@@ -399,15 +396,3 @@ class Pipeline:
         self._data["steps"][step] = entry
         self._functions[func] = Ref(self, step, "step")
 
-
-def _write_text(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file beside it, renamed into place."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=os.path.dirname(os.path.abspath(path)))
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise

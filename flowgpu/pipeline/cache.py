@@ -261,14 +261,14 @@ class Cache:
         text = json.dumps(self.key(plan, name, item), sort_keys=True, default=str)
         return os.path.join(self.directory, hashlib.blake2b(text.encode(), digest_size=16).hexdigest() + ".json")
 
-    def entry(self, plan: Plan, name: str, item: dict | None = None, *, any_format: bool = False) -> dict | None:
-        """Output ``name``'s entry, or None when there is none or it is not used (see :meth:`_load`);
-        ``any_format``: also one an older flowgpu wrote (its ``format`` says which; not checked)."""
+    def entry(self, plan: Plan, name: str, item: dict | None = None) -> dict | None:
+        """Output ``name``'s entry, or None when there is none, it is not used (see :meth:`_load`) or
+        an older or newer flowgpu wrote it (another ``format``)."""
         try:
             data = self._load(plan, name, item)
         except _Untrusted:
             return None
-        return data if data is not None and (any_format or data.get("format") == FORMAT) else None
+        return data if data is not None and data.get("format") == FORMAT else None
 
     def _load(self, plan: Plan, name: str, item: dict | None = None) -> dict | None:
         """Output ``name``'s entry: None when there is none, the data of an older or newer format as it

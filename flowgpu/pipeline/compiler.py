@@ -184,12 +184,6 @@ def _check_expect(spec: Spec, name: str, x: da.Array, smap: SourceMap) -> None:
                          hint="add an astype step, or fix the expected dtype")
 
 
-def _lookup(values: dict[str, Any], ref: str) -> Any:
-    head, _, part = ref.partition(".")
-    value = values[head]
-    return value[part] if part and isinstance(value, dict) else value
-
-
 def _build_graph(spec: Spec, smap: SourceMap, names: list[str], bindings: dict[str, da.Array],
                  stack: tuple[str, ...], for_run: bool) -> tuple[dict, dict, dict]:
     values: dict[str, Any] = {}

@@ -9,7 +9,6 @@ outputs become ``<step>.<output>`` here. Its sinks are not written: only this pi
 from __future__ import annotations
 
 import contextlib
-import difflib
 import os
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
@@ -18,7 +17,7 @@ from typing import Any
 import dask.array as da
 import numpy as np
 
-from flowgpu.errors import SpecError, SpecLimitError
+from flowgpu.errors import SpecError, SpecLimitError, did_you_mean
 from flowgpu.pipeline.build import build
 from flowgpu.pipeline.loader import SourceMap, limit, read_yaml
 from flowgpu.pipeline.spec import Spec
@@ -50,8 +49,8 @@ def resolve_uses(spec: Spec, name: str, smap: SourceMap, stack: tuple[str, ...])
     where = ("steps", name, "uses")
     if not os.path.exists(path):  # a FIFO or device is refused by read_yaml, by name
         here = os.path.dirname(path)
-        near = difflib.get_close_matches(os.path.basename(path), os.listdir(here), n=1) if os.path.isdir(here) else []
-        hint = f"did you mean {near[0]!r}?" if near else "paths are relative to the spec file that uses them"
+        hint = did_you_mean(os.path.basename(path), os.listdir(here) if os.path.isdir(here) else [],
+                            "paths are relative to the spec file that uses them")
         raise smap.error(f"included spec {spec.steps[name].uses!r} does not exist ({path})", where, hint=hint)
     kernel = next((k for k in _KERNEL_FILES if os.path.realpath(path).startswith(k)), None)
     if kernel is not None:
@@ -115,19 +114,16 @@ def compile_uses(spec: Spec, name: str, smap: SourceMap, values: dict[str, Any],
     declared = (data.get("params") or {}) if isinstance(data, dict) else {}
     for key in step.params:
         if key not in declared:
-            close = difflib.get_close_matches(key, list(declared), n=1)
             raise smap.error(f"{os.path.basename(path)} has no param {key!r}", ("steps", name, "params", key),
-                             hint=f"did you mean {close[0]!r}?" if close else
-                             f"its params: {', '.join(declared) or 'none'}", key=True)
+                             hint=did_you_mean(key, declared, f"its params: {', '.join(declared) or 'none'}"),
+                             key=True)
     child = build(data, child_map, {f"params.{k}": v for k, v in step.params.items()})
     bindings: dict[str, da.Array] = {}
     for inner, ref in (step.inputs or {}).items():
         where = ("steps", name, "inputs", inner)
         if inner not in child.inputs:
-            close = difflib.get_close_matches(inner, list(child.inputs), n=1)
-            raise smap.error(f"{os.path.basename(path)} has no input {inner!r}", where,
-                             hint=f"did you mean {close[0]!r}?" if close else
-                             f"its inputs: {', '.join(child.inputs) or 'none'}", key=True)
+            raise smap.error(f"{os.path.basename(path)} has no input {inner!r}", where, key=True,
+                             hint=did_you_mean(inner, child.inputs, f"its inputs: {', '.join(child.inputs) or 'none'}"))
         head, _, part = ref.partition(".")
         x = values[head][part] if part and isinstance(values.get(head), dict) else values.get(ref)
         _check_binding(child, inner, x, where, smap, name)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import difflib
 import graphlib
 
+from flowgpu.errors import did_you_mean
 from flowgpu.pipeline.loader import SourceMap
 from flowgpu.pipeline.spec import Spec
 
@@ -24,9 +24,8 @@ def check_ref(spec: Spec, ref: str, where: tuple, smap: SourceMap) -> str:
     head, _, tail = ref.partition(".")
     known = list(spec.inputs) + list(spec.steps)
     if head not in known:
-        close = difflib.get_close_matches(head, known, n=3)
-        hint = f"did you mean {', '.join(map(repr, close))}?" if close else (
-            f"known names: {', '.join(known) or 'none'}; declare it under inputs: or steps:")
+        hint = did_you_mean(head, known, f"known names: {', '.join(known) or 'none'}; declare it under inputs: or "
+                            "steps:", n=3)
         raise smap.error(f"{ref!r} is not an input or step of this pipeline", where, hint=hint)
     if tail and head in spec.inputs:
         raise smap.error(f"{ref!r}: input {head!r} has no parts", where,

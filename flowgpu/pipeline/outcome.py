@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
-import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
 from flowgpu import __version__
 from flowgpu.diagnostics import jsontext
-from flowgpu.errors import OutputExistsError, SpecError
+from flowgpu.errors import SpecError
 from flowgpu.io import atomic, sinks
 from flowgpu.pipeline.compiler import Plan
 from flowgpu.pipeline.planning import graph_size
@@ -27,22 +25,9 @@ def is_summary(path: str | os.PathLike) -> bool:
 
 
 def write_json(path: str, data: dict, overwrite: bool = True) -> None:
-    """Write ``data`` to ``path`` as JSON atomically: a temporary file beside it, then a rename.
-    ``overwrite=False`` (a run's ``--summary``): refuse to replace a file that is not a summary."""
-    if not overwrite and os.path.lexists(path) and not is_summary(path):
-        raise OutputExistsError(f"{path!r} already exists and is not a run summary flowgpu wrote; choose another "
-                                "path, or pass --overwrite (overwrite=True) to replace it")
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)  # as an output's folder is made
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(jsontext.dumps(data, indent=2))  # NaN as "NaN": valid JSON
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    """Write ``data`` to ``path`` as JSON atomically (NaN as "NaN": valid JSON); ``overwrite=False``
+    (a run's ``--summary``): refuse to replace a file that is not a summary."""
+    atomic.write_text(path, jsontext.dumps(data, indent=2), head=None if overwrite else _HEAD, what="run summary")
 
 
 def _failed_step(spec: Spec, plan: Plan | None, error: BaseException) -> str | None:

@@ -20,7 +20,6 @@ reads are kept beside the digest, not in it, so the cache can say which input ch
 from __future__ import annotations
 
 import hashlib
-import importlib.machinery
 import json
 import os
 import stat
@@ -30,11 +29,12 @@ from typing import Any
 
 from dask.base import tokenize
 
-from flowgpu import __version__
+from flowgpu import __version__, importcheck
 from flowgpu.io import paths, sinks, sources
 from flowgpu.ops import registry
 from flowgpu.pipeline.compiler import Plan
 from flowgpu.pipeline.spec import PARAM_REF
+from flowgpu.registry import import_candidates
 
 __all__ = ["Recipe", "recipes", "fingerprint", "same_fingerprint", "content_digest"]
 
@@ -157,31 +157,13 @@ def _find_file(module: str) -> str | None:
     loaded = sys.modules.get(module)
     if loaded is not None:
         return getattr(loaded, "__file__", None)
-    spec, parts = None, module.split(".")
-    for i in range(len(parts)):
-        locations = None if spec is None else spec.submodule_search_locations
-        if i and not locations:
-            return None
-        try:
-            spec = importlib.machinery.PathFinder.find_spec(".".join(parts[: i + 1]), locations)
-        except (ImportError, ValueError):
-            return None
-        if spec is None:
-            return None
+    spec = importcheck.find_module(module)
     return spec.origin if spec is not None and spec.has_location else None
 
 
 def _import_path_file(path: str) -> str | None:
     """The module file an import path (``pkg.mod:name`` or ``pkg.mod.name``) names."""
-    path = path.strip()
-    if ":" in path:
-        return _find_file(path.partition(":")[0])
-    parts = path.split(".")
-    for i in range(len(parts) - 1, 0, -1):
-        found = _find_file(".".join(parts[:i]))
-        if found:
-            return found
-    return None
+    return next(filter(None, (_find_file(m) for m, _ in import_candidates(path.strip()))), None)
 
 
 def _user_module(func: Any) -> str | None:

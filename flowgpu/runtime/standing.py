@@ -22,13 +22,13 @@ also kill any recorded worker still there.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -40,6 +40,7 @@ from distributed.security import Security
 from flowgpu import __version__, config
 from flowgpu.errors import ClusterError, ClusterRunningError, ConfigError
 from flowgpu.io import lock
+from flowgpu.io.atomic import write_text
 from flowgpu.runtime import probe, security
 from flowgpu.runtime.options import resolve
 
@@ -82,40 +83,24 @@ def directory(create: bool = False) -> str:
     return path
 
 
-def write_private(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` atomically, readable by this user only (0600)."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=os.path.dirname(path))  # 0600
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-
-
 def make_credentials(folder: str) -> Security:
     """TLS credentials made for a new cluster, also written (0600) into ``folder`` for clients."""
     made = security.for_local("temporary")
     pems = {"tls_ca_file": made.tls_ca_file, "tls_cert": made.tls_client_cert, "tls_key": made.tls_client_key}
     for key, name in CREDENTIALS.items():
-        write_private(os.path.join(folder, name), pems[key])
+        write_text(os.path.join(folder, name), pems[key])
     return made
 
 
 def record(folder: str, state: dict) -> None:
-    write_private(os.path.join(folder, STATE), json.dumps(state, indent=2, default=str))
+    write_text(os.path.join(folder, STATE), json.dumps(state, indent=2, default=str))
 
 
 def forget(folder: str) -> None:
     """Remove the state and the credentials (the log stays, for what happened)."""
     for name in (STATE, *CREDENTIALS.values()):
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(os.path.join(folder, name))
-        except FileNotFoundError:
-            pass
 
 
 def _read(folder: str) -> dict | None:
@@ -159,10 +144,8 @@ def _processes(state: dict) -> list[psutil.Process]:
     daemon = _process(state.get("daemon"))
     if daemon is not None:
         found[daemon.pid] = daemon
-        try:
+        with contextlib.suppress(psutil.Error):
             found.update((p.pid, p) for p in daemon.children(recursive=True))
-        except psutil.Error:
-            pass
     for rec in (state.get("workers") or {}).values():
         p = _process(rec)
         if p is not None:
@@ -188,10 +171,8 @@ def _end(procs: list[psutil.Process], timeout: float, notify: Notify | None) -> 
     if notify:
         notify(f"pid(s) {', '.join(str(p.pid) for p in left)} did not exit within {timeout:g}s; killing them")
     for p in left:
-        try:
+        with contextlib.suppress(psutil.Error):
             p.kill()
-        except psutil.Error:
-            pass
     left = _wait_gone(left, 10)
     if left:
         raise ClusterError(f"pid(s) {', '.join(str(p.pid) for p in left)} would not die after SIGKILL; "
@@ -334,10 +315,8 @@ def stop(timeout: float = STOP_TIMEOUT, notify: Notify | None = _say) -> dict | 
     if state is None:
         return None
     procs = _processes(state)
-    try:
+    with contextlib.suppress(psutil.NoSuchProcess):
         procs[0].send_signal(signal.SIGTERM)
-    except psutil.NoSuchProcess:
-        pass
     _end(procs, timeout, notify)
     forget(folder)  # the daemon removes them too; not when it was killed
     return state

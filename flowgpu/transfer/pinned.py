@@ -20,6 +20,7 @@ fails and no data is lost. The first such fallback warns; all are counted.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import mmap
 import os
@@ -192,20 +193,16 @@ def registered_pinned_allocator(size: int) -> HostBuffer:
         # as the driver does for cudaHostAlloc: a forked child (a spawned worker process) gets no
         # copy-on-write share of pinned pages, which could leave this process writing a copy the
         # device no longer reads
-        try:
+        with contextlib.suppress(OSError):
             m.madvise(mmap.MADV_DONTFORK)
-        except OSError:
-            pass
     whole = np.frombuffer(m, dtype=np.uint8)
     node = numa.local_node()
     if node is not None:  # on a host of several NUMA nodes: the pages on the node of this worker's GPU
         numa.prefer(int(whole.ctypes.data), len(whole), node)
     start = (-whole.ctypes.data) % _HUGE if huge else 0  # huge pages need 2 MiB alignment
     if huge:
-        try:
+        with contextlib.suppress(OSError):
             m.madvise(mmap.MADV_HUGEPAGE)
-        except OSError:
-            pass
     view = whole[start:start + size]
     _touch(view)
     ptr = int(view.ctypes.data)
@@ -376,15 +373,14 @@ class PinnedPool:
                 self._growing.discard(size)
                 if buf is None:
                     self.allocated -= size
+                    self._grower_running = False
                 else:
                     self._free[size].append(buf)
                     self.allocations += 1
                     self.background_allocations += 1
-                if buf is None:
-                    self._grower_running = False
                 self._cond.notify_all()
-                if buf is None:
-                    return
+            if buf is None:
+                return
 
     def _trim_locked(self, nbytes: int) -> int:
         freed = 0

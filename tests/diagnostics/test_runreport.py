@@ -70,7 +70,7 @@ def test_report_of_a_run_on_a_cluster(session, tmp_path, rng):
     assert len(page.rows("data-worker")) == 1  # peak memory of the one worker beside the estimate
     assert "Dask Performance Report" in text and "Task Stream" in text
     _no_network(text)
-    assert not [f for f in os.listdir(tmp_path) if f.endswith(".part")]  # written atomically
+    assert not [f for f in os.listdir(tmp_path) if f.endswith(".tmp")]  # written atomically (io.atomic.write_text)
 
 
 def test_a_failed_run_reports_its_error(session, tmp_path, rng):
