@@ -21,7 +21,6 @@ Every value is checked against a float64 NumPy reference.
 
 from __future__ import annotations
 
-import argparse
 import cProfile
 import io
 import pstats
@@ -52,13 +51,15 @@ def _median(fn, repeats: int, sync=None) -> float:
     return statistics.median(times) * 1e3
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--gib", type=float, default=8.0)
-    p.add_argument("--repeats", type=int, default=10)
-    p.add_argument("--cpu", action="store_true")
-    p.add_argument("--profile", type=int, default=0)
-    args = p.parse_args(argv)
+def parser():
+    p = harness.parser(__spec__.name, __doc__, cpu="a CPU Session (NumPy workers) instead of a GPU one", repeats=10)
+    p.add_argument("--gib", type=float, default=8.0, help="the array's size in GiB (default 8)")
+    p.add_argument("--profile", type=int, default=0, metavar="N",
+                   help="also print the top N functions of a cProfile of the trivial compute")
+    return p
+
+
+def probe(args) -> None:
     n = int(args.gib * (1 << 30)) // 4
     cols = 1 << 14 if n >= (1 << 24) else 1 << 10
     shape = (n // cols, cols)
@@ -77,8 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, make in (("plain dask", lambda: plain(x)), ("fg.fuse", lambda: fused(x))):
             got = float(make().compute())
             if abs(got - want) > 1e-4 * abs(want):
-                _log(f"{name}: {got} differs from the float64 reference {want}")
-                return 1
+                raise SystemExit(f"{name}: {got} differs from the float64 reference {want}")
             built = make()
             rows.append((name, _median(make, args.repeats), _median(lambda: dask.optimize(built), args.repeats),
                          _median(lambda: built.compute(), args.repeats),
@@ -100,8 +100,10 @@ def main(argv: list[str] | None = None) -> int:
             out = io.StringIO()
             pstats.Stats(pr, stream=out).sort_stats("cumulative").print_stats(args.profile)
             print(f"\ncProfile of {args.repeats} trivial computes (client side):\n{out.getvalue()}")
-    print(harness.environment_line(harness.environment()), file=sys.stderr)
-    return 0
+
+
+def main(argv=None) -> int:
+    return harness.captured_main(parser, probe, argv)
 
 
 if __name__ == "__main__":
