@@ -30,6 +30,7 @@ _C_FUNCS = {
 }
 
 CUDA_PREAMBLE = r"""
+#include <cupy/float16.cuh>  // CuPy declares float16 but defines it only for kernels with a float16 parameter
 template <typename T> __device__ __forceinline__ T _fg_max(T a, T b) { return (a > b || a != a) ? a : b; }
 template <typename T> __device__ __forceinline__ T _fg_min(T a, T b) { return (a < b || a != a) ? a : b; }
 template <typename T> __device__ __forceinline__ T _fg_fmax(T a, T b) { return (a >= b || b != b) ? a : b; }
@@ -71,7 +72,7 @@ template <typename T> __device__ __forceinline__ T _fg_ffloordiv(T a, T b) {
     if (mod != (T)0 && ((b < (T)0) != (mod < (T)0))) div -= (T)1;
     T fl;
     if (div != (T)0) { fl = floor(div); if (div - fl > (T)0.5) fl += (T)1; }
-    else fl = copysign((T)0, a / b);
+    else fl = copysign((T)0, (T)(a / b));  // float16 / float16 is a float: one overload
     return fl;
 }
 """
