@@ -1,7 +1,7 @@
 """The source registry: a name maps to a function that returns a lazy chunked array.
 
 Built in: ``random``, ``normal``, ``zeros``, ``ones``, ``full``, ``arange`` (synthetic, through
-:mod:`flowgpu.arrays`), ``zarr``, ``npy`` and ``python`` (a callable given by import path). Each
+:mod:`flowgpu.arrays`), ``zarr``, ``npy``, ``xarray`` (a labelled variable: :mod:`flowgpu.io.labelled`) and ``python`` (a callable given by import path). Each
 has a pydantic model of its options (below), from which the pipeline spec model and ``flowgpu
 schema`` are generated. Add more with :func:`register_source` or the ``flowgpu.sources``
 entry-point group: a plain function ``f(**options) -> dask.array.Array`` whose type-hinted
@@ -27,6 +27,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from flowgpu import arrays
 from flowgpu.arrays.creation import arange_length, check_fill_value, check_size, meta_for
 from flowgpu.errors import ConfigError, RunError
+from flowgpu.io.labelled import check_variable, open_xarray
 from flowgpu.io.npy import from_npy
 from flowgpu.io.paths import resolve
 from flowgpu.io.zarr import from_zarr
@@ -215,6 +216,27 @@ class NpyOptions(_Stored):
     """A ``.npy`` file, read chunk by chunk (path relative to the working directory)."""
 
 
+class XarrayOptions(_Stored):
+    """A variable of an xarray dataset (a Zarr store, or a NetCDF/HDF5 file read through h5netcdf),
+    with its dims, coordinates and attributes (path relative to the working directory)."""
+
+    engine: Literal["zarr", "h5netcdf"] | None = Field(
+        None, description="How to open it; default from the path: a folder or '.zarr' is Zarr, "
+                          "'.nc'/'.h5'/'.hdf5' NetCDF/HDF5 (h5netcdf).")
+    # after engine: its check opens the dataset with it
+    variable: str = Field(..., description="The variable to read, e.g. 't2m'.")
+
+    @field_validator("variable")
+    @classmethod
+    def _present(cls, v: str, info: ValidationInfo) -> str:
+        if info.data.get("path") is not None:
+            try:
+                check_variable(info.data["path"], v, info.data.get("engine"))
+            except ConfigError as e:
+                raise ValueError(str(e)) from None
+        return v
+
+
 class PythonOptions(_Source):
     """An array returned by a Python callable given by import path, ``package.module:function``.
 
@@ -339,4 +361,6 @@ register_source("zarr", lambda path, component=None, chunks=None: from_zarr(path
                 reads_files=True, options=ZarrOptions)
 register_source("npy", lambda path, chunks="auto": from_npy(path, chunks=chunks), reads_files=True,
                 options=NpyOptions)
+register_source("xarray", lambda path, variable, engine=None, chunks="auto":
+                open_xarray(path, variable, engine=engine, chunks=chunks), reads_files=True, options=XarrayOptions)
 register_source("python", _python, options=PythonOptions, calls_user_code=True)

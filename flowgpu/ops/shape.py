@@ -17,13 +17,13 @@ Index = str | int | list | tuple | None
 
 
 @defop("transpose")
-def transpose(x: Array, *, axes: list[int] | tuple[int, ...] | None = None) -> Array:
+def transpose(x: Array, *, axes: list[int | str] | tuple[int | str, ...] | None = None) -> Array:
     """Axes permuted: reversed by default, or in the order given by ``axes``.
 
     Parameters
     ----------
     x : array
-    axes : list of int, optional
+    axes : list of int or str (dimension names of a labelled input), optional
         A permutation of ``0 .. ndim-1``; ``[1, 0]`` swaps the two axes of a matrix.
 
     Returns
@@ -239,7 +239,7 @@ def squeeze(x: Array, *, axis: Axis = None) -> Array:
     Parameters
     ----------
     x : array
-    axis : int or list of int, optional
+    axis : int, str or list of them, optional
 
     Returns
     -------
