@@ -39,6 +39,9 @@ def _to_cupy_block(block):
     return import_cupy().asarray(block)
 
 
+_to_cupy_block.moves_to_device = True  # its result is on the device (flowgpu.fusion.device)
+
+
 def as_dask(x: Any) -> da.Array:
     """A dask array for ``x``: dask arrays pass through, NumPy/CuPy arrays become one-chunk arrays."""
     if isinstance(x, da.Array):
