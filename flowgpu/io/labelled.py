@@ -96,21 +96,38 @@ def check_variable(path: str, variable: str, engine: str | None = None) -> None:
 
 def open_xarray(path: str, variable: str, engine: str | None = None, chunks: Any = "auto"):
     """``variable`` of the dataset at ``path`` as an ``xarray.DataArray`` over a dask array, its chunks
-    on the session's device."""
-    ds = open_dataset(path, engine, chunks if chunks is not None else "auto")
+    on the session's device. ``chunks``: ``auto``, a byte size, one length for every dim, or a list
+    with one entry per dim of the variable (in its order)."""
+    chunks = "auto" if chunks is None else chunks
+    if isinstance(chunks, list):  # per dim of the variable: xarray takes a mapping by dim name
+        dims = _dims_of(path, variable, engine)
+        if len(chunks) != len(dims):
+            raise ConfigError(f"chunks {chunks!r} has {len(chunks)} entries, but {variable!r} has {len(dims)} dims "
+                              f"({', '.join(dims)}); give one per dim")
+        chunks = dict(zip(dims, _chunks(chunks)))
+    ds = open_dataset(path, engine, chunks)
     x = _variable(ds, path, variable)
     if not isinstance(x.data, da.Array):  # an index coordinate is loaded eagerly by xarray
         x = x.chunk()
     return x.copy(data=to_device(x.data))
 
 
+def _dims_of(path: str, variable: str, engine: str | None) -> tuple[str, ...]:
+    ds = open_dataset(path, engine, chunks=None)
+    try:
+        return tuple(map(str, _variable(ds, path, variable).dims))
+    finally:
+        ds.close()
+
+
 def as_dataset(x: Any, variable: str | None, path: str | None):
     """``x`` (labelled or bare) as a one-variable ``xarray.Dataset`` with host (NumPy) chunks and no
     encoding carried over from its source (its chunks are the ones it has now)."""
     xr = import_xarray()
+    stem = os.path.splitext(os.path.basename(path.rstrip("/")))[0] if path else "data"
+    name = variable or (x.name if is_labelled(x) else None) or stem
     if not is_labelled(x):
-        x = xr.DataArray(x, dims=[f"dim_{i}" for i in range(x.ndim)])
-    name = variable or x.name or (os.path.splitext(os.path.basename(path.rstrip("/")))[0] if path else "data")
+        x = xr.DataArray(x, dims=[f"dim_{i}" for i in range(x.ndim)], name=name)
     x = x.copy(data=to_host(x.data) if isinstance(x.data, da.Array) else x.data)
     return x.to_dataset(name=str(name)).drop_encoding()
 

@@ -51,7 +51,7 @@ def groupby_reduce(x: Array, *, dim: str = "time", by: str = "month", how: How =
     by : str, default "month"
         What groups it: a datetime component of ``dim``'s coordinate (``year``, ``month``, ``day``,
         ``hour``, ``dayofyear``, ``dayofweek``, ``season``, ``quarter``, ...), or the name of another
-        coordinate along ``dim``.
+        coordinate along ``dim`` (read when the step is built: xarray needs its labels).
     how : str, default "mean"
         The reduction: mean, sum, min, max, std, var, median, prod, count, first or last.
 
@@ -65,6 +65,7 @@ def groupby_reduce(x: Array, *, dim: str = "time", by: str = "month", how: How =
         if x.coords[by].dims != (dim,):
             raise ArgumentError(f"op 'groupby_reduce': coordinate {by!r} does not run along {dim!r}", argument="by")
         key = by
+        x = x.assign_coords({by: x.coords[by].compute()})  # the group labels (a 1-D coordinate) are read now
     elif by in DATETIME_PARTS:
         if x.coords[dim].dtype.kind != "M" and x.coords[dim].dtype != object:
             raise ArgumentError(f"op 'groupby_reduce': by {by!r} is a datetime component, but coordinate {dim!r} "

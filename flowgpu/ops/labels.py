@@ -77,7 +77,9 @@ def _reduced(op: Op, x: Any, b: inspect.BoundArguments) -> Any:
     keepdims = bool(b.arguments.get("keepdims", False))
     dims = [d for d in x.dims if keepdims or d not in gone]
     coords = {k: c for k, c in x.coords.items() if not set(c.dims) & gone}
-    return _xarray().DataArray(out, dims=dims, coords=coords, attrs=dict(x.attrs), name=x.name)
+    out = _xarray().DataArray(out, dims=dims, coords=coords, attrs=dict(x.attrs))
+    out.name = x.name  # not the dask array's name, which xarray takes when given None
+    return out
 
 
 def _elementwise(op: Op, b: inspect.BoundArguments) -> Any:
