@@ -12,7 +12,7 @@ imported. Each module registers a family:
 * :mod:`flowgpu.ops.stencil`: gaussian_filter, uniform_filter, median_filter (map_overlap);
 * :mod:`flowgpu.ops.user`: map_blocks with a user function given by import path;
 * :mod:`flowgpu.ops.expression`: the ``expr`` op (over the fusion compiler);
-* :mod:`flowgpu.ops.grouping`: groupby_reduce, resample_reduce (labelled inputs, by xarray).
+* :mod:`flowgpu.ops.grouping`: groupby_reduce, groupby_anomaly, resample_reduce (labelled inputs, by xarray).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from flowgpu.arrays.labels import is_labelled
 from flowgpu.errors import ArgumentError, OpError
 from flowgpu.ops._common import Array, defop
 
-__all__ = ["groupby_reduce", "resample_reduce", "HOW", "DATETIME_PARTS"]
+__all__ = ["groupby_reduce", "groupby_anomaly", "resample_reduce", "HOW", "DATETIME_PARTS"]
 
 How = Literal["mean", "sum", "min", "max", "std", "var", "median", "prod", "count", "first", "last"]
 HOW = How.__args__
@@ -60,21 +60,49 @@ def groupby_reduce(x: Array, *, dim: str = "time", by: str = "month", how: How =
     labelled array
         ``dim`` replaced by the group dimension (``month``: 1..12), attrs kept.
     """
-    _labelled("groupby_reduce", x, dim)
+    x, key = _group_key("groupby_reduce", x, dim, by)
+    return _reduce(x.groupby(key), how)
+
+
+def _group_key(op: str, x: Any, dim: str, by: str) -> tuple[Any, str]:
+    """``x`` (its grouping coordinate read, when it is one) and the key xarray groups it by."""
+    _labelled(op, x, dim)
     if by in x.coords and by != dim:
         if x.coords[by].dims != (dim,):
-            raise ArgumentError(f"op 'groupby_reduce': coordinate {by!r} does not run along {dim!r}", argument="by")
-        key = by
-        x = x.assign_coords({by: x.coords[by].compute()})  # the group labels (a 1-D coordinate) are read now
-    elif by in DATETIME_PARTS:
+            raise ArgumentError(f"op {op!r}: coordinate {by!r} does not run along {dim!r}", argument="by")
+        return x.assign_coords({by: x.coords[by].compute()}), by  # the group labels (1-D) are read now
+    if by in DATETIME_PARTS:
         if x.coords[dim].dtype.kind != "M" and x.coords[dim].dtype != object:
-            raise ArgumentError(f"op 'groupby_reduce': by {by!r} is a datetime component, but coordinate {dim!r} "
+            raise ArgumentError(f"op {op!r}: by {by!r} is a datetime component, but coordinate {dim!r} "
                                 f"holds {x.coords[dim].dtype}, not datetimes", argument="by")
-        key = f"{dim}.{by}"
-    else:
-        raise ArgumentError(f"op 'groupby_reduce': by {by!r} is neither a datetime component "
-                            f"({', '.join(DATETIME_PARTS)}) nor a coordinate along {dim!r}", argument="by")
-    return _reduce(x.groupby(key), how)
+        return x, f"{dim}.{by}"
+    raise ArgumentError(f"op {op!r}: by {by!r} is neither a datetime component "
+                        f"({', '.join(DATETIME_PARTS)}) nor a coordinate along {dim!r}", argument="by")
+
+
+@defop("groupby_anomaly", labelled=True)
+def groupby_anomaly(x: Array, *, dim: str = "time", by: str = "month", how: Literal["mean", "median"] = "mean"
+                    ) -> Array:
+    """Each value minus its group's mean, as xarray's ``x.groupby("time.month") - clim``.
+
+    Parameters
+    ----------
+    x : labelled array
+        From ``source: xarray`` (or a step on one), with a coordinate along ``dim``.
+    dim, by : str
+        As for ``groupby_reduce``: ``by`` a datetime component of ``dim`` (``month``, ``dayofyear``,
+        ``season``, ...) or another coordinate along ``dim``.
+    how : str, default "mean"
+        The group value subtracted: mean or median.
+
+    Returns
+    -------
+    labelled array
+        The shape, dims and coordinates of ``x`` (the group key as a coordinate along ``dim``).
+    """
+    x, key = _group_key("groupby_anomaly", x, dim, by)
+    grouped = x.groupby(key)
+    return grouped - _reduce(grouped, how)
 
 
 @defop("resample_reduce", labelled=True)

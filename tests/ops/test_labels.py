@@ -129,3 +129,12 @@ def test_grouping_refuses_what_it_cannot_group(t2m):
         _run("groupby_reduce", t2m, dim="lat", by="month")
     with pytest.raises(ArgumentError, match="freq 'monthly' is not a frequency"):
         _run("resample_reduce", t2m, freq="monthly")
+
+
+@pytest.mark.parametrize("how", ["mean", "median"])
+def test_groupby_anomaly_is_xarrays_group_arithmetic(t2m, how):
+    got = _run("groupby_anomaly", t2m, dim="time", by="month", how=how)
+    grouped = t2m.groupby("time.month")
+    want = grouped - getattr(grouped, how)()
+    xr.testing.assert_allclose(got.compute(), want.compute(), rtol=1e-6)
+    assert got.dims == t2m.dims and got.attrs == want.attrs
