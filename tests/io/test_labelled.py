@@ -104,3 +104,15 @@ def test_an_output_with_the_marker_inside_from_an_earlier_version_is_still_flowg
     dask.compute(pending.target, scheduler="sync")
     pending.commit()
     assert written_by_flowgpu(str(old)) and not (old / MARKER).exists()
+
+
+@pytest.mark.parametrize("zarr_format", [2, 3])
+def test_convert_keeps_an_xarray_variables_dims_and_attrs(tmp_path, ds, zarr_format):
+    from flowgpu.io.convert import convert
+
+    ds.to_zarr(tmp_path / "d.zarr", zarr_format=zarr_format, consolidated=False)
+    out = convert(str(tmp_path / "d.zarr"), str(tmp_path / "rain.zarr"), component="rain")
+    a = zarr.open_array(out["path"], mode="r")
+    assert a.metadata.dimension_names == ("time", "y", "x")
+    assert a.attrs["units"] == "mm" and "_ARRAY_DIMENSIONS" not in a.attrs
+    np.testing.assert_array_equal(a[:], ds.rain.values)
