@@ -20,7 +20,6 @@ numbers, and refuses a name the input lacks, listing its dims.
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 from flowgpu.arrays.labels import bare, is_labelled
@@ -57,24 +56,37 @@ def axis_numbers(op_name: str, arg: str, value: Any, x: Any) -> Any:
     return _number(op_name, arg, x, value)
 
 
-def _bound(op: Op, args: list, kwargs: dict) -> inspect.BoundArguments:
-    return op.signature.bind(*args, **kwargs)
-
-
 def _xarray():
     import xarray
 
     return xarray
 
 
-def _reduced(op: Op, x: Any, b: inspect.BoundArguments) -> Any:
+def _places(args: list, kwargs: dict) -> list[tuple[str, Any]]:
+    """Where the labelled values are: ``("a", i)`` in ``args``, ``("k", name)`` in ``kwargs``."""
+    return [("a", i) for i, v in enumerate(args) if is_labelled(v)] + \
+        [("k", k) for k, v in kwargs.items() if is_labelled(v)]
+
+
+def _put(args: list, kwargs: dict, places: list, values) -> tuple[list, dict]:
+    args, kwargs = list(args), dict(kwargs)
+    for (where, at), v in zip(places, values):
+        if where == "a":
+            args[at] = v
+        else:
+            kwargs[at] = v
+    return args, kwargs
+
+
+def _reduced(op: Op, x: Any, args: list, kwargs: dict) -> Any:
     """A reduction of labelled ``x``: its op on the dask array, the reduced dims' coords dropped."""
-    axis = b.arguments.get("axis")
+    axis = kwargs.get("axis")
     numbers = range(x.ndim) if axis is None else ([axis] if isinstance(axis, int) else list(axis))
     gone = {x.dims[int(a) % x.ndim] for a in numbers}
-    b.arguments[next(iter(b.arguments))] = x.data
-    out = op(*b.args, **b.kwargs)
-    keepdims = bool(b.arguments.get("keepdims", False))
+    places = _places(args, kwargs)
+    a, k = _put(args, kwargs, places, [_get(args, kwargs, p).data for p in places])
+    out = op(*a, **k)
+    keepdims = bool(kwargs.get("keepdims", False))
     dims = [d for d in x.dims if keepdims or d not in gone]
     coords = {k: c for k, c in x.coords.items() if not set(c.dims) & gone}
     out = _xarray().DataArray(out, dims=dims, coords=coords, attrs=dict(x.attrs))
@@ -82,34 +94,35 @@ def _reduced(op: Op, x: Any, b: inspect.BoundArguments) -> Any:
     return out
 
 
-def _elementwise(op: Op, b: inspect.BoundArguments) -> Any:
-    keys = [k for k, v in b.arguments.items() if is_labelled(v)]
+def _get(args: list, kwargs: dict, place: tuple[str, Any]) -> Any:
+    return args[place[1]] if place[0] == "a" else kwargs[place[1]]
+
+
+def _elementwise(op: Op, args: list, kwargs: dict) -> Any:
+    places = _places(args, kwargs)
 
     def apply(*values):
-        b.arguments.update(zip(keys, values))
-        return op(*b.args, **b.kwargs)
+        a, k = _put(args, kwargs, places, values)
+        return op(*a, **k)
 
-    return _xarray().apply_ufunc(apply, *(b.arguments[k] for k in keys), dask="allowed", keep_attrs=True)
+    return _xarray().apply_ufunc(apply, *(_get(args, kwargs, p) for p in places), dask="allowed", keep_attrs=True)
 
 
-def _shaped(op: Op, x: Any, b: inspect.BoundArguments) -> Any:
+def _shaped(op: Op, x: Any, args: list, kwargs: dict) -> Any:
     """``transpose``, ``slice`` and ``squeeze`` as xarray does them; else labels kept when the shape is."""
-    args = b.arguments
-    if op.name == "transpose" and all(is_labelled(v) is (k == next(iter(args))) for k, v in args.items()):
-        axes = args.get("axes")
+    if op.name == "transpose" and len(args) == 1:
+        axes = kwargs.get("axes")
         return x.transpose(*(x.dims[int(a)] for a in axes)) if axes is not None else x.transpose()
-    if op.name == "slice":
-        op(x.data, index=args["index"])  # the op's own checks and messages
-        return x[parse_index(args["index"])]
-    if op.name == "squeeze":
-        op(x.data, axis=args.get("axis"))
-        axis = args.get("axis")
+    if op.name == "slice" and len(args) == 1:
+        op(x.data, **kwargs)  # the op's own checks and messages
+        return x[parse_index(kwargs["index"])]
+    if op.name == "squeeze" and len(args) == 1:
+        op(x.data, **kwargs)
+        axis = kwargs.get("axis")
         return x.squeeze([x.dims[int(a)] for a in ([axis] if isinstance(axis, int) else axis)]
                          if axis is not None else None)
-    for k, v in args.items():
-        args[k] = bare(v)
-    out = op(*b.args, **b.kwargs)
-    if getattr(out, "shape", None) == x.shape and not isinstance(out, (tuple, list)):
+    out = op(*[bare(a) for a in args], **{k: bare(v) for k, v in kwargs.items()})
+    if not isinstance(out, (tuple, list)) and getattr(out, "shape", None) == x.shape:
         return x.copy(data=out)
     return out
 
@@ -125,9 +138,8 @@ def call(op: Op, args: list, kwargs: dict) -> Any:
         return op(*args, **kwargs)
     if op.meta.get("labelled"):
         return op(*args, **kwargs)
-    b = _bound(op, args, kwargs)
     if op.kind == "elementwise":
-        return _elementwise(op, b)
-    if op.kind == "reduction" and is_labelled(next(iter(b.arguments.values()))):
-        return _reduced(op, first, b)
-    return _shaped(op, first, b)
+        return _elementwise(op, list(args), kwargs)
+    if op.kind == "reduction" and args and is_labelled(args[0]):
+        return _reduced(op, args[0], list(args), kwargs)
+    return _shaped(op, first, list(args), kwargs)

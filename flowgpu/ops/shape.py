@@ -198,14 +198,14 @@ def _join(name: str, func, arrays: tuple, axis: int, extra_dim: int) -> da.Array
 
 
 @defop("concatenate")
-def concatenate(*arrays: Array, axis: int = 0) -> Array:
+def concatenate(*arrays: Array, axis: int | str = 0) -> Array:
     """Arrays joined end to end along an existing axis.
 
     Parameters
     ----------
     *arrays : arrays
         Same shape except along ``axis``.
-    axis : int, default 0
+    axis : int or str (a dimension name of a labelled input), default 0
 
     Returns
     -------
@@ -215,14 +215,14 @@ def concatenate(*arrays: Array, axis: int = 0) -> Array:
 
 
 @defop("stack")
-def stack(*arrays: Array, axis: int = 0) -> Array:
+def stack(*arrays: Array, axis: int | str = 0) -> Array:
     """Arrays of one shape stacked along a new axis.
 
     Parameters
     ----------
     *arrays : arrays
         All of the same shape.
-    axis : int, default 0
+    axis : int or str (a dimension name of a labelled input), default 0
         Position of the new axis in the result.
 
     Returns

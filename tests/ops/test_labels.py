@@ -138,3 +138,11 @@ def test_groupby_anomaly_is_xarrays_group_arithmetic(t2m, how):
     want = grouped - getattr(grouped, how)()
     xr.testing.assert_allclose(got.compute(), want.compute(), rtol=1e-6)
     assert got.dims == t2m.dims and got.attrs == want.attrs
+
+
+def test_ops_taking_arrays_by_name_or_any_number_keep_labels(t2m):
+    got = call(get("expr"), [], {"expression": "(x - m) * 2", "x": t2m, "m": t2m.mean("time")})
+    xr.testing.assert_allclose(got.compute(), ((t2m - t2m.mean("time")) * 2).compute(), rtol=1e-6)
+    assert got.dims == t2m.dims
+    both = _run("concatenate", t2m, t2m, axis="lat")  # a shape-changing op: bare, values right
+    np.testing.assert_array_equal(both.compute(), np.concatenate([t2m.values, t2m.values], axis=1))
