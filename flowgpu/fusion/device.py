@@ -17,7 +17,7 @@ A GPU :class:`flowgpu.Session` applies it after dask's own optimisation (the
 
 from __future__ import annotations
 
-import graphlib
+import collections
 from dataclasses import dataclass
 from typing import Any
 
@@ -150,9 +150,11 @@ class _Pass:
 
     def subgraph(self, node: Task) -> tuple[Task, str]:
         inner, outkey, inkeys, *deps = node.args
-        kinds = dict(self.kinds)
-        for k, d in zip(inkeys, deps):
-            kinds[k] = self.arg(d)[1]
+        dep_kinds = [self.arg(d)[1] for d in deps]
+        if HOST not in dep_kinds and "mixed" not in dep_kinds and not _has_host_literal(inner.values()):
+            return node, OTHER  # nothing of the host reaches it
+        kinds = collections.ChainMap({}, self.kinds)  # the subgraph's own keys over the graph's (no copy)
+        kinds.update(zip(inkeys, dep_kinds))
         new_inner = _walk(dict(inner), kinds)
         if all(new_inner[k] is inner[k] for k in inner):
             return node, kinds.get(outkey, OTHER)
@@ -163,21 +165,55 @@ def _pure_container(node: Task) -> bool:
     return isinstance(node, NestedContainer) and not node.dependencies
 
 
-def _walk(dsk: dict, kinds: dict) -> dict:
-    order = graphlib.TopologicalSorter({k: [d for d in getattr(v, "dependencies", ()) if d in dsk]
-                                        for k, v in dsk.items()})
+def _walk(dsk: dict, kinds: Any) -> dict:
+    """Each node of ``dsk`` after its dependencies in it (a depth-first walk: no sort of the whole graph)."""
     p = _Pass(kinds)
     out = dict(dsk)
-    for key in order.static_order():
-        node = dsk[key]
-        if isinstance(node, GraphNode):
-            out[key], kinds[key] = p.node(node)
-        else:
-            kinds[key] = _literal(node)
+    done: set = set()
+    for root in dsk:
+        stack = [(root, False)]
+        while stack:
+            key, ready = stack.pop()
+            if key in done:
+                continue
+            node = dsk[key]
+            if not ready:
+                stack.append((key, True))
+                stack.extend((d, False) for d in getattr(node, "dependencies", ()) if d in dsk and d not in done)
+                continue
+            done.add(key)
+            if isinstance(node, GraphNode):
+                out[key], kinds[key] = p.node(node)
+            else:
+                kinds[key] = _literal(node)
     return out
+
+
+def _has_host_literal(values: Any) -> bool:
+    """Whether a float, complex or bool NumPy array lies anywhere in ``values`` (tasks, their
+    arguments, nested subgraphs): a quick look that spares most graphs the walk."""
+    stack = list(values)
+    while stack:
+        v = stack.pop()
+        t = type(v)
+        if t is np.ndarray:
+            if v.dtype.kind in _HOST_KINDS:
+                return True
+        elif t is DataNode:
+            stack.append(v.value)
+        elif isinstance(v, Task):
+            stack.extend(v.args)
+            stack.extend(v.kwargs.values())
+        elif t is list or t is tuple:
+            stack.extend(v)
+        elif t is dict:
+            stack.extend(v.values())
+    return False
 
 
 def move_host_operands(dsk: dict) -> dict:
     """``dsk`` (a low-level graph of task-spec nodes) with every task that mixes host NumPy operands
     and other chunks wrapped in :class:`OnDevice`; the same dict when none does."""
+    if not _has_host_literal(dsk.values()):
+        return dsk
     return _walk(dsk, {})
