@@ -73,9 +73,9 @@ def open_dataset(path: str, engine: str | None = None, chunks: Any = "auto"):
 
 def _variable(ds: Any, path: str, variable: str) -> Any:
     if variable not in ds.variables:
-        there = ", ".join(map(str, ds.data_vars)) or "none"
+        there = ", ".join(sorted(map(str, ds.data_vars))) or "none"
         raise ConfigError(f"{path!r} has no variable {variable!r}; its variables: {there} (coordinates: "
-                          f"{', '.join(map(str, ds.coords)) or 'none'})")
+                          f"{', '.join(sorted(map(str, ds.coords))) or 'none'})")
     return ds[variable]
 
 

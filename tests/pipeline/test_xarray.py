@@ -135,7 +135,7 @@ def _error(tmp_path, text, raw=False):
 def test_a_missing_variable_lists_the_ones_there(tmp_path, climate):
     e = _error(tmp_path, SPEC.replace("variable: t2m", "variable: t2"))
     assert e.path == "inputs.t2m.variable" and e.line == 3
-    assert "has no variable 't2'; its variables: t2m, sp" in str(e)
+    assert "has no variable 't2'; its variables: sp, t2m (coordinates: lat, lon, time)" in str(e)
 
 
 def test_an_unknown_dimension_lists_the_dims(tmp_path, climate):
@@ -158,7 +158,7 @@ def test_python_m_flowgpu_run_writes_the_same(tmp_path, climate):
     env = dict(os.environ)
     env["PYTHONPATH"] = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) \
         + os.pathsep + os.environ.get("PYTHONPATH", "")
-    done = subprocess.run([sys.executable, "-m", "flowgpu", "run", spec, "--workers", "1"], cwd=tmp_path, env=env,
+    done = subprocess.run([sys.executable, "-m", "flowgpu", "run", spec, "--workers", "2"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     _check_outputs(tmp_path, climate)
