@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from dask._task_spec import Alias, DataNode, GraphNode, NestedContainer, Task, TaskRef, _execute_subgraph
+from dask._task_spec import (Alias, DataNode, GraphNode, List, NestedContainer, Task, TaskRef, Tuple,
+                             _execute_subgraph)
 
 from flowgpu.backend import import_cupy, is_cupy
 
@@ -126,8 +127,11 @@ class _Pass:
             arg_kinds.append(kind)
         if _moves_to_device(node.func):  # whatever it reads, its result is on the device
             arg_kinds = [OTHER]
-        if "mixed" in arg_kinds or (HOST in arg_kinds and OTHER in arg_kinds):
+        mixed = "mixed" in arg_kinds or (HOST in arg_kinds and OTHER in arg_kinds)
+        if mixed and (not isinstance(node, NestedContainer) or isinstance(node, (List, Tuple))):
             return self.wrapped(node, args, kwargs), OTHER
+        if mixed:  # a dict or set of arrays: left as it is (the task reading it gets its items as they are)
+            return node, OTHER
         if all(a is b for a, b in zip(args, node.args)) and all(kwargs[k] is v for k, v in node.kwargs.items()):
             new = node
         else:
