@@ -30,7 +30,7 @@ def test_xarrays_own_dask_tests_pass_fused(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
                FLOWGPU_DASK_SUITE_CENSUS=str(tmp_path / "census"))
     done = subprocess.run([sys.executable, "-m", "pytest", *(f"xtests/{f}" for f in FILES), "-k", "dask", "-q",
-                           "-p", "no:cacheprovider", "-p", "benchmarks.dask_suite.plugin"],
+                           "-p", "no:cacheprovider", "-p", "benchmarks.dask_suite.plugin", "-n", "2"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1100)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     census = json.loads((tmp_path / "census" / "census-main.json").read_text())
