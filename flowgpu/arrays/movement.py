@@ -17,6 +17,9 @@ def _to_cupy_block(block):
     return host_to_device(block)
 
 
+_to_cupy_block.moves_to_device = True  # its result is on the device (flowgpu.fusion.device)
+
+
 def _to_numpy_block(block):
     if is_cupy(block):
         return block.get()

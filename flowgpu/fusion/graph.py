@@ -37,14 +37,16 @@ from typing import Any
 import dask
 import dask.array as da
 import numpy as np
-from dask._task_spec import Task, TaskRef
+from dask._task_spec import Task, TaskRef, convert_legacy_graph
 from dask.array.optimization import optimize as dask_optimize
 from dask.blockwise import Blockwise, blockwise_token
 from dask.core import flatten
 from dask.highlevelgraph import HighLevelGraph
+from dask.utils import ensure_dict
 
 from flowgpu.backend import is_cupy
 from flowgpu.fusion import graph_reduce, graph_tree
+from flowgpu.fusion.device import move_host_operands
 from flowgpu.fusion.chunk import Chain, FusedChunk
 from flowgpu.fusion.graph_reduce import graph_has_masked
 from flowgpu.fusion.language import FUNCTIONS, is_scalar, literal_text
@@ -341,18 +343,22 @@ class Fusing:
     process's config applied, not the client's: whether to fuse, and whether chunks are CuPy (a
     reduction of a bare array is fused on CuPy only). A joined GPU cluster then fused other steps
     than the run's own cluster did, and gave other last bits. This hook takes the client's answers
-    along (it pickles as its class and two booleans). ``flowgpu.fuse-ufuncs: false`` set for a block
+    along (it pickles as its class and three booleans). ``flowgpu.fuse-ufuncs: false`` set for a block
     still turns it off where the scheduler shares the client's config (a local cluster).
     """
 
     enabled: bool = True
     bare: bool = False  # CuPy chunks: a reduction of a bare array is fused too
+    device: bool = False  # a GPU session: host NumPy operands of device chunks go to the device (fusion.device)
 
     def __call__(self, dsk: Any, keys: Any, **kwargs: Any) -> Any:
         if self.enabled and dask.config.get(CONFIG_KEY, True) and isinstance(dsk, HighLevelGraph):
             names = {k[0] if isinstance(k, tuple) else k for k in flatten(keys)}
             dsk = rewrite_graph(dsk, keep=names, bare=self.bare)
-        return dask_optimize(dsk, keys, **kwargs)
+        dsk = dask_optimize(dsk, keys, **kwargs)
+        if self.device:
+            dsk = move_host_operands(convert_legacy_graph(ensure_dict(dsk)))
+        return dsk
 
 
 @contextlib.contextmanager

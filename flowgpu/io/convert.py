@@ -24,7 +24,7 @@ from flowgpu.io.hdf5 import from_hdf5, is_hdf5
 from flowgpu.io.npy import from_npy
 from flowgpu.io.paths import is_glob
 from flowgpu.io.tiff import from_tiff, is_tiff, tiff_files
-from flowgpu.io.zarr import from_zarr, store_zarr
+from flowgpu.io.zarr import from_zarr, open_zarr_array, store_zarr
 from flowgpu.io.zarrwrite import CODECS, INNER_BYTES
 
 __all__ = ["check", "convert", "choose_layout", "CHUNK_BYTES", "MAX_CHUNK_BYTES", "MAX_SHARD_BYTES"]
@@ -105,6 +105,20 @@ def _open(src: str, component: str | None):
     return from_npy(src, chunks="auto") if kind == "npy" else from_tiff(src, chunks="auto")
 
 
+def _labels(src: str, component: str | None) -> dict:
+    """The dimension names and attributes of the Zarr array at ``src`` (an xarray dataset's variable
+    has them: ``dimension_names`` in Zarr 3, ``_ARRAY_DIMENSIONS`` in Zarr 2), to keep in the copy."""
+    if not os.path.isdir(src):
+        return {}
+    a = open_zarr_array(src, component)
+    attrs = dict(a.attrs)
+    names = attrs.pop("_ARRAY_DIMENSIONS", None) if a.metadata.zarr_format == 2 else a.metadata.dimension_names
+    out = {"attributes": attrs} if attrs else {}
+    if names is not None and any(n is not None for n in names):
+        out["dimension_names"] = tuple(names)
+    return out
+
+
 def check(src: str, dst: str, *, codec: str = "zstd", chunk_bytes: int | None = None, overwrite: bool = False) -> None:
     """Refuse what :func:`convert` would refuse, touching nothing (before a cluster starts)."""
     if codec not in CODECS:
@@ -131,6 +145,7 @@ def convert(src: str, dst: str, *, codec: str = "zstd", level: int | None = None
     array (``component`` in a group), an HDF5 dataset (``component`` is its path in the file; may be
     left out when the file holds one) or a TIFF stack (a multi-page file, or a glob of one-page files).
 
+    A Zarr array's dimension names and attributes (an xarray variable's dims and units) are kept.
     Returns what was written: ``{"path", "shape", "dtype", "chunks", "shards", "codec",
     "bytes", "stored_bytes"}``. Runs on the session's workers (any, or none: dask's scheduler).
     """
@@ -140,7 +155,7 @@ def convert(src: str, dst: str, *, codec: str = "zstd", level: int | None = None
     with atomic_output(dst, overwrite, meta={"format": "zarr"}) as tmp:
         try:
             dask.compute(store_zarr(x, tmp, codec=codec, level=level, chunks=chunks, shards=shards,
-                                    checksum=checksum))
+                                    checksum=checksum, labels=_labels(src, component)))
         except OSError as e:
             if isinstance(e, FlowgpuError):
                 raise

@@ -3,7 +3,8 @@
 Each output is staged beside its path in ``.NAME.flowgpu-tmp-<id>/`` (``data``: the new output;
 ``owner.json``: pid, host and start time of the run, and the staging dir's inode). :meth:`Transaction.commit`:
 
-1. writes flowgpu's marker into every staged output (a file output's marker is staged beside it);
+1. writes flowgpu's marker beside every staged output (``.NAME.flowgpu-output.json``; never inside a
+   directory output, where zarr and xarray would warn about a file that is not part of the store);
 2. writes the journal ``.flowgpu-journal-<run>.json`` (every output: path, id and its staging
    dir's inode) into each output's parent directory, fsynced, and holds an ``flock`` on it while
    the process lives;
@@ -55,8 +56,8 @@ _STAGE = re.compile(r"^\.(?P<name>.+)\.flowgpu-tmp-(?P<id>r[0-9a-f]{16})$")
 _JOURNAL = re.compile(r"^\.flowgpu-journal-(?P<run>r[0-9a-f]{16})\.json$")
 _ID = re.compile(r"^r[0-9a-f]{16}$")
 _MOST = 1 << 20  # a journal of many outputs is a few hundred KB
-# (staged name, aside name) inside the staging dir, in the order they move into place: a file
-# output's marker first, so a half-done move is still recognised as this run's by its marker
+# (staged name, aside name) inside the staging dir, in the order they move into place: the marker
+# first, so a half-done move is still recognised as this run's by its marker
 _PARTS = (("marker", "old.marker"), ("data", "old"))
 
 
@@ -84,12 +85,19 @@ def _beside(target: str) -> str:
 
 
 def marker_path(path: str) -> str:
-    """Where the marker of ``path`` lives: inside a directory output, beside a file output."""
-    return os.path.join(path, MARKER) if os.path.isdir(path) else _beside(path)
+    """Where the marker of ``path`` lives: beside it (``.NAME.flowgpu-output.json``), for files and
+    directories alike, so a Zarr store holds only Zarr's own files."""
+    return _beside(path)
+
+
+def _legacy_marker(path: str) -> str:
+    """Where earlier versions put a directory output's marker: inside it."""
+    return os.path.join(path, MARKER)
 
 
 def written_by_flowgpu(path: str) -> bool:
-    return os.path.exists(marker_path(path))
+    return os.path.exists(marker_path(path)) or (os.path.isdir(path) and not os.path.islink(path)
+                                                 and os.path.exists(_legacy_marker(path)))
 
 
 def _run_of(marker: str) -> str | None:
@@ -156,19 +164,17 @@ class Output:
             yield os.path.join(self.stage, staged), os.path.join(self.stage, aside), live
 
     def staged_marker(self) -> str:
-        data = os.path.join(self.stage, "data")
-        return os.path.join(data, MARKER) if os.path.isdir(data) else os.path.join(self.stage, "marker")
+        return os.path.join(self.stage, "marker")
 
     def ours(self, live: str) -> bool:
         """Whether ``live`` is this output's new data (or marker), moved into place by its run."""
-        marker = live if live == _beside(self.path) else marker_path(live)
-        return os.path.lexists(live) and _run_of(marker) == self.id
+        return os.path.lexists(live) and _run_of(_beside(self.path)) == self.id
 
     def old_is_flowgpus(self) -> bool:
-        old = os.path.join(self.stage, "old")
-        if os.path.isdir(old) and not os.path.islink(old):
-            return os.path.exists(os.path.join(old, MARKER))
-        return os.path.exists(os.path.join(self.stage, "old.marker"))
+        if os.path.exists(os.path.join(self.stage, "old.marker")):
+            return True
+        old = os.path.join(self.stage, "old")  # an output of an earlier version: its marker inside
+        return os.path.isdir(old) and not os.path.islink(old) and os.path.exists(_legacy_marker(old))
 
 
 def _keep(src: str, live: str, what: str, id: str, notes: list[str]) -> None:

@@ -5,7 +5,7 @@ temporary path when computed, and ``commit``/``abort`` to move it into place or 
 pipeline runner computes the targets of all outputs together (one graph, shared intermediates
 computed once) and commits only when all of them are complete.
 
-Built in: ``zarr``, ``npy``, ``summary`` (the value itself, reported in the run summary) and
+Built in: ``zarr``, ``npy``, ``xarray`` (a labelled Dataset, :mod:`flowgpu.io.labelled`), ``summary`` (the value itself, reported in the run summary) and
 ``table`` (the value as a summary's, and as columns of one row per batch item in a CSV or Parquet
 file: :mod:`flowgpu.io.table`). Add more with :func:`register_sink` or the ``flowgpu.sinks``
 entry-point group (a ``prepare`` function; its capabilities, when not the defaults, as attributes
@@ -28,6 +28,7 @@ import numpy as np
 from flowgpu.arrays.movement import to_host
 from flowgpu.errors import ConfigError
 from flowgpu.io.atomic import AtomicPath, check_writable, commit_together, hold
+from flowgpu.io.labelled import as_dataset, bare, write_dataset
 from flowgpu.io.npy import _allocate, _write_block
 from flowgpu.io.zarr import store_zarr
 from flowgpu.registry import Entry, Registry, options_model
@@ -57,6 +58,7 @@ class PendingWrite:
 
 WRITES_PATH, ATOMIC, IN_SUMMARY, COLLECTS = "writes_path", "atomic", "in_summary", "collects"
 CAPABILITIES = (WRITES_PATH, ATOMIC, IN_SUMMARY, COLLECTS)
+LABELLED = "labelled"  # takes an xarray.DataArray where the output is labelled (others get its dask array)
 
 
 def _entry(name: str, prepare: Callable[..., PendingWrite], capabilities: set[str],
@@ -79,7 +81,7 @@ SINKS: Registry[Entry] = Registry("flowgpu.sinks", "sink", error=ConfigError, fr
 
 def register_sink(name: str, prepare: Callable[..., PendingWrite], *, writes_path: bool = True,
                   atomic: bool = False, in_summary: bool = False, collects: bool = False,
-                  options: type | None = None, replace: bool = True) -> Entry:
+                  options: type | None = None, replace: bool = True, labelled: bool = False) -> Entry:
     """Register ``prepare(x, path=None, overwrite=False, **options) -> PendingWrite`` as sink ``name``.
 
     Parameters
@@ -90,8 +92,9 @@ def register_sink(name: str, prepare: Callable[..., PendingWrite], *, writes_pat
     collects : with ``in_summary``: the values of every batch item go, as one row each, into the
         file at ``path`` once all items are done (the pipeline runner writes it: ``table``).
     options : a pydantic model of its further options; default: one made from its signature.
+    labelled : it takes a labelled output as an ``xarray.DataArray`` (the others get its dask array).
     """
-    caps = {c for c, on in zip(CAPABILITIES, (writes_path, atomic, in_summary, collects)) if on}
+    caps = {c for c, on in zip(CAPABILITIES + (LABELLED,), (writes_path, atomic, in_summary, collects, labelled)) if on}
     return SINKS.add(_entry(name, prepare, caps, options), replace=replace)
 
 
@@ -109,8 +112,12 @@ def sink_names() -> list[str]:
 
 
 def prepare_write(sink: str, x: da.Array, path: str | None = None, overwrite: bool = False, **options) -> PendingWrite:
-    """Set up the lazy write of ``x`` to ``sink``; creates only the temporary store, computes nothing."""
-    return get_sink(sink)(x, path=path, overwrite=overwrite, **options)
+    """Set up the lazy write of ``x`` to ``sink``; creates only the temporary store, computes nothing.
+
+    ``x`` may be labelled (an ``xarray.DataArray``): a sink that writes labels gets it as it is,
+    the others its dask array."""
+    entry = SINKS.get(sink)
+    return entry(x if entry.has(LABELLED) else bare(x), path=path, overwrite=overwrite, **options)
 
 
 def commit_all(pending: list[PendingWrite]) -> list[str | None]:
@@ -159,6 +166,24 @@ def _zarr(x: da.Array, path: str | None = None, overwrite: bool = False, compone
     return PendingWrite("zarr", target, atomic.path, atomic)
 
 
+def _xarray(x: da.Array, path: str | None = None, overwrite: bool = False, variable: str | None = None,
+            format: Literal["zarr", "netcdf"] | None = None) -> PendingWrite:  # noqa: A002
+    """An xarray Dataset: Zarr 3 (dims as ``dimension_names``, coordinates, attributes) or NetCDF4.
+
+    ``variable``: the name of the data variable (default: the input's variable, else the path's
+    stem). ``format``: ``zarr`` or ``netcdf``; default from the path (``.nc``/``.h5`` NetCDF, else
+    Zarr). ``xr.open_zarr`` / ``xr.open_dataset`` read it back as xarray computed it; an unlabelled
+    output gets dims ``dim_0, dim_1, ...``."""
+    if format is None:
+        format = "netcdf" if str(path).lower().endswith((".nc", ".nc4", ".h5", ".hdf5", ".cdf")) else "zarr"
+    ds = as_dataset(x, variable, path)
+    atomic = AtomicPath(path, overwrite, meta={"format": f"xarray-{format}"})
+    tmp = atomic.begin()
+    with atomic.preparing():
+        target = write_dataset(ds, tmp, format)
+    return PendingWrite("xarray", target, atomic.path, atomic)
+
+
 def _summary(x: da.Array, path: str | None = None, overwrite: bool = False) -> PendingWrite:
     """The value itself, in the run summary (scalars and small arrays)."""
     if x.size > SUMMARY_MAX_ELEMENTS:
@@ -187,6 +212,7 @@ def to_summary_value(value: Any) -> Any:
 
 register_sink("npy", _npy, atomic=True)
 register_sink("zarr", _zarr, atomic=True)
+register_sink("xarray", _xarray, atomic=True, labelled=True)
 register_sink("summary", _summary, writes_path=False, in_summary=True)
 register_sink("table", _table, writes_path=False, in_summary=True, collects=True)
 DEFAULT_SINK = "summary"  # an output that names no sink

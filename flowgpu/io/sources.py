@@ -1,7 +1,7 @@
 """The source registry: a name maps to a function that returns a lazy chunked array.
 
 Built in: ``random``, ``normal``, ``zeros``, ``ones``, ``full``, ``arange`` (synthetic, through
-:mod:`flowgpu.arrays`), ``zarr``, ``npy``, ``hdf5``, ``tiff`` and ``python`` (a callable given by
+:mod:`flowgpu.arrays`), ``zarr``, ``npy``, ``hdf5``, ``tiff``, ``xarray`` (a labelled variable: :mod:`flowgpu.io.labelled`) and ``python`` (a callable given by
 import path). Each has a pydantic model of its options (below), from which the pipeline spec model
 and ``flowgpu schema`` are generated. Add more with :func:`register_source` or the ``flowgpu.sources``
 entry-point group: a plain function ``f(**options) -> dask.array.Array`` whose type-hinted
@@ -28,6 +28,7 @@ from flowgpu import arrays
 from flowgpu.arrays.creation import arange_length, check_fill_value, check_size, meta_for
 from flowgpu.errors import ConfigError, RunError
 from flowgpu.io.hdf5 import from_hdf5
+from flowgpu.io.labelled import check_variable, open_xarray
 from flowgpu.io.npy import from_npy
 from flowgpu.io.paths import resolve
 from flowgpu.io.tiff import from_tiff
@@ -231,6 +232,27 @@ class TiffOptions(_Stored):
                                        "stacked in natural order), relative to the working directory.")
 
 
+class XarrayOptions(_Stored):
+    """A variable of an xarray dataset (a Zarr store, or a NetCDF/HDF5 file read through h5netcdf),
+    with its dims, coordinates and attributes (path relative to the working directory)."""
+
+    engine: Literal["zarr", "h5netcdf"] | None = Field(
+        None, description="How to open it; default from the path: a folder or '.zarr' is Zarr, "
+                          "'.nc'/'.h5'/'.hdf5' NetCDF/HDF5 (h5netcdf).")
+    # after engine: its check opens the dataset with it
+    variable: str = Field(..., description="The variable to read, e.g. 't2m'.")
+
+    @field_validator("variable")
+    @classmethod
+    def _present(cls, v: str, info: ValidationInfo) -> str:
+        if info.data.get("path") is not None:
+            try:
+                check_variable(info.data["path"], v, info.data.get("engine"))
+            except ConfigError as e:
+                raise ValueError(str(e)) from None
+        return v
+
+
 class PythonOptions(_Source):
     """An array returned by a Python callable given by import path, ``package.module:function``.
 
@@ -359,4 +381,6 @@ register_source("hdf5", lambda path, dataset=None, chunks="auto": from_hdf5(path
                 reads_files=True, options=Hdf5Options)
 register_source("tiff", lambda path, chunks="auto": from_tiff(path, chunks=chunks), reads_files=True,
                 options=TiffOptions)
+register_source("xarray", lambda path, variable, engine=None, chunks="auto":
+                open_xarray(path, variable, engine=engine, chunks=chunks), reads_files=True, options=XarrayOptions)
 register_source("python", _python, options=PythonOptions, calls_user_code=True)

@@ -176,7 +176,8 @@ def _regular(x: da.Array) -> da.Array:
 
 
 def store_zarr(x: da.Array, tmp: str, *, component: str | None = None, codec: str | None = None,
-               level: int | None = None, chunks: Any = None, shards: Any = None, checksum: bool | None = None) -> Any:
+               level: int | None = None, chunks: Any = None, shards: Any = None, checksum: bool | None = None,
+               labels: dict | None = None) -> Any:
     """The lazy write of ``x`` into a new store at ``tmp`` (inside an atomic output's staging).
 
     With no ``codec``/``chunks``/``shards`` on the CPU: ``dask.array.to_zarr`` (zstd). Otherwise
@@ -184,11 +185,12 @@ def store_zarr(x: da.Array, tmp: str, *, component: str | None = None, codec: st
     device path, when those are more than nvCOMP encodes at once, shards of ``x``'s chunks made of
     ~64 KiB chunks) and ``shards``, and on the device path each task encodes and writes its unit on
     the device. With ``checksum`` (default ``flowgpu.zarr.checksum``) every chunk ends in zarr's
-    ``crc32c`` (:func:`flowgpu.io.zarrwrite.compressors`)."""
+    ``crc32c`` (:func:`flowgpu.io.zarrwrite.compressors`). ``labels``: ``dimension_names`` and
+    ``attributes`` of the new array."""
     device = device_path()
     if device not in (None, "fake") and codec != "none" and _nvcomp_missing():
         device = None
-    if codec is None and chunks is None and shards is None and device is None:  # zarr's own layout
+    if codec is None and chunks is None and shards is None and device is None and not labels:  # zarr's own layout
         extra = {"compressors": compressors("zstd", checksum=True)} if checksummed(checksum) else {}
         return da.to_zarr(_regular(to_host(x)), tmp, component=component, compute=False, **extra)
     chunk_shape = tuple(chunks) if chunks is not None else tuple(max(c) if c else 1 for c in _regular(x).chunks)
@@ -196,7 +198,7 @@ def store_zarr(x: da.Array, tmp: str, *, component: str | None = None, codec: st
             int(np.prod(chunk_shape, dtype=np.int64)) * x.dtype.itemsize > MAX_CHUNK_BYTES:
         chunk_shape, shards = inner_chunks(chunk_shape, x.dtype.itemsize), chunk_shape  # nvCOMP-sized, in shards
     arr = create(tmp, x.shape, x.dtype, codec=codec or "zstd", level=level, chunks=chunk_shape,
-                 shards=tuple(shards) if shards else None, component=component, checksum=checksum)
+                 shards=tuple(shards) if shards else None, component=component, checksum=checksum, **(labels or {}))
     if device is not None:
         done = device_writes(x if device == "fake" else to_device(x), arr, device, level)
         if done is not None:

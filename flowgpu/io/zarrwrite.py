@@ -98,9 +98,11 @@ def compressors(codec: str, level: int | None = None, checksum: bool | None = No
 
 def create(path: str, shape: tuple, dtype: Any, *, codec: str = "zstd", level: int | None = None,
            chunks: tuple, shards: tuple | None = None, component: str | None = None,
-           checksum: bool | None = None) -> zarr.Array:
+           checksum: bool | None = None, dimension_names: tuple | None = None,
+           attributes: dict | None = None) -> zarr.Array:
     """A new Zarr 3 array at ``path`` (``component`` inside a group there), its metadata written by
-    zarr; with ``checksum`` its chunks end in a ``crc32c`` (:func:`compressors`)."""
+    zarr; with ``checksum`` its chunks end in a ``crc32c`` (:func:`compressors`); ``dimension_names``
+    and ``attributes`` (labels, e.g. kept by ``flowgpu convert``) go into its metadata."""
     for what, v in (("chunks", chunks), ("shards", shards)):
         if v is not None and (len(v) != len(shape) or any(int(n) < 1 for n in v)):
             raise ConfigError(f"zarr {what} {list(v)}: give one length >= 1 per axis of the {len(shape)}-d array "
@@ -116,7 +118,8 @@ def create(path: str, shape: tuple, dtype: Any, *, codec: str = "zstd", level: i
         return zarr.create_array(store, shape=tuple(shape), dtype=np.dtype(dtype), chunks=tuple(chunks),
                                  shards=tuple(shards) if shards else None,
                                  compressors=compressors(codec, level, checksum) or None,
-                                 fill_value=0, zarr_format=3, overwrite=False)
+                                 fill_value=0, zarr_format=3, overwrite=False, dimension_names=dimension_names,
+                                 attributes=attributes)
 
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"

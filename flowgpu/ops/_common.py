@@ -15,7 +15,8 @@ from flowgpu.ops.registry import register
 from flowgpu.ops.signature import Array, checked
 
 DType = str | type | np.dtype
-Axis = int | list[int] | tuple[int, ...] | None
+Dim = int | str  # an axis by number, or by dimension name (labelled inputs: flowgpu.ops.labels)
+Axis = Dim | list[Dim] | tuple[Dim, ...] | None
 
 
 def defop(name: str, **options: Any) -> Callable[[Callable], Callable]:
@@ -36,6 +37,9 @@ def on_gpu(x: Any) -> bool:
 
 def _to_cupy_block(block):
     return import_cupy().asarray(block)
+
+
+_to_cupy_block.moves_to_device = True  # its result is on the device (flowgpu.fusion.device)
 
 
 def as_dask(x: Any) -> da.Array:
@@ -74,8 +78,11 @@ def axis_arg(op_name: str, axis: Any, ndim: int) -> int | tuple[int, ...] | None
     """``axis`` as dask takes it (lists become tuples), checked against ``ndim``."""
     if axis is None:
         return None
-    items = [axis] if isinstance(axis, (int, np.integer)) else list(axis)
+    items = [axis] if isinstance(axis, (int, np.integer, str)) else list(axis)
     for a in items:
+        if isinstance(a, str):
+            raise OpError(f"op {op_name!r}: axis {a!r} names a dimension, but the array has no dimension names "
+                          "(only a labelled input, e.g. from source: xarray, has them); give a number")
         if not -ndim <= int(a) < ndim:
             raise OpError(f"op {op_name!r}: axis {a} is out of range for an array of {ndim} dimension(s); "
                           f"use 0..{ndim - 1} or negative numbers counting from the end")

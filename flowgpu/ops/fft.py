@@ -78,7 +78,7 @@ Parameters
 x : array
 n : int, optional
     {n_doc}
-axis : int, default -1
+axis : int or str, default -1
     The axis to transform; it is rechunked into one chunk when it is split.
 norm : {{"backward", "ortho", "forward"}}, optional
     As in ``numpy.fft``.
@@ -97,7 +97,7 @@ Parameters
 x : array
 s : list of int, optional
     Output lengths along the transformed axes (cropping or zero-padding the input), as in ``numpy.fft``.
-axes : list of int, {axes_default}
+axes : list of int or str, {axes_default}
     The axes to transform; each is rechunked into one chunk when it is split.
 norm : {{"backward", "ortho", "forward"}}, optional
 
@@ -109,7 +109,7 @@ dask.array.Array
 
 
 def _one_axis(kind: str, summary: str, n_doc: str) -> Any:
-    def func(x: Array, *, n: int | None = None, axis: int = -1, norm: Norm = None) -> Array:
+    def func(x: Array, *, n: int | None = None, axis: int | str = -1, norm: Norm = None) -> Array:
         return _transform(kind, x, None if n is None else [n], [axis], norm)
 
     func.__name__ = func.__qualname__ = kind
@@ -118,7 +118,7 @@ def _one_axis(kind: str, summary: str, n_doc: str) -> Any:
 
 
 def _many_axes(kind: str, summary: str, default_axes: tuple[int, ...] | None) -> Any:
-    def func(x: Array, *, s: list[int] | None = None, axes: list[int] | tuple[int, ...] | None = None,
+    def func(x: Array, *, s: list[int] | None = None, axes: list[int | str] | tuple[int | str, ...] | None = None,
              norm: Norm = None) -> Array:
         if axes is None:
             axes = default_axes if default_axes is not None else (

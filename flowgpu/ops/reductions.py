@@ -24,8 +24,9 @@ _DOC = """{summary}
 Parameters
 ----------
 x : array
-axis : int, list of int or None, default None
-    The axes to reduce; None reduces over all of them (giving a 0-d array).
+axis : int, str, list of them, or None, default None
+    The axes to reduce, by number or, for a labelled input (source: xarray), by dimension name
+    (``time``); None reduces over all of them (giving a 0-d array).
 keepdims : bool, default False
     Keep the reduced axes with length 1, so the result broadcasts against ``x``.{extra}
 

@@ -17,13 +17,13 @@ Index = str | int | list | tuple | None
 
 
 @defop("transpose")
-def transpose(x: Array, *, axes: list[int] | tuple[int, ...] | None = None) -> Array:
+def transpose(x: Array, *, axes: list[int | str] | tuple[int | str, ...] | None = None) -> Array:
     """Axes permuted: reversed by default, or in the order given by ``axes``.
 
     Parameters
     ----------
     x : array
-    axes : list of int, optional
+    axes : list of int or str (dimension names of a labelled input), optional
         A permutation of ``0 .. ndim-1``; ``[1, 0]`` swaps the two axes of a matrix.
 
     Returns
@@ -198,14 +198,14 @@ def _join(name: str, func, arrays: tuple, axis: int, extra_dim: int) -> da.Array
 
 
 @defop("concatenate")
-def concatenate(*arrays: Array, axis: int = 0) -> Array:
+def concatenate(*arrays: Array, axis: int | str = 0) -> Array:
     """Arrays joined end to end along an existing axis.
 
     Parameters
     ----------
     *arrays : arrays
         Same shape except along ``axis``.
-    axis : int, default 0
+    axis : int or str (a dimension name of a labelled input), default 0
 
     Returns
     -------
@@ -215,14 +215,14 @@ def concatenate(*arrays: Array, axis: int = 0) -> Array:
 
 
 @defop("stack")
-def stack(*arrays: Array, axis: int = 0) -> Array:
+def stack(*arrays: Array, axis: int | str = 0) -> Array:
     """Arrays of one shape stacked along a new axis.
 
     Parameters
     ----------
     *arrays : arrays
         All of the same shape.
-    axis : int, default 0
+    axis : int or str (a dimension name of a labelled input), default 0
         Position of the new axis in the result.
 
     Returns
@@ -239,7 +239,7 @@ def squeeze(x: Array, *, axis: Axis = None) -> Array:
     Parameters
     ----------
     x : array
-    axis : int or list of int, optional
+    axis : int, str or list of them, optional
 
     Returns
     -------

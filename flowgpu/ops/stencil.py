@@ -73,7 +73,7 @@ def _apply(name: str, x: Any, depth: tuple[int, ...], mode: str, filter_kwargs: 
 
 @defop("gaussian_filter")
 def gaussian_filter(x: Array, *, sigma: Sizes, mode: Mode = "reflect", cval: float = 0.0,
-                    truncate: float = 4.0, axes: int | list[int] | None = None) -> Array:
+                    truncate: float = 4.0, axes: int | str | list[int | str] | None = None) -> Array:
     """Gaussian smoothing, equal to scipy.ndimage.gaussian_filter on the whole array.
 
     Parameters
@@ -90,7 +90,7 @@ def gaussian_filter(x: Array, *, sigma: Sizes, mode: Mode = "reflect", cval: flo
     truncate : number, default 4.0
         The kernel reaches ``int(truncate * sigma + 0.5)`` elements each side; that is also the
         overlap depth between chunks.
-    axes : int or list of int, optional
+    axes : int, str or list of them, optional
         Smooth only these axes (``sigma`` then gives one value, or one per listed axis).
 
     Returns
@@ -124,7 +124,7 @@ size : int or list of int, default 3
 mode : str, default "reflect"
     Edge handling, as for ``gaussian_filter``.
 cval : number, default 0.0
-axes : int or list of int, optional
+axes : int, str or list of them, optional
     Filter only these axes.
 
 Returns
@@ -138,7 +138,7 @@ def _box_filter(name: str, summary: str) -> Any:
     """The op ``name``: scipy.ndimage's filter of that name over a box, chunk by chunk with overlap."""
 
     def func(x: Array, *, size: Sizes = 3, mode: Mode = "reflect", cval: float = 0.0,
-             axes: int | list[int] | None = None) -> Array:
+             axes: int | str | list[int | str] | None = None) -> Array:
         sizes = _sizes(name, size, x, axes)
         return _apply(name, x, tuple(s // 2 for s in sizes), mode, {"size": sizes, "cval": float(cval)})
 

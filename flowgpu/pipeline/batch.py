@@ -108,7 +108,8 @@ def _prepare(job: Job, session: RunSession, overwrite: bool) -> None:
         check_memory(plan, session.workers, session.threads_per_worker, session.worker_budget)
     for name in job.todo:
         out = spec.outputs[name]
-        job.pending[name] = sinks.prepare_write(out.sink, plan.outputs[name], out.path, overwrite, **out.sink_options())
+        x = plan.labelled.get(name, plan.outputs[name])  # labelled outputs as xarray.DataArray (sink: xarray)
+        job.pending[name] = sinks.prepare_write(out.sink, x, out.path, overwrite, **out.sink_options())
 
 
 def _commit(job: Job, results: list[Any], cache: Any) -> None:

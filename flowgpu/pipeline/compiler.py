@@ -26,10 +26,11 @@ import numpy as np
 from dask.highlevelgraph import HighLevelGraph
 
 from flowgpu.errors import ArgumentError, ConfigError, FlowgpuError, ImportPathError, RunError, SpecError
+from flowgpu.arrays.labels import bare, is_labelled
 from flowgpu.backend import Facts, current_backend, using
 from flowgpu.fusion import graph as fusion_graph
 from flowgpu.io import sinks, sources
-from flowgpu.ops import registry
+from flowgpu.ops import labels, registry
 from flowgpu.ops.signature import bind_arguments
 from flowgpu.pipeline import compose, tables
 from flowgpu.pipeline.build import Origin, build, from_dict, load
@@ -68,6 +69,7 @@ class Plan:
     fusion: dict[str, str] = field(default_factory=dict)  # step -> the expression its fused kernel computes
     facts: Facts = field(default_factory=Facts)  # what its arrays were built for (backend, worker budget, threads)
     for_run: bool = False  # its python sources were called (not stood in for by their declared shape)
+    labelled: dict[str, Any] = field(default_factory=dict)  # output -> its xarray.DataArray, where labelled
 
     @property
     def fused(self) -> bool:
@@ -101,6 +103,8 @@ def _open_input(spec: Spec, name: str, smap: SourceMap, for_run: bool) -> da.Arr
 
 
 def _describe(x: Any) -> str:
+    if is_labelled(x):
+        return f"{list(x.shape)} {x.dtype} ({', '.join(map(str, x.dims))})"
     if isinstance(x, da.Array):
         return f"{list(x.shape)} {x.dtype}"
     return repr(x)
@@ -136,17 +140,20 @@ def _call_op(spec: Spec, name: str, op: registry.Op, values: dict[str, Any], sma
             raise smap.error(f"op {op.name!r} cannot take these inputs/args: {e}", where,
                              hint=f"its signature is {op.name}{op.signature}") from None
     try:
-        out = op(*args, **kwargs)
+        out = labels.call(op, args, kwargs)
     except ImportPathError as e:  # point at the argument that names it (e.g. map_blocks' function)
         arg = next((k for k, v in step.args.items() if isinstance(v, str) and repr(v.strip()) in str(e)), None)
         raise smap.error(f"step {name!r} (op {op.name!r}): {e}", where + (("args", arg) if arg else ())) from None
     except (FlowgpuError, ValueError, TypeError, IndexError, NotImplementedError) as e:
-        given = ", ".join(_describe(a) for a in (*args, *kwargs.values()) if isinstance(a, da.Array))
+        if isinstance(e, ArgumentError) and e.argument in step.args:  # e.g. an axis naming no dimension
+            raise smap.error(f"step {name!r} (op {op.name!r}): {e}", where + ("args", e.argument),
+                             hint=f"fix it under args ('flowgpu ops' shows what {op.name!r} takes)") from None
+        given = ", ".join(_describe(a) for a in (*args, *kwargs.values()) if isinstance(bare(a), da.Array))
         raise smap.error(f"step {name!r} (op {op.name!r}) fails on its inputs ({given}): {e}", where,
                          hint="check the shapes and dtypes of its inputs (flowgpu plan shows them)") from None
     if isinstance(out, (tuple, list)):
         return {str(i): o for i, o in enumerate(out)}
-    if not isinstance(out, da.Array):
+    if not isinstance(bare(out), da.Array):
         raise smap.error(f"op {op.name!r} returned {type(out).__name__}, not a dask array", where,
                          hint="ops return dask arrays; wrap results with flowgpu.from_array")
     return out
@@ -194,7 +201,7 @@ def _build_graph(spec: Spec, smap: SourceMap, names: list[str], bindings: dict[s
             src = spec.inputs[name].source
             x = bindings[name] if name in bindings else _open_input(spec, name, smap, for_run)
             values[name] = x
-            nodes[name] = Node(name, "input", "bound" if name in bindings else src, x,
+            nodes[name] = Node(name, "input", "bound" if name in bindings else src, bare(x),
                                reads_files=name not in bindings and sources.reads_files(src))
             continue
         step = spec.steps[name]
@@ -203,7 +210,7 @@ def _build_graph(spec: Spec, smap: SourceMap, names: list[str], bindings: dict[s
             child = compose.compile_uses(spec, name, smap, values, stack,
                                          compile_spec=functools.partial(_compile, for_run=for_run))
             children[name] = child
-            values[name] = dict(child.outputs)
+            values[name] = {**child.outputs, **child.labelled}
             nodes[name] = Node(name, "uses", step.uses, None, deps)
             continue
         op = _get_op(name, step.op, smap)
@@ -219,14 +226,15 @@ def _build_graph(spec: Spec, smap: SourceMap, names: list[str], bindings: dict[s
                 raise smap.error(f"{ref!r}: step {head!r} has a single result", where, hint=f"refer to it as {head!r}")
         out = _call_op(spec, name, op, values, smap)
         values[name] = out
-        nodes[name] = Node(name, "step", step.op, out if isinstance(out, da.Array) else None, deps)
-        if isinstance(out, da.Array):
+        nodes[name] = Node(name, "step", step.op, bare(out) if isinstance(bare(out), da.Array) else None, deps)
+        if isinstance(bare(out), da.Array):
             _check_expect(spec, name, out, smap)
     return values, nodes, children
 
 
-def _output_arrays(spec: Spec, values: dict, smap: SourceMap) -> dict[str, da.Array]:
-    outs = {}
+def _output_arrays(spec: Spec, values: dict, smap: SourceMap) -> tuple[dict[str, da.Array], dict[str, Any]]:
+    """Each output's dask array, and the labelled ones' ``xarray.DataArray``."""
+    outs, labelled = {}, {}
     for out_name, out in spec.outputs.items():
         head, _, part = out.from_.partition(".")
         value = values[head]
@@ -235,6 +243,8 @@ def _output_arrays(spec: Spec, values: dict, smap: SourceMap) -> dict[str, da.Ar
                 raise smap.error(f"{out.from_!r}: step {head!r} has no output {part!r}", ("outputs", out_name, "from"),
                                  hint=f"its outputs: {', '.join(f'{head}.{k}' for k in value)}")
             value = value[part]
+        if is_labelled(value):
+            labelled[out_name], value = value, value.data
         if not isinstance(value, da.Array):
             raise smap.error(f"{out.from_!r} is not an array", ("outputs", out_name, "from"),
                              hint="name a single result, e.g. 'step.output' for a uses step")
@@ -245,7 +255,7 @@ def _output_arrays(spec: Spec, values: dict, smap: SourceMap) -> dict[str, da.Ar
         if tables.collects(out):
             tables.check_column(smap, out_name, value)
         outs[out_name] = value
-    return outs
+    return outs, labelled
 
 
 def calls_user_code(plan: Plan) -> bool:
@@ -310,9 +320,10 @@ def _compile(spec: Spec, bindings: dict[str, da.Array] | None = None, stack: tup
     smap = origin.smap
     names = order(spec, smap)
     values, nodes, children = _build_graph(spec, smap, names, bindings or {}, stack, for_run)
-    outputs = _output_arrays(spec, values, smap)
-    return Plan(spec, nodes, names, values, outputs, dict(origin.params), children, fusion_of(nodes, names, outputs),
-                Facts.here(), for_run)
+    outputs, labelled = _output_arrays(spec, values, smap)
+    arrays = {k: bare(v) for k, v in values.items()}
+    return Plan(spec, nodes, names, arrays, outputs, dict(origin.params), children, fusion_of(nodes, names, outputs),
+                Facts.here(), for_run, labelled=labelled)
 
 
 def compile(spec: Spec | str | os.PathLike | dict, params: dict[str, Any] | None = None, *,

@@ -17,6 +17,7 @@ from typing import Any
 import dask.array as da
 import numpy as np
 
+from flowgpu.arrays.labels import bare
 from flowgpu.errors import SpecError, SpecLimitError, did_you_mean
 from flowgpu.pipeline.build import build
 from flowgpu.pipeline.loader import SourceMap, limit, read_yaml
@@ -68,7 +69,7 @@ def resolve_uses(spec: Spec, name: str, smap: SourceMap, stack: tuple[str, ...])
 
 
 def _check_binding(child: Spec, inner: str, x: Any, where: tuple, smap: SourceMap, step: str) -> None:
-    if not isinstance(x, da.Array):
+    if not isinstance(bare(x), da.Array):  # labelled (an xarray.DataArray) or bare
         raise smap.error(f"{inner!r} is bound to something that is not an array", where,
                          hint="bind it to an input or a step with one result")
     model = child.inputs[inner]

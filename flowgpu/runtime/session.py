@@ -188,9 +188,12 @@ class Session:
             self._teardown()
             raise
         self.fuse = bool(dask.config.get(FUSE_KEY, True) if fuse is None else fuse)
+        gpu = self.array_backend == "cupy"  # host NumPy operands of CuPy chunks move to the device (fusion.device)
         if self.fuse:  # dask optimises graphs where compute() is called: here, in the client's process
             # the hook carries this client's decisions to the scheduler, which calls it (a remote one has its own config)
-            self._publish({"array_optimize": Fusing(enabled=True, bare=self.array_backend == "cupy"), FUSE_KEY: True})
+            self._publish({"array_optimize": Fusing(enabled=True, bare=gpu, device=gpu), FUSE_KEY: True})
+        elif gpu:
+            self._publish({"array_optimize": Fusing(enabled=False, device=True)})
         with _lock:
             _stack.append(self)
 

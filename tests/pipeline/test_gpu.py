@@ -29,7 +29,13 @@ def _files(result):
     for name, o in result.summary["outputs"].items():
         if "location" in o:
             loc = o["location"]
-            out[name] = np.load(loc) if loc.endswith(".npy") else zarr.open_array(loc)[:]
+            if o["sink"] == "xarray":  # a labelled dataset: its one data variable
+                import xarray as xr
+
+                ds = xr.open_dataset(loc, engine="h5netcdf" if loc.endswith(".nc") else "zarr")
+                out[name] = next(iter(ds.data_vars.values())).values
+            else:
+                out[name] = np.load(loc) if loc.endswith(".npy") else zarr.open_array(loc)[:]
     return out
 
 

@@ -45,6 +45,15 @@ def _files(tmp_path):
     return str(tmp_path / "data"), made
 
 
+def climate_data(stack_path):
+    """pipelines/climate.yaml's dataset, made by its script beside ``stack_path`` (once: a CPU and a
+    GPU run of one test read the same data)."""
+    path = os.path.join(os.path.dirname(stack_path), "era.zarr")
+    if not os.path.exists(path):
+        runpy.run_path(str(ROOT / "climate_data.py"))["make"](path, years=1, nlat=7, nlon=12)
+    return path
+
+
 def small(name, tmp_path, stack_path):
     out = str(tmp_path / "out")
     if name in ("hdf5_anomaly.yaml", "tiff_projection.yaml"):
@@ -52,6 +61,7 @@ def small(name, tmp_path, stack_path):
         return {"params.input": f"{data}/climate.h5" if name.startswith("hdf5") else f"{data}/frames/frame_*.tif",
                 "params.out": out}
     return {
+        "climate.yaml": {"params.input": climate_data(stack_path), "params.out": out},
         "quickstart.yaml": {"params.n": 64, "params.rows_per_chunk": 16, "params.out": out},
         "quickstart_batch.yaml": {"params.n": 48, "params.rows_per_chunk": 16, "params.out": out},
         "standardize.yaml": {"params.rows": 300, "params.cols": 8, "params.out": out},
@@ -149,6 +159,21 @@ def _denoise_synthetic(result, _):
     assert result.outputs["mse_denoised"] < 0.5 * result.outputs["mse_noisy"]
 
 
+def _climate(result, _):
+    import xarray as xr
+
+    t2m = xr.open_zarr(result.plan.spec.inputs["t2m"].path).t2m.load() - 273.15
+    outs = result.summary["outputs"]
+    climatology = xr.open_zarr(outs["climatology"]["location"]).t2m.load()
+    xr.testing.assert_allclose(climatology, t2m.groupby("time.month").mean(), rtol=1e-5)
+    assert climatology.attrs["units"] == "K"  # attrs kept, as xarray keeps them
+    zonal = xr.open_dataset(outs["zonal_mean"]["location"], engine="h5netcdf").zonal_mean.load()
+    xr.testing.assert_allclose(zonal.rename("t2m"), t2m.mean("lon"), rtol=1e-5)
+    anomaly = t2m.groupby("time.month") - t2m.groupby("time.month").mean()
+    np.testing.assert_allclose(result.outputs["anomaly_spread"], anomaly.std(["time", "lon"]).values, rtol=1e-4)
+
+
+
 def _made(result, output, *parts):
     """A file the example's script made: ``data/`` beside the run's ``out/`` folder."""
     out = os.path.dirname(result.summary["outputs"][output]["location"])
@@ -179,7 +204,7 @@ def _tiff_projection(result, _):
     np.testing.assert_allclose(result.outputs["frame_means"], frames.mean((1, 2)), rtol=1e-5)
 
 
-CHECKS = {"hdf5_anomaly.yaml": _hdf5_anomaly, "tiff_projection.yaml": _tiff_projection,
+CHECKS = {"climate.yaml": _climate, "hdf5_anomaly.yaml": _hdf5_anomaly, "tiff_projection.yaml": _tiff_projection,
           "quickstart.yaml": _quickstart, "quickstart_batch.yaml": _quickstart_batch, "standardize.yaml": _standardize, "transpose_sum.yaml": _transpose_sum,
           "denoise.yaml": _denoise, "denoise_synthetic.yaml": _denoise_synthetic, "tile_stats.yaml": _tile_stats}
 

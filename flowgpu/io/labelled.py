@@ -1,0 +1,141 @@
+"""Labelled arrays: xarray datasets in (``source: xarray``) and out (``sink: xarray``).
+
+A variable of a Zarr store or a NetCDF/HDF5 file is opened with xarray's own ``open_zarr`` /
+``open_dataset(engine="h5netcdf")`` as an ``xarray.DataArray`` over a dask array, so its dims,
+coordinates and attributes travel through the pipeline beside the data (the ops see its dask
+array: the graph is the one the same steps build on a bare array, and a Session fuses it alike).
+``sink: xarray`` writes a Dataset (Zarr 3 with ``dimension_names``, coordinates, attributes and
+consolidated metadata, or NetCDF4 through h5netcdf) into flowgpu's staging path, moved into place
+when complete like every other output. xarray is imported only here, when one of them is used.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Any, Literal
+
+import dask.array as da
+
+from flowgpu.arrays.labels import bare, is_labelled
+from flowgpu.arrays.movement import to_device, to_host
+from flowgpu.errors import ConfigError
+
+__all__ = ["open_xarray", "check_variable", "is_labelled", "bare", "infer_engine", "open_dataset", "as_dataset",
+           "write_dataset", "ENGINES"]
+
+# the file endings read through h5netcdf (NetCDF4 is HDF5); everything else that is a folder is Zarr
+_HDF5_SUFFIXES = (".nc", ".nc4", ".netcdf", ".h5", ".hdf5", ".hdf", ".he5", ".cdf")
+ENGINES = ("zarr", "h5netcdf")
+
+
+def import_xarray():
+    """xarray, or a ConfigError saying how to install it."""
+    try:
+        import xarray
+    except ImportError:  # pragma: no cover - xarray is in the test extra
+        raise ConfigError("source/sink 'xarray' needs xarray: pip install 'flowgpu[xarray]'") from None
+    return xarray
+
+
+def infer_engine(path: str, engine: str | None = None) -> str:
+    """``zarr`` for a folder or a ``.zarr`` path, ``h5netcdf`` for NetCDF/HDF5 endings."""
+    if engine is not None:
+        return engine
+    if path.rstrip("/").lower().endswith(_HDF5_SUFFIXES):
+        return "h5netcdf"
+    if os.path.isdir(path) or path.rstrip("/").lower().endswith(".zarr"):
+        return "zarr"
+    raise ConfigError(f"cannot tell the format of {path!r} from its name; give engine: zarr or h5netcdf")
+
+
+def _chunks(chunks: Any) -> Any:
+    if isinstance(chunks, list):
+        return tuple(tuple(c) if isinstance(c, list) else c for c in chunks)
+    return chunks
+
+
+def open_dataset(path: str, engine: str | None = None, chunks: Any = "auto"):
+    """The lazy ``xarray.Dataset`` at ``path`` (dask arrays chunked by ``chunks``)."""
+    xr = import_xarray()
+    engine = infer_engine(path, engine)
+    if not os.path.exists(path):
+        raise ConfigError(f"{path!r} does not exist")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # a store without consolidated metadata
+            if engine == "zarr":
+                return xr.open_zarr(path, chunks=_chunks(chunks))
+            return xr.open_dataset(path, engine=engine, chunks=_chunks(chunks))
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ConfigError(f"{path!r} is not a dataset xarray can open with engine {engine!r}: {e}") from None
+
+
+def _variable(ds: Any, path: str, variable: str) -> Any:
+    if variable not in ds.variables:
+        there = ", ".join(sorted(map(str, ds.data_vars))) or "none"
+        raise ConfigError(f"{path!r} has no variable {variable!r}; its variables: {there} (coordinates: "
+                          f"{', '.join(sorted(map(str, ds.coords))) or 'none'})")
+    return ds[variable]
+
+
+def check_variable(path: str, variable: str, engine: str | None = None) -> None:
+    """Refuse a ``variable`` the dataset at ``path`` lacks, naming the ones it has (a path that is not
+    there yet, or not a dataset, is said when it is opened)."""
+    if not os.path.exists(path):
+        return
+    try:
+        ds = open_dataset(path, engine, chunks=None)
+    except ConfigError:
+        return
+    try:
+        _variable(ds, path, variable)
+    finally:
+        ds.close()
+
+
+def open_xarray(path: str, variable: str, engine: str | None = None, chunks: Any = "auto"):
+    """``variable`` of the dataset at ``path`` as an ``xarray.DataArray`` over a dask array, its chunks
+    on the session's device. ``chunks``: ``auto``, a byte size, one length for every dim, or a list
+    with one entry per dim of the variable (in its order)."""
+    chunks = "auto" if chunks is None else chunks
+    if isinstance(chunks, list):  # per dim of the variable: xarray takes a mapping by dim name
+        dims = _dims_of(path, variable, engine)
+        if len(chunks) != len(dims):
+            raise ConfigError(f"chunks {chunks!r} has {len(chunks)} entries, but {variable!r} has {len(dims)} dims "
+                              f"({', '.join(dims)}); give one per dim")
+        chunks = dict(zip(dims, _chunks(chunks)))
+    ds = open_dataset(path, engine, chunks)
+    x = _variable(ds, path, variable)
+    if not isinstance(x.data, da.Array):  # an index coordinate is loaded eagerly by xarray
+        x = x.chunk()
+    return x.copy(data=to_device(x.data))
+
+
+def _dims_of(path: str, variable: str, engine: str | None) -> tuple[str, ...]:
+    ds = open_dataset(path, engine, chunks=None)
+    try:
+        return tuple(map(str, _variable(ds, path, variable).dims))
+    finally:
+        ds.close()
+
+
+def as_dataset(x: Any, variable: str | None, path: str | None):
+    """``x`` (labelled or bare) as a one-variable ``xarray.Dataset`` with host (NumPy) chunks and no
+    encoding carried over from its source (its chunks are the ones it has now)."""
+    xr = import_xarray()
+    stem = os.path.splitext(os.path.basename(path.rstrip("/")))[0] if path else "data"
+    name = variable or (x.name if is_labelled(x) else None) or stem
+    if not is_labelled(x):
+        x = xr.DataArray(x, dims=[f"dim_{i}" for i in range(x.ndim)], name=name)
+    x = x.copy(data=to_host(x.data) if isinstance(x.data, da.Array) else x.data)
+    return x.to_dataset(name=str(name)).drop_encoding()
+
+
+def write_dataset(ds: Any, path: str, format: Literal["zarr", "netcdf"]):  # noqa: A002
+    """Start writing ``ds`` to ``path``: metadata now, the data when the returned delayed is computed."""
+    if format == "zarr":
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # zarr: consolidated metadata is not yet in the Zarr 3 spec
+            return ds.to_zarr(path, mode="w-", compute=False, consolidated=True, zarr_format=3)
+    return ds.to_netcdf(path, engine="h5netcdf", compute=False)

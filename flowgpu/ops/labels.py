@@ -1,0 +1,145 @@
+"""Ops on labelled inputs: an op called with ``xarray.DataArray`` inputs (``source: xarray``) keeps
+their labels as xarray would.
+
+The op itself always runs on the dask arrays under the labels, so its graph is the one it builds
+for bare inputs (a Session fuses it alike); only the labels around the result are worked out here:
+
+* elementwise ops go through ``xarray.apply_ufunc`` (inputs broadcast by dimension name, attrs
+  kept, as xarray's own arithmetic does);
+* reductions reduce the named (or numbered) dims and drop the coordinates along them, keeping the
+  others and the attrs (xarray's ``DataArray.mean("time")``);
+* ``transpose``, ``slice`` and ``squeeze`` are xarray's own ``transpose``, positional indexing and
+  ``squeeze``; any other op keeps the labels when it keeps the shape, and gives a bare array when
+  it does not;
+* ops registered with ``labelled=True`` (``groupby_reduce``, ``resample_reduce``) take the
+  DataArrays themselves.
+
+``axis`` / ``axes`` may name dimensions wherever they take numbers; :func:`call` turns names into
+numbers, and refuses a name the input lacks, listing its dims.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flowgpu.arrays.labels import bare, is_labelled
+from flowgpu.errors import ArgumentError
+from flowgpu.ops.registry import Op
+from flowgpu.ops.shape import parse_index
+
+__all__ = ["call", "dims_of", "axis_numbers"]
+
+AXIS_ARGS = ("axis", "axes")
+
+
+def dims_of(x: Any) -> tuple[str, ...]:
+    return tuple(map(str, x.dims))
+
+
+def _number(op_name: str, arg: str, x: Any, value: Any) -> Any:
+    if not isinstance(value, str):
+        return value
+    if x is None:
+        raise ArgumentError(f"op {op_name!r}: {arg} {value!r} names a dimension, but its input has no dimension "
+                            "names (only a labelled input, e.g. from source: xarray, has them); give a number",
+                            argument=arg)
+    if value not in x.dims:
+        raise ArgumentError(f"op {op_name!r}: {arg} {value!r} is not a dimension of its input; its dims: "
+                            f"{', '.join(dims_of(x))}", argument=arg)
+    return x.get_axis_num(value)
+
+
+def axis_numbers(op_name: str, arg: str, value: Any, x: Any) -> Any:
+    """``value`` (a dim name or number, or a list of them) with names as numbers of ``x``'s axes."""
+    if isinstance(value, (list, tuple)):
+        return type(value)(_number(op_name, arg, x, v) if not isinstance(v, (list, tuple)) else v for v in value)
+    return _number(op_name, arg, x, value)
+
+
+def _xarray():
+    import xarray
+
+    return xarray
+
+
+def _places(args: list, kwargs: dict) -> list[tuple[str, Any]]:
+    """Where the labelled values are: ``("a", i)`` in ``args``, ``("k", name)`` in ``kwargs``."""
+    return [("a", i) for i, v in enumerate(args) if is_labelled(v)] + \
+        [("k", k) for k, v in kwargs.items() if is_labelled(v)]
+
+
+def _put(args: list, kwargs: dict, places: list, values) -> tuple[list, dict]:
+    args, kwargs = list(args), dict(kwargs)
+    for (where, at), v in zip(places, values):
+        if where == "a":
+            args[at] = v
+        else:
+            kwargs[at] = v
+    return args, kwargs
+
+
+def _reduced(op: Op, x: Any, args: list, kwargs: dict) -> Any:
+    """A reduction of labelled ``x``: its op on the dask array, the reduced dims' coords dropped."""
+    axis = kwargs.get("axis")
+    numbers = range(x.ndim) if axis is None else ([axis] if isinstance(axis, int) else list(axis))
+    gone = {x.dims[int(a) % x.ndim] for a in numbers}
+    places = _places(args, kwargs)
+    a, k = _put(args, kwargs, places, [_get(args, kwargs, p).data for p in places])
+    out = op(*a, **k)
+    keepdims = bool(kwargs.get("keepdims", False))
+    dims = [d for d in x.dims if keepdims or d not in gone]
+    coords = {k: c for k, c in x.coords.items() if not set(c.dims) & gone}
+    out = _xarray().DataArray(out, dims=dims, coords=coords, attrs=dict(x.attrs))
+    out.name = x.name  # not the dask array's name, which xarray takes when given None
+    return out
+
+
+def _get(args: list, kwargs: dict, place: tuple[str, Any]) -> Any:
+    return args[place[1]] if place[0] == "a" else kwargs[place[1]]
+
+
+def _elementwise(op: Op, args: list, kwargs: dict) -> Any:
+    places = _places(args, kwargs)
+
+    def apply(*values):
+        a, k = _put(args, kwargs, places, values)
+        return op(*a, **k)
+
+    return _xarray().apply_ufunc(apply, *(_get(args, kwargs, p) for p in places), dask="allowed", keep_attrs=True)
+
+
+def _shaped(op: Op, x: Any, args: list, kwargs: dict) -> Any:
+    """``transpose``, ``slice`` and ``squeeze`` as xarray does them; else labels kept when the shape is."""
+    if op.name == "transpose" and len(args) == 1:
+        axes = kwargs.get("axes")
+        return x.transpose(*(x.dims[int(a)] for a in axes)) if axes is not None else x.transpose()
+    if op.name == "slice" and len(args) == 1:
+        op(x.data, **kwargs)  # the op's own checks and messages
+        return x[parse_index(kwargs["index"])]
+    if op.name == "squeeze" and len(args) == 1:
+        op(x.data, **kwargs)
+        axis = kwargs.get("axis")
+        return x.squeeze([x.dims[int(a)] for a in ([axis] if isinstance(axis, int) else axis)]
+                         if axis is not None else None)
+    out = op(*[bare(a) for a in args], **{k: bare(v) for k, v in kwargs.items()})
+    if not isinstance(out, (tuple, list)) and getattr(out, "shape", None) == x.shape:
+        return x.copy(data=out)
+    return out
+
+
+def call(op: Op, args: list, kwargs: dict) -> Any:
+    """Call ``op`` on ``args``/``kwargs`` whose arrays may be labelled; labels carried as xarray does."""
+    values = [*args, *kwargs.values()]
+    first = next((v for v in values if is_labelled(v)), None)
+    named = {k: v for k, v in kwargs.items() if k in AXIS_ARGS}
+    if named:
+        kwargs = {**kwargs, **{k: axis_numbers(op.name, k, v, first) for k, v in named.items()}}
+    if first is None:
+        return op(*args, **kwargs)
+    if op.meta.get("labelled"):
+        return op(*args, **kwargs)
+    if op.kind == "elementwise":
+        return _elementwise(op, list(args), kwargs)
+    if op.kind == "reduction" and args and is_labelled(args[0]):
+        return _reduced(op, args[0], list(args), kwargs)
+    return _shaped(op, first, list(args), kwargs)
