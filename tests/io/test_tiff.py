@@ -63,7 +63,8 @@ def test_a_block_reads_only_its_own_pages(multipage, monkeypatch):
     path, want = multipage
     read = []
     real = tifffile.TiffPage.asarray
-    monkeypatch.setattr(tifffile.TiffPage, "asarray", lambda self, **k: read.append(self.index) or real(self, **k))  # read in this process (sync), also while a test Session is open
+    # read in this process (sync), also while a test Session is open
+    monkeypatch.setattr(tifffile.TiffPage, "asarray", lambda self, **k: read.append(self.index) or real(self, **k))
     x = fg.from_tiff(path, chunks=[6, -1, -1])
     np.testing.assert_array_equal(x.blocks[2].compute(scheduler="sync"), want[12:18])
     assert sorted(read) == list(range(12, 18))
