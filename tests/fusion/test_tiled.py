@@ -44,7 +44,8 @@ def test_gpu_transposed_inputs_match_numpy(rng, reduction, dtype, shape):
     if dtype != "float64":
         ref = ref.astype(dtype)  # the values the kernel reduces are of the expression's dtype
     want = getattr(np, reduction)(ref.astype(np.float64) if ref.dtype.kind == "f" else ref)
-    assert tiled._kernels, "the tiled kernel was not used"
+    if not (reduction == "prod" and dtype == "float32"):  # a float32 product takes the general kernel
+        assert tiled._kernels, "the tiled kernel was not used"
     np.testing.assert_allclose(float(got), float(want), rtol=1e-6 if dtype != "float32" else 1e-5)
 
 

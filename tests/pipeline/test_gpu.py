@@ -45,6 +45,11 @@ def test_compile_in_a_gpu_session_gives_cupy_chunks(gpu_session):
     assert plan.fused  # add + sum run as one fused CuPy ReductionKernel
 
 
+# float32 anomalies of ~288 K: a float32 mean's last bit there is 3e-5, and the CPU and the GPU sum
+# in other orders (each as NumPy and CuPy do), so near-zero anomalies differ by a few of those
+ATOL = {"hdf5_anomaly.yaml": 3e-4}
+
+
 @pytest.mark.parametrize("name", SPECS)
 def test_shipped_spec_on_gpu_matches_cpu(name, tmp_path, stack, gpu_session, monkeypatch, rng):
     monkeypatch.chdir(tmp_path)
@@ -66,7 +71,7 @@ def test_shipped_spec_on_gpu_matches_cpu(name, tmp_path, stack, gpu_session, mon
         gpu_files, cpu_files = _files(g), _files(c)
         assert gpu_files.keys() == cpu_files.keys()
         for key in cpu_files:
-            np.testing.assert_allclose(gpu_files[key], cpu_files[key], rtol=2e-4, atol=1e-5)
+            np.testing.assert_allclose(gpu_files[key], cpu_files[key], rtol=2e-4, atol=ATOL.get(name, 1e-5))
 
 
 def test_quickstart_default_size_on_gpu(tmp_path, gpu_session, monkeypatch):
