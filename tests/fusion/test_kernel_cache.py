@@ -169,3 +169,46 @@ def test_a_second_process_compiles_nothing(tmp_path, rng):
     stats, log = _finish(_start(tmp_path, tmp_path / "a.npy"), a)
     assert stats["compiled"] == 0 and stats["loaded"] >= 3, log
     assert "loaded from" in log and "compiled in" not in log
+
+
+_CUDA_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import cupy as cp, numpy as np, dask, dask.array as da
+    from cupy.cuda import compiler
+    from flowgpu.fusion import fusing
+    compiles = []
+    for name in ("compile_using_nvrtc", "compile_using_nvcc"):  # what CuPy calls when its cache misses
+        real = getattr(compiler, name)
+        setattr(compiler, name, lambda *a, _real=real, **k: compiles.append(1) or _real(*a, **k))
+    a = np.load(sys.argv[1])
+    x = da.from_array(cp.asarray(a), chunks=(100, 50))
+    with fusing(), dask.config.set(scheduler="threads"):
+        out = {"max": float(abs(x - 1).max().compute()),
+               "map": cp.asnumpy((x * 2 + 1).compute()).tolist(),
+               "sum": float((x.ravel() ** 2).sum().compute())}
+    out["compiles"] = len(compiles)
+    print(json.dumps(out))
+""")
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_a_second_process_compiles_no_cuda_kernel(tmp_path, rng):
+    """CUDA kernels are kept by CuPy's own cache (CUPY_CACHE_DIR): flowgpu's kernel sources are the same
+    in every process, so a second one loads every kernel from it."""
+    a = rng.standard_normal((300, 200))
+    np.save(tmp_path / "a.npy", a)
+    env = dict(os.environ, PYTHONPATH=ROOT, CUPY_CACHE_DIR=str(tmp_path / "cupy"))
+    runs = []
+    for _ in range(2):
+        proc = subprocess.run([sys.executable, "-c", _CUDA_SCRIPT, str(tmp_path / "a.npy")], env=env, cwd=tmp_path,
+                              capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr
+        got = json.loads(proc.stdout)
+        assert got["max"] == np.abs(a - 1).max()
+        np.testing.assert_array_equal(got["map"], a * 2 + 1)
+        np.testing.assert_allclose(got["sum"], (a ** 2).sum(), rtol=1e-12)
+        runs.append((got["compiles"], sorted(os.listdir(tmp_path / "cupy"))))
+    (first, files), (second, again) = runs
+    assert first >= 3 and second == 0
+    assert again == files
