@@ -128,14 +128,17 @@ class Suite:
 
 def _xarray_ini(source: Path) -> str:
     """pytest.ini from xarray's own ``[tool.pytest.ini_options]``: its markers and warning filters
-    (warnings raised in xarray are errors), with the options of plugins it needs and we do not
-    (pytest-mypy-plugins, pytest-asyncio) left out."""
+    (warnings raised in xarray are errors), without the options of plugins its other tests need
+    (pytest-mypy-plugins, pytest-asyncio)."""
     opts = tomllib.loads((source / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
     filters = list(opts.get("filterwarnings", []))
     # the copied test modules are test_x, not xarray.tests.test_x: warnings raised in them are errors too
     filters.insert(1 if filters and filters[0].startswith("error:::xarray") else 0, "error:::test_")
     filters += ["ignore:Port 8787 is already in use:UserWarning"]
     markers = list(opts.get("markers", []))
+    # test_dask imports test_backends, whose async tests carry pytest-asyncio's marker (strict markers:
+    # unregistered, the whole file would not be collected); none of the files run here is async
+    markers.append("asyncio: async tests (pytest-asyncio)")
     lines = ["# Written by benchmarks/dask_suite/tree.py from xarray's pyproject.toml [tool.pytest.ini_options].",
              "[pytest]", "markers =", *(f"    {m}" for m in markers),
              "addopts = --strict-markers --strict-config", "timeout = 300", "timeout_method = thread",
