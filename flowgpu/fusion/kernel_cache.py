@@ -223,7 +223,10 @@ def cached(dispatcher: Any) -> Any:
     the cache (:func:`python_function`), and its compiles counted in :func:`stats` either way."""
     func = dispatcher.py_func
     if _file_backed(func):
-        dispatcher.enable_caching()  # what numba.njit(cache=True) calls
+        try:
+            dispatcher.enable_caching()  # what numba.njit(cache=True) calls
+        except RuntimeError as e:  # numba found no folder it may write: compiled in memory, as before
+            _log.warning("flowgpu compiles a fused kernel in memory only: %s", e)
     # numba's enable_caching sets this attribute (a NullCache without it); the guard wraps it
     dispatcher._cache = _guarded(func, dispatcher._cache)
     return dispatcher
@@ -234,7 +237,11 @@ def vectorize(func: Callable, signatures: Sequence[Any]) -> Any:
     file in the cache (:func:`python_function`), and its compiles counted in :func:`stats` either way."""
     import numba
 
-    ufunc = numba.vectorize(nopython=True, cache=_file_backed(func))(func)  # a DUFunc: nothing compiled yet
+    try:
+        ufunc = numba.vectorize(nopython=True, cache=_file_backed(func))(func)  # a DUFunc: nothing compiled yet
+    except RuntimeError as e:  # numba found no folder it may write: compiled in memory, as before
+        _log.warning("flowgpu compiles a fused kernel in memory only: %s", e)
+        ufunc = numba.vectorize(nopython=True)(func)
     ufunc._dispatcher.cache = _guarded(func, ufunc._dispatcher.cache)  # as enable_caching sets it
     for sig in signatures:
         ufunc.add(sig)
