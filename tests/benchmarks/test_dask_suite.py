@@ -227,3 +227,16 @@ def test_another_packages_tests(tmp_path):
     assert "xarray's tests of its dask code, plain against fused: 1 regression(s)" in done.stdout
     ini = (tmp_path / "out" / "tests" / "pytest.ini").read_text()
     assert "error:::xarray.*" in ini and "mypy" not in ini
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2700)
+def test_xarray_dask_tests_pass_fused(tmp_path):
+    """Issue 28: xarray's tests of its dask code (6 files, about 4,200 tests), plain and fused, in CI: no test
+    that passes plain fails fused, none is 5x slower warm."""
+    report = tmp_path / "r.json"
+    done = _run("--package", "xarray", "-n", "2", "--out", str(tmp_path / "out"), "--json", str(report), timeout=2600)
+    doc = json.loads(report.read_text())
+    assert doc["runs"]["plain"]["passed"] > 3500, doc["runs"]
+    assert doc["census"]["fused"] > 1000
+    assert done.returncode == 0, done.stdout[-6000:]
