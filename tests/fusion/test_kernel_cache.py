@@ -66,6 +66,18 @@ def test_a_ufunc_loads_from_the_cache(kernels, rng):
     assert _delta(before) == {"compiled": 1, "loaded": 1}
 
 
+def test_a_gufunc_loads_from_the_cache(kernels, rng):
+    x, c = rng.standard_normal(500), float(rng.random())
+    src = (f"def fg_fused_g(in0, out):\n    acc = 0.0\n    for i in range(in0.shape[0]):\n"
+           f"        acc += in0[i] * {c!r}\n    out[0] = acc\n")
+    before = kernel_cache.stats()
+    for _ in range(2):
+        func = kernel_cache.python_namespace(src, "fg_fused_g", {})["fg_fused_g"]
+        gufunc = kernel_cache.guvectorize(func, [(numba.float64[:], numba.float64[:])], "(n)->()")
+        assert gufunc(x) == pytest.approx((x * c).sum(), rel=1e-12)
+    assert _delta(before) == {"compiled": 1, "loaded": 1}
+
+
 @pytest.mark.parametrize("damage", ["truncated", "garbage"])
 def test_a_damaged_entry_is_compiled_again(kernels, rng, caplog, damage):
     x, c = rng.standard_normal(1000), float(rng.random())
