@@ -3,7 +3,8 @@
 # per command, so DEVELOPERS.md runs it there in parts: `bash benchmarks/h200.sh OUT 1`, `... 2`, `... 3`).
 # Run from the repository root on a machine whose Python has CuPy, dask-cuda and the rest of flowgpu's
 # dependencies, or on the lent H200 with the wheels of ../shared/gpu/fetch-wheels.sh in .whl/:
-#   bash benchmarks/h200.sh [OUTDIR] [1|2|3|all|4]    (3: batches, about 4 minutes; 4: dashboard_record)
+#   bash benchmarks/h200.sh [OUTDIR] [1|2|3|5|all|4]  (3: batches, about 4 minutes; 5: the first compute in
+#   fresh processes, empty and warm kernel caches, a few minutes; 4: dashboard_record)
 # Each step prints its table last (the tail below) and writes OUTDIR/<name>.json and OUTDIR/<name>.log.
 set -uo pipefail
 out=${1:-${OUT:-bench-out}}
@@ -33,6 +34,9 @@ if [ "$part" = all ] || [ "$part" = 3 ]; then
   step batch_gpu_items 8 benchmarks.batch.gpu_items --items 16 --gib 2 --repeats 3
   step batch_many_items 8 benchmarks.batch.many_items --items 64 --n 500 --separate 2 --repeats 3
   step batch_rerun 8 benchmarks.batch.rerun --n 2000 --repeats 3
+fi
+if [ "$part" = all ] || [ "$part" = 5 ]; then
+  step suite_cold 12 benchmarks.suite.run --cold --size small
 fi
 if [ "$part" = 4 ]; then  # not in all: the flowgpu page during an out-of-core pass, recorded for dashboard_replay
   step dashboard_record 3 benchmarks.probes.dashboard_record --out "$out/dashboard-h200" --gib 32 --device-limit 8GB --passes 3

@@ -39,6 +39,17 @@ def own_cluster_folder(tmp_path_factory):
         yield folder
 
 
+@pytest.fixture(scope="session", autouse=True)
+def own_kernel_cache(tmp_path_factory):
+    """The compiled fused kernels of this test session in a folder of its own (flowgpu.cache.kernels),
+    here and in the processes tests start: no test writes into ~/.cache, and each session compiles
+    afresh what it tests."""
+    folder = str(tmp_path_factory.mktemp("kernels"))
+    os.environ["DASK_FLOWGPU__CACHE__KERNELS"] = folder
+    with dask.config.set({"flowgpu.cache.kernels": folder}):
+        yield folder
+
+
 @pytest.fixture(autouse=True)
 def _own_cache(tmp_path_factory, monkeypatch):
     """Each test its own output cache (flowgpu.cache.directory), in this process and in the processes

@@ -1,7 +1,11 @@
-"""dask's own array tests, run plain and with flowgpu's fusion on for every compute, compared.
+"""A package's own tests of its dask code, run plain and with flowgpu's fusion on for every compute, compared.
 
-Copies the installed dask's ``dask/array/tests/`` files (the sdist's where the wheel lacks them)
-into a folder of their own with dask's pytest settings, runs them twice in fresh processes
+``--package dask`` (the default): dask's array tests. Copies the installed dask's
+``dask/array/tests/`` files (the sdist's where the wheel lacks them) into a folder of their own
+with dask's pytest settings. ``--package xarray``: xarray's tests of its dask code (test_dask,
+test_computation, test_weighted, test_groupby, test_duck_array_ops, and test_rolling's dask tests),
+with xarray's settings and root conftest.py from the sdist of the installed version (tree.py).
+Then it runs them twice in fresh processes
 (plain; then with ``-p benchmarks.dask_suite.plugin``, which sets dask's ``array_optimize`` to
 flowgpu's and ``flowgpu.fuse-ufuncs: true`` for the whole session), both with ``--junitxml``,
 and compares: no test that passes plain may fail fused, and none may take more than ``--factor``
@@ -10,13 +14,15 @@ one process per mode (``-p benchmarks.dask_suite.twice``): one that is no longer
 time paid only for compiling its kernels on the first call, and is listed as such, not as a
 regression. Prints the counts of each run and a table of the findings, last; exits 1 on any
 regression (or when the fused run never ran a fused kernel, so proved nothing), 2 on bad
-arguments. Tests dask skips or xfails, and tests that fail plain, are counted, never regressions.
+arguments. Tests the package skips or xfails, and tests that fail plain, are counted, never regressions.
 
 Examples (from the repository root)::
 
     python -m benchmarks.dask_suite.run                  # the 11 files of issue 16, -n 2
     python -m benchmarks.dask_suite.run --files test_ufunc test_linalg -n 4 --out /tmp/ds
     python -m benchmarks.dask_suite.run --compare /tmp/ds/plain.xml /tmp/ds/fused.xml
+    python -m benchmarks.dask_suite.run --package xarray  # xarray's 6 files of issue 28
+    python -m benchmarks.dask_suite.run --package xarray --files test_weighted test_rolling:dask
 """
 
 from __future__ import annotations
@@ -44,8 +50,11 @@ TWICE = "benchmarks.dask_suite.twice"  # runs each test twice in a row: the seco
 
 def make_parser() -> argparse.ArgumentParser:
     p = harness.parser("benchmarks.dask_suite.run", __doc__)
-    p.add_argument("--files", nargs="+", default=list(tree.FILES), metavar="NAME",
-                   help="dask/array/tests files to run (default: the 11 of issue 16)")
+    p.add_argument("--package", choices=sorted(tree.SUITES), default="dask",
+                   help="whose tests: dask's array tests (default) or xarray's tests of its dask code")
+    p.add_argument("--files", nargs="+", default=None, metavar="NAME",
+                   help="test files to run (dask/array/tests/ or xarray/tests/); NAME:KEYWORD runs only the "
+                        "tests of NAME whose id holds KEYWORD (default: dask's 11 of issue 16, xarray's 6 of issue 28)")
     p.add_argument("-n", "--workers", type=int, default=2,
                    help="pytest-xdist processes per run (0: none; default 2)")
     p.add_argument("--out", default=None, help="folder for the copied tests, the JUnit XMLs and the logs "
@@ -55,10 +64,11 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--floor", type=float, default=0.2, help="plain times below this many seconds count as "
                    "this for --factor (default 0.2)")
     p.add_argument("--source", default=None, metavar="DIR",
-                   help="a dask/ folder holding array/tests/ (and conftest.py), e.g. of an unpacked sdist "
-                   "(default: the installed dask's, else its sdist's, downloaded)")
+                   help="dask: a dask/ folder holding array/tests/ (and conftest.py), e.g. of an unpacked sdist "
+                   "(default: the installed dask's, else its sdist's, downloaded); xarray: the root of a checkout or "
+                   "unpacked sdist (default: the installed version's sdist, downloaded)")
     p.add_argument("-k", dest="keyword", default=None, help="pytest -k expression (both runs)")
-    p.add_argument("--runslow", action="store_true", help="also run the tests dask marks slow")
+    p.add_argument("--runslow", action="store_true", help="also run the tests dask marks slow (xarray runs its own)")
     p.add_argument("--only", choices=("plain", "fused"), default=None,
                    help="run one of the two (no comparison)")
     p.add_argument("--compare", nargs=2, metavar=("PLAIN_XML", "FUSED_XML"), default=None,
@@ -78,7 +88,7 @@ def _pytest(args: argparse.Namespace, folder: Path, targets: list[str], mode: st
         cmd += ["-n", str(workers)]
     if args.keyword:
         cmd += ["-k", args.keyword]
-    if args.runslow:
+    if args.runslow and tree.SUITES[args.package].runslow:
         cmd.append("--runslow")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
     env.pop(CENSUS_ENV, None)
@@ -144,7 +154,7 @@ def _report(report: harness.Report, plain: dict[str, compare.Case], fused: dict[
     plain_failures = sorted(t for t, c in plain.items() if c.outcome in ("failed", "error"))
     fixed = sorted(t for t in plain_failures if t in fused and fused[t].outcome == "passed")
     failing = [r for r in found if r.failing]
-    report.line(f"dask tests: {source}; files: {' '.join(args.files)}")
+    report.line(f"{args.package} tests: {source}; files: {' '.join(args.files)}")
     report.line(f"regression: passes plain, fails fused, or fused > {args.factor:g}x max(plain, {args.floor:g} s) "
                 "(also when run again alone, warm)")
     if census is not None:
@@ -169,7 +179,8 @@ def _report(report: harness.Report, plain: dict[str, compare.Case], fused: dict[
     dead = census is not None and census["fused"] == 0
     if dead:
         verdict += "; but the fused run never ran a flowgpu kernel, so it proved nothing"
-    report.finish(title=f"dask's array tests, plain against fused: {verdict}", text=text, runs=runs,
+    what = "dask's array tests" if args.package == "dask" else f"{args.package}'s tests of its dask code"
+    report.finish(title=f"{what}, plain against fused: {verdict}", text=text, runs=runs,
                   census=census, findings=[{"test": r.test, "kind": r.kind, "regression": r.failing,
                                             "plain": _fmt_case(r.plain), "fused": _fmt_case(r.fused),
                                             "plain_warm": r.plain_warm and _fmt_case(r.plain_warm),
@@ -181,6 +192,8 @@ def _report(report: harness.Report, plain: dict[str, compare.Case], fused: dict[
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = make_parser().parse_args(argv)
+    suite = tree.SUITES[args.package]
+    args.files = args.files or list(suite.files)
     report = harness.Report(args, argv)  # from the start: its JSON's wall_s is the whole run's
     if args.compare:
         plain_xml, fused_xml = map(Path, args.compare)
@@ -197,8 +210,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.workers = 0
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="dask-suite-"))
     try:
-        source, where = (Path(args.source), args.source) if args.source else tree.find_tests()
-        files = tree.prepare(out / "tests", args.files, source)
+        source, where = (Path(args.source), args.source) if args.source else tree.find_tests(package=args.package)
+        files = tree.prepare(out / "tests", args.files, source, suite)
     except tree.SuiteSetupError as e:
         print(f"dask_suite: {e}", file=sys.stderr)
         return 2

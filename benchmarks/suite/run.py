@@ -6,6 +6,7 @@ checked against a float64 reference; the markdown table comes last.
 
     python -m benchmarks.suite.run --only chain_sum --only transpose_sum --repeats 5   # GPU
     python -m benchmarks.suite.run --cpu --size small --repeats 1                      # CPU smoke run
+    python -m benchmarks.suite.run --cold --only chain_sum     # the first compute in fresh processes
     python -m benchmarks.suite.run --gpus 0,1 --only chain_sum --only transpose_sum --chain-gib 64 --tsum 56000
                                              # and the same on GPUs 0 and 1: flowgpu, dask-cuda, TCP, UCX
 
@@ -19,6 +20,7 @@ import sys
 import time
 
 from benchmarks import harness
+from benchmarks.suite import cold
 from benchmarks.suite.context import Context
 from benchmarks.suite.workloads import WORKLOADS
 
@@ -26,7 +28,12 @@ from benchmarks.suite.workloads import WORKLOADS
 def parser():
     p = harness.parser(__spec__.name, __doc__, cpu="NumPy / numba / dask threaded instead of the GPU",
                        size="small: a quick smoke run", repeats=3)
-    p.add_argument("--only", action="append", choices=sorted(WORKLOADS), help="run only this workload (repeatable)")
+    p.add_argument("--only", action="append", choices=sorted(set(WORKLOADS) | set(cold.COLD)),
+                   help=f"run only this workload (repeatable); {', '.join(sorted(set(cold.COLD) - set(WORKLOADS)))} "
+                        "with --cold only")
+    p.add_argument("--cold", action="store_true",
+                   help="instead, time the first compute in fresh processes, unfused and fused, with empty "
+                        f"and warm kernel caches ({', '.join(cold.COLD)}; benchmarks/suite/cold.py)")
     p.add_argument("--gpus", type=harness.ints, default=None, metavar="0,1",
                    help="GPU mode: add columns on these GPUs together (flowgpu and dask-cuda, TCP and UCX)")
     p.add_argument("--chain-gib", type=lambda t: [float(v) for v in t.split(",")], default=None, metavar="8,32",
@@ -36,8 +43,13 @@ def parser():
 
 
 def main(argv=None) -> int:
-    args = parser().parse_args(argv)
+    p = parser()
+    args = p.parse_args(argv)
     report = harness.Report(args, argv)
+    if args.cold:
+        return cold.run(args, report)
+    if set(args.only or ()) - set(WORKLOADS):
+        p.error(f"--only {', '.join(sorted(set(args.only) - set(WORKLOADS)))}: only with --cold")
     ctx = Context(cpu=args.cpu, repeats=args.repeats, size=args.size, gpus=args.gpus)
     ctx.sizes = {**ctx.sizes, **({"chain": args.chain_gib} if args.chain_gib else {}),
                  **({"tsum": args.tsum} if args.tsum else {})}

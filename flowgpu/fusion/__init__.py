@@ -5,6 +5,8 @@
   :mod:`~flowgpu.fusion.codegen_cpu`) turns an expression into CUDA C or Python for numba;
 * :mod:`flowgpu.fusion.compiled` builds and caches the kernels, :mod:`flowgpu.fusion.chunk` runs
   them on one chunk and :mod:`flowgpu.fusion.tiled` reduces transposed 2-D chunks in tiles;
+* :mod:`flowgpu.fusion.kernel_cache` keeps numba's compiled kernels on disk (``flowgpu.cache.kernels``),
+  so a kernel is compiled once per machine, not in every process (``kernel_cache.stats()`` counts);
 * :mod:`flowgpu.fusion.kernel` applies an expression to dask arrays (:func:`fused_elementwise`),
   optionally fused into a reduction;
 * :mod:`flowgpu.fusion.api` is the Python API, ``flowgpu.fuse``;

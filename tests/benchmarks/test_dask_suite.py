@@ -148,3 +148,95 @@ def test_dask_array_tests_pass_fused(tmp_path):
     assert doc["runs"]["plain"]["passed"] > 3500, doc["runs"]
     assert doc["census"]["fused"] > 100
     assert done.returncode == 0, done.stdout[-6000:]
+
+
+FAKE_XARRAY = '''
+import dask.array as da
+import numpy as np
+import pytest
+
+
+@pytest.mark.parametrize("backend", ["numpy", "dask"])
+def test_chain(backend):
+    x = np.random.default_rng().random(20)
+    d = da.from_array(x, chunks=7) if backend == "dask" else x
+    np.testing.assert_allclose(np.asarray((d * 2 + 1) ** 2 - d), (x * 2 + 1) ** 2 - x)
+
+
+def test_dask_breaks():
+    import dask
+    assert dask.config.get("array_optimize", None) is None, "broken by fusion"
+
+
+def test_marked(needs_root_conftest):
+    pass
+
+
+@pytest.mark.flaky
+def test_flaky_dask():
+    assert False, "skipped: the root conftest.py skips flaky tests without --run-flaky"
+'''
+
+FAKE_XARRAY_ROOT = '''
+import pytest
+
+
+def pytest_addoption(parser):
+    parser.addoption("--run-flaky", action="store_true")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if "flaky" in item.keywords and not config.getoption("--run-flaky"):
+            item.add_marker(pytest.mark.skip(reason="flaky"))
+
+
+@pytest.fixture
+def needs_root_conftest():
+    return 1
+'''
+
+FAKE_PYPROJECT = '''
+[tool.pytest.ini_options]
+addopts = ["--strict-config", "--strict-markers", "--mypy-pyproject-toml-file=pyproject.toml"]
+filterwarnings = ["error:::xarray.*", "default:something harmless"]
+markers = ["flaky: flaky tests", "slow: slow tests"]
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_another_packages_tests(tmp_path):
+    """--package xarray: the root conftest.py and the markers of the source's pyproject.toml hold, and a file
+    given as NAME:KEYWORD runs only its tests whose id holds KEYWORD."""
+    src = tmp_path / "xarray-src"
+    (src / "xarray" / "tests").mkdir(parents=True)
+    (src / "xarray" / "tests" / "test_fake.py").write_text(textwrap.dedent(FAKE_XARRAY))
+    (src / "xarray" / "tests" / "conftest.py").write_text("")
+    (src / "conftest.py").write_text(textwrap.dedent(FAKE_XARRAY_ROOT))
+    (src / "pyproject.toml").write_text(textwrap.dedent(FAKE_PYPROJECT))
+    report = tmp_path / "r.json"
+    done = _run("--package", "xarray", "--source", str(src), "--files", "test_fake:dask", "-n", "0",
+                "--out", str(tmp_path / "out"), "--json", str(report), timeout=280)
+    assert done.returncode == 1, done.stdout + done.stderr
+    doc = json.loads(report.read_text())
+    regressions = [(f["test"], f["kind"]) for f in doc["findings"] if f["regression"]]
+    assert regressions == [("test_fake.py::test_dask_breaks", "fails fused")]  # (test_chain compiles: first call only)
+    for run in ("plain", "fused"):  # test_chain[dask], test_dask_breaks, test_flaky_dask (skipped)
+        assert {k: doc["runs"][run][k] for k in ("tests", "skipped")} == {"tests": 3, "skipped": 1}, doc["runs"]
+    assert "xarray's tests of its dask code, plain against fused: 1 regression(s)" in done.stdout
+    ini = (tmp_path / "out" / "tests" / "pytest.ini").read_text()
+    assert "error:::xarray.*" in ini and "mypy" not in ini
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2700)
+def test_xarray_dask_tests_pass_fused(tmp_path):
+    """Issue 28: xarray's tests of its dask code (6 files, about 4,200 tests), plain and fused, in CI: no test
+    that passes plain fails fused, none is 5x slower warm."""
+    report = tmp_path / "r.json"
+    done = _run("--package", "xarray", "-n", "2", "--out", str(tmp_path / "out"), "--json", str(report), timeout=2600)
+    doc = json.loads(report.read_text())
+    assert doc["runs"]["plain"]["passed"] > 3500, doc["runs"]
+    assert doc["census"]["fused"] > 1000
+    assert done.returncode == 0, done.stdout[-6000:]

@@ -84,3 +84,19 @@ def test_out_of_core_cpu_small(tmp_path):
         ("flowgpu", "persist"), ("flowgpu", "chain+sum"), ("dask", "persist"), ("dask", "chain+sum")]
     assert all(r["seconds"] > 0 for r in rows)
     assert [r["identical"] for r in rows if "identical" in r] == ["yes", "yes"]
+
+
+def test_suite_cold_cpu_small(tmp_path):
+    """--cold: fresh processes, the first with empty kernel caches compiles, the one after it loads."""
+    path = tmp_path / "cold.json"
+    assert run.main(["--cold", "--cpu", "--size", "small", "--only", "abs_max", "--json", str(path)]) == 0
+    (row,) = json.loads(path.read_text())["rows"]
+    assert row["workload"] == "abs_max" and row["check"] == "ok"
+    plain_cold, plain_warm, fused_cold, fused_warm = map(int, row["cache files written (runs 1-4)"].split("/"))
+    assert plain_cold == plain_warm == 0 and fused_cold >= 1 and fused_warm == 0
+    assert all(row[k] > 0 for k in row if k.endswith("(s)"))
+
+
+def test_suite_cold_only_with_cold():
+    with pytest.raises(SystemExit):
+        run.main(["--cpu", "--only", "abs_max"])
