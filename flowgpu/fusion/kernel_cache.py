@@ -255,20 +255,16 @@ def vectorize(func: Callable, signatures: Sequence[Any]) -> Any:
 
 
 def guvectorize(func: Callable, signatures: Sequence[Any], layout: str) -> Any:
-    """``numba.guvectorize(signatures, layout, nopython=True)(func)``, with numba's disk cache where ``func``
-    has a file in the cache (:func:`python_function`), and its compiles counted in :func:`stats` either way.
-    (numba also caches the gufunc's loop wrapper there, unguarded: a damaged wrapper file fails the kernel,
-    which is then computed unfused.)"""
+    """``numba.guvectorize(signatures, layout, nopython=True)(func)``: the gufunc's thin loop wrapper
+    around a fused reduction, built in each process (about 0.1-0.4 s). ``func`` calls the kernel, whose
+    machine code is in the disk cache (:func:`cached`); numba's own gufunc cache is not used: a cached
+    wrapper that calls a cached kernel crashed the next process (SIGSEGV, numba 0.68)."""
     from numba.np.ufunc import GUVectorize
 
-    try:
-        gufunc = GUVectorize(func, layout, nopython=True, cache=_file_backed(func))  # what numba.guvectorize builds
-    except RuntimeError as e:  # numba found no folder it may write: compiled in memory, as before
-        _log.warning("flowgpu compiles a fused kernel in memory only: %s", e)
-        gufunc = GUVectorize(func, layout, nopython=True)
-    builder = gufunc.gufunc_builder
-    builder.nb_func.cache = _guarded(func, builder.nb_func.cache)
+    gufunc = GUVectorize(func, layout, nopython=True)  # what numba.guvectorize builds
+    started = time.perf_counter()
     for sig in signatures:
         gufunc.add(sig)
     gufunc.disable_compile()
+    _log.debug("loop wrapper %s built in %.2f s (not cached)", func.__name__, time.perf_counter() - started)
     return gufunc.build_ufunc()

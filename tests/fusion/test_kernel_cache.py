@@ -66,16 +66,20 @@ def test_a_ufunc_loads_from_the_cache(kernels, rng):
     assert _delta(before) == {"compiled": 1, "loaded": 1}
 
 
-def test_a_gufunc_loads_from_the_cache(kernels, rng):
+def test_a_gufunc_wrapper_is_built_here_around_a_cached_kernel(kernels, rng):
+    """The kernel's machine code comes from the cache; its gufunc loop wrapper is built in each process
+    (numba's gufunc cache is not used: a cached wrapper calling a cached kernel crashed the next one)."""
     x, c = rng.standard_normal(500), float(rng.random())
-    src = (f"def fg_fused_g(in0, out):\n    acc = 0.0\n    for i in range(in0.shape[0]):\n"
-           f"        acc += in0[i] * {c!r}\n    out[0] = acc\n")
+    body = (f"def fg_fused(in0):\n    acc = 0.0\n    for i in range(in0.shape[0]):\n"
+            f"        acc += in0[i] * {c!r}\n    return acc\n")
     before = kernel_cache.stats()
     for _ in range(2):
-        func = kernel_cache.python_namespace(src, "fg_fused_g", {})["fg_fused_g"]
-        gufunc = kernel_cache.guvectorize(func, [(numba.float64[:], numba.float64[:])], "(n)->()")
+        kern = kernel_cache.cached(numba.njit(kernel_cache.python_namespace(body, "fg_fused", {})["fg_fused"]))
+        wrapper = kernel_cache.python_namespace("def fg_fused_g(in0, out):\n    out[0] = _body(in0)\n",
+                                                "fg_fused_g", {"_body": kern})["fg_fused_g"]
+        gufunc = kernel_cache.guvectorize(wrapper, [(numba.float64[:], numba.float64[:])], "(n)->()")
         assert gufunc(x) == pytest.approx((x * c).sum(), rel=1e-12)
-    assert _delta(before) == {"compiled": 1, "loaded": 1}
+    assert _delta(before)["compiled"] == 1  # the kernel, once (in memory or from the cache after); wrappers not counted
 
 
 @pytest.mark.parametrize("damage", ["truncated", "garbage"])
