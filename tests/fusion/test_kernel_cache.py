@@ -158,8 +158,13 @@ _SCRIPT = textwrap.dedent("""
 """)
 
 
+def _pythonpath() -> str:
+    """This checkout first, then what the tests run with (where the dependencies may be)."""
+    return os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+
+
 def _start(tmp_path, data):
-    env = dict(os.environ, PYTHONPATH=ROOT, DASK_FLOWGPU__CACHE__KERNELS=str(tmp_path / "kernels"))
+    env = dict(os.environ, PYTHONPATH=_pythonpath(), DASK_FLOWGPU__CACHE__KERNELS=str(tmp_path / "kernels"))
     return subprocess.Popen([sys.executable, "-c", _SCRIPT, str(data)], env=env, cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -214,7 +219,7 @@ def test_a_second_process_compiles_no_cuda_kernel(tmp_path, rng):
     in every process, so a second one loads every kernel from it."""
     a = rng.standard_normal((300, 200))
     np.save(tmp_path / "a.npy", a)
-    env = dict(os.environ, PYTHONPATH=ROOT, CUPY_CACHE_DIR=str(tmp_path / "cupy"))
+    env = dict(os.environ, PYTHONPATH=_pythonpath(), CUPY_CACHE_DIR=str(tmp_path / "cupy"))
     runs = []
     for _ in range(2):
         proc = subprocess.run([sys.executable, "-c", _CUDA_SCRIPT, str(tmp_path / "a.npy")], env=env, cwd=tmp_path,

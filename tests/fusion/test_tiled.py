@@ -44,8 +44,13 @@ def test_gpu_transposed_inputs_match_numpy(rng, reduction, dtype, shape):
     if dtype != "float64":
         ref = ref.astype(dtype)  # the values the kernel reduces are of the expression's dtype
     want = getattr(np, reduction)(ref.astype(np.float64) if ref.dtype.kind == "f" else ref)
-    if not (reduction == "prod" and dtype == "float32"):  # a float32 product takes the general kernel
-        assert tiled._kernels, "the tiled kernel was not used"
+    assert tiled._kernels, "the tiled kernel was not used"
+    if reduction == "prod" and dtype == "float32":
+        # a float32 product of 10^5-10^6 factors multiplies in float32, as CuPy's own does: on the H200
+        # cupy.prod is 9e-4 / 2.6e-3 from float64 here (NumPy's 6e-7 / 1.3e-5); no worse than that
+        own = abs(float(cp.prod(cp.asarray(ref))) - float(want))
+        assert abs(float(got) - float(want)) <= max(2 * own, 1e-5 * abs(float(want)))
+        return
     np.testing.assert_allclose(float(got), float(want), rtol=1e-6 if dtype != "float32" else 1e-5)
 
 
