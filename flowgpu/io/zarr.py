@@ -67,9 +67,25 @@ def open_zarr_array(path: str, component: str | None = None) -> zarr.Array:
             warnings.filterwarnings("ignore", message="Numcodecs codecs are not in the Zarr version 3")
             arr = zarr.open_array(path, path=component or "", mode="r")
     except Exception as e:  # zarr raises several types for a bad store
-        raise ConfigError(f"could not open zarr store {path!r}{' component ' + component if component else ''}: "
-                          f"{e}") from None
+        where = f"zarr store {path!r}{' component ' + component if component else ''}"
+        arrays = _arrays_in_group(path, component)
+        if arrays is not None:  # a group: say which arrays it holds
+            listed = ", ".join(arrays[:20]) + (f" and {len(arrays) - 20} more" if len(arrays) > 20 else "")
+            raise ConfigError(f"{where} is a group, not an array; its arrays: {listed or 'none'}; "
+                              "give the one to read as component") from None
+        raise ConfigError(f"could not open {where}: {e}") from None
     return arr
+
+
+def _arrays_in_group(path: str, component: str | None) -> list[str] | None:
+    """The arrays (by path in the group, sorted) of the group at ``path``/``component``, or None when
+    it is not a group that opens."""
+    try:
+        group = zarr.open_group(path, path=component or "", mode="r")
+        return sorted(name for name, _ in group.arrays()) + sorted(
+            f"{g}/{name}" for g, sub in group.groups() for name, _ in sub.arrays())
+    except Exception:  # noqa: BLE001 - not a group either: the caller's message stands
+        return None
 
 
 def _nvcomp_missing() -> str | None:

@@ -138,3 +138,20 @@ def test_gpu_session_reads_hdf5_and_tiff_through_the_device(project, gpu_session
                                field - field.mean(0, keepdims=True), rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(np.load(folder / "out" / "brightest.npy"), data["pages"].max(0))
     np.testing.assert_allclose(result.outputs["stack_mean"], data["stack"].mean((1, 2)), rtol=1e-5)
+
+
+def test_a_zarr_group_without_component_lists_its_arrays(tmp_path, monkeypatch, rng):
+    monkeypatch.chdir(tmp_path)
+    group = zarr.open_group("data/store.zarr", mode="w")
+    for name in ("temp", "wind"):
+        group.create_array(name, shape=(6, 4), dtype="float32")[:] = rng.random((6, 4), dtype=np.float32)
+    spec = ("version: 1\nname: g\ninputs:\n  x: {source: zarr, path: data/store.zarr}\n"
+            "steps:\n  s: {op: sum, inputs: [x]}\noutputs:\n  s: {from: s}\n")
+    (tmp_path / "g.yaml").write_text(spec)
+    with pytest.raises(SpecError) as e:
+        pipeline.compile("g.yaml")
+    assert "g.yaml:4:" in str(e.value) and "inputs.x" in str(e.value)
+    assert "is a group, not an array; its arrays: temp, wind; give the one to read as component" in str(e.value)
+    (tmp_path / "g.yaml").write_text(spec.replace("data/store.zarr}", "data/store.zarr, component: wind}"))
+    np.testing.assert_allclose(pipeline.run("g.yaml", session="local", progress=False).outputs["s"],
+                               group["wind"][:].sum(), rtol=1e-6)
