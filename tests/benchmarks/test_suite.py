@@ -76,7 +76,7 @@ def test_vectorize_cpu_small(tmp_path):
 
 
 def test_out_of_core_cpu_small(tmp_path):
-    """Both stores spill 1 GiB under two workers of 300 MB and give the same sum."""
+    """Both stores spill 2 GiB under two workers of 600 MB and give the same sum."""
     path = tmp_path / "out_of_core.json"
     assert out_of_core.main(["--cpu", "--size", "small", "--json", str(path)]) == 0
     rows = json.loads(path.read_text())["results"]
