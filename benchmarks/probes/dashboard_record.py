@@ -153,7 +153,7 @@ def parser():
                    help="folder of the recording (board.jsonl, summary.json; default dashboard-recording)")
     p.add_argument("--gib", type=float, default=None, help="GiB of input (default 32 on GPU, 0.5 on CPU)")
     p.add_argument("--device-limit", default="8GB", help="GPU: the worker's device memory limit (default 8GB)")
-    p.add_argument("--memory-limit", default="400MB", help="CPU: the worker's memory limit (default 400MB)")
+    p.add_argument("--memory-limit", default="600MB", help="CPU: the worker's memory limit (default 600MB)")
     p.add_argument("--interval", type=float, default=0.5, help="seconds between board views (default 0.5)")
     p.add_argument("--passes", type=int, default=1, help="runs of the pipeline, one after another (default 1)")
     p.add_argument("--dashboard", default="127.0.0.1:0",
