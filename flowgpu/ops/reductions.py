@@ -10,6 +10,7 @@ so a reduction reads its input once: in one task when it reduces every axis (one
 from __future__ import annotations
 
 import builtins
+import math
 from typing import Any
 
 import dask.array as da
@@ -51,7 +52,7 @@ def _prepare(name: str, x: Any, axis: Any) -> tuple[da.Array, Any, dict | None]:
     (x,) = same_backend(x)
     ax = axis_arg(name, axis, x.ndim)
     full = ax is None or len(set(ax if isinstance(ax, (tuple, list)) else (ax,))) == x.ndim
-    flat = full and x.ndim and 1 < x.npartitions <= MAX_FANIN
+    flat = full and x.ndim and 1 < math.prod(x.numblocks) <= MAX_FANIN  # npartitions: not on array-expr
     return x, ax, {a: builtins.max(2, n) for a, n in enumerate(x.numblocks)} if flat else None
 
 
