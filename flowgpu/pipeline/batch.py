@@ -167,6 +167,27 @@ def _told(job: Job) -> None:
         job.tracked.finish("ok" if job.status == "ok" else "failed", str(job.error) if job.error else job.status)
 
 
+def _in_order(compute: Callable[[list], Any], targets: list) -> list:
+    """``compute(targets)``'s results (or futures) in the order of ``targets``.
+
+    dask (2026.8) merges the graphs of collections with the same low-level optimizer and returns
+    their results group by group: ``dask.compute(array_a, delayed_b, array_c)`` answers
+    ``(a, c, b)``, and so does ``client.compute``. A run whose outputs mix arrays and a Delayed
+    (``sink: xarray`` writes through one) then gave each output the next one's value. The targets go
+    in already grouped the same way (by ``__dask_optimize__``, first appearance first), so the
+    answers come back in that order, and are put back in the caller's.
+    """
+    groups: dict[Any, list[int]] = {}
+    for i, t in enumerate(targets):
+        groups.setdefault(getattr(t, "__dask_optimize__", None), []).append(i)
+    order = [i for members in groups.values() for i in members]
+    got = compute([targets[i] for i in order])
+    out: list = [None] * len(targets)
+    for i, value in zip(order, got, strict=True):
+        out[i] = value
+    return out
+
+
 def _run_local(jobs: list[Job], session: RunSession, cache: Any, bars: BatchBars, keep_going: bool) -> None:
     """One item after the other on dask's threaded scheduler, in this process."""
     for job in jobs:
@@ -174,7 +195,8 @@ def _run_local(jobs: list[Job], session: RunSession, cache: Any, bars: BatchBars
         job.status = "running"
         try:
             with bars.local(job.bar) or contextlib.nullcontext():
-                results = list(dask.compute(*(p.target for p in job.pending.values()), scheduler="threads"))
+                results = _in_order(lambda ts: dask.compute(*ts, scheduler="threads"),
+                                    [p.target for p in job.pending.values()])
             error = None
         except Exception as e:  # noqa: BLE001 - the item fails; said in its words
             results, error = None, e
@@ -189,7 +211,7 @@ def _run_distributed(jobs: list[Job], session: RunSession, cache: Any, bars: Bat
     started = time.perf_counter()
     owner: dict[int, Job] = {}
     left: dict[int, int] = {}
-    futures = client.compute([p.target for job in jobs for p in job.pending.values()])  # one graph, shared tasks once
+    futures = _in_order(client.compute, [p.target for job in jobs for p in job.pending.values()])  # one graph
     for job in jobs:
         job.futures, futures = futures[:len(job.pending)], futures[len(job.pending):]
         job.status = "running"

@@ -71,7 +71,8 @@ def _data(rng: np.random.Generator) -> dict[str, np.ndarray]:
             "stack": rng.random((3, 48, 40), dtype=np.float32),
             **{f"t{i}": rng.random((64, 48), dtype=np.float32) for i in range(3)},
             "h": rng.random((200, 16), dtype=np.float32), "pages": rng.integers(0, 1000, (5, 24, 20), dtype=np.uint16),
-            "tiff": rng.integers(0, 1000, (5, 24, 20), dtype=np.uint16)}
+            "tiff": rng.integers(0, 1000, (5, 24, 20), dtype=np.uint16),
+            "air": 250 + 40 * rng.random((12, 10), dtype=np.float32)}
 
 
 def _workdir(base: Path, data: dict[str, np.ndarray]) -> Path:
@@ -92,9 +93,11 @@ def _workdir(base: Path, data: dict[str, np.ndarray]) -> Path:
 
 
 def _format_files(folder: Path, data: dict[str, np.ndarray]) -> None:
-    """files.yaml's inputs: an HDF5 dataset, TIFF pages (p0.tif ...) and a multi-page TIFF file."""
+    """files.yaml's inputs: an HDF5 dataset, TIFF pages (p0.tif ...), a multi-page TIFF file, and one
+    labelled variable (time, lat) as xarray writes it to NetCDF and to Zarr."""
     import h5py
     import tifffile
+    import xarray as xr
 
     with h5py.File(folder / "fields.h5", "w") as f:
         f.create_dataset("/fields/h", data=data["h"], chunks=(25, 16), compression="gzip")
@@ -102,6 +105,10 @@ def _format_files(folder: Path, data: dict[str, np.ndarray]) -> None:
     for i, page in enumerate(data["pages"]):
         tifffile.imwrite(folder / "pages" / f"p{i}.tif", page)
     tifffile.imwrite(folder / "stack.tif", data["tiff"])
+    air = xr.Dataset({"air": (("time", "lat"), data["air"], {"units": "K"})},
+                     coords={"time": np.arange(12), "lat": np.linspace(-45.0, 45.0, 10)})
+    air.to_netcdf(folder / "air.nc", engine="h5netcdf")
+    air.chunk({"time": 3}).to_zarr(folder / "air.zarr", mode="w", zarr_format=3, consolidated=False)
 
 
 def _wait_file(path: Path, proc: subprocess.Popen, what: str) -> None:
@@ -234,6 +241,12 @@ def _numpy_checks(spec: str, data: dict[str, np.ndarray], result: dict, workdir:
         assert result["pages_sum"] == int(data["pages"].astype(np.int64).sum())
         np.testing.assert_array_equal(np.load(workdir / "out/files/projection.npy"),
                                       (data["pages"] + data["tiff"]).max(axis=0))
+        assert result["air_z_max"] == float(data["air"].max())
+        import xarray as xr
+        with xr.open_dataset(workdir / "out/files/air_lat_mean.nc", engine="h5netcdf") as got:
+            assert got["air_mean"].dims == ("lat",) and got["air_mean"].attrs["units"] == "K"
+            np.testing.assert_allclose(got["lat"].values, np.linspace(-45.0, 45.0, 10))
+            np.testing.assert_allclose(got["air_mean"].values, data["air"].astype(np.float64).mean(axis=0), rtol=1e-5)
     if spec == "denoise":
         want = ndimage.gaussian_filter(data["stack"].astype(np.float64), sigma=(0, 2.0, 2.0), mode="reflect")
         got = zarr.open_array(str(workdir / "flowgpu-output/denoise/denoised.zarr"), mode="r")[:]

@@ -126,6 +126,33 @@ def test_labelled_steps_fuse_as_bare_ones_do(tmp_path, climate):
     np.testing.assert_allclose(labelled.outputs["z"].compute(), bare.outputs["z"].compute(), rtol=1e-6)
 
 
+MIXED = """\
+name: mixed
+inputs:
+  t2m: {{source: xarray, path: {data}, variable: t2m}}
+steps:
+  hottest: {{op: max, inputs: [t2m]}}
+  zonal: {{op: mean, inputs: [t2m], args: {{axis: lon}}}}
+  coldest: {{op: min, inputs: [t2m]}}
+outputs:
+  hottest: {{from: hottest}}
+  zonal: {{from: zonal, sink: xarray, path: out/zonal.nc}}
+  coldest: {{from: coldest}}
+"""
+
+
+@pytest.mark.parametrize("where", ["local", "cluster"])
+def test_each_output_gets_its_own_value_when_values_and_xarray_files_mix(tmp_path, climate, cpu_session, where):
+    # dask.compute(array, delayed, array) answers in the order (array, array, delayed): the NetCDF
+    # write is a Delayed, and 'coldest' once came back as None, the write's answer
+    result = pipeline.run(_spec(tmp_path, text=MIXED), session="local" if where == "local" else cpu_session,
+                          progress=False, force=True)
+    t2m = climate.t2m.values
+    assert result.outputs["hottest"] == float(t2m.max()) and result.outputs["coldest"] == float(t2m.min())
+    got = _open(str(tmp_path / "out" / "zonal.nc"))["t2m"]
+    np.testing.assert_allclose(got.values, t2m.astype(np.float64).mean(axis=2), rtol=1e-5)
+
+
 def _error(tmp_path, text, raw=False):
     with pytest.raises(SpecError) as e:
         pipeline.compile(_spec(tmp_path, text=text, raw=raw))
