@@ -11,7 +11,8 @@ dask.array code and through ``fg.fuse``, the median of ``--repeats`` of:
   ``build + compute`` as a user's line of code pays it;
 * a trivial ``x[:10].sum().compute()`` and a ``client.submit(int, 1).result()`` round trip,
   the floor of any compute on that cluster;
-* with ``--profile N``: the top N functions of a cProfile of the trivial compute on the client.
+* with ``--profile N``: the top N functions of a cProfile of the trivial compute on the client, and
+  of building the plain dask graph (what plain code pays that ``fg.fuse`` does not).
 
 Every value is checked against a float64 NumPy reference.
 
@@ -92,14 +93,16 @@ def probe(args) -> None:
             print(f"| {name} | {build:.2f} | {opt:.2f} | {comp:.2f} | {both:.2f} |")
         print(f"\ntrivial x[:10].sum().compute(): {trivial:.2f} ms; client.submit(int, 1).result(): {trip:.2f} ms")
         if args.profile:
-            pr = cProfile.Profile()
-            pr.enable()
-            for _ in range(args.repeats):
-                small.sum().compute()
-            pr.disable()
-            out = io.StringIO()
-            pstats.Stats(pr, stream=out).sort_stats("cumulative").print_stats(args.profile)
-            print(f"\ncProfile of {args.repeats} trivial computes (client side):\n{out.getvalue()}")
+            for what, fn in (("trivial computes (client side)", lambda: small.sum().compute()),
+                             ("plain dask graph builds", lambda: plain(x))):
+                pr = cProfile.Profile()
+                pr.enable()
+                for _ in range(args.repeats):
+                    fn()
+                pr.disable()
+                out = io.StringIO()
+                pstats.Stats(pr, stream=out).sort_stats("cumulative").print_stats(args.profile)
+                print(f"\ncProfile of {args.repeats} {what}:\n{out.getvalue()}")
 
 
 def main(argv=None) -> int:
