@@ -27,7 +27,7 @@ import psutil
 from flowgpu.errors import OutputError, OutputLockedError
 
 __all__ = ["OutputLock", "owner", "alive", "lock_path", "held", "describe", "locked_targets", "is_record",
-           "read_head", "read_record", "remove_stale"]
+           "read_head", "read_record", "remove_stale", "beside", "listing"]
 
 LOCK_TAG = ".flowgpu-lock"
 _held = threading.local()  # target path -> OutputLock held by this thread
@@ -126,18 +126,27 @@ def describe(record: dict | None) -> str:
     return f"flowgpu run pid {record['pid']} on {record.get('host', '?')}"
 
 
+def beside(path: str, tag: str) -> str:
+    """The hidden file beside ``path`` that flowgpu names ``.NAME<tag>`` (lock, marker, staging dir)."""
+    head, tail = os.path.split(path)
+    return os.path.join(head, f".{tail}{tag}")
+
+
 def lock_path(target: str) -> str:
-    head, tail = os.path.split(target)
-    return os.path.join(head, f".{tail}{LOCK_TAG}")
+    return beside(target, LOCK_TAG)
+
+
+def listing(directory: str) -> list[str]:
+    """The names in ``directory``; none when it cannot be listed."""
+    try:
+        return os.listdir(directory)
+    except OSError:
+        return []
 
 
 def locked_targets(directory: str) -> list[str]:
     """The outputs in ``directory`` that have a lock file (held now, or left by a run that died)."""
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return []
-    return sorted(os.path.join(directory, n[1:-len(LOCK_TAG)]) for n in names
+    return sorted(os.path.join(directory, n[1:-len(LOCK_TAG)]) for n in listing(directory)
                   if n.startswith(".") and n.endswith(LOCK_TAG) and len(n) > len(LOCK_TAG) + 1)
 
 
