@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 
 from flowgpu.errors import OutputError
 from flowgpu.io import faults
-from flowgpu.io.lock import beside, listing, owner
+from flowgpu.io.lock import beside, listing, owner, read_open_record, read_record
 
 __all__ = ["MARKER", "STAGE_TAG", "Output", "Refused", "Transaction", "recover_journal", "journals_in", "stages_in",
            "marker_path", "written_by_flowgpu", "stage_dir", "new_id", "remove"]
@@ -318,14 +318,6 @@ def _journal_of(run: str, directory: str) -> str:
     return os.path.join(directory, f"{JOURNAL_TAG}{run}.json")
 
 
-def _read_json(fd: int, size: int):
-    """The JSON document in the open regular file ``fd`` (None when it is not one)."""
-    try:
-        return json.loads(os.pread(fd, min(size, _MOST) + 1, 0))
-    except (OSError, ValueError):
-        return None
-
-
 def _open_regular(path: str) -> tuple[int, os.stat_result]:
     """``path`` opened for reading without following a link or waiting on a FIFO; _NotOurs if it is
     not a regular file, FileNotFoundError if it is gone."""
@@ -372,7 +364,7 @@ def _open_journal(path: str) -> tuple[int, list[Output], str]:
         raise _NotOurs("its name is not one flowgpu gives journals")
     fd, info = _open_regular(path)
     try:
-        data = _read_json(fd, info.st_size)
+        data = read_open_record(fd, _MOST + 1)
         try:
             if info.st_uid != os.geteuid():
                 raise _NotOurs(f"it belongs to another user (uid {info.st_uid})")
@@ -498,14 +490,7 @@ def referenced_stages(directory: str) -> set[str]:
     """Staging dirs named by journals still in ``directory`` (never removed as stale)."""
     out = set()
     for j in journals_in(directory):
-        try:
-            fd, info = _open_regular(j)
-        except (OSError, _NotOurs):
-            continue
-        try:
-            data = _read_json(fd, info.st_size)
-        finally:
-            os.close(fd)
+        data = read_record(j, _MOST + 1)  # a larger file is no journal flowgpu wrote: not JSON within it
         named = data.get("outputs") if isinstance(data, dict) else None
         for o in named if isinstance(named, list) else ():
             if isinstance(o, dict) and isinstance(o.get("path"), str) and isinstance(o.get("id"), str):
