@@ -18,8 +18,8 @@ from flowgpu.arrays.movement import to_device
 from flowgpu.backend import current_backend, empty_meta, import_cupy, is_cupy
 from flowgpu.errors import ChunkError, ConfigError
 
-__all__ = ["random", "normal", "zeros", "ones", "full", "arange", "from_array", "meta_for", "check_size",
-           "check_fill_value", "arange_length"]
+__all__ = ["random", "normal", "zeros", "ones", "full", "arange", "from_array", "from_reader", "meta_for",
+           "check_size", "check_fill_value", "arange_length"]
 
 _INDEX_MAX = 2**63 - 1  # the most elements a 64-bit index (NumPy's, dask's) can count
 
@@ -227,3 +227,20 @@ def from_array(x: Any, chunks: Any = "auto") -> da.Array:
         x = np.asarray(x)
     chunks = resolve_chunks("auto" if chunks is None else chunks, x.shape, x.dtype)
     return to_device(da.from_array(x, chunks=chunks, asarray=False))
+
+
+def from_reader(reader: Any, chunks: Any, kind: str, token: str) -> da.Array:
+    """The blocks of ``reader`` (sliced in the task that needs them: only the reader travels) as a
+    chunked array on the session's device, named ``from-<kind>[-gpu]-<token>``. On a GPU session
+    the reader is told to read straight to the device (``reader.device = True``: through pinned
+    staging buffers); else its NumPy blocks go through :func:`to_device`."""
+    if current_backend() == "cupy":
+        reader.device = True
+        meta = import_cupy().empty((0,) * reader.ndim, reader.dtype)
+        return da.from_array(reader, chunks=chunks, asarray=False, meta=meta, name=f"from-{kind}-gpu-{token}")
+    # The reads share one small reader task (a path). inline_array=True would spread them over the
+    # workers without it, but the reads then run inside the next step's tasks, and the flowgpu page
+    # showed the input step with no tasks (and as failed when the next step failed): not done yet.
+    x = da.from_array(reader, chunks=chunks, asarray=False, meta=np.empty((0,) * reader.ndim, reader.dtype),
+                      name=f"from-{kind}-{token}")
+    return to_device(x)

@@ -8,7 +8,7 @@ import numpy as np
 from flowgpu.backend import current_backend, empty_meta, is_cupy
 from flowgpu.transfer.staging import host_to_device
 
-__all__ = ["to_device", "to_host", "to_numpy", "as_backend"]
+__all__ = ["to_device", "to_cupy", "to_host", "to_numpy", "as_backend"]
 
 
 def _to_cupy_block(block):
@@ -31,7 +31,13 @@ def to_device(x: da.Array) -> da.Array:
 
     Code written with ``to_device`` runs unchanged on a machine without a GPU.
     """
-    if current_backend() != "cupy" or is_cupy(x._meta):
+    return to_cupy(x) if current_backend() == "cupy" else x
+
+
+def to_cupy(x: da.Array) -> da.Array:
+    """Chunks as CuPy arrays (lazy), whatever the session's backend: what an input mixed with CuPy
+    inputs needs."""
+    if is_cupy(x._meta):
         return x
     return x.map_blocks(_to_cupy_block, dtype=x.dtype, meta=empty_meta(True, x.dtype, x.ndim))
 

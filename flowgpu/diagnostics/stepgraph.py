@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from flowgpu.diagnostics import templating
@@ -182,9 +182,7 @@ def to_svg(graph: StepGraph, states: dict[str, str] | None = None, engine: str |
 
 def to_dict(graph: StepGraph) -> dict[str, Any]:
     """Plain data (for the scheduler, a report, JSON): ``{"name", "nodes": [...], "edges": [...]}``."""
-    return {"name": graph.name,
-            "nodes": [{"id": n.id, "label": n.label, "kind": n.kind, "what": n.what, "parent": n.parent,
-                       "fused_into": n.fused_into, "info": n.info} for n in graph.nodes.values()],
+    return {"name": graph.name, "nodes": [asdict(n) for n in graph.nodes.values()],
             "edges": [[e.source, e.target, e.kind] for e in graph.edges]}
 
 

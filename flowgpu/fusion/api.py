@@ -42,7 +42,7 @@ import numpy as np
 from flowgpu.errors import KernelError
 from flowgpu.fusion.compiled import REDUCTIONS
 from flowgpu.fusion.kernel import fused_elementwise
-from flowgpu.fusion.language import FUNCTIONS, is_scalar, literal_text
+from flowgpu.fusion.language import is_scalar, literal_text, template_of
 
 __all__ = ["fuse", "Fused"]
 
@@ -51,12 +51,6 @@ class Untraceable(Exception):
     """``fn`` did something a fused kernel cannot express."""
 
 
-_UFUNCS = {
-    "add": "+", "subtract": "-", "multiply": "*", "true_divide": "/", "divide": "/", "floor_divide": "//",
-    "remainder": "%", "mod": "%", "power": "**", "bitwise_and": "&", "bitwise_or": "|", "bitwise_xor": "^",
-    "greater": ">", "greater_equal": ">=", "less": "<", "less_equal": "<=", "equal": "==", "not_equal": "!=",
-}  # logical_and/or/xor/not are functions of the language: & | ^ ~ are bitwise on integers
-_UNARY_UFUNCS = {"negative": "-", "invert": "~", "positive": "+"}
 _REDUCTIONS = {"sum": "sum", "mean": "mean", "min": "min", "amin": "min", "max": "max", "amax": "max",
                "prod": "prod"}
 
@@ -210,15 +204,10 @@ class Sym:
         if any(isinstance(i, _Lazy) for i in inputs):
             return Late(ufunc, inputs)
         args = [_operand(self.tracer, i) for i in inputs]
-        if name in _UFUNCS:
-            return Sym(f"({args[0]} {_UFUNCS[name]} {args[1]})", self.tracer)
-        if name in _UNARY_UFUNCS:
-            return Sym(f"({_UNARY_UFUNCS[name]}{args[0]})", self.tracer)
-        if name == "absolute":
-            name = "abs"
-        if name in FUNCTIONS and FUNCTIONS[name][0] == len(args):
-            return Sym(f"{name}({', '.join(args)})", self.tracer)
-        raise Untraceable(f"numpy.{name}")
+        template = template_of(ufunc, len(args))
+        if template is None:
+            raise Untraceable(f"numpy.{name}")
+        return Sym(template.format(*args), self.tracer)
 
     def __array_function__(self, func, types, args, kwargs):
         name = func.__name__

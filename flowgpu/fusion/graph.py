@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import graphlib
-import operator
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -49,51 +48,12 @@ from flowgpu.fusion import graph_reduce, graph_tree
 from flowgpu.fusion.device import move_host_operands
 from flowgpu.fusion.chunk import Chain, FusedChunk
 from flowgpu.fusion.graph_reduce import graph_has_masked
-from flowgpu.fusion.language import FUNCTIONS, is_scalar, literal_text
+from flowgpu.fusion.language import is_scalar, literal_text, template_of
 
 __all__ = ["optimize", "rewrite_graph", "fusions", "Fusion", "array_optimize", "Fusing", "fusing", "CONFIG_KEY"]
 
 CONFIG_KEY = "flowgpu.fuse-ufuncs"
 MAX_FUSED_OPS = 32  # operations one fused layer nests at most: a longer chain becomes several kernels
-
-_BINARY = {
-    operator.add: "+", operator.sub: "-", operator.mul: "*", operator.truediv: "/",
-    operator.floordiv: "//", operator.mod: "%", operator.pow: "**", operator.and_: "&",
-    operator.or_: "|", operator.xor: "^", operator.lt: "<", operator.le: "<=", operator.gt: ">",
-    operator.ge: ">=", operator.eq: "==", operator.ne: "!=",
-}
-_UNARY = {operator.neg: "-", operator.invert: "~", operator.pos: "+"}
-_UFUNC_BINARY = {
-    "add": "+", "subtract": "-", "multiply": "*", "true_divide": "/", "divide": "/", "floor_divide": "//",
-    "remainder": "%", "power": "**", "greater": ">", "greater_equal": ">=", "less": "<", "less_equal": "<=",
-    "equal": "==", "not_equal": "!=", "bitwise_and": "&", "bitwise_or": "|", "bitwise_xor": "^",
-}  # logical_and/or/xor/not are functions of the language: & | ^ ~ are bitwise on integers
-_UFUNC_UNARY = {"negative": "-", "invert": "~", "positive": "+"}
-
-
-def _template(func: Any, nargs: int) -> str | None:
-    """A ``str.format`` template over ``{0}, {1}, ...`` for an elementwise ``func``, else None."""
-    if func in _BINARY and nargs == 2:
-        return "({0} %s {1})" % _BINARY[func]
-    if func in _UNARY and nargs == 1:
-        return "(%s{0})" % _UNARY[func]
-    if (func is abs or func is operator.abs) and nargs == 1:
-        return "abs({0})"
-    name = getattr(func, "__name__", None)
-    if isinstance(func, np.ufunc):
-        if name in _UFUNC_BINARY and nargs == 2:
-            return "({0} %s {1})" % _UFUNC_BINARY[name]
-        if name in _UFUNC_UNARY and nargs == 1:
-            return "(%s{0})" % _UFUNC_UNARY[name]
-        name = "abs" if name == "absolute" else name
-        if name in FUNCTIONS and FUNCTIONS[name][0] == nargs:
-            return f"{name}({', '.join('{%d}' % i for i in range(nargs))})"
-        return None
-    module = getattr(func, "__module__", "") or ""
-    if name in ("where", "clip") and nargs == 3 and (module.startswith("numpy") or module.startswith("dask")):
-        return f"{name}({{0}}, {{1}}, {{2}})"
-    return None
-
 
 _NAME = re.compile(r"(?<![0-9.])\b[A-Za-z_][A-Za-z_0-9]*")
 
@@ -150,7 +110,7 @@ def _elementwise(layer: Any) -> tuple[str, list] | None:
     if isinstance(task.func, FusedChunk):
         template = _fused_template(task.func, len(operands))
     else:
-        template = _template(task.func, len(operands))
+        template = template_of(task.func, len(operands))
     return (template, operands) if template else None
 
 

@@ -38,7 +38,7 @@ import numpy as np
 from flowgpu.errors import KernelError
 
 __all__ = ["parse", "Expr", "Node", "Name", "Const", "BinOp", "UnaryOp", "Call", "FUNCTIONS", "Typing", "is_scalar",
-           "literal_text"]
+           "literal_text", "template_of"]
 
 # function name -> (number of arguments, family); the family tells the code generators how to type it
 FUNCTIONS: dict[str, tuple[int, str]] = {
@@ -61,6 +61,45 @@ BINARY_OPS = {
 COMPARE_OPS = {ast.Eq: "==", ast.NotEq: "!=", ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">="}
 UNARY_OPS = {ast.USub: "-", ast.UAdd: "+", ast.Invert: "~"}
 MAX_INT_BITS = 4096  # the largest Python int ``**`` of two ints may make (any dtype holds far less)
+
+
+_BINARY = {
+    operator.add: "+", operator.sub: "-", operator.mul: "*", operator.truediv: "/",
+    operator.floordiv: "//", operator.mod: "%", operator.pow: "**", operator.and_: "&",
+    operator.or_: "|", operator.xor: "^", operator.lt: "<", operator.le: "<=", operator.gt: ">",
+    operator.ge: ">=", operator.eq: "==", operator.ne: "!=",
+}
+_UNARY = {operator.neg: "-", operator.invert: "~", operator.pos: "+"}
+_UFUNC_BINARY = {
+    "add": "+", "subtract": "-", "multiply": "*", "true_divide": "/", "divide": "/", "floor_divide": "//",
+    "remainder": "%", "power": "**", "greater": ">", "greater_equal": ">=", "less": "<", "less_equal": "<=",
+    "equal": "==", "not_equal": "!=", "bitwise_and": "&", "bitwise_or": "|", "bitwise_xor": "^",
+}  # logical_and/or/xor/not are functions of the language: & | ^ ~ are bitwise on integers
+_UFUNC_UNARY = {"negative": "-", "invert": "~", "positive": "+"}
+
+
+def template_of(func: Any, nargs: int) -> str | None:
+    """A ``str.format`` template over ``{0}, {1}, ...`` for an elementwise ``func``, else None."""
+    if func in _BINARY and nargs == 2:
+        return "({0} %s {1})" % _BINARY[func]
+    if func in _UNARY and nargs == 1:
+        return "(%s{0})" % _UNARY[func]
+    if (func is abs or func is operator.abs) and nargs == 1:
+        return "abs({0})"
+    name = getattr(func, "__name__", None)
+    if isinstance(func, np.ufunc):
+        if name in _UFUNC_BINARY and nargs == 2:
+            return "({0} %s {1})" % _UFUNC_BINARY[name]
+        if name in _UFUNC_UNARY and nargs == 1:
+            return "(%s{0})" % _UFUNC_UNARY[name]
+        name = "abs" if name == "absolute" else name
+        if name in FUNCTIONS and FUNCTIONS[name][0] == nargs:
+            return f"{name}({', '.join('{%d}' % i for i in range(nargs))})"
+        return None
+    module = getattr(func, "__module__", "") or ""
+    if name in ("where", "clip") and nargs == 3 and (module.startswith("numpy") or module.startswith("dask")):
+        return f"{name}({{0}}, {{1}}, {{2}})"
+    return None
 
 
 def _pow(a: Any, b: Any) -> Any:

@@ -23,18 +23,17 @@ from collections.abc import Callable, Iterable, Iterator
 
 from flowgpu.errors import FlowgpuError, OutputError, OutputExistsError, OutputLockedError
 from flowgpu.io import faults
-from flowgpu.io.journal import (MARKER, STAGE_TAG, Output, Refused, Transaction, journals_in, marker_path, new_id,
+from flowgpu.io.journal import (MARKER, Output, Refused, Transaction, journals_in, marker_path, new_id,
                                 recover_journal, referenced_stages, remove, stage_dir, stages_in,
                                 written_by_flowgpu)
 from flowgpu.io.lock import (OutputLock, alive, describe, held, is_record, lock_path, locked_targets, owner,
                             read_head, read_record, remove_stale)
 from flowgpu.io.paths import resolve
 
-__all__ = ["MARKER", "TMP_TAG", "AtomicPath", "Refused", "atomic_output", "canonical", "check_writable", "clean",
+__all__ = ["MARKER", "AtomicPath", "Refused", "atomic_output", "canonical", "check_writable", "clean",
            "commit_together", "hold", "marker_path", "output_error", "protected_paths", "replaces_protected",
            "starts_with", "write_text", "written_by_flowgpu"]
 
-TMP_TAG = STAGE_TAG
 _FIXES = {
     errno.EROFS: "its filesystem is read-only: choose a path on a writable one",
     errno.ENOSPC: "its filesystem is full: free space there, or choose a path on another filesystem",

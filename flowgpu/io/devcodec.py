@@ -35,8 +35,7 @@ from typing import Any
 import numpy as np
 
 
-__all__ = ["MAX_CHUNK_BYTES", "ALIGN", "layout", "run_offsets", "DevicePlan", "Fallback", "Frame", "plan_codec", "frame_for",
-           "read_exact"]
+__all__ = ["MAX_CHUNK_BYTES", "ALIGN", "layout", "run_offsets", "DevicePlan", "Fallback", "Frame", "plan_codec", "frame_for"]
 
 MAX_U64 = 2**64 - 1
 MAX_CHUNK_BYTES = 16 << 20  # the largest chunk nvCOMP's batched zstd and LZ4 take (and decode well: one block each)
@@ -259,14 +258,3 @@ def run_offsets(block: tuple, chunk: tuple, coords: Any, lo: tuple, itemsize: in
     if (first < 0).any() or (first + np.asarray(chunk, np.int64) > np.asarray(block, np.int64)).any():
         return None  # a chunk runs past the block (the array's end cuts it)
     return np.ravel_multi_index(tuple(first.T), block).astype(np.int64) * itemsize
-
-
-def read_exact(fd: int, into: Any, offset: int, path: str) -> None:
-    """Fill the writable buffer ``into`` from ``fd`` at ``offset`` (``os.preadv``, no pageable copy)."""
-    view = memoryview(into).cast("B")
-    got = 0
-    while got < len(view):
-        n = os.preadv(fd, [view[got:]], offset + got)
-        if n <= 0:
-            raise OSError(f"{path}: file ended {len(view) - got} bytes early at offset {offset + got}")
-        got += n

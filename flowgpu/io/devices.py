@@ -11,7 +11,6 @@ CuPy or nvCOMP until a device works.
 from __future__ import annotations
 
 import gzip
-import os
 import struct
 import threading
 import zlib
@@ -21,8 +20,8 @@ import numpy as np
 
 from flowgpu.backend import import_cupy
 from flowgpu.io import nvcompc
-from flowgpu.io.devcodec import ALIGN, layout, read_exact
-from flowgpu.transfer.staging import file_rows_to_device
+from flowgpu.io.devcodec import ALIGN, layout
+from flowgpu.transfer.staging import file_rows_to_device, read_at
 
 __all__ = ["gather", "HostPending", "HostDevice", "CupyDevice", "KvikioDevice", "DEVICES", "device_for"]
 
@@ -86,13 +85,7 @@ class HostDevice:
     def read_host(self, path: str, offset: int, nbytes: int, out: np.ndarray | None = None) -> np.ndarray:
         """``nbytes`` of ``path`` at ``offset`` in host memory (``out``, or a new array): bytes to
         check before :meth:`upload` moves them to the device."""
-        out = np.empty(nbytes, np.uint8) if out is None else out
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            read_exact(fd, out, offset, path)
-        finally:
-            os.close(fd)
-        return out
+        return read_at(path, np.empty(nbytes, np.uint8) if out is None else out, offset)
 
     def upload(self, host: np.ndarray) -> Any:
         """The host bytes ``host`` on the device (keep ``host`` alive until :meth:`sync`)."""

@@ -23,8 +23,8 @@ import dask.array as da
 import numpy as np
 
 from flowgpu.arrays.chunks import resolve_chunks
-from flowgpu.arrays.movement import to_device
-from flowgpu.backend import current_backend, import_cupy
+from flowgpu.arrays.creation import from_reader
+from flowgpu.backend import import_cupy
 from flowgpu.errors import ConfigError, SourceError
 from flowgpu.io.paths import resolve
 from flowgpu.transfer.staging import file_rows_to_device, rows_to_device
@@ -217,12 +217,4 @@ def from_hdf5(path: str, dataset: str | None = None, chunks: Any = "auto") -> da
         name, stored = dset.name, dset.chunks
     chunks = resolve_chunks(chunks, shape, dtype, previous=stored)
     token = da.core.tokenize(path, name, os.path.getmtime(path), chunks, str(dtype))
-    reader = Hdf5Reader(path, name, shape, dtype)
-    if current_backend() == "cupy":  # straight to the device through pinned staging buffers
-        reader.device = True
-        meta = import_cupy().empty((0,) * reader.ndim, dtype)
-        return da.from_array(reader, chunks=chunks, asarray=False, meta=meta, name=f"from-hdf5-gpu-{token}")
-    # as npy's: the reads share one small reader task (a path and a name) and run on any worker
-    x = da.from_array(reader, chunks=chunks, asarray=False, meta=np.empty((0,) * reader.ndim, dtype),
-                      name=f"from-hdf5-{token}")
-    return to_device(x)
+    return from_reader(Hdf5Reader(path, name, shape, dtype), chunks, "hdf5", token)

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 
 from flowgpu.errors import OutputError
 from flowgpu.io import faults
-from flowgpu.io.lock import owner
+from flowgpu.io.lock import beside, listing, owner, read_open_record, read_record
 
 __all__ = ["MARKER", "STAGE_TAG", "Output", "Refused", "Transaction", "recover_journal", "journals_in", "stages_in",
            "marker_path", "written_by_flowgpu", "stage_dir", "new_id", "remove"]
@@ -75,19 +75,13 @@ def new_id() -> str:
 
 
 def stage_dir(target: str, id: str) -> str:
-    head, tail = os.path.split(target)
-    return os.path.join(head, f".{tail}{STAGE_TAG}{id}")
-
-
-def _beside(target: str) -> str:
-    head, tail = os.path.split(target)
-    return os.path.join(head, f".{tail}{MARKER}")
+    return beside(target, f"{STAGE_TAG}{id}")
 
 
 def marker_path(path: str) -> str:
     """Where the marker of ``path`` lives: beside it (``.NAME.flowgpu-output.json``), for files and
     directories alike, so a Zarr store holds only Zarr's own files."""
-    return _beside(path)
+    return beside(path, MARKER)
 
 
 def _legacy_marker(path: str) -> str:
@@ -160,7 +154,7 @@ class Output:
 
     def parts(self):
         """``(staged, aside, live)`` paths, in the order they move into place."""
-        for (staged, aside), live in zip(_PARTS, (_beside(self.path), self.path)):
+        for (staged, aside), live in zip(_PARTS, (marker_path(self.path), self.path)):
             yield os.path.join(self.stage, staged), os.path.join(self.stage, aside), live
 
     def staged_marker(self) -> str:
@@ -168,7 +162,7 @@ class Output:
 
     def ours(self, live: str) -> bool:
         """Whether ``live`` is this output's new data (or marker), moved into place by its run."""
-        return os.path.lexists(live) and _run_of(_beside(self.path)) == self.id
+        return os.path.lexists(live) and _run_of(marker_path(self.path)) == self.id
 
     def old_is_flowgpus(self) -> bool:
         if os.path.exists(os.path.join(self.stage, "old.marker")):
@@ -302,11 +296,7 @@ class Transaction:
                               "path, or pass --overwrite to replace it)")
 
     def _decide(self) -> None:
-        fd = os.open(_flag(self.journals), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        _write_durable(_flag(self.journals), "")
         _fsync_dir(os.path.dirname(self.journals[0]))
 
     def _move_in(self, o: Output) -> None:
@@ -326,14 +316,6 @@ class Transaction:
 
 def _journal_of(run: str, directory: str) -> str:
     return os.path.join(directory, f"{JOURNAL_TAG}{run}.json")
-
-
-def _read_json(fd: int, size: int):
-    """The JSON document in the open regular file ``fd`` (None when it is not one)."""
-    try:
-        return json.loads(os.pread(fd, min(size, _MOST) + 1, 0))
-    except (OSError, ValueError):
-        return None
 
 
 def _open_regular(path: str) -> tuple[int, os.stat_result]:
@@ -382,7 +364,7 @@ def _open_journal(path: str) -> tuple[int, list[Output], str]:
         raise _NotOurs("its name is not one flowgpu gives journals")
     fd, info = _open_regular(path)
     try:
-        data = _read_json(fd, info.st_size)
+        data = read_open_record(fd, _MOST + 1)
         try:
             if info.st_uid != os.geteuid():
                 raise _NotOurs(f"it belongs to another user (uid {info.st_uid})")
@@ -495,20 +477,12 @@ def _same(path: str, fd: int) -> bool:
 
 
 def journals_in(directory: str) -> list[str]:
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return []
-    return sorted(os.path.join(directory, n) for n in names if _JOURNAL.match(n))
+    return sorted(os.path.join(directory, n) for n in listing(directory) if _JOURNAL.match(n))
 
 
 def stages_in(directory: str) -> list[tuple[str, str]]:
     """``(staging dir, output path)`` of every path in ``directory`` named like a staging dir."""
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return []
-    found = ((n, _STAGE.match(n)) for n in sorted(names))
+    found = ((n, _STAGE.match(n)) for n in sorted(listing(directory)))
     return [(os.path.join(directory, n), os.path.join(directory, m["name"])) for n, m in found if m]
 
 
@@ -516,14 +490,7 @@ def referenced_stages(directory: str) -> set[str]:
     """Staging dirs named by journals still in ``directory`` (never removed as stale)."""
     out = set()
     for j in journals_in(directory):
-        try:
-            fd, info = _open_regular(j)
-        except (OSError, _NotOurs):
-            continue
-        try:
-            data = _read_json(fd, info.st_size)
-        finally:
-            os.close(fd)
+        data = read_record(j, _MOST + 1)  # a larger file is no journal flowgpu wrote: not JSON within it
         named = data.get("outputs") if isinstance(data, dict) else None
         for o in named if isinstance(named, list) else ():
             if isinstance(o, dict) and isinstance(o.get("path"), str) and isinstance(o.get("id"), str):

@@ -27,7 +27,7 @@ import psutil
 from flowgpu.errors import OutputError, OutputLockedError
 
 __all__ = ["OutputLock", "owner", "alive", "lock_path", "held", "describe", "locked_targets", "is_record",
-           "read_head", "read_record", "remove_stale"]
+           "read_head", "read_record", "read_open_record", "remove_stale", "beside", "listing"]
 
 LOCK_TAG = ".flowgpu-lock"
 _held = threading.local()  # target path -> OutputLock held by this thread
@@ -50,9 +50,10 @@ def is_record(record: object) -> bool:
     return isinstance(record, dict) and {"pid", "host", "start"} <= record.keys()
 
 
-def _read_record(fd: int) -> object:
+def read_open_record(fd: int, most: int = 4096) -> object:
+    """The JSON value of the first ``most`` bytes of the open file ``fd``, None when it holds none."""
     try:
-        return json.loads(os.pread(fd, 4096, 0) or b"null")
+        return json.loads(os.pread(fd, most, 0) or b"null")
     except (OSError, ValueError):
         return None
 
@@ -72,10 +73,10 @@ def read_head(path: str, nbytes: int) -> bytes | None:
         os.close(fd)
 
 
-def read_record(path: str) -> object:
-    """The JSON value of the first 4 KiB of ``path`` (a record), None when it holds none."""
+def read_record(path: str, most: int = 4096) -> object:
+    """The JSON value of the first ``most`` bytes of ``path`` (a record), None when it holds none."""
     try:
-        return json.loads(read_head(path, 4096) or b"null")
+        return json.loads(read_head(path, most) or b"null")
     except ValueError:
         return None
 
@@ -126,18 +127,27 @@ def describe(record: dict | None) -> str:
     return f"flowgpu run pid {record['pid']} on {record.get('host', '?')}"
 
 
+def beside(path: str, tag: str) -> str:
+    """The hidden file beside ``path`` that flowgpu names ``.NAME<tag>`` (lock, marker, staging dir)."""
+    head, tail = os.path.split(path)
+    return os.path.join(head, f".{tail}{tag}")
+
+
 def lock_path(target: str) -> str:
-    head, tail = os.path.split(target)
-    return os.path.join(head, f".{tail}{LOCK_TAG}")
+    return beside(target, LOCK_TAG)
+
+
+def listing(directory: str) -> list[str]:
+    """The names in ``directory``; none when it cannot be listed."""
+    try:
+        return os.listdir(directory)
+    except OSError:
+        return []
 
 
 def locked_targets(directory: str) -> list[str]:
     """The outputs in ``directory`` that have a lock file (held now, or left by a run that died)."""
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return []
-    return sorted(os.path.join(directory, n[1:-len(LOCK_TAG)]) for n in names
+    return sorted(os.path.join(directory, n[1:-len(LOCK_TAG)]) for n in listing(directory)
                   if n.startswith(".") and n.endswith(LOCK_TAG) and len(n) > len(LOCK_TAG) + 1)
 
 
@@ -160,7 +170,7 @@ class OutputLock:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise _NotOurs(self.path, "is not a regular file")
-        if info.st_size and not is_record(_read_record(fd)):
+        if info.st_size and not is_record(read_open_record(fd)):
             raise _NotOurs(self.path, "holds data that is not flowgpu's owner record")
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(owner()).encode(), 0)

@@ -10,8 +10,8 @@ import dask.array as da
 import numpy as np
 
 from flowgpu.arrays.chunks import resolve_chunks
-from flowgpu.arrays.movement import to_device, to_host
-from flowgpu.backend import current_backend, import_cupy
+from flowgpu.arrays.creation import from_reader
+from flowgpu.arrays.movement import to_host
 from flowgpu.errors import ConfigError
 from flowgpu.io.atomic import atomic_output
 from flowgpu.io.paths import resolve
@@ -84,17 +84,7 @@ def from_npy(path: str, chunks: Any = "auto") -> da.Array:
     except (ValueError, OSError) as e:
         raise ConfigError(f"{path!r} is not a readable .npy file: {e}") from None
     chunks = resolve_chunks(chunks, reader.shape, reader.dtype)
-    token = da.core.tokenize(reader.path, os.path.getmtime(path), chunks)
-    if current_backend() == "cupy":  # straight to the device through pinned staging buffers
-        reader.device = True
-        meta = import_cupy().empty((0,) * reader.ndim, reader.dtype)
-        return da.from_array(reader, chunks=chunks, asarray=False, meta=meta, name=f"from-npy-gpu-{token}")
-    # The reads share one small reader task (a path). inline_array=True would spread them over the
-    # workers without it, but the reads then run inside the next step's tasks, and the flowgpu page
-    # showed the input step with no tasks (and as failed when the next step failed): not done yet.
-    x = da.from_array(reader, chunks=chunks, asarray=False, meta=np.empty((0,) * reader.ndim, reader.dtype),
-                      name=f"from-npy-{token}")
-    return to_device(x)
+    return from_reader(reader, chunks, "npy", da.core.tokenize(reader.path, os.path.getmtime(path), chunks))
 
 
 def _allocate(path: str, dtype: Any, shape: tuple[int, ...]) -> None:

@@ -33,7 +33,7 @@ from flowgpu.io.npy import _allocate, _write_block
 from flowgpu.io.zarr import store_zarr
 from flowgpu.registry import Entry, Registry, options_model
 
-__all__ = ["PendingWrite", "commit_all", "hold_outputs", "register_sink", "get_sink", "sink_entry", "sink_names", "prepare_write",
+__all__ = ["PendingWrite", "commit_all", "hold_outputs", "register_sink", "sink_entry", "sink_names", "prepare_write",
            "check_destination", "SUMMARY_MAX_ELEMENTS", "COLLECTS", "to_summary_value", "SINKS", "DEFAULT_SINK"]
 
 SUMMARY_MAX_ELEMENTS = 10_000
@@ -101,10 +101,6 @@ def register_sink(name: str, prepare: Callable[..., PendingWrite], *, writes_pat
 def sink_entry(name: str) -> Entry:
     """The registry entry of sink ``name`` (unknown names suggest close ones)."""
     return SINKS.get(name)
-
-
-def get_sink(name: str) -> Callable[..., PendingWrite]:
-    return SINKS.get(name).func
 
 
 def sink_names() -> list[str]:

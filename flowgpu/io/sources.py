@@ -35,7 +35,7 @@ from flowgpu.io.tiff import from_tiff
 from flowgpu.io.zarr import from_zarr
 from flowgpu.registry import Entry, Options, Registry, checking_only, import_object, options_model
 
-__all__ = ["register_source", "get_source", "source_entry", "source_names", "open_source", "reads_files",
+__all__ = ["register_source", "source_entry", "source_names", "open_source", "reads_files",
            "calls_user_code", "SOURCES", "Chunks"]
 
 Chunks = Union[Literal["auto"], int, str, list[Union[int, Literal["auto"], list[int]]]]
@@ -79,10 +79,6 @@ def register_source(name: str, func: Callable[..., da.Array], *, reads_files: bo
 def source_entry(name: str) -> Entry:
     """The registry entry of source ``name`` (unknown names suggest close ones)."""
     return SOURCES.get(name)
-
-
-def get_source(name: str) -> Callable[..., da.Array]:
-    return SOURCES.get(name).func
 
 
 def source_names() -> list[str]:

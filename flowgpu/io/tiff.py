@@ -23,8 +23,7 @@ import numpy as np
 from dask.utils import parse_bytes
 
 from flowgpu.arrays.chunks import resolve_chunks
-from flowgpu.arrays.movement import to_device
-from flowgpu.backend import current_backend, import_cupy
+from flowgpu.arrays.creation import from_reader
 from flowgpu.errors import ConfigError, SourceError
 from flowgpu.io.hdf5 import block_slices
 from flowgpu.io.paths import expand, is_glob, resolve
@@ -229,11 +228,4 @@ def from_tiff(path: str, chunks: Any = "auto") -> da.Array:
     files, multipage, shape, dtype = _scan(path)
     chunks = _page_chunks(chunks, shape, dtype)
     token = da.core.tokenize(files, [os.path.getmtime(f) for f in files], chunks, str(dtype))
-    reader = TiffReader(tuple(files), multipage, shape, dtype)
-    if current_backend() == "cupy":
-        reader.device = True
-        meta = import_cupy().empty((0,) * len(shape), dtype)
-        return da.from_array(reader, chunks=chunks, asarray=False, meta=meta, name=f"from-tiff-gpu-{token}")
-    x = da.from_array(reader, chunks=chunks, asarray=False, meta=np.empty((0,) * len(shape), dtype),
-                      name=f"from-tiff-{token}")
-    return to_device(x)
+    return from_reader(TiffReader(tuple(files), multipage, shape, dtype), chunks, "tiff", token)

@@ -37,10 +37,11 @@ import numpy as np
 import zarr
 
 from flowgpu.io import nvcompc
-from flowgpu.io.devcodec import ALIGN, MAX_U64, DevicePlan, read_exact, run_offsets
+from flowgpu.io.devcodec import ALIGN, MAX_U64, DevicePlan, run_offsets
 from flowgpu.io.devices import device_for
 from flowgpu.io.paths import require_store
 from flowgpu.io.storage import COUNTERS
+from flowgpu.transfer.staging import read_at
 
 __all__ = ["DeviceReader", "ChunkRead", "Chunks", "UnitRead", "read_plan", "shard_index", "check_crc32c"]
 
@@ -94,12 +95,7 @@ def shard_index(plan: DevicePlan, path: str, size: int) -> np.ndarray:
     at = size - n if plan.index_at_end else 0
     if at < 0:
         raise OSError(f"{path}: {size} bytes, too short for its shard index of {n}")
-    raw = bytearray(n)
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        read_exact(fd, raw, at, path)
-    finally:
-        os.close(fd)
+    raw = read_at(path, bytearray(n), at)
     body, crc = bytes(raw[:-4]), int(np.frombuffer(bytes(raw[-4:]), "<u4")[0])
     if google_crc32c.value(body) != crc:
         raise OSError(f"{path}: shard index checksum mismatch (the file is damaged)")

@@ -18,7 +18,7 @@ Each key lives in exactly one tier; the store keeps that index and checks it in 
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Callable, Iterator, Protocol, runtime_checkable
+from typing import Any, Iterator, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -57,17 +57,17 @@ def _nothing(value: Any) -> int:
 
 
 class LRUTier:
-    """Values in memory, least recently used first; ``nbytes`` sums ``sizeof(value)``.
+    """Values in memory, least recently used first; ``nbytes`` sums their ``nbytes``.
 
     Parameters
     ----------
     name : what the store and its stats call it.
-    sizeof : bytes a value counts for (``value.nbytes`` by default; ``counted=False``: none).
+    counted : False for values that count no bytes (what the store holds outside memory accounting).
     """
 
-    def __init__(self, name: str, sizeof: Callable[[Any], int] = _nbytes, counted: bool = True):
+    def __init__(self, name: str, counted: bool = True):
         self.name = name
-        self._sizeof = sizeof if counted else _nothing
+        self._sizeof = _nbytes if counted else _nothing
         self._items: OrderedDict[Any, Any] = OrderedDict()
         self.nbytes = 0
 
@@ -141,10 +141,6 @@ class HostEntry:
         return (self.pending is not None and not self.pending.done()) or (self.up is not None and not self.up.done())
 
 
-def _entry_nbytes(entry: HostEntry) -> int:
-    return entry.nbytes
-
-
 class HostTier(LRUTier):
     """Host-memory chunks (:class:`HostEntry`), least recently used first, plus clean copies.
 
@@ -155,7 +151,7 @@ class HostTier(LRUTier):
     """
 
     def __init__(self, pool: PinnedPool):
-        super().__init__("host", sizeof=_entry_nbytes)
+        super().__init__("host")
         self.pool = pool
         self._clean: OrderedDict[Any, HostEntry] = OrderedDict()
         self.orphans: list[HostEntry] = []  # released while a copy still used their buffer
@@ -199,13 +195,6 @@ class HostTier(LRUTier):
 
     def reap(self) -> None:
         """Give back the buffers of released entries whose copies have finished."""
-        if not self.orphans:
-            return
-        busy = []
-        for entry in self.orphans:
-            if entry.busy():
-                busy.append(entry)
-            else:
-                self.pool.give(entry.buf)
-                entry.buf = None
-        self.orphans = busy
+        orphans, self.orphans = self.orphans, []
+        for entry in orphans:
+            self.release(entry)  # still busy: an orphan again

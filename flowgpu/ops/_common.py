@@ -9,7 +9,8 @@ from typing import Any
 import dask.array as da
 import numpy as np
 
-from flowgpu.backend import empty_meta, import_cupy, is_cupy
+from flowgpu.arrays.movement import to_cupy
+from flowgpu.backend import empty_meta, is_cupy
 from flowgpu.errors import OpError
 from flowgpu.ops.registry import register
 from flowgpu.ops.signature import Array, checked
@@ -35,13 +36,6 @@ def on_gpu(x: Any) -> bool:
     return is_cupy(x._meta) if isinstance(x, da.Array) else is_cupy(x)
 
 
-def _to_cupy_block(block):
-    return import_cupy().asarray(block)
-
-
-_to_cupy_block.moves_to_device = True  # its result is on the device (flowgpu.fusion.device)
-
-
 def as_dask(x: Any) -> da.Array:
     """A dask array for ``x``: dask arrays pass through, NumPy/CuPy arrays become one-chunk arrays."""
     if isinstance(x, da.Array):
@@ -60,13 +54,7 @@ def same_backend(*xs: Any) -> list[Any]:
           for x in xs]
     if not any(isinstance(x, da.Array) and on_gpu(x) for x in xs):
         return xs
-    cp = import_cupy()
-    out = []
-    for x in xs:
-        if isinstance(x, da.Array) and not on_gpu(x):
-            x = x.map_blocks(_to_cupy_block, dtype=x.dtype, meta=cp.empty((0,) * x.ndim, dtype=x.dtype))
-        out.append(x)
-    return out
+    return [to_cupy(x) if isinstance(x, da.Array) else x for x in xs]  # through pinned staging
 
 
 def meta_like(x: da.Array, dtype: Any = None, ndim: int | None = None):

@@ -31,7 +31,7 @@ from flowgpu.backend import import_cupy
 from flowgpu.transfer.pinned import PinnedPool, shared_executor
 
 __all__ = ["host_to_device", "to_device_staged", "file_rows_to_device", "rows_to_device", "plan_slices",
-           "staging_pool", "STAGING_BYTES", "STAGE_MIN"]
+           "staging_pool", "read_exact", "read_at", "STAGING_BYTES", "STAGE_MIN"]
 
 STAGING_BYTES = 64 << 20  # per staging buffer
 STAGE_MIN = 4 << 20  # smaller blocks go straight through cupy.asarray (staging costs a sync per slice)
@@ -66,6 +66,27 @@ def plan_slices(shape: tuple, itemsize: int, budget: int = STAGING_BYTES) -> lis
     row_bytes = int(np.prod(shape[1:], dtype=np.int64)) * itemsize
     step = max(1, budget // max(row_bytes, 1))
     return [(r, min(r + step, rows)) for r in range(0, rows, step)] or [(0, 0)]
+
+
+def read_exact(fd: int, into: Any, offset: int, path: str) -> None:
+    """Fill the writable buffer ``into`` from ``fd`` at ``offset`` (``os.preadv``, no pageable copy)."""
+    view = memoryview(into).cast("B")
+    got = 0
+    while got < len(view):
+        n = os.preadv(fd, [view[got:]], offset + got)
+        if n <= 0:
+            raise OSError(f"{path}: file ended {len(view) - got} bytes early at offset {offset + got}")
+        got += n
+
+
+def read_at(path: str, into: Any, offset: int) -> Any:
+    """:func:`read_exact` from the file at ``path``; returns ``into``."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        read_exact(fd, into, offset, path)
+    finally:
+        os.close(fd)
+    return into
 
 
 def host_to_device(block: Any):
@@ -125,15 +146,8 @@ def file_rows_to_device(path: str, offset: int, shape: tuple, dtype: Any, slice_
                       f"offset {offset}, the file has {size}")
     fd = os.open(path, os.O_RDONLY)
     try:
-        def fill(staged: np.ndarray, a: int, b: int) -> None:
-            want = (b - a) * row_bytes
-            view = memoryview(staged.reshape(-1).view(np.uint8))
-            got = 0
-            while got < want:
-                n = os.preadv(fd, [view[got:want]], offset + a * row_bytes + got)
-                if n <= 0:
-                    raise OSError(f"{path}: file ended {want - got} bytes early at offset {offset + a * row_bytes + got}")
-                got += n
+        def fill(staged: np.ndarray, a: int, b: int) -> None:  # staged: rows [a, b), C-contiguous
+            read_exact(fd, staged.reshape(-1).view(np.uint8), offset + a * row_bytes, path)
 
         return _staged(tuple(shape), dtype, flat, fill, budget or slice_bytes, pool)
     finally:

@@ -110,6 +110,16 @@ class CupyTransfer:
             s = self._local.h2d = self._cp.cuda.Stream(non_blocking=True)
         return s
 
+    def _copy(self, stream: Any, dst: int, src: int, nbytes: int, kind: int) -> tuple[Any, Any]:
+        """Enqueue a copy of ``nbytes`` from address ``src`` to ``dst`` on ``stream`` between two
+        CUDA events: ``(start, done)``."""
+        start, done = self._cp.cuda.Event(disable_timing=False), self._cp.cuda.Event(disable_timing=False)
+        start.record(stream)
+        if nbytes:
+            self._cp.cuda.runtime.memcpyAsync(dst, src, nbytes, kind, stream.ptr)
+        done.record(stream)
+        return start, done
+
     @staticmethod
     def is_device(value: Any) -> bool:
         return is_cupy(value) and hasattr(value, "data") and hasattr(value, "nbytes")
@@ -126,13 +136,7 @@ class CupyTransfer:
             if not (value.flags.c_contiguous or value.flags.f_contiguous):
                 with self._d2h:
                     src = cp.ascontiguousarray(value)
-            start = cp.cuda.Event(disable_timing=False)
-            done = cp.cuda.Event(disable_timing=False)
-            start.record(self._d2h)
-            if meta.nbytes:
-                cp.cuda.runtime.memcpyAsync(buf.ptr, src.data.ptr, meta.nbytes,
-                                            cp.cuda.runtime.memcpyDeviceToHost, self._d2h.ptr)
-            done.record(self._d2h)
+            start, done = self._copy(self._d2h, buf.ptr, src.data.ptr, meta.nbytes, cp.cuda.runtime.memcpyDeviceToHost)
         return PendingCopy(src, done, start)
 
     def to_device_async(self, host: np.ndarray, meta: ArrayMeta, pinned: bool) -> tuple[Any, PendingCopy]:
@@ -153,13 +157,8 @@ class CupyTransfer:
         with cp.cuda.Device(self.device_id):
             with stream:
                 out = cp.empty(meta.shape, dtype=meta.dtype, order=meta.order)
-                start = cp.cuda.Event(disable_timing=False)
-                done = cp.cuda.Event(disable_timing=False)
-                start.record(stream)
-                if meta.nbytes:
-                    cp.cuda.runtime.memcpyAsync(out.data.ptr, host.ctypes.data, meta.nbytes,
-                                                cp.cuda.runtime.memcpyHostToDevice, stream.ptr)
-                done.record(stream)
+                start, done = self._copy(stream, out.data.ptr, host.ctypes.data, meta.nbytes,
+                                         cp.cuda.runtime.memcpyHostToDevice)
             with self._up_lock:
                 self._last_up[stream.ptr] = done
             cp.cuda.get_current_stream().wait_event(done)
@@ -188,16 +187,11 @@ class CupyTransfer:
         """
         cp = self._cp
         stream = self._h2d_stream()
+        if not pinned:
+            host = np.ascontiguousarray(host) if meta.order == "C" else np.asfortranarray(host)
         with cp.cuda.Device(self.device_id), stream:
             out = cp.empty(meta.shape, dtype=meta.dtype, order=meta.order)
-            start = cp.cuda.Event(disable_timing=False)
-            done = cp.cuda.Event(disable_timing=False)
-            start.record(stream)
-            if meta.nbytes:
-                if not pinned:
-                    host = np.ascontiguousarray(host) if meta.order == "C" else np.asfortranarray(host)
-                cp.cuda.runtime.memcpyAsync(out.data.ptr, host.ctypes.data, meta.nbytes,
-                                            cp.cuda.runtime.memcpyHostToDevice, stream.ptr)
-            done.record(stream)
+            start, done = self._copy(stream, out.data.ptr, host.ctypes.data, meta.nbytes,
+                                     cp.cuda.runtime.memcpyHostToDevice)
             done.synchronize()
         return out, float(cp.cuda.get_elapsed_time(start, done)) / 1e3

@@ -22,7 +22,7 @@ def test_synthetic_sources_match_flowgpu_arrays():
 
 def test_unknown_source_and_bad_callable():
     with pytest.raises(ConfigError, match="unknown source 'nope'"):
-        sources.get_source("nope")
+        sources.open_source("nope")
     with pytest.raises(ImportPathError, match="callable .no_such_module_xyz:f.: no module named .no_such_module_xyz."):
         sources.open_source("python", callable="no_such_module_xyz:f")
     with pytest.raises(ConfigError, match="does not take arguments"):
