@@ -200,6 +200,7 @@ def _run(spec: Spec, items: list[Item], session: runtime.RunSession | str | None
             judge(jobs, store, force, checksum)
             console.print(f"{escape(spec.name)}: {escape(line(jobs))}", highlight=False)
         memory = None
+        afters: list = []  # the accounting after a plain run, asked for as soon as its results are back
         try:
             if any(job.todo for job in jobs):
                 if session is None:  # the plans were built for this machine: compiled again if its workers differ
@@ -207,11 +208,15 @@ def _run(spec: Spec, items: list[Item], session: runtime.RunSession | str | None
                 if on_session is not None:
                     on_session(session)
                 memory = early or _memory_soon(session)  # the workers answer while the items compile
-                afters: list = []  # asked for as soon as a plain run's results are back: answered while it commits
+
+                def computed() -> None:  # answered while the run commits
+                    if memory() is not None:
+                        afters.append(_memory_soon(session))
+
                 try:
                     execute(jobs, session, overwrite=overwrite, keep_going=keep_going, console=console,
                             progress=progress, cache=store, report=bool(report), memory=memory,
-                            computed=lambda: afters.append(_memory_soon(session)) if memory() is not None else None)
+                            computed=None if batch else computed)
                 except BaseException:
                     if batch:  # what a failed batch's --summary says
                         state.summary = _batch_result(spec, jobs, session, started).summary
