@@ -5,9 +5,11 @@ per run dominates, for each workload: the median of ``--repeats`` runs of ``fg.f
 and of ``pipeline.run(spec, session=s, force=True)`` on the same in-memory array, in turn (what the suite's
 YAML column does, ``force``: every run computes, as the Python API does; the cache lives in a
 temporary folder). Then the runner's time per run by section (perf_counter around its steps,
-inclusive: a section's time holds the sections it calls) and the blocking calls to the cluster
-each makes (the round trips a loaded machine makes slow), and with ``--profile`` the top of a
-cProfile of the YAML runs. Last, the check: YAML / Python per workload against the target 1.1x.
+inclusive: a section's time holds the sections it calls; the workers' memory accounting is asked
+for on threads of its own, so beside the calls' time comes what the run waits for their answers)
+and the blocking calls to the cluster each makes (the round trips a loaded machine makes slow),
+and with ``--profile`` the top of a cProfile of the YAML runs. Last, the check: YAML / Python per
+workload against the target 1.1x.
 
     python -m benchmarks.probes.yaml_cost --cpu [--local] [--repeats 15] [--profile 30]
 """
@@ -57,9 +59,13 @@ SECTIONS = (
     ("  compute (local)", batch, "_run_local"),
     ("    commit + cache record", batch, "_commit"),
     ("session.memory_summary (all calls)", session_module.Session, "memory_summary"),
+    ("  the run waits for their answers", None, None),
     ("session options", checks, "session_options"),
     ("summary", runner, "_single_result"),
 )
+
+
+WAITED = "  the run waits for their answers"  # the main thread's waits (the calls run on threads of their own)
 
 
 def chain_sum(x):
@@ -94,7 +100,7 @@ def sections():
     spent: dict[str, float] = defaultdict(float)
     undo = []
     for label, owner, attr in SECTIONS:
-        original = owner.__dict__.get(attr)
+        original = owner.__dict__.get(attr) if owner is not None else None
         if original is None:
             continue
 
@@ -107,6 +113,23 @@ def sections():
 
         setattr(owner, attr, functools.wraps(original)(timed))
         undo.append((owner, attr, original))
+    soon = runner.__dict__.get("_memory_soon")
+    if soon is not None:  # what the run waits for the workers' memory accounting it asked for on a thread
+
+        def asked(session, _soon=soon):
+            answer = _soon(session)
+
+            def waited():
+                t0 = time.perf_counter()
+                try:
+                    return answer()
+                finally:
+                    if threading.current_thread() is threading.main_thread():
+                        spent[WAITED] += time.perf_counter() - t0
+            return waited
+
+        runner._memory_soon = asked
+        undo.append((runner, "_memory_soon", soon))
     try:
         yield spent
     finally:

@@ -103,10 +103,14 @@ def starts_with(path: str, head: bytes) -> bool:
     return read_head(path, len(head)) == head
 
 
-def write_text(path: str | os.PathLike, text: str, *, head: bytes | None = None, what: str = "") -> None:
+def write_text(path: str | os.PathLike, text: str, *, head: bytes | None = None, what: str = "",
+               sync: bool = True) -> None:
     """Write ``text`` at ``path`` atomically: a temporary file beside it (0600), synced, then renamed
     over it. With ``head`` (a run's ``--summary``/``--report`` without ``--overwrite``), refuse to
-    replace a file that does not begin with it: one that is not a ``what`` flowgpu wrote."""
+    replace a file that does not begin with it: one that is not a ``what`` flowgpu wrote.
+    ``sync=False`` skips the sync (a disk that others keep busy can take 10 ms for it): for a file
+    whose reader checks it and treats a damaged one as missing, such as a cache entry, since a crash
+    can then leave it empty or torn but never half-renamed."""
     path = os.fspath(path)
     if head is not None and os.path.lexists(path) and not starts_with(path, head):
         raise OutputExistsError(f"{path!r} already exists and is not a {what} flowgpu wrote; choose another "
@@ -117,8 +121,9 @@ def write_text(path: str | os.PathLike, text: str, *, head: bytes | None = None,
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
+            if sync:
+                f.flush()
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):

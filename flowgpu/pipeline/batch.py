@@ -205,7 +205,8 @@ def _run_local(jobs: list[Job], session: RunSession, cache: Any, bars: BatchBars
             return
 
 
-def _run_distributed(jobs: list[Job], session: RunSession, cache: Any, bars: BatchBars, keep_going: bool) -> None:
+def _run_distributed(jobs: list[Job], session: RunSession, cache: Any, bars: BatchBars, keep_going: bool,
+                     computed: Callable[[], Any] | None = None) -> None:
     """Every item submitted at once; each committed as soon as its last future is done."""
     client = session.client
     started = time.perf_counter()
@@ -221,7 +222,7 @@ def _run_distributed(jobs: list[Job], session: RunSession, cache: Any, bars: Bat
         left[id(job)] = len(job.futures)
     try:
         if len(jobs) == 1:  # a plain run: waited for and gathered in one call, as compute() does
-            _gather_one(client, jobs[0], session, cache, bars, started)
+            _gather_one(client, jobs[0], session, cache, bars, started, computed)
             return
         for future in as_completed([f for job in jobs for f in job.futures]):
             job = owner[id(future)]
@@ -252,15 +253,18 @@ def _run_distributed(jobs: list[Job], session: RunSession, cache: Any, bars: Bat
             job.abort()
 
 
-def _gather_one(client: Any, job: Job, session: RunSession, cache: Any, bars: BatchBars, started: float) -> None:
+def _gather_one(client: Any, job: Job, session: RunSession, cache: Any, bars: BatchBars, started: float,
+                computed: Callable[[], Any] | None = None) -> None:
     """Wait for ``job``'s futures and fetch their results in one round trip (the first failure ends
-    the wait), then commit or fail it."""
+    the wait), then (``computed()`` first, when all came back) commit or fail it."""
     try:
         results, error = client.gather(job.futures), None
     except CancelledError:  # distributed's FutureCancelledError
         results, error = None, RunError(f"pipeline {job.name!r} was cancelled: cancelled")
     except Exception as e:  # noqa: BLE001 - the item fails; said in its words
         results, error = None, e
+    if error is None and computed is not None:
+        computed()
     if error is not None:
         _settled(job)
     _settle(job, error, session, results, cache, bars, started)
@@ -288,12 +292,15 @@ def _cancel(client: Any, job: Job) -> None:
 
 
 def execute(jobs: list[Job], session: RunSession, *, overwrite: bool = False, keep_going: bool = False,
-            console: Console | None = None, progress: bool = True, cache: Any = None, report: bool = False, memory: Callable[[], Any] | None = None) -> None:
+            console: Console | None = None, progress: bool = True, cache: Any = None, report: bool = False, memory: Callable[[], Any] | None = None,
+            computed: Callable[[], Any] | None = None) -> None:
     """Compute the ``todo`` outputs of every job on ``session`` and commit each job's outputs when all
     are done; sets each job's ``status``, ``values`` and ``error``. Without ``keep_going`` the first
     failure cancels the rest and is raised; with it, every failure stays in its job. ``memory``: a function that
     gives the session's ``memory_summary()`` the caller asked for just before (the spill watch starts
-    from it), so the workers need not be asked again."""
+    from it), so the workers need not be asked again. ``computed``: called as soon as a plain run's
+    results are back on a Session, before they are committed (the run asks the workers for their
+    memory accounting after it then, and they answer while it commits)."""
     bars = BatchBars(console, show=progress)
     batch = uuid.uuid4().hex  # the page's id of this batch
     work = [job for job in jobs if job.todo]
@@ -318,7 +325,7 @@ def execute(jobs: list[Job], session: RunSession, *, overwrite: bool = False, ke
             baseline = ASK if memory is None else memory()
             with watch_spill(session, baseline=baseline) as watch:  # a spill directory that fills during the run stops it
                 if getattr(session, "client", None) is not None:
-                    _run_distributed(ready, session, cache, bars, keep_going)
+                    _run_distributed(ready, session, cache, bars, keep_going, computed)
                 else:
                     _run_local(ready, session, cache, bars, keep_going)
             if watch.error is not None:

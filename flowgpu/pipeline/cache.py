@@ -37,9 +37,9 @@ import numpy as np
 from flowgpu import __version__, config
 from flowgpu.diagnostics import jsontext
 from flowgpu.io import sinks
+from flowgpu.io import atomic
 from flowgpu.io.atomic import written_by_flowgpu
 from flowgpu.pipeline.compiler import Plan
-from flowgpu.pipeline.outcome import write_json
 from flowgpu.pipeline.recipe import Recipe, fingerprint, same_fingerprint
 
 __all__ = ["Cache", "Verdict", "entry_checksum", "summarize"]
@@ -385,14 +385,21 @@ class Cache:
                 return
         entry["checksum"] = entry_checksum(entry)
         most = _most_bytes(None if path_output is not None else plan.outputs[name])
-        if len(jsontext.dumps(entry, indent=2)) > most:
+        try:
+            text = jsontext.dumps(entry, indent=2)
+        except (TypeError, ValueError) as e:
+            self._warn("write", e)
+            return
+        if len(text) > most:
             print(f"flowgpu: the cache entry of output {name!r} would hold more than {most:,} bytes, so it is not "
                   "cached; the next run computes it again", file=sys.stderr, flush=True)
             return
         try:
             os.makedirs(self.directory, exist_ok=True)
-            write_json(self.path(plan, name, item), entry)
-        except (OSError, TypeError, ValueError) as e:
+            # not synced: an entry a crash left empty or torn fails its checks when read, so the output
+            # is computed again (as for a missing entry), and the sync cost every run up to 10 ms
+            atomic.write_text(self.path(plan, name, item), text, sync=False)
+        except OSError as e:
             self._warn("write", e)
 
 

@@ -186,8 +186,10 @@ def _run(spec: Spec, items: list[Item], session: runtime.RunSession | str | None
         session = runtime.current_session()
     # on an open session where every output will be computed, python sources are called now, once;
     # otherwise they stand in until an item is known to run (batch._prepare calls them then)
+    every = session is not None and (force or not cache)
+    early = _memory_soon(session) if every else None  # the workers answer while the items compile
     plans = plan_items(items, overwrite, params_file, session.facts if session is not None else None,
-                       for_run=session is not None and (force or not cache))
+                       for_run=every)
     jobs = [Job(item, plan, list(plan.outputs)) for item, plan in zip(items, plans)]
     state.plan, state.jobs = plans[0], jobs
     own = None
@@ -198,17 +200,23 @@ def _run(spec: Spec, items: list[Item], session: runtime.RunSession | str | None
             judge(jobs, store, force, checksum)
             console.print(f"{escape(spec.name)}: {escape(line(jobs))}", highlight=False)
         memory = None
+        afters: list = []  # the accounting after a plain run, asked for as soon as its results are back
         try:
             if any(job.todo for job in jobs):
                 if session is None:  # the plans were built for this machine: compiled again if its workers differ
                     own = session = _start_session(items[0].spec, cluster, allow_spec_address, console)
                 if on_session is not None:
                     on_session(session)
-                memory = _memory_soon(session)  # the workers answer while the items compile
+                memory = early or _memory_soon(session)  # the workers answer while the items compile
+
+                def computed() -> None:  # answered while the run commits
+                    if memory() is not None:
+                        afters.append(_memory_soon(session))
+
                 try:
                     execute(jobs, session, overwrite=overwrite, keep_going=keep_going, console=console,
-                            progress=progress, cache=store, report=bool(report),
-                            memory=memory)
+                            progress=progress, cache=store, report=bool(report), memory=memory,
+                            computed=None if batch else computed)
                 except BaseException:
                     if batch:  # what a failed batch's --summary says
                         state.summary = _batch_result(spec, jobs, session, started).summary
@@ -219,7 +227,8 @@ def _run(spec: Spec, items: list[Item], session: runtime.RunSession | str | None
                         _write_report(report, spec, jobs, session, started, batch, overwrite)
             for said in tables.write_tables(jobs, overwrite):  # every item's row, computed now or up to date
                 console.print(said, markup=False, highlight=False, soft_wrap=True)
-            after = _memory_soon(session) if memory is not None and memory() is not None and not batch else None
+            after = (afters[0] if afters else _memory_soon(session)) \
+                if memory is not None and memory() is not None and not batch else None
             result = _batch_result(spec, jobs, session, started) if batch else _single_result(jobs[0], session, started)
             if report and not any(job.todo for job in jobs):  # all up to date: the report says so
                 _write_report(report, spec, jobs, session, started, batch, overwrite)

@@ -1,10 +1,12 @@
-"""``check_memory``: a plan refused before it runs when one task or its largest array cannot fit the
-workers (their probe results stand in for a session here), with the numbers, the input or step, and
-where it is in the spec."""
+"""The tasks a plan counts, and ``check_memory``: a plan refused before it runs when one task or its
+largest array cannot fit the workers (their probe results stand in for a session here), with the
+numbers, the input or step, and where it is in the spec."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
+from dask.highlevelgraph import HighLevelGraph
 
 from flowgpu import pipeline
 from flowgpu.errors import SpecError
@@ -63,3 +65,30 @@ def test_gpu_workers_count_their_host_memory_as_room():
     smaller = {k: {**w, "memory_limit": 6 * MiB} for k, w in workers.items()}
     with pytest.raises(SpecError, match="12.00 MiB of host memory"):
         check_memory(plan, smaller, threads=1, budget=8 * MiB)
+
+
+def test_tasks_counted_are_the_keys_of_the_graph_that_runs(rng):
+    """``tasks`` in ``flowgpu plan`` and in a run's summary (and each step's row) are the keys of the
+    outputs' graph, counted from its layers without building them; outputs sharing steps count them once."""
+    seed = int(rng.integers(1 << 30))
+    spec = {"version": 1, "name": "count",
+            "inputs": {"x": {"source": "random", "shape": [60, 40], "chunks": [15, 20], "seed": seed}},
+            "steps": {"xt": {"op": "transpose", "inputs": ["x"]},
+                      "y": {"op": "expr", "inputs": {"a": "x"}, "args": {"expression": "(a * 2 + 1) ** 2"}},
+                      "m": {"op": "mean", "inputs": ["y"], "args": {"axis": 0}},
+                      "s": {"op": "sum", "inputs": ["xt"], "args": {"axis": 1}},
+                      "both": {"op": "add", "inputs": ["m", "s"]}},
+            "outputs": {"both": {"from": "both"}, "m": {"from": "m"}}}
+    plan = pipeline.compile(spec)
+    keys = HighLevelGraph.merge(*(x.__dask_graph__() for x in plan.outputs.values())).to_dict()
+    desc = pipeline.describe(plan)
+    assert desc["tasks"] == len(keys) > 0
+    rows = {r["name"]: r for r in desc["steps"]}
+    for name in ("xt", "m", "s", "both"):
+        own = set(plan.arrays[name].__dask_graph__().to_dict())
+        before = set().union(*(plan.arrays[d].__dask_graph__().to_dict() for d in plan.nodes[name].deps))
+        assert rows[name]["tasks"] == len(own - before) > 0, name
+    result = pipeline.run(spec, session="local", progress=False, cache=False)
+    assert result.summary["tasks"] == len(keys)
+    x = plan.arrays["x"].compute()
+    np.testing.assert_allclose(result.outputs["both"], ((x * 2 + 1) ** 2).mean(axis=0) + x.T.sum(axis=1), rtol=1e-10)
