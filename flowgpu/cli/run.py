@@ -121,11 +121,12 @@ def run(spec: str, sets: tuple[str, ...], params_file: str | None, scheduler: st
         console.print(f"[bold]flowgpu[/] running {escape(spec)} on {session.backend} "
                       f"({session.n_workers} worker(s)); dashboard: {link or 'off'}")
 
-    result = pipeline.run(spec, overrides=overrides, params_file=params_file, overwrite=overwrite,
-                          summary_path=summary_path, cluster=cluster, console=console if not quiet else None,
-                          progress=not quiet, on_session=announce, allow_spec_address=allow_spec_address,
-                          wait=not no_wait, foreach=batch, keep_going=keep_going, force=force, checksum=checksum,
-                          cache=not no_cache, report=report)
+    config = pipeline.RunConfig(overrides=overrides, params_file=params_file, overwrite=overwrite,
+                                summary_path=summary_path, cluster=cluster, console=console if not quiet else None,
+                                progress=not quiet, on_session=announce, allow_spec_address=allow_spec_address,
+                                wait=not no_wait, foreach=batch, keep_going=keep_going, force=force,
+                                checksum=checksum, cache=not no_cache, report=report)
+    result = pipeline.run(spec, config)
     _results(result.summary, as_json, render_batch if isinstance(result, pipeline.BatchResult) else render_summary)
     if result.summary["status"] != "ok":
         sys.exit(EXIT_FAILED)

@@ -1,7 +1,8 @@
 """The client side of the flowgpu dashboard page: install it, and tell it what a run is doing.
 
 ``run = monitor.follow(plan, session, description)`` ... ``run.finish("ok")`` around a run's
-compute (or each item of a batch in flight together) publishes the run's step graph and which Dask layer belongs to which step (from the graph the compiler built:
+compute (or each item of a batch in flight together; a pipeline run's :class:`Follower` does both from
+the run's events) publishes the run's step graph and which Dask layer belongs to which step (from the graph the compiler built:
 each plan node's lazy array and its HighLevelGraph layers) to the scheduler's
 :class:`~flowgpu.diagnostics.dashboard.DashboardPlugin`, and at the end whether the run succeeded.
 ``run.view()`` is what the page shows about it (the run report reads it). Without a distributed
@@ -18,8 +19,9 @@ from urllib.parse import urlsplit
 
 from flowgpu.diagnostics import stepgraph
 from flowgpu.diagnostics.dashboard import PAGE, PLUGIN_NAME, DashboardPlugin
+from flowgpu.diagnostics.events import Event, ItemFinished, ItemStarted, SessionReady
 
-__all__ = ["install", "page_link", "step_layers", "follow", "Tracked"]
+__all__ = ["install", "page_link", "step_layers", "follow", "Follower", "Tracked"]
 
 logger = logging.getLogger("flowgpu.dashboard")
 _TIMEOUT = 10.0  # seconds for one call to the scheduler's board
@@ -188,3 +190,29 @@ def follow(plan: Any, session: Any, description: Any, item: str | None = None, b
         return Tracked(description=description, report=report)
     return tracked
 
+
+
+class Follower:
+    """A run's subscriber (:mod:`flowgpu.diagnostics.events`): the page follows each item from its
+    start to its end, one row per item of a batch; not where no dashboard can show it and no
+    ``report`` needs what the page records (:meth:`report_data`)."""
+
+    def __init__(self, report: bool = False):
+        self.report, self.batch, self.session = report, uuid.uuid4().hex, None
+        self.tracked: dict[int, Tracked] = {}  # item index -> its run on the page
+
+    def __call__(self, event: Event) -> None:
+        if isinstance(event, SessionReady):
+            self.session = event.session
+        elif isinstance(event, ItemStarted) and (self.report or self.session.may_serve_dashboard):
+            self.tracked[event.index] = follow(event.plan, self.session, event.describe, item=event.label,
+                                               batch=self.batch, targets=event.targets, report=self.report,
+                                               states={f"out:{n}": "up-to-date" for n in event.cached})
+        elif isinstance(event, ItemFinished) and event.index in self.tracked:
+            o = event.outcome
+            self.tracked[event.index].finish("ok" if o.status == "ok" else "failed", str(o.error) if o.error else o.status)
+
+    def report_data(self, index: int) -> dict | None:
+        """What the run report shows of item ``index`` (None: not followed, e.g. up to date)."""
+        tracked = self.tracked.get(index)
+        return tracked.report_data() if tracked is not None else None

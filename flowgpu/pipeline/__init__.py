@@ -18,6 +18,7 @@ from flowgpu.pipeline.build import from_dict, load
 from flowgpu.pipeline.builder import Pipeline, Ref
 from flowgpu.pipeline.compiler import Plan, compile
 from flowgpu.pipeline.planning import describe
+from flowgpu.pipeline.runconfig import RunConfig
 from flowgpu.pipeline.runner import BatchResult, RunResult, check_outputs, run, session_options
 from flowgpu.pipeline.spec import Spec, json_schema
 from flowgpu.pipeline.foreach import expand
@@ -26,7 +27,7 @@ from flowgpu.pipeline.tables import check_items
 from flowgpu.pipeline.status import status as _status
 from flowgpu.registry import checking_only, recording_imports
 
-__all__ = ["BatchResult", "Pipeline", "Plan", "Ref", "RunResult", "Spec", "compile", "describe", "from_dict", "imports",
+__all__ = ["BatchResult", "Pipeline", "Plan", "Ref", "RunConfig", "RunResult", "Spec", "compile", "describe", "from_dict", "imports",
            "json_schema", "load", "run", "status", "validate"]
 
 

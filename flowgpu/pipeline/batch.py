@@ -23,7 +23,6 @@ from typing import Any
 
 import dask
 from distributed import as_completed, wait
-from rich.console import Console
 
 from flowgpu.diagnostics import BatchBars, monitor
 from flowgpu.errors import FlowgpuError, OutputError, RunError, SpecError
@@ -33,6 +32,7 @@ from flowgpu.pipeline.compiler import Plan, calls_user_code, compile
 from flowgpu.pipeline.failures import ASK, explain, failed_with, watch_spill
 from flowgpu.pipeline.foreach import Item, in_item
 from flowgpu.pipeline.planning import check_memory, describe
+from flowgpu.pipeline.runconfig import RunConfig
 from flowgpu.runtime import RunSession
 
 __all__ = ["Job", "execute"]
@@ -265,14 +265,14 @@ def _cancel(client: Any, job: Job) -> None:
         client.cancel(writes)
 
 
-def execute(jobs: list[Job], session: RunSession, *, overwrite: bool = False, keep_going: bool = False,
-            console: Console | None = None, progress: bool = True, cache: Any = None, report: bool = False, memory: Callable[[], Any] | None = None) -> None:
+def execute(jobs: list[Job], session: RunSession, config: RunConfig, *, cache: Any = None,
+            memory: Callable[[], Any] | None = None) -> None:
     """Compute the ``todo`` outputs of every job on ``session`` and commit each job's outputs when all
     are done; sets each job's ``status``, ``values`` and ``error``. Without ``keep_going`` the first
     failure cancels the rest and is raised; with it, every failure stays in its job. ``memory``: a function that
     gives the session's ``memory_summary()`` the caller asked for just before (the spill watch starts
     from it), so the workers need not be asked again."""
-    bars = BatchBars(console, show=progress)
+    bars = BatchBars(config.console, show=config.progress)
     batch = uuid.uuid4().hex  # the page's id of this batch
     work = [job for job in jobs if job.todo]
     client = getattr(session, "client", None)
@@ -282,23 +282,23 @@ def execute(jobs: list[Job], session: RunSession, *, overwrite: bool = False, ke
             ready = []
             for job in work:
                 try:
-                    _prepare(job, session, overwrite)
-                    _follow(job, session, batch, report)
+                    _prepare(job, session, config.overwrite)
+                    _follow(job, session, batch, bool(config.report))
                     job.bar = bars.add(job.item.label)
                     ready.append(job)
                 except Exception as e:  # noqa: BLE001 - said in the item's words
                     job.status, job.error = "failed", _failure(job, e, session)
                     job.abort()
-                    if not keep_going:
+                    if not config.keep_going:
                         raise job.error from e
             visibility.check(client, visibility.output_entries(p for job in ready for p in job.pending.values()))
             faults.point("after-prepare")
             baseline = ASK if memory is None else memory()
             with watch_spill(session, baseline=baseline) as watch:  # a spill directory that fills during the run stops it
                 if getattr(session, "client", None) is not None:
-                    _run_distributed(ready, session, cache, bars, keep_going)
+                    _run_distributed(ready, session, cache, bars, config.keep_going)
                 else:
-                    _run_local(ready, session, cache, bars, keep_going)
+                    _run_local(ready, session, cache, bars, config.keep_going)
             if watch.error is not None:
                 raise watch.stopped()
     finally:
@@ -308,5 +308,5 @@ def execute(jobs: list[Job], session: RunSession, *, overwrite: bool = False, ke
                 job.abort()
                 _told(job)
     failed = [job for job in work if job.status == "failed"]
-    if failed and not keep_going:
+    if failed and not config.keep_going:
         raise failed[0].error

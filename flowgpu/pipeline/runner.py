@@ -26,7 +26,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rich.console import Console
@@ -45,11 +45,12 @@ from flowgpu.pipeline.compiler import Plan
 from flowgpu.pipeline.foreach import Item, expand
 from flowgpu.pipeline.planning import describe
 from flowgpu.pipeline.outcome import RunState, batch_summary, failure_summary, moves_delta, run_summary, write_json
+from flowgpu.pipeline.runconfig import RunConfig
 from flowgpu.pipeline.spec import Spec
 from flowgpu.pipeline.status import judge, line, load_spec, plan_items
 from flowgpu.runtime import standing
 
-__all__ = ["BatchResult", "RunResult", "run", "check_outputs", "protected_paths", "session_options"]
+__all__ = ["BatchResult", "RunConfig", "RunResult", "run", "check_outputs", "protected_paths", "session_options"]
 
 
 @dataclass
@@ -64,14 +65,12 @@ class RunResult:
     params: dict[str, Any] = field(default_factory=dict)
 
 
-def _start_session(spec: Spec, cluster: dict[str, Any] | None, allow_spec_address: bool = False,
-                   console: Console | None = None):
-    opts = session_options(spec, cluster, allow_spec_address)
+def _start_session(spec: Spec, config: RunConfig) -> runtime.Session:
+    opts = session_options(spec, config.cluster, config.allow_spec_address)
     running = None if opts.pop("standalone", False) else standing.join(opts)
     if running is not None:  # the cluster that stays up (flowgpu cluster start), used as it is; say so
         opts, line = running
-        if console is not None:
-            console.print(line, markup=False, highlight=False, soft_wrap=True)
+        config.console.print(line, markup=False, highlight=False, soft_wrap=True)
     address = opts.pop("address", None)
     try:
         return runtime.Session(address, **opts)
@@ -79,80 +78,46 @@ def _start_session(spec: Spec, cluster: dict[str, Any] | None, allow_spec_addres
         raise spec.error(str(e), ("cluster",), hint="fix the cluster: block or the CLI option") from None
 
 
-def run(spec: Spec | str | os.PathLike | dict, *, overrides: dict[str, Any] | None = None, params_file: str | None = None,
-        session: runtime.RunSession | str | None = None, overwrite: bool = False, summary_path: str | None = None,
-        cluster: dict[str, Any] | None = None, console: Console | None = None, progress: bool = True,
-        on_session: Callable[[runtime.RunSession], None] | None = None, allow_spec_address: bool = False, wait: bool = True,
-        foreach: dict[str, Any] | None = None, keep_going: bool = False, force: bool = False,
-        checksum: bool = False, cache: bool = True, report: str | os.PathLike | None = None) -> "RunResult | BatchResult":
+def run(spec: Spec | str | os.PathLike | dict, config: RunConfig | None = None, **kwargs: Any) -> "RunResult | BatchResult":
     """Run a pipeline (or a batch of it) and return its outputs and summary.
 
-    Parameters
-    ----------
-    spec : a :class:`Spec`, the path of a YAML spec, or a spec as a Python dict.
-    overrides : dotted keys to set, e.g. ``{"params.n": 1000}`` (as ``--set``).
-    params_file : a YAML file of param values (as ``--params``).
-    session : a :class:`flowgpu.Session` to run on; default: the current one, else one started from
-        the spec's ``cluster:`` block (and closed at the end). ``"local"`` runs on dask's threaded
-        scheduler in this process, with no cluster (small runs and tests).
-    overwrite : replace output paths that hold data flowgpu did not write.
-    summary_path : also write the summary as JSON there (atomically); a failed run writes one too,
-        with ``status: "failed"``, the error, the step it came from when known, and what was written.
-    cluster : Session options overriding the spec's ``cluster:`` block (``--scheduler``, ``--gpus``).
-        With no scheduler or session given, a run joins the cluster that stays up (``flowgpu cluster
-        start``) when one runs, and says so; ``{"standalone": True}`` starts one of its own instead.
-    console : where to print progress and notes (default: stderr); ``progress=False`` is quiet.
-    on_session : called with the session once it is ready (the CLI prints the dashboard link).
-    allow_spec_address : let the spec's ``cluster.address`` (another scheduler) or a dashboard open to
-        the network take effect; without it they are refused (see :func:`session_options`).
-    wait : when another run is writing one of the outputs, wait for it (a line on stderr says so);
-        ``False`` (``--no-wait``): fail at once with :class:`OutputLockedError`.
-    foreach : run a batch: param name -> values (a list, a glob ``"data/*.npy"``, a range ``"0:8"``,
-        ``{"glob": ...}``, ``{"range": ...}``), with the spec's ``foreach:`` block; several make a grid.
-        Every item is compiled before any runs; the result is then a :class:`BatchResult`.
-    keep_going : a failing item does not stop the others (the result says which failed).
-    force : compute every output, up to date or not.
-    checksum : tell changed input files by their content, not only their size and modification time.
-    cache : skip outputs that are up to date, and record what made each output written
-        (``flowgpu.cache.directory``); ``False`` computes everything and records nothing.
-    report : also write a self-contained HTML report of the run (or batch) there, atomically, also
-        when it failed while computing: :mod:`flowgpu.diagnostics.runreport`.
+    ``spec``: a :class:`Spec`, the path of a YAML spec, or a spec as a Python dict. ``config``: how to
+    run it (:class:`RunConfig`); keywords set its fields, also over a given one
+    (``run("spec.yaml", session="local", force=True)``).
     """
+    config = replace(config or RunConfig(), **kwargs)
+    config = replace(config, console=config.console or Console(stderr=True, quiet=not config.progress))
     require_classic_graphs()
-    console = console or Console(stderr=True, quiet=not progress)
     started = time.perf_counter()
     state = RunState()
     given = spec
     try:
-        spec = load_spec(spec, overrides, params_file)
+        spec = load_spec(spec, config.overrides, config.params_file)
         state.side_files_ok = False
-        check_side_files(spec, summary_path, report, overwrite, params_file)  # as outputs: before anything runs
+        check_side_files(spec, config.summary_path, config.report, config.overwrite, config.params_file)  # as outputs: before anything runs
         state.side_files_ok = True
-        items = expand(spec, foreach)
-        options = dict(overwrite=overwrite, cluster=cluster, progress=progress, on_session=on_session,
-                       allow_spec_address=allow_spec_address, params_file=params_file, wait=wait,
-                       keep_going=keep_going, force=force, checksum=checksum, cache=cache, report=report)
-        result = _run(spec, items, session, console, state, bool(foreach or spec.foreach), **options)
+        items = expand(spec, config.foreach)
+        result = _run(spec, items, config, state, bool(config.foreach or spec.foreach))
     except BaseException as e:
         if isinstance(e, KeyboardInterrupt):  # what the command line says of it: what was committed, what not
             e.flowgpu_outcome = interrupted(state.jobs)
-        if summary_path and _may_write(state, given, summary_path, overwrite, params_file):
-            write_json(summary_path, state.summary if state.summary is not None else
-                       failure_summary(spec, state, e, time.perf_counter() - started), overwrite)
+        if config.summary_path and _may_write(state, given, config):
+            write_json(config.summary_path, state.summary if state.summary is not None else
+                       failure_summary(spec, state, e, time.perf_counter() - started), config.overwrite)
         raise
-    if summary_path:
-        write_json(summary_path, result.summary, overwrite)
+    if config.summary_path:
+        write_json(config.summary_path, result.summary, config.overwrite)
     return result
 
 
-def _may_write(state: RunState, spec: Any, summary_path: str, overwrite: bool, params_file: str | None) -> bool:
+def _may_write(state: RunState, spec: Any, config: RunConfig) -> bool:
     """Whether a failed run may write its summary: its path passed the checks, or (the spec did not
     load) passes those that need no spec."""
     if state.side_files_ok is not None:
         return state.side_files_ok
     try:
-        check_side_files(spec if isinstance(spec, (str, os.PathLike)) else None, summary_path, None, overwrite,
-                         params_file)
+        check_side_files(spec if isinstance(spec, (str, os.PathLike)) else None, config.summary_path, None,
+                         config.overwrite, config.params_file)
     except FlowgpuError:
         return False
     return True
@@ -172,12 +137,9 @@ class BatchResult:
         return self.summary["status"] == "ok"
 
 
-def _run(spec: Spec, items: list[Item], session: runtime.RunSession | str | None, console: Console, state: RunState,
-         batch: bool, *, overwrite: bool, cluster: dict[str, Any] | None, progress: bool,
-         on_session: Callable[[runtime.RunSession], None] | None, allow_spec_address: bool,
-         params_file: str | None, wait: bool, keep_going: bool, force: bool, checksum: bool,
-         cache: bool, report: str | os.PathLike | None) -> "RunResult | BatchResult":
+def _run(spec: Spec, items: list[Item], config: RunConfig, state: RunState, batch: bool) -> "RunResult | BatchResult":
     started = time.perf_counter()
+    session = config.session
     if isinstance(session, str):
         if session != "local":
             raise ConfigError(f"session={session!r}: give a flowgpu.Session, None, or \"local\"")
@@ -186,43 +148,41 @@ def _run(spec: Spec, items: list[Item], session: runtime.RunSession | str | None
         session = runtime.current_session()
     # on an open session where every output will be computed, python sources are called now, once;
     # otherwise they stand in until an item is known to run (batch._prepare calls them then)
-    plans = plan_items(items, overwrite, params_file, session.facts if session is not None else None,
-                       for_run=session is not None and (force or not cache))
+    plans = plan_items(items, config.overwrite, config.params_file, session.facts if session is not None else None,
+                       for_run=session is not None and (config.force or not config.cache))
     jobs = [Job(item, plan, list(plan.outputs)) for item, plan in zip(items, plans)]
     state.plan, state.jobs = plans[0], jobs
     own = None
     paths = [o.path for item in items for o in item.spec.outputs.values() if o.path is not None]
-    with sinks.hold_outputs(paths, wait):
-        store = outputs_cache.Cache() if cache else None
+    with sinks.hold_outputs(paths, config.wait):
+        store = outputs_cache.Cache() if config.cache else None
         if store is not None:
-            judge(jobs, store, force, checksum)
-            console.print(f"{escape(spec.name)}: {escape(line(jobs))}", highlight=False)
+            judge(jobs, store, config.force, config.checksum)
+            config.console.print(f"{escape(spec.name)}: {escape(line(jobs))}", highlight=False)
         memory = None
         try:
             if any(job.todo for job in jobs):
                 if session is None:  # the plans were built for this machine: compiled again if its workers differ
-                    own = session = _start_session(items[0].spec, cluster, allow_spec_address, console)
-                if on_session is not None:
-                    on_session(session)
+                    own = session = _start_session(items[0].spec, config)
+                if config.on_session is not None:
+                    config.on_session(session)
                 memory = _memory_soon(session)  # the workers answer while the items compile
                 try:
-                    execute(jobs, session, overwrite=overwrite, keep_going=keep_going, console=console,
-                            progress=progress, cache=store, report=bool(report),
-                            memory=memory)
+                    execute(jobs, session, config, cache=store, memory=memory)
                 except BaseException:
                     if batch:  # what a failed batch's --summary says
                         state.summary = _batch_result(spec, jobs, session, started).summary
                     raise
                 finally:
                     state.written = dict(jobs[0].written)
-                    if report:  # the run report, of a failed run too
-                        _write_report(report, spec, jobs, session, started, batch, overwrite)
-            for said in tables.write_tables(jobs, overwrite):  # every item's row, computed now or up to date
-                console.print(said, markup=False, highlight=False, soft_wrap=True)
+                    if config.report:  # the run report, of a failed run too
+                        _write_report(spec, jobs, session, started, batch, config)
+            for said in tables.write_tables(jobs, config.overwrite):  # every item's row, computed now or up to date
+                config.console.print(said, markup=False, highlight=False, soft_wrap=True)
             after = _memory_soon(session) if memory is not None and memory() is not None and not batch else None
             result = _batch_result(spec, jobs, session, started) if batch else _single_result(jobs[0], session, started)
-            if report and not any(job.todo for job in jobs):  # all up to date: the report says so
-                _write_report(report, spec, jobs, session, started, batch, overwrite)
+            if config.report and not any(job.todo for job in jobs):  # all up to date: the report says so
+                _write_report(spec, jobs, session, started, batch, config)
             if after is not None:
                 result.summary["memory"] = moves_delta(memory(), after())
             return result
@@ -275,12 +235,12 @@ def _memory_soon(session: runtime.RunSession) -> Callable[[], dict | None]:
     return answer
 
 
-def _write_report(path: str | os.PathLike, spec: Spec, jobs: list[Job], session: runtime.RunSession, started: float,
-                  batch: bool, overwrite: bool) -> None:
+def _write_report(spec: Spec, jobs: list[Job], session: runtime.RunSession, started: float, batch: bool,
+                  config: RunConfig) -> None:
     summary = (_batch_result(spec, jobs, session, started) if batch else _single_result(jobs[0], session, started)).summary
     runs = [(j.item.label, j.tracked.report_data() if j.tracked is not None else  # up to date: its plan
              {"description": describe(j.run_plan or j.plan), "view": None, "dask_html": None}) for j in jobs]
-    runreport.write(path, runreport.render(summary, runs), overwrite)
+    runreport.write(config.report, runreport.render(summary, runs), config.overwrite)
 
 
 def _info(session: runtime.RunSession) -> dict:
