@@ -15,7 +15,6 @@ import contextlib
 import errno
 import functools
 import time
-import uuid
 from collections.abc import Callable
 from concurrent.futures import CancelledError
 from dataclasses import dataclass, field
@@ -24,7 +23,8 @@ from typing import Any
 import dask
 from distributed import as_completed, wait
 
-from flowgpu.diagnostics import BatchBars, monitor
+from flowgpu.diagnostics import BatchBars
+from flowgpu.diagnostics.events import ItemFinished, ItemStarted
 from flowgpu.errors import FlowgpuError, OutputError, RunError, SpecError
 from flowgpu.io import faults, sinks
 from flowgpu.pipeline import visibility
@@ -58,7 +58,6 @@ class Job:
     error: BaseException | None = None
     seconds: float = 0.0
     bar: Any = None
-    tracked: Any = None  # what the dashboard's flowgpu page follows of it (diagnostics.monitor)
 
     @property
     def name(self) -> str:
@@ -133,115 +132,116 @@ def _commit(job: Job, results: list[Any], cache: Any) -> None:
     job.status = "ok"
 
 
-def _settle(job: Job, error: BaseException | None, session: RunSession, results: list[Any] | None, cache: Any,
-            bars: BatchBars, started: float) -> None:
-    job.seconds = time.perf_counter() - started
-    bars.done(job.bar)
-    if error is None:
-        try:
-            _commit(job, results or [], cache)
-            _told(job)
-            return
-        except Exception as e:  # noqa: BLE001 - said below, with the item
-            error = e
-    job.status, job.error = "failed", _failure(job, error, session)
-    job.abort()
-    _told(job)
+class _Batch:
+    """One :func:`execute`: the session, the cache, the progress bars and whom to tell."""
 
+    def __init__(self, session: RunSession, config: RunConfig, cache: Any, tell: Callable[[Any], None]):
+        self.session, self.config, self.cache, self.tell = session, config, cache, tell
+        self.bars = BatchBars(config.console, show=config.progress)
 
-def _follow(job: Job, session: RunSession, batch: str, report: bool) -> None:
-    """The dashboard's flowgpu page follows ``job`` from now on (one row per item of a batch); not
-    where no dashboard can show it and no report needs what the page records."""
-    if not report and not session.may_serve_dashboard:
-        return
-    item = job.item
-    job.tracked = monitor.follow(job.run_plan, session, functools.partial(describe, job.run_plan),
-                                 item=item.label if item.values else None, batch=batch,
-                                 targets={n: p.target for n, p in job.pending.items()},
-                                 states={f"out:{n}": "up-to-date" for n in job.cached}, report=report)
+    def start(self, job: Job) -> None:
+        """Stage ``job`` and say it starts."""
+        _prepare(job, self.session, self.config.overwrite)
+        item = job.item
+        self.tell(ItemStarted(item.index, item.label if item.values else None, job.run_plan,
+                              functools.partial(describe, job.run_plan), {n: p.target for n, p in job.pending.items()},
+                              tuple(job.cached)))
+        job.bar = self.bars.add(item.label)
 
+    def settle(self, job: Job, error: BaseException | None, results: list[Any] | None, started: float) -> None:
+        """Commit ``job`` (or fail it, removing its staging) and say how it ended."""
+        job.seconds = time.perf_counter() - started
+        self.bars.done(job.bar)
+        if error is None:
+            try:
+                _commit(job, results or [], self.cache)
+            except Exception as e:  # noqa: BLE001 - said below, with the item
+                error = e
+        if error is None:
+            self.tell(ItemFinished(job.item.index, job))
+        else:
+            self.fail(job, error)
 
-def _told(job: Job) -> None:
-    """The page hears how ``job`` ended."""
-    if job.tracked is not None:
-        job.tracked.finish("ok" if job.status == "ok" else "failed", str(job.error) if job.error else job.status)
+    def fail(self, job: Job, error: BaseException | None, status: str = "failed") -> None:
+        """``job`` failed with ``error`` (or was cancelled): its staging removed, said."""
+        if error is not None:
+            job.error = _failure(job, error, self.session)
+        job.status = status
+        job.abort()
+        self.tell(ItemFinished(job.item.index, job))
 
+    def local(self, jobs: list[Job]) -> None:
+        """One item after the other on dask's threaded scheduler, in this process."""
+        for job in jobs:
+            started = time.perf_counter()
+            job.status = "running"
+            try:
+                with self.bars.local(job.bar) or contextlib.nullcontext():
+                    results = list(dask.compute(*(p.target for p in job.pending.values()), scheduler="threads"))
+                error = None
+            except Exception as e:  # noqa: BLE001 - the item fails; said in its words
+                results, error = None, e
+            self.settle(job, error, results, started)
+            if job.status == "failed" and not self.config.keep_going:
+                return
 
-def _run_local(jobs: list[Job], session: RunSession, cache: Any, bars: BatchBars, keep_going: bool) -> None:
-    """One item after the other on dask's threaded scheduler, in this process."""
-    for job in jobs:
+    def distributed(self, jobs: list[Job]) -> None:
+        """Every item submitted at once; each committed as soon as its last future is done."""
+        client = self.session.client
         started = time.perf_counter()
-        job.status = "running"
+        owner: dict[int, Job] = {}
+        left: dict[int, int] = {}
+        futures = client.compute([p.target for job in jobs for p in job.pending.values()])  # one graph, shared tasks once
+        for job in jobs:
+            job.futures, futures = futures[:len(job.pending)], futures[len(job.pending):]
+            job.status = "running"
+            self.bars.follow(job.bar, client, job.futures)
+            for f in job.futures:
+                owner[id(f)] = job
+            left[id(job)] = len(job.futures)
         try:
-            with bars.local(job.bar) or contextlib.nullcontext():
-                results = list(dask.compute(*(p.target for p in job.pending.values()), scheduler="threads"))
-            error = None
+            if len(jobs) == 1:  # a plain run: waited for and gathered in one call, as compute() does
+                self._gather_one(client, jobs[0], started)
+                return
+            for future in as_completed([f for job in jobs for f in job.futures]):
+                job = owner[id(future)]
+                if job.status != "running":
+                    continue
+                if future.status != "finished":
+                    error = future.exception() if future.status == "error" else RunError(
+                        f"pipeline {job.name!r} was cancelled: {future.status}")
+                    _settled(job)
+                    self.settle(job, error, None, started)
+                    if not self.config.keep_going:
+                        return
+                    continue
+                left[id(job)] -= 1
+                if left[id(job)] == 0:
+                    try:
+                        results, error = client.gather(job.futures), None
+                    except Exception as e:  # noqa: BLE001
+                        results, error = None, e
+                    self.settle(job, error, results, started)
+                    if job.status == "failed" and not self.config.keep_going:
+                        return
+        finally:
+            for job in jobs:
+                if job.status == "running":
+                    _cancel(client, job)
+                    self.fail(job, None, "cancelled")
+
+    def _gather_one(self, client: Any, job: Job, started: float) -> None:
+        """Wait for ``job``'s futures and fetch their results in one round trip (the first failure ends
+        the wait), then commit or fail it."""
+        try:
+            results, error = client.gather(job.futures), None
+        except CancelledError:  # distributed's FutureCancelledError
+            results, error = None, RunError(f"pipeline {job.name!r} was cancelled: cancelled")
         except Exception as e:  # noqa: BLE001 - the item fails; said in its words
             results, error = None, e
-        _settle(job, error, session, results, cache, bars, started)
-        if job.status == "failed" and not keep_going:
-            return
-
-
-def _run_distributed(jobs: list[Job], session: RunSession, cache: Any, bars: BatchBars, keep_going: bool) -> None:
-    """Every item submitted at once; each committed as soon as its last future is done."""
-    client = session.client
-    started = time.perf_counter()
-    owner: dict[int, Job] = {}
-    left: dict[int, int] = {}
-    futures = client.compute([p.target for job in jobs for p in job.pending.values()])  # one graph, shared tasks once
-    for job in jobs:
-        job.futures, futures = futures[:len(job.pending)], futures[len(job.pending):]
-        job.status = "running"
-        bars.follow(job.bar, client, job.futures)
-        for f in job.futures:
-            owner[id(f)] = job
-        left[id(job)] = len(job.futures)
-    try:
-        if len(jobs) == 1:  # a plain run: waited for and gathered in one call, as compute() does
-            _gather_one(client, jobs[0], session, cache, bars, started)
-            return
-        for future in as_completed([f for job in jobs for f in job.futures]):
-            job = owner[id(future)]
-            if job.status != "running":
-                continue
-            if future.status != "finished":
-                error = future.exception() if future.status == "error" else RunError(
-                    f"pipeline {job.name!r} was cancelled: {future.status}")
-                _settled(job)
-                _settle(job, error, session, None, cache, bars, started)
-                if not keep_going:
-                    return
-                continue
-            left[id(job)] -= 1
-            if left[id(job)] == 0:
-                try:
-                    results, error = client.gather(job.futures), None
-                except Exception as e:  # noqa: BLE001
-                    results, error = None, e
-                _settle(job, error, session, results, cache, bars, started)
-                if job.status == "failed" and not keep_going:
-                    return
-    finally:
-        rest = [job for job in jobs if job.status == "running"]
-        for job in rest:
-            _cancel(client, job)
-            job.status = "cancelled"
-            job.abort()
-
-
-def _gather_one(client: Any, job: Job, session: RunSession, cache: Any, bars: BatchBars, started: float) -> None:
-    """Wait for ``job``'s futures and fetch their results in one round trip (the first failure ends
-    the wait), then commit or fail it."""
-    try:
-        results, error = client.gather(job.futures), None
-    except CancelledError:  # distributed's FutureCancelledError
-        results, error = None, RunError(f"pipeline {job.name!r} was cancelled: cancelled")
-    except Exception as e:  # noqa: BLE001 - the item fails; said in its words
-        results, error = None, e
-    if error is not None:
-        _settled(job)
-    _settle(job, error, session, results, cache, bars, started)
+        if error is not None:
+            _settled(job)
+        self.settle(job, error, results, started)
 
 
 def _writes(job: Job) -> list:
@@ -266,47 +266,42 @@ def _cancel(client: Any, job: Job) -> None:
 
 
 def execute(jobs: list[Job], session: RunSession, config: RunConfig, *, cache: Any = None,
-            memory: Callable[[], Any] | None = None) -> None:
+            tell: Callable[[Any], None] = lambda event: None, memory: Callable[[], Any] | None = None) -> None:
     """Compute the ``todo`` outputs of every job on ``session`` and commit each job's outputs when all
-    are done; sets each job's ``status``, ``values`` and ``error``. Without ``keep_going`` the first
-    failure cancels the rest and is raised; with it, every failure stays in its job. ``memory``: a function that
+    are done; sets each job's ``status``, ``values`` and ``error``, and tells ``tell`` when each
+    starts and ends (:mod:`flowgpu.diagnostics.events`). Without ``keep_going`` the first failure
+    cancels the rest and is raised; with it, every failure stays in its job. ``memory``: a function that
     gives the session's ``memory_summary()`` the caller asked for just before (the spill watch starts
     from it), so the workers need not be asked again."""
-    bars = BatchBars(config.console, show=config.progress)
-    batch = uuid.uuid4().hex  # the page's id of this batch
+    run = _Batch(session, config, cache, tell)
     work = [job for job in jobs if job.todo]
-    client = getattr(session, "client", None)
+    client = session.client
     visibility.check(client, visibility.input_entries(job.plan for job in work))  # before anything is staged
     try:
-        with bars:
+        with run.bars:
             ready = []
             for job in work:
                 try:
-                    _prepare(job, session, config.overwrite)
-                    _follow(job, session, batch, bool(config.report))
-                    job.bar = bars.add(job.item.label)
+                    run.start(job)
                     ready.append(job)
                 except Exception as e:  # noqa: BLE001 - said in the item's words
-                    job.status, job.error = "failed", _failure(job, e, session)
-                    job.abort()
+                    run.fail(job, e)
                     if not config.keep_going:
                         raise job.error from e
             visibility.check(client, visibility.output_entries(p for job in ready for p in job.pending.values()))
             faults.point("after-prepare")
             baseline = ASK if memory is None else memory()
             with watch_spill(session, baseline=baseline) as watch:  # a spill directory that fills during the run stops it
-                if getattr(session, "client", None) is not None:
-                    _run_distributed(ready, session, cache, bars, config.keep_going)
+                if client is not None:
+                    run.distributed(ready)
                 else:
-                    _run_local(ready, session, cache, bars, config.keep_going)
+                    run.local(ready)
             if watch.error is not None:
                 raise watch.stopped()
     finally:
         for job in work:
-            if job.status not in ("ok", "failed"):
-                job.status = "cancelled"
-                job.abort()
-                _told(job)
+            if job.status not in ("ok", "failed", "cancelled"):
+                run.fail(job, None, "cancelled")
     failed = [job for job in work if job.status == "failed"]
     if failed and not config.keep_going:
         raise failed[0].error

@@ -68,4 +68,3 @@ class RunConfig:
     cache: bool = True
     report: str | os.PathLike | None = None
     subscribers: Sequence[Callable[[Any], None]] = ()
-    on_session: Callable[[RunSession], None] | None = None

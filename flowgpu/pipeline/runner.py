@@ -33,7 +33,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from flowgpu import runtime
-from flowgpu.diagnostics import runreport
+from flowgpu.diagnostics import events, monitor, runreport
 from flowgpu.errors import ConfigError, FlowgpuError
 from flowgpu.fusion.classic import require_classic_graphs
 from flowgpu.io import sinks
@@ -91,20 +91,30 @@ def run(spec: Spec | str | os.PathLike | dict, config: RunConfig | None = None, 
     started = time.perf_counter()
     state = RunState()
     given = spec
+    follower = monitor.Follower(report=bool(config.report))  # the dashboard's flowgpu page, and the report
+
+    def tell(event: events.Event) -> None:
+        for subscriber in (follower, *config.subscribers):
+            subscriber(event)
+
     try:
         spec = load_spec(spec, config.overrides, config.params_file)
         state.side_files_ok = False
         check_side_files(spec, config.summary_path, config.report, config.overwrite, config.params_file)  # as outputs: before anything runs
         state.side_files_ok = True
         items = expand(spec, config.foreach)
-        result = _run(spec, items, config, state, bool(config.foreach or spec.foreach))
+        result = _run(spec, items, config, state, bool(config.foreach or spec.foreach), tell, follower)
     except BaseException as e:
         if isinstance(e, KeyboardInterrupt):  # what the command line says of it: what was committed, what not
             e.flowgpu_outcome = interrupted(state.jobs)
+        summary = state.summary if state.summary is not None else failure_summary(spec, state, e,
+                                                                                  time.perf_counter() - started)
         if config.summary_path and _may_write(state, given, config):
-            write_json(config.summary_path, state.summary if state.summary is not None else
-                       failure_summary(spec, state, e, time.perf_counter() - started), config.overwrite)
+            write_json(config.summary_path, summary, config.overwrite)
+        if state.side_files_ok:
+            tell(events.RunFinished(summary))
         raise
+    tell(events.RunFinished(result.summary))
     if config.summary_path:
         write_json(config.summary_path, result.summary, config.overwrite)
     return result
@@ -137,7 +147,8 @@ class BatchResult:
         return self.summary["status"] == "ok"
 
 
-def _run(spec: Spec, items: list[Item], config: RunConfig, state: RunState, batch: bool) -> "RunResult | BatchResult":
+def _run(spec: Spec, items: list[Item], config: RunConfig, state: RunState, batch: bool,
+         tell: Callable[[events.Event], None], follower: monitor.Follower) -> "RunResult | BatchResult":
     started = time.perf_counter()
     session = config.session
     if isinstance(session, str):
@@ -164,11 +175,10 @@ def _run(spec: Spec, items: list[Item], config: RunConfig, state: RunState, batc
             if any(job.todo for job in jobs):
                 if session is None:  # the plans were built for this machine: compiled again if its workers differ
                     own = session = _start_session(items[0].spec, config)
-                if config.on_session is not None:
-                    config.on_session(session)
+                tell(events.SessionReady(session))
                 memory = _memory_soon(session)  # the workers answer while the items compile
                 try:
-                    execute(jobs, session, config, cache=store, memory=memory)
+                    execute(jobs, session, config, cache=store, tell=tell, memory=memory)
                 except BaseException:
                     if batch:  # what a failed batch's --summary says
                         state.summary = _batch_result(spec, jobs, session, started).summary
@@ -176,13 +186,13 @@ def _run(spec: Spec, items: list[Item], config: RunConfig, state: RunState, batc
                 finally:
                     state.written = dict(jobs[0].written)
                     if config.report:  # the run report, of a failed run too
-                        _write_report(spec, jobs, session, started, batch, config)
+                        _write_report(spec, jobs, session, started, batch, config, follower)
             for said in tables.write_tables(jobs, config.overwrite):  # every item's row, computed now or up to date
                 config.console.print(said, markup=False, highlight=False, soft_wrap=True)
             after = _memory_soon(session) if memory is not None and memory() is not None and not batch else None
             result = _batch_result(spec, jobs, session, started) if batch else _single_result(jobs[0], session, started)
             if config.report and not any(job.todo for job in jobs):  # all up to date: the report says so
-                _write_report(spec, jobs, session, started, batch, config)
+                _write_report(spec, jobs, session, started, batch, config, follower)
             if after is not None:
                 result.summary["memory"] = moves_delta(memory(), after())
             return result
@@ -236,9 +246,9 @@ def _memory_soon(session: runtime.RunSession) -> Callable[[], dict | None]:
 
 
 def _write_report(spec: Spec, jobs: list[Job], session: runtime.RunSession, started: float, batch: bool,
-                  config: RunConfig) -> None:
+                  config: RunConfig, follower: monitor.Follower) -> None:
     summary = (_batch_result(spec, jobs, session, started) if batch else _single_result(jobs[0], session, started)).summary
-    runs = [(j.item.label, j.tracked.report_data() if j.tracked is not None else  # up to date: its plan
+    runs = [(j.item.label, follower.report_data(j.item.index) or  # up to date: its plan
              {"description": describe(j.run_plan or j.plan), "view": None, "dask_html": None}) for j in jobs]
     runreport.write(config.report, runreport.render(summary, runs), config.overwrite)
 
