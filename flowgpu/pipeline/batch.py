@@ -35,42 +35,59 @@ from flowgpu.pipeline.planning import check_memory, describe
 from flowgpu.pipeline.runconfig import RunConfig
 from flowgpu.runtime import RunSession
 
-__all__ = ["Job", "execute"]
+__all__ = ["Job", "Outcome", "execute"]
 
 
-@dataclass
+@dataclass(frozen=True)
 class Job:
-    """One item of a batch on its way: what to compute, its staged writes, its futures, its outcome."""
+    """One item of a batch as planned and judged: what to compute and what is up to date (never changed
+    after; what happens to it is its :class:`Outcome`)."""
 
     item: Item
     plan: Plan  # compiled outside the session (pure): shapes, dtypes, recipes
-    todo: list[str]  # the outputs to compute (the others are up to date)
+    todo: tuple[str, ...]  # the outputs to compute (the others are up to date)
     cached: dict[str, Any] = field(default_factory=dict)  # up-to-date outputs: value or location
     reasons: dict[str, str] = field(default_factory=dict)  # why each output of todo is computed
     verdicts: dict[str, Any] = field(default_factory=dict)  # the cache's word on each output
     recipes: dict[str, Any] | None = None
-    run_plan: Plan | None = None  # compiled inside the session
-    pending: dict[str, sinks.PendingWrite] = field(default_factory=dict)
-    futures: list = field(default_factory=list)
-    status: str = "waiting"  # waiting, running, ok, failed, up-to-date, cancelled
-    values: dict[str, Any] = field(default_factory=dict)
-    written: dict[str, str] = field(default_factory=dict)
-    error: BaseException | None = None
-    seconds: float = 0.0
-    bar: Any = None
 
     @property
     def name(self) -> str:
         return self.item.spec.name
+
+
+@dataclass(eq=False)
+class Outcome:
+    """What happened to a :class:`Job`; only :func:`execute` changes it. ``status``: waiting, running,
+    ok, failed, up-to-date or cancelled; ``values``: each computed output's value or location;
+    ``written``: those moved into place; ``plan``: the plan it ran (compiled in the session);
+    ``pending``: its staged writes."""
+
+    job: Job
+    status: str = "waiting"
+    values: dict[str, Any] = field(default_factory=dict)
+    written: dict[str, str] = field(default_factory=dict)
+    error: BaseException | None = None
+    seconds: float = 0.0
+    plan: Plan | None = None
+    pending: dict[str, sinks.PendingWrite] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.job.todo:
+            self.status = "up-to-date"
+
+    @property
+    def outputs(self) -> dict[str, Any]:
+        """Every output's value or location: up to date or computed."""
+        return {**self.job.cached, **self.values}
 
     def abort(self) -> None:
         for p in self.pending.values():
             p.abort()
 
 
-def _said(job: Job, error: FlowgpuError) -> FlowgpuError:
+def _said(item: Item, error: FlowgpuError) -> FlowgpuError:
     """``error`` naming the batch item it came from (a plain run's error is left as it is)."""
-    item = job.item
     if item.of <= 1 and not item.values:
         return error
     if isinstance(error, SpecError):
@@ -80,215 +97,214 @@ def _said(job: Job, error: FlowgpuError) -> FlowgpuError:
     return said
 
 
-def _failure(job: Job, error: BaseException, session: RunSession) -> FlowgpuError:
-    """What a user is told when ``job`` failed with ``error``: the step, the fix, that nothing was replaced."""
+def _failure(o: Outcome, error: BaseException, session: RunSession) -> FlowgpuError:
+    """What a user is told when ``o``'s job failed with ``error``: the step, the fix, that nothing was replaced."""
+    item, name = o.job.item, o.job.name
     if isinstance(error, FlowgpuError):
-        return _said(job, error)
+        return _said(item, error)
     if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
-        paths = ", ".join(repr(p.location) for p in job.pending.values() if p.location)
-        out: FlowgpuError = OutputError(f"pipeline {job.name!r} failed writing its outputs ({paths}): {error.strerror}; "
+        paths = ", ".join(repr(p.location) for p in o.pending.values() if p.location)
+        out: FlowgpuError = OutputError(f"pipeline {name!r} failed writing its outputs ({paths}): {error.strerror}; "
                                         "free space there or choose a path on another filesystem. Nothing was replaced")
     else:
-        out = explain(error, job.run_plan, session) or RunError(
-            f"pipeline {job.name!r} failed while running: {failed_with(error)}")
+        out = explain(error, o.plan, session) or RunError(f"pipeline {name!r} failed while running: {failed_with(error)}")
     out.__cause__ = error
-    return _said(job, out)
+    return _said(item, out)
 
 
-def _prepare(job: Job, session: RunSession, overwrite: bool) -> None:
-    """Stage ``job``'s writes, on its plan as compiled, unless that was built for other workers than
+def _prepare(o: Outcome, session: RunSession, overwrite: bool) -> None:
+    """Stage the job's writes, on its plan as compiled, unless that was built for other workers than
     the session's (a run that started its own cluster after judging its outputs) or stands in for
     python sources, which are called here, and only here: then compiled for the session."""
-    spec = job.item.spec
-    facts = session.facts
-    plan = job.run_plan = compile(spec, for_run=True, facts=facts) \
+    job, spec, facts = o.job, o.job.item.spec, session.facts
+    plan = o.plan = compile(spec, for_run=True, facts=facts) \
         if job.plan.facts != facts or (calls_user_code(job.plan) and not job.plan.for_run) else job.plan
     if session.workers:  # one task, and the largest array, fit the workers (or a SpecError)
         check_memory(plan, session.workers, session.threads_per_worker, session.worker_budget)
     for name in job.todo:
         out = spec.outputs[name]
         x = plan.labelled.get(name, plan.outputs[name])  # labelled outputs as xarray.DataArray (sink: xarray)
-        job.pending[name] = sinks.prepare_write(out.sink, x, out.path, overwrite, **out.sink_options())
+        o.pending[name] = sinks.prepare_write(out.sink, x, out.path, overwrite, **out.sink_options())
 
 
-def _commit(job: Job, results: list[Any], cache: Any) -> None:
-    """Move ``job``'s outputs into place together, then record them (an entry only for a complete output)."""
-    spec = job.item.spec
+def _commit(o: Outcome, results: list[Any], cache: Any) -> None:
+    """Move the job's outputs into place together, then record them (an entry only for a complete output)."""
+    job = o.job
     if cache is not None:
         cache.invalidate(job.plan, job.todo, item=job.item.values)
-    locations = sinks.commit_all(list(job.pending.values()))
-    for (name, p), result, location in zip(job.pending.items(), results, locations):
+    locations = sinks.commit_all(list(o.pending.values()))
+    for (name, p), result, location in zip(o.pending.items(), results, locations):
         if sinks.sink_entry(p.sink).has(sinks.IN_SUMMARY):
-            job.values[name] = sinks.to_summary_value(result)
+            o.values[name] = sinks.to_summary_value(result)
         else:
-            job.values[name] = job.written[name] = location
+            o.values[name] = o.written[name] = location
     faults.point("item-committed")
     if cache is not None and job.recipes is not None:
         for name in job.todo:
-            in_summary = sinks.sink_entry(spec.outputs[name].sink).has(sinks.IN_SUMMARY)
+            in_summary = sinks.sink_entry(job.item.spec.outputs[name].sink).has(sinks.IN_SUMMARY)
             cache.record(job.plan, name, job.recipes[name], item=job.item.values,
-                         location=None if in_summary else job.values[name],
-                         value=job.values[name] if in_summary else None)
-    job.status = "ok"
+                         location=None if in_summary else o.values[name],
+                         value=o.values[name] if in_summary else None)
+    o.status = "ok"
 
 
 class _Batch:
-    """One :func:`execute`: the session, the cache, the progress bars and whom to tell."""
+    """One :func:`execute`: the session, the cache, the progress bars and whom to tell; each running
+    item's bar and futures."""
 
     def __init__(self, session: RunSession, config: RunConfig, cache: Any, tell: Callable[[Any], None]):
         self.session, self.config, self.cache, self.tell = session, config, cache, tell
         self.bars = BatchBars(config.console, show=config.progress)
+        self.bar: dict[Outcome, Any] = {}
+        self.futures: dict[Outcome, list] = {}
 
-    def start(self, job: Job) -> None:
-        """Stage ``job`` and say it starts."""
-        _prepare(job, self.session, self.config.overwrite)
-        item = job.item
-        self.tell(ItemStarted(item.index, item.label if item.values else None, job.run_plan,
-                              functools.partial(describe, job.run_plan), {n: p.target for n, p in job.pending.items()},
-                              tuple(job.cached)))
-        job.bar = self.bars.add(item.label)
+    def start(self, o: Outcome) -> None:
+        """Stage ``o``'s job and say it starts."""
+        _prepare(o, self.session, self.config.overwrite)
+        item = o.job.item
+        self.tell(ItemStarted(item.index, item.label if item.values else None, o.plan,
+                              functools.partial(describe, o.plan), {n: p.target for n, p in o.pending.items()},
+                              tuple(o.job.cached)))
+        self.bar[o] = self.bars.add(item.label)
 
-    def settle(self, job: Job, error: BaseException | None, results: list[Any] | None, started: float) -> None:
-        """Commit ``job`` (or fail it, removing its staging) and say how it ended."""
-        job.seconds = time.perf_counter() - started
-        self.bars.done(job.bar)
+    def settle(self, o: Outcome, error: BaseException | None, results: list[Any] | None, started: float) -> None:
+        """Commit ``o``'s job (or fail it, removing its staging) and say how it ended."""
+        o.seconds = time.perf_counter() - started
+        self.bars.done(self.bar[o])
         if error is None:
             try:
-                _commit(job, results or [], self.cache)
+                _commit(o, results or [], self.cache)
             except Exception as e:  # noqa: BLE001 - said below, with the item
                 error = e
         if error is None:
-            self.tell(ItemFinished(job.item.index, job))
+            self.tell(ItemFinished(o.job.item.index, o))
         else:
-            self.fail(job, error)
+            self.fail(o, error)
 
-    def fail(self, job: Job, error: BaseException | None, status: str = "failed") -> None:
-        """``job`` failed with ``error`` (or was cancelled): its staging removed, said."""
+    def fail(self, o: Outcome, error: BaseException | None, status: str = "failed") -> None:
+        """``o``'s job failed with ``error`` (or was cancelled): its staging removed, said."""
         if error is not None:
-            job.error = _failure(job, error, self.session)
-        job.status = status
-        job.abort()
-        self.tell(ItemFinished(job.item.index, job))
+            o.error = _failure(o, error, self.session)
+        o.status = status
+        o.abort()
+        self.tell(ItemFinished(o.job.item.index, o))
 
-    def local(self, jobs: list[Job]) -> None:
+    def local(self, ready: list[Outcome]) -> None:
         """One item after the other on dask's threaded scheduler, in this process."""
-        for job in jobs:
+        for o in ready:
             started = time.perf_counter()
-            job.status = "running"
+            o.status = "running"
             try:
-                with self.bars.local(job.bar) or contextlib.nullcontext():
-                    results = list(dask.compute(*(p.target for p in job.pending.values()), scheduler="threads"))
+                with self.bars.local(self.bar[o]) or contextlib.nullcontext():
+                    results = list(dask.compute(*(p.target for p in o.pending.values()), scheduler="threads"))
                 error = None
             except Exception as e:  # noqa: BLE001 - the item fails; said in its words
                 results, error = None, e
-            self.settle(job, error, results, started)
-            if job.status == "failed" and not self.config.keep_going:
+            self.settle(o, error, results, started)
+            if o.status == "failed" and not self.config.keep_going:
                 return
 
-    def distributed(self, jobs: list[Job]) -> None:
+    def distributed(self, ready: list[Outcome]) -> None:
         """Every item submitted at once; each committed as soon as its last future is done."""
         client = self.session.client
         started = time.perf_counter()
-        owner: dict[int, Job] = {}
-        left: dict[int, int] = {}
-        futures = client.compute([p.target for job in jobs for p in job.pending.values()])  # one graph, shared tasks once
-        for job in jobs:
-            job.futures, futures = futures[:len(job.pending)], futures[len(job.pending):]
-            job.status = "running"
-            self.bars.follow(job.bar, client, job.futures)
-            for f in job.futures:
-                owner[id(f)] = job
-            left[id(job)] = len(job.futures)
+        owner: dict[int, Outcome] = {}
+        left: dict[Outcome, int] = {}
+        futures = client.compute([p.target for o in ready for p in o.pending.values()])  # one graph, shared tasks once
+        for o in ready:
+            self.futures[o], futures = futures[:len(o.pending)], futures[len(o.pending):]
+            o.status = "running"
+            self.bars.follow(self.bar[o], client, self.futures[o])
+            for f in self.futures[o]:
+                owner[id(f)] = o
+            left[o] = len(self.futures[o])
         try:
-            if len(jobs) == 1:  # a plain run: waited for and gathered in one call, as compute() does
-                self._gather_one(client, jobs[0], started)
+            if len(ready) == 1:  # a plain run: waited for and gathered in one call, as compute() does
+                self._gather_one(client, ready[0], started)
                 return
-            for future in as_completed([f for job in jobs for f in job.futures]):
-                job = owner[id(future)]
-                if job.status != "running":
+            for future in as_completed([f for o in ready for f in self.futures[o]]):
+                o = owner[id(future)]
+                if o.status != "running":
                     continue
                 if future.status != "finished":
                     error = future.exception() if future.status == "error" else RunError(
-                        f"pipeline {job.name!r} was cancelled: {future.status}")
-                    _settled(job)
-                    self.settle(job, error, None, started)
+                        f"pipeline {o.job.name!r} was cancelled: {future.status}")
+                    self._settled(o)
+                    self.settle(o, error, None, started)
                     if not self.config.keep_going:
                         return
                     continue
-                left[id(job)] -= 1
-                if left[id(job)] == 0:
+                left[o] -= 1
+                if left[o] == 0:
                     try:
-                        results, error = client.gather(job.futures), None
+                        results, error = client.gather(self.futures[o]), None
                     except Exception as e:  # noqa: BLE001
                         results, error = None, e
-                    self.settle(job, error, results, started)
-                    if job.status == "failed" and not self.config.keep_going:
+                    self.settle(o, error, results, started)
+                    if o.status == "failed" and not self.config.keep_going:
                         return
         finally:
-            for job in jobs:
-                if job.status == "running":
-                    _cancel(client, job)
-                    self.fail(job, None, "cancelled")
+            for o in ready:
+                if o.status == "running":
+                    self._cancel(client, o)
+                    self.fail(o, None, "cancelled")
 
-    def _gather_one(self, client: Any, job: Job, started: float) -> None:
-        """Wait for ``job``'s futures and fetch their results in one round trip (the first failure ends
+    def _gather_one(self, client: Any, o: Outcome, started: float) -> None:
+        """Wait for ``o``'s futures and fetch their results in one round trip (the first failure ends
         the wait), then commit or fail it."""
         try:
-            results, error = client.gather(job.futures), None
+            results, error = client.gather(self.futures[o]), None
         except CancelledError:  # distributed's FutureCancelledError
-            results, error = None, RunError(f"pipeline {job.name!r} was cancelled: cancelled")
+            results, error = None, RunError(f"pipeline {o.job.name!r} was cancelled: cancelled")
         except Exception as e:  # noqa: BLE001 - the item fails; said in its words
             results, error = None, e
         if error is not None:
-            _settled(job)
-        self.settle(job, error, results, started)
+            self._settled(o)
+        self.settle(o, error, results, started)
+
+    def _writes(self, o: Outcome) -> list:
+        return [f for f, p in zip(self.futures[o], o.pending.values()) if not sinks.sink_entry(p.sink).has(sinks.IN_SUMMARY)]
+
+    def _settled(self, o: Outcome) -> None:
+        """Wait until none of failed ``o``'s writes can still write into its staging (each finishes or
+        fails at once: it needs the failed task), so aborting removes the staging for good."""
+        try:
+            wait(self._writes(o), timeout=120)
+        except Exception:  # noqa: S110 - a write that was cancelled or timed out: the staging goes anyway
+            pass
+
+    def _cancel(self, client: Any, o: Outcome) -> None:
+        """Stop ``o``'s writes (tasks already running finish; their staging is removed after them, at
+        the latest when the next run takes the output's lock)."""
+        writes = self._writes(o)
+        if writes:
+            client.cancel(writes)
 
 
-def _writes(job: Job) -> list:
-    return [f for f, p in zip(job.futures, job.pending.values()) if not sinks.sink_entry(p.sink).has(sinks.IN_SUMMARY)]
-
-
-def _settled(job: Job) -> None:
-    """Wait until none of failed ``job``'s writes can still write into its staging (each finishes or
-    fails at once: it needs the failed task), so aborting removes the staging for good."""
-    try:
-        wait(_writes(job), timeout=120)
-    except Exception:  # noqa: S110 - a write that was cancelled or timed out: the staging goes anyway
-        pass
-
-
-def _cancel(client: Any, job: Job) -> None:
-    """Stop ``job``'s writes (tasks already running finish; their staging is removed after them, at
-    the latest when the next run takes the output's lock)."""
-    writes = _writes(job)
-    if writes:
-        client.cancel(writes)
-
-
-def execute(jobs: list[Job], session: RunSession, config: RunConfig, *, cache: Any = None,
+def execute(outcomes: list[Outcome], session: RunSession, config: RunConfig, *, cache: Any = None,
             tell: Callable[[Any], None] = lambda event: None, memory: Callable[[], Any] | None = None) -> None:
-    """Compute the ``todo`` outputs of every job on ``session`` and commit each job's outputs when all
-    are done; sets each job's ``status``, ``values`` and ``error``, and tells ``tell`` when each
-    starts and ends (:mod:`flowgpu.diagnostics.events`). Without ``keep_going`` the first failure
-    cancels the rest and is raised; with it, every failure stays in its job. ``memory``: a function that
-    gives the session's ``memory_summary()`` the caller asked for just before (the spill watch starts
-    from it), so the workers need not be asked again."""
+    """Compute the ``todo`` outputs of every outcome's job on ``session`` and commit each job's outputs
+    when all are done, filling its outcome (``status``, ``values``, ``written``, ``error``, ``seconds``)
+    and telling ``tell`` when each starts and ends (:mod:`flowgpu.diagnostics.events`). Without
+    ``keep_going`` the first failure cancels the rest and is raised; with it, every failure stays in
+    its outcome. ``memory``: a function that gives the session's ``memory_summary()`` the caller asked
+    for just before (the spill watch starts from it), so the workers need not be asked again."""
     run = _Batch(session, config, cache, tell)
-    work = [job for job in jobs if job.todo]
+    work = [o for o in outcomes if o.job.todo]
     client = session.client
-    visibility.check(client, visibility.input_entries(job.plan for job in work))  # before anything is staged
+    visibility.check(client, visibility.input_entries(o.job.plan for o in work))  # before anything is staged
     try:
         with run.bars:
             ready = []
-            for job in work:
+            for o in work:
                 try:
-                    run.start(job)
-                    ready.append(job)
+                    run.start(o)
+                    ready.append(o)
                 except Exception as e:  # noqa: BLE001 - said in the item's words
-                    run.fail(job, e)
+                    run.fail(o, e)
                     if not config.keep_going:
-                        raise job.error from e
-            visibility.check(client, visibility.output_entries(p for job in ready for p in job.pending.values()))
+                        raise o.error from e
+            visibility.check(client, visibility.output_entries(p for o in ready for p in o.pending.values()))
             faults.point("after-prepare")
             baseline = ASK if memory is None else memory()
             with watch_spill(session, baseline=baseline) as watch:  # a spill directory that fills during the run stops it
@@ -299,9 +315,9 @@ def execute(jobs: list[Job], session: RunSession, config: RunConfig, *, cache: A
             if watch.error is not None:
                 raise watch.stopped()
     finally:
-        for job in work:
-            if job.status not in ("ok", "failed", "cancelled"):
-                run.fail(job, None, "cancelled")
-    failed = [job for job in work if job.status == "failed"]
+        for o in work:
+            if o.status not in ("ok", "failed", "cancelled"):
+                run.fail(o, None, "cancelled")
+    failed = [o for o in work if o.status == "failed"]
     if failed and not config.keep_going:
         raise failed[0].error

@@ -39,12 +39,12 @@ from flowgpu.fusion.classic import require_classic_graphs
 from flowgpu.io import sinks
 from flowgpu.pipeline import cache as outputs_cache
 from flowgpu.pipeline import tables
-from flowgpu.pipeline.batch import Job, execute
+from flowgpu.pipeline.batch import Job, Outcome, execute
 from flowgpu.pipeline.checks import check_outputs, check_side_files, protected_paths, session_options
 from flowgpu.pipeline.compiler import Plan
-from flowgpu.pipeline.foreach import Item, expand
+from flowgpu.pipeline.foreach import expand
 from flowgpu.pipeline.planning import describe
-from flowgpu.pipeline.outcome import RunState, batch_summary, failure_summary, moves_delta, run_summary, write_json
+from flowgpu.pipeline.outcome import batch_summary, failure_summary, moves_delta, run_summary, write_json
 from flowgpu.pipeline.runconfig import RunConfig
 from flowgpu.pipeline.spec import Spec
 from flowgpu.pipeline.status import judge, line, load_spec, plan_items
@@ -89,42 +89,19 @@ def run(spec: Spec | str | os.PathLike | dict, config: RunConfig | None = None, 
     config = replace(config, console=config.console or Console(stderr=True, quiet=not config.progress))
     require_classic_graphs()
     started = time.perf_counter()
-    state = RunState()
-    given = spec
-    follower = monitor.Follower(report=bool(config.report))  # the dashboard's flowgpu page, and the report
-
-    def tell(event: events.Event) -> None:
-        for subscriber in (follower, *config.subscribers):
-            subscriber(event)
-
     try:
-        spec = load_spec(spec, config.overrides, config.params_file)
-        state.side_files_ok = False
-        check_side_files(spec, config.summary_path, config.report, config.overwrite, config.params_file)  # as outputs: before anything runs
-        state.side_files_ok = True
-        items = expand(spec, config.foreach)
-        result = _run(spec, items, config, state, bool(config.foreach or spec.foreach), tell, follower)
+        loaded = load_spec(spec, config.overrides, config.params_file)
     except BaseException as e:
-        if isinstance(e, KeyboardInterrupt):  # what the command line says of it: what was committed, what not
-            e.flowgpu_outcome = interrupted(state.jobs)
-        summary = state.summary if state.summary is not None else failure_summary(spec, state, e,
-                                                                                  time.perf_counter() - started)
-        if config.summary_path and _may_write(state, given, config):
-            write_json(config.summary_path, summary, config.overwrite)
-        if state.side_files_ok:
-            tell(events.RunFinished(summary))
+        if config.summary_path and _may_write(spec, config):
+            write_json(config.summary_path, failure_summary(spec, None, {}, e, time.perf_counter() - started),
+                       config.overwrite)
         raise
-    tell(events.RunFinished(result.summary))
-    if config.summary_path:
-        write_json(config.summary_path, result.summary, config.overwrite)
-    return result
+    check_side_files(loaded, config.summary_path, config.report, config.overwrite, config.params_file)  # as outputs: before anything runs
+    return _run(loaded, config, started)
 
 
-def _may_write(state: RunState, spec: Any, config: RunConfig) -> bool:
-    """Whether a failed run may write its summary: its path passed the checks, or (the spec did not
-    load) passes those that need no spec."""
-    if state.side_files_ok is not None:
-        return state.side_files_ok
+def _may_write(spec: Any, config: RunConfig) -> bool:
+    """Whether a run whose spec did not load may write its summary: its path passes the checks that need no spec."""
     try:
         check_side_files(spec if isinstance(spec, (str, os.PathLike)) else None, config.summary_path, None,
                          config.overwrite, config.params_file)
@@ -147,60 +124,89 @@ class BatchResult:
         return self.summary["status"] == "ok"
 
 
-def _run(spec: Spec, items: list[Item], config: RunConfig, state: RunState, batch: bool,
-         tell: Callable[[events.Event], None], follower: monitor.Follower) -> "RunResult | BatchResult":
-    started = time.perf_counter()
-    session = config.session
+def _run(spec: Spec, config: RunConfig, begun: float) -> "RunResult | BatchResult":
+    """The run of a loaded spec, whose side files passed the checks: its outcomes, its summary (also
+    of a failure: ``--summary``), its events."""
+    follower = monitor.Follower(report=bool(config.report))  # the dashboard's flowgpu page, and the report
+
+    def tell(event: events.Event) -> None:
+        for subscriber in (follower, *config.subscribers):
+            subscriber(event)
+
+    plans: list[Plan] = []
+    outcomes: list[Outcome] = []  # what happened to each item: what a failure says
+    failed = None  # a failed batch's summary
+    try:
+        items = expand(spec, config.foreach)
+        batch = bool(config.foreach or spec.foreach)
+        started = time.perf_counter()
+        session = _given_session(config.session)
+        # on an open session where every output will be computed, python sources are called now, once;
+        # otherwise they stand in until an item is known to run (batch._prepare calls them then)
+        plans = plan_items(items, config.overwrite, config.params_file, session.facts if session is not None else None,
+                           for_run=session is not None and (config.force or not config.cache))
+        jobs = [Job(item, plan, tuple(plan.outputs)) for item, plan in zip(items, plans)]
+        own = None
+        paths = [o.path for item in items for o in item.spec.outputs.values() if o.path is not None]
+        with sinks.hold_outputs(paths, config.wait):
+            store = outputs_cache.Cache() if config.cache else None
+            if store is not None:
+                jobs = judge(jobs, store, config.force, config.checksum)
+                config.console.print(f"{escape(spec.name)}: {escape(line(jobs))}", highlight=False)
+            outcomes += [Outcome(job) for job in jobs]
+            memory = None
+            try:
+                if any(job.todo for job in jobs):
+                    if session is None:  # the plans were built for this machine: compiled again if its workers differ
+                        own = session = _start_session(items[0].spec, config)
+                    tell(events.SessionReady(session))
+                    memory = _memory_soon(session)  # the workers answer while the items compile
+                    try:
+                        execute(outcomes, session, config, cache=store, tell=tell, memory=memory)
+                    except BaseException:
+                        if batch:  # what a failed batch's --summary says
+                            failed = _batch_result(spec, outcomes, session, started).summary
+                        raise
+                    finally:
+                        if config.report:  # the run report, of a failed run too
+                            _write_report(spec, outcomes, session, started, batch, config, follower)
+                for said in tables.write_tables(outcomes, config.overwrite):  # every item's row, computed now or up to date
+                    config.console.print(said, markup=False, highlight=False, soft_wrap=True)
+                after = _memory_soon(session) if memory is not None and memory() is not None and not batch else None
+                result = _batch_result(spec, outcomes, session, started) if batch else _single_result(outcomes[0], session, started)
+                if config.report and not any(job.todo for job in jobs):  # all up to date: the report says so
+                    _write_report(spec, outcomes, session, started, batch, config, follower)
+                if after is not None:
+                    result.summary["memory"] = moves_delta(memory(), after())
+            finally:
+                if own is not None:
+                    own.close()
+                    for o in outcomes:  # again, now that no worker can still be writing into the staging
+                        o.abort()
+    except BaseException as e:
+        if isinstance(e, KeyboardInterrupt):  # what the command line says of it: what was committed, what not
+            e.flowgpu_outcome = interrupted(outcomes)
+        summary = failed or failure_summary(spec, plans[0] if plans else None, outcomes[0].written if outcomes else {},
+                                            e, time.perf_counter() - begun)
+        _ended(config, tell, summary)
+        raise
+    _ended(config, tell, result.summary)
+    return result
+
+
+def _ended(config: RunConfig, tell: Callable[[events.Event], None], summary: dict[str, Any]) -> None:
+    if config.summary_path:
+        write_json(config.summary_path, summary, config.overwrite)
+    tell(events.RunFinished(summary))
+
+
+def _given_session(session: runtime.RunSession | str | None) -> runtime.RunSession | None:
+    """The session to run on: the one given, dask's threaded scheduler for ``"local"``, or the current one (None: start one)."""
     if isinstance(session, str):
         if session != "local":
             raise ConfigError(f"session={session!r}: give a flowgpu.Session, None, or \"local\"")
-        session = runtime.ThreadedSession()
-    if session is None:
-        session = runtime.current_session()
-    # on an open session where every output will be computed, python sources are called now, once;
-    # otherwise they stand in until an item is known to run (batch._prepare calls them then)
-    plans = plan_items(items, config.overwrite, config.params_file, session.facts if session is not None else None,
-                       for_run=session is not None and (config.force or not config.cache))
-    jobs = [Job(item, plan, list(plan.outputs)) for item, plan in zip(items, plans)]
-    state.plan, state.jobs = plans[0], jobs
-    own = None
-    paths = [o.path for item in items for o in item.spec.outputs.values() if o.path is not None]
-    with sinks.hold_outputs(paths, config.wait):
-        store = outputs_cache.Cache() if config.cache else None
-        if store is not None:
-            judge(jobs, store, config.force, config.checksum)
-            config.console.print(f"{escape(spec.name)}: {escape(line(jobs))}", highlight=False)
-        memory = None
-        try:
-            if any(job.todo for job in jobs):
-                if session is None:  # the plans were built for this machine: compiled again if its workers differ
-                    own = session = _start_session(items[0].spec, config)
-                tell(events.SessionReady(session))
-                memory = _memory_soon(session)  # the workers answer while the items compile
-                try:
-                    execute(jobs, session, config, cache=store, tell=tell, memory=memory)
-                except BaseException:
-                    if batch:  # what a failed batch's --summary says
-                        state.summary = _batch_result(spec, jobs, session, started).summary
-                    raise
-                finally:
-                    state.written = dict(jobs[0].written)
-                    if config.report:  # the run report, of a failed run too
-                        _write_report(spec, jobs, session, started, batch, config, follower)
-            for said in tables.write_tables(jobs, config.overwrite):  # every item's row, computed now or up to date
-                config.console.print(said, markup=False, highlight=False, soft_wrap=True)
-            after = _memory_soon(session) if memory is not None and memory() is not None and not batch else None
-            result = _batch_result(spec, jobs, session, started) if batch else _single_result(jobs[0], session, started)
-            if config.report and not any(job.todo for job in jobs):  # all up to date: the report says so
-                _write_report(spec, jobs, session, started, batch, config, follower)
-            if after is not None:
-                result.summary["memory"] = moves_delta(memory(), after())
-            return result
-        finally:
-            if own is not None:
-                own.close()
-                for job in jobs:  # again, now that no worker can still be writing into the staging
-                    job.abort()
+        return runtime.ThreadedSession()
+    return session if session is not None else runtime.current_session()
 
 
 def _names(paths: list[str], most: int = 6) -> str:
@@ -208,18 +214,18 @@ def _names(paths: list[str], most: int = 6) -> str:
     return ", ".join(shown) + (f" and {len(paths) - most} more" if len(paths) > most else "")
 
 
-def interrupted(jobs: list[Job]) -> str:
+def interrupted(outcomes: list[Outcome]) -> str:
     """What an interrupted run says: each output moved into place, and those that were not (and stay
     as they were); a commit cut short is finished by the next run or ``flowgpu clean``."""
-    moved = [loc for job in jobs for loc in job.written.values()]
-    todo = [p.location for job in jobs for n, p in job.pending.items() if p.location and n not in job.written]
-    cut = any(getattr(p.atomic, "stuck", False) for job in jobs for p in job.pending.values())
+    moved = [loc for o in outcomes for loc in o.written.values()]
+    todo = [p.location for o in outcomes for n, p in o.pending.items() if p.location and n not in o.written]
+    cut = any(getattr(p.atomic, "stuck", False) for o in outcomes for p in o.pending.values())
     if not moved:
         said = "interrupted; no output was moved into place"
         said += f" (not written: {_names(todo)}, as they were before the run)" if todo else ""
     else:
-        items = sum(1 for job in jobs if job.written)
-        batch = f" ({items} of {len(jobs)} batch items committed)" if len(jobs) > 1 else ""
+        items = sum(1 for o in outcomes if o.written)
+        batch = f" ({items} of {len(outcomes)} batch items committed)" if len(outcomes) > 1 else ""
         said = f"interrupted after {len(moved)} output(s) were moved into place{batch}: {_names(moved)}"
         said += f"; not written: {_names(todo)} (as they were before the run)" if todo else ""
     if cut:
@@ -245,11 +251,12 @@ def _memory_soon(session: runtime.RunSession) -> Callable[[], dict | None]:
     return answer
 
 
-def _write_report(spec: Spec, jobs: list[Job], session: runtime.RunSession, started: float, batch: bool,
+def _write_report(spec: Spec, outcomes: list[Outcome], session: runtime.RunSession, started: float, batch: bool,
                   config: RunConfig, follower: monitor.Follower) -> None:
-    summary = (_batch_result(spec, jobs, session, started) if batch else _single_result(jobs[0], session, started)).summary
-    runs = [(j.item.label, follower.report_data(j.item.index) or  # up to date: its plan
-             {"description": describe(j.run_plan or j.plan), "view": None, "dask_html": None}) for j in jobs]
+    summary = (_batch_result(spec, outcomes, session, started) if batch else
+               _single_result(outcomes[0], session, started)).summary
+    runs = [(o.job.item.label, follower.report_data(o.job.item.index) or  # up to date: its plan
+             {"description": describe(o.plan or o.job.plan), "view": None, "dask_html": None}) for o in outcomes]
     runreport.write(config.report, runreport.render(summary, runs), config.overwrite)
 
 
@@ -257,25 +264,26 @@ def _info(session: runtime.RunSession) -> dict:
     return session.info() if session is not None and hasattr(session, "info") else {}
 
 
-def _single_result(job: Job, session: runtime.RunSession, started: float) -> RunResult:
-    values = {**job.cached, **job.values}
-    status = "ok" if job.status in ("ok", "up-to-date") else job.status
-    plan = job.run_plan or job.plan
-    summary = run_summary(job.item.spec, plan, _info(session), values, set(job.values), time.perf_counter() - started,
+def _single_result(o: Outcome, session: runtime.RunSession, started: float) -> RunResult:
+    values, job = o.outputs, o.job
+    status = "ok" if o.status in ("ok", "up-to-date") else o.status
+    plan = o.plan or job.plan
+    summary = run_summary(job.item.spec, plan, _info(session), values, set(o.values), time.perf_counter() - started,
                           status, job.reasons)
     return RunResult(values, summary, plan, status)
 
 
-def _batch_result(spec: Spec, jobs: list[Job], session: runtime.RunSession, started: float) -> BatchResult:
+def _batch_result(spec: Spec, outcomes: list[Outcome], session: runtime.RunSession, started: float) -> BatchResult:
     results, entries = [], []
-    for job in jobs:
-        one = _single_result(job, session, started)
-        one.summary["wall_seconds"] = job.seconds
-        said = str(job.error).removeprefix(f"batch item {job.item.index + 1} of {job.item.of} ({job.item.label}): ")
-        entry = {"index": job.item.index, "params": job.item.values, "status": job.status,
-                 "outputs": one.summary["outputs"], "error": said if job.error is not None else None,
-                 "wall_seconds": job.seconds}
-        one.params, one.status = job.item.values, job.status
+    for o in outcomes:
+        item = o.job.item
+        one = _single_result(o, session, started)
+        one.summary["wall_seconds"] = o.seconds
+        said = str(o.error).removeprefix(f"batch item {item.index + 1} of {item.of} ({item.label}): ")
+        entry = {"index": item.index, "params": item.values, "status": o.status,
+                 "outputs": one.summary["outputs"], "error": said if o.error is not None else None,
+                 "wall_seconds": o.seconds}
+        one.params, one.status = item.values, o.status
         results.append(one)
         entries.append(entry)
     return BatchResult(results, batch_summary(spec, entries, _info(session), time.perf_counter() - started))
