@@ -111,15 +111,12 @@ def run(spec: str, sets: tuple[str, ...], params_file: str | None, scheduler: st
         click.echo(f"dry run: {f'{items} batch items checked; ' if items > 1 else ''}nothing was run or written")
         return
 
-    def announce(event: events.Event) -> None:
-        if quiet or not isinstance(event, events.SessionReady):
-            return
-        session = event.session
-        link = session.dashboard_link
-        if link and monitor.install(session.client):
-            link = monitor.page_link(link)  # straight to the flowgpu page
-        console.print(f"[bold]flowgpu[/] running {escape(spec)} on {session.backend} "
-                      f"({session.n_workers} worker(s)); dashboard: {link or 'off'}")
+    def announce(event: events.Event) -> None:  # the run's subscriber: the dashboard link once the session is ready
+        if isinstance(event, events.SessionReady) and not quiet:
+            session, link = event.session, event.session.dashboard_link
+            link = monitor.page_link(link) if link and monitor.install(session.client) else link  # the flowgpu page
+            console.print(f"[bold]flowgpu[/] running {escape(spec)} on {session.backend} "
+                          f"({session.n_workers} worker(s)); dashboard: {link or 'off'}")
 
     config = pipeline.RunConfig(overrides=overrides, params_file=params_file, overwrite=overwrite,
                                 summary_path=summary_path, cluster=cluster, console=console if not quiet else None,

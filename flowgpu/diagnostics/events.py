@@ -1,11 +1,9 @@
-"""What a pipeline run tells those who follow it, in the order it happens.
+"""What a pipeline run tells its subscribers (``pipeline.run(..., subscribers=[f])``), in order.
 
-A subscriber is a callable given each event (``pipeline.run(..., subscribers=[f])``, or
-:class:`flowgpu.pipeline.RunConfig`'s ``subscribers``), on the run's own thread; what it raises stops
-the run. The CLI prints the dashboard link on :class:`SessionReady`; the dashboard's flowgpu page
-follows items from :class:`ItemStarted` to :class:`ItemFinished` (:class:`flowgpu.diagnostics.monitor.Follower`).
-The events live here, below the pipeline layer, so diagnostics can subscribe; what belongs to that
-layer (a plan, an outcome record) travels as a plain attribute.
+A subscriber is called with each event on the run's thread (what it raises stops the run): the CLI
+prints the dashboard link on :class:`SessionReady`, :class:`flowgpu.diagnostics.monitor.Follower`
+shows each item on the dashboard page. They live below the pipeline layer so diagnostics can
+subscribe; the pipeline's objects (a plan, an outcome) travel untyped.
 """
 
 from __future__ import annotations
@@ -19,7 +17,7 @@ __all__ = ["Event", "ItemFinished", "ItemStarted", "RunFinished", "SessionReady"
 
 @dataclass(frozen=True)
 class SessionReady:
-    """The session the run computes on is ready (given, joined or started); none when all is up to date."""
+    """The run's session is ready (given, joined or started); not sent when all is up to date."""
 
     session: Any  # a flowgpu.runtime.RunSession
 
@@ -28,7 +26,7 @@ class SessionReady:
 class ItemStarted:
     """One item (a plain run is one) is staged and about to be computed."""
 
-    index: int  # the item's place in the batch
+    index: int  # its place in the batch
     label: str | None  # its foreach params (``seed=1``); None for a plain run
     plan: Any  # the pipeline.Plan it runs (compiled for the session)
     describe: Callable[[], dict]  # pipeline.describe(plan), made when asked
@@ -38,11 +36,10 @@ class ItemStarted:
 
 @dataclass(frozen=True)
 class ItemFinished:
-    """One item ended: ``outcome`` (a pipeline.batch.Outcome) has its ``status`` (ok, failed or
-    cancelled), ``values``, ``written``, ``error`` and ``seconds``."""
+    """One item ended (ok, failed or cancelled)."""
 
     index: int
-    outcome: Any
+    outcome: Any  # its pipeline.batch.Outcome: status, values, written, error, seconds
 
 
 @dataclass(frozen=True)

@@ -72,10 +72,6 @@ class Outcome:
     plan: Plan | None = None
     pending: dict[str, sinks.PendingWrite] = field(default_factory=dict)
 
-    def __post_init__(self) -> None:
-        if not self.job.todo:
-            self.status = "up-to-date"
-
     @property
     def outputs(self) -> dict[str, Any]:
         """Every output's value or location: up to date or computed."""
@@ -112,21 +108,6 @@ def _failure(o: Outcome, error: BaseException, session: RunSession) -> FlowgpuEr
     return _said(item, out)
 
 
-def _prepare(o: Outcome, session: RunSession, overwrite: bool) -> None:
-    """Stage the job's writes, on its plan as compiled, unless that was built for other workers than
-    the session's (a run that started its own cluster after judging its outputs) or stands in for
-    python sources, which are called here, and only here: then compiled for the session."""
-    job, spec, facts = o.job, o.job.item.spec, session.facts
-    plan = o.plan = compile(spec, for_run=True, facts=facts) \
-        if job.plan.facts != facts or (calls_user_code(job.plan) and not job.plan.for_run) else job.plan
-    if session.workers:  # one task, and the largest array, fit the workers (or a SpecError)
-        check_memory(plan, session.workers, session.threads_per_worker, session.worker_budget)
-    for name in job.todo:
-        out = spec.outputs[name]
-        x = plan.labelled.get(name, plan.outputs[name])  # labelled outputs as xarray.DataArray (sink: xarray)
-        o.pending[name] = sinks.prepare_write(out.sink, x, out.path, overwrite, **out.sink_options())
-
-
 def _commit(o: Outcome, results: list[Any], cache: Any) -> None:
     """Move the job's outputs into place together, then record them (an entry only for a complete output)."""
     job = o.job
@@ -159,13 +140,22 @@ class _Batch:
         self.futures: dict[Outcome, list] = {}
 
     def start(self, o: Outcome) -> None:
-        """Stage ``o``'s job and say it starts."""
-        _prepare(o, self.session, self.config.overwrite)
-        item = o.job.item
-        self.tell(ItemStarted(item.index, item.label if item.values else None, o.plan,
-                              functools.partial(describe, o.plan), {n: p.target for n, p in o.pending.items()},
-                              tuple(o.job.cached)))
-        self.bar[o] = self.bars.add(item.label)
+        """Stage the job's writes and say it starts: on its plan as compiled, unless that was built for other
+        workers than the session's (a run that started its own cluster after judging its outputs) or stands
+        in for python sources, which are called here, and only here: then compiled for the session."""
+        job, spec, session = o.job, o.job.item.spec, self.session
+        plan = o.plan = compile(spec, for_run=True, facts=session.facts) \
+            if job.plan.facts != session.facts or (calls_user_code(job.plan) and not job.plan.for_run) else job.plan
+        if session.workers:  # one task, and the largest array, fit the workers (or a SpecError)
+            check_memory(plan, session.workers, session.threads_per_worker, session.worker_budget)
+        for name in job.todo:
+            out = spec.outputs[name]
+            x = plan.labelled.get(name, plan.outputs[name])  # labelled outputs as xarray.DataArray (sink: xarray)
+            o.pending[name] = sinks.prepare_write(out.sink, x, out.path, self.config.overwrite, **out.sink_options())
+        self.tell(ItemStarted(job.item.index, job.item.label if job.item.values else None, plan,
+                              functools.partial(describe, plan), {n: p.target for n, p in o.pending.items()},
+                              tuple(job.cached)))
+        self.bar[o] = self.bars.add(job.item.label)
 
     def settle(self, o: Outcome, error: BaseException | None, results: list[Any] | None, started: float) -> None:
         """Commit ``o``'s job (or fail it, removing its staging) and say how it ended."""
@@ -209,15 +199,12 @@ class _Batch:
         client = self.session.client
         started = time.perf_counter()
         owner: dict[int, Outcome] = {}
-        left: dict[Outcome, int] = {}
         futures = client.compute([p.target for o in ready for p in o.pending.values()])  # one graph, shared tasks once
         for o in ready:
             self.futures[o], futures = futures[:len(o.pending)], futures[len(o.pending):]
             o.status = "running"
             self.bars.follow(self.bar[o], client, self.futures[o])
-            for f in self.futures[o]:
-                owner[id(f)] = o
-            left[o] = len(self.futures[o])
+            owner.update((id(f), o) for f in self.futures[o])
         try:
             if len(ready) == 1:  # a plain run: waited for and gathered in one call, as compute() does
                 self._gather_one(client, ready[0], started)
@@ -234,8 +221,7 @@ class _Batch:
                     if not self.config.keep_going:
                         return
                     continue
-                left[o] -= 1
-                if left[o] == 0:
+                if all(f.status == "finished" for f in self.futures[o]):
                     try:
                         results, error = client.gather(self.futures[o]), None
                     except Exception as e:  # noqa: BLE001
@@ -245,8 +231,9 @@ class _Batch:
                         return
         finally:
             for o in ready:
-                if o.status == "running":
-                    self._cancel(client, o)
+                if o.status == "running":  # its writes stop: running tasks finish, and their staging goes
+                    if writes := self._writes(o):  # after them (at the latest when the next run takes the lock)
+                        client.cancel(writes)
                     self.fail(o, None, "cancelled")
 
     def _gather_one(self, client: Any, o: Outcome, started: float) -> None:
@@ -263,22 +250,14 @@ class _Batch:
         self.settle(o, error, results, started)
 
     def _writes(self, o: Outcome) -> list:
-        return [f for f, p in zip(self.futures[o], o.pending.values()) if not sinks.sink_entry(p.sink).has(sinks.IN_SUMMARY)]
+        return [f for f, p in zip(self.futures[o], o.pending.values())
+                if not sinks.sink_entry(p.sink).has(sinks.IN_SUMMARY)]
 
     def _settled(self, o: Outcome) -> None:
         """Wait until none of failed ``o``'s writes can still write into its staging (each finishes or
         fails at once: it needs the failed task), so aborting removes the staging for good."""
-        try:
+        with contextlib.suppress(Exception):  # a write cancelled or timed out: the staging goes anyway
             wait(self._writes(o), timeout=120)
-        except Exception:  # noqa: S110 - a write that was cancelled or timed out: the staging goes anyway
-            pass
-
-    def _cancel(self, client: Any, o: Outcome) -> None:
-        """Stop ``o``'s writes (tasks already running finish; their staging is removed after them, at
-        the latest when the next run takes the output's lock)."""
-        writes = self._writes(o)
-        if writes:
-            client.cancel(writes)
 
 
 def execute(outcomes: list[Outcome], session: RunSession, config: RunConfig, *, cache: Any = None,

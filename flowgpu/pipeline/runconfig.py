@@ -16,55 +16,30 @@ __all__ = ["RunConfig"]
 
 @dataclass(frozen=True)
 class RunConfig:
-    """How to run a pipeline (or a batch of it); :func:`flowgpu.pipeline.run` builds one from its keywords.
+    """How to run a pipeline (or a batch of it); :func:`flowgpu.pipeline.run` builds one from its keywords."""
 
-    Attributes
-    ----------
-    overrides : dotted keys to set, e.g. ``{"params.n": 1000}`` (as ``--set``).
-    params_file : a YAML file of param values (as ``--params``).
-    session : a :class:`flowgpu.Session` to run on; default: the current one, else one started from
-        the spec's ``cluster:`` block (and closed at the end). ``"local"`` runs on dask's threaded
-        scheduler in this process, with no cluster (small runs and tests).
-    overwrite : replace output paths that hold data flowgpu did not write.
-    summary_path : also write the summary as JSON there (atomically); a failed run writes one too,
-        with ``status: "failed"``, the error, the step it came from when known, and what was written.
-    cluster : Session options overriding the spec's ``cluster:`` block (``--scheduler``, ``--gpus``).
-        With no scheduler or session given, a run joins the cluster that stays up (``flowgpu cluster
-        start``) when one runs, and says so; ``{"standalone": True}`` starts one of its own instead.
-    console : where to print progress and notes (default: stderr); ``progress=False`` is quiet.
-    allow_spec_address : let the spec's ``cluster.address`` (another scheduler) or a dashboard open to
-        the network take effect; without it they are refused (see :func:`session_options`).
-    wait : when another run is writing one of the outputs, wait for it (a line on stderr says so);
-        ``False`` (``--no-wait``): fail at once with :class:`OutputLockedError`.
-    foreach : run a batch: param name -> values (a list, a glob ``"data/*.npy"``, a range ``"0:8"``,
-        ``{"glob": ...}``, ``{"range": ...}``), with the spec's ``foreach:`` block; several make a grid.
-        Every item is compiled before any runs; the result is then a :class:`BatchResult`.
-    keep_going : a failing item does not stop the others (the result says which failed).
-    force : compute every output, up to date or not.
-    checksum : tell changed input files by their content, not only their size and modification time.
-    cache : skip outputs that are up to date, and record what made each output written
-        (``flowgpu.cache.directory``); ``False`` computes everything and records nothing.
-    report : also write a self-contained HTML report of the run (or batch) there, atomically, also
-        when it failed while computing: :mod:`flowgpu.diagnostics.runreport`.
-    subscribers : callables given each event of the run (:mod:`flowgpu.diagnostics.events`):
-        ``SessionReady`` (the CLI prints the dashboard link), each item's ``ItemStarted`` and
-        ``ItemFinished``, then ``RunFinished`` with the summary.
-    """
-
-    overrides: dict[str, Any] | None = None
-    params_file: str | None = None
+    overrides: dict[str, Any] | None = None  # dotted keys to set, e.g. {"params.n": 1000} (--set)
+    params_file: str | None = None  # a YAML file of param values (--params)
+    # a flowgpu.Session; default: the current one, else one started from the spec's cluster: block and
+    # closed at the end; "local": dask's threaded scheduler in this process, no cluster
     session: RunSession | str | None = None
-    overwrite: bool = False
-    summary_path: str | None = None
+    overwrite: bool = False  # replace output paths that hold data flowgpu did not write
+    summary_path: str | None = None  # also write the summary there as JSON, atomically (a failed run's too)
+    # Session options over the spec's cluster: block (--scheduler, --gpus); with neither, a run joins the
+    # cluster that stays up (flowgpu cluster start), saying so, unless {"standalone": True}
     cluster: dict[str, Any] | None = None
-    console: Console | None = None
-    progress: bool = True
-    allow_spec_address: bool = False
-    wait: bool = True
+    console: Console | None = None  # where progress and notes go (default: stderr)
+    progress: bool = True  # False: quiet
+    allow_spec_address: bool = False  # let the spec's address or an open dashboard count (checks.session_options)
+    wait: bool = True  # wait for another run writing an output (False, --no-wait: OutputLockedError at once)
+    # run a batch: param -> values (a list, a glob "data/*.npy", a range "0:8", {"glob": ...}, {"range": ...}),
+    # with the spec's foreach: block; several make a grid; the result is then a BatchResult
     foreach: dict[str, Any] | None = None
-    keep_going: bool = False
-    force: bool = False
-    checksum: bool = False
-    cache: bool = True
-    report: str | os.PathLike | None = None
+    keep_going: bool = False  # a failing item does not stop the others (the result says which failed)
+    force: bool = False  # compute every output, up to date or not
+    checksum: bool = False  # tell changed input files by their content, not only size and modification time
+    cache: bool = True  # skip up-to-date outputs and record what made each written (False: neither)
+    report: str | os.PathLike | None = None  # also write an HTML report of the run there (a failed run's too)
+    # called with each event of the run (diagnostics.events): SessionReady (the CLI prints the dashboard
+    # link), each item's ItemStarted and ItemFinished, then RunFinished with the summary
     subscribers: Sequence[Callable[[Any], None]] = ()

@@ -1,23 +1,15 @@
 """Running a pipeline, or a batch of it: one Session, every item's graph submitted together, written atomically.
 
-1. load the spec and expand its batch (``foreach``: :mod:`flowgpu.pipeline.foreach`; a plain run
-   is one item), then compile (for the session's workers: its ``facts``) and check every item (pure; any problem is a :class:`SpecError`
-   naming the item, and nothing runs);
-2. refuse output paths that hold data flowgpu did not write (unless ``overwrite``), that are or
-   contain the run's own files (:mod:`flowgpu.pipeline.checks`), or that two items share;
-3. hold every output path's write lock (one run per output; waiting, or failing with
-   ``wait=False``), which also finishes commits that dead runs left half-done there;
-4. ask the cache which outputs are up to date (:mod:`flowgpu.pipeline.cache`: the recipe that made
-   each and the fingerprints of the files it read) and say so; when nothing is left to compute,
-   stop here, starting no cluster;
-5. use the given (or current) Session, or start one from the spec's ``cluster:`` block (whose
-   address or open dashboard needs ``allow_spec_address``), and hand the jobs to
-   :func:`flowgpu.pipeline.batch.execute`: compiled again only when the plans were built for other
-   workers (a cluster started after step 4) or stand in for python sources, staged, computed
-   together, each item committed in one transaction (all new or all old) when all its outputs are
-   done, then recorded in the cache. A failure removes the item's staging and raises (or, with
-   ``keep_going``, stays in its item); ``summary_path`` is written either way
-   (:mod:`flowgpu.pipeline.outcome`).
+How is a :class:`RunConfig`. Every item of the batch (:mod:`flowgpu.pipeline.foreach`; a plain run is
+one) is compiled for the session's ``facts`` and checked before anything runs (any problem is a
+:class:`SpecError` naming the item; outputs that hold data flowgpu did not write, contain the run's own
+files or that two items share are refused: :mod:`flowgpu.pipeline.checks`); every output's write
+lock is held (which also finishes commits dead runs left half-done); the cache says which outputs are
+up to date, making each item a frozen :class:`~flowgpu.pipeline.batch.Job` (nothing to compute: no
+cluster is started). :func:`flowgpu.pipeline.batch.execute` stages, computes and commits the jobs on
+the given, current or started Session, filling each one's :class:`~flowgpu.pipeline.batch.Outcome`;
+the results and summaries (:mod:`flowgpu.pipeline.outcome`; ``summary_path``, of a failure too) are
+made from the outcomes, and the subscribers hear each step (:mod:`flowgpu.diagnostics.events`).
 """
 
 from __future__ import annotations
@@ -125,8 +117,7 @@ class BatchResult:
 
 
 def _run(spec: Spec, config: RunConfig, begun: float) -> "RunResult | BatchResult":
-    """The run of a loaded spec, whose side files passed the checks: its outcomes, its summary (also
-    of a failure: ``--summary``), its events."""
+    """The run of a loaded spec whose side files passed the checks: outcomes, summary (of a failure too), events."""
     follower = monitor.Follower(report=bool(config.report))  # the dashboard's flowgpu page, and the report
 
     def tell(event: events.Event) -> None:
@@ -153,7 +144,7 @@ def _run(spec: Spec, config: RunConfig, begun: float) -> "RunResult | BatchResul
             if store is not None:
                 jobs = judge(jobs, store, config.force, config.checksum)
                 config.console.print(f"{escape(spec.name)}: {escape(line(jobs))}", highlight=False)
-            outcomes += [Outcome(job) for job in jobs]
+            outcomes += [Outcome(job, "waiting" if job.todo else "up-to-date") for job in jobs]
             memory = None
             try:
                 if any(job.todo for job in jobs):
@@ -280,10 +271,9 @@ def _batch_result(spec: Spec, outcomes: list[Outcome], session: runtime.RunSessi
         one = _single_result(o, session, started)
         one.summary["wall_seconds"] = o.seconds
         said = str(o.error).removeprefix(f"batch item {item.index + 1} of {item.of} ({item.label}): ")
-        entry = {"index": item.index, "params": item.values, "status": o.status,
-                 "outputs": one.summary["outputs"], "error": said if o.error is not None else None,
-                 "wall_seconds": o.seconds}
+        entries.append({"index": item.index, "params": item.values, "status": o.status,
+                        "outputs": one.summary["outputs"], "error": said if o.error is not None else None,
+                        "wall_seconds": o.seconds})
         one.params, one.status = item.values, o.status
         results.append(one)
-        entries.append(entry)
     return BatchResult(results, batch_summary(spec, entries, _info(session), time.perf_counter() - started))

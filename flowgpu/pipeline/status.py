@@ -166,13 +166,8 @@ def status(spec: Spec | str | os.PathLike | dict, *, overrides: dict[str, Any] |
     plans = plan_items(items, overwrite, params_file)
     jobs = judge([Job(item, plan, tuple(plan.outputs)) for item, plan in zip(items, plans)], outputs_cache.Cache(),
                  force, checksum)
-    entries = []
-    for job in jobs:
-        outputs = {}
-        for name, v in job.verdicts.items():
-            outputs[name] = {"up_to_date": v.up_to_date, "reason": v.reason,
-                             **({"location": v.location} if v.location is not None else {"value": v.value})}
-        entries.append({"index": job.item.index, "params": job.item.values, "outputs": outputs})
-    return {"name": spec.name, "file": spec.origin.file if spec.origin else None,
-            "line": line(jobs),
-            "items": entries}
+    entries = [{"index": job.item.index, "params": job.item.values, "outputs": {
+        name: {"up_to_date": v.up_to_date, "reason": v.reason,
+               **({"location": v.location} if v.location is not None else {"value": v.value})}
+        for name, v in job.verdicts.items()}} for job in jobs]
+    return {"name": spec.name, "file": spec.origin.file if spec.origin else None, "line": line(jobs), "items": entries}
