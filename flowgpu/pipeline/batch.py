@@ -218,17 +218,14 @@ class _Batch:
                         f"pipeline {o.job.name!r} was cancelled: {future.status}")
                     self._settled(o)
                     self.settle(o, error, None, started)
-                    if not self.config.keep_going:
-                        return
-                    continue
-                if all(f.status == "finished" for f in self.futures[o]):
+                elif all(f.status == "finished" for f in self.futures[o]):
                     try:
                         results, error = client.gather(self.futures[o]), None
                     except Exception as e:  # noqa: BLE001
                         results, error = None, e
                     self.settle(o, error, results, started)
-                    if o.status == "failed" and not self.config.keep_going:
-                        return
+                if o.status == "failed" and not self.config.keep_going:
+                    return
         finally:
             for o in ready:
                 if o.status == "running":  # its writes stop: running tasks finish, and their staging goes
