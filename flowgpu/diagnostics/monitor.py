@@ -160,7 +160,8 @@ class Follower:
                 self.tracked[event.index] = tracked
         elif isinstance(event, ItemFinished) and event.index in self.tracked:
             o = event.outcome
-            self.tracked[event.index].finish("ok" if o.status == "ok" else "failed", str(o.error) if o.error else o.status)
+            self.tracked[event.index].finish("ok" if o.status == "ok" else "failed",
+                                             str(o.error) if o.error else o.status)
 
     def _follow(self, event: ItemStarted) -> Tracked | None:
         client = self.session.client

@@ -103,7 +103,8 @@ def _failure(o: Outcome, error: BaseException, session: RunSession) -> FlowgpuEr
         out: FlowgpuError = OutputError(f"pipeline {name!r} failed writing its outputs ({paths}): {error.strerror}; "
                                         "free space there or choose a path on another filesystem. Nothing was replaced")
     else:
-        out = explain(error, o.plan, session) or RunError(f"pipeline {name!r} failed while running: {failed_with(error)}")
+        out = explain(error, o.plan, session) or RunError(
+            f"pipeline {name!r} failed while running: {failed_with(error)}")
     out.__cause__ = error
     return _said(item, out)
 

@@ -70,7 +70,8 @@ def _start_session(spec: Spec, config: RunConfig) -> runtime.Session:
         raise spec.error(str(e), ("cluster",), hint="fix the cluster: block or the CLI option") from None
 
 
-def run(spec: Spec | str | os.PathLike | dict, config: RunConfig | None = None, **kwargs: Any) -> "RunResult | BatchResult":
+def run(spec: Spec | str | os.PathLike | dict, config: RunConfig | None = None,
+        **kwargs: Any) -> "RunResult | BatchResult":
     """Run a pipeline (or a batch of it) and return its outputs and summary.
 
     ``spec``: a :class:`Spec`, the path of a YAML spec, or a spec as a Python dict. ``config``: how to
@@ -88,7 +89,8 @@ def run(spec: Spec | str | os.PathLike | dict, config: RunConfig | None = None, 
             write_json(config.summary_path, failure_summary(spec, None, {}, e, time.perf_counter() - started),
                        config.overwrite)
         raise
-    check_side_files(loaded, config.summary_path, config.report, config.overwrite, config.params_file)  # as outputs: before anything runs
+    # as outputs, before anything runs
+    check_side_files(loaded, config.summary_path, config.report, config.overwrite, config.params_file)
     return _run(loaded, config, started)
 
 
@@ -133,7 +135,7 @@ def _run(spec: Spec, config: RunConfig, begun: float) -> "RunResult | BatchResul
         started = time.perf_counter()
         session = _given_session(config.session)
         # on an open session where every output will be computed, python sources are called now, once;
-        # otherwise they stand in until an item is known to run (batch._prepare calls them then)
+        # otherwise they stand in until an item is known to run (batch._Batch.start calls them then)
         plans = plan_items(items, config.overwrite, config.params_file, session.facts if session is not None else None,
                            for_run=session is not None and (config.force or not config.cache))
         jobs = [Job(item, plan, tuple(plan.outputs)) for item, plan in zip(items, plans)]
@@ -164,7 +166,8 @@ def _run(spec: Spec, config: RunConfig, begun: float) -> "RunResult | BatchResul
                 for said in tables.write_tables(outcomes, config.overwrite):  # every item's row, computed now or up to date
                     config.console.print(said, markup=False, highlight=False, soft_wrap=True)
                 after = _memory_soon(session) if memory is not None and memory() is not None and not batch else None
-                result = _batch_result(spec, outcomes, session, started) if batch else _single_result(outcomes[0], session, started)
+                result = (_batch_result(spec, outcomes, session, started) if batch else
+                          _single_result(outcomes[0], session, started))
                 if config.report and not any(job.todo for job in jobs):  # all up to date: the report says so
                     _write_report(spec, outcomes, session, started, batch, config, follower)
                 if after is not None:
@@ -192,7 +195,7 @@ def _ended(config: RunConfig, tell: Callable[[events.Event], None], summary: dic
 
 
 def _given_session(session: runtime.RunSession | str | None) -> runtime.RunSession | None:
-    """The session to run on: the one given, dask's threaded scheduler for ``"local"``, or the current one (None: start one)."""
+    """The session given, dask's threaded scheduler for ``"local"``, or the current one (None: start one)."""
     if isinstance(session, str):
         if session != "local":
             raise ConfigError(f"session={session!r}: give a flowgpu.Session, None, or \"local\"")
