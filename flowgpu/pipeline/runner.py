@@ -126,7 +126,6 @@ def _run(spec: Spec, config: RunConfig, begun: float) -> "RunResult | BatchResul
         for subscriber in (follower, *config.subscribers):
             subscriber(event)
 
-    plans: list[Plan] = []
     outcomes: list[Outcome] = []  # what happened to each item: what a failure says
     failed = None  # a failed batch's summary
     try:
@@ -180,8 +179,8 @@ def _run(spec: Spec, config: RunConfig, begun: float) -> "RunResult | BatchResul
     except BaseException as e:
         if isinstance(e, KeyboardInterrupt):  # what the command line says of it: what was committed, what not
             e.flowgpu_outcome = interrupted(outcomes)
-        summary = failed or failure_summary(spec, plans[0] if plans else None, outcomes[0].written if outcomes else {},
-                                            e, time.perf_counter() - begun)
+        summary = failed or failure_summary(spec, outcomes[0].job.plan if outcomes else None,
+                                            outcomes[0].written if outcomes else {}, e, time.perf_counter() - begun)
         _ended(config, tell, summary)
         raise
     _ended(config, tell, result.summary)
