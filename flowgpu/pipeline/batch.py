@@ -51,10 +51,6 @@ class Job:
     verdicts: dict[str, Any] = field(default_factory=dict)  # the cache's word on each output
     recipes: dict[str, Any] | None = None
 
-    @property
-    def name(self) -> str:
-        return self.item.spec.name
-
 
 @dataclass(eq=False)
 class Outcome:
@@ -95,7 +91,7 @@ def _said(item: Item, error: FlowgpuError) -> FlowgpuError:
 
 def _failure(o: Outcome, error: BaseException, session: RunSession) -> FlowgpuError:
     """What a user is told when ``o``'s job failed with ``error``: the step, the fix, that nothing was replaced."""
-    item, name = o.job.item, o.job.name
+    item, name = o.job.item, o.job.item.spec.name
     if isinstance(error, FlowgpuError):
         return _said(item, error)
     if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
@@ -216,7 +212,7 @@ class _Batch:
                     continue
                 if future.status != "finished":
                     error = future.exception() if future.status == "error" else RunError(
-                        f"pipeline {o.job.name!r} was cancelled: {future.status}")
+                        f"pipeline {o.job.item.spec.name!r} was cancelled: {future.status}")
                     self._settled(o)
                     self.settle(o, error, None, started)
                 elif all(f.status == "finished" for f in self.futures[o]):
@@ -240,7 +236,7 @@ class _Batch:
         try:
             results, error = client.gather(self.futures[o]), None
         except CancelledError:  # distributed's FutureCancelledError
-            results, error = None, RunError(f"pipeline {o.job.name!r} was cancelled: cancelled")
+            results, error = None, RunError(f"pipeline {o.job.item.spec.name!r} was cancelled: cancelled")
         except Exception as e:  # noqa: BLE001 - the item fails; said in its words
             results, error = None, e
         if error is not None:
