@@ -106,20 +106,6 @@ class Tracked:
             self._description = self._description()
         return self._description
 
-    def _begin_report(self, count: int) -> None:
-        self.client.get_task_stream(start=0, stop=0)  # the scheduler records the task stream from now on
-        self._since = (time.time(), count)
-
-    def _end_report(self, code: str) -> None:
-        self.final = self.view()
-        if self._since is not None:
-            try:
-                self.dask_html = self.client.sync(self.client.scheduler.performance_report, start=self._since[0],
-                                                  last_count=self._since[1], code=code, mode="inline",
-                                                  callback_timeout=6 * _TIMEOUT)
-            except Exception:  # noqa: BLE001 - our part of the report stands without dask's
-                logger.warning("flowgpu: dask's performance report could not be made", exc_info=True)
-
     def _call(self, **kwargs: Any) -> Any:
         # bounded: a scheduler that went away must not hold up the run's own error
         return self.client.sync(self.client.scheduler.flowgpu_board, run_id=self.run_id, callback_timeout=_TIMEOUT,
@@ -131,8 +117,15 @@ class Tracked:
             self._call(action="finish", status=status, error=error)
         except Exception:  # noqa: BLE001 - the page is a view
             logger.debug("flowgpu: could not tell the board the run ended", exc_info=True)
-        if self.report:
-            self._end_report(f"flowgpu run {self.description.get('file') or self.description.get('name')} ({status})")
+        if self.report:  # the board's view at the end, and dask's report of the task stream since the start
+            self.final = self.view()
+            code = f"flowgpu run {self.description.get('file') or self.description.get('name')} ({status})"
+            try:
+                self.dask_html = self.client.sync(self.client.scheduler.performance_report, start=self._since[0],
+                                                  last_count=self._since[1], code=code, mode="inline",
+                                                  callback_timeout=6 * _TIMEOUT)
+            except Exception:  # noqa: BLE001 - our part of the report stands without dask's
+                logger.warning("flowgpu: dask's performance report could not be made", exc_info=True)
 
     def view(self) -> dict | None:
         try:
@@ -173,8 +166,9 @@ class Follower:
             count = tracked._call(action="publish", graph=graph, layers=step_layers(event.plan, event.targets),
                                   item=event.label, batch=self.batch,
                                   states={f"out:{n}": "up-to-date" for n in event.cached})
-            if self.report:
-                tracked._begin_report(count)
+            if self.report:  # the scheduler records the task stream from now on
+                client.get_task_stream(start=0, stop=0)
+                tracked._since = (time.time(), count)
         except Exception as e:  # noqa: BLE001 - the page is a view; the run must not depend on it
             logger.warning("flowgpu: the dashboard page does not follow this run: %s", e)
             return None
