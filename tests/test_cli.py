@@ -87,6 +87,7 @@ def test_run_with_sets_summary_and_local_cluster(tmp_path, rng, monkeypatch, cpu
     x = _spec(tmp_path, rng)
     result = CliRunner().invoke(cli, ["run", "spec.yaml", "--summary", "run.json"])
     assert result.exit_code == 0, result.output
+    assert "flowgpu running spec.yaml on cpu (2 worker(s)); dashboard: off" in result.stderr  # once its session is ready
     np.testing.assert_allclose(np.load(tmp_path / "out" / "y.npy"), 2 * x)
     summary = json.loads((tmp_path / "run.json").read_text())
     np.testing.assert_allclose(summary["outputs"]["s"]["value"], 2 * x.sum())

@@ -15,13 +15,12 @@ from flowgpu import pipeline
 from flowgpu.cli.common import (EXIT_FAILED, EXIT_INVALID, _console, _parse_sets, allow_address_option,
                                 cluster_kind_options, handle_errors, protocol_option, spec_options, tls_options,
                                 worker_options)
-from flowgpu.diagnostics import jsontext, monitor, render_batch, render_plan, render_status, render_summary, stepgraph
+from flowgpu.diagnostics import events, jsontext, monitor, render_batch, render_plan, render_status, render_summary, stepgraph
 from flowgpu.errors import SpecError
 from flowgpu.io import atomic
 from flowgpu.pipeline.checks import check_side_files
 from flowgpu.pipeline.foreach import parse_option
 from flowgpu.registry import checking_only
-from flowgpu.runtime import RunSession
 
 def _results(data: dict, as_json: bool, render: Callable[[dict, Any], None]) -> None:
     """Results on stdout: JSON (for scripts: ``flowgpu run x.yaml --json | jq``) or the table."""
@@ -112,20 +111,19 @@ def run(spec: str, sets: tuple[str, ...], params_file: str | None, scheduler: st
         click.echo(f"dry run: {f'{items} batch items checked; ' if items > 1 else ''}nothing was run or written")
         return
 
-    def announce(session: RunSession) -> None:
-        if quiet:
-            return
-        link = session.dashboard_link
-        if link and monitor.install(session.client):
-            link = monitor.page_link(link)  # straight to the flowgpu page
-        console.print(f"[bold]flowgpu[/] running {escape(spec)} on {session.backend} "
-                      f"({session.n_workers} worker(s)); dashboard: {link or 'off'}")
+    def announce(event: events.Event) -> None:  # the run's subscriber: the dashboard link once the session is ready
+        if isinstance(event, events.SessionReady) and not quiet:
+            session, link = event.session, event.session.dashboard_link
+            link = monitor.page_link(link) if link and monitor.install(session.client) else link  # the flowgpu page
+            console.print(f"[bold]flowgpu[/] running {escape(spec)} on {session.backend} "
+                          f"({session.n_workers} worker(s)); dashboard: {link or 'off'}")
 
-    result = pipeline.run(spec, overrides=overrides, params_file=params_file, overwrite=overwrite,
-                          summary_path=summary_path, cluster=cluster, console=console if not quiet else None,
-                          progress=not quiet, on_session=announce, allow_spec_address=allow_spec_address,
-                          wait=not no_wait, foreach=batch, keep_going=keep_going, force=force, checksum=checksum,
-                          cache=not no_cache, report=report)
+    config = pipeline.RunConfig(overrides=overrides, params_file=params_file, overwrite=overwrite,
+                                summary_path=summary_path, cluster=cluster, console=console if not quiet else None,
+                                progress=not quiet, subscribers=(announce,), allow_spec_address=allow_spec_address,
+                                wait=not no_wait, foreach=batch, keep_going=keep_going, force=force,
+                                checksum=checksum, cache=not no_cache, report=report)
+    result = pipeline.run(spec, config)
     _results(result.summary, as_json, render_batch if isinstance(result, pipeline.BatchResult) else render_summary)
     if result.summary["status"] != "ok":
         sys.exit(EXIT_FAILED)

@@ -1,11 +1,10 @@
 """The client side of the flowgpu dashboard page: install it, and tell it what a run is doing.
 
-``run = monitor.follow(plan, session, description)`` ... ``run.finish("ok")`` around a run's
-compute (or each item of a batch in flight together) publishes the run's step graph and which Dask layer belongs to which step (from the graph the compiler built:
-each plan node's lazy array and its HighLevelGraph layers) to the scheduler's
-:class:`~flowgpu.diagnostics.dashboard.DashboardPlugin`, and at the end whether the run succeeded.
-``run.view()`` is what the page shows about it (the run report reads it). Without a distributed
-client (``session="local"``) it does nothing.
+A pipeline run's :class:`Follower` (one of its subscribers) publishes each item's step graph and which
+Dask layer belongs to which step (from the graph the compiler built: each plan node's lazy array and
+its HighLevelGraph layers) to the scheduler's :class:`~flowgpu.diagnostics.dashboard.DashboardPlugin`
+as the item starts, and whether it succeeded as it ends. :meth:`Tracked.view` is what the page shows
+about an item (the run report reads it). Without a distributed client (``session="local"``) it does nothing.
 """
 
 from __future__ import annotations
@@ -18,8 +17,9 @@ from urllib.parse import urlsplit
 
 from flowgpu.diagnostics import stepgraph
 from flowgpu.diagnostics.dashboard import PAGE, PLUGIN_NAME, DashboardPlugin
+from flowgpu.diagnostics.events import Event, ItemFinished, ItemStarted, SessionReady
 
-__all__ = ["install", "page_link", "step_layers", "follow", "Tracked"]
+__all__ = ["install", "page_link", "step_layers", "Follower", "Tracked"]
 
 logger = logging.getLogger("flowgpu.dashboard")
 _TIMEOUT = 10.0  # seconds for one call to the scheduler's board
@@ -87,20 +87,18 @@ def step_layers(plan: Any, targets: dict[str, Any] | None = None, prefix: str = 
 
 
 class Tracked:
-    """A run the dashboard follows; ``view()`` is what the board shows about it (None without one).
+    """A run (or batch item) the dashboard follows; ``view()`` is what the board shows about it.
 
     With ``report``, it also keeps dask's performance report of the compute (``dask_html``) and the
-    board's view at its end (``final``): the run report's data (:meth:`report_data`).
+    board's view at its end (``final``): the run report's data (:meth:`Follower.report_data`).
     """
 
-    def __init__(self, client: Any = None, run_id: str | None = None, description: Any = None,
-                 report: bool = False):
+    def __init__(self, client: Any, run_id: str, description: Any, report: bool = False):
         self.client, self.run_id, self.report = client, run_id, report
         self._description = description
         self.final: dict | None = None
         self.dask_html: str | None = None
         self._since: tuple[float, int] | None = None
-        self._finished = False
 
     @property
     def description(self) -> dict:
@@ -108,13 +106,20 @@ class Tracked:
             self._description = self._description()
         return self._description
 
-    def _begin_report(self, count: int) -> None:
-        self.client.get_task_stream(start=0, stop=0)  # the scheduler records the task stream from now on
-        self._since = (time.time(), count)
+    def _call(self, **kwargs: Any) -> Any:
+        # bounded: a scheduler that went away must not hold up the run's own error
+        return self.client.sync(self.client.scheduler.flowgpu_board, run_id=self.run_id, callback_timeout=_TIMEOUT,
+                                **kwargs)
 
-    def _end_report(self, code: str) -> None:
-        self.final = self.view()
-        if self._since is not None:
+    def finish(self, status: str, error: str | None = None) -> None:
+        """The run ended: ``status`` ``"ok"`` or ``"failed"`` (with its ``error``)."""
+        try:
+            self._call(action="finish", status=status, error=error)
+        except Exception:  # noqa: BLE001 - the page is a view
+            logger.debug("flowgpu: could not tell the board the run ended", exc_info=True)
+        if self.report:  # the board's view at the end, and dask's report of the task stream since the start
+            self.final = self.view()
+            code = f"flowgpu run {self.description.get('file') or self.description.get('name')} ({status})"
             try:
                 self.dask_html = self.client.sync(self.client.scheduler.performance_report, start=self._since[0],
                                                   last_count=self._since[1], code=code, mode="inline",
@@ -122,32 +127,7 @@ class Tracked:
             except Exception:  # noqa: BLE001 - our part of the report stands without dask's
                 logger.warning("flowgpu: dask's performance report could not be made", exc_info=True)
 
-    def report_data(self) -> dict:
-        """What the run report shows of this run: ``{"description", "view", "dask_html"}``."""
-        return {"description": self.description, "view": self.final, "dask_html": self.dask_html}
-
-    def _call(self, **kwargs: Any) -> Any:
-        # bounded: a scheduler that went away must not hold up the run's own error
-        return self.client.sync(self.client.scheduler.flowgpu_board, run_id=self.run_id, callback_timeout=_TIMEOUT,
-                                **kwargs)
-
-    def finish(self, status: str, error: str | None = None) -> None:
-        """The run ended: ``status`` ``"ok"`` or ``"failed"`` (with its ``error``); once."""
-        if self._finished:
-            return
-        self._finished = True
-        if self.client is not None:
-            try:
-                self._call(action="finish", status=status, error=error)
-            except Exception:  # noqa: BLE001 - the page is a view
-                logger.debug("flowgpu: could not tell the board the run ended", exc_info=True)
-            if self.report:
-                self._end_report(f"flowgpu run {self.description.get('file') or self.description.get('name')} "
-                                 f"({status})")
-
     def view(self) -> dict | None:
-        if self.client is None:
-            return None
         try:
             return self._call(action="view")
         except Exception:  # noqa: BLE001 - a report without live figures is still a report
@@ -155,36 +135,47 @@ class Tracked:
             return None
 
 
-def follow(plan: Any, session: Any, description: Any, item: str | None = None, batch: str | None = None,
-           targets: dict[str, Any] | None = None, states: dict[str, str] | None = None,
-           report: bool = False) -> Tracked:
-    """Start following a run (or one item of a batch) on the flowgpu page; call
-    :meth:`Tracked.finish` when it ended.
+class Follower:
+    """A run's subscriber (:mod:`flowgpu.diagnostics.events`) that shows each item on the flowgpu page
+    (one row per item of a batch): its step graph and which Dask layer belongs to which step (``targets``:
+    each output's write) from :class:`ItemStarted`, its end from :class:`ItemFinished`. Only where a
+    dashboard can show it or ``report`` needs what the page records (:meth:`report_data`)."""
 
-    Parameters
-    ----------
-    plan : the compiled plan (its nodes' arrays name the layers of each step).
-    session : the Session computing it; without a distributed client nothing is published.
-    description : ``pipeline.describe(plan)`` (the step graph drawn), or a function returning it
-        (called only when it is needed).
-    item, batch : for a batch, this item's label (e.g. ``"params.input=a.npy"``) and the batch's id;
-        the page shows one row per item of the batch.
-    targets : output name -> what computes it (a sink's write), so writes count for the outputs.
-    states : fixed states of nodes, e.g. ``{"out:y": "up-to-date"}``.
-    report : also record what a run report needs (:meth:`Tracked.report_data`).
-    """
-    client = getattr(session, "client", None)
-    if client is None or not install(client):
-        return Tracked(description=description, report=report)
-    tracked = Tracked(client, uuid.uuid4().hex, description, report)
-    graph = stepgraph.to_dict(stepgraph.from_description(tracked.description))
-    try:
-        count = tracked._call(action="publish", graph=graph, layers=step_layers(plan, targets), item=item,
-                              batch=batch, states=states or {})
-        if report:
-            tracked._begin_report(count)
-    except Exception as e:  # noqa: BLE001 - the page is a view; the run must not depend on it
-        logger.warning("flowgpu: the dashboard page does not follow this run: %s", e)
-        return Tracked(description=description, report=report)
-    return tracked
+    def __init__(self, report: bool = False):
+        self.report, self.batch, self.session = report, uuid.uuid4().hex, None
+        self.tracked: dict[int, Tracked] = {}  # item index -> its run on the page
 
+    def __call__(self, event: Event) -> None:
+        if isinstance(event, SessionReady):
+            self.session = event.session
+        elif isinstance(event, ItemStarted) and (self.report or self.session.may_serve_dashboard):
+            if (tracked := self._follow(event)) is not None:
+                self.tracked[event.index] = tracked
+        elif isinstance(event, ItemFinished) and event.index in self.tracked:
+            o = event.outcome
+            self.tracked[event.index].finish("ok" if o.status == "ok" else "failed",
+                                             str(o.error) if o.error else o.status)
+
+    def _follow(self, event: ItemStarted) -> Tracked | None:
+        client = self.session.client
+        if client is None or not install(client):
+            return None
+        tracked = Tracked(client, uuid.uuid4().hex, event.describe, self.report)
+        graph = stepgraph.to_dict(stepgraph.from_description(tracked.description))
+        try:
+            count = tracked._call(action="publish", graph=graph, layers=step_layers(event.plan, event.targets),
+                                  item=event.label, batch=self.batch,
+                                  states={f"out:{n}": "up-to-date" for n in event.cached})
+            if self.report:  # the scheduler records the task stream from now on
+                client.get_task_stream(start=0, stop=0)
+                tracked._since = (time.time(), count)
+        except Exception as e:  # noqa: BLE001 - the page is a view; the run must not depend on it
+            logger.warning("flowgpu: the dashboard page does not follow this run: %s", e)
+            return None
+        return tracked
+
+    def report_data(self, index: int) -> dict | None:
+        """What the run report shows of item ``index``: ``{"description", "view", "dask_html"}`` (None: not
+        followed: up to date, or no distributed client)."""
+        t = self.tracked.get(index)
+        return {"description": t.description, "view": t.final, "dask_html": t.dask_html} if t is not None else None

@@ -18,15 +18,15 @@ from flowgpu.pipeline.build import from_dict, load
 from flowgpu.pipeline.builder import Pipeline, Ref
 from flowgpu.pipeline.compiler import Plan, compile
 from flowgpu.pipeline.planning import describe
+from flowgpu.pipeline.runconfig import RunConfig
 from flowgpu.pipeline.runner import BatchResult, RunResult, check_outputs, run, session_options
 from flowgpu.pipeline.spec import Spec, json_schema
 from flowgpu.pipeline.foreach import expand
-from flowgpu.pipeline.status import plan_items
+from flowgpu.pipeline.status import plan_items, status as _status
 from flowgpu.pipeline.tables import check_items
-from flowgpu.pipeline.status import status as _status
 from flowgpu.registry import checking_only, recording_imports
 
-__all__ = ["BatchResult", "Pipeline", "Plan", "Ref", "RunResult", "Spec", "compile", "describe", "from_dict", "imports",
+__all__ = ["BatchResult", "Pipeline", "Plan", "Ref", "RunConfig", "RunResult", "Spec", "compile", "describe", "from_dict", "imports",
            "json_schema", "load", "run", "status", "validate"]
 
 
@@ -43,6 +43,7 @@ def _runs_no_user_code(func: Any) -> Any:
 status = _runs_no_user_code(_status)
 
 
+@_runs_no_user_code
 def validate(spec: Spec | str | os.PathLike | dict, overrides: dict[str, Any] | None = None,
              params_file: str | None = None, *, overwrite: bool = False, cluster: dict[str, Any] | None = None,
              allow_spec_address: bool = False) -> Spec:
@@ -57,13 +58,6 @@ def validate(spec: Spec | str | os.PathLike | dict, overrides: dict[str, Any] | 
 
     Returns the validated :class:`Spec`; raises :class:`~flowgpu.errors.SpecError` otherwise.
     """
-    with checking_only():
-        return _validate(spec, overrides, params_file, overwrite=overwrite, cluster=cluster,
-                         allow_spec_address=allow_spec_address)
-
-
-def _validate(spec: Spec | str | os.PathLike | dict, overrides: dict[str, Any] | None, params_file: str | None, *,
-              overwrite: bool, cluster: dict[str, Any] | None, allow_spec_address: bool) -> Spec:
     if isinstance(spec, (str, os.PathLike)):
         spec = load(spec, overrides, params_file)
     elif isinstance(spec, dict):

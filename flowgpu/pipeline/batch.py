@@ -15,7 +15,6 @@ import contextlib
 import errno
 import functools
 import time
-import uuid
 from collections.abc import Callable
 from concurrent.futures import CancelledError
 from dataclasses import dataclass, field
@@ -23,9 +22,9 @@ from typing import Any
 
 import dask
 from distributed import as_completed, wait
-from rich.console import Console
 
-from flowgpu.diagnostics import BatchBars, monitor
+from flowgpu.diagnostics import BatchBars
+from flowgpu.diagnostics.events import ItemFinished, ItemStarted
 from flowgpu.errors import FlowgpuError, OutputError, RunError, SpecError
 from flowgpu.io import faults, sinks
 from flowgpu.pipeline import visibility
@@ -33,45 +32,54 @@ from flowgpu.pipeline.compiler import Plan, calls_user_code, compile
 from flowgpu.pipeline.failures import ASK, explain, failed_with, watch_spill
 from flowgpu.pipeline.foreach import Item, in_item
 from flowgpu.pipeline.planning import check_memory, describe
+from flowgpu.pipeline.runconfig import RunConfig
 from flowgpu.runtime import RunSession
 
-__all__ = ["Job", "execute"]
+__all__ = ["Job", "Outcome", "execute"]
 
 
-@dataclass
+@dataclass(frozen=True)
 class Job:
-    """One item of a batch on its way: what to compute, its staged writes, its futures, its outcome."""
+    """One item of a batch as planned and judged: what to compute and what is up to date (never changed
+    after; what happens to it is its :class:`Outcome`)."""
 
     item: Item
     plan: Plan  # compiled outside the session (pure): shapes, dtypes, recipes
-    todo: list[str]  # the outputs to compute (the others are up to date)
+    todo: tuple[str, ...]  # the outputs to compute (the others are up to date)
     cached: dict[str, Any] = field(default_factory=dict)  # up-to-date outputs: value or location
     reasons: dict[str, str] = field(default_factory=dict)  # why each output of todo is computed
     verdicts: dict[str, Any] = field(default_factory=dict)  # the cache's word on each output
     recipes: dict[str, Any] | None = None
-    run_plan: Plan | None = None  # compiled inside the session
-    pending: dict[str, sinks.PendingWrite] = field(default_factory=dict)
-    futures: list = field(default_factory=list)
-    status: str = "waiting"  # waiting, running, ok, failed, up-to-date, cancelled
+
+
+@dataclass(eq=False)
+class Outcome:
+    """What happened to a :class:`Job`; only :func:`execute` changes it. ``status``: waiting, running,
+    ok, failed, up-to-date or cancelled; ``values``: each computed output's value or location;
+    ``written``: those moved into place; ``plan``: the plan it ran (compiled in the session);
+    ``pending``: its staged writes."""
+
+    job: Job
+    status: str = "waiting"
     values: dict[str, Any] = field(default_factory=dict)
     written: dict[str, str] = field(default_factory=dict)
     error: BaseException | None = None
     seconds: float = 0.0
-    bar: Any = None
-    tracked: Any = None  # what the dashboard's flowgpu page follows of it (diagnostics.monitor)
+    plan: Plan | None = None
+    pending: dict[str, sinks.PendingWrite] = field(default_factory=dict)
 
     @property
-    def name(self) -> str:
-        return self.item.spec.name
+    def outputs(self) -> dict[str, Any]:
+        """Every output's value or location: up to date or computed."""
+        return {**self.job.cached, **self.values}
 
     def abort(self) -> None:
         for p in self.pending.values():
             p.abort()
 
 
-def _said(job: Job, error: FlowgpuError) -> FlowgpuError:
+def _said(item: Item, error: FlowgpuError) -> FlowgpuError:
     """``error`` naming the batch item it came from (a plain run's error is left as it is)."""
-    item = job.item
     if item.of <= 1 and not item.values:
         return error
     if isinstance(error, SpecError):
@@ -81,90 +89,41 @@ def _said(job: Job, error: FlowgpuError) -> FlowgpuError:
     return said
 
 
-def _failure(job: Job, error: BaseException, session: RunSession) -> FlowgpuError:
-    """What a user is told when ``job`` failed with ``error``: the step, the fix, that nothing was replaced."""
+def _failure(o: Outcome, error: BaseException, session: RunSession) -> FlowgpuError:
+    """What a user is told when ``o``'s job failed with ``error``: the step, the fix, that nothing was replaced."""
+    item, name = o.job.item, o.job.item.spec.name
     if isinstance(error, FlowgpuError):
-        return _said(job, error)
+        return _said(item, error)
     if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
-        paths = ", ".join(repr(p.location) for p in job.pending.values() if p.location)
-        out: FlowgpuError = OutputError(f"pipeline {job.name!r} failed writing its outputs ({paths}): {error.strerror}; "
+        paths = ", ".join(repr(p.location) for p in o.pending.values() if p.location)
+        out: FlowgpuError = OutputError(f"pipeline {name!r} failed writing its outputs ({paths}): {error.strerror}; "
                                         "free space there or choose a path on another filesystem. Nothing was replaced")
     else:
-        out = explain(error, job.run_plan, session) or RunError(
-            f"pipeline {job.name!r} failed while running: {failed_with(error)}")
+        out = explain(error, o.plan, session) or RunError(
+            f"pipeline {name!r} failed while running: {failed_with(error)}")
     out.__cause__ = error
-    return _said(job, out)
+    return _said(item, out)
 
 
-def _prepare(job: Job, session: RunSession, overwrite: bool) -> None:
-    """Stage ``job``'s writes, on its plan as compiled, unless that was built for other workers than
-    the session's (a run that started its own cluster after judging its outputs) or stands in for
-    python sources, which are called here, and only here: then compiled for the session."""
-    spec = job.item.spec
-    facts = session.facts
-    plan = job.run_plan = compile(spec, for_run=True, facts=facts) \
-        if job.plan.facts != facts or (calls_user_code(job.plan) and not job.plan.for_run) else job.plan
-    if session.workers:  # one task, and the largest array, fit the workers (or a SpecError)
-        check_memory(plan, session.workers, session.threads_per_worker, session.worker_budget)
-    for name in job.todo:
-        out = spec.outputs[name]
-        x = plan.labelled.get(name, plan.outputs[name])  # labelled outputs as xarray.DataArray (sink: xarray)
-        job.pending[name] = sinks.prepare_write(out.sink, x, out.path, overwrite, **out.sink_options())
-
-
-def _commit(job: Job, results: list[Any], cache: Any) -> None:
-    """Move ``job``'s outputs into place together, then record them (an entry only for a complete output)."""
-    spec = job.item.spec
+def _commit(o: Outcome, results: list[Any], cache: Any) -> None:
+    """Move the job's outputs into place together, then record them (an entry only for a complete output)."""
+    job = o.job
     if cache is not None:
         cache.invalidate(job.plan, job.todo, item=job.item.values)
-    locations = sinks.commit_all(list(job.pending.values()))
-    for (name, p), result, location in zip(job.pending.items(), results, locations):
+    locations = sinks.commit_all(list(o.pending.values()))
+    for (name, p), result, location in zip(o.pending.items(), results, locations):
         if sinks.sink_entry(p.sink).has(sinks.IN_SUMMARY):
-            job.values[name] = sinks.to_summary_value(result)
+            o.values[name] = sinks.to_summary_value(result)
         else:
-            job.values[name] = job.written[name] = location
+            o.values[name] = o.written[name] = location
     faults.point("item-committed")
     if cache is not None and job.recipes is not None:
         for name in job.todo:
-            in_summary = sinks.sink_entry(spec.outputs[name].sink).has(sinks.IN_SUMMARY)
+            in_summary = sinks.sink_entry(job.item.spec.outputs[name].sink).has(sinks.IN_SUMMARY)
             cache.record(job.plan, name, job.recipes[name], item=job.item.values,
-                         location=None if in_summary else job.values[name],
-                         value=job.values[name] if in_summary else None)
-    job.status = "ok"
-
-
-def _settle(job: Job, error: BaseException | None, session: RunSession, results: list[Any] | None, cache: Any,
-            bars: BatchBars, started: float) -> None:
-    job.seconds = time.perf_counter() - started
-    bars.done(job.bar)
-    if error is None:
-        try:
-            _commit(job, results or [], cache)
-            _told(job)
-            return
-        except Exception as e:  # noqa: BLE001 - said below, with the item
-            error = e
-    job.status, job.error = "failed", _failure(job, error, session)
-    job.abort()
-    _told(job)
-
-
-def _follow(job: Job, session: RunSession, batch: str, report: bool) -> None:
-    """The dashboard's flowgpu page follows ``job`` from now on (one row per item of a batch); not
-    where no dashboard can show it and no report needs what the page records."""
-    if not report and not session.may_serve_dashboard:
-        return
-    item = job.item
-    job.tracked = monitor.follow(job.run_plan, session, functools.partial(describe, job.run_plan),
-                                 item=item.label if item.values else None, batch=batch,
-                                 targets={n: p.target for n, p in job.pending.items()},
-                                 states={f"out:{n}": "up-to-date" for n in job.cached}, report=report)
-
-
-def _told(job: Job) -> None:
-    """The page hears how ``job`` ended."""
-    if job.tracked is not None:
-        job.tracked.finish("ok" if job.status == "ok" else "failed", str(job.error) if job.error else job.status)
+                         location=None if in_summary else o.values[name],
+                         value=o.values[name] if in_summary else None)
+    o.status = "ok"
 
 
 def _in_order(compute: Callable[[list], Any], targets: list) -> list:
@@ -188,154 +147,178 @@ def _in_order(compute: Callable[[list], Any], targets: list) -> list:
     return out
 
 
-def _run_local(jobs: list[Job], session: RunSession, cache: Any, bars: BatchBars, keep_going: bool) -> None:
-    """One item after the other on dask's threaded scheduler, in this process."""
-    for job in jobs:
+class _Batch:
+    """One :func:`execute`: the session, the cache, the progress bars and whom to tell; each running
+    item's bar and futures."""
+
+    def __init__(self, session: RunSession, config: RunConfig, cache: Any, tell: Callable[[Any], None],
+                 computed: Callable[[], Any] | None = None):
+        self.session, self.config, self.cache, self.tell, self.computed = session, config, cache, tell, computed
+        self.bars = BatchBars(config.console, show=config.progress)
+        self.bar: dict[Outcome, Any] = {}
+        self.futures: dict[Outcome, list] = {}
+
+    def start(self, o: Outcome) -> None:
+        """Stage the job's writes and say it starts: on its plan as compiled, unless that was built for other
+        workers than the session's (a run that started its own cluster after judging its outputs) or stands
+        in for python sources, which are called here, and only here: then compiled for the session."""
+        job, spec, session = o.job, o.job.item.spec, self.session
+        plan = o.plan = compile(spec, for_run=True, facts=session.facts) \
+            if job.plan.facts != session.facts or (calls_user_code(job.plan) and not job.plan.for_run) else job.plan
+        if session.workers:  # one task, and the largest array, fit the workers (or a SpecError)
+            check_memory(plan, session.workers, session.threads_per_worker, session.worker_budget)
+        for name in job.todo:
+            out = spec.outputs[name]
+            x = plan.labelled.get(name, plan.outputs[name])  # labelled outputs as xarray.DataArray (sink: xarray)
+            o.pending[name] = sinks.prepare_write(out.sink, x, out.path, self.config.overwrite, **out.sink_options())
+        self.tell(ItemStarted(job.item.index, job.item.label if job.item.values else None, plan,
+                              functools.partial(describe, plan), {n: p.target for n, p in o.pending.items()},
+                              tuple(job.cached)))
+        self.bar[o] = self.bars.add(job.item.label)
+
+    def settle(self, o: Outcome, error: BaseException | None, results: list[Any] | None, started: float) -> None:
+        """Commit ``o``'s job (or fail it, removing its staging) and say how it ended."""
+        o.seconds = time.perf_counter() - started
+        self.bars.done(self.bar[o])
+        if error is None:
+            try:
+                _commit(o, results or [], self.cache)
+            except Exception as e:  # noqa: BLE001 - said below, with the item
+                error = e
+        if error is None:
+            self.tell(ItemFinished(o.job.item.index, o))
+        else:
+            self.fail(o, error)
+
+    def fail(self, o: Outcome, error: BaseException | None, status: str = "failed") -> None:
+        """``o``'s job failed with ``error`` (or was cancelled): its staging removed, said."""
+        if error is not None:
+            o.error = _failure(o, error, self.session)
+        o.status = status
+        o.abort()
+        self.tell(ItemFinished(o.job.item.index, o))
+
+    def local(self, ready: list[Outcome]) -> None:
+        """One item after the other on dask's threaded scheduler, in this process."""
+        for o in ready:
+            started = time.perf_counter()
+            o.status = "running"
+            try:
+                with self.bars.local(self.bar[o]) or contextlib.nullcontext():
+                    results = _in_order(lambda ts: dask.compute(*ts, scheduler="threads"),
+                                        [p.target for p in o.pending.values()])
+                error = None
+            except Exception as e:  # noqa: BLE001 - the item fails; said in its words
+                results, error = None, e
+            self.settle(o, error, results, started)
+            if o.status == "failed" and not self.config.keep_going:
+                return
+
+    def distributed(self, ready: list[Outcome]) -> None:
+        """Every item submitted at once; each committed as soon as its last future is done."""
+        client = self.session.client
         started = time.perf_counter()
-        job.status = "running"
+        owner: dict[int, Outcome] = {}
+        futures = _in_order(client.compute, [p.target for o in ready for p in o.pending.values()])  # one graph
+        for o in ready:
+            self.futures[o], futures = futures[:len(o.pending)], futures[len(o.pending):]
+            o.status = "running"
+            self.bars.follow(self.bar[o], client, self.futures[o])
+            owner.update((id(f), o) for f in self.futures[o])
         try:
-            with bars.local(job.bar) or contextlib.nullcontext():
-                results = _in_order(lambda ts: dask.compute(*ts, scheduler="threads"),
-                                    [p.target for p in job.pending.values()])
-            error = None
+            if len(ready) == 1:  # a plain run: waited for and gathered in one call, as compute() does
+                self._gather_one(client, ready[0], started)
+                return
+            for future in as_completed([f for o in ready for f in self.futures[o]]):
+                o = owner[id(future)]
+                if o.status != "running":
+                    continue
+                if future.status != "finished":
+                    error = future.exception() if future.status == "error" else RunError(
+                        f"pipeline {o.job.item.spec.name!r} was cancelled: {future.status}")
+                    self._settled(o)
+                    self.settle(o, error, None, started)
+                elif all(f.status == "finished" for f in self.futures[o]):
+                    try:
+                        results, error = client.gather(self.futures[o]), None
+                    except Exception as e:  # noqa: BLE001
+                        results, error = None, e
+                    self.settle(o, error, results, started)
+                if o.status == "failed" and not self.config.keep_going:
+                    return
+        finally:
+            for o in ready:
+                if o.status == "running":  # its writes stop: running tasks finish, and their staging goes
+                    if writes := self._writes(o):  # after them (at the latest when the next run takes the lock)
+                        client.cancel(writes)
+                    self.fail(o, None, "cancelled")
+
+    def _gather_one(self, client: Any, o: Outcome, started: float) -> None:
+        """Wait for ``o``'s futures and fetch their results in one round trip (the first failure ends
+        the wait), then (``computed()`` first, when all came back) commit or fail it."""
+        try:
+            results, error = client.gather(self.futures[o]), None
+        except CancelledError:  # distributed's FutureCancelledError
+            results, error = None, RunError(f"pipeline {o.job.item.spec.name!r} was cancelled: cancelled")
         except Exception as e:  # noqa: BLE001 - the item fails; said in its words
             results, error = None, e
-        _settle(job, error, session, results, cache, bars, started)
-        if job.status == "failed" and not keep_going:
-            return
+        if error is None and self.computed is not None:
+            self.computed()
+        if error is not None:
+            self._settled(o)
+        self.settle(o, error, results, started)
+
+    def _writes(self, o: Outcome) -> list:
+        return [f for f, p in zip(self.futures[o], o.pending.values())
+                if not sinks.sink_entry(p.sink).has(sinks.IN_SUMMARY)]
+
+    def _settled(self, o: Outcome) -> None:
+        """Wait until none of failed ``o``'s writes can still write into its staging (each finishes or
+        fails at once: it needs the failed task), so aborting removes the staging for good."""
+        with contextlib.suppress(Exception):  # a write cancelled or timed out: the staging goes anyway
+            wait(self._writes(o), timeout=120)
 
 
-def _run_distributed(jobs: list[Job], session: RunSession, cache: Any, bars: BatchBars, keep_going: bool,
-                     computed: Callable[[], Any] | None = None) -> None:
-    """Every item submitted at once; each committed as soon as its last future is done."""
-    client = session.client
-    started = time.perf_counter()
-    owner: dict[int, Job] = {}
-    left: dict[int, int] = {}
-    futures = _in_order(client.compute, [p.target for job in jobs for p in job.pending.values()])  # one graph
-    for job in jobs:
-        job.futures, futures = futures[:len(job.pending)], futures[len(job.pending):]
-        job.status = "running"
-        bars.follow(job.bar, client, job.futures)
-        for f in job.futures:
-            owner[id(f)] = job
-        left[id(job)] = len(job.futures)
-    try:
-        if len(jobs) == 1:  # a plain run: waited for and gathered in one call, as compute() does
-            _gather_one(client, jobs[0], session, cache, bars, started, computed)
-            return
-        for future in as_completed([f for job in jobs for f in job.futures]):
-            job = owner[id(future)]
-            if job.status != "running":
-                continue
-            if future.status != "finished":
-                error = future.exception() if future.status == "error" else RunError(
-                    f"pipeline {job.name!r} was cancelled: {future.status}")
-                _settled(job)
-                _settle(job, error, session, None, cache, bars, started)
-                if not keep_going:
-                    return
-                continue
-            left[id(job)] -= 1
-            if left[id(job)] == 0:
-                try:
-                    results, error = client.gather(job.futures), None
-                except Exception as e:  # noqa: BLE001
-                    results, error = None, e
-                _settle(job, error, session, results, cache, bars, started)
-                if job.status == "failed" and not keep_going:
-                    return
-    finally:
-        rest = [job for job in jobs if job.status == "running"]
-        for job in rest:
-            _cancel(client, job)
-            job.status = "cancelled"
-            job.abort()
-
-
-def _gather_one(client: Any, job: Job, session: RunSession, cache: Any, bars: BatchBars, started: float,
-                computed: Callable[[], Any] | None = None) -> None:
-    """Wait for ``job``'s futures and fetch their results in one round trip (the first failure ends
-    the wait), then (``computed()`` first, when all came back) commit or fail it."""
-    try:
-        results, error = client.gather(job.futures), None
-    except CancelledError:  # distributed's FutureCancelledError
-        results, error = None, RunError(f"pipeline {job.name!r} was cancelled: cancelled")
-    except Exception as e:  # noqa: BLE001 - the item fails; said in its words
-        results, error = None, e
-    if error is None and computed is not None:
-        computed()
-    if error is not None:
-        _settled(job)
-    _settle(job, error, session, results, cache, bars, started)
-
-
-def _writes(job: Job) -> list:
-    return [f for f, p in zip(job.futures, job.pending.values()) if not sinks.sink_entry(p.sink).has(sinks.IN_SUMMARY)]
-
-
-def _settled(job: Job) -> None:
-    """Wait until none of failed ``job``'s writes can still write into its staging (each finishes or
-    fails at once: it needs the failed task), so aborting removes the staging for good."""
-    try:
-        wait(_writes(job), timeout=120)
-    except Exception:  # noqa: S110 - a write that was cancelled or timed out: the staging goes anyway
-        pass
-
-
-def _cancel(client: Any, job: Job) -> None:
-    """Stop ``job``'s writes (tasks already running finish; their staging is removed after them, at
-    the latest when the next run takes the output's lock)."""
-    writes = _writes(job)
-    if writes:
-        client.cancel(writes)
-
-
-def execute(jobs: list[Job], session: RunSession, *, overwrite: bool = False, keep_going: bool = False,
-            console: Console | None = None, progress: bool = True, cache: Any = None, report: bool = False, memory: Callable[[], Any] | None = None,
+def execute(outcomes: list[Outcome], session: RunSession, config: RunConfig, *, cache: Any = None,
+            tell: Callable[[Any], None] = lambda event: None, memory: Callable[[], Any] | None = None,
             computed: Callable[[], Any] | None = None) -> None:
-    """Compute the ``todo`` outputs of every job on ``session`` and commit each job's outputs when all
-    are done; sets each job's ``status``, ``values`` and ``error``. Without ``keep_going`` the first
-    failure cancels the rest and is raised; with it, every failure stays in its job. ``memory``: a function that
-    gives the session's ``memory_summary()`` the caller asked for just before (the spill watch starts
-    from it), so the workers need not be asked again. ``computed``: called as soon as a plain run's
-    results are back on a Session, before they are committed (the run asks the workers for their
-    memory accounting after it then, and they answer while it commits)."""
-    bars = BatchBars(console, show=progress)
-    batch = uuid.uuid4().hex  # the page's id of this batch
-    work = [job for job in jobs if job.todo]
-    client = getattr(session, "client", None)
-    visibility.check(client, visibility.input_entries(job.plan for job in work))  # before anything is staged
+    """Compute the ``todo`` outputs of every outcome's job on ``session`` and commit each job's outputs
+    when all are done, filling its outcome (``status``, ``values``, ``written``, ``error``, ``seconds``)
+    and telling ``tell`` when each starts and ends (:mod:`flowgpu.diagnostics.events`). Without
+    ``keep_going`` the first failure cancels the rest and is raised; with it, every failure stays in
+    its outcome. ``memory``: a function that gives the session's ``memory_summary()`` the caller asked
+    for just before (the spill watch starts from it), so the workers need not be asked again.
+    ``computed``: called as soon as a plain run's results are back on a Session, before they are
+    committed (the run asks the workers for their memory accounting then, answered while it commits)."""
+    run = _Batch(session, config, cache, tell, computed)
+    work = [o for o in outcomes if o.job.todo]
+    client = session.client
+    visibility.check(client, visibility.input_entries(o.job.plan for o in work))  # before anything is staged
     try:
-        with bars:
+        with run.bars:
             ready = []
-            for job in work:
+            for o in work:
                 try:
-                    _prepare(job, session, overwrite)
-                    _follow(job, session, batch, report)
-                    job.bar = bars.add(job.item.label)
-                    ready.append(job)
+                    run.start(o)
+                    ready.append(o)
                 except Exception as e:  # noqa: BLE001 - said in the item's words
-                    job.status, job.error = "failed", _failure(job, e, session)
-                    job.abort()
-                    if not keep_going:
-                        raise job.error from e
-            visibility.check(client, visibility.output_entries(p for job in ready for p in job.pending.values()))
+                    run.fail(o, e)
+                    if not config.keep_going:
+                        raise o.error from e
+            visibility.check(client, visibility.output_entries(p for o in ready for p in o.pending.values()))
             faults.point("after-prepare")
             baseline = ASK if memory is None else memory()
             with watch_spill(session, baseline=baseline) as watch:  # a spill directory that fills during the run stops it
-                if getattr(session, "client", None) is not None:
-                    _run_distributed(ready, session, cache, bars, keep_going, computed)
+                if client is not None:
+                    run.distributed(ready)
                 else:
-                    _run_local(ready, session, cache, bars, keep_going)
+                    run.local(ready)
             if watch.error is not None:
                 raise watch.stopped()
     finally:
-        for job in work:
-            if job.status not in ("ok", "failed"):
-                job.status = "cancelled"
-                job.abort()
-                _told(job)
-    failed = [job for job in work if job.status == "failed"]
-    if failed and not keep_going:
+        for o in work:
+            if o.status not in ("ok", "failed", "cancelled"):
+                run.fail(o, None, "cancelled")
+    failed = [o for o in work if o.status == "failed"]
+    if failed and not config.keep_going:
         raise failed[0].error

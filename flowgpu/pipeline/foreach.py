@@ -21,7 +21,7 @@ import math
 import os
 import re
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from flowgpu.errors import SpecError, SpecLimitError
@@ -44,7 +44,6 @@ class Item:
     values: dict[str, Any]
     spec: Spec
     of: int = 1
-    plan: Any = field(default=None, repr=False)
 
     @property
     def label(self) -> str:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 from typing import Any
 
 from flowgpu import __version__
@@ -54,29 +53,17 @@ def _failed_step(spec: Spec, plan: Plan | None, error: BaseException) -> str | N
     return None
 
 
-@dataclass
-class RunState:
-    """How far a run got, for what it says when it fails: whether its ``--summary``/``--report``
-    paths passed the checks (None: not checked yet), its first plan and its jobs once compiled, the
-    outputs moved into place (name -> location), and a failed batch's summary."""
-
-    side_files_ok: bool | None = None
-    plan: Plan | None = None
-    jobs: list = field(default_factory=list)
-    written: dict[str, str] = field(default_factory=dict)
-    summary: dict[str, Any] | None = None
-
-
-def failure_summary(spec: Any, state: RunState, error: BaseException, wall: float) -> dict[str, Any]:
-    """The summary of a run that failed: the error, its step when known, and what was (not) written."""
+def failure_summary(spec: Any, plan: Plan | None, moved: dict[str, str], error: BaseException,
+                    wall: float) -> dict[str, Any]:
+    """The summary of a run that failed: the error, its step when known (``plan``: the first item's,
+    once compiled), and what was (not) written (``moved``: output name -> location moved into place)."""
     given = os.fspath(spec) if isinstance(spec, (str, os.PathLike)) else None  # a spec file that did not load
     spec = spec if isinstance(spec, Spec) else None
-    plan = state.plan
     outputs = {}
     for name, out in (spec.outputs.items() if spec is not None else ()):
-        written = name in state.written
+        written = name in moved
         outputs[name] = {"from": out.from_, "sink": out.sink, "path": out.path, "written": written,
-                         **({"location": state.written[name]} if written else {})}
+                         **({"location": moved[name]} if written else {})}
     message = "interrupted" if isinstance(error, KeyboardInterrupt) else str(error)
     return {
         "flowgpu": __version__,
@@ -88,8 +75,8 @@ def failure_summary(spec: Any, state: RunState, error: BaseException, wall: floa
         "step": _failed_step(spec, plan, error) if spec is not None else None,
         "wall_seconds": wall,
         "params": dict(spec.origin.params) if spec is not None and spec.origin else {},
-        "written": sorted(state.written),
-        "not_written": sorted(set(outputs) - set(state.written)),
+        "written": sorted(moved),
+        "not_written": sorted(set(outputs) - set(moved)),
         "outputs": outputs,
     }
 

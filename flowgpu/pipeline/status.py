@@ -7,6 +7,7 @@ of every run too (:mod:`flowgpu.pipeline.runner`), so both say the same.
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from typing import Any
 
 from flowgpu.backend import Facts
@@ -121,19 +122,17 @@ def _refuse_reading_another_items_output(items: list[Item], plans: list[Plan]) -
             raise spec.error(message, ("inputs", name, "path"), hint=hint)
 
 
-def judge(jobs: list[Job], store: Any, force: bool, checksum: bool) -> None:
-    """Which outputs of each job are up to date (kept, with their cached value or location)."""
+def judge(jobs: list[Job], store: Any, force: bool, checksum: bool) -> list[Job]:
+    """The jobs, each saying which of its outputs are up to date (kept, with their cached value or location)."""
+    judged = []
     for job in jobs:
-        job.recipes = recipe.recipes(job.plan, checksum=checksum)
-        verdicts = store.check(job.plan, job.recipes, item=job.item.values, checksum=checksum, force=force)
-        job.todo = [n for n in job.plan.outputs if not verdicts[n].up_to_date]
-        job.reasons = {n: verdicts[n].reason for n in job.todo}
-        for name, v in verdicts.items():
-            if v.up_to_date:
-                job.cached[name] = v.value if v.location is None else v.location
-        job.verdicts = verdicts
-        if not job.todo:
-            job.status = "up-to-date"
+        recipes = recipe.recipes(job.plan, checksum=checksum)
+        verdicts = store.check(job.plan, recipes, item=job.item.values, checksum=checksum, force=force)
+        todo = tuple(n for n in job.plan.outputs if not verdicts[n].up_to_date)
+        cached = {n: v.value if v.location is None else v.location for n, v in verdicts.items() if v.up_to_date}
+        judged.append(replace(job, todo=todo, reasons={n: verdicts[n].reason for n in todo}, cached=cached,
+                              verdicts=verdicts, recipes=recipes))
+    return judged
 
 
 def line(jobs: list[Job]) -> str:
@@ -165,15 +164,10 @@ def status(spec: Spec | str | os.PathLike | dict, *, overrides: dict[str, Any] |
     spec = load_spec(spec, overrides, params_file)
     items = expand(spec, foreach)
     plans = plan_items(items, overwrite, params_file)
-    jobs = [Job(item, plan, list(plan.outputs)) for item, plan in zip(items, plans)]
-    judge(jobs, outputs_cache.Cache(), force, checksum)
-    entries = []
-    for job in jobs:
-        outputs = {}
-        for name, v in job.verdicts.items():
-            outputs[name] = {"up_to_date": v.up_to_date, "reason": v.reason,
-                             **({"location": v.location} if v.location is not None else {"value": v.value})}
-        entries.append({"index": job.item.index, "params": job.item.values, "outputs": outputs})
-    return {"name": spec.name, "file": spec.origin.file if spec.origin else None,
-            "line": line(jobs),
-            "items": entries}
+    jobs = judge([Job(item, plan, tuple(plan.outputs)) for item, plan in zip(items, plans)], outputs_cache.Cache(),
+                 force, checksum)
+    entries = [{"index": job.item.index, "params": job.item.values, "outputs": {
+        name: {"up_to_date": v.up_to_date, "reason": v.reason,
+               **({"location": v.location} if v.location is not None else {"value": v.value})}
+        for name, v in job.verdicts.items()}} for job in jobs]
+    return {"name": spec.name, "file": spec.origin.file if spec.origin else None, "line": line(jobs), "items": entries}

@@ -134,20 +134,20 @@ def check_items(items: list[Any], plans: list[Any]) -> None:
             seen.add(column)
 
 
-def write_tables(jobs: list[Any], overwrite: bool = False) -> list[str]:
-    """Write every table of the batch ``jobs`` ran (:class:`flowgpu.pipeline.batch.Job`): a row per
-    item, from its computed or cached values; returns a line to say of each."""
+def write_tables(outcomes: list[Any], overwrite: bool = False) -> list[str]:
+    """Write every table of a batch from its items' outcomes (:class:`flowgpu.pipeline.batch.Outcome`):
+    a row per item, from its computed or cached values; returns a line to say of each."""
     said = []
-    for t in _gather([(job.item, job.plan, job) for job in jobs]).values():
-        missing = [job for job, _ in t.members if job.status not in ("ok", "up-to-date")]
+    for t in _gather([(o.job.item, o.job.plan, o) for o in outcomes]).values():
+        missing = [o for o, _ in t.members if o.status not in ("ok", "up-to-date")]
         if missing:
             said.append(f"table {shown(t.path)}: not written, {len(missing)} of {len(t.members)} items did not "
                         "complete (the file is as it was)")
             continue
         rows = []
-        for job, plan in t.members:
-            values = {**job.cached, **job.values}
-            row = list(_params(job.item).values())
+        for o, plan in t.members:
+            values = o.outputs
+            row = list(_params(o.job.item).values())
             for name in t.outputs:
                 x = plan.outputs[name]
                 row += table.cells(values[name], x.dtype, x.shape)

@@ -3,6 +3,8 @@ joined by address, with a tab beside Status; a run's tasks land on the steps the
 
 from __future__ import annotations
 
+import functools
+import types
 import urllib.request
 
 import numpy as np
@@ -11,7 +13,7 @@ from distributed import LocalCluster
 
 import flowgpu as fg
 from flowgpu import pipeline
-from flowgpu.diagnostics import monitor
+from flowgpu.diagnostics import events, monitor
 from flowgpu.errors import RunError
 from tests.diagnostics.specs import chain_spec
 
@@ -86,19 +88,20 @@ def test_the_page_is_installed_on_a_cluster_joined_by_address(tmp_path, rng):
 
 
 def test_a_batch_shows_one_row_per_item(session, tmp_path, rng):
-    """What the batch engine does: ``monitor.follow(..., item=, batch=)`` per item, all items in flight
-    at once, and ``finish`` as each ends."""
-    runs = []
+    """What a batch's events do on the page (``monitor.Follower``): a row per item, all items in flight
+    at once, each finished as it ends."""
+    follower, runs = monitor.Follower(), []
+    follower(events.SessionReady(session))
     for seed in range(3):
         (tmp_path / str(seed)).mkdir()
         x, spec = _spec(tmp_path / str(seed), rng)
         plan = pipeline.compile(spec)
-        runs.append((x, monitor.follow(plan, session, pipeline.describe(plan), item=f"params.seed={seed}",
-                                       batch="b1"), plan))
-    futures = session.client.compute([plan.outputs["s"] for _, _, plan in runs])
-    for (x, tracked, _), f in zip(runs, futures):
+        follower(events.ItemStarted(seed, f"params.seed={seed}", plan, functools.partial(pipeline.describe, plan), {}, ()))
+        runs.append((x, plan))
+    futures = session.client.compute([plan.outputs["s"] for _, plan in runs])
+    for seed, ((x, _), f) in enumerate(zip(runs, futures)):
         assert np.isclose(f.result(), (3 * x).mean(axis=0).sum())
-        tracked.finish("ok")
+        follower(events.ItemFinished(seed, types.SimpleNamespace(status="ok", error=None)))
     items = _view(session)["items"]
     assert [(i["item"], i["status"]) for i in items] == [(f"params.seed={s}", "ok") for s in range(3)]
     assert all(i["done"] == i["total"] > 0 for i in items)

@@ -279,9 +279,14 @@ def test_a_failing_item_in_python_raises_unless_keep_going(tmp_path, cpu_session
     del spec["outputs"]["colmean"]
     with pytest.raises(RunError, match=r"batch item 2 of 2 \(scale=0.0\)"):
         pipeline.run(spec, session=cpu_session, progress=False, foreach={"scale": [1.0, 0.0]})
+    heard = []
     result = pipeline.run(spec, session=cpu_session, progress=False, foreach={"scale": [0.0, 1.0]},
-                          keep_going=True, force=True)
+                          keep_going=True, force=True, subscribers=[heard.append])
     assert not result.ok and [r.status for r in result.items] == ["failed", "ok"]
+    ended = {e.index: e.outcome for e in heard if type(e).__name__ == "ItemFinished"}  # each item, as it ended
+    assert {i: o.status for i, o in ended.items()} == {0: "failed", 1: "ok"}
+    assert sorted(e.label for e in heard if type(e).__name__ == "ItemStarted") == ["scale=0.0", "scale=1.0"]
+    assert heard[-1].summary == result.summary and result.summary["counts"] == {"failed": 1, "ok": 1}
     x = fg.random((40, 6), seed=0, chunks=(16, -1)).compute()
     np.testing.assert_allclose(result.items[1].outputs["total"], (2 * np.log(x)).sum())
 

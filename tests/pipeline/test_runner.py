@@ -160,3 +160,29 @@ def test_protected_paths_and_outputs_that_contain_them(tmp_path, x_file, monkeyp
         pipeline.run(data, session="local", progress=False, overwrite=True)
     assert e.value.path == "outputs.n.path"
     assert (tmp_path / "x.npy").exists()
+
+
+def test_a_run_config_runs_as_its_keywords_and_subscribers_hear_each_event_in_order(tmp_path, x_file):
+    from flowgpu.diagnostics import events
+
+    x, path = x_file
+    heard = []
+    config = pipeline.RunConfig(session="local", progress=False, subscribers=(heard.append,))
+    result = pipeline.run(spec_for(tmp_path, path), config, summary_path=str(tmp_path / "run.json"))
+    np.testing.assert_allclose(result.outputs["s"], (x - 0.5).sum(0))
+    assert [type(e).__name__ for e in heard] == ["SessionReady", "ItemStarted", "ItemFinished", "RunFinished"]
+    started, finished = heard[1], heard[2]
+    assert started.label is None and set(started.targets) == {"z", "n", "s"} and started.describe()["name"] == "runner-test"
+    assert finished.outcome.status == "ok" and finished.outcome.written["n"] == str(tmp_path / "out" / "c.npy")
+    np.testing.assert_allclose(finished.outcome.values["s"], (x - 0.5).sum(0))
+    assert heard[3].summary == result.summary == json.loads((tmp_path / "run.json").read_text())
+    heard.clear()
+    again = pipeline.run(spec_for(tmp_path, path), config)  # up to date: no session, nothing started
+    assert [type(e) for e in heard] == [events.RunFinished] and again.summary["outputs"]["s"]["status"] == "up-to-date"
+    heard.clear()
+    spec = spec_for(tmp_path, path)
+    spec["steps"]["c"] = {"op": "map_blocks", "inputs": ["x"], "args": {"function": "tests.pipeline.helpers:_explode"}}
+    with pytest.raises(RunError, match="boom while running"):
+        pipeline.run(spec, config)
+    assert heard[2].outcome.status == "failed" and "boom while running" in str(heard[2].outcome.error)
+    assert heard[3].summary["status"] == "failed" and heard[3].summary["step"] == "c"
