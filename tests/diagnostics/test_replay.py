@@ -21,6 +21,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 GIB = 0.25
+# board views 10 a second: the 0.25 GiB run spills for about a second, and at the default 0.5 s every
+# view taken while a step ran could fall before its first move (the busy-moment test then failed 1-2
+# times in 3 on the 2-core machine)
+INTERVAL = 0.1
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +33,7 @@ def recording(tmp_path_factory):
     where = tmp_path_factory.mktemp("recording")
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     proc = subprocess.run([sys.executable, "-m", "benchmarks.probes.dashboard_record", "--cpu", "--out", str(where),
-                           "--gib", str(GIB), "--dashboard", "127.0.0.1:0"], cwd=ROOT, env=env, capture_output=True,
+                           "--gib", str(GIB), "--dashboard", "127.0.0.1:0", "--interval", str(INTERVAL)], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=180)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     views = [json.loads(line) for line in (where / "board.jsonl").read_text().splitlines()]
