@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import cProfile
 import io
 import json
 import math
 import os
 import platform
+import pstats
 import statistics
 import sys
 import time
@@ -112,6 +114,18 @@ def median_ms(fn: Callable[[], Any], repeats: int = 5, *, sync: Callable[[], Non
     except Exception as e:
         print(f"  error: {type(e).__name__}: {e}", flush=True)
         return math.nan
+
+
+def profiled(fn: Callable[[], Any], repeats: int, top: int) -> str:
+    """The top ``top`` functions, by cumulative time, of a cProfile of ``repeats`` calls of ``fn``."""
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(repeats):
+        fn()
+    prof.disable()
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("cumulative").print_stats(top)
+    return out.getvalue()
 
 
 COLUMNS_GPU = ("floor", "raw CuPy", "CuPy fused", "dask-cuda", "dask, flowgpu's chunks", "flowgpu API",

@@ -22,9 +22,6 @@ Every value is checked against a float64 NumPy reference.
 
 from __future__ import annotations
 
-import cProfile
-import io
-import pstats
 import statistics
 import sys
 import time
@@ -56,7 +53,7 @@ def parser():
     p = harness.parser(__spec__.name, __doc__, cpu="a CPU Session (NumPy workers) instead of a GPU one", repeats=10)
     p.add_argument("--gib", type=float, default=8.0, help="the array's size in GiB (default 8)")
     p.add_argument("--profile", type=int, default=0, metavar="N",
-                   help="also print the top N functions of a cProfile of the trivial compute")
+                   help="also print the top N functions of cProfiles of the trivial compute and the plain graph build")
     return p
 
 
@@ -95,14 +92,7 @@ def probe(args) -> None:
         if args.profile:
             for what, fn in (("trivial computes (client side)", lambda: small.sum().compute()),
                              ("plain dask graph builds", lambda: plain(x))):
-                pr = cProfile.Profile()
-                pr.enable()
-                for _ in range(args.repeats):
-                    fn()
-                pr.disable()
-                out = io.StringIO()
-                pstats.Stats(pr, stream=out).sort_stats("cumulative").print_stats(args.profile)
-                print(f"\ncProfile of {args.repeats} {what}:\n{out.getvalue()}")
+                print(f"\ncProfile of {args.repeats} {what}:\n{harness.profiled(fn, args.repeats, args.profile)}")
 
 
 def main(argv=None) -> int:

@@ -17,10 +17,7 @@ workload against the target 1.1x.
 from __future__ import annotations
 
 import contextlib
-import cProfile
 import functools
-import io
-import pstats
 import statistics
 import sys
 import tempfile
@@ -245,14 +242,7 @@ def probe(args) -> None:
                 if label in spent:
                     print(f"  {label:38s} {spent[label] / args.repeats * 1e3:7.2f} ms")
             if args.profile:
-                prof = cProfile.Profile()
-                prof.enable()
-                for _ in range(args.repeats):
-                    yaml()
-                prof.disable()
-                out = io.StringIO()
-                pstats.Stats(prof, stream=out).sort_stats("cumulative").print_stats(args.profile)
-                print(out.getvalue())
+                print(harness.profiled(yaml, args.repeats, args.profile))
         data.ARRAYS.clear()
     print()
     for name, ratio in ratios.items():

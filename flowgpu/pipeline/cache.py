@@ -36,8 +36,7 @@ import numpy as np
 
 from flowgpu import __version__, config
 from flowgpu.diagnostics import jsontext
-from flowgpu.io import sinks
-from flowgpu.io import atomic
+from flowgpu.io import atomic, sinks
 from flowgpu.io.atomic import written_by_flowgpu
 from flowgpu.pipeline.compiler import Plan
 from flowgpu.pipeline.recipe import Recipe, fingerprint, same_fingerprint
