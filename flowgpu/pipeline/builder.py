@@ -15,8 +15,12 @@ as ``${params.name}`` (in f-strings too), references of inputs and steps name th
     p.run(session="local")                                    # or p.plan(), p.to_yaml("quickstart.yaml")
 
 The spec is validated by :func:`~flowgpu.pipeline.build.build` like a YAML file's (params,
-substitution, every check), with a source map of the Python calls (:mod:`flowgpu.pipeline.sites`),
-so a problem is reported at the line that defined it: ``script.py:7:5: steps.z.args.expression: ...``.
+substitution, every check), with a source map of the Python calls, so a problem is reported at the
+line that defined it: ``script.py:7:5: steps.z.args.expression: ...``. :func:`call_site` parses
+the calling expression (:mod:`ast`), so each argument has its own position, over several lines too;
+:class:`ScriptMap` is the :class:`~flowgpu.pipeline.loader.SourceMap` of such a pipeline.
+:func:`render` turns what a caller passes (refs, tuples, paths, NumPy scalars and dtypes) into spec
+data, refusing anything a YAML file could not hold.
 
 Functions become steps too (``map_blocks``), named after the function, their parameters naming
 their inputs (Hamilton's style)::
@@ -28,27 +32,204 @@ their inputs (Hamilton's style)::
 
 from __future__ import annotations
 
+import ast
 import copy
+import functools
 import inspect
+import linecache
 import os
 import re
+import sys
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import yaml
 
 from flowgpu import pipeline as api
-from flowgpu.errors import did_you_mean
+from flowgpu.errors import SpecError, did_you_mean
 from flowgpu.io import atomic
 from flowgpu.pipeline.build import build, load
 from flowgpu.pipeline.compiler import Plan, compile
+from flowgpu.pipeline.loader import Path, SourceMap, format_path
 from flowgpu.pipeline.planning import describe
-from flowgpu.pipeline.refs import PARAM_TYPES, Ref, builtin_type, render, short, step_function
-from flowgpu.pipeline.sites import Pos, ScriptMap, Site, call_site
 from flowgpu.pipeline.spec import NAME_PATTERN, Spec
 from flowgpu.registry import checking_only
 
 __all__ = ["Pipeline", "Ref"]
+
+Pos = tuple[int, int]
+
+
+@dataclass
+class Site:
+    """One call: its file and position, and those of its positional and keyword arguments."""
+
+    file: str
+    at: Pos
+    args: list[Pos | None] = field(default_factory=list)
+    keywords: dict[str, Pos] = field(default_factory=dict)  # keyword -> where its ``name=value`` is written
+
+    def arg(self, i: int) -> Pos:
+        """Where positional argument ``i`` is written (the call, when unknown)."""
+        return (self.args[i] if i < len(self.args) else None) or self.at
+
+    def keyword(self, name: str) -> Pos:
+        """Where keyword argument ``name`` is written (the call, when unknown)."""
+        return self.keywords.get(name, self.at)
+
+    def given(self, name: str, i: int) -> Pos:
+        """Where an argument that may be given by keyword ``name`` or in position ``i`` is written."""
+        return self.keywords.get(name) or self.arg(i)
+
+    def error(self, message: str, path: Path = (), hint: str | None = None, at: Pos | None = None) -> SpecError:
+        line, col = at or self.at
+        return SpecError(message, file=self.file, line=line, col=col, path=format_path(tuple(path)), hint=hint)
+
+
+@dataclass
+class ScriptMap(SourceMap):
+    """A SourceMap whose entries may come from several files (a pipeline built by functions of
+    several modules, or read from YAML and extended in Python): ``files`` holds the file of each
+    entry written elsewhere than ``file``."""
+
+    files: dict[Path, str] = field(default_factory=dict)
+
+    def mark(self, site: Site, path: Path, value: Pos, key: Pos | None = None) -> None:
+        """Record that ``site`` wrote ``path``: its value at ``value``, its name at ``key`` (default: the same)."""
+        self.values[path], self.keys[path] = value, key or value
+        if site.file != self.file:
+            self.files[path] = site.file
+
+    def error(self, message: str, path: Path = (), hint: str | None = None, *, key: bool = False,
+              kind: type[SpecError] = SpecError) -> SpecError:
+        line, col = self.locate(path, key=key)
+        found = tuple(path)
+        while found and found not in self.values and found not in self.keys:
+            found = found[:-1]
+        return kind(message, file=self.files.get(found, self.file), line=line, col=col,
+                    path=format_path(tuple(path)), hint=hint)
+
+
+@functools.lru_cache(maxsize=32)
+def _calls(file: str, text: str) -> dict[tuple[int, int, int, int], ast.Call]:
+    """The call expressions of a source text, by their (line, end line, col, end col), as
+    :class:`dis.Positions` orders them."""
+    try:
+        tree = ast.parse(text, filename=file)
+    except (SyntaxError, ValueError):
+        return {}
+    return {(n.lineno, n.end_lineno, n.col_offset, n.end_col_offset): n
+            for n in ast.walk(tree) if isinstance(n, ast.Call)}
+
+
+def _pos(node: ast.AST) -> Pos:
+    return node.lineno, node.col_offset + 1
+
+
+def call_site() -> Site:
+    """The call into the builder (the first frame outside this file), with its arguments' positions."""
+    frame = sys._getframe(1)
+    skip = os.path.abspath(__file__)
+    while frame.f_back is not None and os.path.abspath(frame.f_code.co_filename) == skip:
+        frame = frame.f_back
+    file = frame.f_code.co_filename
+    positions = inspect.getframeinfo(frame, context=0).positions
+    if positions is None or positions.lineno is None:
+        return Site(file, (frame.f_lineno, 1))
+    site = Site(file, (positions.lineno, (positions.col_offset or 0) + 1))
+    call = _calls(file, "".join(linecache.getlines(file, frame.f_globals))).get(tuple(positions))
+    if call is None:  # no source (the REPL, exec) or not a call (a bare decorator): the line is all we know
+        return site
+    starred = False
+    for a in call.args:
+        starred = starred or isinstance(a, ast.Starred)
+        site.args.append(None if starred else _pos(a))
+    for k in call.keywords:
+        if k.arg is not None:
+            site.keywords[k.arg] = _pos(k)
+    return site
+
+
+PARAM_TYPES = {bool: "bool", int: "int", float: "float", str: "str", list: "list"}
+
+
+class Ref:
+    """A param, input or step of one :class:`~flowgpu.pipeline.builder.Pipeline`: what its methods return and take."""
+
+    __slots__ = ("pipeline", "name", "kind", "part")
+
+    def __init__(self, pipeline: Any, name: str, kind: str, part: str | None = None):  # a builder.Pipeline
+        self.pipeline, self.name, self.kind, self.part = pipeline, name, kind, part
+
+    def __str__(self) -> str:
+        if self.kind == "param":
+            return "${params.%s}" % self.name
+        return self.name if self.part is None else f"{self.name}.{self.part}"
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self), spec)
+
+    def __repr__(self) -> str:
+        return f"<{self.kind} {str(self)!r} of pipeline {self.pipeline.name!r}>"
+
+    def __getitem__(self, part: str | int) -> "Ref":
+        """One result of a step with several (a ``uses`` step's outputs, an op returning a tuple)."""
+        if self.kind != "step" or self.part is not None:
+            raise call_site().error(f"{self!r} has no parts", hint="only a step's results have parts")
+        return Ref(self.pipeline, self.name, self.kind, str(part))
+
+    def __iter__(self):
+        raise TypeError(f"{self!r} is a reference to a pipeline entry, not a sequence")
+
+
+def render(owner: Any, site: Site, value: Any, path: tuple, at: Pos) -> Any:
+    """``value`` as spec data: param refs as ``${params.name}``, tuples as lists, paths as text."""
+    if isinstance(value, Ref):
+        if value.kind == "param" and value.pipeline is owner:
+            return str(value)
+        raise site.error(f"{value!r} cannot be used here", path, at=at, hint=(
+            "an array goes in as an input of a step (by position, or by keyword for ops taking inputs by "
+            "name)" if value.kind != "param" else "use params of this pipeline"))
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.dtype) or (isinstance(value, type) and issubclass(value, np.generic)):
+        return np.dtype(value).name
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if isinstance(value, (list, tuple)):
+        return [render(owner, site, v, path + (i,), at) for i, v in enumerate(value)]
+    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+        return {k: render(owner, site, v, path + (k,), at) for k, v in value.items()}
+    raise site.error(f"{type(value).__name__} {short(value)} is not spec data", path, at=at,
+                     hint="a spec holds numbers, strings, booleans, lists and mappings with string keys")
+
+
+def step_function(func: Callable, site: Site) -> tuple[str, str]:
+    """``(qualname, module)`` of a function a spec can name by import path; a lambda, a closure
+    and a function of ``__main__`` are refused (a worker or `flowgpu run` could not import them)."""
+    what = getattr(func, "__qualname__", repr(func))
+    module = getattr(func, "__module__", None)
+    fix = "define it with def at the top level of a module (beside the script), and import it from there"
+    if not inspect.isfunction(func) or func.__name__ == "<lambda>" or "<locals>" in what:
+        kind = "a lambda" if getattr(func, "__name__", "") == "<lambda>" else (
+            "defined inside a function" if "<locals>" in what else f"a {type(func).__name__}, not a function")
+        raise site.error(f"step function {what!r} is {kind}: a spec names its function by import path", ("steps",),
+                         hint=fix)
+    if module in (None, "__main__"):
+        raise site.error(f"step function {what!r} is defined in the script that runs (__main__): workers and "
+                         "`flowgpu run` import it by 'module:name'", ("steps",), hint=fix)
+    return what, module
+
+
+def short(value: Any) -> str:
+    """``repr(value)``, cut to fit a message."""
+    text = repr(value)
+    return text if len(text) <= 50 else text[:47] + "..."
+
 
 _NODE_HINT = "pass what p.input(...) or p.step(...) returned (p['name'] gives it by name)"
 
@@ -64,7 +245,7 @@ class Pipeline:
     """
 
     def __init__(self, name: str = "pipeline", description: str = "", *, cluster: dict[str, Any] | None = None):
-        site = call_site(__file__)
+        site = call_site()
         smap = ScriptMap(site.file)
         smap.mark(site, (), site.at)
         smap.mark(site, ("name",), site.given("name", 0))
@@ -110,9 +291,9 @@ class Pipeline:
     def param(self, name: str, default: Any = None, *, type: Any = None, description: str = "") -> Ref:  # noqa: A002
         """Declare param ``name``; the reference renders as ``${params.name}`` wherever it is used.
         ``type`` (``"int"`` or ``int``, ...) is taken from ``default`` when not given."""
-        site = call_site(__file__)
+        site = call_site()
         where = self._new(site, "params", name, self._data["params"])
-        kind = PARAM_TYPES.get(type, type) if type is not None else PARAM_TYPES.get(builtin_type(default))
+        kind = PARAM_TYPES.get(type, type) if type is not None else PARAM_TYPES.get(default.__class__)
         entry: dict[str, Any] = {} if kind is None else {"type": kind}
         at = site.given("default", 1)
         entry["default"] = render(self, site, default, where + ("default",), at)
@@ -125,7 +306,7 @@ class Pipeline:
 
     def input(self, name: str, source: str | None = None, **options: Any) -> Ref:
         """Add input ``name`` read from ``source`` (see ``flowgpu sources``) with its options."""
-        site = call_site(__file__)
+        site = call_site()
         where = self._new(site, "inputs", name, self._nodes())
         entry: dict[str, Any] = {}
         if source is not None:
@@ -140,7 +321,7 @@ class Pipeline:
         """Add step ``name`` applying ``op`` (see ``flowgpu ops``). Refs given by position are its
         inputs (a list); refs given by keyword, its inputs by name (a mapping); every other keyword is
         an argument of the op (``args=`` holds one whose name a keyword here cannot take)."""
-        site = call_site(__file__)
+        site = call_site()
         where = self._new(site, "steps", name, self._nodes())
         named = {k: v for k, v in kwargs.items() if self._is_node(v)}
         if inputs and named:
@@ -164,7 +345,7 @@ class Pipeline:
              description: str = "", **inputs: Ref) -> Ref:
         """Add step ``name`` that runs another spec file (``uses:``; its path relative to this script),
         its inputs bound by keyword to refs here; ``ref["out"]`` is its output ``out``."""
-        site = call_site(__file__)
+        site = call_site()
         where = self._new(site, "steps", name, self._nodes())
         entry: dict[str, Any] = {"uses": os.fspath(spec)}
         self._smap.mark(site, where + ("uses",), site.given("spec", 1))
@@ -182,7 +363,7 @@ class Pipeline:
     def output(self, name: str, ref: Any, sink: str | None = None, **options: Any) -> None:
         """Write ``ref`` (an input or step) to ``sink`` (default: the run summary) with its options
         (``path=``, ...; see ``flowgpu sinks``)."""
-        site = call_site(__file__)
+        site = call_site()
         where = self._new(site, "outputs", name, self._data["outputs"])
         at = site.given("ref", 1)
         entry: dict[str, Any] = {"from": self._node(site, ref, where + ("from",), at)}
@@ -196,7 +377,7 @@ class Pipeline:
     def foreach(self, **values: Any) -> None:
         """Run the pipeline once per value (several: per combination) of params: ``n=[100, 200]``
         (a list or ``range``), ``path={"glob": "data/*.npy"}`` or ``n={"range": "0:100:10"}``."""
-        site = call_site(__file__)
+        site = call_site()
         new = {}
         for key, value in values.items():
             if key in self._data["foreach"]:
@@ -216,7 +397,7 @@ class Pipeline:
         inputs are the inputs or steps its parameters (those without defaults) name, in order (a
         keyword here binds a parameter to another ref). The spec names it by import path
         (``module:qualname``), so it must be a module-level function of an importable module."""
-        site = call_site(__file__)
+        site = call_site()
         options = {"dtype": dtype, "drop_axis": drop_axis, "new_axis": new_axis, "chunks": chunks, "kwargs": kwargs}
 
         def add(func: Callable) -> Callable:
@@ -231,7 +412,7 @@ class Pipeline:
         known = list(self._data["params"]) if param is not None else self._nodes()
         if (param or name) in known:
             return Ref(self, param, "param") if param is not None else Ref(self, name, self._kind(name))
-        raise call_site(__file__).error(f"pipeline {self.name!r} has no {'param' if param else 'input or step'} "
+        raise call_site().error(f"pipeline {self.name!r} has no {'param' if param else 'input or step'} "
                                         f"{name!r}", hint=did_you_mean(param or name, known, "it has: "
                                                                        f"{', '.join(map(str, known)) or 'none'}"))
 

@@ -15,6 +15,7 @@ rewrite will fuse (:func:`fusion_of`), so ``flowgpu plan`` and the dashboard sho
 from __future__ import annotations
 
 import functools
+import graphlib
 import os
 import re
 from dataclasses import dataclass, field
@@ -25,7 +26,7 @@ import dask.array as da
 import numpy as np
 from dask.highlevelgraph import HighLevelGraph
 
-from flowgpu.errors import ArgumentError, ConfigError, FlowgpuError, ImportPathError, RunError, SpecError
+from flowgpu.errors import ArgumentError, ConfigError, FlowgpuError, ImportPathError, RunError, SpecError, did_you_mean
 from flowgpu.arrays.labels import bare, is_labelled
 from flowgpu.backend import Facts, current_backend, using
 from flowgpu.fusion import graph as fusion_graph
@@ -34,7 +35,6 @@ from flowgpu.ops import labels, registry
 from flowgpu.ops.signature import bind_arguments
 from flowgpu.pipeline import compose, tables
 from flowgpu.pipeline.build import Origin, build, from_dict, load
-from flowgpu.pipeline.graph import order, step_refs
 from flowgpu.pipeline.loader import SourceMap
 from flowgpu.pipeline.spec import Spec
 
@@ -79,6 +79,48 @@ class Plan:
     @property
     def file(self) -> str | None:
         return self.spec.origin.file if self.spec.origin else None
+
+
+# -- the dependency graph: references checked, cycles refused, steps put in order --------------------
+def _step_refs(spec: Spec, name: str) -> list[tuple[tuple, str]]:
+    """``(field path, reference)`` for each input of step ``name``."""
+    step = spec.steps[name]
+    if isinstance(step.inputs, dict):
+        return [(("steps", name, "inputs", k), ref) for k, ref in step.inputs.items()]
+    return [(("steps", name, "inputs", i), ref) for i, ref in enumerate(step.inputs)]
+
+
+def _check_ref(spec: Spec, ref: str, where: tuple, smap: SourceMap) -> str:
+    """The node a reference depends on; an unknown name fails with close matches."""
+    head, _, tail = ref.partition(".")
+    known = list(spec.inputs) + list(spec.steps)
+    if head not in known:
+        hint = did_you_mean(head, known, f"known names: {', '.join(known) or 'none'}; declare it under inputs: or "
+                            "steps:", n=3)
+        raise smap.error(f"{ref!r} is not an input or step of this pipeline", where, hint=hint)
+    if tail and head in spec.inputs:
+        raise smap.error(f"{ref!r}: input {head!r} has no parts", where,
+                         hint=f"refer to the input as {head!r}; 'name.part' is for steps with several outputs")
+    return head
+
+
+def _order(spec: Spec, smap: SourceMap) -> list[str]:
+    """Inputs and steps in an order where each comes after everything it reads."""
+    deps: dict[str, set[str]] = {name: set() for name in spec.inputs}
+    for name in spec.steps:
+        deps[name] = {_check_ref(spec, ref, where, smap) for where, ref in _step_refs(spec, name)}
+        if name in deps[name]:
+            raise smap.error(f"step {name!r} reads its own result", ("steps", name, "inputs"),
+                             hint="a step's inputs must be inputs or other steps")
+    for out, o in spec.outputs.items():
+        _check_ref(spec, o.from_, ("outputs", out, "from"), smap)
+    sorter = graphlib.TopologicalSorter({k: sorted(v) for k, v in deps.items()})
+    try:
+        return list(sorter.static_order())
+    except graphlib.CycleError as e:
+        cycle = e.args[1]
+        raise smap.error(f"steps form a cycle: {' -> '.join(cycle)}", ("steps", cycle[0], "inputs"),
+                         hint="a step cannot depend on its own result; break the cycle") from None
 
 
 def _origin(spec: Spec) -> Origin:
@@ -205,7 +247,7 @@ def _build_graph(spec: Spec, smap: SourceMap, names: list[str], bindings: dict[s
                                reads_files=name not in bindings and sources.reads_files(src))
             continue
         step = spec.steps[name]
-        deps = sorted({ref.split(".")[0] for _, ref in step_refs(spec, name)})
+        deps = sorted({ref.split(".")[0] for _, ref in _step_refs(spec, name)})
         if step.uses is not None:
             child = compose.compile_uses(spec, name, smap, values, stack,
                                          compile_spec=functools.partial(_compile, for_run=for_run))
@@ -214,7 +256,7 @@ def _build_graph(spec: Spec, smap: SourceMap, names: list[str], bindings: dict[s
             nodes[name] = Node(name, "uses", step.uses, None, deps)
             continue
         op = _get_op(name, step.op, smap)
-        for where, ref in step_refs(spec, name):
+        for where, ref in _step_refs(spec, name):
             head, _, part = ref.partition(".")
             value = values[head]
             if isinstance(value, dict):
@@ -318,7 +360,7 @@ def _compile(spec: Spec, bindings: dict[str, da.Array] | None = None, stack: tup
              for_run: bool = False) -> Plan:
     origin = _origin(spec)
     smap = origin.smap
-    names = order(spec, smap)
+    names = _order(spec, smap)
     values, nodes, children = _build_graph(spec, smap, names, bindings or {}, stack, for_run)
     outputs, labelled = _output_arrays(spec, values, smap)
     arrays = {k: bare(v) for k, v in values.items()}
