@@ -13,8 +13,8 @@ import functools
 import os
 from typing import Any
 
-from flowgpu.pipeline import visibility
 from flowgpu.pipeline.build import from_dict, load
+from flowgpu.pipeline.batch import check_joined
 from flowgpu.pipeline.builder import Pipeline, Ref
 from flowgpu.pipeline.compiler import Plan, compile
 from flowgpu.pipeline.planning import describe
@@ -54,7 +54,7 @@ def validate(spec: Spec | str | os.PathLike | dict, overrides: dict[str, Any] | 
     ``cluster:`` block (as ``run(..., cluster=cluster, allow_spec_address=...)`` checks it). No user
     code is called: ``python`` sources stand for their declared shape and dtype. With a scheduler
     address in ``cluster`` (``--scheduler``), its workers are asked whether they see the inputs and
-    can write the outputs' folders (:mod:`flowgpu.pipeline.visibility`), writing nothing.
+    can write the outputs' folders (:func:`flowgpu.pipeline.batch.check_visible`), writing nothing.
 
     Returns the validated :class:`Spec`; raises :class:`~flowgpu.errors.SpecError` otherwise.
     """
@@ -71,7 +71,7 @@ def validate(spec: Spec | str | os.PathLike | dict, overrides: dict[str, Any] | 
         check_items(items, [plan])
     options = session_options(spec, cluster, allow_spec_address)
     if (cluster or {}).get("address"):  # --scheduler: ask its workers (a spec's own address is only checked)
-        visibility.check_joined(spec, plan, options)
+        check_joined(spec, plan, options)
     return spec
 
 
