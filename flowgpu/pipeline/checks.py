@@ -16,8 +16,9 @@ from flowgpu.diagnostics import runreport
 from flowgpu.errors import ConfigError, OutputExistsError, SpecLimitError
 from flowgpu.io import atomic, sinks
 from flowgpu.io.paths import expand, shown
-from flowgpu.pipeline import compose, outcome, tables
+from flowgpu.pipeline import outcome, tables
 from flowgpu.pipeline.build import load
+from flowgpu.pipeline.compiler import resolve_uses
 from flowgpu.pipeline.loader import limit
 from flowgpu.pipeline.spec import Spec
 
@@ -41,7 +42,7 @@ def _spec_paths(spec: Spec, found: dict[str, str], stack: tuple[str, ...] = (), 
     for name, step in spec.steps.items():
         if step.uses is None or origin is None:
             continue
-        child_file = compose.resolve_uses(spec, name, origin.smap, stack)
+        child_file = resolve_uses(spec, name, origin.smap, stack)
         key = (child_file, repr(sorted(step.params.items())))
         if key in loaded:
             continue

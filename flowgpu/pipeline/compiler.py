@@ -10,14 +10,21 @@ The graph is plain dask.array, as the same steps written in Python would build i
 chains of elementwise steps into one kernel per chunk is the Session's job, as for any dask code
 (:mod:`flowgpu.fusion.graph`, dask's ``array_optimize`` hook); the plan only says which steps that
 rewrite will fuse (:func:`fusion_of`), so ``flowgpu plan`` and the dashboard show it.
+
+A step that ``uses`` another spec file compiles it as part of this one: its inputs named under
+the step's ``inputs`` are bound to arrays of this pipeline (checked against the shape and dtype the
+included spec declares for them), the others are opened from its own sources; ``params`` are
+passed to it; its outputs become ``<step>.<output>`` here. Its sinks are not written: only this pipeline's outputs are.
 """
 
 from __future__ import annotations
 
-import functools
+import contextlib
 import graphlib
 import os
 import re
+from collections.abc import Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,19 +33,20 @@ import dask.array as da
 import numpy as np
 from dask.highlevelgraph import HighLevelGraph
 
-from flowgpu.errors import ArgumentError, ConfigError, FlowgpuError, ImportPathError, RunError, SpecError, did_you_mean
+from flowgpu.errors import (ArgumentError, ConfigError, FlowgpuError, ImportPathError, RunError, SpecError,
+                            SpecLimitError, did_you_mean)
 from flowgpu.arrays.labels import bare, is_labelled
 from flowgpu.backend import Facts, current_backend, using
 from flowgpu.fusion import graph as fusion_graph
 from flowgpu.io import sinks, sources
 from flowgpu.ops import labels, registry
 from flowgpu.ops.signature import bind_arguments
-from flowgpu.pipeline import compose, tables
+from flowgpu.pipeline import tables
 from flowgpu.pipeline.build import Origin, build, from_dict, load
-from flowgpu.pipeline.loader import SourceMap
+from flowgpu.pipeline.loader import SourceMap, limit, read_yaml
 from flowgpu.pipeline.spec import Spec
 
-__all__ = ["Plan", "Node", "compile"]
+__all__ = ["Plan", "Node", "compile", "counting_includes", "resolve_uses"]
 
 
 @dataclass
@@ -121,6 +129,115 @@ def _order(spec: Spec, smap: SourceMap) -> list[str]:
         cycle = e.args[1]
         raise smap.error(f"steps form a cycle: {' -> '.join(cycle)}", ("steps", cycle[0], "inputs"),
                          hint="a step cannot depend on its own result; break the cycle") from None
+
+
+# -- steps that use another spec ---------------------------------------------------------------------
+_KERNEL_FILES = ("/proc/", "/sys/")  # what they hold is the system's (an environment, its state), never a spec
+_included: ContextVar[list[int] | None] = ContextVar("flowgpu_included", default=None)
+
+
+@contextlib.contextmanager
+def counting_includes() -> Iterator[None]:
+    """Count the included specs one compile builds: includes of includes multiply (two steps using a
+    file that has two steps using the next ... is 2**depth compiles), so past ``flowgpu.spec.max-includes``
+    the compile stops instead of running for hours; so does one whose included specs' steps, each time
+    included, make more than ``flowgpu.spec.max-steps`` in all (counted before each is built)."""
+    token = _included.set([0, 0])
+    try:
+        yield
+    finally:
+        _included.reset(token)
+
+
+def resolve_uses(spec: Spec, name: str, smap: SourceMap, stack: tuple[str, ...]) -> str:
+    """Absolute path of step ``name``'s included file; missing, self and cyclic includes fail."""
+    origin = spec.origin
+    base = origin.base_dir if origin is not None else os.getcwd()
+    path = os.path.abspath(os.path.join(base, os.path.expanduser(spec.steps[name].uses)))
+    where = ("steps", name, "uses")
+    if not os.path.exists(path):  # a FIFO or device is refused by read_yaml, by name
+        here = os.path.dirname(path)
+        hint = did_you_mean(os.path.basename(path), os.listdir(here) if os.path.isdir(here) else [],
+                            "paths are relative to the spec file that uses them")
+        raise smap.error(f"included spec {spec.steps[name].uses!r} does not exist ({path})", where, hint=hint)
+    kernel = next((k for k in _KERNEL_FILES if os.path.realpath(path).startswith(k)), None)
+    if kernel is not None:
+        raise smap.error(f"included spec {spec.steps[name].uses!r} is a file the kernel makes up ({kernel}...), "
+                         "not a spec", where, hint="give the path of a YAML spec file")
+    me = os.path.abspath(origin.file) if origin is not None and origin.file else None
+    if path == me:
+        raise smap.error(f"step {name!r} includes the spec it is in", where,
+                         hint="a spec cannot use itself; move the shared steps into another file")
+    chain = [*stack, me] if me else list(stack)
+    if path in chain:
+        loop = " -> ".join(os.path.basename(p) for p in [*chain[chain.index(path):], path])
+        raise smap.error(f"cyclic include: {loop}", where, hint="specs must not include each other in a loop")
+    return path
+
+
+def _check_binding(child: Spec, inner: str, x: Any, where: tuple, smap: SourceMap, step: str) -> None:
+    if not isinstance(bare(x), da.Array):  # labelled (an xarray.DataArray) or bare
+        raise smap.error(f"{inner!r} is bound to something that is not an array", where,
+                         hint="bind it to an input or a step with one result")
+    model = child.inputs[inner]
+    fields = model.model_fields_set
+    if "shape" in fields and list(model.shape) != list(x.shape):
+        raise smap.error(f"shape mismatch: {step!r} binds {inner!r} to an array of shape {list(x.shape)}, but the "
+                         f"included spec declares {list(model.shape)}", where,
+                         hint="pass matching params to the included spec, or bind another array")
+    if "dtype" in fields and model.dtype is not None and np.dtype(model.dtype) != x.dtype:
+        raise smap.error(f"dtype mismatch: {step!r} binds {inner!r} to {x.dtype}, but the included spec declares "
+                         f"{np.dtype(model.dtype)}", where, hint="add an astype step before it, or pass the dtype as "
+                                                                 "a param of the included spec")
+
+
+def _count_steps(count: list[int] | None, spec: Spec, data: Any, name: str, smap: SourceMap) -> None:
+    """Add the steps of step ``name``'s included spec (``data``, as read) to this compile's, the top
+    spec's own first (the first include of a compile is always one of its steps)."""
+    if count is None:
+        return
+    steps = data.get("steps") if isinstance(data, dict) else None
+    count[1] = (count[1] or len(spec.steps)) + (len(steps) if isinstance(steps, dict) else 0)
+    most = limit("max-steps")
+    if count[1] > most:
+        raise smap.error(f"the included specs would make {count[1]:,} steps to compile, more than {most:,}",
+                         ("steps", name, "uses"), kind=SpecLimitError,
+                         hint="include large specs from fewer steps, or raise flowgpu.spec.max-steps")
+
+
+def _compile_uses(spec: Spec, name: str, smap: SourceMap, values: dict[str, Any], stack: tuple[str, ...],
+                  for_run: bool) -> "Plan":
+    """Compile step ``name``'s included spec with its inputs bound; returns its Plan."""
+    step = spec.steps[name]
+    path = resolve_uses(spec, name, smap, stack)
+    count, most = _included.get(), limit("max-includes")
+    if count is not None:
+        count[0] += 1
+        if count[0] > most:
+            raise smap.error(f"more than {most} included specs to compile (includes of includes multiply)",
+                             ("steps", name, "uses"), kind=SpecLimitError,
+                             hint="include each spec from fewer steps, or raise flowgpu.spec.max-includes")
+    data, child_map = read_yaml(path)
+    _count_steps(count, spec, data, name, smap)
+    declared = (data.get("params") or {}) if isinstance(data, dict) else {}
+    for key in step.params:
+        if key not in declared:
+            raise smap.error(f"{os.path.basename(path)} has no param {key!r}", ("steps", name, "params", key),
+                             hint=did_you_mean(key, declared, f"its params: {', '.join(declared) or 'none'}"),
+                             key=True)
+    child = build(data, child_map, {f"params.{k}": v for k, v in step.params.items()})
+    bindings: dict[str, da.Array] = {}
+    for inner, ref in (step.inputs or {}).items():
+        where = ("steps", name, "inputs", inner)
+        if inner not in child.inputs:
+            raise smap.error(f"{os.path.basename(path)} has no input {inner!r}", where, key=True,
+                             hint=did_you_mean(inner, child.inputs, f"its inputs: {', '.join(child.inputs) or 'none'}"))
+        head, _, part = ref.partition(".")
+        x = values[head][part] if part and isinstance(values.get(head), dict) else values.get(ref)
+        _check_binding(child, inner, x, where, smap, name)
+        bindings[inner] = x
+    me = spec.origin.file if spec.origin is not None else None
+    return _compile(child, bindings, (*stack, os.path.abspath(me)) if me else stack, for_run)
 
 
 def _origin(spec: Spec) -> Origin:
@@ -249,8 +366,7 @@ def _build_graph(spec: Spec, smap: SourceMap, names: list[str], bindings: dict[s
         step = spec.steps[name]
         deps = sorted({ref.split(".")[0] for _, ref in _step_refs(spec, name)})
         if step.uses is not None:
-            child = compose.compile_uses(spec, name, smap, values, stack,
-                                         compile_spec=functools.partial(_compile, for_run=for_run))
+            child = _compile_uses(spec, name, smap, values, stack, for_run)
             children[name] = child
             values[name] = {**child.outputs, **child.labelled}
             nodes[name] = Node(name, "uses", step.uses, None, deps)
@@ -397,7 +513,7 @@ def compile(spec: Spec | str | os.PathLike | dict, params: dict[str, Any] | None
         origin = _origin(spec)
         spec = build(origin.raw, origin.smap, {**origin.overrides, **extra})
     try:
-        with compose.counting_includes(), using(facts):
+        with counting_includes(), using(facts):
             return _compile(spec, for_run=for_run)
     except ConfigError as e:  # e.g. bad chunks
         raise SpecError(str(e), file=_origin(spec).file, line=1, col=1, path="<document>",
