@@ -16,7 +16,7 @@ from flowgpu.diagnostics import runreport
 from flowgpu.errors import ConfigError, OutputExistsError, SpecLimitError
 from flowgpu.io import atomic, sinks
 from flowgpu.io.paths import expand, shown
-from flowgpu.pipeline import outcome, tables
+from flowgpu.pipeline import tables
 from flowgpu.pipeline.build import load
 from flowgpu.pipeline.compiler import resolve_uses
 from flowgpu.pipeline.loader import limit
@@ -98,7 +98,15 @@ def check_outputs(spec: Spec, overwrite: bool = False, protect: dict[str, str] |
                              hint="choose another path, or pass --overwrite (overwrite=True) to replace it") from None
 
 
-_SIDE_FILES = (("--summary", "run summary", outcome.is_summary), ("--report", "run report", runreport.is_report))
+SUMMARY_HEAD = b'{\n  "flowgpu": '  # how every summary a run writes begins (its first key is the version)
+
+
+def is_summary(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a run summary flowgpu wrote (a file that begins as one)."""
+    return atomic.starts_with(os.fspath(path), SUMMARY_HEAD)
+
+
+_SIDE_FILES = (("--summary", "run summary", is_summary), ("--report", "run report", runreport.is_report))
 
 
 def check_side_files(spec: Spec | str | os.PathLike | dict | None, summary: str | os.PathLike | None,
