@@ -25,9 +25,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from flowgpu.errors import SpecError, SpecLimitError
-from flowgpu.pipeline.build import build
+from flowgpu.pipeline.build import build, parse_value
 from flowgpu.pipeline.loader import limit
-from flowgpu.pipeline.params import parse_value
 from flowgpu.pipeline.spec import ForeachGlob, ForeachRange, Spec
 
 __all__ = ["Item", "expand", "in_item", "parse_option", "values_of"]

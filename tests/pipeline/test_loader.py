@@ -9,7 +9,7 @@ import pytest
 
 from flowgpu.errors import SpecError, SpecLimitError
 from flowgpu.pipeline.loader import format_path, parse_yaml, read_yaml
-from flowgpu.pipeline.params import parse_value
+from flowgpu.pipeline.build import parse_value
 
 TEXT = """\
 name: demo
