@@ -192,23 +192,17 @@ def describe(plan: Plan, prefix: str = "") -> dict[str, Any]:
             layer_cache[name] = _layers([p for p in parts if isinstance(p, da.Array)])
         return layer_cache[name]
 
-    peak = 0
     for name in plan.order:
-        node = plan.nodes[name]
-        if node.kind == "uses":
-            child = describe(plan.children[name], prefix=f"{prefix}{name}/")
-            rows.append({"name": prefix + name, "kind": "uses", "what": node.what, "shape": None, "dtype": None,
-                         "chunks": None, "tasks": 0, "bytes": 0, "fused": None,
-                         "deps": [prefix + d for d in node.deps]})
-            rows.extend(child["steps"])
-            peak = max(peak, child["peak_task_bytes"])
-            continue
-        x = node.array
+        node, x = plan.nodes[name], plan.nodes[name].array
         row = {"name": prefix + name, "kind": node.kind, "what": node.what, "shape": None, "dtype": None,
-               "chunks": None, "tasks": 0, "bytes": 0, "fused": node.fused,
-               "fused_into": prefix + node.fused_into if node.fused_into not in (None, name) else None,
-               "deps": [prefix + d for d in node.deps]}
-        if isinstance(x, da.Array) and node.what == "bound":
+               "chunks": None, "tasks": 0, "bytes": 0, "fused": node.fused}
+        if node.kind != "uses":
+            row["fused_into"] = prefix + node.fused_into if node.fused_into not in (None, name) else None
+        row["deps"] = [prefix + d for d in node.deps]
+        rows.append(row)
+        if node.kind == "uses":
+            rows.extend(describe(plan.children[name], prefix=f"{prefix}{name}/")["steps"])
+        elif isinstance(x, da.Array) and node.what == "bound":
             row.update(shape=list(x.shape), dtype=str(x.dtype), chunks=list(x.chunksize), bytes=int(x.nbytes))
         elif isinstance(x, da.Array):
             before: set = set()  # the layers of its inputs: the step's tasks are those of the layers it adds
@@ -217,17 +211,14 @@ def describe(plan: Plan, prefix: str = "") -> dict[str, Any]:
             row.update(shape=list(x.shape), dtype=str(x.dtype), chunks=list(x.chunksize),
                        tasks=sum(len(layer) for n, layer in layers_of(name).items() if n not in before),
                        bytes=int(x.nbytes) if not any(np.isnan(s) for s in x.shape) else None)
-            working = _chunk_bytes(x) + sum(_chunk_bytes(plan.arrays[d]) for d in node.deps
-                                            if isinstance(plan.arrays.get(d), da.Array))
-            peak = max(peak, working)
-        rows.append(row)
     outputs = {}
     for out_name, x in plan.outputs.items():
         o = plan.spec.outputs[out_name]
         outputs[out_name] = {"from": o.from_, "sink": o.sink, "path": o.path, "shape": list(x.shape),
                              "dtype": str(x.dtype), "bytes": int(x.nbytes)}
-    threads = _threads(plan)
-    per_task = peak * threads + _waiting(threads) * max((f[3] for f in footprints(plan)), default=0)
+    threads, feet = _threads(plan), footprints(plan)
+    peak = max((f[2] for f in feet), default=0)  # the largest task's working set, in included specs too
+    per_task = peak * threads + _waiting(threads) * max((f[3] for f in feet), default=0)
     held = held_whole(plan)
     if held is not None:  # every chunk of it waits for the reduction, besides what the running tasks hold
         per_task = max(per_task, math.ceil(held[1] / _workers(plan)) + peak * threads)
