@@ -19,10 +19,10 @@ from flowgpu.pipeline.builder import Pipeline, Ref
 from flowgpu.pipeline.compiler import Plan, compile
 from flowgpu.pipeline.planning import describe
 from flowgpu.pipeline.runconfig import RunConfig
-from flowgpu.pipeline.runner import BatchResult, RunResult, check_outputs, run, session_options
+from flowgpu.pipeline.runner import BatchResult, RunResult, check_outputs, plan_items, run, session_options
 from flowgpu.pipeline.spec import Spec, json_schema
 from flowgpu.pipeline.foreach import expand
-from flowgpu.pipeline.status import plan_items, status as _status
+from flowgpu.pipeline.runner import status as _status
 from flowgpu.pipeline.tables import check_items
 from flowgpu.registry import checking_only, recording_imports
 

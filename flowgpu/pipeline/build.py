@@ -30,7 +30,8 @@ from flowgpu.pipeline.loader import SourceMap, limit, parse_yaml, read_yaml
 from flowgpu.pipeline.spec import PARAM_REF, PATH_ATTRIBUTES
 from flowgpu.registry import add_import_dirs
 
-__all__ = ["Origin", "build", "load", "from_dict", "read_params_file", "import_dirs", "parse_value"]
+__all__ = ["Origin", "build", "load", "from_dict", "read_params_file", "import_dirs", "parse_value",
+           "load_spec", "origin_of"]
 
 
 # -- params: typed defaults, overrides and substitution ----------------------------------------------
@@ -329,3 +330,24 @@ def load(path: str | os.PathLike, overrides: dict[str, Any] | None = None, param
 def from_dict(data: dict, overrides: dict[str, Any] | None = None) -> S.Spec:
     """A spec from Python data, with the same params handling and checks as a YAML file."""
     return build(copy.deepcopy(data), SourceMap(None), overrides)
+
+
+def load_spec(spec: S.Spec | str | os.PathLike | dict, overrides: dict[str, Any] | None = None,
+              params_file: str | None = None) -> S.Spec:
+    """A spec from a path, a dict or a Spec, with ``overrides`` and the params file applied."""
+    if isinstance(spec, (str, os.PathLike)):
+        return load(spec, overrides, params_file)
+    given = {**(read_params_file(params_file) if params_file else {}), **(overrides or {})}
+    if isinstance(spec, dict):
+        return from_dict(spec, given)
+    if not given:
+        return spec
+    origin = origin_of(spec)
+    return build(origin.raw, origin.smap, {**origin.overrides, **given})
+
+
+def origin_of(spec: S.Spec) -> Origin:
+    """``spec``'s :class:`Origin`; one made from its data for a spec made in memory by ``Spec(...)``."""
+    if spec.origin is None:
+        spec._origin = Origin(None, SourceMap(None), spec.model_dump(by_alias=True, exclude_defaults=True), {})
+    return spec.origin

@@ -42,7 +42,7 @@ from flowgpu.io import sinks, sources
 from flowgpu.ops import labels, registry
 from flowgpu.ops.signature import bind_arguments
 from flowgpu.pipeline import tables
-from flowgpu.pipeline.build import Origin, build, from_dict, load
+from flowgpu.pipeline.build import build, load_spec, origin_of
 from flowgpu.pipeline.loader import SourceMap, limit, read_yaml
 from flowgpu.pipeline.spec import Spec
 
@@ -239,12 +239,6 @@ def _compile_uses(spec: Spec, name: str, smap: SourceMap, values: dict[str, Any]
     me = spec.origin.file if spec.origin is not None else None
     return _compile(child, bindings, (*stack, os.path.abspath(me)) if me else stack, for_run)
 
-
-def _origin(spec: Spec) -> Origin:
-    if spec.origin is None:
-        spec._origin = Origin(None, SourceMap(None), spec.model_dump(by_alias=True, exclude_defaults=True),
-                              {})
-    return spec.origin
 
 
 def _open_input(spec: Spec, name: str, smap: SourceMap, for_run: bool) -> da.Array:
@@ -474,7 +468,7 @@ def fusion_of(nodes: dict[str, Node], names: list[str], outputs: dict[str, da.Ar
 
 def _compile(spec: Spec, bindings: dict[str, da.Array] | None = None, stack: tuple[str, ...] = (),
              for_run: bool = False) -> Plan:
-    origin = _origin(spec)
+    origin = origin_of(spec)
     smap = origin.smap
     names = _order(spec, smap)
     values, nodes, children = _build_graph(spec, smap, names, bindings or {}, stack, for_run)
@@ -503,18 +497,10 @@ def compile(spec: Spec | str | os.PathLike | dict, params: dict[str, Any] | None
     -------
     Plan, whose ``outputs`` maps each output name to its lazy dask array.
     """
-    extra = {f"params.{k}": v for k, v in (params or {}).items()}
-    extra.update(overrides or {})
-    if isinstance(spec, (str, os.PathLike)):
-        spec = load(spec, extra)
-    elif isinstance(spec, dict):
-        spec = from_dict(spec, extra)
-    elif extra:
-        origin = _origin(spec)
-        spec = build(origin.raw, origin.smap, {**origin.overrides, **extra})
+    spec = load_spec(spec, {**{f"params.{k}": v for k, v in (params or {}).items()}, **(overrides or {})})
     try:
         with counting_includes(), using(facts):
             return _compile(spec, for_run=for_run)
     except ConfigError as e:  # e.g. bad chunks
-        raise SpecError(str(e), file=_origin(spec).file, line=1, col=1, path="<document>",
+        raise SpecError(str(e), file=origin_of(spec).file, line=1, col=1, path="<document>",
                         hint="check the spec's inputs and args") from None
