@@ -44,7 +44,7 @@ import os
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import CancelledError
 from dataclasses import dataclass, field
 from typing import Any
@@ -360,17 +360,11 @@ def execute(outcomes: list[Outcome], session: RunSession, config: RunConfig, *, 
 STAGE_MARKER = "owner.json"
 
 
-def _plans(plan: Plan) -> Iterable[Plan]:
-    yield plan
-    for child in plan.children.values():
-        yield from _plans(child)
-
-
 def input_entries(plans: Iterable[Plan]) -> list[dict[str, Any]]:
     """What the workers must read: the metadata of every input that reads stored data (in included specs too)."""
     out, seen = [], set()
     for top in plans:
-        for plan in _plans(top):
+        for plan in top.tree():
             for name, node in plan.nodes.items():
                 if node.kind != "input" or not node.reads_files:
                     continue

@@ -88,6 +88,12 @@ class Plan:
     def file(self) -> str | None:
         return self.spec.origin.file if self.spec.origin else None
 
+    def tree(self) -> Iterator["Plan"]:
+        """This plan and every included spec's, depth first."""
+        yield self
+        for child in self.children.values():
+            yield from child.tree()
+
 
 # -- the dependency graph: references checked, cycles refused, steps put in order --------------------
 def _step_refs(spec: Spec, name: str) -> list[tuple[tuple, str]]:
@@ -413,9 +419,8 @@ def _output_arrays(spec: Spec, values: dict, smap: SourceMap) -> tuple[dict[str,
 def calls_user_code(plan: Plan) -> bool:
     """Whether running ``plan`` calls user code to open an input (a ``python`` source), so a run
     compiles it again, for real, inside its session."""
-    return any(sources.calls_user_code(n.what) for n in plan.nodes.values()
-               if n.kind == "input" and n.what in sources.SOURCES) or any(
-        calls_user_code(child) for child in plan.children.values())
+    return any(sources.calls_user_code(n.what) for p in plan.tree() for n in p.nodes.values()
+               if n.kind == "input" and n.what in sources.SOURCES)
 
 
 def _owners(nodes: dict[str, Node], names: list[str]) -> dict[str, str]:

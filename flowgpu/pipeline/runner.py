@@ -99,14 +99,9 @@ def _distinct_hint(item: Item, output: str) -> str:
 
 def _reads(plan: Plan) -> list[tuple[str, Spec, str]]:
     """The files ``plan`` reads: ``(path, the spec whose input names it, that input)``, its included specs' too."""
-    found = []
-    for name, node in plan.nodes.items():
-        path = getattr(plan.spec.inputs[name], "path", None) if node.kind == "input" and node.reads_files else None
-        if isinstance(path, str) and path and "://" not in path:
-            found.append((path, plan.spec, name))
-    for child in plan.children.values():
-        found += _reads(child)
-    return found
+    return [(path, p.spec, name) for p in plan.tree() for name, node in p.nodes.items()
+            if node.kind == "input" and node.reads_files
+            and isinstance(path := getattr(p.spec.inputs[name], "path", None), str) and path and "://" not in path]
 
 
 def _above(path: str) -> list[str]:
