@@ -136,21 +136,16 @@ def _read(path: str, most: int) -> dict | None:
             raise _Untrusted(f"it is {_kind(st.st_mode)}, not a file flowgpu wrote")
         if st.st_size > most:
             raise _Untrusted(f"{too_big}: {st.st_size:,}")
-        parts, left = [], most + 1
-        while left > 0:
-            part = os.read(fd, min(left, 1 << 20))
-            if not part:
-                break
-            parts.append(part)
-            left -= len(part)
+        with open(fd, "rb", closefd=False) as f:
+            text = f.read(most + 1)
     except OSError as e:
         raise _Untrusted(f"it cannot be read ({e.strerror or e})") from None
     finally:
         os.close(fd)
-    if left <= 0:
+    if len(text) > most:
         raise _Untrusted(too_big)  # it grew while read
     try:
-        data = json.loads(b"".join(parts).decode("utf-8"))
+        data = json.loads(text.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError):
         raise _Untrusted("it is not JSON text") from None
     if not isinstance(data, dict):

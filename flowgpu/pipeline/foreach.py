@@ -184,7 +184,7 @@ def values_of(name: str, given: Any, *, spec: Spec | None = None, where: str | N
         given = [parse_value(v.strip()) for v in text.split(",")] if text else []
     if isinstance(given, (list, tuple)):
         if not given:
-            raise _fail(f"no values", where, "give at least one value", spec, path)
+            raise _fail("no values", where, "give at least one value", spec, path)
         if len(given) > limit("max-items"):
             raise _too_many(f"it lists {len(given):,} values", where, spec, path)
         return list(given)

@@ -235,10 +235,8 @@ def _merge(parts: list[_Part]) -> tuple[frozenset[str], frozenset[str], dict[str
 
 
 def _param_names(data: Any) -> set[str]:
-    if isinstance(data, dict):
-        return set().union(*map(_param_names, data.values())) if data else set()
-    if isinstance(data, list):
-        return set().union(*map(_param_names, data)) if data else set()
+    if isinstance(data, (dict, list)):
+        return set().union(*map(_param_names, data.values() if isinstance(data, dict) else data))
     return {m.group(1) for m in PARAM_REF.finditer(data)} if isinstance(data, str) else set()
 
 
