@@ -305,14 +305,10 @@ class AtomicPath:
         """For setting up the staged output: on failure abort, and name an OS error's path and fix."""
         try:
             yield self.tmp
-        except FlowgpuError:
+        except BaseException as e:
             self.abort()
-            raise
-        except OSError as e:
-            self.abort()
-            raise output_error(self.path, e) from None
-        except BaseException:
-            self.abort()
+            if isinstance(e, OSError) and not isinstance(e, FlowgpuError):
+                raise output_error(self.path, e) from None
             raise
 
     def _release(self) -> None:

@@ -378,9 +378,7 @@ def _open_journal(path: str) -> tuple[int, list[Output], str]:
             if here not in {os.path.realpath(os.path.dirname(o.path)) for o in outputs}:
                 raise _NotOurs("none of the outputs it names is in its folder")
         except _NotOurs as e:
-            named = data.get("outputs") if isinstance(data, dict) else None
-            e.named = {o.get("path") for o in named if isinstance(o, dict) and isinstance(o.get("path"), str)
-                       } if isinstance(named, list) else set()
+            e.named = {o["path"] for o in _named(data)}
             raise
         return fd, outputs, m["run"]
     except BaseException:
@@ -388,24 +386,16 @@ def _open_journal(path: str) -> tuple[int, list[Output], str]:
         raise
 
 
-def _stage_is_there(o: Output) -> bool:
-    """Whether ``o``'s staging dir is there; _NotOurs when a path of its name is not the dir flowgpu made."""
+def _there(path: str, isdir: bool, why: str, ino: int | None = None) -> bool:
+    """Whether ``path`` is there; _NotOurs (``why``) when it is not this user's directory (``isdir``)
+    or regular file, with inode ``ino`` when given."""
     try:
-        info = os.lstat(o.stage)
+        info = os.lstat(path)
     except FileNotFoundError:
         return False
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_ino != o.stage_ino:
-        raise _NotOurs(f"{o.stage} is not the staging dir flowgpu made for {o.path} (it was replaced since)")
-    return True
-
-
-def _decided(flag: str) -> bool:
-    try:
-        info = os.lstat(flag)
-    except FileNotFoundError:
-        return False
-    if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
-        raise _NotOurs(f"its decision {flag} is not a file flowgpu made")
+    if not (stat.S_ISDIR if isdir else stat.S_ISREG)(info.st_mode) or info.st_uid != os.geteuid() \
+            or ino not in (None, info.st_ino):
+        raise _NotOurs(why)
     return True
 
 
@@ -451,8 +441,10 @@ def recover_journal(path: str, blocking: bool = True, only: str | None = None) -
                 present.append(j)
         if not present or not os.path.exists(path):
             return []  # finished meanwhile
-        forward = _decided(_flag(journals))
-        touched = [o for o in outputs if _stage_is_there(o)]  # all checked before anything moves
+        forward = _there(_flag(journals), False, f"its decision {_flag(journals)} is not a file flowgpu made")
+        touched = [o for o in outputs if _there(  # all checked before anything moves
+            o.stage, True, f"{o.stage} is not the staging dir flowgpu made for {o.path} (it was replaced since)",
+            o.stage_ino)]
         notes: list[str] = []
         for o in touched:
             (_roll_forward if forward else _roll_back)(o, notes)
@@ -486,13 +478,16 @@ def stages_in(directory: str) -> list[tuple[str, str]]:
     return [(os.path.join(directory, n), os.path.join(directory, m["name"])) for n, m in found if m]
 
 
+def _named(data: object) -> list[dict]:
+    """The outputs a journal's content lists (with a path), as far as it can be read."""
+    named = data.get("outputs") if isinstance(data, dict) else None
+    if not isinstance(named, list):
+        return []
+    return [o for o in named if isinstance(o, dict) and isinstance(o.get("path"), str)]
+
+
 def referenced_stages(directory: str) -> set[str]:
     """Staging dirs named by journals still in ``directory`` (never removed as stale)."""
-    out = set()
-    for j in journals_in(directory):
-        data = read_record(j, _MOST + 1)  # a larger file is no journal flowgpu wrote: not JSON within it
-        named = data.get("outputs") if isinstance(data, dict) else None
-        for o in named if isinstance(named, list) else ():
-            if isinstance(o, dict) and isinstance(o.get("path"), str) and isinstance(o.get("id"), str):
-                out.add(stage_dir(o["path"], o["id"]))
-    return out
+    # a file larger than _MOST is no journal flowgpu wrote: not JSON within it
+    return {stage_dir(o["path"], o["id"]) for j in journals_in(directory) for o in _named(read_record(j, _MOST + 1))
+            if isinstance(o.get("id"), str)}

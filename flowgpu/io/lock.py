@@ -81,12 +81,6 @@ def read_record(path: str, most: int = 4096) -> object:
         return None
 
 
-def _holder(path: str) -> dict | None:
-    """The owner record in the lock file ``path`` (read, never locked), if it holds one."""
-    record = read_record(path)
-    return record if isinstance(record, dict) else None
-
-
 class _NotOurs(OutputError):
     """A file at a lock path that flowgpu did not write there (``what`` it is)."""
 
@@ -188,7 +182,7 @@ class OutputLock:
 
     def acquire(self, wait: bool = True, notify: Callable[[str], None] | None = None) -> OutputLock:
         if not self._take(blocking=False):
-            other = describe(_holder(self.path))
+            other = describe(read_record(self.path))  # read, never locked
             if not wait:
                 raise OutputLockedError(
                     f"output {self.target!r} is being written by {other}; wait for it to finish, "
