@@ -369,14 +369,9 @@ register_source("full", lambda shape, fill_value, dtype="float64", chunks="auto"
                 arrays.full(tuple(shape), fill_value, dtype, chunks), options=FullOptions)
 register_source("arange", lambda stop, start=0, step=1, dtype=None, chunks="auto":
                 arrays.arange(start, stop, step, dtype=dtype, chunks=chunks), options=ArangeOptions)
-register_source("zarr", lambda path, component=None, chunks=None: from_zarr(path, component=component, chunks=chunks),
-                reads_files=True, options=ZarrOptions)
-register_source("npy", lambda path, chunks="auto": from_npy(path, chunks=chunks), reads_files=True,
-                options=NpyOptions)
-register_source("hdf5", lambda path, dataset=None, chunks="auto": from_hdf5(path, dataset=dataset, chunks=chunks),
-                reads_files=True, options=Hdf5Options)
-register_source("tiff", lambda path, chunks="auto": from_tiff(path, chunks=chunks), reads_files=True,
-                options=TiffOptions)
-register_source("xarray", lambda path, variable, engine=None, chunks="auto":
-                open_xarray(path, variable, engine=engine, chunks=chunks), reads_files=True, options=XarrayOptions)
+register_source("zarr", from_zarr, reads_files=True, options=ZarrOptions)
+register_source("npy", from_npy, reads_files=True, options=NpyOptions)
+register_source("hdf5", from_hdf5, reads_files=True, options=Hdf5Options)
+register_source("tiff", from_tiff, reads_files=True, options=TiffOptions)
+register_source("xarray", open_xarray, reads_files=True, options=XarrayOptions)
 register_source("python", _python, options=PythonOptions, calls_user_code=True)
