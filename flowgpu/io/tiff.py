@@ -24,8 +24,8 @@ from dask.utils import parse_bytes
 
 from flowgpu.arrays.chunks import resolve_chunks
 from flowgpu.arrays.creation import from_reader
-from flowgpu.errors import ConfigError, SourceError
-from flowgpu.io.hdf5 import block_slices
+from flowgpu.errors import SourceError
+from flowgpu.io.hdf5 import block_slices, import_format
 from flowgpu.io.paths import expand, is_glob, resolve
 from flowgpu.transfer.staging import rows_to_device
 
@@ -36,13 +36,7 @@ _MAGIC = (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")
 
 
 def import_tifffile() -> Any:
-    """The ``tifffile`` module, or a ConfigError saying how to install it."""
-    try:
-        import tifffile
-    except ImportError:
-        raise ConfigError("reading TIFF files needs tifffile, which is not installed: pip install 'flowgpu[formats]' "
-                          "(or pip install tifffile)") from None
-    return tifffile
+    return import_format("tifffile", "TIFF")
 
 
 def is_tiff(path: str) -> bool:

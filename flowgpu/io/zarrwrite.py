@@ -47,9 +47,9 @@ _pool_lock = threading.Lock()
 logger = logging.getLogger("flowgpu.io")
 
 
-def inner_chunks(unit: tuple, itemsize: int, target: int = INNER_BYTES) -> tuple:
-    """Chunks of about ``target`` bytes that tile ``unit`` exactly (whole trailing axes first), for a
-    shard of ``unit``: each axis of the result divides the unit's.
+def inner_chunks(unit: tuple, itemsize: int, target: int = INNER_BYTES, divides: bool = True) -> tuple:
+    """Chunks of about ``target`` bytes at most, whole trailing axes first, split on one axis; with
+    ``divides``, for a shard of ``unit``: each axis of the result divides the unit's (it tiles it).
 
     >>> inner_chunks((2048, 131072), 4)
     (1, 16384)
@@ -57,16 +57,18 @@ def inner_chunks(unit: tuple, itemsize: int, target: int = INNER_BYTES) -> tuple
     (8, 131072)
     >>> inner_chunks((1000, 3000), 8, 4 << 20)
     (125, 3000)
+    >>> inner_chunks((1000, 500), 4, 400_000, divides=False), inner_chunks((10, 1000, 1000), 4, 400_000, False)
+    ((200, 500), (1, 100, 1000))
     """
     out = list(unit)
     for axis in range(len(unit)):
         below = int(np.prod(unit[axis + 1:], dtype=np.int64)) * itemsize
         if below <= target or axis == len(unit) - 1:
-            most = max(1, target // max(below, 1))
-            out[axis] = max(d for d in range(1, min(unit[axis], most) + 1) if unit[axis] % d == 0)
-            return tuple(out)
+            most = min(unit[axis], max(1, target // max(below, 1)))
+            out[axis] = max(d for d in range(1, most + 1) if unit[axis] % d == 0) if divides else max(1, most)
+            break
         out[axis] = 1
-    return tuple(out)
+    return tuple(max(1, n) for n in out)
 
 
 def checksummed(checksum: bool | None) -> bool:
