@@ -206,9 +206,7 @@ class CupyDevice(HostDevice):
 
         stream = cp.cuda.get_current_stream()
         key = (algorithm, cp.cuda.Device().id, stream.ptr)
-        codecs = getattr(self._local, "codecs", None)
-        if codecs is None:
-            codecs = self._local.codecs = {}
+        codecs = vars(self._local).setdefault("codecs", {})
         if key not in codecs:
             codecs[key] = nvcomp.Codec(algorithm=algorithm, bitstream_kind=nvcomp.BitstreamKind.RAW,
                                        device_id=key[1], cuda_stream=stream.ptr)

@@ -190,10 +190,7 @@ class OutputLock:
             if notify is not None:
                 notify(f"waiting for {other} to finish writing {self.target} ...")
             self._take(blocking=True)
-        locks = getattr(_held, "locks", None)
-        if locks is None:
-            locks = _held.locks = {}
-        locks[self.target] = self
+        vars(_held).setdefault("locks", {})[self.target] = self
         return self
 
     def release(self) -> None:

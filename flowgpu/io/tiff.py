@@ -88,32 +88,24 @@ def _scan(path: str) -> tuple[list[str], bool, tuple[int, ...], np.dtype]:
     """``(files, multipage, shape, dtype)``: what ``path`` stacks, every page checked; ``shape`` is
     the stack's, (pages, *page shape)."""
     files = tiff_files(path)
-    if len(files) == 1 and not is_glob(path):
-        with _open(files[0]) as tif:
-            pages = list(tif.pages)
-            if not pages:
-                raise SourceError(f"TIFF file {path!r} holds no pages", "path")
-            first = _page_kind(pages[0])
+    multipage, first = len(files) == 1 and not is_glob(path), None
+    for f in files:
+        with _open(f) as tif:
+            pages = list(tif.pages) if multipage else [tif.pages[0]] if len(tif.pages) == 1 else None
+            if pages is None:
+                raise SourceError(f"{f!r} holds {len(tif.pages)} pages, but a glob stacks files of one page each; "
+                                  "give a multi-page file as 'path' alone, or a glob of one-page files", "path")
             for i, page in enumerate(pages):
                 kind = _page_kind(page)
-                if kind != first:
-                    raise _mismatch(f"page {i} of {path!r}", kind, "page 0", first)
-        multipage, count = True, len(pages)
-    else:
-        first = None
-        for f in files:
-            with _open(f) as tif:
-                n = len(tif.pages)
-                if n != 1:
-                    raise SourceError(f"{f!r} holds {n} pages, but a glob stacks files of one page each; give a "
-                                      "multi-page file as 'path' alone, or a glob of one-page files", "path")
-                kind = _page_kind(tif.pages[0])
-            if first is None:
-                first = kind
-            elif kind != first:
-                raise _mismatch(repr(f), kind, repr(files[0]), first)
-        multipage, count = False, len(files)
+                if first is None:
+                    first = kind
+                elif kind != first:
+                    raise _mismatch(f"page {i} of {path!r}" if multipage else repr(f), kind,
+                                    "page 0" if multipage else repr(files[0]), first)
+    if first is None:
+        raise SourceError(f"TIFF file {path!r} holds no pages", "path")
     page, dtype = first
+    count = len(pages) if multipage else len(files)
     if dtype is None:
         raise SourceError(f"{files[0]!r}: tifffile cannot decode its pages (unsupported sample format)", "path")
     return files, multipage, (count,) + page, dtype
