@@ -194,9 +194,6 @@ class Hdf5Reader:
 
             return rows_to_device(shape, self.dtype, fill)
 
-    def __reduce__(self):
-        return (Hdf5Reader, (self.path, self.dataset, self.shape, str(self.dtype), self.device))
-
 
 def from_hdf5(path: str, dataset: str | None = None, chunks: Any = "auto") -> da.Array:
     """A dataset of an HDF5 (or NetCDF-4) file as a chunked array on the session's device.

@@ -168,9 +168,6 @@ class TiffReader:
             if tif is not None:
                 tif.close()
 
-    def __reduce__(self):
-        return (TiffReader, (self.files, self.multipage, self.shape, str(self.dtype), self.device))
-
 
 def _read(page: Any, out: np.ndarray, whole: bool, rest: tuple[slice, ...]) -> None:
     """Decode ``page`` into ``out`` (its part ``rest`` when the block is not whole pages)."""

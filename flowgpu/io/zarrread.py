@@ -242,9 +242,6 @@ class DeviceReader:
         self.zarr_path, self.component, self.group = zarr_path, component, group
         self.shape, self.dtype, self.ndim = plan.shape, plan.dtype, len(plan.shape)
 
-    def __reduce__(self):
-        return (DeviceReader, (self.plan, self.device, self.zarr_path, self.component, self.group))
-
     def __getitem__(self, key):
         require_store(self.plan.root)  # a file that is not there is the fill value; a store that is not there is an error
         key = key if isinstance(key, tuple) else (key,)
