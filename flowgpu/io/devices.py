@@ -10,6 +10,7 @@ CuPy or nvCOMP until a device works.
 
 from __future__ import annotations
 
+import functools
 import gzip
 import struct
 import threading
@@ -289,11 +290,9 @@ class KvikioDevice(CupyDevice):
 
 
 DEVICES = {"nvcomp": CupyDevice, "nvcomp-kvikio": KvikioDevice, "fake": HostDevice}
-_made: dict[str, HostDevice] = {}
 
 
+@functools.cache
 def device_for(name: str) -> HostDevice:
     """The process's device object of kind ``name`` (``nvcomp``, ``nvcomp-kvikio`` or ``fake``)."""
-    if name not in _made:
-        _made[name] = DEVICES[name]()
-    return _made[name]
+    return DEVICES[name]()
