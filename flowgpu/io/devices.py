@@ -133,20 +133,12 @@ class HostDevice:
 
         statuses = np.zeros(len(payloads), np.int32)
         decoded = np.zeros(len(payloads), np.uint64)
+        decoders = {"Zstd": numcodecs.Zstd().decode, "Deflate": lambda raw: zlib.decompress(raw, -15),
+                    "LZ4": lambda raw: numcodecs.LZ4().decode(struct.pack("<I", nbytes) + raw), "Gzip": gzip.decompress}
         for i, (p, o) in enumerate(zip(payloads, outs)):
-            raw = bytes(memoryview(p))
             try:
-                if algorithm == "Zstd":
-                    b = numcodecs.Zstd().decode(raw)
-                elif algorithm == "LZ4":
-                    b = numcodecs.LZ4().decode(struct.pack("<I", nbytes) + raw)
-                elif algorithm == "Deflate":
-                    b = zlib.decompress(raw, -15)
-                elif algorithm == "Gzip":
-                    b = gzip.decompress(raw)
-                else:
-                    raise ValueError(f"no decoder for {algorithm}")
-            except (RuntimeError, ValueError, OSError, zlib.error, EOFError):
+                b = decoders[algorithm](bytes(memoryview(p)))
+            except (KeyError, RuntimeError, ValueError, OSError, zlib.error, EOFError):  # KeyError: no decoder
                 statuses[i] = 12
                 continue
             a = np.frombuffer(b, np.uint8)

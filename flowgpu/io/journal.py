@@ -239,7 +239,8 @@ class Transaction:
             self._write_journals()
             faults.point("commit:after-journal")
             self._each(self._set_aside, "commit:after-aside")
-            self._decide()
+            _write_durable(_flag(self.journals), "")  # the decision
+            _fsync_dir(os.path.dirname(self.journals[0]))
             faults.point("commit:after-decision")
             self._each(self._move_in, "commit:after-first-rename")
             faults.point("commit:before-cleanup")
@@ -294,10 +295,6 @@ class Transaction:
             raise OutputError(f"output {o.path!r} was created or replaced while the run was in progress, and "
                               "not by flowgpu; it was left as it is and no output was replaced (choose another "
                               "path, or pass --overwrite to replace it)")
-
-    def _decide(self) -> None:
-        _write_durable(_flag(self.journals), "")
-        _fsync_dir(os.path.dirname(self.journals[0]))
 
     def _move_in(self, o: Output) -> None:
         for staged, _, live in o.parts():

@@ -140,10 +140,6 @@ class ZarrBlocks:
         return ("flowgpu-zarr", self.folder, _mtime(self.folder), self.shape, str(self.dtype), self.arr.chunks)
 
 
-def _array_folder(path: str, component: str | None) -> str:
-    return os.path.join(path, *component.split("/")) if component and not is_url(path) else path
-
-
 def from_zarr(path: str, component: str | None = None, chunks: Any = None) -> da.Array:
     """A Zarr array as a chunked array on the session's device; chunks default to the store's
     (its shards, for a sharded array). A local ``path`` is made absolute here, and each read
@@ -164,7 +160,7 @@ def from_zarr(path: str, component: str | None = None, chunks: Any = None) -> da
         x = da.from_array(reader, chunks=plan.unit, asarray=False, meta=meta, name=f"from-zarr-device-{token}",
                           inline_array=True)
     else:
-        blocks = ZarrBlocks(arr, _array_folder(path, component))
+        blocks = ZarrBlocks(arr, os.path.join(path, *component.split("/")) if component and not is_url(path) else path)
         # reads spread over the workers (as npy's), each inlined where its chunk is used, as dask's from_zarr
         x = da.from_array(blocks, chunks=arr.chunks, name=f"from-zarr-{da.core.tokenize(blocks)}", inline_array=True,
                           asarray=False, meta=np.empty((0,) * arr.ndim, arr.dtype))
