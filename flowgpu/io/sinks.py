@@ -98,13 +98,7 @@ def register_sink(name: str, prepare: Callable[..., PendingWrite], *, writes_pat
     return SINKS.add(_entry(name, prepare, caps, options), replace=replace)
 
 
-def sink_entry(name: str) -> Entry:
-    """The registry entry of sink ``name`` (unknown names suggest close ones)."""
-    return SINKS.get(name)
-
-
-def sink_names() -> list[str]:
-    return SINKS.names()
+sink_entry, sink_names = SINKS.get, SINKS.names  # an entry by name (unknown names suggest close ones); all names
 
 
 def prepare_write(sink: str, x: da.Array, path: str | None = None, overwrite: bool = False, **options) -> PendingWrite:

@@ -56,9 +56,8 @@ def _entry(name: str, func: Callable, *, reads_files: bool = False, options: typ
     if not callable(func):
         raise ConfigError(f"source {name!r}: {func!r} is not callable")
     model = options or options_model(name, func, skip=("call",) if calls_user_code else ())
-    caps = {READS_FILES} if reads_files else set()
-    return Entry(name, func, inspect.getdoc(model) or inspect.getdoc(func) or "", model,
-                 frozenset(caps | ({CALLS_USER_CODE} if calls_user_code else set())))
+    caps = frozenset(c for c, on in ((READS_FILES, reads_files), (CALLS_USER_CODE, calls_user_code)) if on)
+    return Entry(name, func, inspect.getdoc(model) or inspect.getdoc(func) or "", model, caps)
 
 
 def register_source(name: str, func: Callable[..., da.Array], *, reads_files: bool = False,
@@ -76,13 +75,7 @@ def register_source(name: str, func: Callable[..., da.Array], *, reads_files: bo
                               calls_user_code=calls_user_code), replace=replace)
 
 
-def source_entry(name: str) -> Entry:
-    """The registry entry of source ``name`` (unknown names suggest close ones)."""
-    return SOURCES.get(name)
-
-
-def source_names() -> list[str]:
-    return SOURCES.names()
+source_entry, source_names = SOURCES.get, SOURCES.names  # an entry by name (unknown names suggest close ones); all
 
 
 def reads_files(name: str) -> bool:
