@@ -157,9 +157,6 @@ class Output:
         for (staged, aside), live in zip(_PARTS, (marker_path(self.path), self.path)):
             yield os.path.join(self.stage, staged), os.path.join(self.stage, aside), live
 
-    def staged_marker(self) -> str:
-        return os.path.join(self.stage, "marker")
-
     def ours(self, live: str) -> bool:
         """Whether ``live`` is this output's new data (or marker), moved into place by its run."""
         return os.path.lexists(live) and _run_of(marker_path(self.path)) == self.id
@@ -235,7 +232,7 @@ class Transaction:
         try:
             faults.point("commit:before-marker")
             for o in self.outputs:
-                _write_durable(o.staged_marker(), json.dumps({"writer": "flowgpu", "run": o.id, **o.meta}))
+                _write_durable(os.path.join(o.stage, "marker"), json.dumps({"writer": "flowgpu", "run": o.id, **o.meta}))
             self._write_journals()
             faults.point("commit:after-journal")
             self._each(self._set_aside, "commit:after-aside")
@@ -434,8 +431,9 @@ def recover_journal(path: str, blocking: bool = True, only: str | None = None) -
                 fcntl.flock(jfd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
             except BlockingIOError:
                 return None
-            if _same(j, jfd):
-                present.append(j)
+            with contextlib.suppress(FileNotFoundError):  # a journal removed meanwhile is no longer there
+                if os.lstat(j).st_ino == os.fstat(jfd).st_ino:
+                    present.append(j)
         if not present or not os.path.exists(path):
             return []  # finished meanwhile
         forward = _there(_flag(journals), False, f"its decision {_flag(journals)} is not a file flowgpu made")
@@ -455,14 +453,6 @@ def recover_journal(path: str, blocking: bool = True, only: str | None = None) -
     finally:
         for fd in fds:
             os.close(fd)
-
-
-def _same(path: str, fd: int) -> bool:
-    """Whether ``path`` still names the open file ``fd`` (a journal removed meanwhile does not)."""
-    try:
-        return os.lstat(path).st_ino == os.fstat(fd).st_ino
-    except FileNotFoundError:
-        return False
 
 
 def journals_in(directory: str) -> list[str]:
