@@ -24,7 +24,7 @@ from flowgpu.io import nvcompc
 from flowgpu.io.devcodec import ALIGN, layout
 from flowgpu.transfer.staging import file_rows_to_device, read_at
 
-__all__ = ["gather", "HostPending", "HostDevice", "CupyDevice", "KvikioDevice", "DEVICES", "device_for"]
+__all__ = ["gather", "HostDevice", "CupyDevice", "KvikioDevice", "DEVICES", "device_for"]
 
 READ_SLICE = 16 << 20  # staging slice of a shard read: four shards read at once spread over all reader threads
 
@@ -54,17 +54,6 @@ def gather(src_ptrs: Any, dst: Any, dst_at: Any, sizes: Any) -> None:
     args = (cp.asarray(np.asarray(src_ptrs, np.uint64)), cp.asarray(np.asarray(dst_at, np.int64)),
             cp.asarray(np.asarray(sizes, np.int64)), dst)
     _kernels["gather"]((n,), (256,), args)
-
-
-class HostPending:
-    """A host batch's per-chunk statuses and decoded sizes, as :class:`flowgpu.io.nvcompc.Pending`."""
-
-    def __init__(self, nbytes: int, statuses: np.ndarray, decoded: np.ndarray):
-        self.nbytes, self.statuses, self.decoded = nbytes, statuses, decoded
-
-    def damaged(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        bad = nvcompc.damaged(self.statuses, self.decoded, self.nbytes)
-        return bad, self.statuses[bad], self.decoded[bad]
 
 
 class HostDevice:
@@ -107,7 +96,7 @@ class HostDevice:
             raise ValueError("decoded chunks go to 16-byte aligned offsets")
         payloads = [buf[a:a + n] for a, n in zip(starts.tolist(), sizes.tolist())]
         statuses, decoded = self.decode(algorithm, payloads, nbytes, [out[o:o + nbytes] for o in out_at.tolist()])
-        return HostPending(nbytes, statuses, decoded)
+        return nvcompc.Pending(algorithm, nbytes, statuses, decoded, ())
 
     def pack(self, algorithm: str | None, flat: Any, offsets: np.ndarray, nbytes: int, level: int | None,
              head: int = 0, room: int = 0, tail: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
