@@ -67,8 +67,7 @@ class NpyReader:
                 return file_rows_to_device(self.path, self.offset + rows[0] * row_bytes,
                                            (rows[1] - rows[0], *self.shape[1:]), self.dtype)
             return host_to_device(np.load(self.path, mmap_mode="r")[key])
-        m = np.load(self.path, mmap_mode="r")
-        return np.array(m[key])
+        return np.array(np.load(self.path, mmap_mode="r")[key])
 
     def __reduce__(self):
         return (NpyReader, (self.path, self.device))

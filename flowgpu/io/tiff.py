@@ -137,11 +137,11 @@ class TiffReader:
         shape = tuple(k.stop - k.start for k in key)
         first, rest = key[0].start, key[1:]
         whole = all(k.start == 0 and k.stop == n for k, n in zip(rest, self.shape[1:]))
-        tif = tifffile.TiffFile(self.files[0]) if self.multipage else None
         # fills may run on several threads: one file handle (not thread-safe) is read by one at a time;
         # a glob's pages, each its own file, are decoded in parallel
-        lock = threading.Lock() if tif is not None else contextlib.nullcontext()
-        try:
+        with tifffile.TiffFile(self.files[0]) if self.multipage else contextlib.nullcontext() as tif:
+            lock = threading.Lock() if tif is not None else contextlib.nullcontext()
+
             def fill(out: np.ndarray, a: int, b: int) -> None:
                 with lock:
                     for j in range(a, b):
@@ -164,9 +164,6 @@ class TiffReader:
             if out.size:
                 fill(out, 0, shape[0])
             return out
-        finally:
-            if tif is not None:
-                tif.close()
 
 
 def _read(page: Any, out: np.ndarray, whole: bool, rest: tuple[slice, ...]) -> None:
