@@ -44,10 +44,10 @@ from dataclasses import dataclass, field
 
 from flowgpu.errors import OutputError
 from flowgpu.io import faults
-from flowgpu.io.lock import beside, listing, owner, read_open_record, read_record
+from flowgpu.io.lock import beside, is_record, listing, owner, read_open_record, read_record
 
 __all__ = ["MARKER", "STAGE_TAG", "Output", "Refused", "Transaction", "recover_journal", "journals_in", "stages_in",
-           "marker_path", "written_by_flowgpu", "stage_dir", "new_id", "remove"]
+           "marker_path", "written_by_flowgpu", "stage_dir", "stage_owner", "new_id", "remove"]
 
 MARKER = ".flowgpu-output.json"
 STAGE_TAG = ".flowgpu-tmp-"
@@ -471,6 +471,17 @@ def _named(data: object) -> list[dict]:
     if not isinstance(named, list):
         return []
     return [o for o in named if isinstance(o, dict) and isinstance(o.get("path"), str)]
+
+
+def stage_owner(stage: str) -> dict | None:
+    """The owner record flowgpu wrote into the staging dir ``stage`` when it made it, or None when
+    ``stage`` carries none: a user's folder named like one, a copy (another inode), another user's."""
+    record = read_record(os.path.join(stage, "owner.json"))
+    try:  # the record names the inode of the dir it was written into: what a copy cannot have
+        ours = is_record(record) and isinstance(record["ino"], int) and _there(stage, True, "", record["ino"])
+    except (KeyError, OSError, _NotOurs):
+        return None
+    return record if ours else None
 
 
 def referenced_stages(directory: str) -> set[str]:
