@@ -270,9 +270,8 @@ class DeviceReader:
                     not plan.frame.checksum:
                 path, offset, nbytes, ch = groups[0]  # one uncompressed chunk: the bytes read are the block
                 buf = dev.read(path, offset + int(ch.starts[0]), chunk_bytes)
-                COUNTERS.add("read", chunk_bytes, 0.0, count=1)
-                COUNTERS.add("moved", chunk_bytes, 0.0, count=1)
-                COUNTERS.add("decode", chunk_bytes, 0.0, count=1)
+                for activity in ("read", "moved", "decode"):
+                    COUNTERS.add(activity, chunk_bytes)
                 return buf.view(plan.dtype).reshape(plan.chunk)
         at = _in_place(plan, lo, hi, coords, chunk_bytes)
         if at is not None:
