@@ -219,10 +219,8 @@ class Transaction:
     def __init__(self, outputs: list[Output]):
         self.run = new_id()
         self.outputs = sorted(outputs, key=lambda o: o.path)
-        firsts: dict[str, Output] = {}
-        for o in self.outputs:
-            firsts.setdefault(os.path.dirname(o.path), o)
-        self.by_journal = {_journal_of(self.run, d): o for d, o in firsts.items()}
+        # one journal per folder, in the staging dir of its first output (reversed: the first one wins)
+        self.by_journal = {_journal_of(self.run, os.path.dirname(o.path)): o for o in reversed(self.outputs)}
         self.journals = sorted(self.by_journal)
         self.fds: list[int] = []
         self.stuck = False

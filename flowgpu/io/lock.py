@@ -63,14 +63,12 @@ def read_head(path: str, nbytes: int) -> bytes | None:
     waiting on a FIFO; None when it is anything else or cannot be read."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+        try:
+            return os.pread(fd, nbytes, 0) if stat.S_ISREG(os.fstat(fd).st_mode) else None
+        finally:
+            os.close(fd)
     except OSError:
         return None
-    try:
-        return os.pread(fd, nbytes, 0) if stat.S_ISREG(os.fstat(fd).st_mode) else None
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
 
 
 def read_record(path: str, most: int = 4096) -> object:
