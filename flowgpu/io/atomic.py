@@ -154,11 +154,9 @@ def _clean_dir(directory: str, only: str | None, blocking: bool) -> list[str]:
         if held(out) is None:
             try:
                 lock = OutputLock(out).acquire(wait=False)
-            except OutputLockedError:
-                notes.append(f"{stage}: {out} is being written by another run; left alone")
-                continue
-            except OutputError as e:
-                notes.append(Refused(f"left alone {stage}: {e}"))
+            except OutputError as e:  # held by a run, or a lock file flowgpu did not write
+                notes.append(f"{stage}: {out} is being written by another run; left alone"
+                             if isinstance(e, OutputLockedError) else Refused(f"left alone {stage}: {e}"))
                 continue
         try:
             remove(stage)

@@ -60,11 +60,8 @@ class HostDevice:
     """The device interface on NumPy arrays: nvCOMP's raw streams decoded by numcodecs and zlib.
 
     A stand-in for :class:`CupyDevice` that runs everywhere (tests, CPU machines): same reads,
-    same framing, same batches, the same offset tables; only the memory is the host's.
-
-    A batch is one buffer and an offset table (NumPy ``int64`` arrays), never a list of views: a
-    1 GiB shard of 64 KiB chunks is 16384 chunks, and a Python object per chunk would cost more
-    than the device's decode."""
+    same framing, same batches, the same offset tables (NumPy ``int64`` arrays, never a Python
+    object per chunk: see :mod:`flowgpu.io.zarrread`); only the memory is the host's."""
 
     name = "fake"
     xp = np

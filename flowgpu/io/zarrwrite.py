@@ -141,10 +141,9 @@ def _write_at(fd: int, view: memoryview, at: int) -> None:
         done += os.pwrite(fd, view[done:], at + done)
 
 
-def _pwrite(fd: int, parts: list, path: str) -> int:
+def _pwrite(fd: int, parts: list) -> int:
     """Write ``parts`` one after another from the file's start, in pieces of ``WRITE_PIECE`` bytes
-    on parallel threads (``os.pwrite`` lets the GIL go; copies into the page cache scale with
-    threads, one thread moves about 3 GB/s). Returns the bytes written."""
+    on up to ``WRITERS`` threads (``os.pwrite`` lets the GIL go). Returns the bytes written."""
     jobs, at = [], 0
     for p in parts:
         view = memoryview(p).cast("B")
@@ -241,7 +240,7 @@ def _write_unit(block: Any, plan: DevicePlan = None, device: str = "nvcomp", lev
                 block_info: Any = None):
     """Encode one unit's chunks as a batch, lay them out in one host buffer (each payload aligned
     for nvCOMP's reads, :func:`~flowgpu.io.devcodec.layout`), copied from the device at once, and
-    write it with its index: one device-to-host copy and one ``pwritev`` per unit."""
+    write it with its index: one device-to-host copy per unit, written by :func:`_pwrite`."""
     dev = device_for(device)
     lo = tuple(a for a, _ in block_info[0]["array-location"])
     unit = tuple(l // u for l, u in zip(lo, plan.unit))
@@ -261,14 +260,14 @@ def _write_unit(block: Any, plan: DevicePlan = None, device: str = "nvcomp", lev
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         if not plan.sharded:
-            written = _pwrite(fd, [host[int(at[0]):int(at[0] + n[0])]], path)
+            written = _pwrite(fd, [host[int(at[0]):int(at[0] + n[0])]])
         else:
             index = np.full((*plan.chunks_per_unit, 2), MAX_U64, "<u8")
             local = coords - np.array([u * p for u, p in zip(unit, plan.chunks_per_unit)], np.int64)
             index[tuple(local.T)] = np.stack([at, n], axis=-1).astype("<u8")
             body = index.tobytes()
             end = int((at + n).max()) if len(at) else 0
-            written = _pwrite(fd, [host[:end], body, np.array([google_crc32c.value(body)], "<u4").tobytes()], path)
+            written = _pwrite(fd, [host[:end], body, np.array([google_crc32c.value(body)], "<u4").tobytes()])
     finally:
         os.close(fd)
     COUNTERS.add("write", written, time.perf_counter() - t1)
