@@ -15,7 +15,6 @@ import contextlib
 import errno
 import json
 import os
-import stat
 import sys
 import tempfile
 import time
@@ -24,10 +23,9 @@ from collections.abc import Callable, Iterable, Iterator
 from flowgpu.errors import FlowgpuError, OutputError, OutputExistsError, OutputLockedError
 from flowgpu.io import faults
 from flowgpu.io.journal import (MARKER, Output, Refused, Transaction, journals_in, marker_path, new_id,
-                                recover_journal, referenced_stages, remove, stage_dir, stages_in,
+                                recover_journal, referenced_stages, remove, stage_dir, stage_owner, stages_in,
                                 written_by_flowgpu)
-from flowgpu.io.lock import (OutputLock, alive, describe, held, is_record, lock_path, locked_targets, owner,
-                            read_head, read_record, remove_stale)
+from flowgpu.io.lock import OutputLock, alive, describe, held, lock_path, locked_targets, owner, read_head, remove_stale
 from flowgpu.io.paths import resolve
 
 __all__ = ["MARKER", "AtomicPath", "Refused", "atomic_output", "canonical", "check_writable", "clean",
@@ -131,19 +129,6 @@ def write_text(path: str | os.PathLike, text: str, *, head: bytes | None = None,
         raise
 
 
-def _stage_owner(stage: str) -> dict | None:
-    """The owner record flowgpu wrote into the staging dir ``stage`` when it made it, or None when
-    ``stage`` carries none: a user's folder named like one, a copy (another inode), another user's."""
-    try:
-        info = os.lstat(stage)
-    except OSError:
-        return None
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
-        return None
-    record = read_record(os.path.join(stage, "owner.json"))
-    return record if is_record(record) and record.get("ino") == info.st_ino else None
-
-
 def _clean_dir(directory: str, only: str | None, blocking: bool) -> list[str]:
     """Finish dead runs' commits in ``directory`` (those naming ``only``, if given) and remove their
     staging and lock files; only what carries flowgpu's records (else a :class:`Refused` note)."""
@@ -155,7 +140,7 @@ def _clean_dir(directory: str, only: str | None, blocking: bool) -> list[str]:
     for stage, out in stages_in(directory):
         if only not in (None, out) or stage in keep:
             continue
-        who = _stage_owner(stage)
+        who = stage_owner(stage)
         if who is None:
             notes.append(Refused(f"left alone {stage}: it is named like a flowgpu staging folder but does not carry "
                                  "the owner record flowgpu writes into those it makes (a folder of yours, or a copy); "
@@ -169,11 +154,9 @@ def _clean_dir(directory: str, only: str | None, blocking: bool) -> list[str]:
         if held(out) is None:
             try:
                 lock = OutputLock(out).acquire(wait=False)
-            except OutputLockedError:
-                notes.append(f"{stage}: {out} is being written by another run; left alone")
-                continue
-            except OutputError as e:
-                notes.append(Refused(f"left alone {stage}: {e}"))
+            except OutputError as e:  # held by a run, or a lock file flowgpu did not write
+                notes.append(f"{stage}: {out} is being written by another run; left alone"
+                             if isinstance(e, OutputLockedError) else Refused(f"left alone {stage}: {e}"))
                 continue
         try:
             remove(stage)
@@ -305,14 +288,10 @@ class AtomicPath:
         """For setting up the staged output: on failure abort, and name an OS error's path and fix."""
         try:
             yield self.tmp
-        except FlowgpuError:
+        except BaseException as e:
             self.abort()
-            raise
-        except OSError as e:
-            self.abort()
-            raise output_error(self.path, e) from None
-        except BaseException:
-            self.abort()
+            if isinstance(e, OSError) and not isinstance(e, FlowgpuError):
+                raise output_error(self.path, e) from None
             raise
 
     def _release(self) -> None:

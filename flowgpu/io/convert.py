@@ -25,30 +25,12 @@ from flowgpu.io.npy import from_npy
 from flowgpu.io.paths import is_glob
 from flowgpu.io.tiff import from_tiff, is_tiff, tiff_files
 from flowgpu.io.zarr import from_zarr, open_zarr_array, store_zarr
-from flowgpu.io.zarrwrite import CODECS, INNER_BYTES
+from flowgpu.io.zarrwrite import CODECS, INNER_BYTES, inner_chunks
 
 __all__ = ["check", "convert", "choose_layout", "CHUNK_BYTES", "MAX_CHUNK_BYTES", "MAX_SHARD_BYTES"]
 
 CHUNK_BYTES = INNER_BYTES
 MAX_SHARD_BYTES = 1 << 30
-
-
-def _rows_first(shape: tuple, itemsize: int, limit: int) -> tuple:
-    """The largest block of whole trailing axes within ``limit`` bytes, split on one axis.
-
-    >>> _rows_first((1000, 500), 4, 400_000)
-    (200, 500)
-    >>> _rows_first((10, 1000, 1000), 4, 400_000)
-    (1, 100, 1000)
-    """
-    out = list(shape)
-    for axis in range(len(shape)):
-        inner = int(np.prod(shape[axis + 1:], dtype=np.int64)) * itemsize
-        if inner <= limit or axis == len(shape) - 1:
-            out[axis] = max(1, min(shape[axis], limit // max(inner, 1)))
-            return tuple(max(1, n) for n in out)
-        out[axis] = 1
-    return tuple(max(1, n) for n in out)
 
 
 def choose_layout(shape: tuple, dtype: Any, chunk_bytes: int | None = None,
@@ -63,8 +45,8 @@ def choose_layout(shape: tuple, dtype: Any, chunk_bytes: int | None = None,
     chunk_bytes = min(int(chunk_bytes or CHUNK_BYTES), MAX_CHUNK_BYTES)
     if not shape or 0 in shape:
         return tuple(max(1, n) for n in shape), None
-    chunks = _rows_first(shape, itemsize, chunk_bytes)
-    target = _rows_first(shape, itemsize, max(shard_bytes, chunk_bytes))
+    chunks = inner_chunks(shape, itemsize, chunk_bytes, divides=False)  # the largest block of whole rows first
+    target = inner_chunks(shape, itemsize, max(shard_bytes, chunk_bytes), divides=False)
     shards = tuple(max(c, (t // c) * c) if t < n else -(-n // c) * c for c, t, n in zip(chunks, target, shape))
     return chunks, (None if shards == chunks else shards)
 

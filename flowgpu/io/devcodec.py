@@ -148,7 +148,11 @@ def _fill(meta: Any, dtype: np.dtype) -> Any:
     return np.zeros((), dtype)[()] if fill is None else np.asarray(fill, dtype=dtype)[()]
 
 
-def _sized(plan: DevicePlan) -> DevicePlan | Fallback:
+def _sized(frame: Frame | Fallback, **plan: Any) -> DevicePlan | Fallback:
+    """The plan of chunks framed by ``frame``, unless they fall back (or nvCOMP cannot take them at once)."""
+    if isinstance(frame, Fallback):
+        return frame
+    plan = DevicePlan(frame=frame, **plan)
     n = int(np.prod(plan.chunk, dtype=np.int64)) * plan.dtype.itemsize
     if plan.frame.algorithm and n > MAX_CHUNK_BYTES:
         return Fallback(f"chunks of {n / 2**20:.0f} MiB are more than nvCOMP decodes at once "
@@ -192,26 +196,18 @@ def plan_codec(arr: Any) -> DevicePlan | Fallback:
             return Fallback("chunks in Fortran order are decoded by zarr")
         frame = Frame(None) if meta.compressor is None else frame_for(meta.compressor.codec_id,
                                                                       meta.compressor.get_config())
-        if isinstance(frame, Fallback):
-            return frame
-        return _sized(DevicePlan(chunk=tuple(arr.chunks), unit=tuple(arr.chunks), frame=frame, **common))
+        return _sized(frame, chunk=tuple(arr.chunks), unit=tuple(arr.chunks), **common)
     codecs = tuple(meta.codecs)
     if len(codecs) == 1 and _named(codecs[0])[0] == "sharding_indexed":
         shard = codecs[0]
         index = [_named(c)[0] for c in shard.index_codecs]
         if index != ["bytes", "crc32c"]:
             return Fallback(f"shard index codecs {index} (the device path reads bytes + crc32c)")
-        frame = _pipeline(tuple(shard.codecs), dtype, "inner")
-        if isinstance(frame, Fallback):
-            return frame
         at_end = str(getattr(shard.index_location, "value", shard.index_location)) == "end"
-        return _sized(DevicePlan(chunk=tuple(shard.chunk_shape), unit=tuple(meta.chunk_grid.chunk_shape),
-                                 frame=frame, sharded=True, index_at_end=at_end, **common))
-    frame = _pipeline(codecs, dtype, "array")
-    if isinstance(frame, Fallback):
-        return frame
-    return _sized(DevicePlan(chunk=tuple(meta.chunk_grid.chunk_shape), unit=tuple(meta.chunk_grid.chunk_shape),
-                             frame=frame, **common))
+        return _sized(_pipeline(tuple(shard.codecs), dtype, "inner"), chunk=tuple(shard.chunk_shape),
+                      unit=tuple(meta.chunk_grid.chunk_shape), sharded=True, index_at_end=at_end, **common)
+    return _sized(_pipeline(codecs, dtype, "array"), chunk=tuple(meta.chunk_grid.chunk_shape),
+                  unit=tuple(meta.chunk_grid.chunk_shape), **common)
 
 
 def layout(sizes: Any, head: int = 0, room: int = 0, align: int = ALIGN, tail: int = 0) -> tuple[np.ndarray, int]:

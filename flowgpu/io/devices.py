@@ -10,6 +10,7 @@ CuPy or nvCOMP until a device works.
 
 from __future__ import annotations
 
+import functools
 import gzip
 import struct
 import threading
@@ -23,7 +24,7 @@ from flowgpu.io import nvcompc
 from flowgpu.io.devcodec import ALIGN, layout
 from flowgpu.transfer.staging import file_rows_to_device, read_at
 
-__all__ = ["gather", "HostPending", "HostDevice", "CupyDevice", "KvikioDevice", "DEVICES", "device_for"]
+__all__ = ["gather", "HostDevice", "CupyDevice", "KvikioDevice", "DEVICES", "device_for"]
 
 READ_SLICE = 16 << 20  # staging slice of a shard read: four shards read at once spread over all reader threads
 
@@ -55,26 +56,12 @@ def gather(src_ptrs: Any, dst: Any, dst_at: Any, sizes: Any) -> None:
     _kernels["gather"]((n,), (256,), args)
 
 
-class HostPending:
-    """A host batch's per-chunk statuses and decoded sizes, as :class:`flowgpu.io.nvcompc.Pending`."""
-
-    def __init__(self, nbytes: int, statuses: np.ndarray, decoded: np.ndarray):
-        self.nbytes, self.statuses, self.decoded = nbytes, statuses, decoded
-
-    def damaged(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        bad = nvcompc.damaged(self.statuses, self.decoded, self.nbytes)
-        return bad, self.statuses[bad], self.decoded[bad]
-
-
 class HostDevice:
     """The device interface on NumPy arrays: nvCOMP's raw streams decoded by numcodecs and zlib.
 
     A stand-in for :class:`CupyDevice` that runs everywhere (tests, CPU machines): same reads,
-    same framing, same batches, the same offset tables; only the memory is the host's.
-
-    A batch is one buffer and an offset table (NumPy ``int64`` arrays), never a list of views: a
-    1 GiB shard of 64 KiB chunks is 16384 chunks, and a Python object per chunk would cost more
-    than the device's decode."""
+    same framing, same batches, the same offset tables (NumPy ``int64`` arrays, never a Python
+    object per chunk: see :mod:`flowgpu.io.zarrread`); only the memory is the host's."""
 
     name = "fake"
     xp = np
@@ -106,7 +93,7 @@ class HostDevice:
             raise ValueError("decoded chunks go to 16-byte aligned offsets")
         payloads = [buf[a:a + n] for a, n in zip(starts.tolist(), sizes.tolist())]
         statuses, decoded = self.decode(algorithm, payloads, nbytes, [out[o:o + nbytes] for o in out_at.tolist()])
-        return HostPending(nbytes, statuses, decoded)
+        return nvcompc.Pending(algorithm, nbytes, statuses, decoded, ())
 
     def pack(self, algorithm: str | None, flat: Any, offsets: np.ndarray, nbytes: int, level: int | None,
              head: int = 0, room: int = 0, tail: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -132,20 +119,12 @@ class HostDevice:
 
         statuses = np.zeros(len(payloads), np.int32)
         decoded = np.zeros(len(payloads), np.uint64)
+        decoders = {"Zstd": numcodecs.Zstd().decode, "Deflate": lambda raw: zlib.decompress(raw, -15),
+                    "LZ4": lambda raw: numcodecs.LZ4().decode(struct.pack("<I", nbytes) + raw), "Gzip": gzip.decompress}
         for i, (p, o) in enumerate(zip(payloads, outs)):
-            raw = bytes(memoryview(p))
             try:
-                if algorithm == "Zstd":
-                    b = numcodecs.Zstd().decode(raw)
-                elif algorithm == "LZ4":
-                    b = numcodecs.LZ4().decode(struct.pack("<I", nbytes) + raw)
-                elif algorithm == "Deflate":
-                    b = zlib.decompress(raw, -15)
-                elif algorithm == "Gzip":
-                    b = gzip.decompress(raw)
-                else:
-                    raise ValueError(f"no decoder for {algorithm}")
-            except (RuntimeError, ValueError, OSError, zlib.error, EOFError):
+                b = decoders[algorithm](bytes(memoryview(p)))
+            except (KeyError, RuntimeError, ValueError, OSError, zlib.error, EOFError):  # KeyError: no decoder
                 statuses[i] = 12
                 continue
             a = np.frombuffer(b, np.uint8)
@@ -206,9 +185,7 @@ class CupyDevice(HostDevice):
 
         stream = cp.cuda.get_current_stream()
         key = (algorithm, cp.cuda.Device().id, stream.ptr)
-        codecs = getattr(self._local, "codecs", None)
-        if codecs is None:
-            codecs = self._local.codecs = {}
+        codecs = vars(self._local).setdefault("codecs", {})
         if key not in codecs:
             codecs[key] = nvcomp.Codec(algorithm=algorithm, bitstream_kind=nvcomp.BitstreamKind.RAW,
                                        device_id=key[1], cuda_stream=stream.ptr)
@@ -291,11 +268,9 @@ class KvikioDevice(CupyDevice):
 
 
 DEVICES = {"nvcomp": CupyDevice, "nvcomp-kvikio": KvikioDevice, "fake": HostDevice}
-_made: dict[str, HostDevice] = {}
 
 
+@functools.cache
 def device_for(name: str) -> HostDevice:
     """The process's device object of kind ``name`` (``nvcomp``, ``nvcomp-kvikio`` or ``fake``)."""
-    if name not in _made:
-        _made[name] = DEVICES[name]()
-    return _made[name]
+    return DEVICES[name]()

@@ -16,6 +16,7 @@ file is opened.
 from __future__ import annotations
 
 import difflib
+import importlib
 import os
 from typing import Any
 
@@ -34,14 +35,17 @@ __all__ = ["from_hdf5", "Hdf5Reader", "block_slices", "import_h5py", "is_hdf5", 
 _SHOWN = 20  # datasets named in a message
 
 
-def import_h5py() -> Any:
-    """The ``h5py`` module, or a ConfigError saying how to install it."""
+def import_format(module: str, what: str) -> Any:
+    """The optional reader ``module`` (``h5py``, ``tifffile``), or a ConfigError saying how to install it."""
     try:
-        import h5py
+        return importlib.import_module(module)
     except ImportError:
-        raise ConfigError("reading HDF5 files needs h5py, which is not installed: pip install 'flowgpu[formats]' "
-                          "(or pip install h5py)") from None
-    return h5py
+        raise ConfigError(f"reading {what} files needs {module}, which is not installed: pip install "
+                          f"'flowgpu[formats]' (or pip install {module})") from None
+
+
+def import_h5py() -> Any:
+    return import_format("h5py", "HDF5")
 
 
 def is_hdf5(path: str) -> bool:
@@ -189,9 +193,6 @@ class Hdf5Reader:
                 dset.read_direct(out, source_sel=(slice(key[0].start + a, key[0].start + b),) + key[1:])
 
             return rows_to_device(shape, self.dtype, fill)
-
-    def __reduce__(self):
-        return (Hdf5Reader, (self.path, self.dataset, self.shape, str(self.dtype), self.device))
 
 
 def from_hdf5(path: str, dataset: str | None = None, chunks: Any = "auto") -> da.Array:

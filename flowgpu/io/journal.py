@@ -44,10 +44,10 @@ from dataclasses import dataclass, field
 
 from flowgpu.errors import OutputError
 from flowgpu.io import faults
-from flowgpu.io.lock import beside, listing, owner, read_open_record, read_record
+from flowgpu.io.lock import beside, is_record, listing, owner, read_open_record, read_record
 
 __all__ = ["MARKER", "STAGE_TAG", "Output", "Refused", "Transaction", "recover_journal", "journals_in", "stages_in",
-           "marker_path", "written_by_flowgpu", "stage_dir", "new_id", "remove"]
+           "marker_path", "written_by_flowgpu", "stage_dir", "stage_owner", "new_id", "remove"]
 
 MARKER = ".flowgpu-output.json"
 STAGE_TAG = ".flowgpu-tmp-"
@@ -157,9 +157,6 @@ class Output:
         for (staged, aside), live in zip(_PARTS, (marker_path(self.path), self.path)):
             yield os.path.join(self.stage, staged), os.path.join(self.stage, aside), live
 
-    def staged_marker(self) -> str:
-        return os.path.join(self.stage, "marker")
-
     def ours(self, live: str) -> bool:
         """Whether ``live`` is this output's new data (or marker), moved into place by its run."""
         return os.path.lexists(live) and _run_of(marker_path(self.path)) == self.id
@@ -222,10 +219,8 @@ class Transaction:
     def __init__(self, outputs: list[Output]):
         self.run = new_id()
         self.outputs = sorted(outputs, key=lambda o: o.path)
-        firsts: dict[str, Output] = {}
-        for o in self.outputs:
-            firsts.setdefault(os.path.dirname(o.path), o)
-        self.by_journal = {_journal_of(self.run, d): o for d, o in firsts.items()}
+        # one journal per folder, in the staging dir of its first output (reversed: the first one wins)
+        self.by_journal = {_journal_of(self.run, os.path.dirname(o.path)): o for o in reversed(self.outputs)}
         self.journals = sorted(self.by_journal)
         self.fds: list[int] = []
         self.stuck = False
@@ -235,11 +230,12 @@ class Transaction:
         try:
             faults.point("commit:before-marker")
             for o in self.outputs:
-                _write_durable(o.staged_marker(), json.dumps({"writer": "flowgpu", "run": o.id, **o.meta}))
+                _write_durable(os.path.join(o.stage, "marker"), json.dumps({"writer": "flowgpu", "run": o.id, **o.meta}))
             self._write_journals()
             faults.point("commit:after-journal")
             self._each(self._set_aside, "commit:after-aside")
-            self._decide()
+            _write_durable(_flag(self.journals), "")  # the decision
+            _fsync_dir(os.path.dirname(self.journals[0]))
             faults.point("commit:after-decision")
             self._each(self._move_in, "commit:after-first-rename")
             faults.point("commit:before-cleanup")
@@ -294,10 +290,6 @@ class Transaction:
             raise OutputError(f"output {o.path!r} was created or replaced while the run was in progress, and "
                               "not by flowgpu; it was left as it is and no output was replaced (choose another "
                               "path, or pass --overwrite to replace it)")
-
-    def _decide(self) -> None:
-        _write_durable(_flag(self.journals), "")
-        _fsync_dir(os.path.dirname(self.journals[0]))
 
     def _move_in(self, o: Output) -> None:
         for staged, _, live in o.parts():
@@ -378,9 +370,7 @@ def _open_journal(path: str) -> tuple[int, list[Output], str]:
             if here not in {os.path.realpath(os.path.dirname(o.path)) for o in outputs}:
                 raise _NotOurs("none of the outputs it names is in its folder")
         except _NotOurs as e:
-            named = data.get("outputs") if isinstance(data, dict) else None
-            e.named = {o.get("path") for o in named if isinstance(o, dict) and isinstance(o.get("path"), str)
-                       } if isinstance(named, list) else set()
+            e.named = {o["path"] for o in _named(data)}
             raise
         return fd, outputs, m["run"]
     except BaseException:
@@ -388,24 +378,16 @@ def _open_journal(path: str) -> tuple[int, list[Output], str]:
         raise
 
 
-def _stage_is_there(o: Output) -> bool:
-    """Whether ``o``'s staging dir is there; _NotOurs when a path of its name is not the dir flowgpu made."""
+def _there(path: str, isdir: bool, why: str, ino: int | None = None) -> bool:
+    """Whether ``path`` is there; _NotOurs (``why``) when it is not this user's directory (``isdir``)
+    or regular file, with inode ``ino`` when given."""
     try:
-        info = os.lstat(o.stage)
+        info = os.lstat(path)
     except FileNotFoundError:
         return False
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_ino != o.stage_ino:
-        raise _NotOurs(f"{o.stage} is not the staging dir flowgpu made for {o.path} (it was replaced since)")
-    return True
-
-
-def _decided(flag: str) -> bool:
-    try:
-        info = os.lstat(flag)
-    except FileNotFoundError:
-        return False
-    if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
-        raise _NotOurs(f"its decision {flag} is not a file flowgpu made")
+    if not (stat.S_ISDIR if isdir else stat.S_ISREG)(info.st_mode) or info.st_uid != os.geteuid() \
+            or ino not in (None, info.st_ino):
+        raise _NotOurs(why)
     return True
 
 
@@ -447,12 +429,15 @@ def recover_journal(path: str, blocking: bool = True, only: str | None = None) -
                 fcntl.flock(jfd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
             except BlockingIOError:
                 return None
-            if _same(j, jfd):
-                present.append(j)
+            with contextlib.suppress(FileNotFoundError):  # a journal removed meanwhile is no longer there
+                if os.lstat(j).st_ino == os.fstat(jfd).st_ino:
+                    present.append(j)
         if not present or not os.path.exists(path):
             return []  # finished meanwhile
-        forward = _decided(_flag(journals))
-        touched = [o for o in outputs if _stage_is_there(o)]  # all checked before anything moves
+        forward = _there(_flag(journals), False, f"its decision {_flag(journals)} is not a file flowgpu made")
+        touched = [o for o in outputs if _there(  # all checked before anything moves
+            o.stage, True, f"{o.stage} is not the staging dir flowgpu made for {o.path} (it was replaced since)",
+            o.stage_ino)]
         notes: list[str] = []
         for o in touched:
             (_roll_forward if forward else _roll_back)(o, notes)
@@ -468,14 +453,6 @@ def recover_journal(path: str, blocking: bool = True, only: str | None = None) -
             os.close(fd)
 
 
-def _same(path: str, fd: int) -> bool:
-    """Whether ``path`` still names the open file ``fd`` (a journal removed meanwhile does not)."""
-    try:
-        return os.lstat(path).st_ino == os.fstat(fd).st_ino
-    except FileNotFoundError:
-        return False
-
-
 def journals_in(directory: str) -> list[str]:
     return sorted(os.path.join(directory, n) for n in listing(directory) if _JOURNAL.match(n))
 
@@ -486,13 +463,27 @@ def stages_in(directory: str) -> list[tuple[str, str]]:
     return [(os.path.join(directory, n), os.path.join(directory, m["name"])) for n, m in found if m]
 
 
+def _named(data: object) -> list[dict]:
+    """The outputs a journal's content lists (with a path), as far as it can be read."""
+    named = data.get("outputs") if isinstance(data, dict) else None
+    if not isinstance(named, list):
+        return []
+    return [o for o in named if isinstance(o, dict) and isinstance(o.get("path"), str)]
+
+
+def stage_owner(stage: str) -> dict | None:
+    """The owner record flowgpu wrote into the staging dir ``stage`` when it made it, or None when
+    ``stage`` carries none: a user's folder named like one, a copy (another inode), another user's."""
+    record = read_record(os.path.join(stage, "owner.json"))
+    try:  # the record names the inode of the dir it was written into: what a copy cannot have
+        ours = is_record(record) and isinstance(record["ino"], int) and _there(stage, True, "", record["ino"])
+    except (KeyError, OSError, _NotOurs):
+        return None
+    return record if ours else None
+
+
 def referenced_stages(directory: str) -> set[str]:
     """Staging dirs named by journals still in ``directory`` (never removed as stale)."""
-    out = set()
-    for j in journals_in(directory):
-        data = read_record(j, _MOST + 1)  # a larger file is no journal flowgpu wrote: not JSON within it
-        named = data.get("outputs") if isinstance(data, dict) else None
-        for o in named if isinstance(named, list) else ():
-            if isinstance(o, dict) and isinstance(o.get("path"), str) and isinstance(o.get("id"), str):
-                out.add(stage_dir(o["path"], o["id"]))
-    return out
+    # a file larger than _MOST is no journal flowgpu wrote: not JSON within it
+    return {stage_dir(o["path"], o["id"]) for j in journals_in(directory) for o in _named(read_record(j, _MOST + 1))
+            if isinstance(o.get("id"), str)}

@@ -63,14 +63,12 @@ def read_head(path: str, nbytes: int) -> bytes | None:
     waiting on a FIFO; None when it is anything else or cannot be read."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+        try:
+            return os.pread(fd, nbytes, 0) if stat.S_ISREG(os.fstat(fd).st_mode) else None
+        finally:
+            os.close(fd)
     except OSError:
         return None
-    try:
-        return os.pread(fd, nbytes, 0) if stat.S_ISREG(os.fstat(fd).st_mode) else None
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
 
 
 def read_record(path: str, most: int = 4096) -> object:
@@ -79,12 +77,6 @@ def read_record(path: str, most: int = 4096) -> object:
         return json.loads(read_head(path, most) or b"null")
     except ValueError:
         return None
-
-
-def _holder(path: str) -> dict | None:
-    """The owner record in the lock file ``path`` (read, never locked), if it holds one."""
-    record = read_record(path)
-    return record if isinstance(record, dict) else None
 
 
 class _NotOurs(OutputError):
@@ -188,7 +180,7 @@ class OutputLock:
 
     def acquire(self, wait: bool = True, notify: Callable[[str], None] | None = None) -> OutputLock:
         if not self._take(blocking=False):
-            other = describe(_holder(self.path))
+            other = describe(read_record(self.path))  # read, never locked
             if not wait:
                 raise OutputLockedError(
                     f"output {self.target!r} is being written by {other}; wait for it to finish, "
@@ -196,10 +188,7 @@ class OutputLock:
             if notify is not None:
                 notify(f"waiting for {other} to finish writing {self.target} ...")
             self._take(blocking=True)
-        locks = getattr(_held, "locks", None)
-        if locks is None:
-            locks = _held.locks = {}
-        locks[self.target] = self
+        vars(_held).setdefault("locks", {})[self.target] = self
         return self
 
     def release(self) -> None:

@@ -17,7 +17,7 @@ from flowgpu.io.atomic import atomic_output
 from flowgpu.io.paths import resolve
 from flowgpu.transfer.staging import file_rows_to_device, host_to_device
 
-__all__ = ["from_npy", "to_npy", "NpyReader"]
+__all__ = ["from_npy", "to_npy", "npy_writes", "NpyReader"]
 
 
 class NpyReader:
@@ -67,8 +67,7 @@ class NpyReader:
                 return file_rows_to_device(self.path, self.offset + rows[0] * row_bytes,
                                            (rows[1] - rows[0], *self.shape[1:]), self.dtype)
             return host_to_device(np.load(self.path, mmap_mode="r")[key])
-        m = np.load(self.path, mmap_mode="r")
-        return np.array(m[key])
+        return np.array(np.load(self.path, mmap_mode="r")[key])
 
     def __reduce__(self):
         return (NpyReader, (self.path, self.device))
@@ -118,12 +117,16 @@ def _write_block(block, path=None, block_info=None):
     return np.zeros((1,) * block.ndim, dtype=np.int8)
 
 
+def npy_writes(x: da.Array, path: str) -> da.Array:
+    """The lazy write of the host array ``x`` into a new ``.npy`` file at ``path``, allocated now (a
+    full filesystem fails here, not in a worker); each task writes its chunk into the memory map."""
+    _allocate(path, x.dtype, x.shape)
+    return x.map_blocks(_write_block, path=path, dtype=np.int8, chunks=tuple((1,) * len(c) for c in x.chunks))
+
+
 def to_npy(x: da.Array, path: str, overwrite: bool = False):
     """Write ``x`` to a ``.npy`` file, chunks in parallel, moved into place only when complete."""
     x = to_host(x)
     with atomic_output(path, overwrite, meta={"format": "npy"}) as tmp:
-        _allocate(tmp, x.dtype, x.shape)
-        done = x.map_blocks(_write_block, path=tmp, dtype=np.int8,
-                            chunks=tuple((1,) * len(c) for c in x.chunks))
-        done.compute()
+        npy_writes(x, tmp).compute()
     return path

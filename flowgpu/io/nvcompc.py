@@ -313,8 +313,9 @@ def damaged(statuses: np.ndarray, decoded: np.ndarray, nbytes: int) -> np.ndarra
 
 
 class Pending:
-    """One batch's per-chunk statuses and decoded sizes, on the device until :meth:`damaged`;
-    it also holds the device tables and scratch the decoder reads until the stream is done."""
+    """One batch's per-chunk statuses and decoded sizes, on the device until :meth:`damaged` (or on
+    the host, from the NumPy stand-in); it also holds the device tables and scratch the decoder
+    reads until the stream is done."""
 
     def __init__(self, algorithm: str, nbytes: int, statuses: Any, decoded: Any, keep: tuple):
         self.algorithm, self.nbytes = algorithm, nbytes
@@ -323,8 +324,7 @@ class Pending:
     def damaged(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(indices, statuses, decoded sizes)`` of the chunks that did not decode (call it after
         the stream synchronised; it copies the statuses to the host)."""
-        cp = import_cupy()
-        st, got = cp.asnumpy(self.statuses), cp.asnumpy(self.decoded)
+        st, got = (a.get() if hasattr(a, "get") else a for a in (self.statuses, self.decoded))  # CuPy: copied
         bad = damaged(st, got, self.nbytes)
         return bad, st[bad], got[bad]
 

@@ -79,11 +79,8 @@ def metadata_files(path: str, component: str | None = None) -> list[str]:
         return []
     if not stat.S_ISDIR(mode):
         return [path]
-    found = []
-    for folder in (path, os.path.join(path, *component.split("/")) if component else None):
-        if folder is not None:
-            found += [os.path.join(folder, m) for m in METADATA if os.path.isfile(os.path.join(folder, m))]
-    return found or [path]
+    folders = [path, os.path.join(path, *component.split("/"))] if component else [path]
+    return [os.path.join(f, m) for f in folders for m in METADATA if os.path.isfile(os.path.join(f, m))] or [path]
 
 
 def where() -> str:

@@ -29,7 +29,7 @@ from flowgpu.arrays.movement import to_host
 from flowgpu.errors import ConfigError
 from flowgpu.io.atomic import AtomicPath, check_writable, commit_together, hold
 from flowgpu.io.labelled import as_dataset, bare, write_dataset
-from flowgpu.io.npy import _allocate, _write_block
+from flowgpu.io.npy import npy_writes
 from flowgpu.io.zarr import store_zarr
 from flowgpu.registry import Entry, Registry, options_model
 
@@ -98,13 +98,7 @@ def register_sink(name: str, prepare: Callable[..., PendingWrite], *, writes_pat
     return SINKS.add(_entry(name, prepare, caps, options), replace=replace)
 
 
-def sink_entry(name: str) -> Entry:
-    """The registry entry of sink ``name`` (unknown names suggest close ones)."""
-    return SINKS.get(name)
-
-
-def sink_names() -> list[str]:
-    return SINKS.names()
+sink_entry, sink_names = SINKS.get, SINKS.names  # an entry by name (unknown names suggest close ones); all names
 
 
 def prepare_write(sink: str, x: da.Array, path: str | None = None, overwrite: bool = False, **options) -> PendingWrite:
@@ -123,9 +117,7 @@ def commit_all(pending: list[PendingWrite]) -> list[str | None]:
     return [p.location for p in pending]
 
 
-def hold_outputs(paths: list[str], wait: bool = True, notify: Callable[[str], None] | None = None):
-    """Hold the write lock of every output path while the block runs (see :func:`flowgpu.io.atomic.hold`)."""
-    return hold(paths, wait, notify)
+hold_outputs = hold  # the write lock of every output path, held while the block runs
 
 
 def check_destination(path: str, overwrite: bool = False) -> None:
@@ -133,15 +125,19 @@ def check_destination(path: str, overwrite: bool = False) -> None:
     check_writable(os.path.abspath(path), overwrite)
 
 
+def _staged(sink: str, path: str | None, overwrite: bool, fmt: str, write: Callable[[str], Any]) -> PendingWrite:
+    """A staged output at ``path``: ``write(tmp)`` sets up its lazy write (an error aborts it)."""
+    atomic = AtomicPath(path, overwrite, meta={"format": fmt})
+    tmp = atomic.begin()
+    with atomic.preparing():
+        target = write(tmp)
+    return PendingWrite(sink, target, atomic.path, atomic)
+
+
 def _npy(x: da.Array, path: str | None = None, overwrite: bool = False) -> PendingWrite:
     """A ``.npy`` file, written chunk by chunk into a memory map and moved into place when complete."""
     x = to_host(x)
-    atomic = AtomicPath(path, overwrite, meta={"format": "npy"})
-    tmp = atomic.begin()
-    with atomic.preparing():
-        _allocate(tmp, x.dtype, x.shape)  # a full filesystem fails now, not in a worker
-    done = x.map_blocks(_write_block, path=tmp, dtype=np.int8, chunks=tuple((1,) * len(c) for c in x.chunks))
-    return PendingWrite("npy", done, atomic.path, atomic)
+    return _staged("npy", path, overwrite, "npy", lambda tmp: npy_writes(x, tmp))
 
 
 def _zarr(x: da.Array, path: str | None = None, overwrite: bool = False, component: str | None = None,
@@ -154,12 +150,8 @@ def _zarr(x: da.Array, path: str | None = None, overwrite: bool = False, compone
     ``shards`` (shapes) choose a Zarr 3 layout; on a GPU session the chunks are encoded there.
     ``checksum``: each chunk ends in zarr's crc32c, checked on every read (default
     ``flowgpu.zarr.checksum``, off)."""
-    atomic = AtomicPath(path, overwrite, meta={"format": "zarr"})
-    tmp = atomic.begin()
-    with atomic.preparing():
-        target = store_zarr(x, tmp, component=component, codec=codec, level=level, chunks=chunks, shards=shards,
-                            checksum=checksum)
-    return PendingWrite("zarr", target, atomic.path, atomic)
+    return _staged("zarr", path, overwrite, "zarr", lambda tmp: store_zarr(
+        x, tmp, component=component, codec=codec, level=level, chunks=chunks, shards=shards, checksum=checksum))
 
 
 def _xarray(x: da.Array, path: str | None = None, overwrite: bool = False, variable: str | None = None,
@@ -173,11 +165,7 @@ def _xarray(x: da.Array, path: str | None = None, overwrite: bool = False, varia
     if format is None:
         format = "netcdf" if str(path).lower().endswith((".nc", ".nc4", ".h5", ".hdf5", ".cdf")) else "zarr"
     ds = as_dataset(x, variable, path)
-    atomic = AtomicPath(path, overwrite, meta={"format": f"xarray-{format}"})
-    tmp = atomic.begin()
-    with atomic.preparing():
-        target = write_dataset(ds, tmp, format)
-    return PendingWrite("xarray", target, atomic.path, atomic)
+    return _staged("xarray", path, overwrite, f"xarray-{format}", lambda tmp: write_dataset(ds, tmp, format))
 
 
 def _summary(x: da.Array, path: str | None = None, overwrite: bool = False) -> PendingWrite:

@@ -56,9 +56,8 @@ def _entry(name: str, func: Callable, *, reads_files: bool = False, options: typ
     if not callable(func):
         raise ConfigError(f"source {name!r}: {func!r} is not callable")
     model = options or options_model(name, func, skip=("call",) if calls_user_code else ())
-    caps = {READS_FILES} if reads_files else set()
-    return Entry(name, func, inspect.getdoc(model) or inspect.getdoc(func) or "", model,
-                 frozenset(caps | ({CALLS_USER_CODE} if calls_user_code else set())))
+    caps = frozenset(c for c, on in ((READS_FILES, reads_files), (CALLS_USER_CODE, calls_user_code)) if on)
+    return Entry(name, func, inspect.getdoc(model) or inspect.getdoc(func) or "", model, caps)
 
 
 def register_source(name: str, func: Callable[..., da.Array], *, reads_files: bool = False,
@@ -76,13 +75,7 @@ def register_source(name: str, func: Callable[..., da.Array], *, reads_files: bo
                               calls_user_code=calls_user_code), replace=replace)
 
 
-def source_entry(name: str) -> Entry:
-    """The registry entry of source ``name`` (unknown names suggest close ones)."""
-    return SOURCES.get(name)
-
-
-def source_names() -> list[str]:
-    return SOURCES.names()
+source_entry, source_names = SOURCES.get, SOURCES.names  # an entry by name (unknown names suggest close ones); all
 
 
 def reads_files(name: str) -> bool:
@@ -369,14 +362,9 @@ register_source("full", lambda shape, fill_value, dtype="float64", chunks="auto"
                 arrays.full(tuple(shape), fill_value, dtype, chunks), options=FullOptions)
 register_source("arange", lambda stop, start=0, step=1, dtype=None, chunks="auto":
                 arrays.arange(start, stop, step, dtype=dtype, chunks=chunks), options=ArangeOptions)
-register_source("zarr", lambda path, component=None, chunks=None: from_zarr(path, component=component, chunks=chunks),
-                reads_files=True, options=ZarrOptions)
-register_source("npy", lambda path, chunks="auto": from_npy(path, chunks=chunks), reads_files=True,
-                options=NpyOptions)
-register_source("hdf5", lambda path, dataset=None, chunks="auto": from_hdf5(path, dataset=dataset, chunks=chunks),
-                reads_files=True, options=Hdf5Options)
-register_source("tiff", lambda path, chunks="auto": from_tiff(path, chunks=chunks), reads_files=True,
-                options=TiffOptions)
-register_source("xarray", lambda path, variable, engine=None, chunks="auto":
-                open_xarray(path, variable, engine=engine, chunks=chunks), reads_files=True, options=XarrayOptions)
+register_source("zarr", from_zarr, reads_files=True, options=ZarrOptions)
+register_source("npy", from_npy, reads_files=True, options=NpyOptions)
+register_source("hdf5", from_hdf5, reads_files=True, options=Hdf5Options)
+register_source("tiff", from_tiff, reads_files=True, options=TiffOptions)
+register_source("xarray", open_xarray, reads_files=True, options=XarrayOptions)
 register_source("python", _python, options=PythonOptions, calls_user_code=True)

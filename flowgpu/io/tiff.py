@@ -24,8 +24,8 @@ from dask.utils import parse_bytes
 
 from flowgpu.arrays.chunks import resolve_chunks
 from flowgpu.arrays.creation import from_reader
-from flowgpu.errors import ConfigError, SourceError
-from flowgpu.io.hdf5 import block_slices
+from flowgpu.errors import SourceError
+from flowgpu.io.hdf5 import block_slices, import_format
 from flowgpu.io.paths import expand, is_glob, resolve
 from flowgpu.transfer.staging import rows_to_device
 
@@ -36,13 +36,7 @@ _MAGIC = (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")
 
 
 def import_tifffile() -> Any:
-    """The ``tifffile`` module, or a ConfigError saying how to install it."""
-    try:
-        import tifffile
-    except ImportError:
-        raise ConfigError("reading TIFF files needs tifffile, which is not installed: pip install 'flowgpu[formats]' "
-                          "(or pip install tifffile)") from None
-    return tifffile
+    return import_format("tifffile", "TIFF")
 
 
 def is_tiff(path: str) -> bool:
@@ -94,32 +88,24 @@ def _scan(path: str) -> tuple[list[str], bool, tuple[int, ...], np.dtype]:
     """``(files, multipage, shape, dtype)``: what ``path`` stacks, every page checked; ``shape`` is
     the stack's, (pages, *page shape)."""
     files = tiff_files(path)
-    if len(files) == 1 and not is_glob(path):
-        with _open(files[0]) as tif:
-            pages = list(tif.pages)
-            if not pages:
-                raise SourceError(f"TIFF file {path!r} holds no pages", "path")
-            first = _page_kind(pages[0])
+    multipage, first = len(files) == 1 and not is_glob(path), None
+    for f in files:
+        with _open(f) as tif:
+            pages = list(tif.pages) if multipage else [tif.pages[0]] if len(tif.pages) == 1 else None
+            if pages is None:
+                raise SourceError(f"{f!r} holds {len(tif.pages)} pages, but a glob stacks files of one page each; "
+                                  "give a multi-page file as 'path' alone, or a glob of one-page files", "path")
             for i, page in enumerate(pages):
                 kind = _page_kind(page)
-                if kind != first:
-                    raise _mismatch(f"page {i} of {path!r}", kind, "page 0", first)
-        multipage, count = True, len(pages)
-    else:
-        first = None
-        for f in files:
-            with _open(f) as tif:
-                n = len(tif.pages)
-                if n != 1:
-                    raise SourceError(f"{f!r} holds {n} pages, but a glob stacks files of one page each; give a "
-                                      "multi-page file as 'path' alone, or a glob of one-page files", "path")
-                kind = _page_kind(tif.pages[0])
-            if first is None:
-                first = kind
-            elif kind != first:
-                raise _mismatch(repr(f), kind, repr(files[0]), first)
-        multipage, count = False, len(files)
+                if first is None:
+                    first = kind
+                elif kind != first:
+                    raise _mismatch(f"page {i} of {path!r}" if multipage else repr(f), kind,
+                                    "page 0" if multipage else repr(files[0]), first)
+    if first is None:
+        raise SourceError(f"TIFF file {path!r} holds no pages", "path")
     page, dtype = first
+    count = len(pages) if multipage else len(files)
     if dtype is None:
         raise SourceError(f"{files[0]!r}: tifffile cannot decode its pages (unsupported sample format)", "path")
     return files, multipage, (count,) + page, dtype
@@ -151,11 +137,11 @@ class TiffReader:
         shape = tuple(k.stop - k.start for k in key)
         first, rest = key[0].start, key[1:]
         whole = all(k.start == 0 and k.stop == n for k, n in zip(rest, self.shape[1:]))
-        tif = tifffile.TiffFile(self.files[0]) if self.multipage else None
         # fills may run on several threads: one file handle (not thread-safe) is read by one at a time;
         # a glob's pages, each its own file, are decoded in parallel
-        lock = threading.Lock() if tif is not None else contextlib.nullcontext()
-        try:
+        with tifffile.TiffFile(self.files[0]) if self.multipage else contextlib.nullcontext() as tif:
+            lock = threading.Lock() if tif is not None else contextlib.nullcontext()
+
             def fill(out: np.ndarray, a: int, b: int) -> None:
                 with lock:
                     for j in range(a, b):
@@ -178,12 +164,6 @@ class TiffReader:
             if out.size:
                 fill(out, 0, shape[0])
             return out
-        finally:
-            if tif is not None:
-                tif.close()
-
-    def __reduce__(self):
-        return (TiffReader, (self.files, self.multipage, self.shape, str(self.dtype), self.device))
 
 
 def _read(page: Any, out: np.ndarray, whole: bool, rest: tuple[slice, ...]) -> None:

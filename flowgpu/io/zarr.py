@@ -140,10 +140,6 @@ class ZarrBlocks:
         return ("flowgpu-zarr", self.folder, _mtime(self.folder), self.shape, str(self.dtype), self.arr.chunks)
 
 
-def _array_folder(path: str, component: str | None) -> str:
-    return os.path.join(path, *component.split("/")) if component and not is_url(path) else path
-
-
 def from_zarr(path: str, component: str | None = None, chunks: Any = None) -> da.Array:
     """A Zarr array as a chunked array on the session's device; chunks default to the store's
     (its shards, for a sharded array). A local ``path`` is made absolute here, and each read
@@ -163,19 +159,17 @@ def from_zarr(path: str, component: str | None = None, chunks: Any = None) -> da
         meta = empty_meta(device != "fake", plan.dtype, len(plan.shape))
         x = da.from_array(reader, chunks=plan.unit, asarray=False, meta=meta, name=f"from-zarr-device-{token}",
                           inline_array=True)
-        if chunks is not None:
-            x = x.rechunk(resolve_chunks(chunks, x.shape, x.dtype))
-        return x
-    blocks = ZarrBlocks(arr, _array_folder(path, component))
-    # reads spread over the workers (as npy's), each inlined where its chunk is used, as dask's from_zarr
-    x = da.from_array(blocks, chunks=arr.chunks, name=f"from-zarr-{da.core.tokenize(blocks)}", inline_array=True,
-                      asarray=False, meta=np.empty((0,) * arr.ndim, arr.dtype))
-    if isinstance(plan, Fallback):
-        logger.warning("zarr %s: decoded on the CPU: %s", path, plan.reason)
-        x = x.map_blocks(_note_fallback, reason=plan.reason, dtype=x.dtype, meta=x._meta)
+    else:
+        blocks = ZarrBlocks(arr, os.path.join(path, *component.split("/")) if component and not is_url(path) else path)
+        # reads spread over the workers (as npy's), each inlined where its chunk is used, as dask's from_zarr
+        x = da.from_array(blocks, chunks=arr.chunks, name=f"from-zarr-{da.core.tokenize(blocks)}", inline_array=True,
+                          asarray=False, meta=np.empty((0,) * arr.ndim, arr.dtype))
+        if isinstance(plan, Fallback):
+            logger.warning("zarr %s: decoded on the CPU: %s", path, plan.reason)
+            x = x.map_blocks(_note_fallback, reason=plan.reason, dtype=x.dtype, meta=x._meta)
     if chunks is not None:
         x = x.rechunk(resolve_chunks(chunks, x.shape, x.dtype))
-    return to_device(x)
+    return x if isinstance(plan, DevicePlan) else to_device(x)
 
 
 def _mtime(root: str) -> float:

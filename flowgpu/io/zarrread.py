@@ -119,14 +119,10 @@ def check_crc32c(path: str, buf: np.ndarray, ch: Chunks, plan: DevicePlan) -> No
                       "it, or rewrite it from its source")
 
 
-def _grid(plan: DevicePlan) -> tuple:
-    return tuple(-(-s // c) for s, c in zip(plan.shape, plan.chunk))
-
-
 def _inner(plan: DevicePlan, unit: tuple) -> np.ndarray:
     """The chunk coordinates of ``unit`` (rows, C order), cut at the array's end."""
     axes = [np.arange(u * p, min((u + 1) * p, g), dtype=np.int64)
-            for u, p, g in zip(unit, plan.chunks_per_unit, _grid(plan))]
+            for u, p, g in zip(unit, plan.chunks_per_unit, (-(-s // c) for s, c in zip(plan.shape, plan.chunk)))]
     return np.stack(np.meshgrid(*axes, indexing="ij"), axis=-1).reshape(-1, len(axes))
 
 
@@ -242,23 +238,16 @@ class DeviceReader:
         self.zarr_path, self.component, self.group = zarr_path, component, group
         self.shape, self.dtype, self.ndim = plan.shape, plan.dtype, len(plan.shape)
 
-    def __reduce__(self):
-        return (DeviceReader, (self.plan, self.device, self.zarr_path, self.component, self.group))
-
     def __getitem__(self, key):
         require_store(self.plan.root)  # a file that is not there is the fill value; a store that is not there is an error
         key = key if isinstance(key, tuple) else (key,)
         key = key + (slice(None),) * (self.ndim - len(key))
         reads = read_plan(self.plan, key) if all(isinstance(k, slice) for k in key) else None
-        if reads is None:
-            return self._through_zarr(key)
-        return self._decode(key, reads)
-
-    def _through_zarr(self, key):
-        dev = device_for(self.device)
+        if reads is not None:
+            return self._decode(key, reads)
         COUNTERS.fallback("a block that is not whole chunks")
-        block = zarr.open_array(self.zarr_path, path=self.component or "", mode="r")[key]
-        return dev.xp.asarray(block)
+        return device_for(self.device).xp.asarray(zarr.open_array(self.zarr_path, path=self.component or "",
+                                                                  mode="r")[key])
 
     def _decode(self, key: tuple, reads: list[UnitRead]):
         plan, dev = self.plan, device_for(self.device)
@@ -281,9 +270,8 @@ class DeviceReader:
                     not plan.frame.checksum:
                 path, offset, nbytes, ch = groups[0]  # one uncompressed chunk: the bytes read are the block
                 buf = dev.read(path, offset + int(ch.starts[0]), chunk_bytes)
-                COUNTERS.add("read", chunk_bytes, 0.0, count=1)
-                COUNTERS.add("moved", chunk_bytes, 0.0, count=1)
-                COUNTERS.add("decode", chunk_bytes, 0.0, count=1)
+                for activity in ("read", "moved", "decode"):
+                    COUNTERS.add(activity, chunk_bytes)
                 return buf.view(plan.dtype).reshape(plan.chunk)
         at = _in_place(plan, lo, hi, coords, chunk_bytes)
         if at is not None:

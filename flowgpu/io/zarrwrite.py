@@ -47,9 +47,9 @@ _pool_lock = threading.Lock()
 logger = logging.getLogger("flowgpu.io")
 
 
-def inner_chunks(unit: tuple, itemsize: int, target: int = INNER_BYTES) -> tuple:
-    """Chunks of about ``target`` bytes that tile ``unit`` exactly (whole trailing axes first), for a
-    shard of ``unit``: each axis of the result divides the unit's.
+def inner_chunks(unit: tuple, itemsize: int, target: int = INNER_BYTES, divides: bool = True) -> tuple:
+    """Chunks of about ``target`` bytes at most, whole trailing axes first, split on one axis; with
+    ``divides``, for a shard of ``unit``: each axis of the result divides the unit's (it tiles it).
 
     >>> inner_chunks((2048, 131072), 4)
     (1, 16384)
@@ -57,16 +57,18 @@ def inner_chunks(unit: tuple, itemsize: int, target: int = INNER_BYTES) -> tuple
     (8, 131072)
     >>> inner_chunks((1000, 3000), 8, 4 << 20)
     (125, 3000)
+    >>> inner_chunks((1000, 500), 4, 400_000, divides=False), inner_chunks((10, 1000, 1000), 4, 400_000, False)
+    ((200, 500), (1, 100, 1000))
     """
     out = list(unit)
     for axis in range(len(unit)):
         below = int(np.prod(unit[axis + 1:], dtype=np.int64)) * itemsize
         if below <= target or axis == len(unit) - 1:
-            most = max(1, target // max(below, 1))
-            out[axis] = max(d for d in range(1, min(unit[axis], most) + 1) if unit[axis] % d == 0)
-            return tuple(out)
+            most = min(unit[axis], max(1, target // max(below, 1)))
+            out[axis] = max(d for d in range(1, most + 1) if unit[axis] % d == 0) if divides else max(1, most)
+            break
         out[axis] = 1
-    return tuple(out)
+    return tuple(max(1, n) for n in out)
 
 
 def checksummed(checksum: bool | None) -> bool:
@@ -139,10 +141,9 @@ def _write_at(fd: int, view: memoryview, at: int) -> None:
         done += os.pwrite(fd, view[done:], at + done)
 
 
-def _pwrite(fd: int, parts: list, path: str) -> int:
+def _pwrite(fd: int, parts: list) -> int:
     """Write ``parts`` one after another from the file's start, in pieces of ``WRITE_PIECE`` bytes
-    on parallel threads (``os.pwrite`` lets the GIL go; copies into the page cache scale with
-    threads, one thread moves about 3 GB/s). Returns the bytes written."""
+    on up to ``WRITERS`` threads (``os.pwrite`` lets the GIL go). Returns the bytes written."""
     jobs, at = [], 0
     for p in parts:
         view = memoryview(p).cast("B")
@@ -239,7 +240,7 @@ def _write_unit(block: Any, plan: DevicePlan = None, device: str = "nvcomp", lev
                 block_info: Any = None):
     """Encode one unit's chunks as a batch, lay them out in one host buffer (each payload aligned
     for nvCOMP's reads, :func:`~flowgpu.io.devcodec.layout`), copied from the device at once, and
-    write it with its index: one device-to-host copy and one ``pwritev`` per unit."""
+    write it with its index: one device-to-host copy per unit, written by :func:`_pwrite`."""
     dev = device_for(device)
     lo = tuple(a for a, _ in block_info[0]["array-location"])
     unit = tuple(l // u for l, u in zip(lo, plan.unit))
@@ -259,14 +260,14 @@ def _write_unit(block: Any, plan: DevicePlan = None, device: str = "nvcomp", lev
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         if not plan.sharded:
-            written = _pwrite(fd, [host[int(at[0]):int(at[0] + n[0])]], path)
+            written = _pwrite(fd, [host[int(at[0]):int(at[0] + n[0])]])
         else:
             index = np.full((*plan.chunks_per_unit, 2), MAX_U64, "<u8")
             local = coords - np.array([u * p for u, p in zip(unit, plan.chunks_per_unit)], np.int64)
             index[tuple(local.T)] = np.stack([at, n], axis=-1).astype("<u8")
             body = index.tobytes()
             end = int((at + n).max()) if len(at) else 0
-            written = _pwrite(fd, [host[:end], body, np.array([google_crc32c.value(body)], "<u4").tobytes()], path)
+            written = _pwrite(fd, [host[:end], body, np.array([google_crc32c.value(body)], "<u4").tobytes()])
     finally:
         os.close(fd)
     COUNTERS.add("write", written, time.perf_counter() - t1)
