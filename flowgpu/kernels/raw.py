@@ -104,12 +104,8 @@ class Kernel(nb.Named):
         self.gpu_only = cpu is None
 
     def _python_signature(self) -> inspect.Signature:
-        if self.py_func is not None:
-            sig = nb.describe(self.py_func, drop_last=2)
-            if sig is not None:
-                return sig
-        if self.cpu is not None:
-            sig = nb.describe(self.cpu)
+        for func, outputs in ((self.py_func, 2), (self.cpu, 0)):
+            sig = None if func is None else nb.describe(func, drop_last=outputs)
             if sig is not None:
                 return sig
         return inspect.Signature([inspect.Parameter("arrays", inspect.Parameter.VAR_POSITIONAL)])
