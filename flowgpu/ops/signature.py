@@ -194,10 +194,6 @@ def bind_arguments(op: Op | str, args: Mapping[str, Any] | None = None, *, n_inp
     func = op.func
     params = inspect.signature(func).parameters
     has_var_kw = any(p.kind == p.VAR_KEYWORD for p in params.values())
-    if op.inputs == ("**",):
-        array_names: tuple[str, ...] = ()
-    else:
-        array_names = tuple(n.rstrip("*") for n in op.inputs)
     variadic = any(n.endswith("*") for n in op.inputs)
     accepted = accepted_arguments(func, op.inputs)
     for key, value in args.items():
@@ -218,7 +214,7 @@ def bind_arguments(op: Op | str, args: Mapping[str, Any] | None = None, *, n_inp
         raise ArgumentError(f"op {op.name!r}: missing argument {missing[0]!r}; it accepts: {_accepted_text(accepted)}",
                             missing[0])
     if n_inputs is not None and op.inputs != ("**",):
-        fixed = [n for n in array_names if not n.endswith("*") and n not in args and n in params
+        fixed = [n for n in (i.rstrip("*") for i in op.inputs) if n not in args and n in params
                  and params[n].kind != params[n].VAR_POSITIONAL]
         required = [n for n in fixed if params[n].default is params[n].empty]
         if variadic:
