@@ -230,9 +230,5 @@ def kernel(cuda: str | Callable | None = None, *, name: str | None = None, dtype
         The kernel receives ``(inputs..., out, n)`` over flat contiguous chunks; see the module
         docstring for the full convention.
     """
-    def make(obj: str | Callable) -> Kernel:
-        return Kernel(obj, name=name, dtype=dtype, cpu=cpu, block=block, options=options)
-
-    if cuda is None:
-        return make
-    return make(cuda)
+    make = functools.partial(Kernel, name=name, dtype=dtype, cpu=cpu, block=block, options=options)
+    return make if cuda is None else make(cuda)
