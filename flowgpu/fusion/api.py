@@ -83,10 +83,8 @@ def _operand(tracer: _Tracer, v: Any) -> str:
 
 
 class _Lazy:
-    """Arithmetic on something computed after the kernel (a reduced result): applied by dask."""
-
-    def materialize(self) -> Any:
-        raise NotImplementedError
+    """Arithmetic on something computed after the kernel (a reduced result): applied by dask.
+    A subclass defines ``materialize()``, its value."""
 
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
         if method != "__call__" or kwargs:
@@ -178,14 +176,9 @@ class Sym:
             raise Untraceable(f"{reduction}() with {', '.join(['out'] * (out is not None) + list(kw))}")
         return Reduced(self, reduction, axis, bool(keepdims), dtype)
 
-    def sum(self, axis=None, dtype=None, out=None, keepdims=False, **kw):
-        return self._reduce("sum", axis, dtype, out, keepdims, **kw)
-
-    def mean(self, axis=None, dtype=None, out=None, keepdims=False, **kw):
-        return self._reduce("mean", axis, dtype, out, keepdims, **kw)
-
-    def prod(self, axis=None, dtype=None, out=None, keepdims=False, **kw):
-        return self._reduce("prod", axis, dtype, out, keepdims, **kw)
+    sum = functools.partialmethod(_reduce, "sum")
+    mean = functools.partialmethod(_reduce, "mean")
+    prod = functools.partialmethod(_reduce, "prod")
 
     def min(self, axis=None, out=None, keepdims=False, **kw):
         return self._reduce("min", axis, None, out, keepdims, **kw)
@@ -226,7 +219,8 @@ def _fused(text: str, inputs: dict, **kwargs: Any) -> Any:
         raise Untraceable(str(e).splitlines()[0]) from None
 
 
-def _trace(fn: Callable, args: tuple, kwargs: dict) -> tuple[_Tracer, Any]:
+def _trace(fn: Callable, args: tuple, kwargs: dict) -> Any:
+    """``fn`` called with a :class:`Sym` for each array argument."""
     tracer = _Tracer()
 
     def stand_in(v: Any) -> Any:
@@ -236,9 +230,7 @@ def _trace(fn: Callable, args: tuple, kwargs: dict) -> tuple[_Tracer, Any]:
             return Sym(tracer.bind(v), tracer)
         raise Untraceable(f"argument of type {type(v).__name__}")
 
-    sym_args = tuple(stand_in(a) for a in args)
-    sym_kwargs = {k: stand_in(v) for k, v in kwargs.items()}
-    return tracer, fn(*sym_args, **sym_kwargs)
+    return fn(*map(stand_in, args), **{k: stand_in(v) for k, v in kwargs.items()})
 
 
 class Fused:
@@ -273,11 +265,10 @@ class Fused:
         values = list(args) + list(kwargs.values())
         lazy = any(isinstance(v, da.Array) for v in values)
         if not lazy:  # plain NumPy/CuPy arrays in, plain array out (as with cupy.fuse)
-            args = tuple(da.asarray(a) if _is_array(a) else a for a in args)
-            kwargs = {k: (da.asarray(v) if _is_array(v) else v) for k, v in kwargs.items()}
+            args = tuple(map(_as_dask, args))
+            kwargs = {k: _as_dask(v) for k, v in kwargs.items()}
         try:
-            _, out = _trace(self.fn, args, kwargs)
-            result = self._result(out)
+            result = self._result(_trace(self.fn, args, kwargs))
         except Untraceable as why:
             warnings.warn(f"{self!r} cannot be fused ({why}); applying it to the dask arrays unfused",
                           RuntimeWarning, stacklevel=2)
@@ -289,8 +280,9 @@ class Fused:
         return dask.compute(result, scheduler="sync")[0]
 
 
-def _is_array(v: Any) -> bool:
-    return hasattr(v, "shape") and hasattr(v, "dtype") and not is_scalar(v) and not isinstance(v, da.Array)
+def _as_dask(v: Any) -> Any:
+    is_array = hasattr(v, "shape") and hasattr(v, "dtype") and not is_scalar(v) and not isinstance(v, da.Array)
+    return da.asarray(v) if is_array else v
 
 
 def fuse(fn: Callable | None = None, *, reduce: str | None = None, axis: Any = None,

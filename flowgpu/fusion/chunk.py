@@ -19,7 +19,7 @@ from flowgpu.backend import import_cupy, is_cupy
 from flowgpu.errors import KernelError
 from flowgpu.fusion import tiled
 from flowgpu.fusion.codegen import C_TYPES, Unfusable
-from flowgpu.fusion.compiled import cuda_combine, elementwise_kernel, reduce_kernel, reduction_dtypes
+from flowgpu.fusion.compiled import cuda_combine, elementwise_kernel, identity, reduce_kernel, reduction_dtypes
 from flowgpu.fusion.language import Expr, parse
 
 __all__ = ["FusedChunk", "Chain", "reduce_chunk", "kernel_blocks"]
@@ -55,19 +55,6 @@ def kernel_blocks(blocks: tuple) -> bool:
 def _cupy_ndarray(b: Any) -> bool:
     """A plain ``cupy.ndarray`` (not a cupyx sparse matrix, whose module also starts with "cupy")."""
     return type(b).__name__ == "ndarray" and type(b).__module__.split(".")[0] == "cupy"
-
-
-def _identity(reduction: str, dtype: np.dtype) -> Any:
-    """The partial of ``reduction`` over no values (what combines with the others to change nothing)."""
-    if reduction in ("sum", "mean", "prod", "nansum", "nanprod"):
-        return 1 if reduction in ("prod", "nanprod") else 0
-    low = reduction in ("min", "nanmin")
-    if dtype.kind == "b":
-        return low
-    if dtype.kind == "f":
-        return np.nan if reduction.startswith("nan") else np.inf if low else -np.inf
-    info = np.iinfo(dtype)
-    return info.max if low else info.min
 
 
 class FusedChunk:
@@ -109,7 +96,7 @@ class FusedChunk:
                 acc, _ = reduction_dtypes(self.reduction, val)
                 xp = import_cupy() if backend == "cupy" else np
                 out_shape = tuple(1 if i in self.axes else s for i, s in enumerate(shape))
-                return xp.full(out_shape, _identity(self.reduction, acc), dtype=acc)
+                return xp.full(out_shape, identity(self.reduction, acc), dtype=acc)
         given = blocks
         if self.fallback is not None and not kernel_blocks(blocks):
             return self.fallback(*blocks)  # complex, datetime, object, masked, ...: dask's own functions

@@ -73,18 +73,9 @@ class Generator:
         self.t = typing
         self.names = names  # user name -> generated argument name
 
-    # -- what a target spells its own way --------------------------------------------------------
-    def cast(self, code: str, want: np.dtype) -> str:
-        raise NotImplementedError
-
-    def literal(self, value: Any, want: np.dtype) -> str:
-        raise NotImplementedError
-
+    # -- what a target spells its own way: also cast(code, want), literal(value, want), abs(a, d) ---
     def function(self, f: str) -> str:
         """The target's name of the math function ``f`` (``sqrt``, ``arctan2``, ``minimum``, ...)."""
-        raise NotImplementedError
-
-    def abs(self, a: str, d: np.dtype) -> str:
         raise NotImplementedError
 
     def widens(self, d: np.dtype) -> bool:
@@ -171,12 +162,8 @@ class Generator:
         a = self.gen(node.left, d)
         exp = self.t.value(node.right) if self.t.weak(node.right) else None
         if exp is not None and d.kind in "fiu":
-            if exp == 2:
-                return f"({a} * {a})"
-            if exp == 1:
-                return a
-            if exp == 3:
-                return f"({a} * {a} * {a})"
+            if exp in (1, 2, 3):
+                return a if exp == 1 else f"({' * '.join([a] * int(exp))})"
             if d.kind == "f" and exp == 0.5:
                 return self.TEMPLATES["sqrt"].format(a)
             if d.kind == "f" and exp == -1:

@@ -22,7 +22,7 @@ from flowgpu.fusion.codegen_cuda import CUDA_OPTIONS, CUDA_PREAMBLE, c_literal, 
 from flowgpu.fusion.kernel_cache import cached, guvectorize, python_namespace, vectorize
 from flowgpu.fusion.language import Expr
 
-__all__ = ["REDUCTIONS", "reduction_dtypes", "elementwise_kernel", "reduce_kernel", "cuda_combine"]
+__all__ = ["REDUCTIONS", "reduction_dtypes", "identity", "elementwise_kernel", "reduce_kernel", "cuda_combine"]
 
 REDUCTIONS = ("sum", "mean", "min", "max", "prod", "nansum", "nanprod", "nanmin", "nanmax")
 _ADDING = ("sum", "mean", "nansum")
@@ -305,17 +305,17 @@ def cuda_combine(reduction: str, acc: np.dtype) -> tuple[str, str]:
             zero = f"({c_type(acc)}){ident}"  # either side may be the value (CuPy's order is its own)
             return f"(a == a ? a : {zero}) {op} (b == b ? b : {zero})", ident
         return f"a {op} b", ident
-    helper = {"min": "_fg_min", "max": "_fg_max", "nanmin": "_fg_fmin", "nanmax": "_fg_fmax"}[reduction]
-    return f"{helper}(a, b)", _identity_literal(reduction, acc)
+    return f"_fg{_EXTREME[reduction]}(a, b)", c_literal(identity(reduction, acc), acc)
 
 
-def _identity_literal(reduction: str, dtype: np.dtype) -> str:
-    high = reduction in ("max", "nanmax")
+def identity(reduction: str, dtype: np.dtype) -> Any:
+    """The partial of ``reduction`` over no values (what combines with the others to change nothing)."""
+    if reduction not in _EXTREME:
+        return int(reduction in _MULTIPLYING)
+    low = reduction in ("min", "nanmin")
     if dtype.kind == "b":
-        return "false" if high else "true"
+        return low
     if dtype.kind == "f":
-        if reduction.startswith("nan"):
-            return c_literal(np.nan, dtype)
-        return c_literal(-np.inf if high else np.inf, dtype)
+        return np.nan if reduction.startswith("nan") else np.inf if low else -np.inf
     info = np.iinfo(dtype)
-    return c_literal(info.min if high else info.max, dtype)
+    return info.max if low else info.min

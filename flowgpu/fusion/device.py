@@ -115,21 +115,15 @@ class _Pass:
             return node, OTHER
         if node.func is _execute_subgraph:
             return self.subgraph(node)
-        args, arg_kinds = [], []
-        for a in node.args:
-            new, kind = self.arg(a)
-            args.append(new)
-            arg_kinds.append(kind)
-        kwargs = {}
-        for k, v in node.kwargs.items():
-            new, kind = self.arg(v)
-            kwargs[k] = new
-            arg_kinds.append(kind)
+        done = [self.arg(a) for a in node.args]
+        done_kw = {k: self.arg(v) for k, v in node.kwargs.items()}
+        args, kwargs = [a for a, _ in done], {k: a for k, (a, _) in done_kw.items()}
+        arg_kinds = [kind for _, kind in (*done, *done_kw.values())]
         if _moves_to_device(node.func):  # whatever it reads, its result is on the device
             arg_kinds = [OTHER]
         mixed = "mixed" in arg_kinds or (HOST in arg_kinds and OTHER in arg_kinds)
         if mixed and (not isinstance(node, NestedContainer) or isinstance(node, (List, Tuple))):
-            return self.wrapped(node, args, kwargs), OTHER
+            return self.rebuilt(node, OnDevice(node.func), args, kwargs), OTHER
         if mixed:  # a dict or set of arrays: left as it is (the task reading it gets its items as they are)
             return node, OTHER
         if all(a is b for a, b in zip(args, node.args)) and all(kwargs[k] is v for k, v in node.kwargs.items()):
@@ -140,10 +134,6 @@ class _Pass:
             return new, OTHER
         # computed from host arrays only (or from nothing: a source, whose chunks are the session's)
         return new, HOST if HOST in arg_kinds else (NEUTRAL if _pure_container(node) else OTHER)
-
-    def wrapped(self, node: Task, args: list, kwargs: dict) -> Task:
-        func = node.func
-        return self.rebuilt(node, OnDevice(func), args, kwargs)
 
     @staticmethod
     def rebuilt(node: Task, func: Any, args: list, kwargs: dict) -> Task:

@@ -189,7 +189,7 @@ def _rewrite(hlg: Any, keep: set[str], reductions: bool, bare: bool | None) -> t
         if spec is None:
             fn: Any = FusedChunk(text, names, tuple(scalars), None, fallback=chain)
         else:
-            fused = FusedChunk(text, names, tuple(scalars), spec.value_dtype, reduction=spec.kind, axes=spec.axes)
+            fused = FusedChunk(text, names, tuple(scalars), spec.dtype, reduction=spec.kind, axes=spec.axes)
             fn = graph_reduce.FusedPartial(fused, spec, root_layer.task.func, dict(root_layer.task.kwargs),
                                            chain.args[0][1] if chain.args[0][0] == "call" else None)
         task = Task(root, fn, *[TaskRef(blockwise_token(i)) for i in range(len(leaves))])

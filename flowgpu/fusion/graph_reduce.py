@@ -57,8 +57,8 @@ class Reduction:
 
     kind: str  # the kernel's reduction: sum prod min max nansum nanprod nanmin nanmax
     axes: tuple[int, ...]
-    value_dtype: np.dtype | None  # what the values are cast to before reducing (None: the chain's dtype)
-    partial_dtype: np.dtype | None  # the partial's dtype (None: the values')
+    # what the values are cast to before reducing, and the partial's dtype (None: the chain's dtype)
+    dtype: np.dtype | None
     mean: str | None  # "mean" / "nanmean": the partial is dask's {"n", "total"}
     source: tuple[str, tuple]  # (input layer, its indices in this layer)
 
@@ -95,15 +95,15 @@ def match(layer: Any) -> Reduction | None:
         nan = kw == {"sum": dask_chunk.nansum, "numel": dask_reductions.nannumel}
         if dtype is None or (kw and not nan) or func.args:
             return None
-        return Reduction("nansum" if nan else "sum", axes, dtype, dtype, "nanmean" if nan else "mean", (src, tuple(ind)))
+        return Reduction("nansum" if nan else "sum", axes, dtype, "nanmean" if nan else "mean", (src, tuple(ind)))
     if isinstance(func, functools.partial) and (func.args or set(kw) != {"dtype"}):
         return None
     if base in _TYPED and "dtype" in kw:
         dtype = _dtype(kw["dtype"])
-        return None if dtype is None else Reduction(_TYPED[base], axes, dtype, dtype, None, (src, tuple(ind)))
+        return None if dtype is None else Reduction(_TYPED[base], axes, dtype, None, (src, tuple(ind)))
     if base in _UNTYPED and not kw:
         kind, dtype = _UNTYPED[base]
-        return Reduction(kind, axes, dtype, dtype, None, (src, tuple(ind)))
+        return Reduction(kind, axes, dtype, None, (src, tuple(ind)))
     return None
 
 
@@ -157,8 +157,7 @@ class FusedPartial:
             count = self.count(*blocks) if self.count is not None else None
         except KernelError:  # a chain no kernel takes: as dask built it
             return self.dask_partial(*blocks)
-        spec = self.spec
-        dtype = spec.partial_dtype
+        spec, dtype = self.spec, self.spec.dtype
         if spec.mean is None:
             return part if dtype is None or part.dtype == dtype else part.astype(dtype)
         xp = import_cupy() if is_cupy(part) else np

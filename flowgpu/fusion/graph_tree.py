@@ -17,6 +17,7 @@ tree is dask's own shape (a chain of layers, each used only by the next); anythi
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from dask.highlevelgraph import MaterializedLayer
@@ -48,7 +49,7 @@ def flatten_tree(layers: dict, deps: dict, root: str, ndim: int, keep: set[str])
     if not (isinstance(task, tuple) and len(task) == 2 and callable(task[0]) and isinstance(task[1], list)):
         return False
     shape = _numblocks(layers[root], ndim)
-    if shape is None or _count(shape) > MAX_FANIN or layers[root].output_blocks is not None:
+    if shape is None or math.prod(shape) > MAX_FANIN or layers[root].output_blocks is not None:
         return False
     layers[chain[-1]] = MaterializedLayer({key: (task[0], _nested(root, shape, ()))},
                                           annotations=top.annotations)
@@ -67,13 +68,6 @@ def _numblocks(layer: Any, ndim: int) -> tuple[int, ...] | None:
         return tuple(int(layer.dims[i]) for i in out)
     except (KeyError, TypeError):
         return None
-
-
-def _count(shape: tuple[int, ...]) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
 
 
 def _nested(name: str, shape: tuple[int, ...], index: tuple[int, ...]) -> Any:

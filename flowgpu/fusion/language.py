@@ -63,12 +63,25 @@ UNARY_OPS = {ast.USub: "-", ast.UAdd: "+", ast.Invert: "~"}
 MAX_INT_BITS = 4096  # the largest Python int ``**`` of two ints may make (any dtype holds far less)
 
 
-_BINARY = {
-    operator.add: "+", operator.sub: "-", operator.mul: "*", operator.truediv: "/",
-    operator.floordiv: "//", operator.mod: "%", operator.pow: "**", operator.and_: "&",
-    operator.or_: "|", operator.xor: "^", operator.lt: "<", operator.le: "<=", operator.gt: ">",
-    operator.ge: ">=", operator.eq: "==", operator.ne: "!=",
+def _pow(a: Any, b: Any) -> Any:
+    """``a ** b``; for two Python ints, refused before computing when the result would be huge
+    (``9 ** 9 ** 9`` has 370 million digits: Python would take hours to compute it)."""
+    if type(a) is int and type(b) is int and b > 1 and abs(a) > 1:
+        bits = b * math.log2(abs(a))
+        if bits > MAX_INT_BITS:
+            base = f"({a})" if a < 0 else str(a)
+            raise OverflowError(f"{base} ** {b} would have about {int(bits * math.log10(2)) + 1:,} digits, "
+                                f"more than the {MAX_INT_BITS} bits allowed (no dtype holds it)")
+    return operator.pow(a, b)
+
+
+_PY_OPS = {
+    "+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv,
+    "//": operator.floordiv, "%": operator.mod, "**": _pow, "&": operator.and_,
+    "|": operator.or_, "^": operator.xor, "==": operator.eq, "!=": operator.ne, "<": operator.lt,
+    "<=": operator.le, ">": operator.gt, ">=": operator.ge,
 }
+_BINARY = {f: op for op, f in _PY_OPS.items() if op != "**"} | {operator.pow: "**"}
 _UNARY = {operator.neg: "-", operator.invert: "~", operator.pos: "+"}
 _UFUNC_BINARY = {
     "add": "+", "subtract": "-", "multiply": "*", "true_divide": "/", "divide": "/", "floor_divide": "//",
@@ -102,24 +115,6 @@ def template_of(func: Any, nargs: int) -> str | None:
     return None
 
 
-def _pow(a: Any, b: Any) -> Any:
-    """``a ** b``; for two Python ints, refused before computing when the result would be huge
-    (``9 ** 9 ** 9`` has 370 million digits: Python would take hours to compute it)."""
-    if type(a) is int and type(b) is int and b > 1 and abs(a) > 1:
-        bits = b * math.log2(abs(a))
-        if bits > MAX_INT_BITS:
-            base = f"({a})" if a < 0 else str(a)
-            raise OverflowError(f"{base} ** {b} would have about {int(bits * math.log10(2)) + 1:,} digits, "
-                                f"more than the {MAX_INT_BITS} bits allowed (no dtype holds it)")
-    return operator.pow(a, b)
-
-
-_PY_OPS = {
-    "+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv,
-    "//": operator.floordiv, "%": operator.mod, "**": _pow, "&": operator.and_,
-    "|": operator.or_, "^": operator.xor, "==": operator.eq, "!=": operator.ne, "<": operator.lt,
-    "<=": operator.le, ">": operator.gt, ">=": operator.ge,
-}
 COMPARISONS = frozenset(COMPARE_OPS.values())
 _HINTS = {
     ast.Attribute: "call functions by their plain name, e.g. sqrt(x) rather than np.sqrt(x)",

@@ -341,15 +341,6 @@ class NumbaUfunc(Named):
         self.pyfunc = pyfunc
         self._stand_for(pyfunc, name or getattr(pyfunc, "__name__", default))
 
-    def numba_args(self, sig: Signature) -> tuple:
-        raise NotImplementedError
-
-    def _apply_cpu(self, sig: Signature, chunks: Sequence[Any]) -> Any:
-        raise NotImplementedError
-
-    def _apply_cuda(self, sig: Signature, chunks: Sequence[Any]) -> Any:
-        raise NotImplementedError
-
     def apply(self, sig: Signature, *chunks: Any) -> Any:
         """Run signature ``sig`` on in-memory arrays (NumPy or CuPy) or scalars."""
         if any(is_cupy(c) for c in chunks):

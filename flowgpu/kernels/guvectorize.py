@@ -232,7 +232,4 @@ def guvectorize(signatures: Sequence[Any] | str, layout: str, *, name: str | Non
         Called with dask arrays it returns lazy dask array(s); with NumPy or CuPy arrays, the
         result at once.
     """
-    def deco(pyfunc: Callable) -> GUVectorized:
-        return GUVectorized(pyfunc, signatures, layout, name=name, rechunk=rechunk)
-
-    return deco
+    return lambda pyfunc: GUVectorized(pyfunc, signatures, layout, name=name, rechunk=rechunk)

@@ -104,12 +104,8 @@ class Kernel(nb.Named):
         self.gpu_only = cpu is None
 
     def _python_signature(self) -> inspect.Signature:
-        if self.py_func is not None:
-            sig = nb.describe(self.py_func, drop_last=2)
-            if sig is not None:
-                return sig
-        if self.cpu is not None:
-            sig = nb.describe(self.cpu)
+        for func, outputs in ((self.py_func, 2), (self.cpu, 0)):
+            sig = None if func is None else nb.describe(func, drop_last=outputs)
             if sig is not None:
                 return sig
         return inspect.Signature([inspect.Parameter("arrays", inspect.Parameter.VAR_POSITIONAL)])
@@ -234,9 +230,5 @@ def kernel(cuda: str | Callable | None = None, *, name: str | None = None, dtype
         The kernel receives ``(inputs..., out, n)`` over flat contiguous chunks; see the module
         docstring for the full convention.
     """
-    def make(obj: str | Callable) -> Kernel:
-        return Kernel(obj, name=name, dtype=dtype, cpu=cpu, block=block, options=options)
-
-    if cuda is None:
-        return make
-    return make(cuda)
+    make = functools.partial(Kernel, name=name, dtype=dtype, cpu=cpu, block=block, options=options)
+    return make if cuda is None else make(cuda)

@@ -147,8 +147,4 @@ def vectorize(signatures: Sequence[Any] | str | Callable | None = None, *,
     """
     if callable(signatures) and hasattr(signatures, "__code__"):  # bare @vectorize
         return Vectorized(signatures, None, name=name)
-
-    def deco(pyfunc: Callable) -> Vectorized:
-        return Vectorized(pyfunc, signatures, name=name)
-
-    return deco
+    return lambda pyfunc: Vectorized(pyfunc, signatures, name=name)

@@ -34,10 +34,6 @@ def _labelled(op: str, x: Any, dim: str) -> None:
                             f"(its coordinates: {', '.join(map(str, x.coords)) or 'none'})", argument="dim")
 
 
-def _reduce(grouped: Any, how: str) -> Any:
-    return getattr(grouped, how)()
-
-
 @defop("groupby_reduce", labelled=True)
 def groupby_reduce(x: Array, *, dim: str = "time", by: str = "month", how: How = "mean") -> Array:
     """A reduction per group of ``dim``, as xarray's ``x.groupby("time.month").mean()``.
@@ -61,7 +57,7 @@ def groupby_reduce(x: Array, *, dim: str = "time", by: str = "month", how: How =
         ``dim`` replaced by the group dimension (``month``: 1..12), attrs kept.
     """
     x, key = _group_key("groupby_reduce", x, dim, by)
-    return _reduce(x.groupby(key), how)
+    return getattr(x.groupby(key), how)()
 
 
 def _group_key(op: str, x: Any, dim: str, by: str) -> tuple[Any, str]:
@@ -102,7 +98,7 @@ def groupby_anomaly(x: Array, *, dim: str = "time", by: str = "month", how: Lite
     """
     x, key = _group_key("groupby_anomaly", x, dim, by)
     grouped = x.groupby(key)
-    return grouped - _reduce(grouped, how)
+    return grouped - getattr(grouped, how)()
 
 
 @defop("resample_reduce", labelled=True)
@@ -134,4 +130,4 @@ def resample_reduce(x: Array, *, freq: str, dim: str = "time", how: How = "mean"
     except (ValueError, TypeError) as e:
         raise ArgumentError(f"op 'resample_reduce': freq {freq!r} is not a frequency ({e}); use a pandas offset "
                             "alias such as '1D', '1MS' or '1YS'", argument="freq") from None
-    return _reduce(grouped, how)
+    return getattr(grouped, how)()

@@ -35,18 +35,14 @@ from pydantic import ConfigDict, PlainValidator, TypeAdapter, ValidationError
 from flowgpu.errors import ArgumentError
 from flowgpu.ops.registry import Op, get
 
-__all__ = ["Array", "bind_arguments", "checked", "check_call", "describe_type", "accepted_arguments"]
-
-
-def _is_arraylike(value: Any) -> bool:
-    return isinstance(value, da.Array) or (hasattr(value, "shape") and hasattr(value, "dtype")
-                                            and not isinstance(value, numbers.Number))
+__all__ = ["Array", "bind_arguments", "checked", "describe_type", "accepted_arguments"]
 
 
 def _array(value: Any) -> Any:
-    if not _is_arraylike(value):
-        raise ValueError("not an array")
-    return value
+    if isinstance(value, da.Array) or (hasattr(value, "shape") and hasattr(value, "dtype")
+                                       and not isinstance(value, numbers.Number)):
+        return value
+    raise ValueError("not an array")
 
 
 Array = Annotated[da.Array, PlainValidator(_array)]
@@ -71,20 +67,11 @@ def _adapters(func: Callable) -> dict[str, tuple[Any, TypeAdapter]]:
     return out
 
 
-def _variants(value: Any) -> list[Any]:
-    """``value`` and its equivalents: a list as a tuple (and back), a NumPy scalar as a Python one."""
-    out = [value]
-    if isinstance(value, list):
-        out.append(tuple(value))
-    elif isinstance(value, tuple):
-        out.append(list(value))
-    elif isinstance(value, np.generic):
-        out.append(value.item())
-    return out
-
-
 def _fits(adapter: TypeAdapter, value: Any) -> bool:
-    for candidate in _variants(value):
+    """Whether ``value`` or an equivalent (a list as a tuple and back, a NumPy scalar as a Python one) fits."""
+    other = (tuple(value) if isinstance(value, list) else list(value) if isinstance(value, tuple)
+             else value.item() if isinstance(value, np.generic) else value)
+    for candidate in (value, other):
         try:
             adapter.validate_python(candidate)
             return True
@@ -150,36 +137,27 @@ def _check_type(op_name: str, func: Callable, key: str, value: Any) -> None:
                         f"not {type(value).__name__} ({value!r:.60})", key)
 
 
-def check_call(op_name: str, func: Callable, args: tuple, kwargs: Mapping[str, Any]) -> inspect.BoundArguments:
-    """Bind ``args``/``kwargs`` to ``func``'s signature, raising :class:`ArgumentError` when they do not fit."""
+def checked(name: str, func: Callable) -> Callable:
+    """``func`` wrapped so a call with wrong argument names or types raises :class:`ArgumentError`."""
     sig = inspect.signature(func)
     params = sig.parameters
     has_var_kw = any(p.kind == p.VAR_KEYWORD for p in params.values())
     accepted = [p.name for p in params.values() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-    if not has_var_kw:
-        for key in kwargs:
-            if key not in params or params[key].kind == params[key].VAR_POSITIONAL:
-                raise _unknown(op_name, key, accepted)
-    try:
-        bound = sig.bind(*args, **kwargs)
-    except TypeError as e:
-        raise ArgumentError(f"op {op_name!r}: {e}; it takes {sig}") from None
-    for key, value in bound.arguments.items():
-        p = params[key]
-        if p.kind == p.VAR_POSITIONAL:
-            for v in value:
-                _check_type(op_name, func, key, v)
-        elif p.kind != p.VAR_KEYWORD:
-            _check_type(op_name, func, key, value)
-    return bound
-
-
-def checked(name: str, func: Callable) -> Callable:
-    """``func`` wrapped so a call with wrong argument names or types raises :class:`ArgumentError`."""
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        check_call(name, func, args, kwargs)
+        for key in () if has_var_kw else kwargs:
+            if key not in params or params[key].kind == params[key].VAR_POSITIONAL:
+                raise _unknown(name, key, accepted)
+        try:
+            bound = sig.bind(*args, **kwargs)
+        except TypeError as e:
+            raise ArgumentError(f"op {name!r}: {e}; it takes {sig}") from None
+        for key, value in bound.arguments.items():
+            p = params[key]
+            if p.kind != p.VAR_KEYWORD:
+                for v in value if p.kind == p.VAR_POSITIONAL else (value,):
+                    _check_type(name, func, key, v)
         return func(*args, **kwargs)
 
     return wrapper
@@ -216,10 +194,6 @@ def bind_arguments(op: Op | str, args: Mapping[str, Any] | None = None, *, n_inp
     func = op.func
     params = inspect.signature(func).parameters
     has_var_kw = any(p.kind == p.VAR_KEYWORD for p in params.values())
-    if op.inputs == ("**",):
-        array_names: tuple[str, ...] = ()
-    else:
-        array_names = tuple(n.rstrip("*") for n in op.inputs)
     variadic = any(n.endswith("*") for n in op.inputs)
     accepted = accepted_arguments(func, op.inputs)
     for key, value in args.items():
@@ -240,7 +214,7 @@ def bind_arguments(op: Op | str, args: Mapping[str, Any] | None = None, *, n_inp
         raise ArgumentError(f"op {op.name!r}: missing argument {missing[0]!r}; it accepts: {_accepted_text(accepted)}",
                             missing[0])
     if n_inputs is not None and op.inputs != ("**",):
-        fixed = [n for n in array_names if not n.endswith("*") and n not in args and n in params
+        fixed = [n for n in (i.rstrip("*") for i in op.inputs) if n not in args and n in params
                  and params[n].kind != params[n].VAR_POSITIONAL]
         required = [n for n in fixed if params[n].default is params[n].empty]
         if variadic:
