@@ -70,7 +70,7 @@ class DiskFile:
 
 
 class DiskTier:
-    """Chunks on local disk, addressed by task key; a :class:`~flowgpu.memory.tiers.Tier`.
+    """Chunks on local disk, addressed by task key; a tier as :mod:`flowgpu.memory.tiers` says.
 
     Besides the chunks it holds, it remembers *kept* files: those of chunks read back into
     memory and unchanged since (chunks are immutable), so that evicting such a chunk again
