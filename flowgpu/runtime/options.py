@@ -118,11 +118,8 @@ def _common(values: dict, names: dict, extra: dict) -> dict:
 
 def _gpus(values: dict, names: dict) -> tuple[tuple[int, ...] | None, list[int]]:
     """The GPUs asked for (None: all) and those visible, refusing what this machine lacks."""
-    backend, wanted = values["backend"], values["gpus"]
-    if isinstance(wanted, int):
-        wanted = (wanted,)
-    elif isinstance(wanted, str):
-        wanted = config.parse_gpus(wanted)
+    backend = values["backend"]
+    wanted = None if values["gpus"] is None else config.parse_gpus(values["gpus"])
     visible = _backend.visible_gpus() if backend != "cpu" else []
     if backend == "gpu" and not visible:
         raise BackendError(
@@ -133,7 +130,7 @@ def _gpus(values: dict, names: dict) -> tuple[tuple[int, ...] | None, list[int]]
     if missing and backend != "cpu":
         raise ConfigError(f"{names['gpus']}={list(wanted)} names GPU(s) {missing} that are not visible; "
                           f"visible GPUs: {visible if visible else 'none'}")
-    return (None if wanted is None else tuple(wanted)), visible
+    return wanted, visible
 
 
 # Least free space a spill directory must have when a local cluster starts.
