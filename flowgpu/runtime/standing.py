@@ -118,12 +118,10 @@ def _read(folder: str) -> dict | None:
 def _runs(p: psutil.Process) -> bool:
     """Whether ``p`` runs (a zombie, dead but not yet reaped by its parent, does not: reaped here when
     this process started it)."""
-    try:
+    with contextlib.suppress(psutil.Error):
         if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
             return True
         p.wait(timeout=0)
-    except psutil.Error:
-        pass
     return False
 
 
