@@ -90,13 +90,6 @@ def _merged(address: str | None, kwargs: dict) -> tuple[dict, dict, dict]:
     return values, {k: names.get(k, f"flowgpu.{k}") for k in keys.values()}, extra
 
 
-def _scheduler(address: str) -> str:
-    if _security.is_scheduler_file(address) and not os.path.exists(address):
-        raise ConfigError(f"scheduler file {address!r} does not exist; give 'tcp://host:port' or an existing "
-                          "scheduler file")
-    return address
-
-
 def _batch_interval(value: Any, name: str) -> float | None:
     seconds = None if value is None else config.parse_seconds(value)
     if seconds is not None and seconds > 1:
@@ -234,7 +227,10 @@ def resolve(address: str | None = None, **kwargs: Any) -> SessionOptions:
     values, names, extra = _merged(address, kwargs)
     common = _common(values, names, extra)
     if values["scheduler-address"] is not None:
-        address = _scheduler(values["scheduler-address"])
+        address = values["scheduler-address"]
+        if _security.is_scheduler_file(address) and not os.path.exists(address):
+            raise ConfigError(f"scheduler file {address!r} does not exist; give 'tcp://host:port' or an existing "
+                              "scheduler file")
         mode = own or (values["security"] if names["security"] == "security" else "auto")
         common["security"] = _security.for_joining(address, mode, files)
         common["protocol"] = _protocol.for_joining(address, values["protocol"], names["protocol"],
