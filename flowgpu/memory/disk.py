@@ -126,10 +126,6 @@ class DiskTier:
         self.attach(key, DiskFile(path, size, origin, meta or ArrayMeta.of(array)))
         return size
 
-    def get(self, key: Any, out: np.ndarray | None = None) -> np.ndarray:
-        """The array under ``key`` (see :meth:`read`); the file stays until :meth:`pop`."""
-        return self.read(self._files[key], out)
-
     @staticmethod
     def read(rec: DiskFile, out: np.ndarray | None = None) -> np.ndarray:
         """Read the array in ``rec``'s file; into ``out`` (a flat uint8 buffer) when given."""
@@ -194,17 +190,9 @@ class DiskTier:
         """Stop writing (after a failure); reads and removals still work."""
         self.disabled_reason = reason
 
-    def clear(self) -> None:
-        for key in list(self._files):
-            self.pop(key)
-        for key in list(self._kept):
-            self.forget(key)
-
 
 def _read_header(f) -> tuple[tuple, np.dtype, bool]:
-    version = np.lib.format.read_magic(f)
-    if version == (1, 0):
-        shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
-    else:
-        shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+    fmt = np.lib.format
+    read = fmt.read_array_header_1_0 if fmt.read_magic(f) == (1, 0) else fmt.read_array_header_2_0
+    shape, fortran, dtype = read(f)
     return shape, dtype, fortran

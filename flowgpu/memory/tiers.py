@@ -1,6 +1,6 @@
 """The tiers a worker's store stacks: small mappings from task key to chunk, each with its own bytes.
 
-Every tier has ``put`` / ``get`` / ``pop`` / ``in`` / ``len`` / ``keys``, a ``name`` and a running
+Every tier has ``put`` / ``pop`` / ``in`` / ``len`` / ``keys``, a ``name`` and a running
 ``nbytes`` (kept up to date by ``put`` and ``pop``). A tier only holds and counts; which key goes
 where, and when, is the policy of :class:`~flowgpu.memory.store.FlowgpuStore`, which composes
 
