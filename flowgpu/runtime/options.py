@@ -90,18 +90,15 @@ def _merged(address: str | None, kwargs: dict) -> tuple[dict, dict, dict]:
     return values, {k: names.get(k, f"flowgpu.{k}") for k in keys.values()}, extra
 
 
-def _batch_interval(value: Any, name: str) -> float | None:
-    seconds = None if value is None else config.parse_seconds(value)
-    if seconds is not None and seconds > 1:
-        raise ConfigError(f"{name}={value!r} is longer than 1s; give e.g. '1ms', or None to keep "
-                          "distributed's own batching")
-    return seconds
-
-
 def _common(values: dict, names: dict, extra: dict) -> dict:
     """The options of local and joined clusters alike."""
+    value = values["batch-interval"]
+    seconds = None if value is None else config.parse_seconds(value)
+    if seconds is not None and seconds > 1:
+        raise ConfigError(f"{names['batch-interval']}={value!r} is longer than 1s; give e.g. '1ms', or None to keep "
+                          "distributed's own batching")
     return dict(
-        batch_interval=_batch_interval(values["batch-interval"], names["batch-interval"]),
+        batch_interval=seconds,
         host=values["host"],
         dashboard_address=values["dashboard-address"],
         connect_timeout=config.parse_seconds(values["connect-timeout"]),
