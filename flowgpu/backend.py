@@ -154,12 +154,10 @@ def _nvml():
 
 def _physical_count() -> int | None:
     nvml = _nvml()
-    if nvml is not None:
-        try:
-            return int(nvml.nvmlDeviceGetCount())
-        except Exception:
-            return None
-    return None
+    try:
+        return int(nvml.nvmlDeviceGetCount()) if nvml is not None else None
+    except Exception:
+        return None
 
 
 def _driver_count() -> int:
@@ -186,13 +184,8 @@ def visible_gpus() -> list[int]:
         return list(range(_driver_count()))
     if env is None:
         return list(range(physical))
-    entries = _parse_visible(env)
-    n = 0
-    for item in entries:
-        if item.isdigit() and int(item) >= physical:
-            break
-        n += 1
-    return list(range(n))
+    entries = _parse_visible(env)  # CUDA stops at the first ordinal past the devices there are
+    return list(range(next((i for i, e in enumerate(entries) if e.isdigit() and int(e) >= physical), len(entries))))
 
 
 def gpu_count() -> int:

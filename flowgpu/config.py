@@ -102,8 +102,10 @@ def parse_seconds(text: str | float) -> float:
         raise ValueError("is not a duration") from None
 
 
-def parse_gpus(text: str) -> tuple[int, ...]:
-    """``"0,1"`` -> ``(0, 1)``."""
+def parse_gpus(text: str | int | list) -> tuple[int, ...]:
+    """``"0,1"`` -> ``(0, 1)``; an ordinal, or a list of them (checked by the schema), as a tuple."""
+    if not isinstance(text, str):
+        return (text,) if isinstance(text, int) else tuple(text)
     items = [g for g in text.replace(" ", "").split(",") if g]
     if not items or not all(g.isdigit() for g in items):
         raise ValueError("is not a list of GPU ordinals")

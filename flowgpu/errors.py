@@ -139,8 +139,7 @@ class SpecError(FlowgpuError, ValueError):
 
     @property
     def location(self) -> str:
-        parts = [p for p in (self.file, self.line, self.col) if p is not None]
-        return ":".join(str(p) for p in parts)
+        return ":".join(str(p) for p in (self.file, self.line, self.col) if p is not None)
 
     def format(self) -> str:
         where = self.location

@@ -21,9 +21,7 @@ _to_cupy_block.moves_to_device = True  # its result is on the device (flowgpu.fu
 
 
 def _to_numpy_block(block):
-    if is_cupy(block):
-        return block.get()
-    return np.asarray(block)
+    return block.get() if is_cupy(block) else np.asarray(block)
 
 
 def to_device(x: da.Array) -> da.Array:

@@ -26,13 +26,9 @@ def cli(debug: bool) -> None:
         os.environ["FLOWGPU_DEBUG"] = "1"
 
 
-
-
 for _command in (listing.info, run.run, run.status, run.clean, run.validate, run.plan, listing.ops, listing.sources,
-                 listing.sinks, listing.schema):
+                 listing.sinks, listing.schema, cluster.cluster, convert.convert):
     cli.add_command(_command)
-cli.add_command(cluster.cluster)
-cli.add_command(convert.convert)
 
 
 def main() -> None:

@@ -126,29 +126,24 @@ def render_tables(view: dict[str, Any]) -> dict[str, str]:
 
 
 def _graph_data(view: dict[str, Any]) -> tuple[dict, dict]:
+    nodes: dict[str, list] = {k: [] for k in ("x", "y", "color", "label", "state", "id")}
+    edges: dict[str, list] = {k: [] for k in ("x0", "y0", "x1", "y1")}
     if view["graph"] is None:
-        return {k: [] for k in ("x", "y", "color", "label", "state", "id")}, {k: [] for k in ("x0", "y0", "x1", "y1")}
+        return nodes, edges
     g = stepgraph.from_dict(view["graph"])
     pos = stepgraph.layout(g)
     state = {s["id"]: s for s in view["steps"]}
-    nodes = {"x": [], "y": [], "color": [], "label": [], "state": [], "id": []}
     for n, node in g.nodes.items():
-        c, r = pos[n]
-        st = state.get(n, {"state": "waiting", "done": 0, "total": 0})
-        nodes["x"].append(c * 2.0)
-        nodes["y"].append(-r * 1.0)
-        nodes["color"].append(stepgraph.STATE_COLORS.get(st["state"], "#fff") if node.kind != "output" else "#c8e6c9")
-        label = f"output {node.label}" if node.kind == "output" else node.label
-        nodes["label"].append(f"{label} {st['done']}/{st['total']}" if st["total"] else label)
-        nodes["state"].append(st["state"] if node.kind != "output" else "output")
-        nodes["id"].append(n)
-    edges = {"x0": [], "y0": [], "x1": [], "y1": []}
+        (c, r), st, out = pos[n], state.get(n, {"state": "waiting", "done": 0, "total": 0}), node.kind == "output"
+        label = f"output {node.label}" if out else node.label
+        row = (c * 2.0, -r * 1.0, "#c8e6c9" if out else stepgraph.STATE_COLORS.get(st["state"], "#fff"),
+               f"{label} {st['done']}/{st['total']}" if st["total"] else label, "output" if out else st["state"], n)
+        for column, v in zip(nodes.values(), row):
+            column.append(v)
     for e in g.edges:
         (c0, r0), (c1, r1) = pos[e.source], pos[e.target]
-        edges["x0"].append(c0 * 2.0 + 0.7)
-        edges["y0"].append(-r0 * 1.0)
-        edges["x1"].append(c1 * 2.0 - 0.7)
-        edges["y1"].append(-r1 * 1.0)
+        for column, v in zip(edges.values(), (c0 * 2.0 + 0.7, -r0 * 1.0, c1 * 2.0 - 0.7, -r1 * 1.0)):
+            column.append(v)
     return nodes, edges
 
 
@@ -162,7 +157,7 @@ def flowgpu_doc(scheduler: Any, extra: dict, doc: Any) -> None:
     board: Board = scheduler.plugins[PLUGIN_NAME].board
     tables = {k: Div(text="", name=f"flowgpu-{k}-div", sizing_mode="stretch_width") for k in
               ("head", "steps", "items", "memory")}
-    nodes, edges = ColumnDataSource(_graph_data(board.view())[0]), ColumnDataSource(_graph_data(board.view())[1])
+    nodes, edges = map(ColumnDataSource, _graph_data(board.view()))
     graph = figure(title="steps (colour: state)", height=320, sizing_mode="stretch_width", tools="pan,wheel_zoom,reset",
                    x_axis_type=None, y_axis_type=None)
     graph.segment("x0", "y0", "x1", "y1", source=edges, line_color="#777")

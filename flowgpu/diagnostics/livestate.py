@@ -93,11 +93,8 @@ class Board:
                 self._layers[layer] = (run_id, node)
         while len(self.runs) > _RUNS_KEPT:
             old = next(iter(self.runs))
-            self._forget(old)
-
-    def _forget(self, run_id: str) -> None:
-        self.runs.pop(run_id, None)
-        self._unkey(run_id)
+            del self.runs[old]
+            self._unkey(old)
 
     def _unkey(self, run_id: str) -> None:
         self._layers = {k: v for k, v in self._layers.items() if v[0] != run_id}

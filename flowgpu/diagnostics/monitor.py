@@ -60,29 +60,22 @@ def _layers(x: Any) -> list[str]:
 
 
 def step_layers(plan: Any, targets: dict[str, Any] | None = None, prefix: str = "",
-                seen: set | None = None) -> dict[str, str]:
+                out: dict[str, str] | None = None) -> dict[str, str]:
     """``{layer name: node id}``: each layer of the plan's graph goes to the first node (in plan order)
     whose array holds it, so a step gets the layers it adds; ``targets`` (output -> what computes
     it, e.g. a sink's write) gives the layers left to the output nodes (``out:NAME``)."""
-    seen = set() if seen is None else seen
-    out: dict[str, str] = {}
+    out = {} if out is None else out
     for name in plan.order:
         node = plan.nodes[name]
         if node.kind == "uses":
-            out.update(step_layers(plan.children[name], None, f"{prefix}{name}/", seen))
-            continue
-        if node.fused_into not in (None, name) or not hasattr(node.array, "__dask_graph__"):
-            continue
-        for layer in _layers(node.array):
-            if layer not in seen:
-                seen.add(layer)
-                out[layer] = prefix + name
+            step_layers(plan.children[name], None, f"{prefix}{name}/", out)
+        elif node.fused_into in (None, name) and hasattr(node.array, "__dask_graph__"):
+            for layer in _layers(node.array):
+                out.setdefault(layer, prefix + name)
     for name, target in (targets or {}).items():
         if hasattr(target, "__dask_graph__"):
             for layer in _layers(target):
-                if layer not in seen:
-                    seen.add(layer)
-                    out[layer] = f"out:{name}"
+                out.setdefault(layer, f"out:{name}")
     return out
 
 

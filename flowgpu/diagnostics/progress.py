@@ -6,6 +6,7 @@ uses); without one it follows dask's local callbacks.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -80,11 +81,9 @@ class BatchBars:
         """Draw ``task`` from the scheduler's progress on ``futures``."""
         if self.progress is None:
             return
-        try:
+        with contextlib.suppress(Exception):  # the bar is a courtesy; the results are what matters
             feed = self._feeds[task] = _Feed(futures, client.scheduler.address, self.progress, task)
             client.loop.add_callback(feed.listen)
-        except Exception:  # noqa: S110 - the bar is a courtesy; the results are what matters
-            pass
 
     def local(self, task: Any) -> Callback | None:
         """A dask callback drawing ``task`` while computing in this process (None when quiet)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from rich.console import Console
@@ -15,8 +16,8 @@ def format_bytes(n: int | float | None) -> str:
     if n is None:
         return "?"
     n = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} TiB"
@@ -130,10 +131,7 @@ def render_summary(summary: dict[str, Any], console: Console) -> None:
 
 def workers_line(workers: list[dict[str, Any]]) -> str | None:
     """``workers: 2 on vm in /data/run`` (one part per host and working directory), or None."""
-    places: dict[tuple, int] = {}
-    for w in workers:
-        key = (w.get("host"), w.get("cwd"))
-        places[key] = places.get(key, 0) + 1
+    places = Counter((w.get("host"), w.get("cwd")) for w in workers)
     if not places:
         return None
     return "workers: " + "; ".join(f"{n} on {host} in {cwd}" for (host, cwd), n in places.items())

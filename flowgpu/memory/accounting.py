@@ -24,9 +24,7 @@ The store feeds it as one more subscriber of its events (:meth:`Accounting.recor
 from __future__ import annotations
 
 import threading
-import time
 from collections import defaultdict
-from contextlib import contextmanager
 
 from flowgpu.memory.events import Moved, Noted
 
@@ -46,68 +44,31 @@ class Accounting:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._bytes: dict[str, int] = defaultdict(int)
-        self._count: dict[str, int] = defaultdict(int)
-        self._seconds: dict[str, float] = defaultdict(float)
+        self._moves: dict[str, dict] = defaultdict(lambda: {"bytes": 0, "count": 0, "seconds": 0.0})
         self.events: dict[str, int] = defaultdict(int)  # e.g. disk_failures, pageable_fallbacks
         self.errors: list[str] = []  # first few distinct error messages, for the run summary
 
     def record(self, event: Moved | Noted) -> None:
-        """Count a store event: a finished move, or a noted fallback or failure."""
-        if isinstance(event, Moved):
-            self.add(event.activity, event.nbytes, event.seconds)
-        else:
-            self.note(event.name, event.message)
-
-    def add(self, activity: str, nbytes: int, seconds: float) -> None:
-        """Record one move of ``nbytes`` that took ``seconds``."""
+        """Count a store event: a finished move, or a noted fallback or failure (keeping its message if new)."""
         with self._lock:
-            self._bytes[activity] += int(nbytes)
-            self._count[activity] += 1
-            self._seconds[activity] += float(seconds)
-
-    @contextmanager
-    def timed(self, activity: str, nbytes: int):
-        """Context manager recording one move of ``nbytes`` under ``activity``."""
-        start = time.perf_counter()
-        yield
-        self.add(activity, nbytes, time.perf_counter() - start)
-
-    def note(self, event: str, message: str | None = None) -> None:
-        """Count an event (a fallback, a failure); keep its message if it is new."""
-        with self._lock:
-            self.events[event] += 1
-            if message and message not in self.errors and len(self.errors) < 20:
-                self.errors.append(message)
+            if isinstance(event, Moved):
+                m = self._moves[event.activity]
+                m["bytes"] += int(event.nbytes)
+                m["count"] += 1
+                m["seconds"] += float(event.seconds)
+                return
+            self.events[event.name] += 1
+            if event.message and event.message not in self.errors and len(self.errors) < 20:
+                self.errors.append(event.message)
 
     def cumulative_metrics(self) -> dict[tuple[str, str], float]:
         """``{(activity, unit): value}`` with units ``bytes``, ``count`` and ``seconds``."""
         with self._lock:
-            out: dict[tuple[str, str], float] = {}
-            for a in self._count:
-                out[(a, "bytes")] = self._bytes[a]
-                out[(a, "count")] = self._count[a]
-                out[(a, "seconds")] = self._seconds[a]
-            return out
+            return {(a, unit): v for a, m in self._moves.items() for unit, v in m.items()}
 
     def snapshot(self) -> dict:
         """Plain-dict copy: ``{"moves": {activity: {bytes, count, seconds, gbps}}, "events": ..., "errors": ...}``."""
         with self._lock:
-            moves = {}
-            for a in sorted(self._count):
-                b, s = self._bytes[a], self._seconds[a]
-                moves[a] = {
-                    "bytes": b,
-                    "count": self._count[a],
-                    "seconds": s,
-                    "gbps": (b / s / 1e9) if s > 0 else None,
-                }
+            moves = {a: {**m, "gbps": m["bytes"] / m["seconds"] / 1e9 if m["seconds"] > 0 else None}
+                     for a, m in sorted(self._moves.items())}
             return {"moves": moves, "events": dict(self.events), "errors": list(self.errors)}
-
-    def reset(self) -> None:
-        with self._lock:
-            self._bytes.clear()
-            self._count.clear()
-            self._seconds.clear()
-            self.events.clear()
-            self.errors.clear()

@@ -70,7 +70,7 @@ class DiskFile:
 
 
 class DiskTier:
-    """Chunks on local disk, addressed by task key; a :class:`~flowgpu.memory.tiers.Tier`.
+    """Chunks on local disk, addressed by task key; a tier as :mod:`flowgpu.memory.tiers` says.
 
     Besides the chunks it holds, it remembers *kept* files: those of chunks read back into
     memory and unchanged since (chunks are immutable), so that evicting such a chunk again
@@ -125,10 +125,6 @@ class DiskTier:
             raise DiskFull(f"could not write to the spill directory {self.directory!r}: {e}") from e
         self.attach(key, DiskFile(path, size, origin, meta or ArrayMeta.of(array)))
         return size
-
-    def get(self, key: Any, out: np.ndarray | None = None) -> np.ndarray:
-        """The array under ``key`` (see :meth:`read`); the file stays until :meth:`pop`."""
-        return self.read(self._files[key], out)
 
     @staticmethod
     def read(rec: DiskFile, out: np.ndarray | None = None) -> np.ndarray:
@@ -194,17 +190,9 @@ class DiskTier:
         """Stop writing (after a failure); reads and removals still work."""
         self.disabled_reason = reason
 
-    def clear(self) -> None:
-        for key in list(self._files):
-            self.pop(key)
-        for key in list(self._kept):
-            self.forget(key)
-
 
 def _read_header(f) -> tuple[tuple, np.dtype, bool]:
-    version = np.lib.format.read_magic(f)
-    if version == (1, 0):
-        shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
-    else:
-        shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+    fmt = np.lib.format
+    read = fmt.read_array_header_1_0 if fmt.read_magic(f) == (1, 0) else fmt.read_array_header_2_0
+    shape, fortran, dtype = read(f)
     return shape, dtype, fortran

@@ -72,34 +72,18 @@ def resolved_limits(options) -> dict:
     memory limit, adopted when the worker starts. A device limit in bytes was checked against the
     GPUs' memory when the options were resolved (:func:`flowgpu.runtime.options.resolve`).
     """
-    frac = _host_fraction()
-    total_ram = psutil.virtual_memory().total
-    mem = options.memory_limit
-    if mem in (None, 0):
-        host = None
-    elif mem == "auto":
+    frac, mem, host = _host_fraction(), options.memory_limit, None
+    if mem == "auto":
         host = "auto"
-    elif isinstance(mem, float) and 0 < mem <= 1:
-        host = int(total_ram * mem * frac)
-    else:
-        host = int(int(mem) * frac)
-    device = None
-    if options.backend == "gpu":
-        dev = options.device_memory_limit
-        if dev in (None, 0, "auto"):
-            device = None
-        else:
-            if dev == "default":
-                device = int(_device_total(options) * DASK_CUDA_DEFAULT_FRACTION)
-            elif isinstance(dev, float) and 0 < dev <= 1:
-                device = int(_device_total(options) * dev)
-            else:
-                device = int(dev)
+    elif mem:
+        host = int((psutil.virtual_memory().total * mem if isinstance(mem, float) and mem <= 1 else int(mem)) * frac)
+    dev, device = options.device_memory_limit, None
+    if options.backend == "gpu" and dev not in (None, 0, "auto"):
+        dev = DASK_CUDA_DEFAULT_FRACTION if dev == "default" else dev
+        if isinstance(dev, float) and 0 < dev <= 1:
+            dev = min(_backend.device_total_memory(g) for g in (options.gpus or (0,))) * dev
+        device = int(dev)
     return {"device": device, "host": host}
-
-
-def _device_total(options) -> int:
-    return min(_backend.device_total_memory(g) for g in (options.gpus or (0,)))
 
 
 def worker_data_kwargs(options) -> dict:

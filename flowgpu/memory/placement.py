@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from typing import Any, Iterator
 
-from flowgpu.memory.tiers import LRUTier, Tier
+from flowgpu.memory.tiers import LRUTier
 
 __all__ = ["Placement", "Load"]
 
@@ -34,7 +34,7 @@ class Placement:
     changes are made under the store's lock.
     """
 
-    def __init__(self, tiers: dict[str, Tier]):
+    def __init__(self, tiers: dict[str, Any]):  # name -> tier (flowgpu.memory.tiers)
         self.tiers = tiers
         self._where: dict[Any, str] = {}
 

@@ -23,6 +23,7 @@ import logging
 import queue
 import sys
 import threading
+from collections import Counter, defaultdict
 
 from distributed import get_worker
 from distributed.diagnostics.plugin import WorkerPlugin
@@ -62,21 +63,17 @@ def stats(dask_worker=None) -> dict:
 
 def summary(per_worker: dict[str, dict]) -> dict:
     """Sum ``client.run(stats)`` results over workers for a run summary."""
-    moves: dict[str, dict] = {}
-    events: dict[str, int] = {}
+    moves: dict[str, Counter] = defaultdict(lambda: Counter(bytes=0, count=0, seconds=0.0))
+    events: Counter = Counter()
     errors: list[str] = []
     for st in per_worker.values():
         for act, m in st.get("moves", {}).items():
-            tot = moves.setdefault(act, {"bytes": 0, "count": 0, "seconds": 0.0})
-            for k in ("bytes", "count", "seconds"):
-                tot[k] += m[k]
-        for ev, n in st.get("events", {}).items():
-            events[ev] = events.get(ev, 0) + n
+            moves[act].update({k: m[k] for k in ("bytes", "count", "seconds")})
+        events.update(st.get("events", {}))
         errors += [e for e in st.get("errors", []) if e not in errors]
-    for m in moves.values():
-        m["gbps"] = m["bytes"] / m["seconds"] / 1e9 if m["seconds"] > 0 else None
+    moves = {a: {**m, "gbps": m["bytes"] / m["seconds"] / 1e9 if m["seconds"] > 0 else None} for a, m in moves.items()}
     stores = sorted({st.get("store", "?") for st in per_worker.values()})
-    return {"stores": stores, "moves": moves, "events": events, "errors": errors}
+    return {"stores": stores, "moves": moves, "events": dict(events), "errors": errors}
 
 
 def _metric(worker) -> dict:

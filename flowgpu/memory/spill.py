@@ -52,9 +52,7 @@ class HostSpill:
         Returns the bytes freed, or -1."""
         if self.host.clean_count:
             return self.drop_clean_one()
-        if not len(self.host):
-            return -1
-        return self.write_one()
+        return self.write_one() if len(self.host) else -1
 
     def drop_clean_one(self) -> int:
         """Free the host copy of the least recently used chunk that is also on the device."""

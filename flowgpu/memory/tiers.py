@@ -1,8 +1,8 @@
 """The tiers a worker's store stacks: small mappings from task key to chunk, each with its own bytes.
 
-Every tier follows :class:`Tier`: ``put`` / ``get`` / ``pop`` / ``in`` / ``len`` / ``keys`` and a
-running ``nbytes``. A tier only holds and counts; which key goes where, and when, is the policy of
-:class:`~flowgpu.memory.store.FlowgpuStore`, which composes
+Every tier has ``put`` / ``pop`` / ``in`` / ``len`` / ``keys``, a ``name`` and a running
+``nbytes`` (kept up to date by ``put`` and ``pop``). A tier only holds and counts; which key goes
+where, and when, is the policy of :class:`~flowgpu.memory.store.FlowgpuStore`, which composes
 
 * :class:`LRUTier` ``"device"``: CuPy chunks, least recently used first;
 * :class:`HostTier` ``"host"``: chunks in host memory, in buffers of a
@@ -18,34 +18,14 @@ Each key lives in exactly one tier; the store keeps that index and checks it in 
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Iterator, Protocol, runtime_checkable
+from typing import Any, Iterator
 
 import numpy as np
 
 from flowgpu.transfer.pinned import HostBuffer, PinnedPool
 from flowgpu.transfer.streams import ArrayMeta, PendingCopy
 
-__all__ = ["Tier", "LRUTier", "HostEntry", "HostTier"]
-
-
-@runtime_checkable
-class Tier(Protocol):
-    """What the store needs of a tier."""
-
-    name: str
-    nbytes: int  # bytes this tier holds, kept up to date by put and pop
-
-    def put(self, key: Any, value: Any) -> Any: ...
-
-    def get(self, key: Any) -> Any: ...
-
-    def pop(self, key: Any) -> Any: ...
-
-    def __contains__(self, key: Any) -> bool: ...
-
-    def __len__(self) -> int: ...
-
-    def keys(self) -> list: ...
+__all__ = ["LRUTier", "HostEntry", "HostTier"]
 
 
 def _nbytes(value: Any) -> int:

@@ -90,25 +90,15 @@ def _merged(address: str | None, kwargs: dict) -> tuple[dict, dict, dict]:
     return values, {k: names.get(k, f"flowgpu.{k}") for k in keys.values()}, extra
 
 
-def _scheduler(address: str) -> str:
-    if _security.is_scheduler_file(address) and not os.path.exists(address):
-        raise ConfigError(f"scheduler file {address!r} does not exist; give 'tcp://host:port' or an existing "
-                          "scheduler file")
-    return address
-
-
-def _batch_interval(value: Any, name: str) -> float | None:
-    seconds = None if value is None else config.parse_seconds(value)
-    if seconds is not None and seconds > 1:
-        raise ConfigError(f"{name}={value!r} is longer than 1s; give e.g. '1ms', or None to keep "
-                          "distributed's own batching")
-    return seconds
-
-
 def _common(values: dict, names: dict, extra: dict) -> dict:
     """The options of local and joined clusters alike."""
+    value = values["batch-interval"]
+    seconds = None if value is None else config.parse_seconds(value)
+    if seconds is not None and seconds > 1:
+        raise ConfigError(f"{names['batch-interval']}={value!r} is longer than 1s; give e.g. '1ms', or None to keep "
+                          "distributed's own batching")
     return dict(
-        batch_interval=_batch_interval(values["batch-interval"], names["batch-interval"]),
+        batch_interval=seconds,
         host=values["host"],
         dashboard_address=values["dashboard-address"],
         connect_timeout=config.parse_seconds(values["connect-timeout"]),
@@ -118,11 +108,8 @@ def _common(values: dict, names: dict, extra: dict) -> dict:
 
 def _gpus(values: dict, names: dict) -> tuple[tuple[int, ...] | None, list[int]]:
     """The GPUs asked for (None: all) and those visible, refusing what this machine lacks."""
-    backend, wanted = values["backend"], values["gpus"]
-    if isinstance(wanted, int):
-        wanted = (wanted,)
-    elif isinstance(wanted, str):
-        wanted = config.parse_gpus(wanted)
+    backend = values["backend"]
+    wanted = None if values["gpus"] is None else config.parse_gpus(values["gpus"])
     visible = _backend.visible_gpus() if backend != "cpu" else []
     if backend == "gpu" and not visible:
         raise BackendError(
@@ -133,7 +120,7 @@ def _gpus(values: dict, names: dict) -> tuple[tuple[int, ...] | None, list[int]]
     if missing and backend != "cpu":
         raise ConfigError(f"{names['gpus']}={list(wanted)} names GPU(s) {missing} that are not visible; "
                           f"visible GPUs: {visible if visible else 'none'}")
-    return (None if wanted is None else tuple(wanted)), visible
+    return wanted, visible
 
 
 # Least free space a spill directory must have when a local cluster starts.
@@ -237,7 +224,10 @@ def resolve(address: str | None = None, **kwargs: Any) -> SessionOptions:
     values, names, extra = _merged(address, kwargs)
     common = _common(values, names, extra)
     if values["scheduler-address"] is not None:
-        address = _scheduler(values["scheduler-address"])
+        address = values["scheduler-address"]
+        if _security.is_scheduler_file(address) and not os.path.exists(address):
+            raise ConfigError(f"scheduler file {address!r} does not exist; give 'tcp://host:port' or an existing "
+                              "scheduler file")
         mode = own or (values["security"] if names["security"] == "security" else "auto")
         common["security"] = _security.for_joining(address, mode, files)
         common["protocol"] = _protocol.for_joining(address, values["protocol"], names["protocol"],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import shutil
@@ -89,11 +90,9 @@ def spill_space(directory: str | None) -> dict:
     out = {"rss": psutil.Process().memory_info().rss, "kernels": kernels, "local_directory": directory,
            "spill_free": None, "spill_disk": None}
     if directory:
-        try:
+        with contextlib.suppress(OSError):
             out["spill_free"] = shutil.disk_usage(directory).free
             out["spill_disk"] = f"{socket.gethostname()}:{os.stat(directory).st_dev}"
-        except OSError:
-            pass
     return out
 
 

@@ -208,7 +208,8 @@ class Session:
 
     def _publish_workers(self) -> None:
         """Publish what chunk sizing needs to know about the probed workers."""
-        self._nthreads = self._min_threads()
+        info = self.client.scheduler_info(n_workers=-1)["workers"]
+        self._nthreads = min((w.get("nthreads", 1) for w in info.values()), default=1)
         self._publish({"flowgpu.worker.budget": self.worker_budget, "flowgpu.worker.threads": self._nthreads})
 
     def _start_local(self) -> None:
@@ -364,10 +365,6 @@ class Session:
     def n_workers(self) -> int:
         return len(self.workers)
 
-    def _min_threads(self) -> int:
-        info = self.client.scheduler_info(n_workers=-1)["workers"]
-        return min((w.get("nthreads", 1) for w in info.values()), default=1)
-
     @property
     def threads_per_worker(self) -> int:
         """Threads of the worker with the fewest (tasks it runs at once)."""
@@ -413,15 +410,11 @@ class Session:
     # -- closing ----------------------------------------------------------------------------------
     def _teardown(self) -> None:
         if self.client is not None:
-            try:
+            with contextlib.suppress(Exception):
                 self.client.close()
-            except Exception:
-                pass
         if self.cluster is not None:
-            try:
+            with contextlib.suppress(Exception):
                 self.cluster.close(timeout=60)
-            except Exception:
-                pass
         while self._published:
             self._published.pop().__exit__(None, None, None)
 
@@ -430,9 +423,8 @@ class Session:
         if self._closed:
             return
         self._closed = True
-        with _lock:
-            if self in _stack:
-                _stack.remove(self)
+        with _lock, contextlib.suppress(ValueError):
+            _stack.remove(self)
         self._teardown()
 
     def __enter__(self) -> "Session":

@@ -118,12 +118,10 @@ def _read(folder: str) -> dict | None:
 def _runs(p: psutil.Process) -> bool:
     """Whether ``p`` runs (a zombie, dead but not yet reaped by its parent, does not: reaped here when
     this process started it)."""
-    try:
+    with contextlib.suppress(psutil.Error):
         if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
             return True
         p.wait(timeout=0)
-    except psutil.Error:
-        pass
     return False
 
 
@@ -359,15 +357,10 @@ def session_kwargs() -> dict | None:
     return joined[0] if joined else None
 
 
-def _gpu_list(value: Any) -> list[int]:
-    if isinstance(value, int):
-        return [value]
-    return list(config.parse_gpus(value) if isinstance(value, str) else value)
-
-
 def _unmet(state: dict, wanted: dict) -> list[str]:
     """``key=value`` of each option in ``wanted`` the running cluster was not started with."""
     have = {"n_workers": state.get("n_workers"), "threads_per_worker": state.get("threads_per_worker"),
+            "protocol": "tcp",
             **{k: v for k, v in (state.get("options") or {}).items() if k not in ("n_workers", "threads_per_worker")}}
     unmet = []
     for key, value in wanted.items():
@@ -375,13 +368,10 @@ def _unmet(state: dict, wanted: dict) -> list[str]:
             if value in ("gpu", "cpu") and value != state.get("backend") and value != "cpu":
                 unmet.append(f"backend={value}")
         elif key == "gpus":
-            if _gpu_list(value) != list(state.get("gpus") or []):
-                unmet.append(f"gpus={','.join(map(str, _gpu_list(value)))}")
-        elif key == "protocol":
-            if value != have.get("protocol", "tcp"):
-                unmet.append(f"protocol={value}")
+            if list(config.parse_gpus(value)) != list(state.get("gpus") or []):
+                unmet.append(f"gpus={','.join(map(str, config.parse_gpus(value)))}")
         elif key in ("n_workers", "threads_per_worker", "memory_limit", "device_memory_limit", "rmm_pool_size",
-                     "local_directory", "dashboard_address") and have.get(key) != value:
+                     "local_directory", "dashboard_address", "protocol") and have.get(key) != value:
             unmet.append(f"{key}={value}")
     return unmet
 

@@ -169,10 +169,8 @@ class _Registered:
         self.runtime = runtime
 
     def __del__(self):
-        try:
+        with contextlib.suppress(Exception):  # interpreter shutdown, or the context is gone with the process
             self.runtime.hostUnregister(self.ptr)
-        except Exception:  # interpreter shutdown, or the context is gone with the process
-            pass
 
 
 def registered_pinned_allocator(size: int) -> HostBuffer:

@@ -207,11 +207,7 @@ def _staged(shape: tuple, dtype: np.dtype, flat: tuple, fill, budget: int | None
                 ev.synchronize()  # the copy that last read this buffer is done
             fill(buf.array((b - a, *flat[1:]), dtype), a, b)
 
-        if readers is None:
-            job()
-            fills[i] = None
-        else:
-            fills[i] = readers.submit(job)
+        fills[i] = job() if readers is None else readers.submit(job)  # job() returns None: filled already
 
     try:
         for i in range(ahead):
@@ -233,10 +229,8 @@ def _staged(shape: tuple, dtype: np.dtype, flat: tuple, fill, budget: int | None
             events[j] = ev
             if i + ahead < len(slices):
                 start(i + ahead)
-        for ev in events:
-            if ev is not None:
-                ev.synchronize()
-    finally:
+    finally:  # also once all went well: every copy is waited for before the buffers go back
+
         for f in fills.values():  # after a failure: no fill may still write into a buffer given back
             if f is not None:
                 f.cancel() or f.exception()
