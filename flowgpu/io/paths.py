@@ -11,7 +11,7 @@ cannot see read as fill values, and the run said ok. Hence:
 * :func:`require_store`: a Zarr read checks, in the task, that the array's metadata is there, so a
   store missing as a whole is an error, never fill values; a chunk
   missing from a store that is there is still the fill value (that is Zarr);
-* :func:`probe`: what a run asks every worker before it computes (:mod:`flowgpu.pipeline.visibility`):
+* :func:`probe`: what a run asks every worker before it computes (:mod:`flowgpu.pipeline.batch`):
   can it read each input's metadata, and write into each output's staging folder.
 """
 

@@ -5,7 +5,7 @@ slurm, jobs: 2}`` in a spec) makes dask-jobqueue's cluster of that kind from job
 configuration (``~/.config/dask/jobqueue.yaml``, ``DASK_JOBQUEUE__SLURM__*``: queue, account,
 walltime, cores, memory, job-extra-directives, ...), submits ``jobs`` jobs and waits for their
 workers. The scheduler runs in the client's process; the workers in the jobs, on other hosts, so
-what they read and write must be on storage every host mounts (:mod:`flowgpu.pipeline.visibility`
+what they read and write must be on storage every host mounts (:mod:`flowgpu.pipeline.batch`
 checks it before a run computes).
 
 * CPU jobs run distributed's worker (``dask worker``), with jobqueue's ``processes`` per job;

@@ -222,7 +222,7 @@ class Session:
             host=o.host,
             dashboard_address=o.dashboard_address or None,
             scheduler_port=0,
-            # the client reports every task failure in one line (flowgpu.pipeline.failures); the
+            # the client reports every task failure in one line (flowgpu.pipeline.batch); the
             # workers' own ERROR logs of it ("Compute Failed" with a traceback) would repeat it per task
             silence_logs=logging.CRITICAL,
             **({"security": o.security} if o.security is not None else {}),  # TLS: the client takes it from the cluster
