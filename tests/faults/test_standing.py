@@ -63,14 +63,16 @@ def flowgpu(*args: str, folder: Path, cwd: Path, timeout: float = 150, fault: st
     return r
 
 
-WORKERS = {"cpu": ("--backend", "cpu", "--workers", "2", "--threads-per-worker", "1"),
-           "gpu": ("--backend", "gpu", "--gpus", "0")}
+# a GPU worker's process holds the CUDA context, CuPy and pinned staging on the host: at 1 GiB the nanny
+# killed it on the H200 (the run said so and wrote nothing), so it gets 8 GiB
+WORKERS = {"cpu": ("--backend", "cpu", "--workers", "2", "--threads-per-worker", "1", "--memory-limit", "1GiB"),
+           "gpu": ("--backend", "gpu", "--gpus", "0", "--memory-limit", "8GiB")}
 
 
 def start(folder: Path, cwd: Path, backend: str = "cpu", fault: str | None = None) -> dict:
     """Start a small cluster (its daemon under ``fault``); its state as `cluster status --json` gives it,
     with every process below the daemon now (``all_pids``)."""
-    r = flowgpu("cluster", "start", *WORKERS[backend], "--memory-limit", "1GiB", "--dashboard-address",
+    r = flowgpu("cluster", "start", *WORKERS[backend], "--dashboard-address",
                 "127.0.0.1:0", folder=folder, cwd=cwd, fault=fault)
     assert r.returncode == 0, r.stderr
     state = status(folder, cwd)
@@ -150,7 +152,8 @@ def test_start_status_run_stop_leaves_no_process(places, rng, backend):
     assert abs(summary["outputs"]["total"]["value"] - expected) <= 1e-9 * expected
     cluster = [state["daemon"]["pid"], *state["worker_pids"]]  # not every descendant: some are short-lived
     ended = [f"{pid} {state['names'][pid]}" for pid in cluster if not runs(state["all_pids"][pid])]
-    assert not ended, f"the run took the cluster down: {ended} ended"
+    log = (folder / "cluster.log").read_text(errors="replace").splitlines()[-25:]
+    assert not ended, f"the run took the cluster down: {ended} ended; cluster.log ends:\n" + "\n".join(log)
 
     r = stopped(folder, work)
     assert r.returncode == 0 and state["address"] in r.stdout, r.stderr
