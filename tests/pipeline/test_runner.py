@@ -186,3 +186,16 @@ def test_a_run_config_runs_as_its_keywords_and_subscribers_hear_each_event_in_or
         pipeline.run(spec, config)
     assert heard[2].outcome.status == "failed" and "boom while running" in str(heard[2].outcome.error)
     assert heard[3].summary["status"] == "failed" and heard[3].summary["step"] == "c"
+
+
+def test_moves_after_a_worker_restart_are_never_negative():
+    """A worker the nanny restarts (over its memory) starts its counters again: the run's moves are
+    then what the counters hold now, never a negative number of bytes (CI saw -16)."""
+    from flowgpu.pipeline.runner import moves_delta
+
+    before = {"moves": {"disk_to_host": {"bytes": 4096, "count": 4, "seconds": 0.5}}, "events": {}}
+    after = {"moves": {"disk_to_host": {"bytes": 1024, "count": 1, "seconds": 0.1}}, "events": {}, "errors": []}
+    moves = moves_delta(before, after)["moves"]["disk_to_host"]
+    assert moves["bytes"] == 1024 and moves["count"] == 1
+    grown = {"moves": {"disk_to_host": {"bytes": 6144, "count": 6, "seconds": 0.75}}, "events": {}, "errors": []}
+    assert moves_delta(before, grown)["moves"]["disk_to_host"]["bytes"] == 2048
