@@ -506,8 +506,8 @@ def moves_delta(before: dict | None, after: dict | None) -> dict | None:
     for act, m in after["moves"].items():
         b = before["moves"].get(act, {})
         d = {k: m[k] - b.get(k, 0) for k in ("bytes", "count", "seconds")}
-        if d["bytes"] < 0 or d["count"] < 0:  # a worker restarted (the nanny, over its memory): its counters began
-            d = {k: m[k] for k in ("bytes", "count", "seconds")}  # again; what they count now is the run's
+        if d["bytes"] < 0 or d["count"] < 0:  # a worker restarted (the nanny, over its memory) and counts from 0:
+            d = {k: m[k] for k in ("bytes", "count", "seconds")}  # the totals now (other workers' earlier moves too)
         if d["count"]:
             d["gbps"] = d["bytes"] / d["seconds"] / 1e9 if d["seconds"] > 0 else None
             moves[act] = d
