@@ -32,7 +32,7 @@ from flowgpu.backend import import_cupy
 from flowgpu.memory.store import FlowgpuStore
 from flowgpu.transfer.streams import sync_current_stream
 
-__all__ = ["MemoryPlugin", "stats", "summary"]
+__all__ = ["MemoryPlugin", "delta", "stats", "summary"]
 
 logger = logging.getLogger("flowgpu.memory")
 
@@ -50,6 +50,7 @@ def stats(dask_worker=None) -> dict:
     data = dask_worker.data
     if isinstance(data, FlowgpuStore):
         st = data.stats()
+        st["worker"] = dask_worker.id  # a worker the nanny restarts is a new one, counting from 0
         # and what the Zarr device path read and wrote (storage_* moves and events): its counters
         # exist only in a process that imported flowgpu.io, which this one does not do for them
         # (zarr and its codecs cost a worker some 40 MB)
@@ -62,18 +63,42 @@ def stats(dask_worker=None) -> dict:
 
 
 def summary(per_worker: dict[str, dict]) -> dict:
-    """Sum ``client.run(stats)`` results over workers for a run summary."""
+    """Sum ``client.run(stats)`` results over workers for a run summary; ``"workers"`` keeps each
+    worker's own counters (``{worker id: {"moves", "events"}}``) for :func:`delta`."""
     moves: dict[str, Counter] = defaultdict(lambda: Counter(bytes=0, count=0, seconds=0.0))
     events: Counter = Counter()
     errors: list[str] = []
-    for st in per_worker.values():
+    workers = {}
+    for address, st in per_worker.items():
         for act, m in st.get("moves", {}).items():
             moves[act].update({k: m[k] for k in ("bytes", "count", "seconds")})
         events.update(st.get("events", {}))
         errors += [e for e in st.get("errors", []) if e not in errors]
-    moves = {a: {**m, "gbps": m["bytes"] / m["seconds"] / 1e9 if m["seconds"] > 0 else None} for a, m in moves.items()}
+        workers[st.get("worker", address)] = {"moves": st.get("moves", {}), "events": st.get("events", {})}
     stores = sorted({st.get("store", "?") for st in per_worker.values()})
-    return {"stores": stores, "moves": moves, "events": dict(events), "errors": errors}
+    return {"stores": stores, "moves": _rates(moves), "events": dict(events), "errors": errors, "workers": workers}
+
+
+def delta(before: dict | None, after: dict) -> dict:
+    """What the workers moved between two :func:`summary` answers: ``{"moves", "events", "errors"}``,
+    each worker's counters less what the same worker had counted before (a worker started, or
+    restarted by its nanny, since ``before`` counts from 0: all of its counters are new). What a
+    worker that is gone had moved is not in ``after``: it is not counted."""
+    was = (before or {}).get("workers", {})
+    moves: dict[str, Counter] = defaultdict(lambda: Counter(bytes=0, count=0, seconds=0.0))
+    events: Counter = Counter()
+    for worker, now in after["workers"].items():
+        old = was.get(worker, {"moves": {}, "events": {}})
+        for act, m in now["moves"].items():
+            b = old["moves"].get(act, {})
+            moves[act].update({k: m[k] - b.get(k, 0) for k in ("bytes", "count", "seconds")})
+        events.update({k: n - old["events"].get(k, 0) for k, n in now["events"].items()})
+    return {"moves": _rates({a: m for a, m in moves.items() if m["count"]}),
+            "events": {k: n for k, n in events.items() if n}, "errors": after["errors"]}
+
+
+def _rates(moves: dict[str, Counter]) -> dict[str, dict]:
+    return {a: {**m, "gbps": m["bytes"] / m["seconds"] / 1e9 if m["seconds"] > 0 else None} for a, m in moves.items()}
 
 
 def _metric(worker) -> dict:

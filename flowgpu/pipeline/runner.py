@@ -36,6 +36,7 @@ from flowgpu.errors import ConfigError, FlowgpuError, SpecError
 from flowgpu.fusion.classic import require_classic_graphs
 from flowgpu.io import atomic, sinks
 from flowgpu.io.paths import shown
+from flowgpu.memory import delta as memory_delta
 from flowgpu.pipeline import cache as outputs_cache
 from flowgpu.pipeline import recipe, tables
 from flowgpu.pipeline.batch import Job, Outcome, execute
@@ -316,8 +317,8 @@ def _run(spec: Spec, config: RunConfig, begun: float) -> "RunResult | BatchResul
                           _single_result(outcomes[0], session, started))
                 if config.report and not any(job.todo for job in jobs):  # all up to date: the report says so
                     _write_report(spec, outcomes, session, started, batch, config, follower)
-                if after is not None:
-                    result.summary["memory"] = moves_delta(memory(), after())
+                if after is not None and (now := after()) is not None:
+                    result.summary["memory"] = memory_delta(memory(), now)
             finally:
                 if own is not None:
                     own.close()
@@ -495,24 +496,6 @@ def _disk_bytes(path: str) -> int:
     for root, _, files in os.walk(path):
         total += sum(os.path.getsize(os.path.join(root, f)) for f in files)
     return total
-
-
-def moves_delta(before: dict | None, after: dict | None) -> dict | None:
-    """What a run moved between tiers: ``{"moves": {activity: {bytes, count, seconds, gbps}}, "events", "errors"}``."""
-    if after is None:
-        return None
-    before = before or {"moves": {}, "events": {}}
-    moves = {}
-    for act, m in after["moves"].items():
-        b = before["moves"].get(act, {})
-        d = {k: m[k] - b.get(k, 0) for k in ("bytes", "count", "seconds")}
-        if d["bytes"] < 0 or d["count"] < 0:  # a worker restarted (the nanny, over its memory) and counts from 0:
-            d = {k: m[k] for k in ("bytes", "count", "seconds")}  # the totals now (other workers' earlier moves too)
-        if d["count"]:
-            d["gbps"] = d["bytes"] / d["seconds"] / 1e9 if d["seconds"] > 0 else None
-            moves[act] = d
-    events = {k: n - before["events"].get(k, 0) for k, n in after["events"].items() if n - before["events"].get(k, 0)}
-    return {"moves": moves, "events": events, "errors": after["errors"]}
 
 
 def _outputs(spec: Spec, plan: Plan, values: dict, computed: set[str]) -> tuple[dict, int]:

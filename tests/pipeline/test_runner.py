@@ -188,14 +188,25 @@ def test_a_run_config_runs_as_its_keywords_and_subscribers_hear_each_event_in_or
     assert heard[3].summary["status"] == "failed" and heard[3].summary["step"] == "c"
 
 
-def test_moves_after_a_worker_restart_are_never_negative():
-    """A worker the nanny restarts (over its memory) starts its counters again: the run's moves are
-    then what the counters hold now, never a negative number of bytes (CI saw -16)."""
-    from flowgpu.pipeline.runner import moves_delta
+def test_a_runs_moves_are_each_workers_own_since_the_run_began(rng):
+    """A worker the nanny restarts (over its memory) is a new worker whose counters start at 0: the
+    run's moves are its counters plus what the other workers moved since the run began, never a
+    negative number (CI saw -16 bytes) nor what the other workers had moved before the run."""
+    from flowgpu.memory import delta, summary
 
-    before = {"moves": {"disk_to_host": {"bytes": 4096, "count": 4, "seconds": 0.5}}, "events": {}}
-    after = {"moves": {"disk_to_host": {"bytes": 1024, "count": 1, "seconds": 0.1}}, "events": {}, "errors": []}
-    moves = moves_delta(before, after)["moves"]["disk_to_host"]
-    assert moves["bytes"] == 1024 and moves["count"] == 1
-    grown = {"moves": {"disk_to_host": {"bytes": 6144, "count": 6, "seconds": 0.75}}, "events": {}, "errors": []}
-    assert moves_delta(before, grown)["moves"]["disk_to_host"]["bytes"] == 2048
+    def stats(worker, moved, count, spills=0):
+        return {"store": "flowgpu", "worker": worker, "errors": [], "events": {"spill_failed": spills},
+                "moves": {"disk_to_host": {"bytes": moved, "count": count, "seconds": count / 10}}}
+
+    a, b, b_again, c = (int(v) for v in rng.integers(1, 1 << 20, 4))
+    before = summary({"tcp://w1": stats("Worker-1", a, 4), "tcp://w2": stats("Worker-2", b, 8, spills=1)})
+    # Worker-2 restarted at the same address, Worker-1 moved c more bytes, Worker-3 joined
+    after = summary({"tcp://w1": stats("Worker-1", a + c, 6), "tcp://w2": stats("Worker-2b", b_again, 2, spills=1),
+                     "tcp://w3": stats("Worker-3", 7, 1)})
+    moved = delta(before, after)
+    assert moved["moves"]["disk_to_host"]["bytes"] == c + b_again + 7
+    assert moved["moves"]["disk_to_host"]["count"] == 2 + 2 + 1
+    assert moved["events"] == {"spill_failed": 1}  # the restarted worker's, none of the old one's
+    assert after["moves"]["disk_to_host"]["bytes"] == a + c + b_again + 7  # the sum still sums every worker
+    nothing = delta(after, after)
+    assert nothing["moves"] == {} and nothing["events"] == {}
