@@ -338,7 +338,7 @@ def execute(outcomes: list[Outcome], session: RunSession, config: RunConfig, *, 
                         raise o.error from e
             check_visible(client, output_entries(p for o in ready for p in o.pending.values()))
             faults.point("after-prepare")
-            baseline = ASK if memory is None else memory()
+            baseline = ASK if memory is None else memory  # asked before the run; the watch's thread waits for it
             with watch_spill(session, baseline=baseline) as watch:  # a spill directory that fills during the run stops it
                 if client is not None:
                     run.distributed(ready)
@@ -495,8 +495,9 @@ class watch_spill:  # noqa: N801 - used as a context manager, like a function
     * the cluster has had no worker at all for ``flowgpu.run.no-workers-timeout`` (every worker
       died or was killed and none came back: distributed waits for one without a word).
 
-    ``baseline``: the session's :meth:`memory_summary` taken just before (its errors are old ones),
-    which saves asking the workers again; by default it is asked for on entering."""
+    ``baseline``: the session's :meth:`memory_summary` asked for before the run (its errors are old
+    ones), or a function that answers it: the watch's thread waits for the answer, the run does not;
+    by default it is asked for on entering."""
 
     def __init__(self, session: RunSession, interval: float = 1.0, baseline: Any = ASK, no_workers: float | None = None):
         self.session, self.interval, self.baseline = session, interval, baseline
@@ -517,8 +518,10 @@ class watch_spill:  # noqa: N801 - used as a context manager, like a function
         futures = [Future(k, client) for k in list(client.futures)]
         client.cancel(futures, reason=f"flowgpu-{kind}", msg=error)
 
-    def _watch(self, before: set | None, started: set[str]) -> None:
+    def _watch(self, baseline: Any, started: set[str]) -> None:
         client = self.session.client
+        summary = baseline() if callable(baseline) else baseline
+        before = set(summary["errors"]) if summary is not None else None  # only flowgpu's store reports spill errors
         alone_since = None
         while not self._stop.wait(self.interval):
             if before is not None:
@@ -539,10 +542,9 @@ class watch_spill:  # noqa: N801 - used as a context manager, like a function
         client = getattr(self.session, "client", None)
         if client is None:
             return self
-        summary = self.session.memory_summary() if self.baseline is ASK else self.baseline
-        before = set(summary["errors"]) if summary is not None else None  # only flowgpu's store reports spill errors
+        baseline = self.session.memory_summary() if self.baseline is ASK else self.baseline
         started = set(getattr(self.session, "workers", None) or ())  # as the Session met them: no round trip
-        self._thread = threading.Thread(target=self._watch, args=(before, started), daemon=True,
+        self._thread = threading.Thread(target=self._watch, args=(baseline, started), daemon=True,
                                         name="flowgpu-watch-run")
         self._thread.start()
         return self
