@@ -238,8 +238,7 @@ def _compile_uses(spec: Spec, name: str, smap: SourceMap, values: dict[str, Any]
         if inner not in child.inputs:
             raise smap.error(f"{os.path.basename(path)} has no input {inner!r}", where, key=True,
                              hint=did_you_mean(inner, child.inputs, f"its inputs: {', '.join(child.inputs) or 'none'}"))
-        head, _, part = ref.partition(".")
-        x = values[head][part] if part and isinstance(values.get(head), dict) else values.get(ref)
+        x = _resolve(values, ref, where, smap)
         _check_binding(child, inner, x, where, smap, name)
         bindings[inner] = x
     me = spec.origin.file if spec.origin is not None else None
@@ -373,15 +372,7 @@ def _build_graph(spec: Spec, smap: SourceMap, names: list[str], bindings: dict[s
             continue
         op = _get_op(name, step.op, smap)
         for where, ref in _step_refs(spec, name):
-            head, _, part = ref.partition(".")
-            value = values[head]
-            if isinstance(value, dict):
-                if part not in value:
-                    raise smap.error(f"{ref!r}: step {head!r} has no output {part!r}", where,
-                                     hint=f"its outputs: {', '.join(f'{head}.{k}' for k in value)}")
-                values[ref] = value[part]
-            elif part:
-                raise smap.error(f"{ref!r}: step {head!r} has a single result", where, hint=f"refer to it as {head!r}")
+            values[ref] = _resolve(values, ref, where, smap)
         out = _call_op(spec, name, op, values, smap)
         values[name] = out
         nodes[name] = Node(name, "step", step.op, bare(out) if isinstance(bare(out), da.Array) else None, deps)
@@ -390,17 +381,25 @@ def _build_graph(spec: Spec, smap: SourceMap, names: list[str], bindings: dict[s
     return values, nodes, children
 
 
+def _resolve(values: dict, ref: str, where: tuple, smap: SourceMap) -> Any:
+    """The value ``ref`` names: a step's or input's result, or ``step.part`` of a step with several."""
+    head, _, part = ref.partition(".")
+    value = values[head]
+    if isinstance(value, dict):
+        if part not in value:
+            raise smap.error(f"{ref!r}: step {head!r} has no output {part!r}", where,
+                             hint=f"its outputs: {', '.join(f'{head}.{k}' for k in value)}")
+        return value[part]
+    if part:
+        raise smap.error(f"{ref!r}: step {head!r} has a single result", where, hint=f"refer to it as {head!r}")
+    return value
+
+
 def _output_arrays(spec: Spec, values: dict, smap: SourceMap) -> tuple[dict[str, da.Array], dict[str, Any]]:
     """Each output's dask array, and the labelled ones' ``xarray.DataArray``."""
     outs, labelled = {}, {}
     for out_name, out in spec.outputs.items():
-        head, _, part = out.from_.partition(".")
-        value = values[head]
-        if isinstance(value, dict):
-            if part not in value:
-                raise smap.error(f"{out.from_!r}: step {head!r} has no output {part!r}", ("outputs", out_name, "from"),
-                                 hint=f"its outputs: {', '.join(f'{head}.{k}' for k in value)}")
-            value = value[part]
+        value = _resolve(values, out.from_, ("outputs", out_name, "from"), smap)
         if is_labelled(value):
             labelled[out_name], value = value, value.data
         if not isinstance(value, da.Array):

@@ -161,6 +161,35 @@ def test_uses_binds_inputs_passes_params_and_exposes_outputs(tmp_path, rng):
     assert (e.value.line, e.value.path) == (4, "steps.inner.inputs.a")
 
 
+def test_a_part_of_a_result_that_has_none_is_refused_where_it_is_named(tmp_path):
+    """``name.part`` names one output of a step with several (a ``uses`` step); on a step with one
+    result, or a part it does not have, the spec is refused at that field, in a step's inputs, a
+    ``uses`` binding and an output's ``from`` alike (``from`` once took the whole result, and a
+    binding failed with an internal error)."""
+    (tmp_path / "inner.yaml").write_text("inputs:\n  a: {source: random, shape: [7]}\n"
+                                         "steps:\n  s: {op: sqrt, inputs: [a]}\noutputs:\n  r: {from: s}\n")
+    head = "inputs:\n  v: {source: random, shape: [7], seed: 1}\nsteps:\n  first: {uses: inner.yaml, inputs: {a: v}}\n"
+    cases = [
+        ("  total: {op: sum, inputs: [v]}\noutputs:\n  t: {from: total.mean}\n", "outputs.t.from",
+         "'total.mean': step 'total' has a single result"),
+        ("  inner: {uses: inner.yaml, inputs: {a: first.r9}}\noutputs:\n  t: {from: inner.r}\n",
+         "steps.inner.inputs.a", "'first.r9': step 'first' has no output 'r9'.*first.r"),
+        ("  total: {op: sum, inputs: [first.r9]}\noutputs:\n  t: {from: total}\n", "steps.total.inputs[0]",
+         "'first.r9': step 'first' has no output 'r9'"),
+        ("  total: {op: sum, inputs: [first.r]}\noutputs:\n  t: {from: first.x}\n", "outputs.t.from",
+         "'first.x': step 'first' has no output 'x'"),
+    ]
+    for body, path, message in cases:
+        (tmp_path / "outer.yaml").write_text(head + body)
+        with pytest.raises(SpecError, match=message) as e:
+            pipeline.compile(tmp_path / "outer.yaml")
+        assert e.value.path == path and e.value.line == (7 if path.startswith("outputs") else 5)
+    (tmp_path / "outer.yaml").write_text(head + "  total: {op: sum, inputs: [first.r]}\noutputs:\n  t: {from: total}\n")
+    plan = pipeline.compile(tmp_path / "outer.yaml")
+    v = plan.arrays["v"].compute()
+    np.testing.assert_allclose(plan.outputs["t"].compute(), np.sqrt(v).sum())
+
+
 def test_errors_in_included_files_point_into_them(tmp_path):
     (tmp_path / "inner.yaml").write_text("steps:\n  s: {op: sqrtt, inputs: []}\n")
     (tmp_path / "outer.yaml").write_text("steps:\n  inner: {uses: inner.yaml}\n")
