@@ -69,5 +69,12 @@ def test_missing_files_are_clear_errors(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         fg.from_zarr(str(tmp_path / "nope.zarr"))
     (tmp_path / "bad.npy").write_text("not numpy")
-    with pytest.raises(ConfigError, match="not a readable .npy"):
+    with pytest.raises(ConfigError, match="not a readable .npy file: the magic string is not correct"):
         fg.from_npy(str(tmp_path / "bad.npy"))
+    np.savez(tmp_path / "arrays.npz", a=np.arange(3))  # a .npz (a zip of .npy files) named .npy
+    os.replace(tmp_path / "arrays.npz", tmp_path / "zipped.npy")
+    with pytest.raises(ConfigError, match="zipped.npy' is not a readable .npy file: the magic string is not correct"):
+        fg.from_npy(str(tmp_path / "zipped.npy"))
+    np.save(tmp_path / "objects.npy", np.array([{"a": 1}, None], dtype=object))
+    with pytest.raises(ConfigError, match="objects.npy' is not a readable .npy file: .*Python objects"):
+        fg.from_npy(str(tmp_path / "objects.npy"))
