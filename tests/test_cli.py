@@ -121,6 +121,9 @@ def test_ops_prints_docstrings_verbatim():
     assert "Values limited to the range [lo, hi]." in result.output  # not eaten as rich markup
     for name in ("real", "imag", "conj", "angle"):
         assert f"\n│ {name} " in result.output
+    # types as written in the code, not as quoted strings; docstrings' ``code`` as `code`
+    assert "(x: Array) -> Array" in result.output and "'Array'" not in result.output
+    assert "``" not in result.output + CliRunner().invoke(cli, ["sinks"]).output
 
 
 def test_sources_and_sinks_list_the_registries():

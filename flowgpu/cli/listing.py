@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
 import json
+from typing import Any
 
 import click
 from rich.markup import escape
@@ -27,12 +29,13 @@ def info() -> None:
 
 
 def _table(title: str, columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
-    """Print a table; every cell verbatim (docstrings hold '[lo, hi]', which rich would read as markup)."""
+    """Print a table; every cell verbatim (docstrings hold '[lo, hi]', which rich would read as markup),
+    less the docstrings' reStructuredText double backticks."""
     t = Table(title=title, title_justify="left")
     for col in columns:
         t.add_column(col)
     for row in rows:
-        t.add_row(*(escape(cell) for cell in row))
+        t.add_row(*(escape(cell.replace("``", "`")) for cell in row))
     _console(stderr=False).print(t)
 
 
@@ -42,13 +45,28 @@ def _options(entry: Entry) -> str:
                      else f"{name}=..." for name, f in fields.items())
 
 
+class _Written(str):
+    """An annotation kept as text (``from __future__ import annotations``), shown without quotes."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def _as_written(sig: inspect.Signature) -> inspect.Signature:
+    """``sig`` with its text annotations shown as written: ``x: Array``, not ``x: 'Array'``."""
+    def shown(a: Any) -> Any:
+        return _Written(a) if isinstance(a, str) else a
+    return sig.replace(parameters=[p.replace(annotation=shown(p.annotation)) for p in sig.parameters.values()],
+                       return_annotation=shown(sig.return_annotation))
+
+
 @click.command()
 def ops() -> None:
     """List the registered ops with their signatures."""
     rows = []
     for o in all_ops():
         try:
-            sig = str(o.signature)
+            sig = str(_as_written(o.signature))
         except (TypeError, ValueError):
             sig = "(...)"
         rows.append((o.name, o.kind, sig, o.summary))
