@@ -100,7 +100,11 @@ def open_xarray(path: str, variable: str, engine: str | None = None, chunks: Any
     with one entry per dim of the variable (in its order)."""
     chunks = "auto" if chunks is None else chunks
     if isinstance(chunks, list):  # per dim of the variable: xarray takes a mapping by dim name
-        dims = _dims_of(path, variable, engine)
+        ds = open_dataset(path, engine, chunks=None)
+        try:
+            dims = tuple(map(str, _variable(ds, path, variable).dims))
+        finally:
+            ds.close()
         if len(chunks) != len(dims):
             raise ConfigError(f"chunks {chunks!r} has {len(chunks)} entries, but {variable!r} has {len(dims)} dims "
                               f"({', '.join(dims)}); give one per dim")
@@ -110,14 +114,6 @@ def open_xarray(path: str, variable: str, engine: str | None = None, chunks: Any
     if not isinstance(x.data, da.Array):  # an index coordinate is loaded eagerly by xarray
         x = x.chunk()
     return x.copy(data=to_device(x.data))
-
-
-def _dims_of(path: str, variable: str, engine: str | None) -> tuple[str, ...]:
-    ds = open_dataset(path, engine, chunks=None)
-    try:
-        return tuple(map(str, _variable(ds, path, variable).dims))
-    finally:
-        ds.close()
 
 
 def as_dataset(x: Any, variable: str | None, path: str | None):
