@@ -178,7 +178,7 @@ def read_plan(plan: DevicePlan, key: tuple) -> list[UnitRead] | None:
     return [_unit_read(plan, tuple(unit)) for unit in grid.tolist()]
 
 
-def _in_place(plan: DevicePlan, lo: tuple, hi: tuple, coords: np.ndarray, chunk_bytes: int) -> np.ndarray | None:
+def _in_place(plan: DevicePlan, lo: tuple, hi: tuple, coords: np.ndarray) -> np.ndarray | None:
     """Where each chunk decodes into the block ``[lo, hi)`` (byte offsets), when every chunk is a
     whole contiguous run of it and nvCOMP's outputs stay 16-byte aligned; else None. Saves a copy
     and a block of memory."""
@@ -273,7 +273,7 @@ class DeviceReader:
                 for activity in ("read", "moved", "decode"):
                     COUNTERS.add(activity, chunk_bytes)
                 return buf.view(plan.dtype).reshape(plan.chunk)
-        at = _in_place(plan, lo, hi, coords, chunk_bytes)
+        at = _in_place(plan, lo, hi, coords)
         if at is not None:
             out = xp.full(shape, plan.fill_value, plan.dtype) if missing else xp.empty(shape, plan.dtype)
             target = out.reshape(-1).view(np.uint8)
