@@ -93,14 +93,6 @@ def written_by_flowgpu(path: str) -> bool:
     return os.path.exists(marker_path(path)) or _legacy_marked(path)
 
 
-def _run_of(marker: str) -> str | None:
-    try:
-        with open(marker) as f:
-            return json.load(f).get("run")
-    except (OSError, ValueError, AttributeError):
-        return None
-
-
 def remove(path: str) -> None:
     if os.path.isdir(path) and not os.path.islink(path):
         shutil.rmtree(path, ignore_errors=True)
@@ -158,7 +150,13 @@ class Output:
 
     def ours(self, live: str) -> bool:
         """Whether ``live`` is this output's new data (or marker), moved into place by its run."""
-        return os.path.lexists(live) and _run_of(marker_path(self.path)) == self.id
+        if not os.path.lexists(live):
+            return False
+        try:
+            with open(marker_path(self.path)) as f:
+                return json.load(f).get("run") == self.id
+        except (OSError, ValueError, AttributeError):
+            return False
 
     def old_is_flowgpus(self) -> bool:
         return os.path.exists(os.path.join(self.stage, "old.marker")) or _legacy_marked(os.path.join(self.stage, "old"))
