@@ -66,12 +66,11 @@ class Chunks:
     def __len__(self) -> int:
         return len(self.starts)
 
-    def __iter__(self):
-        for c, a, b in zip(self.coords.tolist(), self.starts.tolist(), self.stops.tolist()):
-            yield ChunkRead(tuple(c), a, b)
-
     def __getitem__(self, i: int) -> ChunkRead:
         return ChunkRead(tuple(self.coords[i].tolist()), int(self.starts[i]), int(self.stops[i]))
+
+    def __iter__(self):
+        return map(self.__getitem__, range(len(self)))
 
     def take(self, idx: np.ndarray, shift: int = 0) -> "Chunks":
         """The chunks at ``idx``, their ranges moved by ``-shift``."""
