@@ -22,11 +22,10 @@ from flowgpu.arrays.movement import to_device, to_host
 from flowgpu.errors import ConfigError
 
 __all__ = ["open_xarray", "check_variable", "is_labelled", "bare", "infer_engine", "open_dataset", "as_dataset",
-           "write_dataset", "ENGINES"]
+           "write_dataset"]
 
 # the file endings read through h5netcdf (NetCDF4 is HDF5); everything else that is a folder is Zarr
 _HDF5_SUFFIXES = (".nc", ".nc4", ".netcdf", ".h5", ".hdf5", ".hdf", ".he5", ".cdf")
-ENGINES = ("zarr", "h5netcdf")
 
 
 def import_xarray():
