@@ -143,11 +143,6 @@ def _local_root(arr: Any) -> str | Fallback:
     return os.path.join(str(root), *[p for p in arr.store_path.path.split("/") if p])
 
 
-def _fill(meta: Any, dtype: np.dtype) -> Any:
-    fill = getattr(meta, "fill_value", None)
-    return np.zeros((), dtype)[()] if fill is None else np.asarray(fill, dtype=dtype)[()]
-
-
 def _sized(frame: Frame | Fallback, **plan: Any) -> DevicePlan | Fallback:
     """The plan of chunks framed by ``frame``, unless they fall back (or nvCOMP cannot take them at once)."""
     if isinstance(frame, Fallback):
@@ -187,8 +182,9 @@ def plan_codec(arr: Any) -> DevicePlan | Fallback:
     root = _local_root(arr)
     if isinstance(root, Fallback):
         return root
-    common = dict(root=root, shape=tuple(arr.shape), dtype=dtype, fill_value=_fill(meta, dtype),
-                  encode=_key_encoder(meta))
+    fill = getattr(meta, "fill_value", None)
+    common = dict(root=root, shape=tuple(arr.shape), dtype=dtype, encode=_key_encoder(meta),
+                  fill_value=np.zeros((), dtype)[()] if fill is None else np.asarray(fill, dtype=dtype)[()])
     if getattr(meta, "zarr_format", 3) == 2:
         if meta.filters:
             return Fallback(f"filters {[f.codec_id for f in meta.filters]} are applied by zarr")

@@ -166,7 +166,7 @@ class CupyDevice(HostDevice):
         return import_cupy()
 
     def read(self, path: str, offset: int, nbytes: int):
-        return file_rows_to_device(path, offset, (nbytes,), np.uint8, slice_bytes=READ_SLICE)
+        return file_rows_to_device(path, offset, (nbytes,), np.uint8, budget=READ_SLICE)
 
     def read_host(self, path: str, offset: int, nbytes: int, out: np.ndarray | None = None) -> np.ndarray:
         import cupyx

@@ -30,7 +30,7 @@ from flowgpu.errors import ConfigError, SourceError
 from flowgpu.io.paths import resolve
 from flowgpu.transfer.staging import file_rows_to_device, rows_to_device
 
-__all__ = ["from_hdf5", "Hdf5Reader", "block_slices", "import_h5py", "is_hdf5", "list_datasets"]
+__all__ = ["from_hdf5", "Hdf5Reader", "block_slices", "import_h5py", "is_hdf5"]
 
 _SHOWN = 20  # datasets named in a message
 
@@ -51,14 +51,6 @@ def import_h5py() -> Any:
 def is_hdf5(path: str) -> bool:
     """Whether the file at ``path`` carries HDF5's signature (at 0, 512, 1024, ...: after a user block)."""
     return bool(import_h5py().is_hdf5(path))
-
-
-def list_datasets(f: Any) -> list[str]:
-    """The absolute names of every dataset in the open file (or group) ``f``, in HDF5's order."""
-    h5py = import_h5py()
-    found: list[str] = []
-    f.visititems(lambda name, obj: found.append(obj.name) if isinstance(obj, h5py.Dataset) else None)
-    return found
 
 
 def _listing(names: list[str]) -> str:
@@ -86,7 +78,8 @@ def _open_file(path: str) -> Any:
 def _find(f: Any, path: str, dataset: str | None) -> Any:
     """The dataset ``dataset`` names in the open file ``f`` (the only one, when None)."""
     h5py = import_h5py()
-    names = list_datasets(f)
+    names: list[str] = []  # the absolute name of every dataset in the file, in HDF5's order
+    f.visititems(lambda name, obj: names.append(obj.name) if isinstance(obj, h5py.Dataset) else None)
     if dataset is None:
         if len(names) == 1:
             return f[names[0]]

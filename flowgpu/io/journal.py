@@ -84,22 +84,13 @@ def marker_path(path: str) -> str:
     return beside(path, MARKER)
 
 
-def _legacy_marker(path: str) -> str:
-    """Where earlier versions put a directory output's marker: inside it."""
-    return os.path.join(path, MARKER)
+def _legacy_marked(path: str) -> bool:
+    """Whether ``path`` is a directory output of an earlier version, which put its marker inside it."""
+    return os.path.isdir(path) and not os.path.islink(path) and os.path.exists(os.path.join(path, MARKER))
 
 
 def written_by_flowgpu(path: str) -> bool:
-    return os.path.exists(marker_path(path)) or (os.path.isdir(path) and not os.path.islink(path)
-                                                 and os.path.exists(_legacy_marker(path)))
-
-
-def _run_of(marker: str) -> str | None:
-    try:
-        with open(marker) as f:
-            return json.load(f).get("run")
-    except (OSError, ValueError, AttributeError):
-        return None
+    return os.path.exists(marker_path(path)) or _legacy_marked(path)
 
 
 def remove(path: str) -> None:
@@ -159,13 +150,16 @@ class Output:
 
     def ours(self, live: str) -> bool:
         """Whether ``live`` is this output's new data (or marker), moved into place by its run."""
-        return os.path.lexists(live) and _run_of(marker_path(self.path)) == self.id
+        if not os.path.lexists(live):
+            return False
+        try:
+            with open(marker_path(self.path)) as f:
+                return json.load(f).get("run") == self.id
+        except (OSError, ValueError, AttributeError):
+            return False
 
     def old_is_flowgpus(self) -> bool:
-        if os.path.exists(os.path.join(self.stage, "old.marker")):
-            return True
-        old = os.path.join(self.stage, "old")  # an output of an earlier version: its marker inside
-        return os.path.isdir(old) and not os.path.islink(old) and os.path.exists(_legacy_marker(old))
+        return os.path.exists(os.path.join(self.stage, "old.marker")) or _legacy_marked(os.path.join(self.stage, "old"))
 
 
 def _keep(src: str, live: str, what: str, id: str, notes: list[str]) -> None:

@@ -22,11 +22,10 @@ from flowgpu.arrays.movement import to_device, to_host
 from flowgpu.errors import ConfigError
 
 __all__ = ["open_xarray", "check_variable", "is_labelled", "bare", "infer_engine", "open_dataset", "as_dataset",
-           "write_dataset", "ENGINES"]
+           "write_dataset"]
 
 # the file endings read through h5netcdf (NetCDF4 is HDF5); everything else that is a folder is Zarr
 _HDF5_SUFFIXES = (".nc", ".nc4", ".netcdf", ".h5", ".hdf5", ".hdf", ".he5", ".cdf")
-ENGINES = ("zarr", "h5netcdf")
 
 
 def import_xarray():
@@ -100,7 +99,11 @@ def open_xarray(path: str, variable: str, engine: str | None = None, chunks: Any
     with one entry per dim of the variable (in its order)."""
     chunks = "auto" if chunks is None else chunks
     if isinstance(chunks, list):  # per dim of the variable: xarray takes a mapping by dim name
-        dims = _dims_of(path, variable, engine)
+        ds = open_dataset(path, engine, chunks=None)
+        try:
+            dims = tuple(map(str, _variable(ds, path, variable).dims))
+        finally:
+            ds.close()
         if len(chunks) != len(dims):
             raise ConfigError(f"chunks {chunks!r} has {len(chunks)} entries, but {variable!r} has {len(dims)} dims "
                               f"({', '.join(dims)}); give one per dim")
@@ -110,14 +113,6 @@ def open_xarray(path: str, variable: str, engine: str | None = None, chunks: Any
     if not isinstance(x.data, da.Array):  # an index coordinate is loaded eagerly by xarray
         x = x.chunk()
     return x.copy(data=to_device(x.data))
-
-
-def _dims_of(path: str, variable: str, engine: str | None) -> tuple[str, ...]:
-    ds = open_dataset(path, engine, chunks=None)
-    try:
-        return tuple(map(str, _variable(ds, path, variable).dims))
-    finally:
-        ds.close()
 
 
 def as_dataset(x: Any, variable: str | None, path: str | None):

@@ -174,18 +174,6 @@ class ArangeOptions(_Source):
         return self
 
 
-def _not_special(path: str) -> str:
-    """Refuse a local path that is a FIFO, device or socket: reading one blocks forever or never ends."""
-    try:
-        mode = os.stat(path).st_mode
-    except (OSError, ValueError):
-        return path  # missing, or a URL: the source says so when it opens it
-    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
-        raise ValueError(f"{path!r} is {'a FIFO' if stat.S_ISFIFO(mode) else 'a device or socket'}, not a file; "
-                         "give the path of stored data")
-    return path
-
-
 class _Stored(_Source):
     path: str = Field(..., description="A file or store (relative to the working directory, made absolute there), "
                                        "or a URL.")
@@ -193,7 +181,17 @@ class _Stored(_Source):
     @field_validator("path")
     @classmethod
     def _file(cls, v: str) -> str:
-        return _not_special(resolve(v))  # absolute before any graph is built: workers may run elsewhere
+        """Absolute before any graph is built (workers may run elsewhere); a local path that is a FIFO,
+        device or socket is refused: reading one blocks forever or never ends."""
+        path = resolve(v)
+        try:
+            mode = os.stat(path).st_mode
+        except (OSError, ValueError):
+            return path  # missing, or a URL: the source says so when it opens it
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            raise ValueError(f"{path!r} is {'a FIFO' if stat.S_ISFIFO(mode) else 'a device or socket'}, not a file; "
+                             "give the path of stored data")
+        return path
 
 
 class ZarrOptions(_Stored):

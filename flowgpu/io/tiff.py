@@ -79,11 +79,6 @@ def _page_kind(page: Any) -> tuple[tuple[int, ...], np.dtype | None]:
     return tuple(int(n) for n in page.shape), (None if dtype is None else np.dtype(dtype).newbyteorder("="))
 
 
-def _mismatch(where: str, got: tuple, first_where: str, first: tuple) -> SourceError:
-    return SourceError(f"{where} holds a {got[0]} {got[1]} page, but {first_where} holds {first[0]} {first[1]}; the "
-                       "pages of a stack must all have one shape and dtype: give only pages that match", "path")
-
-
 def _scan(path: str) -> tuple[list[str], bool, tuple[int, ...], np.dtype]:
     """``(files, multipage, shape, dtype)``: what ``path`` stacks, every page checked; ``shape`` is
     the stack's, (pages, *page shape)."""
@@ -100,8 +95,10 @@ def _scan(path: str) -> tuple[list[str], bool, tuple[int, ...], np.dtype]:
                 if first is None:
                     first = kind
                 elif kind != first:
-                    raise _mismatch(f"page {i} of {path!r}" if multipage else repr(f), kind,
-                                    "page 0" if multipage else repr(files[0]), first)
+                    where, first_where = (f"page {i} of {path!r}", "page 0") if multipage else (repr(f), repr(files[0]))
+                    raise SourceError(f"{where} holds a {kind[0]} {kind[1]} page, but {first_where} holds {first[0]} "
+                                      f"{first[1]}; the pages of a stack must all have one shape and dtype: give only "
+                                      "pages that match", "path")
     if first is None:
         raise SourceError(f"TIFF file {path!r} holds no pages", "path")
     page, dtype = first

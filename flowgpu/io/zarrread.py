@@ -66,12 +66,11 @@ class Chunks:
     def __len__(self) -> int:
         return len(self.starts)
 
-    def __iter__(self):
-        for c, a, b in zip(self.coords.tolist(), self.starts.tolist(), self.stops.tolist()):
-            yield ChunkRead(tuple(c), a, b)
-
     def __getitem__(self, i: int) -> ChunkRead:
         return ChunkRead(tuple(self.coords[i].tolist()), int(self.starts[i]), int(self.stops[i]))
+
+    def __iter__(self):
+        return map(self.__getitem__, range(len(self)))
 
     def take(self, idx: np.ndarray, shift: int = 0) -> "Chunks":
         """The chunks at ``idx``, their ranges moved by ``-shift``."""
@@ -178,7 +177,7 @@ def read_plan(plan: DevicePlan, key: tuple) -> list[UnitRead] | None:
     return [_unit_read(plan, tuple(unit)) for unit in grid.tolist()]
 
 
-def _in_place(plan: DevicePlan, lo: tuple, hi: tuple, coords: np.ndarray, chunk_bytes: int) -> np.ndarray | None:
+def _in_place(plan: DevicePlan, lo: tuple, hi: tuple, coords: np.ndarray) -> np.ndarray | None:
     """Where each chunk decodes into the block ``[lo, hi)`` (byte offsets), when every chunk is a
     whole contiguous run of it and nvCOMP's outputs stay 16-byte aligned; else None. Saves a copy
     and a block of memory."""
@@ -273,7 +272,7 @@ class DeviceReader:
                 for activity in ("read", "moved", "decode"):
                     COUNTERS.add(activity, chunk_bytes)
                 return buf.view(plan.dtype).reshape(plan.chunk)
-        at = _in_place(plan, lo, hi, coords, chunk_bytes)
+        at = _in_place(plan, lo, hi, coords)
         if at is not None:
             out = xp.full(shape, plan.fill_value, plan.dtype) if missing else xp.empty(shape, plan.dtype)
             target = out.reshape(-1).view(np.uint8)

@@ -16,10 +16,9 @@ from __future__ import annotations
 import logging
 import os
 import struct
-import threading
 import time
 import warnings
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import wait
 from typing import Any
 
 import dask.array as da
@@ -33,6 +32,7 @@ from flowgpu.io import faults
 from flowgpu.io.devcodec import MAX_U64, DevicePlan, Fallback, plan_codec, run_offsets
 from flowgpu.io.devices import device_for
 from flowgpu.io.storage import COUNTERS
+from flowgpu.transfer.pinned import shared_executor
 
 __all__ = ["CODECS", "create", "device_writes", "compressors", "inner_chunks"]
 
@@ -41,8 +41,6 @@ INNER_BYTES = 64 << 10  # nvCOMP's batched decoders want many small chunks: a 1 
 # 41 GB/s (zstd) and 53 (lz4) in 64 KiB chunks, 17 and 22 in 1 MiB ones (benchmarks/probes/nvcomp_batch.py)
 WRITE_PIECE = 16 << 20  # a unit's file is written in pieces of this many bytes, on up to WRITERS threads
 WRITERS = 16  # copies into the page cache scale with threads (one moves 1.3-3 GB/s on the H200 machine)
-_pool: ThreadPoolExecutor | None = None
-_pool_lock = threading.Lock()
 
 logger = logging.getLogger("flowgpu.io")
 
@@ -127,14 +125,6 @@ def create(path: str, shape: tuple, dtype: Any, *, codec: str = "zstd", level: i
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 
 
-def _writers() -> ThreadPoolExecutor:
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(max_workers=min(WRITERS, os.cpu_count() or 1), thread_name_prefix="flowgpu-zarr")
-        return _pool
-
-
 def _write_at(fd: int, view: memoryview, at: int) -> None:
     done = 0
     while done < len(view):
@@ -150,7 +140,7 @@ def _pwrite(fd: int, parts: list) -> int:
         jobs += [(view[a:a + WRITE_PIECE], at + a) for a in range(0, len(view), WRITE_PIECE)]
         at += len(view)
     if len(jobs) > 1:
-        futures = [_writers().submit(_write_at, fd, v, a) for v, a in jobs]
+        futures = [shared_executor("flowgpu-zarr", WRITERS).submit(_write_at, fd, v, a) for v, a in jobs]
         wait(futures)  # every piece done before one's error is raised and the file closed
         for f in futures:
             f.result()

@@ -19,13 +19,5 @@ from flowgpu.transfer.staging import (file_rows_to_device, host_to_device, rows_
                                       to_device_staged)
 from flowgpu.transfer.streams import CupyTransfer
 
-__all__ = [
-    "CupyTransfer",
-    "HostBuffer",
-    "PinnedPool",
-    "file_rows_to_device",
-    "host_to_device",
-    "rows_to_device",
-    "staging_pool",
-    "to_device_staged",
-]
+__all__ = ["CupyTransfer", "HostBuffer", "PinnedPool", "file_rows_to_device", "host_to_device", "rows_to_device",
+           "staging_pool", "to_device_staged"]

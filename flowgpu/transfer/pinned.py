@@ -60,14 +60,6 @@ class Noted:
     message: str | None = None
 
 
-class _Unheard:
-    """The events hub of a pool that was given none: nothing listens."""
-
-    @staticmethod
-    def emit(kind: type, *fields: Any) -> None:
-        pass
-
-
 def size_class(nbytes: int) -> int:
     """The buffer size a request of ``nbytes`` is served with.
 
@@ -229,7 +221,7 @@ class PinnedPool:
                  events: Any = None):
         self.capacity = capacity
         self._allocator = allocator or registered_pinned_allocator
-        self.events = events if events is not None else _Unheard()
+        self.events = events
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._spare: dict[int, int] = {}  # size class -> free buffers to keep ready
@@ -253,7 +245,9 @@ class PinnedPool:
         try:
             return self._allocator(size)
         finally:
-            self.events.emit(PinnedAllocated, size, threading.current_thread().name, background, start, time.time())
+            if self.events is not None:
+                self.events.emit(PinnedAllocated, size, threading.current_thread().name, background, start,
+                                 time.time())
 
     @property
     def cached(self) -> int:
@@ -312,7 +306,8 @@ class PinnedPool:
         if warn:
             warnings.warn(msg + "; raise flowgpu.spill.pinned-pool-size or lower the device limit",
                           RuntimeWarning, stacklevel=3)
-        self.events.emit(Noted, "pageable_fallbacks", msg)
+        if self.events is not None:
+            self.events.emit(Noted, "pageable_fallbacks", msg)
         return _pageable(size_class(nbytes))
 
     def give(self, buf: HostBuffer) -> None:

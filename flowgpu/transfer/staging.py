@@ -91,9 +91,7 @@ def read_at(path: str, into: Any, offset: int) -> Any:
 
 def host_to_device(block: Any):
     """One host block (NumPy, or anything ``cupy.asarray`` takes) as a CuPy array: NumPy blocks of
-    ``STAGE_MIN`` bytes or more through pinned staging buffers (from pageable memory
-    ``cupy.asarray`` copies at a fraction of PCIe speed, 6 against 55 GB/s on an H200), anything
-    else through ``cupy.asarray``."""
+    ``STAGE_MIN`` bytes or more through pinned staging buffers, anything else through ``cupy.asarray``."""
     if isinstance(block, np.ndarray) and block.nbytes >= STAGE_MIN and not block.dtype.hasobject:
         return to_device_staged(block)
     return import_cupy().asarray(block)
@@ -125,14 +123,13 @@ def to_device_staged(block: Any, *, budget: int | None = None, pool: PinnedPool 
     return _staged(block.shape, block.dtype, src.shape, fill, budget, pool)
 
 
-def file_rows_to_device(path: str, offset: int, shape: tuple, dtype: Any, slice_bytes: int | None = None, *,
-                        budget: int | None = None, pool: PinnedPool | None = None):
+def file_rows_to_device(path: str, offset: int, shape: tuple, dtype: Any, *, budget: int | None = None,
+                        pool: PinnedPool | None = None):
     """Read ``shape`` (C order) from ``path`` at byte ``offset`` straight into pinned staging
     buffers with ``os.preadv`` (no memory map: no page faults, no pageable copy) and on to the
-    device, reading slice *i+1* while slice *i* travels. ``slice_bytes`` (or ``budget``): bytes
-    per staging slice (``STAGING_BYTES`` by default); smaller slices spread several callers'
-    reads over more reader threads (four 300 MB reads at once: 15 GB/s in 64 MiB slices, 27 in
-    16 MiB ones on the H200 machine).
+    device, reading slice *i+1* while slice *i* travels. ``budget``: bytes per staging slice
+    (``STAGING_BYTES`` by default); smaller slices spread several callers' reads over more reader
+    threads (four 300 MB reads at once: 15 GB/s in 64 MiB slices, 27 in 16 MiB ones on the H200).
 
     Returns a C-ordered CuPy array, complete on the caller's current stream.
     """
@@ -149,7 +146,7 @@ def file_rows_to_device(path: str, offset: int, shape: tuple, dtype: Any, slice_
         def fill(staged: np.ndarray, a: int, b: int) -> None:  # staged: rows [a, b), C-contiguous
             read_exact(fd, staged.reshape(-1).view(np.uint8), offset + a * row_bytes, path)
 
-        return _staged(tuple(shape), dtype, flat, fill, budget or slice_bytes, pool)
+        return _staged(tuple(shape), dtype, flat, fill, budget, pool)
     finally:
         os.close(fd)
 
@@ -175,10 +172,9 @@ def rows_to_device(shape: tuple, dtype: Any, fill, *, budget: int | None = None,
     return _staged(tuple(shape), dtype, flat, fill, budget, pool)
 
 
-def _staged(shape: tuple, dtype: np.dtype, flat: tuple, fill, budget: int | None, pool: PinnedPool | None,
-            depth: int | None = None):
+def _staged(shape: tuple, dtype: np.dtype, flat: tuple, fill, budget: int | None, pool: PinnedPool | None):
     """The pipelined loop: ``fill(staged, a, b)`` writes rows [a, b) of ``flat`` into a pinned
-    slice, on the reader threads, up to ``depth`` slices ahead of the device copies.
+    slice, on the reader threads, up to ``DEPTH`` slices ahead of the device copies.
 
     There is one buffer more than fills in flight: a slice is refilled into the buffer whose
     copy was enqueued one slice earlier (likely finished), not the one just enqueued, so the
@@ -192,7 +188,7 @@ def _staged(shape: tuple, dtype: np.dtype, flat: tuple, fill, budget: int | None
     largest = max(b - a for a, b in slices) * row_bytes
     pool = pool or staging_pool()
     stream = cp.cuda.get_current_stream()
-    ahead = max(1, min(DEPTH if depth is None else depth, len(slices)))
+    ahead = max(1, min(DEPTH, len(slices)))
     bufs = [pool.take(largest) for _ in range(min(ahead + 1, len(slices)))]
     events: list[Any] = [None] * len(bufs)  # the device copy that last read each buffer
     readers = shared_executor("flowgpu-stage", READERS) if len(slices) > 1 else None
