@@ -104,10 +104,8 @@ class Generator:
         elif isinstance(node, UnaryOp):  # "-" or "~" (the parser folds "+")
             a = self.gen(node.operand, d)
             code = self.TEMPLATES["not"].format(a) if d.kind == "b" else f"({node.op}{a})"
-        elif isinstance(node, Call):
+        else:  # a Call (a Const is a scalar: gen() writes it as a literal)
             code = self.call(node, d)
-        else:  # pragma: no cover - the parser makes no other node
-            raise KernelError(f"cannot generate code for {node!r}")
         if d.kind == "b" or not self.widens(d):
             return code
         return self.cast(code, d)
@@ -226,7 +224,8 @@ def generate(generator: type[Generator], expr: Expr, types: Mapping[str, Any], a
     """Code for ``expr`` from ``generator``, and its dtype (``out_dtype``, default NumPy's result dtype).
 
     ``types`` maps each name to a dtype (array inputs, listed in ``arrays`` in argument order, named
-    ``in0, in1, ...``; spelled ``in0[i]`` with ``index="i"``) or a scalar value (inlined).
+    ``in0, in1, ...``; spelled ``in0[i]`` with ``index="i"``, for a loop over flat arrays) or a scalar
+    value (inlined).
     """
     typing = expr.infer(types)
     dtype = np.dtype(out_dtype) if out_dtype is not None else typing.dtype(expr.root)

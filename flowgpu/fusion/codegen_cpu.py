@@ -67,12 +67,7 @@ class PythonGenerator(Generator):
 
 def to_python(expr: Expr, types: Mapping[str, Any], arrays: Sequence[str], *,
               out_dtype: Any = None, index: str | None = None) -> tuple[str, np.dtype]:
-    """Python source of a scalar expression over ``in0, in1, ...`` for numba, and its dtype.
-
-    With ``index="i"`` the inputs are spelled ``in0[i], ...`` (for a loop over flat arrays).
-    Evaluate it with :func:`python_globals` as globals (which holds the ``_t_<dtype>`` casts and the
-    NumPy-semantics helpers, themselves numba-compiled).
-    """
+    """:func:`~flowgpu.fusion.codegen.generate` for numba; Unfusable for float16 values."""
     code, dtype = generate(PythonGenerator, expr, types, arrays, out_dtype=out_dtype, index=index)
     if "float16" in code or any(np.dtype(types[a]) == np.float16 for a in arrays):
         # numba has no float16; NumPy rounds to it after every operation, which the array library does

@@ -7,14 +7,13 @@ are in :data:`CUDA_PREAMBLE`; pass it as the kernel's preamble.
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from flowgpu.fusion.codegen import Generator, c_type, generate
-from flowgpu.fusion.language import Expr
 
 __all__ = ["to_cuda", "CUDA_PREAMBLE", "CUDA_OPTIONS", "c_literal"]
 
@@ -129,11 +128,4 @@ class CudaGenerator(Generator):
         return a if d.kind in "bu" else f"_fg_iabs<{c_type(d)}>({a})"
 
 
-def to_cuda(expr: Expr, types: Mapping[str, Any], arrays: Sequence[str], *, out_dtype: Any = None) -> tuple[str, np.dtype]:
-    """CUDA C++ for ``expr``: ``(code, dtype)``.
-
-    ``types`` maps each name to a dtype (array inputs, listed in ``arrays`` in argument order, named
-    ``in0, in1, ...`` in the code) or a scalar value (inlined). ``code`` has type ``out_dtype``
-    (default: NumPy's result dtype, returned as ``dtype``).
-    """
-    return generate(CudaGenerator, expr, types, arrays, out_dtype=out_dtype)
+to_cuda = functools.partial(generate, CudaGenerator)  # (expr, types, arrays, *, out_dtype) -> (code, dtype)
