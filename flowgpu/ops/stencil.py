@@ -141,9 +141,7 @@ def _box_filter(name: str, summary: str) -> Any:
         sizes = _sizes(name, size, x, axes)
         return _apply(name, x, tuple(s // 2 for s in sizes), mode, {"size": sizes, "cval": float(cval)})
 
-    func.__name__ = func.__qualname__ = name
-    func.__doc__ = _BOX_DOC.format(summary=summary)
-    return defop(name)(func)
+    return defop(name, _BOX_DOC.format(summary=summary))(func)
 
 
 uniform_filter = _box_filter("uniform_filter", "Moving average over a box of the given size, equal to "
