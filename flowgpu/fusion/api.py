@@ -262,8 +262,7 @@ class Fused:
         raise Untraceable(f"the function returned a {type(out).__name__}, not an array expression")
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        values = list(args) + list(kwargs.values())
-        lazy = any(isinstance(v, da.Array) for v in values)
+        lazy = any(isinstance(v, da.Array) for v in (*args, *kwargs.values()))
         if not lazy:  # plain NumPy/CuPy arrays in, plain array out (as with cupy.fuse)
             args = tuple(map(_as_dask, args))
             kwargs = {k: _as_dask(v) for k, v in kwargs.items()}

@@ -1,14 +1,6 @@
 """Shared plumbing for the user-kernel decorators (:mod:`flowgpu.kernels.vectorize`,
-:mod:`~flowgpu.kernels.guvectorize`, :mod:`~flowgpu.kernels.raw`, :mod:`~flowgpu.kernels.dlpack`).
-
-* signatures: parse numba signature strings into NumPy dtypes, and pick the first signature the
-  inputs cast to safely, as a NumPy ufunc picks its loop;
-* a per-process cache of compiled kernels, so each worker compiles a kernel once;
-* handing CuPy chunks to numba-cuda without a copy and on CuPy's current stream;
-* turning the arguments of a call into dask arrays and a matching ``meta``, and mapping a chunk
-  function over their broadcast chunks (:func:`map_broadcast`);
-* :class:`NumbaUfunc`, what ``@vectorize`` and ``@guvectorize`` share: run a signature on NumPy
-  chunks (numba's CPU target) or CuPy chunks (numba-cuda), compiled once per process.
+:mod:`~flowgpu.kernels.guvectorize`, :mod:`~flowgpu.kernels.raw`, :mod:`~flowgpu.kernels.dlpack`):
+signatures, a per-process compile cache, CuPy chunks handed to numba-cuda, dask arguments.
 
 numba is imported inside functions (it takes a moment), CuPy and numba.cuda only on GPU paths.
 """
@@ -114,8 +106,6 @@ def arg_dtype(x: Any) -> np.dtype | type:
     """The dtype of an array argument; a Python scalar's type itself (it is "weak", as in NumPy 2)."""
     if isinstance(x, _PYTHON_SCALARS):
         return type(x)
-    if isinstance(x, np.generic):
-        return x.dtype
     try:
         return np.dtype(x.dtype)
     except AttributeError:
@@ -259,9 +249,7 @@ def describe(pyfunc: Callable, drop_last: int = 0) -> inspect.Signature | None:
     except (TypeError, ValueError):
         return None
     params = list(sig.parameters.values())
-    if drop_last:
-        params = params[:-drop_last]
-    return sig.replace(parameters=params)
+    return sig.replace(parameters=params[:len(params) - drop_last])
 
 
 def as_dask_args(args: Sequence[Any]) -> list[Any]:

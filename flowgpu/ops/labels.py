@@ -134,9 +134,7 @@ def call(op: Op, args: list, kwargs: dict) -> Any:
     named = {k: v for k, v in kwargs.items() if k in AXIS_ARGS}
     if named:
         kwargs = {**kwargs, **{k: axis_numbers(op.name, k, v, first) for k, v in named.items()}}
-    if first is None:
-        return op(*args, **kwargs)
-    if op.meta.get("labelled"):
+    if first is None or op.meta.get("labelled"):
         return op(*args, **kwargs)
     if op.kind == "elementwise":
         return _elementwise(op, list(args), kwargs)
