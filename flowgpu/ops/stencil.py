@@ -31,16 +31,12 @@ _SYNONYMS = {"grid-mirror": "reflect", "grid-constant": "constant", "grid-wrap":
 Sizes = int | float | list | tuple
 
 
-def _ndimage(block):
+def _filter_block(block, name: str, kwargs: dict):
     if is_cupy(block):
         from cupyx.scipy import ndimage
     else:
         from scipy import ndimage
-    return ndimage
-
-
-def _filter_block(block, name: str, kwargs: dict):
-    return getattr(_ndimage(block), name)(block, **kwargs)
+    return getattr(ndimage, name)(block, **kwargs)
 
 
 def _per_axis_values(name: str, arg: str, value: Any, ndim: int, axes: Any, neutral: Any) -> tuple:
