@@ -14,6 +14,7 @@ decides which of them each node needs.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -61,7 +62,7 @@ class Generator:
       defines differently from the target (floor division and remainder of negative numbers, ...);
     * ``TEMPLATES``: code over ``{0}, {1}, ...`` (the operands' code) and ``{d}`` (the dtype's
       name) for ``not``, ``sqrt``, ``plain`` (an operator ``{op}`` that needs no helper), ``sign``,
-      ``clip`` and ``select`` (``where``).
+      ``clip`` and ``select`` (``where``); and the constants ``True``, ``False``, ``nan``, ``inf``, ``-inf``.
     """
 
     LOGICAL: dict[str, str]
@@ -73,7 +74,23 @@ class Generator:
         self.t = typing
         self.names = names  # user name -> generated argument name
 
-    # -- what a target spells its own way: also cast(code, want), literal(value, want), abs(a, d) ---
+    # -- what a target spells its own way: also cast(code, want) (a classmethod), abs(a, d) -----------
+    @classmethod
+    def literal(cls, value: Any, want: np.dtype) -> str:
+        """``value`` as a constant of dtype ``want``."""
+        if want.kind == "b":
+            return cls.TEMPLATES[str(bool(value))]
+        if want.kind != "f":
+            return cls.cast(cls.integer(int(value)), want)
+        v = float(value)
+        text = repr(v) if math.isfinite(v) else cls.TEMPLATES["nan" if v != v else "inf" if v > 0 else "-inf"]
+        return cls.cast(text, want)
+
+    @staticmethod
+    def integer(v: int) -> str:
+        """An integer literal's text (before its cast)."""
+        return str(v)
+
     def function(self, f: str) -> str:
         """The target's name of the math function ``f`` (``sqrt``, ``arctan2``, ``minimum``, ...)."""
         raise NotImplementedError

@@ -21,16 +21,6 @@ __all__ = ["to_python", "python_globals"]
 _MINMAX = {"minimum": "_min", "maximum": "_max", "fmin": "_fmin", "fmax": "_fmax"}  # NumPy's NaN rules
 
 
-def _py_literal(value: Any, want: np.dtype) -> str:
-    if want.kind == "b":
-        return "True" if bool(value) else "False"
-    if want.kind == "f":
-        v = float(value)
-        body = "_nan" if math.isnan(v) else ("_inf" if v > 0 else "(-_inf)") if math.isinf(v) else repr(v)
-        return f"_t_{want.name}({body})"
-    return f"_t_{want.name}({int(value)})"
-
-
 def _closes(code: str) -> bool:
     """True when the first parenthesis of ``code`` closes at its end (``code`` is one call)."""
     depth = 0
@@ -46,15 +36,14 @@ class PythonGenerator(Generator):
     HELPERS = {"/": ("_div", "_div"), "//": ("_ifloordiv", "_ffloordiv"), "%": ("_imod", "_fmod"),
                "**": ("_ipow", "_pow")}
     TEMPLATES = {"not": "(not {0})", "sqrt": "_np.sqrt({0})", "plain": "_t_{d}({0} {op} {1})",
-                 "sign": "_t_{d}(_sign({0}))", "clip": "_min(_max({0}, {1}), {2})", "select": "_where({0}, {1}, {2})"}
-
-    def literal(self, value: Any, want: np.dtype) -> str:
-        return _py_literal(value, want)
+                 "sign": "_t_{d}(_sign({0}))", "clip": "_min(_max({0}, {1}), {2})", "select": "_where({0}, {1}, {2})",
+                 "True": "True", "False": "False", "nan": "_nan", "inf": "_inf", "-inf": "(-_inf)"}
 
     def widens(self, d: np.dtype) -> bool:
         return True  # numba computes small integers in int64, float32 ** float32 in float64, ...
 
-    def cast(self, code: str, want: np.dtype) -> str:
+    @classmethod
+    def cast(cls, code: str, want: np.dtype) -> str:
         c_type(want)  # refuse dtypes numba should not see either
         return code if code.startswith(f"_t_{want.name}(") and _closes(code) else f"_t_{want.name}({code})"
 
