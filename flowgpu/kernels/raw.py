@@ -100,15 +100,10 @@ class Kernel(nb.Named):
                               f"arrays, not {cpu!r}")
         self._stand_for(cpu or self.py_func, self.kernel_name, getattr(self.py_func, "__doc__", None)
                         or getattr(cpu, "__doc__", None) or f"Raw CUDA kernel {self.kernel_name}.")
-        self.__signature__ = self._python_signature()
+        signatures = (nb.describe(f, drop_last=n) for f, n in ((self.py_func, 2), (cpu, 0)) if f is not None)
+        self.__signature__ = next((s for s in signatures if s is not None),
+                                  inspect.Signature([inspect.Parameter("arrays", inspect.Parameter.VAR_POSITIONAL)]))
         self.gpu_only = cpu is None
-
-    def _python_signature(self) -> inspect.Signature:
-        for func, outputs in ((self.py_func, 2), (self.cpu, 0)):
-            sig = None if func is None else nb.describe(func, drop_last=outputs)
-            if sig is not None:
-                return sig
-        return inspect.Signature([inspect.Parameter("arrays", inspect.Parameter.VAR_POSITIONAL)])
 
     def __repr__(self) -> str:
         kind = "CUDA C" if self.source is not None else "numba.cuda"

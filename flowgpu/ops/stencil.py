@@ -101,13 +101,6 @@ def gaussian_filter(x: Array, *, sigma: Sizes, mode: Mode = "reflect", cval: flo
                   {"sigma": tuple(float(s) for s in sigmas), "cval": float(cval), "truncate": float(truncate)})
 
 
-def _sizes(name: str, size: Any, x: Any, axes: Any) -> tuple[int, ...]:
-    sizes = _per_axis_values(name, "size", size, x.ndim, axes, 1)
-    if any(isinstance(s, bool) or int(s) != s or s < 1 for s in sizes):
-        raise OpError(f"op {name!r}: size={size!r} must be whole numbers >= 1")
-    return tuple(int(s) for s in sizes)
-
-
 _BOX_DOC = """{summary}
 
 Parameters
@@ -134,7 +127,10 @@ def _box_filter(name: str, summary: str) -> Any:
 
     def func(x: Array, *, size: Sizes = 3, mode: Mode = "reflect", cval: float = 0.0,
              axes: int | str | list[int | str] | None = None) -> Array:
-        sizes = _sizes(name, size, x, axes)
+        sizes = _per_axis_values(name, "size", size, x.ndim, axes, 1)
+        if any(isinstance(s, bool) or int(s) != s or s < 1 for s in sizes):
+            raise OpError(f"op {name!r}: size={size!r} must be whole numbers >= 1")
+        sizes = tuple(int(s) for s in sizes)
         return _apply(name, x, tuple(s // 2 for s in sizes), mode, {"size": sizes, "cval": float(cval)})
 
     return defop(name, _BOX_DOC.format(summary=summary))(func)
