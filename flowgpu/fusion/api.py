@@ -55,15 +55,12 @@ _REDUCTIONS = {"sum": "sum", "mean": "mean", "min": "min", "amin": "min", "max":
                "prod": "prod"}
 
 
-class _Tracer:
-    """Collects the inputs (arrays and strongly typed scalars) of one trace."""
-
-    def __init__(self):
-        self.inputs: dict[str, Any] = {}
+class _Tracer(dict):
+    """The inputs (arrays and strongly typed scalars) of one trace, by name."""
 
     def bind(self, value: Any) -> str:
-        name = f"a{len(self.inputs)}"
-        self.inputs[name] = value
+        name = f"a{len(self)}"
+        self[name] = value
         return name
 
 
@@ -119,7 +116,7 @@ class Reduced(_Lazy):
 
     def materialize(self) -> Any:
         # ``sum(dtype=d)`` reduces the values cast to ``d`` (NumPy's meaning), not the sum cast after
-        out = _fused(self.sym.text, self.sym.tracer.inputs, reduction=self.reduction,
+        out = _fused(self.sym.text, self.sym.tracer, reduction=self.reduction,
                      axis=self.axis, keepdims=self.keepdims, dtype=self.dtype)
         return out.astype(self.dtype) if self.dtype is not None and out.dtype != self.dtype else out
 
@@ -254,7 +251,7 @@ class Fused:
         if isinstance(out, Sym):
             if self.reduce is not None:
                 return Reduced(out, self.reduce, self.axis, self.keepdims).materialize()
-            return _fused(out.text, out.tracer.inputs)
+            return _fused(out.text, out.tracer)
         if isinstance(out, _Lazy):
             if self.reduce is not None:
                 raise KernelError(f"{self!r}: the function already reduces; drop reduce={self.reduce!r}")

@@ -190,8 +190,7 @@ def _rewrite(hlg: Any, keep: set[str], reductions: bool, bare: bool | None) -> t
             fn = graph_reduce.FusedPartial(fused, spec, root_layer.task.func, dict(root_layer.task.kwargs),
                                            chain.args[0][1] if chain.args[0][0] == "call" else None)
         task = Task(root, fn, *[TaskRef(blockwise_token(i)) for i in range(len(leaves))])
-        indices = [(src, ind) for (src, ind) in leaves]
-        layers[root] = Blockwise(root, root_layer.output_indices, task, indices, numblocks,
+        layers[root] = Blockwise(root, root_layer.output_indices, task, list(leaves), numblocks,
                                  output_blocks=root_layer.output_blocks, annotations=root_layer.annotations)
         deps[root] = {src for src, _ in leaves}
         done.append(Fusion(root, frozenset(members | {root}), text, tuple(src for src, _ in leaves),
