@@ -252,8 +252,7 @@ class _Builder:
                 return Const(col, -operand.value)
             return UnaryOp(col, op, operand)
         if isinstance(node, ast.Compare):
-            parts = [node.left, *node.comparators]
-            built = [self.build(p) for p in parts]
+            built = [self.build(p) for p in (node.left, *node.comparators)]
             out: Node | None = None
             for i, cmp in enumerate(node.ops):
                 op = COMPARE_OPS.get(type(cmp))

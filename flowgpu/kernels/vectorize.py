@@ -132,9 +132,8 @@ def vectorize(signatures: Sequence[Any] | str | Callable | None = None, *,
     Returns
     -------
     Vectorized
-        Called with dask arrays it returns a lazy dask array (CuPy chunks stay on the GPU and run
-        through numba-cuda; NumPy chunks run through numba's CPU target); called with NumPy or
-        CuPy arrays it returns the result at once.
+        Called with dask arrays it returns a lazy dask array; called with NumPy or CuPy arrays,
+        the result at once.
 
     Examples
     --------
