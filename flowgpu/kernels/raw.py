@@ -69,6 +69,7 @@ class Kernel(nb.Named):
         self.block = block
         self.options = tuple(options)
         self._dispatcher = None
+        self.jit_options: dict = {}
         if isinstance(cuda, str):
             self.source, self.py_func = cuda, None
             found = _GLOBAL.findall(cuda)
@@ -81,16 +82,12 @@ class Kernel(nb.Named):
                 raise KernelError(f"kernel: no __global__ function {self.kernel_name!r} in the CUDA "
                                   f"source (it has {', '.join(found) or 'none'}); add "
                                   "extern \"C\" __global__ void NAME(...)")
-            self.jit_options: dict = {}
         elif callable(cuda):
             self.source = None
             if _is_numba_cuda(cuda):
                 self._dispatcher = cuda
-                self.py_func = cuda.py_func
                 self.jit_options = dict(getattr(cuda, "targetoptions", {}) or {})
-            else:
-                self.py_func = cuda
-                self.jit_options = {}
+            self.py_func = cuda.py_func if self._dispatcher is not None else cuda
             self.kernel_name = name or self.py_func.__name__
         else:
             raise KernelError(f"kernel: give CUDA C source (a str) or a numba.cuda.jit function, "
@@ -154,8 +151,7 @@ class Kernel(nb.Named):
         """Run on in-memory chunks: the CUDA kernel (``target="cuda"``) or the CPU version."""
         shape = np.broadcast_shapes(*(np.shape(c) for c in chunks))
         if target == "cpu" and not any(is_cupy(c) for c in chunks):
-            out = self.cpu(*(np.asarray(c) if not nb.is_scalar(c) else c for c in chunks))
-            out = np.asarray(out)
+            out = np.asarray(self.cpu(*(np.asarray(c) if not nb.is_scalar(c) else c for c in chunks)))
             if out.shape != shape:
                 raise KernelError(f"kernel {self.kernel_name!r}: its cpu= function returned shape "
                                   f"{out.shape} for inputs broadcasting to {shape}")
