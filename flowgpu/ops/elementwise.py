@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import dask.array as da
 import numpy as np
 
 from flowgpu.errors import OpError
@@ -197,8 +198,6 @@ def where(cond: Array, a: Array | float, b: Array | float) -> Array:
     dask.array.Array
     """
     cond, a, b = _operands("where", cond, a, b)
-    import dask.array as da
-
     return da.where(cond, a, b)
 
 
