@@ -142,20 +142,13 @@ class Sym:
         locals()[f"__r{_op}__"] = (lambda s: lambda self, o: self._bin(s, o, True))(_sym)
     for _op, _sym in {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}.items():
         locals()[f"__{_op}__"] = (lambda s: lambda self, o: self._bin(s, o))(_sym)
+    for _op, _sym in {"neg": "(-{})", "invert": "(~{})", "abs": "abs({})"}.items():
+        locals()[f"__{_op}__"] = (lambda s: lambda self: Sym(s.format(self.text), self.tracer))(_sym)
     del _op, _sym
     __hash__ = object.__hash__
 
-    def __neg__(self):
-        return Sym(f"(-{self.text})", self.tracer)
-
     def __pos__(self):
         return self
-
-    def __invert__(self):
-        return Sym(f"(~{self.text})", self.tracer)
-
-    def __abs__(self):
-        return Sym(f"abs({self.text})", self.tracer)
 
     def __bool__(self):
         raise Untraceable("Python control flow (if/and/or/while) on array values")

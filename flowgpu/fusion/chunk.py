@@ -140,8 +140,7 @@ class FusedChunk:
         value = np.asarray(expr.evaluate(self.env(blocks), np))
         value = np.broadcast_to(value, np.broadcast_shapes(value.shape, *(b.shape for b in blocks)))
         if self.reduction is None:
-            if value.dtype != out_dtype:
-                value.astype(out_dtype)
+            value.astype(out_dtype, copy=False)
             return
         op = "sum" if self.reduction == "mean" else self.reduction
         if op in _ACCUMULATING:
