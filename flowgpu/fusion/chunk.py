@@ -82,9 +82,7 @@ class FusedChunk:
         return f"fused({self.text!r}{tail})"
 
     def env(self, blocks: tuple) -> dict[str, Any]:
-        out = dict(zip(self.arrays, blocks))
-        out.update(dict(self.scalars))
-        return out
+        return {**dict(zip(self.arrays, blocks)), **dict(self.scalars)}
 
     def __call__(self, *blocks: Any) -> Any:
         backend = "cupy" if any(is_cupy(b) for b in blocks) else "numpy"

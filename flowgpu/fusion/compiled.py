@@ -54,9 +54,7 @@ def _key(expr: Expr, dtypes: tuple, scalars: tuple, out_dtype: np.dtype, what: s
 
 
 def _types(arrays: tuple[str, ...], dtypes: tuple, scalars: tuple) -> dict[str, Any]:
-    types: dict[str, Any] = dict(zip(arrays, (np.dtype(d) for d in dtypes)))
-    types.update({name: value for name, value in scalars})
-    return types
+    return {**dict(zip(arrays, (np.dtype(d) for d in dtypes))), **dict(scalars)}
 
 
 def _name(key: tuple) -> str:

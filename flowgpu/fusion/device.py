@@ -80,7 +80,7 @@ def _moves_to_device(func: Any) -> bool:
 
 
 def _literal(value: Any) -> str:
-    if isinstance(value, np.ndarray) and type(value) is np.ndarray:
+    if type(value) is np.ndarray:
         return HOST if value.dtype.kind in _HOST_KINDS else NEUTRAL
     if isinstance(value, (list, tuple)):
         return _combine([_literal(v) for v in value])

@@ -39,11 +39,8 @@ def _split_inputs(expr: Expr, inputs: Mapping[str, Any]) -> tuple[dict[str, da.A
     scalars = []
     for name in expr.names:
         value = inputs[name]
-        if is_scalar(value):
-            scalars.append((name, value))
-            continue
-        if isinstance(value, np.ndarray) and value.ndim == 0:
-            scalars.append((name, value[()]))
+        if is_scalar(value) or (isinstance(value, np.ndarray) and value.ndim == 0):
+            scalars.append((name, value[()] if isinstance(value, np.ndarray) else value))
             continue
         if not isinstance(value, da.Array):
             if not hasattr(value, "dtype") or not hasattr(value, "shape"):
@@ -102,10 +99,8 @@ def fused_elementwise(expression: str, inputs: Mapping[str, Any], *, dtype: Any 
                           out_dtype, "fused-")
     if reduction not in REDUCTIONS:
         raise KernelError(f"reduction={reduction!r} is not one of {', '.join(REDUCTIONS)}")
-    if axis is None:
-        axes = tuple(range(ndim))
-    else:
-        axes = tuple(sorted({validate_axis(a, ndim) for a in (axis if isinstance(axis, (tuple, list)) else (axis,))}))
+    axis = tuple(range(ndim)) if axis is None else axis if isinstance(axis, (tuple, list)) else (axis,)
+    axes = tuple(sorted({validate_axis(a, ndim) for a in axis}))
     shape = np.broadcast_shapes(*(a.shape for a in arrs))
     count = int(np.prod([shape[a] for a in axes], dtype=np.int64))
     if count == 0 and reduction in ("min", "max"):  # over no values: dask's own (NumPy raises, so does dask)
