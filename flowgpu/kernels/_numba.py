@@ -199,23 +199,17 @@ def new_key(name: str) -> str:
 
 def cached(key: Any, build: Callable[[], Any]) -> Any:
     """``build()`` once per process and key (numba compiles once per worker, not per chunk)."""
-    try:
-        return _cache[key]
-    except KeyError:
-        pass
-    with _cache_lock:
-        if key not in _cache:
-            _cache[key] = build()
-        return _cache[key]
+    if key not in _cache:
+        with _cache_lock:
+            if key not in _cache:
+                _cache[key] = build()
+    return _cache[key]
 
 
 # -- chunks and CuPy ----------------------------------------------------------------------------
 def any_cupy(args: Sequence[Any]) -> bool:
     """True when any argument is a CuPy array, or a dask array whose chunks are CuPy."""
-    for a in args:
-        if is_cupy(a) or (isinstance(a, da.Array) and is_cupy(a._meta)):
-            return True
-    return False
+    return any(is_cupy(a) or (isinstance(a, da.Array) and is_cupy(a._meta)) for a in args)
 
 
 def numba_stream():

@@ -214,10 +214,7 @@ def bind_arguments(op: Op | str, args: Mapping[str, Any] | None = None, *, n_inp
         fixed = [n for n in (i.rstrip("*") for i in op.inputs) if n not in args and n in params
                  and params[n].kind != params[n].VAR_POSITIONAL]
         required = [n for n in fixed if params[n].default is params[n].empty]
-        if variadic:
-            ok = n_inputs >= max(len(required), 1)
-        else:
-            ok = len(required) <= n_inputs <= len(fixed)
+        ok = n_inputs >= max(len(required), 1) if variadic else len(required) <= n_inputs <= len(fixed)
         if not ok:
             want = ", ".join(n.rstrip("*") + ("..." if n.endswith("*") else "") for n in op.inputs)
             raise ArgumentError(f"op {op.name!r} takes {'at least ' if variadic else ''}"
