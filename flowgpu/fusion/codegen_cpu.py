@@ -7,6 +7,7 @@ evaluate it with :func:`python_globals` as its globals.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -64,14 +65,9 @@ def to_python(expr: Expr, types: Mapping[str, Any], arrays: Sequence[str], *,
     return code, dtype
 
 
-_GLOBALS: dict[str, Any] | None = None
-
-
+@functools.lru_cache(maxsize=1)
 def python_globals() -> dict[str, Any]:
-    """Globals for :func:`to_python` code: casts and helpers compiled once with numba."""
-    global _GLOBALS
-    if _GLOBALS is not None:
-        return _GLOBALS
+    """Globals for :func:`to_python` code: casts and helpers compiled once with numba (not to be changed)."""
     import numba
     from llvmlite import ir
     from numba.extending import intrinsic
@@ -204,5 +200,4 @@ def python_globals() -> dict[str, Any]:
     g: dict[str, Any] = {k: v for k, v in locals().items() if k.startswith("_") and callable(v)}
     g.update({f"_t_{name}": getattr(np, name) if name != "bool" else np.bool_ for name in C_TYPES})
     g.update({"_np": np, "_inf": math.inf, "_nan": math.nan})
-    _GLOBALS = g
     return g

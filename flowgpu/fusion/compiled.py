@@ -257,8 +257,7 @@ def reduce_kernel(expr: Expr, arrays: tuple[str, ...], dtypes: tuple, scalars: t
         jit = numba.njit(nogil=True, error_model="numpy")
         fname = _name(key)
         two = ndim in (2, "rows")
-        pairwise = acc.kind == "f" and reduction in _ADDING
-        if pairwise:
+        if acc.kind == "f" and reduction in _ADDING:  # NumPy's pairwise summation
             # NumPy casts values of another dtype than the sum's in buffers of 8192, each summed on its own
             natural = expr.result_dtype(types)
             code, _ = to_python(expr, types, arrays, out_dtype=val_dtype, index="r, cc" if two else "i")
