@@ -101,8 +101,7 @@ class _Lazy:
 
 class Late(_Lazy):
     def __init__(self, op: Callable, args: tuple):
-        self.op = op
-        self.args = args
+        self.op, self.args = op, args
 
     def materialize(self) -> Any:
         return self.op(*[a.materialize() if isinstance(a, _Lazy) else a for a in self.args])
@@ -127,8 +126,7 @@ class Sym:
     __array_priority__ = 1000
 
     def __init__(self, text: str, tracer: _Tracer):
-        self.text = text
-        self.tracer = tracer
+        self.text, self.tracer = text, tracer
 
     def _bin(self, op: str, other: Any, reflected: bool = False) -> "Sym":
         a, b = self.text, _operand(self.tracer, other)
@@ -229,10 +227,7 @@ class Fused:
     def __init__(self, fn: Callable, *, reduce: str | None = None, axis: Any = None, keepdims: bool = False):
         if reduce is not None and reduce not in REDUCTIONS:
             raise KernelError(f"fuse(reduce={reduce!r}): choose one of {', '.join(REDUCTIONS)}")
-        self.fn = fn
-        self.reduce = reduce
-        self.axis = axis
-        self.keepdims = keepdims
+        self.fn, self.reduce, self.axis, self.keepdims = fn, reduce, axis, keepdims
         functools.update_wrapper(self, fn)
 
     def __repr__(self) -> str:

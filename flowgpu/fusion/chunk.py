@@ -37,8 +37,7 @@ class Chain:
     """
 
     def __init__(self, func: Any, args: tuple):
-        self.func = func
-        self.args = args
+        self.func, self.args = func, args
 
     def __call__(self, *blocks: Any) -> Any:
         return self.func(*[blocks[a] if kind == "block" else a(*blocks) if kind == "call" else a

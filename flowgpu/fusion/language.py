@@ -319,8 +319,7 @@ def parse(text: str, names: Iterable[str] | None = None) -> "Expr":
     """
     if not isinstance(text, str) or not text.strip():
         raise KernelError(f"expression {text!r} is empty; give one such as 'x * 2 + 1'")
-    allowed = frozenset(names) if names is not None else None
-    return _parse_cached(text, allowed)
+    return _parse_cached(text, frozenset(names) if names is not None else None)
 
 
 class Expr:
