@@ -66,12 +66,6 @@ def resolve_chunks(chunks: Any, shape: tuple[int, ...], dtype: Any, previous: tu
     return out
 
 
-def _auto_axes(asked: Any, ndim: int) -> list[bool]:
-    if isinstance(asked, (tuple, list)):
-        return [a == "auto" or a == -1 or a is None for a in asked]
-    return [True] * ndim
-
-
 def _stored_multiples(asked: Any, shape: tuple, previous: tuple, items: int) -> tuple | None:
     """Blocks of whole stored chunks (``previous``) within ``items`` elements where one stored chunk
     fits, cut from the leading automatic axes first (a C-ordered block keeps whole rows); never
@@ -103,7 +97,9 @@ def _balanced(chunks: tuple, asked: Any, previous: tuple[int, ...] | None = None
     whole multiples of them (all but the last).
     """
     out = []
-    for i, (c, a) in enumerate(zip(chunks, _auto_axes(asked, len(chunks)))):
+    auto = [a == "auto" or a == -1 or a is None for a in asked] if isinstance(asked, (tuple, list)) else \
+        [True] * len(chunks)
+    for i, (c, a) in enumerate(zip(chunks, auto)):
         n, total = len(c), sum(c)
         if a and n > 1 and max(c) != min(c):
             unit = max(1, int(previous[i])) if previous else 1

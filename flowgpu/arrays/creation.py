@@ -183,8 +183,7 @@ def _fill_block(location, full_shape, *, dtype, backend, value):
 
 
 def _filled(shape, dtype, chunks, value) -> da.Array:
-    shape = _shape(shape)
-    return _generated(_fill_block, shape, np.dtype(dtype), chunks, value=value)
+    return _generated(_fill_block, _shape(shape), np.dtype(dtype), chunks, value=value)
 
 
 def _arange_block(location, full_shape, *, dtype, backend, start, step):

@@ -54,5 +54,4 @@ def as_backend(x: da.Array) -> da.Array:
 
 def to_numpy(x: da.Array) -> np.ndarray:
     """Compute ``x`` and gather it into one NumPy array on this host."""
-    out = to_host(x).compute()
-    return _to_numpy_block(out)
+    return _to_numpy_block(to_host(x).compute())

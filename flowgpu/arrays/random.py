@@ -86,20 +86,27 @@ def _uniform_kernel(dtype_name: str):
 def uniform_block(location, full_shape, key: int, dtype, backend: str, stream: int = -1):
     """Uniform [0, 1) numbers for the block at ``location`` of an array of ``full_shape``."""
     dtype = np.dtype(dtype)
+    xp = import_cupy() if backend == "cupy" else np
+    lshape = [b - a for a, b in location]
+    out = xp.empty(tuple(lshape), dtype=dtype)
+    if out.size == 0:
+        return out
+    ndim = len(full_shape)
+    gstride = [int(np.prod(full_shape[i + 1 :], dtype=np.int64)) for i in range(ndim)]
+    mul, add = (2, stream) if stream >= 0 else (1, 0)
+    arr = lambda v: xp.asarray(np.asarray(v or [0], dtype=np.int64))  # noqa: E731
     if backend == "cupy":
-        cp = import_cupy()
-        ndim = len(full_shape)
-        lshape = [b - a for a, b in location]
-        out = cp.empty(tuple(lshape), dtype=dtype)
-        if out.size == 0:
-            return out
-        gstride = [int(np.prod(full_shape[i + 1 :], dtype=np.int64)) for i in range(ndim)]
-        small = lambda v: cp.asarray(np.asarray(v or [0], dtype=np.int64))  # noqa: E731
-        mul, add = (2, stream) if stream >= 0 else (1, 0)
-        _uniform_kernel(dtype.name)(small(lshape), small([a for a, _ in location]), small(gstride),
+        _uniform_kernel(dtype.name)(arr(lshape), arr([a for a, _ in location]), arr(gstride),
                                     np.int32(ndim), np.uint64(key), np.uint64(mul), np.uint64(add), out)
         return out
-    return _uniform_cpu(location, full_shape, key, dtype, stream)
+    try:
+        fill = _cpu_kernel()
+    except ImportError:  # numba missing: the same numbers through NumPy, more slowly
+        return _uniform_numpy(_global_index(np, location, full_shape, stream), key, dtype)
+    shift, scale = (40, 2.0**-24) if dtype == np.float32 else (11, 2.0**-53)
+    fill(out.reshape(-1), arr(lshape) if ndim else np.ones(1, np.int64), arr([a for a, _ in location]),
+         arr(gstride), np.uint64(key), np.uint64(mul), np.uint64(add), np.uint64(shift), scale)
+    return out
 
 
 @functools.lru_cache(maxsize=1)
@@ -130,25 +137,6 @@ def _cpu_kernel():
                 out[r * cols + j] = (z >> shift) * scale  # exact: < 53 bits times a power of two
 
     return fill
-
-
-def _uniform_cpu(location, full_shape, key: int, dtype: np.dtype, stream: int):
-    lshape = [b - a for a, b in location]
-    out = np.empty(tuple(lshape), dtype=dtype)
-    if out.size == 0:
-        return out
-    try:
-        fill = _cpu_kernel()
-    except ImportError:  # numba missing: the same numbers through NumPy, more slowly
-        return _uniform_numpy(_global_index(np, location, full_shape, stream), key, dtype)
-    ndim = len(full_shape)
-    gstride = [int(np.prod(full_shape[i + 1 :], dtype=np.int64)) for i in range(ndim)]
-    arr = lambda v: np.asarray(v or [0], dtype=np.int64)[: max(ndim, 1)]  # noqa: E731
-    mul, add = (2, stream) if stream >= 0 else (1, 0)
-    shift, scale = (40, 2.0**-24) if dtype == np.float32 else (11, 2.0**-53)
-    fill(out.reshape(-1), arr(lshape) if ndim else np.ones(1, np.int64), arr([a for a, _ in location]),
-         arr(gstride), np.uint64(key), np.uint64(mul), np.uint64(add), np.uint64(shift), scale)
-    return out
 
 
 def normal_block(location, full_shape, key: int, dtype, backend: str):

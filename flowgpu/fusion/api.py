@@ -55,15 +55,12 @@ _REDUCTIONS = {"sum": "sum", "mean": "mean", "min": "min", "amin": "min", "max":
                "prod": "prod"}
 
 
-class _Tracer:
-    """Collects the inputs (arrays and strongly typed scalars) of one trace."""
-
-    def __init__(self):
-        self.inputs: dict[str, Any] = {}
+class _Tracer(dict):
+    """The inputs (arrays and strongly typed scalars) of one trace, by name."""
 
     def bind(self, value: Any) -> str:
-        name = f"a{len(self.inputs)}"
-        self.inputs[name] = value
+        name = f"a{len(self)}"
+        self[name] = value
         return name
 
 
@@ -104,8 +101,7 @@ class _Lazy:
 
 class Late(_Lazy):
     def __init__(self, op: Callable, args: tuple):
-        self.op = op
-        self.args = args
+        self.op, self.args = op, args
 
     def materialize(self) -> Any:
         return self.op(*[a.materialize() if isinstance(a, _Lazy) else a for a in self.args])
@@ -119,7 +115,7 @@ class Reduced(_Lazy):
 
     def materialize(self) -> Any:
         # ``sum(dtype=d)`` reduces the values cast to ``d`` (NumPy's meaning), not the sum cast after
-        out = _fused(self.sym.text, self.sym.tracer.inputs, reduction=self.reduction,
+        out = _fused(self.sym.text, self.sym.tracer, reduction=self.reduction,
                      axis=self.axis, keepdims=self.keepdims, dtype=self.dtype)
         return out.astype(self.dtype) if self.dtype is not None and out.dtype != self.dtype else out
 
@@ -130,8 +126,7 @@ class Sym:
     __array_priority__ = 1000
 
     def __init__(self, text: str, tracer: _Tracer):
-        self.text = text
-        self.tracer = tracer
+        self.text, self.tracer = text, tracer
 
     def _bin(self, op: str, other: Any, reflected: bool = False) -> "Sym":
         a, b = self.text, _operand(self.tracer, other)
@@ -145,20 +140,13 @@ class Sym:
         locals()[f"__r{_op}__"] = (lambda s: lambda self, o: self._bin(s, o, True))(_sym)
     for _op, _sym in {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}.items():
         locals()[f"__{_op}__"] = (lambda s: lambda self, o: self._bin(s, o))(_sym)
+    for _op, _sym in {"neg": "(-{})", "invert": "(~{})", "abs": "abs({})"}.items():
+        locals()[f"__{_op}__"] = (lambda s: lambda self: Sym(s.format(self.text), self.tracer))(_sym)
     del _op, _sym
     __hash__ = object.__hash__
 
-    def __neg__(self):
-        return Sym(f"(-{self.text})", self.tracer)
-
     def __pos__(self):
         return self
-
-    def __invert__(self):
-        return Sym(f"(~{self.text})", self.tracer)
-
-    def __abs__(self):
-        return Sym(f"abs({self.text})", self.tracer)
 
     def __bool__(self):
         raise Untraceable("Python control flow (if/and/or/while) on array values")
@@ -239,10 +227,7 @@ class Fused:
     def __init__(self, fn: Callable, *, reduce: str | None = None, axis: Any = None, keepdims: bool = False):
         if reduce is not None and reduce not in REDUCTIONS:
             raise KernelError(f"fuse(reduce={reduce!r}): choose one of {', '.join(REDUCTIONS)}")
-        self.fn = fn
-        self.reduce = reduce
-        self.axis = axis
-        self.keepdims = keepdims
+        self.fn, self.reduce, self.axis, self.keepdims = fn, reduce, axis, keepdims
         functools.update_wrapper(self, fn)
 
     def __repr__(self) -> str:
@@ -254,7 +239,7 @@ class Fused:
         if isinstance(out, Sym):
             if self.reduce is not None:
                 return Reduced(out, self.reduce, self.axis, self.keepdims).materialize()
-            return _fused(out.text, out.tracer.inputs)
+            return _fused(out.text, out.tracer)
         if isinstance(out, _Lazy):
             if self.reduce is not None:
                 raise KernelError(f"{self!r}: the function already reduces; drop reduce={self.reduce!r}")
@@ -262,8 +247,7 @@ class Fused:
         raise Untraceable(f"the function returned a {type(out).__name__}, not an array expression")
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        values = list(args) + list(kwargs.values())
-        lazy = any(isinstance(v, da.Array) for v in values)
+        lazy = any(isinstance(v, da.Array) for v in (*args, *kwargs.values()))
         if not lazy:  # plain NumPy/CuPy arrays in, plain array out (as with cupy.fuse)
             args = tuple(map(_as_dask, args))
             kwargs = {k: _as_dask(v) for k, v in kwargs.items()}

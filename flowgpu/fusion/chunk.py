@@ -37,8 +37,7 @@ class Chain:
     """
 
     def __init__(self, func: Any, args: tuple):
-        self.func = func
-        self.args = args
+        self.func, self.args = func, args
 
     def __call__(self, *blocks: Any) -> Any:
         return self.func(*[blocks[a] if kind == "block" else a(*blocks) if kind == "call" else a
@@ -82,33 +81,26 @@ class FusedChunk:
         return f"fused({self.text!r}{tail})"
 
     def env(self, blocks: tuple) -> dict[str, Any]:
-        out = dict(zip(self.arrays, blocks))
-        out.update(dict(self.scalars))
-        return out
+        return {**dict(zip(self.arrays, blocks)), **dict(self.scalars)}
 
     def __call__(self, *blocks: Any) -> Any:
         backend = "cupy" if any(is_cupy(b) for b in blocks) else "numpy"
-        if self.reduction is not None:
-            shape = np.broadcast_shapes(*(b.shape for b in blocks))
-            if any(shape[a] == 0 for a in self.axes):  # a zero-size chunk: the identity, as no values give
-                val = self.out_dtype if self.out_dtype is not None else parse(self.text).result_dtype(
-                    {**dict(zip(self.arrays, (b.dtype for b in blocks))), **dict(self.scalars)})
-                acc, _ = reduction_dtypes(self.reduction, val)
-                xp = import_cupy() if backend == "cupy" else np
-                out_shape = tuple(1 if i in self.axes else s for i, s in enumerate(shape))
-                return xp.full(out_shape, identity(self.reduction, acc), dtype=acc)
+        xp = import_cupy() if backend == "cupy" else np
         given = blocks
         if self.fallback is not None and not kernel_blocks(blocks):
             return self.fallback(*blocks)  # complex, datetime, object, masked, ...: dask's own functions
-        if backend == "cupy":
-            cp = import_cupy()
-            blocks = tuple(cp.asarray(b) for b in blocks)
+        blocks = tuple(xp.asarray(b) for b in blocks) if backend == "cupy" else blocks
         dtypes = tuple(b.dtype for b in blocks)
         try:
             expr = parse(self.text)
             out_dtype = self.out_dtype
             if out_dtype is None:
                 out_dtype = expr.result_dtype({**dict(zip(self.arrays, dtypes)), **dict(self.scalars)})
+            shape = np.broadcast_shapes(*(b.shape for b in blocks))
+            if self.reduction is not None and any(shape[a] == 0 for a in self.axes):
+                acc, _ = reduction_dtypes(self.reduction, out_dtype)  # a zero-size chunk: the identity
+                return xp.full(tuple(1 if i in self.axes else s for i, s in enumerate(shape)),
+                               identity(self.reduction, acc), dtype=acc)
             if backend == "cupy":  # CuPy's kernels raise no floating-point warnings, fused or not
                 return self.run(expr, blocks, dtypes, out_dtype, backend)
             value, flagged = _flags_raised(lambda: self.run(expr, blocks, dtypes, out_dtype, backend), self.quiet)
@@ -145,8 +137,7 @@ class FusedChunk:
         value = np.asarray(expr.evaluate(self.env(blocks), np))
         value = np.broadcast_to(value, np.broadcast_shapes(value.shape, *(b.shape for b in blocks)))
         if self.reduction is None:
-            if value.dtype != out_dtype:
-                value.astype(out_dtype)
+            value.astype(out_dtype, copy=False)
             return
         op = "sum" if self.reduction == "mean" else self.reduction
         if op in _ACCUMULATING:

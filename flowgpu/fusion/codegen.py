@@ -14,6 +14,7 @@ decides which of them each node needs.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -61,7 +62,7 @@ class Generator:
       defines differently from the target (floor division and remainder of negative numbers, ...);
     * ``TEMPLATES``: code over ``{0}, {1}, ...`` (the operands' code) and ``{d}`` (the dtype's
       name) for ``not``, ``sqrt``, ``plain`` (an operator ``{op}`` that needs no helper), ``sign``,
-      ``clip`` and ``select`` (``where``).
+      ``clip`` and ``select`` (``where``); and the constants ``True``, ``False``, ``nan``, ``inf``, ``-inf``.
     """
 
     LOGICAL: dict[str, str]
@@ -73,7 +74,23 @@ class Generator:
         self.t = typing
         self.names = names  # user name -> generated argument name
 
-    # -- what a target spells its own way: also cast(code, want), literal(value, want), abs(a, d) ---
+    # -- what a target spells its own way: also cast(code, want) (a classmethod), abs(a, d) -----------
+    @classmethod
+    def literal(cls, value: Any, want: np.dtype) -> str:
+        """``value`` as a constant of dtype ``want``."""
+        if want.kind == "b":
+            return cls.TEMPLATES[str(bool(value))]
+        if want.kind != "f":
+            return cls.cast(cls.integer(int(value)), want)
+        v = float(value)
+        text = repr(v) if math.isfinite(v) else cls.TEMPLATES["nan" if v != v else "inf" if v > 0 else "-inf"]
+        return cls.cast(text, want)
+
+    @staticmethod
+    def integer(v: int) -> str:
+        """An integer literal's text (before its cast)."""
+        return str(v)
+
     def function(self, f: str) -> str:
         """The target's name of the math function ``f`` (``sqrt``, ``arctan2``, ``minimum``, ...)."""
         raise NotImplementedError
@@ -104,10 +121,8 @@ class Generator:
         elif isinstance(node, UnaryOp):  # "-" or "~" (the parser folds "+")
             a = self.gen(node.operand, d)
             code = self.TEMPLATES["not"].format(a) if d.kind == "b" else f"({node.op}{a})"
-        elif isinstance(node, Call):
+        else:  # a Call (a Const is a scalar: gen() writes it as a literal)
             code = self.call(node, d)
-        else:  # pragma: no cover - the parser makes no other node
-            raise KernelError(f"cannot generate code for {node!r}")
         if d.kind == "b" or not self.widens(d):
             return code
         return self.cast(code, d)
@@ -226,7 +241,8 @@ def generate(generator: type[Generator], expr: Expr, types: Mapping[str, Any], a
     """Code for ``expr`` from ``generator``, and its dtype (``out_dtype``, default NumPy's result dtype).
 
     ``types`` maps each name to a dtype (array inputs, listed in ``arrays`` in argument order, named
-    ``in0, in1, ...``; spelled ``in0[i]`` with ``index="i"``) or a scalar value (inlined).
+    ``in0, in1, ...``; spelled ``in0[i]`` with ``index="i"``, for a loop over flat arrays) or a scalar
+    value (inlined).
     """
     typing = expr.infer(types)
     dtype = np.dtype(out_dtype) if out_dtype is not None else typing.dtype(expr.root)

@@ -7,6 +7,7 @@ evaluate it with :func:`python_globals` as its globals.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -19,16 +20,6 @@ from flowgpu.fusion.language import Expr
 __all__ = ["to_python", "python_globals"]
 
 _MINMAX = {"minimum": "_min", "maximum": "_max", "fmin": "_fmin", "fmax": "_fmax"}  # NumPy's NaN rules
-
-
-def _py_literal(value: Any, want: np.dtype) -> str:
-    if want.kind == "b":
-        return "True" if bool(value) else "False"
-    if want.kind == "f":
-        v = float(value)
-        body = "_nan" if math.isnan(v) else ("_inf" if v > 0 else "(-_inf)") if math.isinf(v) else repr(v)
-        return f"_t_{want.name}({body})"
-    return f"_t_{want.name}({int(value)})"
 
 
 def _closes(code: str) -> bool:
@@ -46,15 +37,14 @@ class PythonGenerator(Generator):
     HELPERS = {"/": ("_div", "_div"), "//": ("_ifloordiv", "_ffloordiv"), "%": ("_imod", "_fmod"),
                "**": ("_ipow", "_pow")}
     TEMPLATES = {"not": "(not {0})", "sqrt": "_np.sqrt({0})", "plain": "_t_{d}({0} {op} {1})",
-                 "sign": "_t_{d}(_sign({0}))", "clip": "_min(_max({0}, {1}), {2})", "select": "_where({0}, {1}, {2})"}
-
-    def literal(self, value: Any, want: np.dtype) -> str:
-        return _py_literal(value, want)
+                 "sign": "_t_{d}(_sign({0}))", "clip": "_min(_max({0}, {1}), {2})", "select": "_where({0}, {1}, {2})",
+                 "True": "True", "False": "False", "nan": "_nan", "inf": "_inf", "-inf": "(-_inf)"}
 
     def widens(self, d: np.dtype) -> bool:
         return True  # numba computes small integers in int64, float32 ** float32 in float64, ...
 
-    def cast(self, code: str, want: np.dtype) -> str:
+    @classmethod
+    def cast(cls, code: str, want: np.dtype) -> str:
         c_type(want)  # refuse dtypes numba should not see either
         return code if code.startswith(f"_t_{want.name}(") and _closes(code) else f"_t_{want.name}({code})"
 
@@ -67,12 +57,7 @@ class PythonGenerator(Generator):
 
 def to_python(expr: Expr, types: Mapping[str, Any], arrays: Sequence[str], *,
               out_dtype: Any = None, index: str | None = None) -> tuple[str, np.dtype]:
-    """Python source of a scalar expression over ``in0, in1, ...`` for numba, and its dtype.
-
-    With ``index="i"`` the inputs are spelled ``in0[i], ...`` (for a loop over flat arrays).
-    Evaluate it with :func:`python_globals` as globals (which holds the ``_t_<dtype>`` casts and the
-    NumPy-semantics helpers, themselves numba-compiled).
-    """
+    """:func:`~flowgpu.fusion.codegen.generate` for numba; Unfusable for float16 values."""
     code, dtype = generate(PythonGenerator, expr, types, arrays, out_dtype=out_dtype, index=index)
     if "float16" in code or any(np.dtype(types[a]) == np.float16 for a in arrays):
         # numba has no float16; NumPy rounds to it after every operation, which the array library does
@@ -80,14 +65,9 @@ def to_python(expr: Expr, types: Mapping[str, Any], arrays: Sequence[str], *,
     return code, dtype
 
 
-_GLOBALS: dict[str, Any] | None = None
-
-
+@functools.lru_cache(maxsize=1)
 def python_globals() -> dict[str, Any]:
-    """Globals for :func:`to_python` code: casts and helpers compiled once with numba."""
-    global _GLOBALS
-    if _GLOBALS is not None:
-        return _GLOBALS
+    """Globals for :func:`to_python` code: casts and helpers compiled once with numba (not to be changed)."""
     import numba
     from llvmlite import ir
     from numba.extending import intrinsic
@@ -220,5 +200,4 @@ def python_globals() -> dict[str, Any]:
     g: dict[str, Any] = {k: v for k, v in locals().items() if k.startswith("_") and callable(v)}
     g.update({f"_t_{name}": getattr(np, name) if name != "bool" else np.bool_ for name in C_TYPES})
     g.update({"_np": np, "_inf": math.inf, "_nan": math.nan})
-    _GLOBALS = g
     return g

@@ -7,14 +7,12 @@ are in :data:`CUDA_PREAMBLE`; pass it as the kernel's preamble.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping, Sequence
+import functools
 from typing import Any
 
 import numpy as np
 
 from flowgpu.fusion.codegen import Generator, c_type, generate
-from flowgpu.fusion.language import Expr
 
 __all__ = ["to_cuda", "CUDA_PREAMBLE", "CUDA_OPTIONS", "c_literal"]
 
@@ -78,37 +76,20 @@ template <typename T> __device__ __forceinline__ T _fg_ffloordiv(T a, T b) {
 """
 
 
-def c_literal(value: Any, dtype: Any) -> str:
-    """``value`` as a C literal of ``dtype`` (the cast is folded by the compiler)."""
-    dtype = np.dtype(dtype)
-    ct = c_type(dtype)
-    if dtype.kind == "b":
-        return "true" if bool(value) else "false"
-    if dtype.kind == "f":
-        v = float(value)
-        if math.isnan(v):
-            body = "(0.0/0.0)"
-        elif math.isinf(v):
-            body = "(1.0/0.0)" if v > 0 else "(-1.0/0.0)"
-        else:
-            body = repr(v)
-        return f"(({ct}){body})"
-    v = int(value)
-    suffix = "ULL" if v > 2**63 - 1 else ("LL" if abs(v) > 2**31 - 1 else "")
-    return f"(({ct}){v}{suffix})"
-
-
 class CudaGenerator(Generator):
     LOGICAL = {"&": "&&", "|": "||", "^": "!=", "+": "||", "*": "&&"}
     HELPERS = {"//": ("_fg_ifloordiv", "_fg_ffloordiv"), "%": ("_fg_imod", "_fg_fmod"), "**": ("_fg_ipow", "pow")}
     TEMPLATES = {"not": "(!{0})", "sqrt": "sqrt({0})", "plain": "({0} {op} {1})", "sign": "_fg_sign<{c}>({0})",
-                 "clip": "_fg_clip<{c}>({0}, {1}, {2})", "select": "({0} ? {1} : {2})"}
+                 "clip": "_fg_clip<{c}>({0}, {1}, {2})", "select": "({0} ? {1} : {2})",
+                 "True": "true", "False": "false", "nan": "(0.0/0.0)", "inf": "(1.0/0.0)", "-inf": "(-1.0/0.0)"}
 
-    def cast(self, code: str, want: np.dtype) -> str:
-        return f"(({c_type(want)}){code})"
+    @classmethod
+    def cast(cls, code: str, want: np.dtype) -> str:
+        return f"(({c_type(want)}){code})"  # a literal's cast is folded by the compiler
 
-    def literal(self, value: Any, want: np.dtype) -> str:
-        return c_literal(value, want)
+    @staticmethod
+    def integer(v: int) -> str:
+        return f"{v}{'ULL' if v > 2**63 - 1 else 'LL' if abs(v) > 2**31 - 1 else ''}"
 
     def function(self, f: str) -> str:
         return _C_FUNCS.get(f, f)
@@ -129,11 +110,9 @@ class CudaGenerator(Generator):
         return a if d.kind in "bu" else f"_fg_iabs<{c_type(d)}>({a})"
 
 
-def to_cuda(expr: Expr, types: Mapping[str, Any], arrays: Sequence[str], *, out_dtype: Any = None) -> tuple[str, np.dtype]:
-    """CUDA C++ for ``expr``: ``(code, dtype)``.
+def c_literal(value: Any, dtype: Any) -> str:
+    """``value`` as a C literal of ``dtype``."""
+    return CudaGenerator.literal(value, np.dtype(dtype))
 
-    ``types`` maps each name to a dtype (array inputs, listed in ``arrays`` in argument order, named
-    ``in0, in1, ...`` in the code) or a scalar value (inlined). ``code`` has type ``out_dtype``
-    (default: NumPy's result dtype, returned as ``dtype``).
-    """
-    return generate(CudaGenerator, expr, types, arrays, out_dtype=out_dtype)
+
+to_cuda = functools.partial(generate, CudaGenerator)  # (expr, types, arrays, *, out_dtype) -> (code, dtype)

@@ -80,7 +80,7 @@ def _moves_to_device(func: Any) -> bool:
 
 
 def _literal(value: Any) -> str:
-    if isinstance(value, np.ndarray) and type(value) is np.ndarray:
+    if type(value) is np.ndarray:
         return HOST if value.dtype.kind in _HOST_KINDS else NEUTRAL
     if isinstance(value, (list, tuple)):
         return _combine([_literal(v) for v in value])
@@ -133,7 +133,8 @@ class _Pass:
         if OTHER in arg_kinds:
             return new, OTHER
         # computed from host arrays only (or from nothing: a source, whose chunks are the session's)
-        return new, HOST if HOST in arg_kinds else (NEUTRAL if _pure_container(node) else OTHER)
+        pure = isinstance(node, NestedContainer) and not node.dependencies  # a container of literals
+        return new, HOST if HOST in arg_kinds else (NEUTRAL if pure else OTHER)
 
     @staticmethod
     def rebuilt(node: Task, func: Any, args: list, kwargs: dict) -> Task:
@@ -153,10 +154,6 @@ class _Pass:
         if all(new_inner[k] is inner[k] for k in inner):
             return node, kinds.get(outkey, OTHER)
         return Task(node.key, _execute_subgraph, new_inner, outkey, inkeys, *deps), kinds.get(outkey, OTHER)
-
-
-def _pure_container(node: Task) -> bool:
-    return isinstance(node, NestedContainer) and not node.dependencies
 
 
 def _walk(dsk: dict, kinds: Any) -> dict:

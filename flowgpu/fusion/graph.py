@@ -2,14 +2,11 @@
 
 Dask fuses *tasks*: ``((x * 2 + 1) ** 2 - x)`` runs as one task per chunk after dask's blockwise
 fusion, but inside that task each operator still launches its own kernel and writes a full
-temporary. This module rewrites such chains (the ``Blockwise`` layers that ``dask.array``'s
-elementwise operators and ufuncs produce: ``+ - * / // % **``, comparisons, ``& | ^ ~``, the
-ufuncs of :mod:`flowgpu.fusion.language`, ``where`` and ``clip``) into ONE layer whose task is a
-generated kernel (CuPy ``ElementwiseKernel`` on GPU chunks, numba on NumPy chunks). A chain (or a
-single array, ``x.T`` among them) that feeds one of dask's reductions (``sum``, ``mean``, ``max``,
-``any``, ``nansum``, ...) goes into the reduction's chunk stage instead: one kernel reads each
-chunk once and writes only the partial (:mod:`flowgpu.fusion.graph_reduce`); dask's aggregate
-combines them (in one task for a full reduction: :mod:`flowgpu.fusion.graph_tree`). Dask's own optimisation then runs, so the fused layer is still
+temporary. This module rewrites such chains (the ``Blockwise`` layers of ``dask.array``'s
+elementwise operators and of the functions of :mod:`flowgpu.fusion.language`) into ONE layer whose
+task is a generated kernel. A chain (or a single array, ``x.T`` among them) that feeds one of dask's
+reductions goes into the reduction's chunk stage instead (:mod:`flowgpu.fusion.graph_reduce`,
+:mod:`flowgpu.fusion.graph_tree`). Dask's own optimisation then runs, so the fused layer is still
 merged with its neighbours (a transpose's view reaches the kernel, which reads it in tiles).
 
 A :class:`flowgpu.Session` installs the hook while it is open (``flowgpu.fuse-ufuncs: true``, the
@@ -193,8 +190,7 @@ def _rewrite(hlg: Any, keep: set[str], reductions: bool, bare: bool | None) -> t
             fn = graph_reduce.FusedPartial(fused, spec, root_layer.task.func, dict(root_layer.task.kwargs),
                                            chain.args[0][1] if chain.args[0][0] == "call" else None)
         task = Task(root, fn, *[TaskRef(blockwise_token(i)) for i in range(len(leaves))])
-        indices = [(src, ind) for (src, ind) in leaves]
-        layers[root] = Blockwise(root, root_layer.output_indices, task, indices, numblocks,
+        layers[root] = Blockwise(root, root_layer.output_indices, task, list(leaves), numblocks,
                                  output_blocks=root_layer.output_blocks, annotations=root_layer.annotations)
         deps[root] = {src for src, _ in leaves}
         done.append(Fusion(root, frozenset(members | {root}), text, tuple(src for src, _ in leaves),

@@ -11,9 +11,7 @@ elementwise chain below it and the reduction in ONE kernel per chunk
 returns the partial dask's aggregate stage expects: same shape (keepdims), same dtype, the same
 ``{"n", "total"}`` dict for means. The tree and the aggregate stay dask's own.
 
-A reduction of a bare array (``x.sum()``, ``x.T.max()``) is rewritten only while
-``array.backend`` is ``cupy`` (a GPU Session sets it): NumPy's own reduction of a chunk is one
-pass already. Not matched, so left exactly as dask built them: a ``dtype=`` no kernel takes (complex, object,
+Not matched, so left exactly as dask built them: a ``dtype=`` no kernel takes (complex, object,
 ...), keywords other than ``axis``/``keepdims`` (``weights=``, a custom ``da.reduction``), an
 empty ``axis``. ``std``/``var`` (and their nan-variants) are not matched either: a one-pass
 variance needs a running mean (Welford's update, Chan's combine), not the sum of squares, whose

@@ -1,25 +1,9 @@
-"""Fused elementwise kernels over dask arrays: one kernel per chunk, optionally fused into a reduction.
+"""Fused elementwise kernels over dask arrays: :func:`fused_elementwise`, one kernel per chunk
+(a :class:`~flowgpu.fusion.chunk.FusedChunk` in each task), optionally fused into a reduction.
 
-:func:`fused_elementwise` turns an expression over dask arrays into a dask array whose every chunk
-is computed by ONE generated kernel: a ``cupy.ElementwiseKernel`` on CuPy chunks, a numba
-``@vectorize`` ufunc on NumPy chunks. With ``reduction=`` the expression feeds the reduction inside
-the same kernel (``cupy.ReductionKernel`` / a numba loop), so each chunk is read once and no
-temporary is written; dask combines the per-chunk partial results.
-
-Compiled kernels are cached per (expression, input dtypes, inlined scalars, output dtype), in
-:mod:`flowgpu.fusion.compiled`; each task runs a :class:`~flowgpu.fusion.chunk.FusedChunk`. Dtypes
-follow NumPy: the result has the dtype NumPy gives the unfused expression (``float32 * 2.0`` stays
-float32). Reductions accumulate as NumPy's do for the chunk: in NumPy's dtype (a float32 sum in
-float32, integers in the platform's integer) and, on NumPy chunks, in NumPy's order (its pairwise
-summation, products in order), so a sum overflows exactly where NumPy's does. Floating-point
-warnings are NumPy's (:mod:`flowgpu.fusion.chunk`).
-
-Examples
---------
->>> import dask.array as da
->>> x = da.arange(6, chunks=3, dtype="float32")
->>> float(fused_elementwise("(x * 2 + 1) ** 2 - x", {"x": x}, reduction="sum").compute())
-271.0
+Dtypes follow NumPy: the result has the dtype NumPy gives the unfused expression (``float32 * 2.0``
+stays float32); reductions accumulate in NumPy's dtypes and order (:mod:`flowgpu.fusion.compiled`),
+and floating-point warnings are NumPy's (:mod:`flowgpu.fusion.chunk`).
 """
 
 from __future__ import annotations
@@ -55,11 +39,8 @@ def _split_inputs(expr: Expr, inputs: Mapping[str, Any]) -> tuple[dict[str, da.A
     scalars = []
     for name in expr.names:
         value = inputs[name]
-        if is_scalar(value):
-            scalars.append((name, value))
-            continue
-        if isinstance(value, np.ndarray) and value.ndim == 0:
-            scalars.append((name, value[()]))
+        if is_scalar(value) or (isinstance(value, np.ndarray) and value.ndim == 0):
+            scalars.append((name, value[()] if isinstance(value, np.ndarray) else value))
             continue
         if not isinstance(value, da.Array):
             if not hasattr(value, "dtype") or not hasattr(value, "shape"):
@@ -118,10 +99,8 @@ def fused_elementwise(expression: str, inputs: Mapping[str, Any], *, dtype: Any 
                           out_dtype, "fused-")
     if reduction not in REDUCTIONS:
         raise KernelError(f"reduction={reduction!r} is not one of {', '.join(REDUCTIONS)}")
-    if axis is None:
-        axes = tuple(range(ndim))
-    else:
-        axes = tuple(sorted({validate_axis(a, ndim) for a in (axis if isinstance(axis, (tuple, list)) else (axis,))}))
+    axis = tuple(range(ndim)) if axis is None else axis if isinstance(axis, (tuple, list)) else (axis,)
+    axes = tuple(sorted({validate_axis(a, ndim) for a in axis}))
     shape = np.broadcast_shapes(*(a.shape for a in arrs))
     count = int(np.prod([shape[a] for a in axes], dtype=np.int64))
     if count == 0 and reduction in ("min", "max"):  # over no values: dask's own (NumPy raises, so does dask)
@@ -133,9 +112,7 @@ def fused_elementwise(expression: str, inputs: Mapping[str, Any], *, dtype: Any 
     if len(axes) == ndim and part.npartitions <= _FLAT_FANIN:
         return _combine_all_graph(part, reduction, result, count, keepdims, arrs)
     combine = "sum" if reduction == "mean" else reduction
-    # The partials are one value per chunk: combine them in one flat step rather than dask's tree,
-    # whose default fan-in (4 spread over the axes, so 2 per axis of a 2-D array) adds a level of
-    # tasks, each a scheduler round trip of milliseconds on a distributed GPU worker.
+    # one flat combine step rather than dask's tree of fan-in 4 (why: flowgpu.fusion.graph_tree)
     split = None
     partial_bytes = int(np.prod(part.chunksize, dtype=np.int64)) * part.dtype.itemsize
     if partial_bytes * int(np.prod([part.numblocks[a] for a in axes], dtype=np.int64)) <= _FLAT_BYTES:

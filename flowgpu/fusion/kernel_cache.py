@@ -238,8 +238,7 @@ def cached(dispatcher: Any) -> Any:
 
 
 def vectorize(func: Callable, signatures: Sequence[Any]) -> Any:
-    """``numba.vectorize(signatures, nopython=True)(func)``, with numba's disk cache where ``func`` has a
-    file in the cache (:func:`python_function`), and its compiles counted in :func:`stats` either way."""
+    """``numba.vectorize(signatures, nopython=True)(func)``, disk-cached and counted as :func:`cached` is."""
     import numba
 
     try:

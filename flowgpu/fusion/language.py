@@ -235,9 +235,12 @@ class _Builder:
                 raise _fail(self.text, col, f"operator in {self.token(node)!r} is not supported",
                             "use + - * / // % ** & | ^")
             left, right = self.build(node.left), self.build(node.right)
-            if isinstance(left, Const) and isinstance(right, Const):
-                return self.fold(node, col, lambda: Const(col, _PY_OPS[op](left.value, right.value)))
-            return BinOp(col, op, left, right)
+            if not (isinstance(left, Const) and isinstance(right, Const)):
+                return BinOp(col, op, left, right)
+            try:
+                return Const(col, _PY_OPS[op](left.value, right.value))
+            except (ArithmeticError, ValueError, TypeError) as e:
+                raise _fail(self.text, col, f"{self.token(node)!r} cannot be computed: {e}") from None
         if isinstance(node, ast.UnaryOp):
             op = UNARY_OPS.get(type(node.op))
             if op is None:
@@ -249,8 +252,7 @@ class _Builder:
                 return Const(col, -operand.value)
             return UnaryOp(col, op, operand)
         if isinstance(node, ast.Compare):
-            parts = [node.left, *node.comparators]
-            built = [self.build(p) for p in parts]
+            built = [self.build(p) for p in (node.left, *node.comparators)]
             out: Node | None = None
             for i, cmp in enumerate(node.ops):
                 op = COMPARE_OPS.get(type(cmp))
@@ -285,12 +287,6 @@ class _Builder:
             hint = "comprehensions are not supported; write one elementwise expression"
         raise _fail(self.text, col, f"{self.token(node)!r} is not allowed in an expression", hint)
 
-    def fold(self, node: ast.AST, col: int, make) -> Node:
-        try:
-            return make()
-        except (ArithmeticError, ValueError, TypeError) as e:
-            raise _fail(self.text, col, f"{self.token(node)!r} cannot be computed: {e}") from None
-
 
 @functools.lru_cache(maxsize=1024)
 def _parse_cached(text: str, allowed: frozenset[str] | None) -> "Expr":
@@ -323,8 +319,7 @@ def parse(text: str, names: Iterable[str] | None = None) -> "Expr":
     """
     if not isinstance(text, str) or not text.strip():
         raise KernelError(f"expression {text!r} is empty; give one such as 'x * 2 + 1'")
-    allowed = frozenset(names) if names is not None else None
-    return _parse_cached(text, allowed)
+    return _parse_cached(text, frozenset(names) if names is not None else None)
 
 
 class Expr:
@@ -417,12 +412,9 @@ def _eval(node: Node, env: Mapping[str, Any], xp: Any, record: dict | None) -> A
     elif isinstance(node, UnaryOp):
         a = _eval(node.operand, env, xp, record)
         value = -a if node.op == "-" else ~a
-    elif isinstance(node, Call):
+    else:  # a Call, the builder's last kind of node
         args = [_eval(a, env, xp, record) for a in node.args]
-        name = "abs" if node.func == "absolute" else node.func
-        value = getattr(xp, name)(*args)
-    else:  # pragma: no cover - the builder makes no other node
-        raise KernelError(f"unknown node {node!r}")
+        value = getattr(xp, "abs" if node.func == "absolute" else node.func)(*args)
     if record is not None:
         record[id(node)] = value
     return value

@@ -32,7 +32,7 @@ _DTYPES = {"bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32
 
 _lock = threading.Lock()
 _kernels: dict[tuple, Any] = {}
-_failed: set[tuple] = set()
+_failed: set[tuple] = set()  # kernels that cannot be built here
 
 
 def _f_only(b) -> bool:
@@ -107,23 +107,19 @@ def tiled_reduce(expr: Expr, arrays: tuple[str, ...], blocks: tuple, scalars: tu
     dtypes = tuple(np.dtype(b.dtype) for b in blocks)
     forder = tuple(_f_only(b) for b in blocks)
     key = (expr.text, tuple(map(str, dtypes)), forder, repr(scalars), str(val_dtype), reduction)  # NaN != NaN
-    if key in _failed:
-        return None
     with _lock:
+        if key not in _kernels and key not in _failed:
+            try:
+                code, _ = to_cuda(expr, {**dict(zip(arrays, dtypes)), **dict(scalars)}, arrays, out_dtype=val_dtype)
+                name = "fg_tiled_" + hashlib.sha1(repr(key).encode()).hexdigest()[:12]  # stable: CuPy's disk cache
+                kern = cp.RawKernel(_source(name, code, dtypes, forder, acc, combine, ident), name, options=CUDA_OPTIONS)
+                kern.compile()
+                _kernels[key] = kern
+            except Exception:
+                _failed.add(key)
         kern = _kernels.get(key)
     if kern is None:
-        try:
-            types: dict[str, Any] = dict(zip(arrays, dtypes))
-            types.update(dict(scalars))
-            code, _ = to_cuda(expr, types, arrays, out_dtype=val_dtype)
-            name = "fg_tiled_" + hashlib.sha1(repr(key).encode()).hexdigest()[:12]  # stable: CuPy's disk cache
-            kern = cp.RawKernel(_source(name, code, dtypes, forder, acc, combine, ident), name, options=CUDA_OPTIONS)
-            kern.compile()
-        except Exception:
-            _failed.add(key)
-            return None
-        with _lock:
-            _kernels[key] = kern
+        return None
     rows, cols = blocks[0].shape
     ntiles = -(-rows // TILE) * -(-cols // TILE)
     grid = int(min(ntiles, 4096))

@@ -1,14 +1,6 @@
 """Shared plumbing for the user-kernel decorators (:mod:`flowgpu.kernels.vectorize`,
-:mod:`~flowgpu.kernels.guvectorize`, :mod:`~flowgpu.kernels.raw`, :mod:`~flowgpu.kernels.dlpack`).
-
-* signatures: parse numba signature strings into NumPy dtypes, and pick the first signature the
-  inputs cast to safely, as a NumPy ufunc picks its loop;
-* a per-process cache of compiled kernels, so each worker compiles a kernel once;
-* handing CuPy chunks to numba-cuda without a copy and on CuPy's current stream;
-* turning the arguments of a call into dask arrays and a matching ``meta``, and mapping a chunk
-  function over their broadcast chunks (:func:`map_broadcast`);
-* :class:`NumbaUfunc`, what ``@vectorize`` and ``@guvectorize`` share: run a signature on NumPy
-  chunks (numba's CPU target) or CuPy chunks (numba-cuda), compiled once per process.
+:mod:`~flowgpu.kernels.guvectorize`, :mod:`~flowgpu.kernels.raw`, :mod:`~flowgpu.kernels.dlpack`):
+signatures, a per-process compile cache, CuPy chunks handed to numba-cuda, dask arguments.
 
 numba is imported inside functions (it takes a moment), CuPy and numba.cuda only on GPU paths.
 """
@@ -114,8 +106,6 @@ def arg_dtype(x: Any) -> np.dtype | type:
     """The dtype of an array argument; a Python scalar's type itself (it is "weak", as in NumPy 2)."""
     if isinstance(x, _PYTHON_SCALARS):
         return type(x)
-    if isinstance(x, np.generic):
-        return x.dtype
     try:
         return np.dtype(x.dtype)
     except AttributeError:
@@ -209,23 +199,17 @@ def new_key(name: str) -> str:
 
 def cached(key: Any, build: Callable[[], Any]) -> Any:
     """``build()`` once per process and key (numba compiles once per worker, not per chunk)."""
-    try:
-        return _cache[key]
-    except KeyError:
-        pass
-    with _cache_lock:
-        if key not in _cache:
-            _cache[key] = build()
-        return _cache[key]
+    if key not in _cache:
+        with _cache_lock:
+            if key not in _cache:
+                _cache[key] = build()
+    return _cache[key]
 
 
 # -- chunks and CuPy ----------------------------------------------------------------------------
 def any_cupy(args: Sequence[Any]) -> bool:
     """True when any argument is a CuPy array, or a dask array whose chunks are CuPy."""
-    for a in args:
-        if is_cupy(a) or (isinstance(a, da.Array) and is_cupy(a._meta)):
-            return True
-    return False
+    return any(is_cupy(a) or (isinstance(a, da.Array) and is_cupy(a._meta)) for a in args)
 
 
 def numba_stream():
@@ -259,9 +243,7 @@ def describe(pyfunc: Callable, drop_last: int = 0) -> inspect.Signature | None:
     except (TypeError, ValueError):
         return None
     params = list(sig.parameters.values())
-    if drop_last:
-        params = params[:-drop_last]
-    return sig.replace(parameters=params)
+    return sig.replace(parameters=params[:len(params) - drop_last])
 
 
 def as_dask_args(args: Sequence[Any]) -> list[Any]:

@@ -203,11 +203,7 @@ def dlpack_map(fn: Callable | None = None, *arrays: Any, framework: str = "torch
     With arrays: the result (a lazy dask array for dask inputs). Without: a :class:`DLPackFunction`
     (or a decorator making one), callable on arrays later.
     """
-    def make(f: Callable) -> DLPackFunction:
-        return DLPackFunction(f, framework, dtype=dtype, name=name, **map_blocks_kwargs)
-
+    make = functools.partial(DLPackFunction, framework=framework, dtype=dtype, name=name, **map_blocks_kwargs)
     if fn is None:
         return make
-    if not arrays:
-        return make(fn)
-    return make(fn)(*arrays)
+    return make(fn)(*arrays) if arrays else make(fn)

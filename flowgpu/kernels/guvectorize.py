@@ -187,9 +187,7 @@ class GUVectorized(nb.NumbaUfunc):
     def _apply_cpu(self, sig: nb.Signature, chunks: Sequence[Any]) -> Any:
         gufunc = self.compiled("cpu", sig)
         out = gufunc(*(np.asarray(c, dtype=d) for c, d in zip(chunks, sig.inputs)))
-        if self.nout > 1:
-            return tuple(np.asarray(o) for o in out)
-        return np.asarray(out)
+        return tuple(np.asarray(o) for o in out) if self.nout > 1 else np.asarray(out)
 
     def _apply_cuda(self, sig: nb.Signature, chunks: Sequence[Any]) -> Any:
         cp = import_cupy()

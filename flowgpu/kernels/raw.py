@@ -69,6 +69,7 @@ class Kernel(nb.Named):
         self.block = block
         self.options = tuple(options)
         self._dispatcher = None
+        self.jit_options: dict = {}
         if isinstance(cuda, str):
             self.source, self.py_func = cuda, None
             found = _GLOBAL.findall(cuda)
@@ -81,16 +82,12 @@ class Kernel(nb.Named):
                 raise KernelError(f"kernel: no __global__ function {self.kernel_name!r} in the CUDA "
                                   f"source (it has {', '.join(found) or 'none'}); add "
                                   "extern \"C\" __global__ void NAME(...)")
-            self.jit_options: dict = {}
         elif callable(cuda):
             self.source = None
             if _is_numba_cuda(cuda):
                 self._dispatcher = cuda
-                self.py_func = cuda.py_func
                 self.jit_options = dict(getattr(cuda, "targetoptions", {}) or {})
-            else:
-                self.py_func = cuda
-                self.jit_options = {}
+            self.py_func = cuda.py_func if self._dispatcher is not None else cuda
             self.kernel_name = name or self.py_func.__name__
         else:
             raise KernelError(f"kernel: give CUDA C source (a str) or a numba.cuda.jit function, "
@@ -100,15 +97,10 @@ class Kernel(nb.Named):
                               f"arrays, not {cpu!r}")
         self._stand_for(cpu or self.py_func, self.kernel_name, getattr(self.py_func, "__doc__", None)
                         or getattr(cpu, "__doc__", None) or f"Raw CUDA kernel {self.kernel_name}.")
-        self.__signature__ = self._python_signature()
+        signatures = (nb.describe(f, drop_last=n) for f, n in ((self.py_func, 2), (cpu, 0)) if f is not None)
+        self.__signature__ = next((s for s in signatures if s is not None),
+                                  inspect.Signature([inspect.Parameter("arrays", inspect.Parameter.VAR_POSITIONAL)]))
         self.gpu_only = cpu is None
-
-    def _python_signature(self) -> inspect.Signature:
-        for func, outputs in ((self.py_func, 2), (self.cpu, 0)):
-            sig = None if func is None else nb.describe(func, drop_last=outputs)
-            if sig is not None:
-                return sig
-        return inspect.Signature([inspect.Parameter("arrays", inspect.Parameter.VAR_POSITIONAL)])
 
     def __repr__(self) -> str:
         kind = "CUDA C" if self.source is not None else "numba.cuda"
@@ -159,8 +151,7 @@ class Kernel(nb.Named):
         """Run on in-memory chunks: the CUDA kernel (``target="cuda"``) or the CPU version."""
         shape = np.broadcast_shapes(*(np.shape(c) for c in chunks))
         if target == "cpu" and not any(is_cupy(c) for c in chunks):
-            out = self.cpu(*(np.asarray(c) if not nb.is_scalar(c) else c for c in chunks))
-            out = np.asarray(out)
+            out = np.asarray(self.cpu(*(np.asarray(c) if not nb.is_scalar(c) else c for c in chunks)))
             if out.shape != shape:
                 raise KernelError(f"kernel {self.kernel_name!r}: its cpu= function returned shape "
                                   f"{out.shape} for inputs broadcasting to {shape}")

@@ -87,14 +87,11 @@ class Vectorized(nb.NumbaUfunc):
     def __call__(self, *args: Any) -> Any:
         sig = self.resolve(*args)
         if any(isinstance(a, da.Array) for a in args):
-            return self._blockwise(sig, args)
+            return nb.map_broadcast(functools.partial(self.apply, sig), args, sig.outputs[0], name=self.__name__,
+                                    who=f"{self.__name__}()", token=(self._key, str(sig)))
         if all(nb.is_scalar(a) for a in args):
             return self.apply(sig, *args)[()]
         return self.apply(sig, *args)
-
-    def _blockwise(self, sig: nb.Signature, args: Sequence[Any]) -> da.Array:
-        return nb.map_broadcast(functools.partial(self.apply, sig), args, sig.outputs[0], name=self.__name__,
-                                who=f"{self.__name__}()", token=(self._key, str(sig)))
 
     def numba_args(self, sig: nb.Signature) -> tuple:
         return ([nb.numba_signature(sig)],)
@@ -132,9 +129,8 @@ def vectorize(signatures: Sequence[Any] | str | Callable | None = None, *,
     Returns
     -------
     Vectorized
-        Called with dask arrays it returns a lazy dask array (CuPy chunks stay on the GPU and run
-        through numba-cuda; NumPy chunks run through numba's CPU target); called with NumPy or
-        CuPy arrays it returns the result at once.
+        Called with dask arrays it returns a lazy dask array; called with NumPy or CuPy arrays,
+        the result at once.
 
     Examples
     --------

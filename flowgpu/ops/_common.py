@@ -20,10 +20,14 @@ Dim = int | str  # an axis by number, or by dimension name (labelled inputs: flo
 Axis = Dim | list[Dim] | tuple[Dim, ...] | None
 
 
-def defop(name: str, **options: Any) -> Callable[[Callable], Callable]:
-    """Register a built-in op under ``name``, wrapped so bad arguments raise :class:`OpError`."""
+def defop(name: str, doc: str | None = None, **options: Any) -> Callable[[Callable], Callable]:
+    """Register a built-in op under ``name``, wrapped so bad arguments raise :class:`OpError`. With
+    ``doc``, the function (one a factory made) takes the op's name and that docstring."""
 
     def deco(func: Callable) -> Callable:
+        if doc is not None:
+            func.__name__ = func.__qualname__ = name
+            func.__doc__ = doc
         wrapped = checked(name, func)
         register(name, wrapped, **options)
         return wrapped

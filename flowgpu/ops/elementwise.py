@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import dask.array as da
 import numpy as np
 
 from flowgpu.errors import OpError
@@ -90,10 +91,9 @@ def _binary(name: str, ufunc: np.ufunc, expression: str, summary: str) -> Any:
         a, b = _operands(name, a, b)
         return ufunc(a, b)
 
-    func.__name__ = func.__qualname__ = name
     example = repr(ufunc(np.array([1.0, 4.0]), 2.0))
-    func.__doc__ = _BINARY_DOC.format(summary=summary, expression=expression, name=name, example=example)
-    return defop(name, kind="elementwise", expression=expression)(func)
+    doc = _BINARY_DOC.format(summary=summary, expression=expression, name=name, example=example)
+    return defop(name, doc, kind="elementwise", expression=expression)(func)
 
 
 def _unary(name: str, ufunc: np.ufunc, expression: str | None, summary: str) -> Any:
@@ -101,9 +101,8 @@ def _unary(name: str, ufunc: np.ufunc, expression: str | None, summary: str) -> 
         (x,) = _operands(name, x)
         return ufunc(x)
 
-    func.__name__ = func.__qualname__ = name
-    func.__doc__ = _UNARY_DOC.format(summary=summary, expression=expression or f"{name}(x)")
-    return defop(name, kind="elementwise", expression=expression)(func)
+    doc = _UNARY_DOC.format(summary=summary, expression=expression or f"{name}(x)")
+    return defop(name, doc, kind="elementwise", expression=expression)(func)
 
 
 add = _binary("add", np.add, "a + b", "Sum of two arrays, or of an array and a number.")
@@ -199,8 +198,6 @@ def where(cond: Array, a: Array | float, b: Array | float) -> Array:
     dask.array.Array
     """
     cond, a, b = _operands("where", cond, a, b)
-    import dask.array as da
-
     return da.where(cond, a, b)
 
 

@@ -112,9 +112,7 @@ def _one_axis(kind: str, summary: str, n_doc: str) -> Any:
     def func(x: Array, *, n: int | None = None, axis: int | str = -1, norm: Norm = None) -> Array:
         return _transform(kind, x, None if n is None else [n], [axis], norm)
 
-    func.__name__ = func.__qualname__ = kind
-    func.__doc__ = _ONE_AXIS_DOC.format(summary=summary, kind=kind, n_doc=n_doc)
-    return defop(kind)(func)
+    return defop(kind, _ONE_AXIS_DOC.format(summary=summary, kind=kind, n_doc=n_doc))(func)
 
 
 def _many_axes(kind: str, summary: str, default_axes: tuple[int, ...] | None) -> Any:
@@ -125,11 +123,8 @@ def _many_axes(kind: str, summary: str, default_axes: tuple[int, ...] | None) ->
                 range(x.ndim) if s is None else range(x.ndim - len(s), x.ndim))
         return _transform(kind, x, s, list(axes), norm)
 
-    func.__name__ = func.__qualname__ = kind
-    func.__doc__ = _MANY_AXES_DOC.format(summary=summary, kind=kind,
-                                         axes_default=f"default {list(default_axes)}" if default_axes else
-                                         "default all axes")
-    return defop(kind)(func)
+    axes_default = f"default {list(default_axes)}" if default_axes else "default all axes"
+    return defop(kind, _MANY_AXES_DOC.format(summary=summary, kind=kind, axes_default=axes_default))(func)
 
 
 fft = _one_axis("fft", "One-dimensional discrete Fourier transform along an axis.",

@@ -62,30 +62,12 @@ def _xarray():
     return xarray
 
 
-def _places(args: list, kwargs: dict) -> list[tuple[str, Any]]:
-    """Where the labelled values are: ``("a", i)`` in ``args``, ``("k", name)`` in ``kwargs``."""
-    return [("a", i) for i, v in enumerate(args) if is_labelled(v)] + \
-        [("k", k) for k, v in kwargs.items() if is_labelled(v)]
-
-
-def _put(args: list, kwargs: dict, places: list, values) -> tuple[list, dict]:
-    args, kwargs = list(args), dict(kwargs)
-    for (where, at), v in zip(places, values):
-        if where == "a":
-            args[at] = v
-        else:
-            kwargs[at] = v
-    return args, kwargs
-
-
 def _reduced(op: Op, x: Any, args: list, kwargs: dict) -> Any:
     """A reduction of labelled ``x``: its op on the dask array, the reduced dims' coords dropped."""
     axis = kwargs.get("axis")
     numbers = range(x.ndim) if axis is None else ([axis] if isinstance(axis, int) else list(axis))
     gone = {x.dims[int(a) % x.ndim] for a in numbers}
-    places = _places(args, kwargs)
-    a, k = _put(args, kwargs, places, [_get(args, kwargs, p).data for p in places])
-    out = op(*a, **k)
+    out = op(*map(bare, args), **{k: bare(v) for k, v in kwargs.items()})
     keepdims = bool(kwargs.get("keepdims", False))
     dims = [d for d in x.dims if keepdims or d not in gone]
     coords = {k: c for k, c in x.coords.items() if not set(c.dims) & gone}
@@ -94,18 +76,20 @@ def _reduced(op: Op, x: Any, args: list, kwargs: dict) -> Any:
     return out
 
 
-def _get(args: list, kwargs: dict, place: tuple[str, Any]) -> Any:
-    return args[place[1]] if place[0] == "a" else kwargs[place[1]]
-
-
 def _elementwise(op: Op, args: list, kwargs: dict) -> Any:
-    places = _places(args, kwargs)
+    """``op`` through ``xarray.apply_ufunc``, which gets the labelled values (broadcast by dimension name)."""
+    at = [i for i, v in enumerate(args) if is_labelled(v)]
+    keys = [k for k, v in kwargs.items() if is_labelled(v)]
 
     def apply(*values):
-        a, k = _put(args, kwargs, places, values)
+        a, k = list(args), dict(kwargs)
+        for i, v in zip(at, values):
+            a[i] = v
+        k.update(zip(keys, values[len(at):]))
         return op(*a, **k)
 
-    return _xarray().apply_ufunc(apply, *(_get(args, kwargs, p) for p in places), dask="allowed", keep_attrs=True)
+    labelled = [*(args[i] for i in at), *(kwargs[k] for k in keys)]
+    return _xarray().apply_ufunc(apply, *labelled, dask="allowed", keep_attrs=True)
 
 
 def _shaped(op: Op, x: Any, args: list, kwargs: dict) -> Any:
@@ -134,9 +118,7 @@ def call(op: Op, args: list, kwargs: dict) -> Any:
     named = {k: v for k, v in kwargs.items() if k in AXIS_ARGS}
     if named:
         kwargs = {**kwargs, **{k: axis_numbers(op.name, k, v, first) for k, v in named.items()}}
-    if first is None:
-        return op(*args, **kwargs)
-    if op.meta.get("labelled"):
+    if first is None or op.meta.get("labelled"):
         return op(*args, **kwargs)
     if op.kind == "elementwise":
         return _elementwise(op, list(args), kwargs)

@@ -56,18 +56,13 @@ def _prepare(name: str, x: Any, axis: Any) -> tuple[da.Array, Any, dict | None]:
     return x, ax, {a: builtins.max(2, n) for a, n in enumerate(x.numblocks)} if flat else None
 
 
-def _doc(func, summary: str, np_name: str, extra: str = "") -> None:
-    func.__doc__ = _DOC.format(summary=summary, np_name=np_name, extra=extra)
-
-
 def _with_dtype(name: str, dask_func, summary: str) -> Any:
     def func(x: Array, *, axis: Axis = None, keepdims: bool = False, dtype: DType | None = None) -> Array:
         x, ax, split = _prepare(name, x, axis)
         return dask_func(x, axis=ax, keepdims=keepdims, dtype=dtype_arg(name, dtype), split_every=split)
 
-    func.__name__ = func.__qualname__ = name
-    _doc(func, summary, name, _DTYPE_DOC)
-    return defop(name, kind="reduction", reduction=name)(func)
+    return defop(name, _DOC.format(summary=summary, np_name=name, extra=_DTYPE_DOC), kind="reduction",
+                 reduction=name)(func)
 
 
 def _plain(name: str, dask_func, summary: str) -> Any:
@@ -75,9 +70,7 @@ def _plain(name: str, dask_func, summary: str) -> Any:
         x, ax, split = _prepare(name, x, axis)
         return dask_func(x, axis=ax, keepdims=keepdims, split_every=split)
 
-    func.__name__ = func.__qualname__ = name
-    _doc(func, summary, name)
-    return defop(name, kind="reduction", reduction=name)(func)
+    return defop(name, _DOC.format(summary=summary, np_name=name, extra=""), kind="reduction", reduction=name)(func)
 
 
 def _moment(name: str, dask_func, summary: str) -> Any:
@@ -86,9 +79,7 @@ def _moment(name: str, dask_func, summary: str) -> Any:
         x, ax, split = _prepare(name, x, axis)
         return dask_func(x, axis=ax, keepdims=keepdims, ddof=ddof, dtype=dtype_arg(name, dtype), split_every=split)
 
-    func.__name__ = func.__qualname__ = name
-    _doc(func, summary, name, _DDOF_DOC + _DTYPE_DOC)
-    return defop(name, kind="reduction")(func)
+    return defop(name, _DOC.format(summary=summary, np_name=name, extra=_DDOF_DOC + _DTYPE_DOC), kind="reduction")(func)
 
 
 sum = _with_dtype("sum", da.sum, "Sum of the elements over the given axes.")  # noqa: A001

@@ -6,6 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 import dask.array as da
+from dask.array.core import normalize_chunks
+from dask.utils import parse_bytes
 
 from flowgpu.arrays.chunks import resolve_chunks
 from flowgpu.errors import OpError
@@ -173,14 +175,10 @@ def rechunk(x: Array, *, chunks: Any = "auto") -> Array:
     if isinstance(chunks, list):
         chunks = tuple(chunks)
     if isinstance(chunks, str) and chunks != "auto":
-        from dask.utils import parse_bytes
-
         try:
             limit = parse_bytes(chunks)
         except ValueError:
             raise OpError(f"op 'rechunk': chunks={chunks!r} is neither 'auto' nor a byte size like '256MiB'") from None
-        from dask.array.core import normalize_chunks
-
         return x.rechunk(normalize_chunks("auto", x.shape, limit=limit, dtype=x.dtype))
     return x.rechunk(resolve_chunks(chunks, x.shape, x.dtype))
 

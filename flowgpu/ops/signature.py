@@ -198,16 +198,13 @@ def bind_arguments(op: Op | str, args: Mapping[str, Any] | None = None, *, n_inp
     accepted = accepted_arguments(func, op.inputs)
     for key, value in args.items():
         p = params.get(key)
-        if p is None or p.kind == p.VAR_POSITIONAL:
-            if p is not None:
-                raise ArgumentError(f"op {op.name!r}: {key!r} are the step's inputs; list them under inputs, not as an argument",
-                                    key)
-            if has_var_kw:
-                continue
+        if p is not None and p.kind == p.VAR_POSITIONAL:
+            raise ArgumentError(f"op {op.name!r}: {key!r} are the step's inputs; list them under inputs, not as an argument",
+                                key)
+        if p is None and not has_var_kw:
             raise _unknown(op.name, key, accepted)
-        if p.kind == p.VAR_KEYWORD:
-            continue
-        _check_type(op.name, func, key, value)
+        if p is not None and p.kind != p.VAR_KEYWORD:
+            _check_type(op.name, func, key, value)
     missing = [p.name for p in params.values()
                if p.default is p.empty and p.kind == p.KEYWORD_ONLY and p.name not in args]
     if missing:
@@ -217,10 +214,7 @@ def bind_arguments(op: Op | str, args: Mapping[str, Any] | None = None, *, n_inp
         fixed = [n for n in (i.rstrip("*") for i in op.inputs) if n not in args and n in params
                  and params[n].kind != params[n].VAR_POSITIONAL]
         required = [n for n in fixed if params[n].default is params[n].empty]
-        if variadic:
-            ok = n_inputs >= max(len(required), 1)
-        else:
-            ok = len(required) <= n_inputs <= len(fixed)
+        ok = n_inputs >= max(len(required), 1) if variadic else len(required) <= n_inputs <= len(fixed)
         if not ok:
             want = ", ".join(n.rstrip("*") + ("..." if n.endswith("*") else "") for n in op.inputs)
             raise ArgumentError(f"op {op.name!r} takes {'at least ' if variadic else ''}"

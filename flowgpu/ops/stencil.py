@@ -31,16 +31,12 @@ _SYNONYMS = {"grid-mirror": "reflect", "grid-constant": "constant", "grid-wrap":
 Sizes = int | float | list | tuple
 
 
-def _ndimage(block):
+def _filter_block(block, name: str, kwargs: dict):
     if is_cupy(block):
         from cupyx.scipy import ndimage
     else:
         from scipy import ndimage
-    return ndimage
-
-
-def _filter_block(block, name: str, kwargs: dict):
-    return getattr(_ndimage(block), name)(block, **kwargs)
+    return getattr(ndimage, name)(block, **kwargs)
 
 
 def _per_axis_values(name: str, arg: str, value: Any, ndim: int, axes: Any, neutral: Any) -> tuple:
@@ -105,13 +101,6 @@ def gaussian_filter(x: Array, *, sigma: Sizes, mode: Mode = "reflect", cval: flo
                   {"sigma": tuple(float(s) for s in sigmas), "cval": float(cval), "truncate": float(truncate)})
 
 
-def _sizes(name: str, size: Any, x: Any, axes: Any) -> tuple[int, ...]:
-    sizes = _per_axis_values(name, "size", size, x.ndim, axes, 1)
-    if any(isinstance(s, bool) or int(s) != s or s < 1 for s in sizes):
-        raise OpError(f"op {name!r}: size={size!r} must be whole numbers >= 1")
-    return tuple(int(s) for s in sizes)
-
-
 _BOX_DOC = """{summary}
 
 Parameters
@@ -138,12 +127,13 @@ def _box_filter(name: str, summary: str) -> Any:
 
     def func(x: Array, *, size: Sizes = 3, mode: Mode = "reflect", cval: float = 0.0,
              axes: int | str | list[int | str] | None = None) -> Array:
-        sizes = _sizes(name, size, x, axes)
+        sizes = _per_axis_values(name, "size", size, x.ndim, axes, 1)
+        if any(isinstance(s, bool) or int(s) != s or s < 1 for s in sizes):
+            raise OpError(f"op {name!r}: size={size!r} must be whole numbers >= 1")
+        sizes = tuple(int(s) for s in sizes)
         return _apply(name, x, tuple(s // 2 for s in sizes), mode, {"size": sizes, "cval": float(cval)})
 
-    func.__name__ = func.__qualname__ = name
-    func.__doc__ = _BOX_DOC.format(summary=summary)
-    return defop(name)(func)
+    return defop(name, _BOX_DOC.format(summary=summary))(func)
 
 
 uniform_filter = _box_filter("uniform_filter", "Moving average over a box of the given size, equal to "
