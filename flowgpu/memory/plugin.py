@@ -50,7 +50,7 @@ def stats(dask_worker=None) -> dict:
     data = dask_worker.data
     if isinstance(data, FlowgpuStore):
         st = data.stats()
-        st["worker"] = dask_worker.id  # a worker the nanny restarts is a new one, counting from 0
+        st["worker"] = getattr(dask_worker, "id", None)  # a worker the nanny restarts is a new one, counting from 0
         # and what the Zarr device path read and wrote (storage_* moves and events): its counters
         # exist only in a process that imported flowgpu.io, which this one does not do for them
         # (zarr and its codecs cost a worker some 40 MB)
@@ -74,7 +74,7 @@ def summary(per_worker: dict[str, dict]) -> dict:
             moves[act].update({k: m[k] for k in ("bytes", "count", "seconds")})
         events.update(st.get("events", {}))
         errors += [e for e in st.get("errors", []) if e not in errors]
-        workers[st.get("worker", address)] = {"moves": st.get("moves", {}), "events": st.get("events", {})}
+        workers[st.get("worker") or address] = {"moves": st.get("moves", {}), "events": st.get("events", {})}
     stores = sorted({st.get("store", "?") for st in per_worker.values()})
     return {"stores": stores, "moves": _rates(moves), "events": dict(events), "errors": errors, "workers": workers}
 
