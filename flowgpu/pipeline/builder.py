@@ -50,7 +50,7 @@ import yaml
 from flowgpu import pipeline as api
 from flowgpu.errors import SpecError, did_you_mean
 from flowgpu.io import atomic
-from flowgpu.pipeline.build import build, load
+from flowgpu.pipeline.build import build, clip, load
 from flowgpu.pipeline.compiler import Plan, compile
 from flowgpu.pipeline.loader import Path, SourceMap, format_path
 from flowgpu.pipeline.planning import describe
@@ -204,7 +204,7 @@ def render(owner: Any, site: Site, value: Any, path: tuple, at: Pos) -> Any:
         return [render(owner, site, v, path + (i,), at) for i, v in enumerate(value)]
     if isinstance(value, dict) and all(isinstance(k, str) for k in value):
         return {k: render(owner, site, v, path + (k,), at) for k, v in value.items()}
-    raise site.error(f"{type(value).__name__} {short(value)} is not spec data", path, at=at,
+    raise site.error(f"{type(value).__name__} {clip(repr(value), 50)} is not spec data", path, at=at,
                      hint="a spec holds numbers, strings, booleans, lists and mappings with string keys")
 
 
@@ -223,12 +223,6 @@ def step_function(func: Callable, site: Site) -> tuple[str, str]:
         raise site.error(f"step function {what!r} is defined in the script that runs (__main__): workers and "
                          "`flowgpu run` import it by 'module:name'", ("steps",), hint=fix)
     return what, module
-
-
-def short(value: Any) -> str:
-    """``repr(value)``, cut to fit a message."""
-    text = repr(value)
-    return text if len(text) <= 50 else text[:47] + "..."
 
 
 _NODE_HINT = "pass what p.input(...) or p.step(...) returned (p['name'] gives it by name)"
@@ -507,7 +501,7 @@ class Pipeline:
         if isinstance(value, Ref):
             return str(value)
         hint = f"{_NODE_HINT}, e.g. p[{value!r}]" if isinstance(value, str) else _NODE_HINT
-        raise site.error(f"{type(value).__name__} {short(value)} where an input or step is needed", path, at=at,
+        raise site.error(f"{type(value).__name__} {clip(repr(value), 50)} where an input or step is needed", path, at=at,
                          hint=hint + (" (other op arguments go by keyword)" if not callable(value) else ""))
 
     def _input(self, site: Site, path: tuple, ref: Any, at: Pos) -> str:
