@@ -26,9 +26,9 @@ import hashlib
 import json
 import math
 import os
-import stat
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +39,7 @@ from flowgpu.diagnostics import jsontext
 from flowgpu.io import atomic, sinks
 from flowgpu.io.atomic import written_by_flowgpu
 from flowgpu.pipeline.compiler import Plan
+from flowgpu.pipeline.loader import Unread, read_bounded
 from flowgpu.pipeline.recipe import Recipe, fingerprint, same_fingerprint
 
 __all__ = ["Cache", "Verdict", "entry_checksum", "summarize"]
@@ -110,40 +111,21 @@ def _most_bytes(x: Any | None) -> int:
     return _ENTRY_BYTES + math.prod(shape) * per_value
 
 
-def _kind(mode: int) -> str:
-    for test, what in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a device"),
-                       (stat.S_ISBLK, "a device"), (stat.S_ISSOCK, "a socket")):
-        if test(mode):
-            return what
-    return "not a regular file"
-
-
 def _read(path: str, most: int) -> dict | None:
     """The JSON object in the entry file ``path``, or None when there is none. Only a regular file of
-    at most ``most`` bytes is read, and nothing ever waits: a FIFO or a device in its place is
-    opened without blocking and refused by ``fstat``; a symbolic link is not followed."""
+    at most ``most`` bytes is read, and nothing ever waits (:func:`~flowgpu.pipeline.loader.read_bounded`);
+    a symbolic link is not followed."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+        text = read_bounded(path, most, os.O_NOFOLLOW)
     except (FileNotFoundError, NotADirectoryError):
         return None
+    except Unread as e:
+        raise _Untrusted(f"it is {'a folder' if e.kind == 'a directory' else e.kind}, not a file flowgpu wrote"
+                         if e.kind else f"it holds more bytes than an entry of this output can ({most:,}): "
+                                        f"{e.size:,}") from None
     except OSError as e:
         raise _Untrusted("it is a symbolic link, not a file flowgpu wrote" if e.errno == errno.ELOOP
                          else f"it cannot be read ({e.strerror or e})") from None
-    too_big = f"it holds more bytes than an entry of this output can ({most:,})"
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise _Untrusted(f"it is {_kind(st.st_mode)}, not a file flowgpu wrote")
-        if st.st_size > most:
-            raise _Untrusted(f"{too_big}: {st.st_size:,}")
-        with open(fd, "rb", closefd=False) as f:
-            text = f.read(most + 1)
-    except OSError as e:
-        raise _Untrusted(f"it cannot be read ({e.strerror or e})") from None
-    finally:
-        os.close(fd)
-    if len(text) > most:
-        raise _Untrusted(too_big)  # it grew while read
     try:
         data = json.loads(text.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError):
@@ -401,10 +383,7 @@ def summarize(verdicts: dict[str, Verdict] | list[Verdict]) -> str:
     """One line for the user: ``3 up to date, 1 to compute (inputs changed: data/b.npy)``."""
     items = list(verdicts.values()) if isinstance(verdicts, dict) else list(verdicts)
     fresh = sum(v.up_to_date for v in items)
-    reasons: dict[str, int] = {}
-    for v in items:
-        if not v.up_to_date:
-            reasons[v.reason] = reasons.get(v.reason, 0) + 1
+    reasons = Counter(v.reason for v in items if not v.up_to_date)
     todo = len(items) - fresh
     parts = [f"{fresh} up to date"] if fresh or not todo else []
     if todo:

@@ -25,7 +25,7 @@ import yaml
 from flowgpu import config
 from flowgpu.errors import SpecError, SpecLimitError
 
-__all__ = ["SourceMap", "read_yaml", "parse_yaml", "format_path", "limit"]
+__all__ = ["SourceMap", "Unread", "read_bounded", "read_yaml", "parse_yaml", "format_path", "limit"]
 
 _PLAIN_TAGS = {
     "tag:yaml.org,2002:" + t for t in ("str", "int", "float", "bool", "null", "map", "seq", "timestamp", "binary")
@@ -223,32 +223,46 @@ def parse_yaml(text: str, file: str | None = None) -> tuple[Any, SourceMap]:
         loader.dispose()
 
 
-def _read_text(path: str) -> str:
-    """The text of regular file ``path``, up to ``flowgpu.spec.max-bytes``; the file is checked
-    after it is opened without blocking (a FIFO would wait for a writer), so nothing can swap it."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode):
+_KINDS = {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a device", stat.S_IFBLK: "a device"}
+
+
+class Unread(Exception):
+    """What :func:`read_bounded` found instead of a file to read: ``kind``, what the path is if not
+    a regular file ("a FIFO", ...), else ``size``, more bytes than it may hold."""
+
+    def __init__(self, kind: str | None = None, size: int = 0):
+        super().__init__(kind or f"{size:,} bytes")
+        self.kind, self.size = kind, size
+
+
+def read_bounded(path: str, most: int, flags: int = 0) -> bytes:
+    """The bytes of the regular file ``path`` if it holds at most ``most``, else :class:`Unread`;
+    OSError as ``os.open`` (``flags`` added to its) and ``read`` raise it. The file is opened
+    without blocking (a FIFO would wait for a writer) and checked once open, so nothing can swap it."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | flags)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise Unread(_KINDS.get(stat.S_IFMT(info.st_mode), "a socket"))
+        with open(fd, "rb", closefd=False) as f:
+            data = f.read(most + 1) if info.st_size <= most else b""
+    finally:
         os.close(fd)
-        kind = ("a directory" if stat.S_ISDIR(info.st_mode) else "a FIFO" if stat.S_ISFIFO(info.st_mode)
-                else "a device" if stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode) else "a socket")
-        raise SpecLimitError(f"{path!r} is {kind}, not a regular file", file=path, path="<document>",
-                             hint="give the path of a YAML file")
-    most = limit("max-bytes")
-    with os.fdopen(fd, "rb") as f:
-        data = f.read(most + 1)
-    if info.st_size > most or len(data) > most:
-        raise SpecLimitError(f"{path!r} holds {max(info.st_size, len(data)):,} bytes, more than the "
-                             f"{most:,} a spec may hold", file=path, path="<document>",
-                             hint="specs are small YAML files; raise flowgpu.spec.max-bytes if this one is meant")
-    return data.decode("utf-8")
+    if max(info.st_size, len(data)) > most:
+        raise Unread(size=max(info.st_size, len(data)))  # more than it said when opened: it grew while read
+    return data
 
 
 def read_yaml(path: str | os.PathLike) -> tuple[Any, SourceMap]:
     """Read and parse a YAML file (a regular file, within the ``flowgpu.spec`` limits)."""
     path = os.fspath(path)
     try:
-        text = _read_text(path)
+        text = read_bounded(path, limit("max-bytes")).decode("utf-8")
+    except Unread as e:
+        raise SpecLimitError(f"{path!r} is {e.kind}, not a regular file" if e.kind else
+                             f"{path!r} holds {e.size:,} bytes, more than the {limit('max-bytes'):,} a spec may hold",
+                             file=path, path="<document>", hint="give the path of a YAML file" if e.kind else
+                             "specs are small YAML files; raise flowgpu.spec.max-bytes if this one is meant") from None
     except FileNotFoundError:
         raise SpecError(f"spec file {path!r} does not exist", file=path, line=None, col=None,
                         path="<document>", hint="check the path (relative paths start at the working directory)"
