@@ -382,7 +382,7 @@ class Pipeline:
         for key in new:
             self._smap.mark(site, ("foreach", key), site.keyword(key))
         self._data["foreach"].update(new)
-        self._changed()
+        self._spec = None
 
     def blocks(self, function: Callable | None = None, /, *, name: str | None = None, dtype: Any = None,
                drop_axis: Any = None, new_axis: Any = None, chunks: Any = None, kwargs: dict | None = None,
@@ -405,7 +405,8 @@ class Pipeline:
         param = name[len("params."):] if isinstance(name, str) and name.startswith("params.") else None
         known = list(self._data["params"]) if param is not None else self._nodes()
         if (param or name) in known:
-            return Ref(self, param, "param") if param is not None else Ref(self, name, self._kind(name))
+            kind = "param" if param is not None else "input" if name in self._data["inputs"] else "step"
+            return Ref(self, param or name, kind)
         raise call_site().error(f"pipeline {self.name!r} has no {'param' if param else 'input or step'} "
                                         f"{name!r}", hint=did_you_mean(param or name, known, "it has: "
                                                                        f"{', '.join(map(str, known)) or 'none'}"))
@@ -460,12 +461,6 @@ class Pipeline:
     def _nodes(self) -> list[str]:
         return [*self._data["inputs"], *self._data["steps"]]
 
-    def _kind(self, name: str) -> str:
-        return "input" if name in self._data["inputs"] else "step"
-
-    def _changed(self) -> None:
-        self._spec = None
-
     def _new(self, site: Site, section: str, name: Any, taken: Any) -> tuple[str, str]:
         """``(section, name)`` for a new entry, its name checked and its place recorded."""
         at = site.given("name", 0)
@@ -479,7 +474,7 @@ class Pipeline:
             raise site.error(f"{name!r} is already defined ({first}.{name}, at {err.location})", (section, name),
                              at=at, hint="give each input and step a name of its own")
         self._smap.mark(site, (section, name), site.at, at)
-        self._changed()
+        self._spec = None  # built again when asked for
         return section, name
 
     def _is_node(self, value: Any) -> bool:
