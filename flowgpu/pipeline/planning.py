@@ -16,6 +16,7 @@ cannot fit one worker, or whose largest array cannot fit the cluster's memory an
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -183,14 +184,12 @@ def _workers(plan: Plan) -> int:
 def describe(plan: Plan, prefix: str = "") -> dict[str, Any]:
     """Rows (one per input/step, in order) and totals of a compiled pipeline."""
     rows: list[dict[str, Any]] = []
-    layer_cache: dict[str, dict[Any, Any]] = {}
 
+    @functools.cache
     def layers_of(name: str) -> dict[Any, Any]:
-        if name not in layer_cache:
-            x = plan.arrays.get(name)
-            parts = x.values() if isinstance(x, dict) else [x]  # a uses step: all its outputs
-            layer_cache[name] = _layers([p for p in parts if isinstance(p, da.Array)])
-        return layer_cache[name]
+        x = plan.arrays.get(name)
+        parts = x.values() if isinstance(x, dict) else [x]  # a uses step: all its outputs
+        return _layers([p for p in parts if isinstance(p, da.Array)])
 
     for name in plan.order:
         node, x = plan.nodes[name], plan.nodes[name].array

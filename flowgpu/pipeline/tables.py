@@ -83,10 +83,6 @@ def _params(item: Any) -> dict[str, Any]:
     return {**item.values, **pinned}
 
 
-def _columns(item: Any, plan: Any, outputs: list[str]) -> list[str]:
-    return [*_params(item), *(c for n in outputs for c in table.column_names(n, plan.outputs[n].shape))]
-
-
 def _gather(pairs: list[tuple[Any, Any, Any]]) -> dict[str, _Table]:
     """The tables of a batch: ``pairs`` are ``(item, plan, what to keep)`` (what: the item or its job)."""
     found: dict[str, _Table] = {}
@@ -96,7 +92,7 @@ def _gather(pairs: list[tuple[Any, Any, Any]]) -> dict[str, _Table]:
             if out.path is not None and collects(out):
                 mine.setdefault(canonical(out.path), []).append(name)
         for key, outputs in mine.items():
-            header = _columns(item, plan, outputs)
+            header = [*_params(item), *(c for n in outputs for c in table.column_names(n, plan.outputs[n].shape))]
             t = found.setdefault(key, _Table(item.spec.outputs[outputs[0]].path, header, item, outputs))
             if header != t.header:
                 raise item.spec.error(
