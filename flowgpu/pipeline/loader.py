@@ -104,22 +104,16 @@ class _Loader(yaml.SafeLoader):
             self.depth -= 1
 
 
-def _without_sexagesimal(loader: type[yaml.SafeLoader]) -> None:
-    """YAML 1.1 reads ``1:30`` as the base-60 number 90; YAML 1.2, and every user, read text.
-    Resolve ints and floats as YAML 1.1 does, but without that form (so ``range: 1:30`` is a range)."""
-    resolvers = {}
-    for first, entries in yaml.SafeLoader.yaml_implicit_resolvers.items():
-        resolvers[first] = [(tag, regexp) for tag, regexp in entries if tag not in (
-            "tag:yaml.org,2002:int", "tag:yaml.org,2002:float")]
-    loader.yaml_implicit_resolvers = resolvers
-    loader.add_implicit_resolver("tag:yaml.org,2002:int", re.compile(
-        r"^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$"), list("-+0123456789"))
-    loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(
-        r"^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)?|\.[0-9][0-9_]*(?:[eE][-+][0-9]+)?"
-        r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"), list("-+0123456789."))
-
-
-_without_sexagesimal(_Loader)
+# YAML 1.1 reads ``1:30`` as the base-60 number 90; YAML 1.2, and every user, read text. Ints and
+# floats resolve as YAML 1.1 resolves them, but without that form (so ``range: 1:30`` is a range).
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in entries if tag not in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")]
+    for first, entries in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_Loader.add_implicit_resolver("tag:yaml.org,2002:int", re.compile(
+    r"^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$"), list("-+0123456789"))
+_Loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(
+    r"^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)?|\.[0-9][0-9_]*(?:[eE][-+][0-9]+)?"
+    r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"), list("-+0123456789."))
 
 
 def _mark(node: yaml.Node) -> tuple[int, int]:
