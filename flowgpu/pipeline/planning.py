@@ -204,9 +204,7 @@ def describe(plan: Plan, prefix: str = "") -> dict[str, Any]:
         elif isinstance(x, da.Array) and node.what == "bound":
             row.update(shape=list(x.shape), dtype=str(x.dtype), chunks=list(x.chunksize), bytes=int(x.nbytes))
         elif isinstance(x, da.Array):
-            before: set = set()  # the layers of its inputs: the step's tasks are those of the layers it adds
-            for d in node.deps:
-                before |= layers_of(d).keys()
+            before = set().union(*(layers_of(d).keys() for d in node.deps))  # its inputs' layers: its tasks are the rest
             row.update(shape=list(x.shape), dtype=str(x.dtype), chunks=list(x.chunksize),
                        tasks=sum(len(layer) for n, layer in layers_of(name).items() if n not in before),
                        bytes=int(x.nbytes) if not any(np.isnan(s) for s in x.shape) else None)

@@ -215,7 +215,6 @@ class Spec(_Model):
         default_factory=dict,
         description="Run the pipeline once per value of these params (several: every combination), as one "
                     "batch on one cluster: `seed: [0, 1, 2]`, `input: {glob: data/*.npy}`, `n: {range: 100:500:100}`.")
-    # where the spec came from (file, source map, data before params were substituted); set by load()
     _origin: Any = PrivateAttr(default=None)
 
     @property
