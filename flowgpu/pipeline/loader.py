@@ -66,15 +66,6 @@ class SourceMap:
         line, col = self.locate(path, key=key)
         return kind(message, file=self.file, line=line, col=col, path=format_path(tuple(path)), hint=hint)
 
-    def sub(self, prefix: Path) -> "SourceMap":
-        """The part of this map under ``prefix``, re-rooted (used for included specs' bindings)."""
-        n = len(prefix)
-        return SourceMap(
-            self.file,
-            {p[n:]: v for p, v in self.values.items() if p[:n] == prefix},
-            {p[n:]: v for p, v in self.keys.items() if p[:n] == prefix},
-        )
-
 
 def limit(name: str) -> int:
     """``flowgpu.spec.<name>`` as a number (byte sizes such as ``"1MiB"`` parsed)."""
