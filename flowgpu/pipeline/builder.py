@@ -317,7 +317,8 @@ class Pipeline:
         an argument of the op (``args=`` holds one whose name a keyword here cannot take)."""
         site = call_site()
         where = self._new(site, "steps", name, self._nodes())
-        named = {k: v for k, v in kwargs.items() if self._is_node(v)}
+        named = {k: v for k, v in kwargs.items()  # refs of inputs and steps, and functions made steps
+                 if (v.kind != "param" if isinstance(v, Ref) else inspect.isfunction(v) and v in self._functions)}
         if inputs and named:
             raise site.error("give a step's inputs by position (a list) or by name (a mapping), not both",
                              where + ("inputs",), hint="name them all, e.g. x=x, mu=mu, for an op such as expr")
@@ -476,11 +477,6 @@ class Pipeline:
         self._smap.mark(site, (section, name), site.at, at)
         self._spec = None  # built again when asked for
         return section, name
-
-    def _is_node(self, value: Any) -> bool:
-        if isinstance(value, Ref):
-            return value.kind != "param"
-        return inspect.isfunction(value) and value in self._functions
 
     def _node(self, site: Site, value: Any, path: tuple, at: Pos) -> str:
         """The name a reference to an input or step of this pipeline has in the spec."""
