@@ -122,10 +122,8 @@ def check_memory(plan: Plan, workers: dict[str, dict], threads: int, budget: int
                       f"{format_bytes(process)} the worker process itself uses)",
                       "use smaller chunks (chunks: auto sizes them for the workers), fewer threads_per_worker, "
                       "or a larger cluster.memory_limit")
-    disks: dict[str, int] = {}
-    for w in workers.values():
-        if w.get("spill_free") is not None:
-            disks[w.get("spill_disk") or w.get("local_directory") or "?"] = int(w["spill_free"])
+    disks = {w.get("spill_disk") or w.get("local_directory") or "?": int(w["spill_free"])
+             for w in workers.values() if w.get("spill_free") is not None}
     host = sum(int(w.get("memory_limit") or 0) for w in workers.values() if w.get("gpus"))  # GPU workers spill there
     room = budget * len(workers) + host + sum(disks.values())
     name, section, _, _, size = max(feet, key=lambda f: f[4])
@@ -219,16 +217,7 @@ def describe(plan: Plan, prefix: str = "") -> dict[str, Any]:
     held = held_whole(plan)
     if held is not None:  # every chunk of it waits for the reduction, besides what the running tasks hold
         per_task = max(per_task, math.ceil(held[1] / _workers(plan)) + peak * threads)
-    return {
-        "name": plan.spec.name,
-        "file": plan.file,
-        "params": plan.params,
-        "steps": rows,
-        "outputs": outputs,
-        "tasks": graph_size(list(plan.outputs.values())),
-        "fused": plan.fused,
-        "peak_task_bytes": peak,
-        "threads_per_worker": threads,
-        "peak_worker_bytes": per_task,
-        "held_whole": {"name": prefix + held[0], "bytes": held[1]} if held is not None else None,
-    }
+    return {"name": plan.spec.name, "file": plan.file, "params": plan.params, "steps": rows, "outputs": outputs,
+            "tasks": graph_size(list(plan.outputs.values())), "fused": plan.fused, "peak_task_bytes": peak,
+            "threads_per_worker": threads, "peak_worker_bytes": per_task,
+            "held_whole": {"name": prefix + held[0], "bytes": held[1]} if held is not None else None}
