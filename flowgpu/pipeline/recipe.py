@@ -321,15 +321,8 @@ def recipes(plan: Plan, *, checksum: bool = False) -> dict[str, Recipe]:
     (``checksum=True``: with content digests). Runs no user code and reads no array data; take
     them before a run reads its inputs, so a file changed during the run is seen as changed."""
     hasher = _Hasher(plan)
-    seen: dict[str, dict] = {}
-    out = {}
-    for name in plan.spec.outputs:
-        part = hasher.output(name)
-        inputs = {}
-        for path in sorted(part.files):
-            if path not in seen:
-                seen[path] = fingerprint(path, checksum)
-            inputs[path] = seen[path]
-        out[name] = Recipe(name, part.digest, {n: plan.params[n] for n in sorted(part.params)}, inputs,
-                           dict(sorted(part.code.items())))
-    return out
+    parts = {name: hasher.output(name) for name in plan.spec.outputs}
+    prints = {path: fingerprint(path, checksum) for path in set().union(*(part.files for part in parts.values()))}
+    return {name: Recipe(name, part.digest, {n: plan.params[n] for n in sorted(part.params)},
+                         {path: prints[path] for path in sorted(part.files)}, dict(sorted(part.code.items())))
+            for name, part in parts.items()}
