@@ -180,30 +180,24 @@ def _unprintable(e: yaml.reader.ReaderError, text: str, file: str | None) -> Spe
 
 def parse_yaml(text: str, file: str | None = None) -> tuple[Any, SourceMap]:
     """Parse YAML text into plain data and its :class:`SourceMap`; errors are :class:`SpecError`."""
-    smap = SourceMap(file)
     try:
         loader = _Loader(text, file)  # its reader refuses unprintable characters at once
+        node = loader.get_single_node()
     except yaml.reader.ReaderError as e:
         raise _unprintable(e, text, file) from None
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
+        problem = (e.problem or "malformed YAML").strip()
+        context = f" {e.context.strip()}" if e.context else ""
+        raise SpecError(f"malformed YAML: {problem}{context}", file=file, line=line, col=col, path="<document>",
+                        hint=_syntax_hint(text, mark)) from None
+    except yaml.YAMLError as e:
+        raise SpecError(f"malformed YAML: {e}", file=file, line=1, col=1, path="<document>",
+                        hint="check the file is UTF-8 YAML text") from None
+    smap = SourceMap(file)
     try:
-        try:
-            node = loader.get_single_node()
-        except yaml.reader.ReaderError as e:
-            raise _unprintable(e, text, file) from None
-        except yaml.MarkedYAMLError as e:
-            mark = e.problem_mark or e.context_mark
-            line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
-            problem = (e.problem or "malformed YAML").strip()
-            context = f" {e.context.strip()}" if e.context else ""
-            raise SpecError(f"malformed YAML: {problem}{context}", file=file, line=line, col=col,
-                            path="<document>",
-                            hint=_syntax_hint(text, mark)) from None
-        except yaml.YAMLError as e:
-            raise SpecError(f"malformed YAML: {e}", file=file, line=1, col=1, path="<document>",
-                            hint="check the file is UTF-8 YAML text") from None
-        if node is None:
-            return {}, smap
-        return _build(node, loader, smap, ()), smap
+        return ({}, smap) if node is None else (_build(node, loader, smap, ()), smap)
     finally:
         loader.dispose()
 
