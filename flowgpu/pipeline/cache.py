@@ -38,6 +38,7 @@ from flowgpu import __version__, config
 from flowgpu.diagnostics import jsontext
 from flowgpu.io import atomic, sinks
 from flowgpu.io.atomic import written_by_flowgpu
+from flowgpu.io.paths import shown
 from flowgpu.pipeline.compiler import Plan
 from flowgpu.pipeline.loader import Unread, read_bounded
 from flowgpu.pipeline.recipe import Recipe, fingerprint, same_fingerprint
@@ -81,12 +82,6 @@ class Verdict:
     reason: str
     value: Any = None
     location: str | None = None
-
-
-def _shown(path: str) -> str:
-    """``path`` relative to the working directory when it is under it."""
-    rel = os.path.relpath(path)
-    return path if rel == ".." or rel.startswith(".." + os.sep) else rel
 
 
 def _location(plan: Plan, name: str) -> str | None:
@@ -289,7 +284,7 @@ class Cache:
         except _Untrusted as e:
             of = f" of item {', '.join(f'{k}={v}' for k, v in item.items())}" if item else ""
             print(f"flowgpu: not using the cache entry of output {name!r}{of} "
-                  f"({_shown(self.path(plan, name, item))}): {e}; it is computed again", file=sys.stderr, flush=True)
+                  f"({shown(self.path(plan, name, item))}): {e}; it is computed again", file=sys.stderr, flush=True)
             return stale(DAMAGED)
         if entry is None:
             return stale("new")
@@ -309,9 +304,9 @@ class Cache:
                 now = fingerprint(path, checksum=True)
             was = recorded.get(path)
             if checksum and isinstance(was, dict) and "content" not in was and same_fingerprint(was, now):
-                unsummed.append(_shown(path))  # unchanged by stat, but no content digest to compare with
+                unsummed.append(shown(path))  # unchanged by stat, but no content digest to compare with
             elif not same_fingerprint(was, now, checksum):
-                changed.append(_shown(path))
+                changed.append(shown(path))
         if changed:
             return stale(f"inputs changed: {', '.join(changed)}")
         if unsummed:
