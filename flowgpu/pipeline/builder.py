@@ -492,8 +492,8 @@ class Pipeline:
         if isinstance(value, Ref):
             return str(value)
         hint = f"{_NODE_HINT}, e.g. p[{value!r}]" if isinstance(value, str) else _NODE_HINT
-        raise site.error(f"{type(value).__name__} {clip(repr(value), 50)} where an input or step is needed", path, at=at,
-                         hint=hint + (" (other op arguments go by keyword)" if not callable(value) else ""))
+        raise site.error(f"{type(value).__name__} {clip(repr(value), 50)} where an input or step is needed", path,
+                         at=at, hint=hint + (" (other op arguments go by keyword)" if not callable(value) else ""))
 
     def _input(self, site: Site, path: tuple, ref: Any, at: Pos) -> str:
         """:meth:`_node`, placed at ``at``."""
