@@ -198,8 +198,7 @@ class Origin:
 
 def _fields_at(data: Any, path: tuple) -> list[str]:
     """Allowed keys of the mapping at ``path`` (for 'did you mean' hints)."""
-    models = {(): S.Spec, ("cluster",): S.Cluster}
-    model = models.get(path)
+    model = {(): S.Spec, ("cluster",): S.Cluster}.get(path)
     if model is None and len(path) == 2:
         model = {"steps": S.Step, "params": S.Param}.get(path[0])
         entry = (data.get(path[0], {}).get(path[1]) or {}) if isinstance(data, dict) else {}

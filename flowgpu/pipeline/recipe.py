@@ -19,6 +19,7 @@ reads are kept beside the digest, not in it, so the cache can say which input ch
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -39,8 +40,7 @@ from flowgpu.registry import import_candidates
 __all__ = ["Recipe", "recipes", "fingerprint", "same_fingerprint", "content_digest"]
 
 # -- fingerprints of files and folders -------------------------------------------------------------
-def _hasher() -> Any:
-    return hashlib.blake2b(digest_size=16)
+_hasher = functools.partial(hashlib.blake2b, digest_size=16)
 
 
 def content_digest(path: str) -> str:
