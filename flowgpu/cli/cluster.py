@@ -19,7 +19,6 @@ from flowgpu.runtime import standing
 from flowgpu.runtime.session import Session
 
 
-# The scheduler speaks TLS, but bokeh's dashboard has no login: say so where it is started.
 DASHBOARD_NOTE = ("note: the dashboard is plain HTTP with no login: any user of this host can read its pages (step "
                   "names, paths, errors); the scheduler itself speaks TLS. Start with --dashboard-address '' to "
                   "turn it off")

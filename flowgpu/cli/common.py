@@ -1,8 +1,5 @@
-"""What every ``flowgpu`` command shares: consoles, one-line errors and exit codes, common options.
-
-Exit codes: 0 ok; 2 an invalid spec or argument (nothing ran, nothing was written); 1 a failure
-while running.
-"""
+"""What every ``flowgpu`` command shares: consoles, one-line errors and exit codes (see
+:mod:`flowgpu.cli`), common options."""
 
 from __future__ import annotations
 
@@ -88,10 +85,8 @@ def _parse_sets(values: tuple[str, ...]) -> dict[str, str]:
     return out
 
 
-def spec_options(func: Callable) -> Callable:
+def spec_options(command: Callable) -> Callable:
     """--set, --params and --trust, shared by run, validate and plan (--trust applies while the command runs)."""
-
-    command = func
 
     @functools.wraps(command)
     def trusted(*args: Any, trust: tuple[str, ...] = (), **kwargs: Any) -> Any:

@@ -17,6 +17,7 @@ from flowgpu.io.sources import SOURCES
 from flowgpu.ops import all_ops
 from flowgpu.registry import Entry
 
+
 @click.command()
 def info() -> None:
     """Show what this machine offers: GPUs, CuPy, and the backend a Session would use."""
@@ -25,7 +26,6 @@ def info() -> None:
     click.echo(f"GPUs visible: {n}")
     click.echo(f"CuPy: {'yes' if cupy else 'no'}")
     click.echo(f"Session() would use: {'gpu (dask-cuda)' if n and cupy else 'cpu (distributed)'}")
-
 
 
 def _table(title: str, columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
@@ -100,5 +100,3 @@ def schema(output: str | None) -> None:
             _fail(f"cannot write {output}: {e.strerror}", EXIT_FAILED)
     else:
         click.echo(text, nl=False)
-
-

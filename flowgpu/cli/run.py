@@ -22,6 +22,7 @@ from flowgpu.pipeline.checks import check_side_files
 from flowgpu.pipeline.foreach import parse_option
 from flowgpu.registry import checking_only
 
+
 def _results(data: dict, as_json: bool, render: Callable[[dict, Any], None]) -> None:
     """Results on stdout: JSON (for scripts: ``flowgpu run x.yaml --json | jq``) or the table."""
     if as_json:
@@ -234,5 +235,3 @@ def plan(spec: str, sets: tuple[str, ...], params_file: str | None, fmt: str, as
         click.echo(stepgraph.to_dot(graph) if fmt == "dot" else stepgraph.to_svg(graph), nl=False)
     else:
         render_plan(desc, _console(stderr=False))
-
-

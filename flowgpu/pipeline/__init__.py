@@ -13,7 +13,7 @@ import functools
 import os
 from typing import Any
 
-from flowgpu.pipeline.build import from_dict, load
+from flowgpu.pipeline.build import from_dict, load, load_spec
 from flowgpu.pipeline.batch import check_joined
 from flowgpu.pipeline.builder import Pipeline, Ref
 from flowgpu.pipeline.compiler import Plan, compile
@@ -58,10 +58,7 @@ def validate(spec: Spec | str | os.PathLike | dict, overrides: dict[str, Any] | 
 
     Returns the validated :class:`Spec`; raises :class:`~flowgpu.errors.SpecError` otherwise.
     """
-    if isinstance(spec, (str, os.PathLike)):
-        spec = load(spec, overrides, params_file)
-    elif isinstance(spec, dict):
-        spec = from_dict(spec, overrides)
+    spec = load_spec(spec, overrides, params_file)  # as run loads it
     plan = compile(spec)
     check_outputs(spec, overwrite, {params_file: f"the params file {params_file!r}"} if params_file else None)
     items = expand(spec)  # a batch (foreach: block): within flowgpu.spec.max-items, every item as run checks it

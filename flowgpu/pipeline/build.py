@@ -38,6 +38,11 @@ __all__ = ["Origin", "build", "load", "from_dict", "read_params_file", "import_d
 _TYPES = {"int": int, "float": float, "str": str, "bool": bool, "list": list}
 
 
+def clip(text: str, most: int) -> str:
+    """``text``, cut to ``most`` characters (``...`` last) to fit a message."""
+    return text if len(text) <= most else text[:most - 3] + "..."
+
+
 def parse_value(text: Any) -> Any:
     """A command-line value as YAML would read it: ``1000`` -> int, ``true`` -> bool, ``[1, 2]`` -> list."""
     if not isinstance(text, str) or not text.strip():
@@ -45,17 +50,9 @@ def parse_value(text: Any) -> Any:
     try:
         return parse_yaml(text)[0]  # bounded like a spec file: no tags, no alias bombs, no deep nesting
     except SpecLimitError as e:
-        shown = text if len(text) <= 40 else text[:37] + "..."
-        raise SpecLimitError(f"the value {shown!r}: {e.message}", hint=e.hint) from None
+        raise SpecLimitError(f"the value {clip(text, 40)!r}: {e.message}", hint=e.hint) from None
     except SpecError:
         return text  # not YAML: the text itself
-
-
-def split_overrides(overrides: dict[str, Any] | None) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Split ``{"params.n": 5, "cluster.n_workers": 2}`` into params and other dotted paths."""
-    given = overrides or {}
-    return ({k.removeprefix("params."): v for k, v in given.items() if k.startswith("params.")},
-            {k: v for k, v in given.items() if not k.startswith("params.")})
 
 
 def set_path(data: dict, dotted: str, value: Any, smap: SourceMap) -> None:
@@ -201,8 +198,7 @@ class Origin:
 
 def _fields_at(data: Any, path: tuple) -> list[str]:
     """Allowed keys of the mapping at ``path`` (for 'did you mean' hints)."""
-    models = {(): S.Spec, ("cluster",): S.Cluster}
-    model = models.get(path)
+    model = {(): S.Spec, ("cluster",): S.Cluster}.get(path)
     if model is None and len(path) == 2:
         model = {"steps": S.Step, "params": S.Param}.get(path[0])
         entry = (data.get(path[0], {}).get(path[1]) or {}) if isinstance(data, dict) else {}
@@ -233,11 +229,6 @@ def _data_path(data: Any, loc: tuple) -> tuple:
     return tuple(out)
 
 
-def _describe(value: Any) -> str:
-    text = repr(value)
-    return (text[:60] + "...") if len(text) > 63 else text
-
-
 def _translate(err: dict, data: Any, smap: SourceMap) -> SpecError:
     loc = tuple(err.get("loc", ()))
     kind = err.get("type", "")
@@ -264,7 +255,7 @@ def _translate(err: dict, data: Any, smap: SourceMap) -> SpecError:
                           hint="names start with a letter or '_' and hold letters, digits and '_'")
     value = err.get("input")
     if kind.endswith(("_type", "_parsing")) or kind in ("literal_error", "enum"):
-        return smap.error(f"wrong type or value {_describe(value)}: {msg}", path,
+        return smap.error(f"wrong type or value {clip(repr(value), 63)}: {msg}", path,
                           hint="see `flowgpu schema` for the accepted values")
     return smap.error(msg, path, hint="see `flowgpu schema` or docs/pipelines.md for this field")
 
@@ -274,24 +265,25 @@ def build(data: Any, smap: SourceMap, overrides: dict[str, Any] | None = None) -
     if not isinstance(data, dict):
         raise smap.error(f"a spec is a mapping of keys (name, inputs, steps, outputs, ...), not "
                          f"{type(data).__name__}", (), hint="start from pipelines/quickstart.yaml")
-    raw = copy.deepcopy(data)
-    param_over, other = split_overrides(overrides)
+    overrides = dict(overrides or {})
     work = copy.deepcopy(data)
-    for key, value in other.items():
+    for key, value in overrides.items():
+        if key.startswith("params."):
+            continue  # resolve_params gives params their values, typed
         if key.split(".")[0] not in S.Spec.model_fields:
             raise SpecError(f"--set {key}: {key.split('.')[0]!r} is not a section of a spec", file=smap.file,
-                            line=1, col=1, path=key if len(key) <= 60 else key[:57] + "...",
+                            line=1, col=1, path=clip(key, 60),
                             hint=did_you_mean(key.split(".")[0], S.Spec.model_fields, "use e.g. params.n=1000"))
         set_path(work, key, value, smap)
-    values = resolve_params(work, smap, param_over)
+    values = resolve_params(work, smap, {k.removeprefix("params."): v for k, v in overrides.items()
+                                         if k.startswith("params.")})
     work = substitute(work, values, smap)
     import_dirs(smap.file)
     try:
         spec = S.Spec.model_validate(work)
     except ValidationError as e:
-        errors = e.errors(include_url=False)
-        raise _translate(errors[0], work, smap) from None
-    spec._origin = Origin(smap.file, smap, raw, values, dict(overrides or {}))
+        raise _translate(e.errors(include_url=False)[0], work, smap) from None
+    spec._origin = Origin(smap.file, smap, copy.deepcopy(data), values, overrides)
     return spec
 
 
@@ -322,14 +314,12 @@ def load(path: str | os.PathLike, overrides: dict[str, Any] | None = None, param
     params_file : a YAML file of param values, applied before ``overrides``.
     """
     data, smap = read_yaml(path)
-    merged = dict(read_params_file(params_file)) if params_file else {}
-    merged.update(overrides or {})
-    return build(data, smap, merged)
+    return build(data, smap, {**(read_params_file(params_file) if params_file else {}), **(overrides or {})})
 
 
 def from_dict(data: dict, overrides: dict[str, Any] | None = None) -> S.Spec:
     """A spec from Python data, with the same params handling and checks as a YAML file."""
-    return build(copy.deepcopy(data), SourceMap(None), overrides)
+    return build(data, SourceMap(None), overrides)
 
 
 def load_spec(spec: S.Spec | str | os.PathLike | dict, overrides: dict[str, Any] | None = None,

@@ -50,7 +50,7 @@ import yaml
 from flowgpu import pipeline as api
 from flowgpu.errors import SpecError, did_you_mean
 from flowgpu.io import atomic
-from flowgpu.pipeline.build import build, load
+from flowgpu.pipeline.build import build, clip, load
 from flowgpu.pipeline.compiler import Plan, compile
 from flowgpu.pipeline.loader import Path, SourceMap, format_path
 from flowgpu.pipeline.planning import describe
@@ -204,7 +204,7 @@ def render(owner: Any, site: Site, value: Any, path: tuple, at: Pos) -> Any:
         return [render(owner, site, v, path + (i,), at) for i, v in enumerate(value)]
     if isinstance(value, dict) and all(isinstance(k, str) for k in value):
         return {k: render(owner, site, v, path + (k,), at) for k, v in value.items()}
-    raise site.error(f"{type(value).__name__} {short(value)} is not spec data", path, at=at,
+    raise site.error(f"{type(value).__name__} {clip(repr(value), 50)} is not spec data", path, at=at,
                      hint="a spec holds numbers, strings, booleans, lists and mappings with string keys")
 
 
@@ -223,12 +223,6 @@ def step_function(func: Callable, site: Site) -> tuple[str, str]:
         raise site.error(f"step function {what!r} is defined in the script that runs (__main__): workers and "
                          "`flowgpu run` import it by 'module:name'", ("steps",), hint=fix)
     return what, module
-
-
-def short(value: Any) -> str:
-    """``repr(value)``, cut to fit a message."""
-    text = repr(value)
-    return text if len(text) <= 50 else text[:47] + "..."
 
 
 _NODE_HINT = "pass what p.input(...) or p.step(...) returned (p['name'] gives it by name)"
@@ -323,7 +317,8 @@ class Pipeline:
         an argument of the op (``args=`` holds one whose name a keyword here cannot take)."""
         site = call_site()
         where = self._new(site, "steps", name, self._nodes())
-        named = {k: v for k, v in kwargs.items() if self._is_node(v)}
+        named = {k: v for k, v in kwargs.items()  # refs of inputs and steps, and functions made steps
+                 if (v.kind != "param" if isinstance(v, Ref) else inspect.isfunction(v) and v in self._functions)}
         if inputs and named:
             raise site.error("give a step's inputs by position (a list) or by name (a mapping), not both",
                              where + ("inputs",), hint="name them all, e.g. x=x, mu=mu, for an op such as expr")
@@ -388,7 +383,7 @@ class Pipeline:
         for key in new:
             self._smap.mark(site, ("foreach", key), site.keyword(key))
         self._data["foreach"].update(new)
-        self._changed()
+        self._spec = None
 
     def blocks(self, function: Callable | None = None, /, *, name: str | None = None, dtype: Any = None,
                drop_axis: Any = None, new_axis: Any = None, chunks: Any = None, kwargs: dict | None = None,
@@ -411,7 +406,8 @@ class Pipeline:
         param = name[len("params."):] if isinstance(name, str) and name.startswith("params.") else None
         known = list(self._data["params"]) if param is not None else self._nodes()
         if (param or name) in known:
-            return Ref(self, param, "param") if param is not None else Ref(self, name, self._kind(name))
+            kind = "param" if param is not None else "input" if name in self._data["inputs"] else "step"
+            return Ref(self, param or name, kind)
         raise call_site().error(f"pipeline {self.name!r} has no {'param' if param else 'input or step'} "
                                         f"{name!r}", hint=did_you_mean(param or name, known, "it has: "
                                                                        f"{', '.join(map(str, known)) or 'none'}"))
@@ -466,12 +462,6 @@ class Pipeline:
     def _nodes(self) -> list[str]:
         return [*self._data["inputs"], *self._data["steps"]]
 
-    def _kind(self, name: str) -> str:
-        return "input" if name in self._data["inputs"] else "step"
-
-    def _changed(self) -> None:
-        self._spec = None
-
     def _new(self, site: Site, section: str, name: Any, taken: Any) -> tuple[str, str]:
         """``(section, name)`` for a new entry, its name checked and its place recorded."""
         at = site.given("name", 0)
@@ -485,13 +475,8 @@ class Pipeline:
             raise site.error(f"{name!r} is already defined ({first}.{name}, at {err.location})", (section, name),
                              at=at, hint="give each input and step a name of its own")
         self._smap.mark(site, (section, name), site.at, at)
-        self._changed()
+        self._spec = None  # built again when asked for
         return section, name
-
-    def _is_node(self, value: Any) -> bool:
-        if isinstance(value, Ref):
-            return value.kind != "param"
-        return inspect.isfunction(value) and value in self._functions
 
     def _node(self, site: Site, value: Any, path: tuple, at: Pos) -> str:
         """The name a reference to an input or step of this pipeline has in the spec."""
@@ -507,8 +492,8 @@ class Pipeline:
         if isinstance(value, Ref):
             return str(value)
         hint = f"{_NODE_HINT}, e.g. p[{value!r}]" if isinstance(value, str) else _NODE_HINT
-        raise site.error(f"{type(value).__name__} {short(value)} where an input or step is needed", path, at=at,
-                         hint=hint + (" (other op arguments go by keyword)" if not callable(value) else ""))
+        raise site.error(f"{type(value).__name__} {clip(repr(value), 50)} where an input or step is needed", path,
+                         at=at, hint=hint + (" (other op arguments go by keyword)" if not callable(value) else ""))
 
     def _input(self, site: Site, path: tuple, ref: Any, at: Pos) -> str:
         """:meth:`_node`, placed at ``at``."""

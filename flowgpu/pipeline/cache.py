@@ -26,9 +26,9 @@ import hashlib
 import json
 import math
 import os
-import stat
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,7 +38,9 @@ from flowgpu import __version__, config
 from flowgpu.diagnostics import jsontext
 from flowgpu.io import atomic, sinks
 from flowgpu.io.atomic import written_by_flowgpu
+from flowgpu.io.paths import shown
 from flowgpu.pipeline.compiler import Plan
+from flowgpu.pipeline.loader import Unread, read_bounded
 from flowgpu.pipeline.recipe import Recipe, fingerprint, same_fingerprint
 
 __all__ = ["Cache", "Verdict", "entry_checksum", "summarize"]
@@ -82,12 +84,6 @@ class Verdict:
     location: str | None = None
 
 
-def _shown(path: str) -> str:
-    """``path`` relative to the working directory when it is under it."""
-    rel = os.path.relpath(path)
-    return path if rel == ".." or rel.startswith(".." + os.sep) else rel
-
-
 def _location(plan: Plan, name: str) -> str | None:
     out = plan.spec.outputs[name]
     return os.path.abspath(out.path) if sinks.sink_entry(out.sink).has(sinks.WRITES_PATH) and out.path else None
@@ -110,40 +106,21 @@ def _most_bytes(x: Any | None) -> int:
     return _ENTRY_BYTES + math.prod(shape) * per_value
 
 
-def _kind(mode: int) -> str:
-    for test, what in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a device"),
-                       (stat.S_ISBLK, "a device"), (stat.S_ISSOCK, "a socket")):
-        if test(mode):
-            return what
-    return "not a regular file"
-
-
 def _read(path: str, most: int) -> dict | None:
     """The JSON object in the entry file ``path``, or None when there is none. Only a regular file of
-    at most ``most`` bytes is read, and nothing ever waits: a FIFO or a device in its place is
-    opened without blocking and refused by ``fstat``; a symbolic link is not followed."""
+    at most ``most`` bytes is read, and nothing ever waits (:func:`~flowgpu.pipeline.loader.read_bounded`);
+    a symbolic link is not followed."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+        text = read_bounded(path, most, os.O_NOFOLLOW)
     except (FileNotFoundError, NotADirectoryError):
         return None
+    except Unread as e:
+        raise _Untrusted(f"it is {'a folder' if e.kind == 'a directory' else e.kind}, not a file flowgpu wrote"
+                         if e.kind else f"it holds more bytes than an entry of this output can ({most:,}): "
+                                        f"{e.size:,}") from None
     except OSError as e:
         raise _Untrusted("it is a symbolic link, not a file flowgpu wrote" if e.errno == errno.ELOOP
                          else f"it cannot be read ({e.strerror or e})") from None
-    too_big = f"it holds more bytes than an entry of this output can ({most:,})"
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise _Untrusted(f"it is {_kind(st.st_mode)}, not a file flowgpu wrote")
-        if st.st_size > most:
-            raise _Untrusted(f"{too_big}: {st.st_size:,}")
-        with open(fd, "rb", closefd=False) as f:
-            text = f.read(most + 1)
-    except OSError as e:
-        raise _Untrusted(f"it cannot be read ({e.strerror or e})") from None
-    finally:
-        os.close(fd)
-    if len(text) > most:
-        raise _Untrusted(too_big)  # it grew while read
     try:
         data = json.loads(text.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError):
@@ -307,7 +284,7 @@ class Cache:
         except _Untrusted as e:
             of = f" of item {', '.join(f'{k}={v}' for k, v in item.items())}" if item else ""
             print(f"flowgpu: not using the cache entry of output {name!r}{of} "
-                  f"({_shown(self.path(plan, name, item))}): {e}; it is computed again", file=sys.stderr, flush=True)
+                  f"({shown(self.path(plan, name, item))}): {e}; it is computed again", file=sys.stderr, flush=True)
             return stale(DAMAGED)
         if entry is None:
             return stale("new")
@@ -327,9 +304,9 @@ class Cache:
                 now = fingerprint(path, checksum=True)
             was = recorded.get(path)
             if checksum and isinstance(was, dict) and "content" not in was and same_fingerprint(was, now):
-                unsummed.append(_shown(path))  # unchanged by stat, but no content digest to compare with
+                unsummed.append(shown(path))  # unchanged by stat, but no content digest to compare with
             elif not same_fingerprint(was, now, checksum):
-                changed.append(_shown(path))
+                changed.append(shown(path))
         if changed:
             return stale(f"inputs changed: {', '.join(changed)}")
         if unsummed:
@@ -401,10 +378,7 @@ def summarize(verdicts: dict[str, Verdict] | list[Verdict]) -> str:
     """One line for the user: ``3 up to date, 1 to compute (inputs changed: data/b.npy)``."""
     items = list(verdicts.values()) if isinstance(verdicts, dict) else list(verdicts)
     fresh = sum(v.up_to_date for v in items)
-    reasons: dict[str, int] = {}
-    for v in items:
-        if not v.up_to_date:
-            reasons[v.reason] = reasons.get(v.reason, 0) + 1
+    reasons = Counter(v.reason for v in items if not v.up_to_date)
     todo = len(items) - fresh
     parts = [f"{fresh} up to date"] if fresh or not todo else []
     if todo:

@@ -99,14 +99,9 @@ def check_outputs(spec: Spec, overwrite: bool = False, protect: dict[str, str] |
 
 
 SUMMARY_HEAD = b'{\n  "flowgpu": '  # how every summary a run writes begins (its first key is the version)
-
-
-def is_summary(path: str | os.PathLike) -> bool:
-    """Whether ``path`` is a run summary flowgpu wrote (a file that begins as one)."""
-    return atomic.starts_with(os.fspath(path), SUMMARY_HEAD)
-
-
-_SIDE_FILES = (("--summary", "run summary", is_summary), ("--report", "run report", runreport.is_report))
+# each side file: its flag, what it is, and whether a path holds one flowgpu wrote (a file that begins as one)
+_SIDE_FILES = (("--summary", "run summary", lambda path: atomic.starts_with(os.fspath(path), SUMMARY_HEAD)),
+               ("--report", "run report", runreport.is_report))
 
 
 def check_side_files(spec: Spec | str | os.PathLike | dict | None, summary: str | os.PathLike | None,

@@ -123,8 +123,7 @@ def _glob(pattern: str, most: int) -> list[str]:
     for path in _matches(pattern):
         key = _file_key(path)
         kept = found.get(key)
-        if kept is None or _through_links(kept) > _through_links(path) or (
-                _through_links(kept) == _through_links(path) and (len(path), path) < (len(kept), kept)):
+        if kept is None or (_through_links(path), len(path), path) < (_through_links(kept), len(kept), kept):
             found[key] = path
         if len(found) > most:
             break
@@ -147,10 +146,8 @@ def values_of(name: str, given: Any, *, spec: Spec | None = None, where: str | N
     comma-separated text. More than ``flowgpu.spec.max-items`` values are refused (SpecLimitError)."""
     where = where or f"foreach.{name}"
     path = ("foreach", name) if where == f"foreach.{name}" else ()
-    if isinstance(given, ForeachGlob):
-        given = {"glob": given.glob}
-    elif isinstance(given, ForeachRange):
-        given = {"range": given.range}
+    if isinstance(given, (ForeachGlob, ForeachRange)):
+        given = given.model_dump()
     if isinstance(given, dict) and set(given) == {"glob"}:
         pattern = str(given["glob"])
         found = _glob(pattern, limit("max-items"))

@@ -25,7 +25,7 @@ import yaml
 from flowgpu import config
 from flowgpu.errors import SpecError, SpecLimitError
 
-__all__ = ["SourceMap", "read_yaml", "parse_yaml", "format_path", "limit"]
+__all__ = ["SourceMap", "Unread", "read_bounded", "read_yaml", "parse_yaml", "format_path", "limit"]
 
 _PLAIN_TAGS = {
     "tag:yaml.org,2002:" + t for t in ("str", "int", "float", "bool", "null", "map", "seq", "timestamp", "binary")
@@ -66,15 +66,6 @@ class SourceMap:
         line, col = self.locate(path, key=key)
         return kind(message, file=self.file, line=line, col=col, path=format_path(tuple(path)), hint=hint)
 
-    def sub(self, prefix: Path) -> "SourceMap":
-        """The part of this map under ``prefix``, re-rooted (used for included specs' bindings)."""
-        n = len(prefix)
-        return SourceMap(
-            self.file,
-            {p[n:]: v for p, v in self.values.items() if p[:n] == prefix},
-            {p[n:]: v for p, v in self.keys.items() if p[:n] == prefix},
-        )
-
 
 def limit(name: str) -> int:
     """``flowgpu.spec.<name>`` as a number (byte sizes such as ``"1MiB"`` parsed)."""
@@ -104,22 +95,16 @@ class _Loader(yaml.SafeLoader):
             self.depth -= 1
 
 
-def _without_sexagesimal(loader: type[yaml.SafeLoader]) -> None:
-    """YAML 1.1 reads ``1:30`` as the base-60 number 90; YAML 1.2, and every user, read text.
-    Resolve ints and floats as YAML 1.1 does, but without that form (so ``range: 1:30`` is a range)."""
-    resolvers = {}
-    for first, entries in yaml.SafeLoader.yaml_implicit_resolvers.items():
-        resolvers[first] = [(tag, regexp) for tag, regexp in entries if tag not in (
-            "tag:yaml.org,2002:int", "tag:yaml.org,2002:float")]
-    loader.yaml_implicit_resolvers = resolvers
-    loader.add_implicit_resolver("tag:yaml.org,2002:int", re.compile(
-        r"^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$"), list("-+0123456789"))
-    loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(
-        r"^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)?|\.[0-9][0-9_]*(?:[eE][-+][0-9]+)?"
-        r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"), list("-+0123456789."))
-
-
-_without_sexagesimal(_Loader)
+# YAML 1.1 reads ``1:30`` as the base-60 number 90; YAML 1.2, and every user, read text. Ints and
+# floats resolve as YAML 1.1 resolves them, but without that form (so ``range: 1:30`` is a range).
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in entries if tag not in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")]
+    for first, entries in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_Loader.add_implicit_resolver("tag:yaml.org,2002:int", re.compile(
+    r"^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$"), list("-+0123456789"))
+_Loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(
+    r"^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)?|\.[0-9][0-9_]*(?:[eE][-+][0-9]+)?"
+    r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"), list("-+0123456789."))
 
 
 def _mark(node: yaml.Node) -> tuple[int, int]:
@@ -195,60 +180,68 @@ def _unprintable(e: yaml.reader.ReaderError, text: str, file: str | None) -> Spe
 
 def parse_yaml(text: str, file: str | None = None) -> tuple[Any, SourceMap]:
     """Parse YAML text into plain data and its :class:`SourceMap`; errors are :class:`SpecError`."""
-    smap = SourceMap(file)
     try:
         loader = _Loader(text, file)  # its reader refuses unprintable characters at once
+        node = loader.get_single_node()
     except yaml.reader.ReaderError as e:
         raise _unprintable(e, text, file) from None
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
+        problem = (e.problem or "malformed YAML").strip()
+        context = f" {e.context.strip()}" if e.context else ""
+        raise SpecError(f"malformed YAML: {problem}{context}", file=file, line=line, col=col, path="<document>",
+                        hint=_syntax_hint(text, mark)) from None
+    except yaml.YAMLError as e:
+        raise SpecError(f"malformed YAML: {e}", file=file, line=1, col=1, path="<document>",
+                        hint="check the file is UTF-8 YAML text") from None
+    smap = SourceMap(file)
     try:
-        try:
-            node = loader.get_single_node()
-        except yaml.reader.ReaderError as e:
-            raise _unprintable(e, text, file) from None
-        except yaml.MarkedYAMLError as e:
-            mark = e.problem_mark or e.context_mark
-            line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
-            problem = (e.problem or "malformed YAML").strip()
-            context = f" {e.context.strip()}" if e.context else ""
-            raise SpecError(f"malformed YAML: {problem}{context}", file=file, line=line, col=col,
-                            path="<document>",
-                            hint=_syntax_hint(text, mark)) from None
-        except yaml.YAMLError as e:
-            raise SpecError(f"malformed YAML: {e}", file=file, line=1, col=1, path="<document>",
-                            hint="check the file is UTF-8 YAML text") from None
-        if node is None:
-            return {}, smap
-        return _build(node, loader, smap, ()), smap
+        return ({}, smap) if node is None else (_build(node, loader, smap, ()), smap)
     finally:
         loader.dispose()
 
 
-def _read_text(path: str) -> str:
-    """The text of regular file ``path``, up to ``flowgpu.spec.max-bytes``; the file is checked
-    after it is opened without blocking (a FIFO would wait for a writer), so nothing can swap it."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode):
+_KINDS = {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a device", stat.S_IFBLK: "a device"}
+
+
+class Unread(Exception):
+    """What :func:`read_bounded` found instead of a file to read: ``kind``, what the path is if not
+    a regular file ("a FIFO", ...), else ``size``, more bytes than it may hold."""
+
+    def __init__(self, kind: str | None = None, size: int = 0):
+        super().__init__(kind or f"{size:,} bytes")
+        self.kind, self.size = kind, size
+
+
+def read_bounded(path: str, most: int, flags: int = 0) -> bytes:
+    """The bytes of the regular file ``path`` if it holds at most ``most``, else :class:`Unread`;
+    OSError as ``os.open`` (``flags`` added to its) and ``read`` raise it. The file is opened
+    without blocking (a FIFO would wait for a writer) and checked once open, so nothing can swap it."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | flags)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise Unread(_KINDS.get(stat.S_IFMT(info.st_mode), "a socket"))
+        with open(fd, "rb", closefd=False) as f:
+            data = f.read(most + 1) if info.st_size <= most else b""
+    finally:
         os.close(fd)
-        kind = ("a directory" if stat.S_ISDIR(info.st_mode) else "a FIFO" if stat.S_ISFIFO(info.st_mode)
-                else "a device" if stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode) else "a socket")
-        raise SpecLimitError(f"{path!r} is {kind}, not a regular file", file=path, path="<document>",
-                             hint="give the path of a YAML file")
-    most = limit("max-bytes")
-    with os.fdopen(fd, "rb") as f:
-        data = f.read(most + 1)
-    if info.st_size > most or len(data) > most:
-        raise SpecLimitError(f"{path!r} holds {max(info.st_size, len(data)):,} bytes, more than the "
-                             f"{most:,} a spec may hold", file=path, path="<document>",
-                             hint="specs are small YAML files; raise flowgpu.spec.max-bytes if this one is meant")
-    return data.decode("utf-8")
+    if max(info.st_size, len(data)) > most:
+        raise Unread(size=max(info.st_size, len(data)))  # more than it said when opened: it grew while read
+    return data
 
 
 def read_yaml(path: str | os.PathLike) -> tuple[Any, SourceMap]:
     """Read and parse a YAML file (a regular file, within the ``flowgpu.spec`` limits)."""
     path = os.fspath(path)
     try:
-        text = _read_text(path)
+        text = read_bounded(path, limit("max-bytes")).decode("utf-8")
+    except Unread as e:
+        raise SpecLimitError(f"{path!r} is {e.kind}, not a regular file" if e.kind else
+                             f"{path!r} holds {e.size:,} bytes, more than the {limit('max-bytes'):,} a spec may hold",
+                             file=path, path="<document>", hint="give the path of a YAML file" if e.kind else
+                             "specs are small YAML files; raise flowgpu.spec.max-bytes if this one is meant") from None
     except FileNotFoundError:
         raise SpecError(f"spec file {path!r} does not exist", file=path, line=None, col=None,
                         path="<document>", hint="check the path (relative paths start at the working directory)"

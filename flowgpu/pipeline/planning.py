@@ -16,6 +16,7 @@ cannot fit one worker, or whose largest array cannot fit the cluster's memory an
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -121,10 +122,8 @@ def check_memory(plan: Plan, workers: dict[str, dict], threads: int, budget: int
                       f"{format_bytes(process)} the worker process itself uses)",
                       "use smaller chunks (chunks: auto sizes them for the workers), fewer threads_per_worker, "
                       "or a larger cluster.memory_limit")
-    disks: dict[str, int] = {}
-    for w in workers.values():
-        if w.get("spill_free") is not None:
-            disks[w.get("spill_disk") or w.get("local_directory") or "?"] = int(w["spill_free"])
+    disks = {w.get("spill_disk") or w.get("local_directory") or "?": int(w["spill_free"])
+             for w in workers.values() if w.get("spill_free") is not None}
     host = sum(int(w.get("memory_limit") or 0) for w in workers.values() if w.get("gpus"))  # GPU workers spill there
     room = budget * len(workers) + host + sum(disks.values())
     name, section, _, _, size = max(feet, key=lambda f: f[4])
@@ -183,14 +182,12 @@ def _workers(plan: Plan) -> int:
 def describe(plan: Plan, prefix: str = "") -> dict[str, Any]:
     """Rows (one per input/step, in order) and totals of a compiled pipeline."""
     rows: list[dict[str, Any]] = []
-    layer_cache: dict[str, dict[Any, Any]] = {}
 
+    @functools.cache
     def layers_of(name: str) -> dict[Any, Any]:
-        if name not in layer_cache:
-            x = plan.arrays.get(name)
-            parts = x.values() if isinstance(x, dict) else [x]  # a uses step: all its outputs
-            layer_cache[name] = _layers([p for p in parts if isinstance(p, da.Array)])
-        return layer_cache[name]
+        x = plan.arrays.get(name)
+        parts = x.values() if isinstance(x, dict) else [x]  # a uses step: all its outputs
+        return _layers([p for p in parts if isinstance(p, da.Array)])
 
     for name in plan.order:
         node, x = plan.nodes[name], plan.nodes[name].array
@@ -205,9 +202,7 @@ def describe(plan: Plan, prefix: str = "") -> dict[str, Any]:
         elif isinstance(x, da.Array) and node.what == "bound":
             row.update(shape=list(x.shape), dtype=str(x.dtype), chunks=list(x.chunksize), bytes=int(x.nbytes))
         elif isinstance(x, da.Array):
-            before: set = set()  # the layers of its inputs: the step's tasks are those of the layers it adds
-            for d in node.deps:
-                before |= layers_of(d).keys()
+            before = set().union(*(layers_of(d).keys() for d in node.deps))  # its inputs' layers: its tasks are the rest
             row.update(shape=list(x.shape), dtype=str(x.dtype), chunks=list(x.chunksize),
                        tasks=sum(len(layer) for n, layer in layers_of(name).items() if n not in before),
                        bytes=int(x.nbytes) if not any(np.isnan(s) for s in x.shape) else None)
@@ -222,16 +217,7 @@ def describe(plan: Plan, prefix: str = "") -> dict[str, Any]:
     held = held_whole(plan)
     if held is not None:  # every chunk of it waits for the reduction, besides what the running tasks hold
         per_task = max(per_task, math.ceil(held[1] / _workers(plan)) + peak * threads)
-    return {
-        "name": plan.spec.name,
-        "file": plan.file,
-        "params": plan.params,
-        "steps": rows,
-        "outputs": outputs,
-        "tasks": graph_size(list(plan.outputs.values())),
-        "fused": plan.fused,
-        "peak_task_bytes": peak,
-        "threads_per_worker": threads,
-        "peak_worker_bytes": per_task,
-        "held_whole": {"name": prefix + held[0], "bytes": held[1]} if held is not None else None,
-    }
+    return {"name": plan.spec.name, "file": plan.file, "params": plan.params, "steps": rows, "outputs": outputs,
+            "tasks": graph_size(list(plan.outputs.values())), "fused": plan.fused, "peak_task_bytes": peak,
+            "threads_per_worker": threads, "peak_worker_bytes": per_task,
+            "held_whole": {"name": prefix + held[0], "bytes": held[1]} if held is not None else None}

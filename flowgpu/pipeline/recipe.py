@@ -19,6 +19,7 @@ reads are kept beside the digest, not in it, so the cache can say which input ch
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -39,8 +40,7 @@ from flowgpu.registry import import_candidates
 __all__ = ["Recipe", "recipes", "fingerprint", "same_fingerprint", "content_digest"]
 
 # -- fingerprints of files and folders -------------------------------------------------------------
-def _hasher() -> Any:
-    return hashlib.blake2b(digest_size=16)
+_hasher = functools.partial(hashlib.blake2b, digest_size=16)
 
 
 def content_digest(path: str) -> str:
@@ -161,17 +161,6 @@ def _find_file(module: str) -> str | None:
     return spec.origin if spec is not None and spec.has_location else None
 
 
-def _import_path_file(path: str) -> str | None:
-    """The module file an import path (``pkg.mod:name`` or ``pkg.mod.name``) names."""
-    return next(filter(None, (_find_file(m) for m, _ in import_candidates(path.strip()))), None)
-
-
-def _user_module(func: Any) -> str | None:
-    """The module a registered callable comes from, unless it is flowgpu's own."""
-    module = getattr(func, "__module__", None) or type(func).__module__
-    return None if module == "flowgpu" or module.startswith("flowgpu.") else module
-
-
 def _code_digest(file: str) -> str:
     """A Python file by its bytes; a compiled extension by its size and modification time."""
     try:
@@ -183,24 +172,18 @@ def _code_digest(file: str) -> str:
         return "unreadable"
 
 
-def _code(import_paths: list[str], funcs: list[Any]) -> dict[str, str]:
-    files: list[str] = []
-    unresolved: dict[str, str] = {}
-    for path in import_paths:
-        found = _import_path_file(path) if isinstance(path, str) else None
-        if found:
-            files.append(found)
-        else:
-            unresolved[f"<{path}>"] = "not found"
-    for func in funcs:
-        module = _user_module(func)
-        if module is not None:
-            found = _find_file(module)
-            if found:
-                files.append(found)
-            else:
-                unresolved[f"<{module}>"] = "not readable"
-    return {**{os.path.abspath(f): _code_digest(f) for f in files}, **unresolved}
+def _code(func: Any, import_path: Any = None) -> dict[str, str]:
+    """The digests of the code a node calls: the module of ``func`` (its op, source or sink) unless
+    it is flowgpu's own, and the module that ``import_path`` (``pkg.mod:name`` or ``pkg.mod.name``) names."""
+    code: dict[str, str] = {}
+    if isinstance(import_path, str):
+        found = next(filter(None, (_find_file(m) for m, _ in import_candidates(import_path.strip()))), None)
+        code.update({os.path.abspath(found): _code_digest(found)} if found else {f"<{import_path}>": "not found"})
+    module = getattr(func, "__module__", None) or type(func).__module__
+    if module != "flowgpu" and not module.startswith("flowgpu."):
+        found = _find_file(module)
+        code.update({os.path.abspath(found): _code_digest(found)} if found else {f"<{module}>": "not readable"})
+    return code
 
 
 # -- recipes ----------------------------------------------------------------------------------------
@@ -225,13 +208,6 @@ class _Part:
     params: frozenset[str] = frozenset()
     files: frozenset[str] = frozenset()
     code: dict[str, str] = field(default_factory=dict)
-
-
-def _merge(parts: list[_Part]) -> tuple[frozenset[str], frozenset[str], dict[str, str]]:
-    code: dict[str, str] = {}
-    for p in parts:
-        code.update(p.code)
-    return (frozenset().union(*(p.params for p in parts)), frozenset().union(*(p.files for p in parts)), code)
 
 
 def _param_names(data: Any) -> set[str]:
@@ -286,9 +262,9 @@ class _Hasher:
         names = self.used(section, name)
         content["params"] = {n: self.plan.params[n] for n in sorted(names)}
         content["code"] = code
-        params, dep_files, dep_code = _merge(deps)
-        return _Part(_digest(content), params | (frozenset(names) if self.top else frozenset()),
-                     files | dep_files, {**dep_code, **code})
+        upstream_code = {k: v for d in deps for k, v in d.code.items()}
+        return _Part(_digest(content), frozenset().union(*(d.params for d in deps), names if self.top else ()),
+                     files.union(*(d.files for d in deps)), upstream_code | code)
 
     def _node(self, name: str) -> _Part:
         if name in self.bindings:
@@ -303,8 +279,7 @@ class _Hasher:
         else:
             deps = {str(i): self.ref(r) for i, r in enumerate(step.inputs)}
             inputs = [p.digest for p in deps.values()]
-        function = step.args.get("function") if op.kind == "user" else None
-        code = _code([function] if isinstance(function, str) else [], [op.func])
+        code = _code(op.func, step.args.get("function") if op.kind == "user" else None)
         content = {"kind": "step", "op": step.op, "args": step.args, "inputs": inputs}
         return self._own("steps", name, content, code, list(deps.values()))
 
@@ -317,8 +292,7 @@ class _Hasher:
             if "://" not in options["path"]:  # a URL has no fingerprint here: always "changed"
                 options["path"] = os.path.abspath(options["path"])
             files = frozenset(paths.expand(options["path"]) or [options["path"]])  # a glob (TIFF pages): each file
-        called = options.get("callable") if entry.has(sources.CALLS_USER_CODE) else None
-        code = _code([called] if isinstance(called, str) else [], [entry.func])
+        code = _code(entry.func, options.get("callable") if entry.has(sources.CALLS_USER_CODE) else None)
         content = {"kind": "input", "source": model.source, "options": options}
         return self._own("inputs", name, content, code, [], files)
 
@@ -339,7 +313,7 @@ class _Hasher:
         content = {"flowgpu": __version__, "kind": "output", "from": upstream.digest, "sink": out.sink,
                    "path": os.path.abspath(out.path) if out.path is not None else None,
                    "options": out.sink_options()}
-        return self._own("outputs", name, content, _code([], [entry.func]), [upstream])
+        return self._own("outputs", name, content, _code(entry.func), [upstream])
 
 
 def recipes(plan: Plan, *, checksum: bool = False) -> dict[str, Recipe]:
@@ -347,15 +321,8 @@ def recipes(plan: Plan, *, checksum: bool = False) -> dict[str, Recipe]:
     (``checksum=True``: with content digests). Runs no user code and reads no array data; take
     them before a run reads its inputs, so a file changed during the run is seen as changed."""
     hasher = _Hasher(plan)
-    seen: dict[str, dict] = {}
-    out = {}
-    for name in plan.spec.outputs:
-        part = hasher.output(name)
-        inputs = {}
-        for path in sorted(part.files):
-            if path not in seen:
-                seen[path] = fingerprint(path, checksum)
-            inputs[path] = seen[path]
-        out[name] = Recipe(name, part.digest, {n: plan.params[n] for n in sorted(part.params)}, inputs,
-                           dict(sorted(part.code.items())))
-    return out
+    parts = {name: hasher.output(name) for name in plan.spec.outputs}
+    prints = {path: fingerprint(path, checksum) for path in set().union(*(part.files for part in parts.values()))}
+    return {name: Recipe(name, part.digest, {n: plan.params[n] for n in sorted(part.params)},
+                         {path: prints[path] for path in sorted(part.files)}, dict(sorted(part.code.items())))
+            for name, part in parts.items()}

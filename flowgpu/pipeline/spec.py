@@ -28,7 +28,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import (BaseModel, ConfigDict, Discriminator, Field, PrivateAttr, Tag, create_model, field_validator,
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Discriminator, Field, PrivateAttr, Tag, create_model,
                       model_validator)
 from pydantic.json_schema import GenerateJsonSchema
 
@@ -109,13 +109,10 @@ class Output(_Model):
     """Where a result goes: a file or store (sinks that write a path), or the run summary."""
 
     from_: str = Field(..., alias="from", description="Name of the input or step (or `step.output`) to write.")
-    path: str | None = Field(None, description="Destination of sinks that write a file or store (relative to the "
-                                               "working directory, made absolute there).")
-
-    @field_validator("path")
-    @classmethod
-    def _resolve(cls, v: str | None) -> str | None:
-        return None if v is None else resolve(v)  # absolute before any graph is built: workers may run elsewhere
+    # absolute before any graph is built: workers may run elsewhere
+    path: Annotated[str, AfterValidator(resolve)] | None = Field(
+        None, description="Destination of sinks that write a file or store (relative to the working directory, made "
+                          "absolute there).")
 
     @model_validator(mode="after")
     def _path(self) -> "Output":
@@ -218,7 +215,6 @@ class Spec(_Model):
         default_factory=dict,
         description="Run the pipeline once per value of these params (several: every combination), as one "
                     "batch on one cluster: `seed: [0, 1, 2]`, `input: {glob: data/*.npy}`, `n: {range: 100:500:100}`.")
-    # where the spec came from (file, source map, data before params were substituted); set by load()
     _origin: Any = PrivateAttr(default=None)
 
     @property
@@ -273,11 +269,9 @@ def _generate() -> tuple[type[Spec], dict[str, type], dict[str, type]]:
                                 Discriminator(_source_tag)]
         output_union = Annotated[Union[tuple(Annotated[m, Tag(n)] for n, m in outs.items())],
                                  Discriminator(_sink_tag)]
-        model = create_model("Spec", __base__=Spec, __doc__=Spec.__doc__,
-                             inputs=(dict[Name, input_union], Field(default_factory=dict, description=(
-                                 "Named sources (see `flowgpu sources`)."))),
-                             outputs=(dict[Name, output_union], Field(default_factory=dict, description=(
-                                 "Named sinks (see `flowgpu sinks`)."))))
+        model = create_model("Spec", __base__=Spec, __doc__=Spec.__doc__, **{
+            section: (dict[Name, union], Field(default_factory=dict, description=Spec.model_fields[section].description))
+            for section, union in (("inputs", input_union), ("outputs", output_union))})
         _cache.clear()
         _cache[key] = (model, ins, outs)
     return _cache[key]

@@ -83,10 +83,6 @@ def _params(item: Any) -> dict[str, Any]:
     return {**item.values, **pinned}
 
 
-def _columns(item: Any, plan: Any, outputs: list[str]) -> list[str]:
-    return [*_params(item), *(c for n in outputs for c in table.column_names(n, plan.outputs[n].shape))]
-
-
 def _gather(pairs: list[tuple[Any, Any, Any]]) -> dict[str, _Table]:
     """The tables of a batch: ``pairs`` are ``(item, plan, what to keep)`` (what: the item or its job)."""
     found: dict[str, _Table] = {}
@@ -96,7 +92,7 @@ def _gather(pairs: list[tuple[Any, Any, Any]]) -> dict[str, _Table]:
             if out.path is not None and collects(out):
                 mine.setdefault(canonical(out.path), []).append(name)
         for key, outputs in mine.items():
-            header = _columns(item, plan, outputs)
+            header = [*_params(item), *(c for n in outputs for c in table.column_names(n, plan.outputs[n].shape))]
             t = found.setdefault(key, _Table(item.spec.outputs[outputs[0]].path, header, item, outputs))
             if header != t.header:
                 raise item.spec.error(
@@ -119,11 +115,9 @@ def check_items(items: list[Any], plans: list[Any]) -> None:
         item, first = t.first, t.outputs[0]
         if key in files:
             other, name = files[key]
-            raise item.spec.error(f"output {first!r} collects into the table {shown(t.path)!r}, which output {name!r} "
-                                  f"of batch item {other.index + 1} ({other.label}) writes too"
-                                  if len(items) > 1 else f"output {first!r} collects into the table {shown(t.path)!r}, "
-                                  f"which output {name!r} writes too", ("outputs", first, "path"),
-                                  hint="give the table a path of its own")
+            of = f" of batch item {other.index + 1} ({other.label})" if len(items) > 1 else ""
+            raise item.spec.error(f"output {first!r} collects into the table {shown(t.path)!r}, which output {name!r}"
+                                  f"{of} writes too", ("outputs", first, "path"), hint="give the table a path of its own")
         seen: set[str] = set()
         for column in t.header:
             if column in seen:
@@ -146,11 +140,9 @@ def write_tables(outcomes: list[Any], overwrite: bool = False) -> list[str]:
             continue
         rows = []
         for o, plan in t.members:
-            values = o.outputs
             row = list(_params(o.job.item).values())
             for name in t.outputs:
-                x = plan.outputs[name]
-                row += table.cells(values[name], x.dtype, x.shape)
+                row += table.cells(o.outputs[name], plan.outputs[name].dtype, plan.outputs[name].shape)
             rows.append(row)
         wrote = table.write(t.path, table.render(t.path, t.header, rows), overwrite)
         said.append(f"table {shown(t.path)}: {len(rows)} row{'s' if len(rows) != 1 else ''}, "
