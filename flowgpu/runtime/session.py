@@ -282,28 +282,24 @@ class Session:
                    hint=f"the {o.kind} jobs did not start a worker within {o.job_timeout:g}s: see the queue (squeue, "
                         "qstat, bjobs) and the jobs' logs, or raise flowgpu.job-timeout")
 
-    def _connect(self, cluster: Any) -> None:
-        o = self.options
-        if cluster is not None:
-            self.client = Client(cluster, set_as_default=True)
-            return
-        where = {"scheduler_file": o.address} if security.is_scheduler_file(o.address) else {"address": o.address}
-        try:
-            self.client = Client(**where, security=o.security, timeout=o.connect_timeout, set_as_default=True)
-        except (OSError, TimeoutError) as e:
-            tls = ", and that its CA signed the TLS certificate given" if o.security is not None else ""
-            raise SessionError(
-                f"could not reach the scheduler at {o.address} within {o.connect_timeout:g}s ({e.__class__.__name__}); "
-                f"check the address and that the scheduler is running{tls}, or raise connect_timeout"
-            ) from None
-
     def _join(self, cluster: Any = None, timeout: float | None = None, hint: str | None = None,
               expected: int = 1) -> None:
         """Use workers this Session did not start here: a scheduler at an address, or a cluster object
         (the caller's, or batch jobs', of which ``expected`` workers are waited for up to ``timeout``;
         at least one must come); the array backend follows what they have."""
         o = self.options
-        self._connect(cluster)
+        if cluster is not None:
+            self.client = Client(cluster, set_as_default=True)
+        else:
+            where = {"scheduler_file": o.address} if security.is_scheduler_file(o.address) else {"address": o.address}
+            try:
+                self.client = Client(**where, security=o.security, timeout=o.connect_timeout, set_as_default=True)
+            except (OSError, TimeoutError) as e:
+                tls = ", and that its CA signed the TLS certificate given" if o.security is not None else ""
+                raise SessionError(
+                    f"could not reach the scheduler at {o.address} within {o.connect_timeout:g}s "
+                    f"({e.__class__.__name__}); check the address and that the scheduler is running{tls}, "
+                    "or raise connect_timeout") from None
         where = o.address or self.client.scheduler.address
         try:
             self.client.wait_for_workers(expected, timeout=timeout or o.connect_timeout)
@@ -444,21 +440,17 @@ def _dashboard_hosts(dask_scheduler: Any = None) -> list[str]:
     return [str(sock.getsockname()[0]) for sock in getattr(server, "_sockets", {}).values()]
 
 
-def _usable_fraction() -> float:
-    """Share of a CPU worker's memory_limit it can fill: distributed pauses it at ``pause``, kills it at
-    ``terminate``."""
-    marks = [dask.config.get(f"distributed.worker.memory.{k}", default=False) for k in ("pause", "terminate")]
-    return min([float(m) for m in marks if m and not isinstance(m, bool)] or [1.0])
-
-
 def worker_budget(workers: dict[str, dict], backend: str) -> int:
     """Smallest per-worker memory budget for chunks among ``workers``' probe results."""
+    # share of a CPU worker's memory_limit it can fill: distributed pauses it at ``pause``, kills it at ``terminate``
+    marks = [dask.config.get(f"distributed.worker.memory.{k}", default=False) for k in ("pause", "terminate")]
+    usable = min([float(m) for m in marks if m and not isinstance(m, bool)] or [1.0])
     budgets = []
     for w in workers.values():
         if backend == "gpu":
             b = w.get("device_memory_limit") or w.get("device_memory") or 0
         else:  # what the worker may fill before distributed pauses (or kills) it, less what its process holds
             limit = w.get("memory_limit") or psutil.virtual_memory().total // max(len(workers), 1)
-            b = max(int(limit * _usable_fraction()) - int(w.get("rss") or 0), 0)
+            b = max(int(limit * usable) - int(w.get("rss") or 0), 0)
         budgets.append(int(b))
     return min(budgets) if budgets else psutil.virtual_memory().total
