@@ -22,19 +22,8 @@ import numpy as np
 
 from flowgpu.errors import BackendError
 
-__all__ = [
-    "Facts",
-    "using",
-    "import_cupy",
-    "is_cupy",
-    "array_module",
-    "empty_meta",
-    "current_backend",
-    "gpu_count",
-    "has_gpu",
-    "visible_gpus",
-    "device_total_memory",
-]
+__all__ = ["Facts", "using", "import_cupy", "is_cupy", "array_module", "empty_meta", "current_backend", "gpu_count",
+           "has_gpu", "visible_gpus", "device_total_memory"]
 
 INSTALL_HINT = (
     "install the GPU extra that matches your CUDA: pip install 'flowgpu[cuda12]' or 'flowgpu[cuda13]'"

@@ -10,30 +10,10 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable
 
-__all__ = [
-    "did_you_mean",
-    "FlowgpuError",
-    "ConfigError",
-    "SourceError",
-    "QueryPlanningError",
-    "ImportPathError",
-    "PathNotVisibleError",
-    "BackendError",
-    "SessionError",
-    "ClusterError",
-    "ClusterRunningError",
-    "ChunkError",
-    "SpecError",
-    "SpecLimitError",
-    "OpError",
-    "ArgumentError",
-    "KernelError",
-    "OutputExistsError",
-    "OutputError",
-    "OutputLockedError",
-    "RunError",
-    "MemoryLimitError",
-]
+__all__ = ["did_you_mean", "FlowgpuError", "ConfigError", "SourceError", "QueryPlanningError", "ImportPathError",
+           "PathNotVisibleError", "BackendError", "SessionError", "ClusterError", "ClusterRunningError", "ChunkError",
+           "SpecError", "SpecLimitError", "OpError", "ArgumentError", "KernelError", "OutputExistsError", "OutputError",
+           "OutputLockedError", "RunError", "MemoryLimitError"]
 
 
 class FlowgpuError(Exception):

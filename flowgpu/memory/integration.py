@@ -24,14 +24,7 @@ from flowgpu.errors import ConfigError, MemoryLimitError
 from flowgpu.memory.plugin import MemoryPlugin
 from flowgpu.memory.store import FlowgpuStore
 
-__all__ = [
-    "STORES",
-    "store_choice",
-    "resolved_limits",
-    "worker_data_kwargs",
-    "worker_environ",
-    "install",
-]
+__all__ = ["STORES", "store_choice", "resolved_limits", "worker_data_kwargs", "worker_environ", "install"]
 
 STORES = ("flowgpu", "dask-cuda", "dask")
 DASK_CUDA_DEFAULT_FRACTION = 0.8  # what dask-cuda's device_memory_limit="default" means
