@@ -25,9 +25,7 @@ from flowgpu.errors import BackendError
 __all__ = ["Facts", "using", "import_cupy", "is_cupy", "array_module", "empty_meta", "current_backend", "gpu_count",
            "has_gpu", "visible_gpus", "device_total_memory"]
 
-INSTALL_HINT = (
-    "install the GPU extra that matches your CUDA: pip install 'flowgpu[cuda12]' or 'flowgpu[cuda13]'"
-)
+INSTALL_HINT = "install the GPU extra that matches your CUDA: pip install 'flowgpu[cuda12]' or 'flowgpu[cuda13]'"
 
 
 def import_cupy(strict: bool = True):

@@ -99,16 +99,8 @@ class SpecError(FlowgpuError, ValueError):
     hint : how to fix it.
     """
 
-    def __init__(
-        self,
-        message: str,
-        *,
-        file: str | None = None,
-        line: int | None = None,
-        col: int | None = None,
-        path: str | None = None,
-        hint: str | None = None,
-    ):
+    def __init__(self, message: str, *, file: str | None = None, line: int | None = None, col: int | None = None,
+                 path: str | None = None, hint: str | None = None):
         self.message = message
         self.file = file
         self.line = line
