@@ -180,10 +180,8 @@ class Session:
             where = (self.options.address or (f"{type(cluster).__name__} {getattr(cluster, 'scheduler_address', '')}"
                                               if cluster is not None else None)
                      or f"{self.options.host} ({self.options.backend})")
-            raise SessionError(
-                f"could not start or join the cluster at {where}: {e.__class__.__name__}: {e}; "
-                "check host, ports and memory options"
-            ) from e
+            raise SessionError(f"could not start or join the cluster at {where}: {e.__class__.__name__}: {e}; "
+                               "check host, ports and memory options") from e
         except BaseException:
             self._teardown()
             raise
@@ -256,10 +254,9 @@ class Session:
             self.client.wait_for_workers(expected, timeout=60)
         except TimeoutError:
             got = len(self.client.scheduler_info(n_workers=-1)["workers"])
-            raise SessionError(
-                f"only {got} of {expected} local workers started; a script that starts a Session needs an "
-                "'if __name__ == \"__main__\":' guard, and the workers' log above says why they failed"
-            ) from None
+            raise SessionError(f"only {got} of {expected} local workers started; a script that starts a Session "
+                               "needs an 'if __name__ == \"__main__\":' guard, and the workers' log above says why "
+                               "they failed") from None
         if spill_kwargs:
             memory.install(self.client, o)
         latency.tune(self.client, o.batch_interval, cluster=True)
@@ -318,11 +315,8 @@ class Session:
             raise BackendError(f"backend='gpu' but not every worker of {where} has a GPU and CuPy")
         use_gpu = all_gpu and o.backend != "cpu"
         if use_gpu and _backend.import_cupy(strict=False) is None:
-            warnings.warn(
-                "the cluster's workers have GPUs but this client has no CuPy, so flowgpu builds NumPy arrays; "
-                + _backend.INSTALL_HINT,
-                stacklevel=3,
-            )
+            warnings.warn("the cluster's workers have GPUs but this client has no CuPy, so flowgpu builds NumPy "
+                          "arrays; " + _backend.INSTALL_HINT, stacklevel=3)
             use_gpu = False
         name = "cupy" if use_gpu else "numpy"
         self._set_array_backend(name)
