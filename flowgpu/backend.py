@@ -22,23 +22,10 @@ import numpy as np
 
 from flowgpu.errors import BackendError
 
-__all__ = [
-    "Facts",
-    "using",
-    "import_cupy",
-    "is_cupy",
-    "array_module",
-    "empty_meta",
-    "current_backend",
-    "gpu_count",
-    "has_gpu",
-    "visible_gpus",
-    "device_total_memory",
-]
+__all__ = ["Facts", "using", "import_cupy", "is_cupy", "array_module", "empty_meta", "current_backend", "gpu_count",
+           "has_gpu", "visible_gpus", "device_total_memory"]
 
-INSTALL_HINT = (
-    "install the GPU extra that matches your CUDA: pip install 'flowgpu[cuda12]' or 'flowgpu[cuda13]'"
-)
+INSTALL_HINT = "install the GPU extra that matches your CUDA: pip install 'flowgpu[cuda12]' or 'flowgpu[cuda13]'"
 
 
 def import_cupy(strict: bool = True):
@@ -59,9 +46,7 @@ def is_cupy(x: Any) -> bool:
 
 def array_module(x: Any):
     """numpy or cupy, whichever ``x`` belongs to."""
-    if is_cupy(x):
-        return import_cupy()
-    return np
+    return import_cupy() if is_cupy(x) else np
 
 
 def empty_meta(cupy: bool, dtype: Any, ndim: int):
@@ -133,7 +118,7 @@ def _parse_visible(env: str) -> list[str]:
         if item.lstrip("-").isdigit():
             if int(item) < 0:
                 break
-        elif not (item.startswith("GPU-") or item.startswith("MIG-")):
+        elif not item.startswith(("GPU-", "MIG-")):
             break
         out.append(item)
     return out
@@ -216,11 +201,8 @@ def device_total_memory(ordinal: int = 0) -> int:
     nvml = _nvml()
     if nvml is not None:
         idx = _physical_index(ordinal)
-        if isinstance(idx, int):
-            handle = nvml.nvmlDeviceGetHandleByIndex(idx)
-        else:
-            handle = nvml.nvmlDeviceGetHandleByUUID(idx)
-        return int(nvml.nvmlDeviceGetMemoryInfo(handle).total)
+        by = nvml.nvmlDeviceGetHandleByIndex if isinstance(idx, int) else nvml.nvmlDeviceGetHandleByUUID
+        return int(nvml.nvmlDeviceGetMemoryInfo(by(idx)).total)
     cp = import_cupy()
     with cp.cuda.Device(ordinal):
         return int(cp.cuda.runtime.memGetInfo()[1])

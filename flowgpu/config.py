@@ -140,10 +140,6 @@ def _formats() -> Any:
 
 
 # -- checking ---------------------------------------------------------------------------------------
-def _either(parts: list[str]) -> str:
-    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " or " + parts[-1]
-
-
 def _bounds(s: dict) -> str:
     words = [f"{op} {s[k]}" for k, op in (("minimum", ">="), ("exclusiveMinimum", ">"), ("maximum", "<="))
              if k in s]
@@ -172,7 +168,8 @@ def allowed(schema: dict) -> str:
     """What ``schema`` allows, in words (a subschema's ``title`` says it for that subschema)."""
     if "enum" in schema:
         return "one of " + ", ".join(str(v) for v in schema["enum"])
-    return _either(_alternatives(schema))
+    parts = _alternatives(schema)
+    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " or " + parts[-1]
 
 
 @functools.lru_cache(maxsize=None)

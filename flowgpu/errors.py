@@ -10,30 +10,10 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable
 
-__all__ = [
-    "did_you_mean",
-    "FlowgpuError",
-    "ConfigError",
-    "SourceError",
-    "QueryPlanningError",
-    "ImportPathError",
-    "PathNotVisibleError",
-    "BackendError",
-    "SessionError",
-    "ClusterError",
-    "ClusterRunningError",
-    "ChunkError",
-    "SpecError",
-    "SpecLimitError",
-    "OpError",
-    "ArgumentError",
-    "KernelError",
-    "OutputExistsError",
-    "OutputError",
-    "OutputLockedError",
-    "RunError",
-    "MemoryLimitError",
-]
+__all__ = ["did_you_mean", "FlowgpuError", "ConfigError", "SourceError", "QueryPlanningError", "ImportPathError",
+           "PathNotVisibleError", "BackendError", "SessionError", "ClusterError", "ClusterRunningError", "ChunkError",
+           "SpecError", "SpecLimitError", "OpError", "ArgumentError", "KernelError", "OutputExistsError", "OutputError",
+           "OutputLockedError", "RunError", "MemoryLimitError"]
 
 
 class FlowgpuError(Exception):
@@ -119,16 +99,8 @@ class SpecError(FlowgpuError, ValueError):
     hint : how to fix it.
     """
 
-    def __init__(
-        self,
-        message: str,
-        *,
-        file: str | None = None,
-        line: int | None = None,
-        col: int | None = None,
-        path: str | None = None,
-        hint: str | None = None,
-    ):
+    def __init__(self, message: str, *, file: str | None = None, line: int | None = None, col: int | None = None,
+                 path: str | None = None, hint: str | None = None):
         self.message = message
         self.file = file
         self.line = line

@@ -57,11 +57,10 @@ def render_plan(desc: dict[str, Any], console: Console) -> None:
 
 
 def _where(o: dict[str, Any], width: int = 80) -> str:
-    where = o.get("location")
-    if where is None:
-        text = repr(o.get("value"))
-        where = text if len(text) <= width else text[:width - 3] + "..."
-    return where
+    if o.get("location") is not None:
+        return o["location"]
+    text = repr(o.get("value"))
+    return text if len(text) <= width else text[:width - 3] + "..."
 
 
 def render_batch(summary: dict[str, Any], console: Console) -> None:
@@ -118,11 +117,9 @@ def render_summary(summary: dict[str, Any], console: Console) -> None:
     memory = summary.get("memory") or {}
     moves = {a: m for a, m in (memory.get("moves") or {}).items() if not a.startswith("storage_")}
     if moves:
-        parts = []
-        for act, m in moves.items():
-            rate = f" at {m['gbps']:.1f} GB/s" if m.get("gbps") else ""
-            parts.append(f"{act.replace('_', ' ')} {format_bytes(m['bytes'])} in {m['count']} move(s){rate}")
-        console.print("spilling: " + "; ".join(parts))
+        console.print("spilling: " + "; ".join(
+            f"{act.replace('_', ' ')} {format_bytes(m['bytes'])} in {m['count']} move(s)"
+            + (f" at {m['gbps']:.1f} GB/s" if m.get("gbps") else "") for act, m in moves.items()))
     for err in memory.get("errors") or []:
         console.print(f"[yellow]spilling: {err}[/yellow]")
     for line in storage_lines(memory):

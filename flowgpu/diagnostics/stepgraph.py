@@ -22,11 +22,10 @@ from typing import Any
 
 from flowgpu.diagnostics import templating
 
-__all__ = ["StepGraph", "GraphNode", "Edge", "STATES", "STATE_COLORS", "from_description", "layout",
+__all__ = ["StepGraph", "GraphNode", "Edge", "STATE_COLORS", "from_description", "layout",
            "to_dot", "to_svg", "to_dict", "from_dict"]
 
 # What a node can be doing during a run, and how every view colours it.
-STATES = ("waiting", "running", "done", "failed", "fused", "up-to-date")
 STATE_COLORS = {"waiting": "#e0e0e0", "running": "#ffd54f", "done": "#81c784", "failed": "#e57373",
                 "fused": "#b0bec5", "up-to-date": "#90caf9"}
 KIND_COLORS = {"input": "#bbdefb", "step": "#fff9c4", "uses": "#e1bee7", "output": "#c8e6c9"}

@@ -22,17 +22,5 @@ from flowgpu.memory.store import FlowgpuStore
 from flowgpu.transfer.pinned import PinnedPool
 from flowgpu.transfer.staging import to_device_staged
 
-__all__ = [
-    "Events",
-    "FlowgpuStore",
-    "MemoryPlugin",
-    "PinnedPool",
-    "delta",
-    "install",
-    "resolved_limits",
-    "stats",
-    "summary",
-    "to_device_staged",
-    "worker_data_kwargs",
-    "worker_environ",
-]
+__all__ = ["Events", "FlowgpuStore", "MemoryPlugin", "PinnedPool", "delta", "install", "resolved_limits", "stats",
+           "summary", "to_device_staged", "worker_data_kwargs", "worker_environ"]

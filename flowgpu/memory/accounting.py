@@ -8,7 +8,6 @@ Every move between tiers is recorded under an *activity* name:
 ``host_to_disk``        a host chunk written to the worker's spill directory
 ``disk_to_host``        a chunk read back from disk into host memory
 ``disk_to_device``      a spilled device chunk read from disk straight back to the device
-``prefetch``            any of the moves above done ahead of time by the prefetcher
 ======================  ===========================================================
 
 The counters are exposed three ways: :meth:`Accounting.snapshot` (what
@@ -28,15 +27,7 @@ from collections import defaultdict
 
 from flowgpu.memory.events import Moved, Noted
 
-__all__ = ["Accounting", "ACTIVITIES"]
-
-ACTIVITIES = (
-    "device_to_host",
-    "host_to_device",
-    "host_to_disk",
-    "disk_to_host",
-    "disk_to_device",
-)
+__all__ = ["Accounting"]
 
 
 class Accounting:

@@ -1,9 +1,8 @@
 """The disk tier: arrays as raw bytes behind a ``.npy`` header, one file per key, no pickle.
 
 Files live in ``<worker local directory>/flowgpu-spill``, one per write (a chunk written again
-gets a new name). A write that fails (read-only
-directory, disk full, ...) removes its partial file and raises :class:`DiskFull`; the store
-then keeps the chunk in memory and records why.
+gets a new name). A write that fails (read-only directory, disk full, ...) removes its partial
+file and raises :class:`DiskFull`; the store then keeps the chunk in memory and records why.
 """
 
 from __future__ import annotations
@@ -130,7 +129,9 @@ class DiskTier:
     def read(rec: DiskFile, out: np.ndarray | None = None) -> np.ndarray:
         """Read the array in ``rec``'s file; into ``out`` (a flat uint8 buffer) when given."""
         with open(rec.path, "rb") as f:
-            shape, dtype, fortran = _read_header(f)
+            fmt = np.lib.format
+            read = fmt.read_array_header_1_0 if fmt.read_magic(f) == (1, 0) else fmt.read_array_header_2_0
+            shape, fortran, dtype = read(f)
             n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
             order = "F" if fortran else "C"
             if out is None:
@@ -189,10 +190,3 @@ class DiskTier:
     def disable(self, reason: str) -> None:
         """Stop writing (after a failure); reads and removals still work."""
         self.disabled_reason = reason
-
-
-def _read_header(f) -> tuple[tuple, np.dtype, bool]:
-    fmt = np.lib.format
-    read = fmt.read_array_header_1_0 if fmt.read_magic(f) == (1, 0) else fmt.read_array_header_2_0
-    shape, fortran, dtype = read(f)
-    return shape, dtype, fortran

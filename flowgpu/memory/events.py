@@ -43,20 +43,8 @@ from typing import Any, Callable
 
 from flowgpu.transfer.pinned import Noted, PinnedAllocated  # what the store's pinned pool emits
 
-__all__ = [
-    "Events",
-    "Event",
-    "FetchStarted",
-    "FetchEnded",
-    "SpillStarted",
-    "SpillEnded",
-    "CopyEnqueued",
-    "Moved",
-    "PinnedAllocated",
-    "CleanCopyDropped",
-    "Noted",
-    "thread_name",
-]
+__all__ = ["Events", "Event", "FetchStarted", "FetchEnded", "SpillStarted", "SpillEnded", "CopyEnqueued", "Moved",
+           "PinnedAllocated", "CleanCopyDropped", "Noted", "thread_name"]
 
 logger = logging.getLogger("flowgpu.memory")
 

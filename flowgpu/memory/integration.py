@@ -24,14 +24,7 @@ from flowgpu.errors import ConfigError, MemoryLimitError
 from flowgpu.memory.plugin import MemoryPlugin
 from flowgpu.memory.store import FlowgpuStore
 
-__all__ = [
-    "STORES",
-    "store_choice",
-    "resolved_limits",
-    "worker_data_kwargs",
-    "worker_environ",
-    "install",
-]
+__all__ = ["STORES", "store_choice", "resolved_limits", "worker_data_kwargs", "worker_environ", "install"]
 
 STORES = ("flowgpu", "dask-cuda", "dask")
 DASK_CUDA_DEFAULT_FRACTION = 0.8  # what dask-cuda's device_memory_limit="default" means
@@ -108,17 +101,10 @@ def worker_data_kwargs(options) -> dict:
         pinned = _bytes(pool, "flowgpu.spill.pinned-pool-size") or 0
         ram = psutil.virtual_memory().total
         if pinned > ram:
-            raise MemoryLimitError(
-                f"flowgpu.spill.pinned-pool-size={pool!r} ({pinned} bytes) is larger than this machine's "
-                f"{ram} bytes of memory; give less, e.g. '32GiB', or 'auto'"
-            )
-    kwargs = {
-        "device_memory_limit": limits["device"],
-        "memory_limit": limits["host"],
-        "host_fraction": _host_fraction(),
-        "pinned_pool_size": pinned,
-    }
-    return {"data": (FlowgpuStore, kwargs)}
+            raise MemoryLimitError(f"flowgpu.spill.pinned-pool-size={pool!r} ({pinned} bytes) is larger than this "
+                                   f"machine's {ram} bytes of memory; give less, e.g. '32GiB', or 'auto'")
+    return {"data": (FlowgpuStore, {"device_memory_limit": limits["device"], "memory_limit": limits["host"],
+                                    "host_fraction": _host_fraction(), "pinned_pool_size": pinned})}
 
 
 def worker_environ(options) -> dict[str, str]:

@@ -71,19 +71,10 @@ class FlowgpuStore(MutableMapping):
     pinned_allocator : allocator for the pool (tests pass a fake one).
     """
 
-    def __init__(
-        self,
-        worker_local_directory: str | None = None,
-        *,
-        device_memory_limit: int | None = None,
-        memory_limit: int | str | None = None,
-        host_fraction: float = 0.6,
-        pinned_pool_size: int | None = None,
-        max_pending_bytes: int | None = None,
-        spare_bytes: int | None = None,
-        transfer: Any = None,
-        pinned_allocator: Any = None,
-    ):
+    def __init__(self, worker_local_directory: str | None = None, *, device_memory_limit: int | None = None,
+                 memory_limit: int | str | None = None, host_fraction: float = 0.6, pinned_pool_size: int | None = None,
+                 max_pending_bytes: int | None = None, spare_bytes: int | None = None, transfer: Any = None,
+                 pinned_allocator: Any = None):
         directory = worker_local_directory or os.path.join(os.getcwd(), "dask-scratch-space")
         self.directory = os.path.join(directory, "flowgpu-spill")
         self.device_memory_limit = int(device_memory_limit) if device_memory_limit else None

@@ -18,7 +18,7 @@ Each key lives in exactly one tier; the store keeps that index and checks it in 
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -26,14 +26,6 @@ from flowgpu.transfer.pinned import HostBuffer, PinnedPool
 from flowgpu.transfer.streams import ArrayMeta, PendingCopy
 
 __all__ = ["LRUTier", "HostEntry", "HostTier"]
-
-
-def _nbytes(value: Any) -> int:
-    return int(value.nbytes)
-
-
-def _nothing(value: Any) -> int:
-    return 0
 
 
 class LRUTier:
@@ -47,7 +39,7 @@ class LRUTier:
 
     def __init__(self, name: str, counted: bool = True):
         self.name = name
-        self._sizeof = _nbytes if counted else _nothing
+        self._sizeof: Callable[[Any], int] = (lambda v: int(v.nbytes)) if counted else (lambda v: 0)
         self._items: OrderedDict[Any, Any] = OrderedDict()
         self.nbytes = 0
 

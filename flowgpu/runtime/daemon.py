@@ -16,7 +16,6 @@ import os
 import signal
 import sys
 import threading
-from typing import Any
 
 import dask.config
 
@@ -26,20 +25,13 @@ from flowgpu.runtime import standing
 from flowgpu.runtime.session import Session
 
 
-def _hold_lock(folder: str) -> Any:
-    f = os.fdopen(os.open(os.path.join(folder, standing.LOCK), os.O_RDWR | os.O_CREAT, 0o600), "r+")  # held for life
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        f.close()
-        return None
-    return f
-
-
 def main(argv: list[str]) -> int:
     folder, given = argv[0], json.loads(argv[1])
-    held = _hold_lock(folder)
-    if held is None:
+    held = os.fdopen(os.open(os.path.join(folder, standing.LOCK), os.O_RDWR | os.O_CREAT, 0o600), "r+")  # held for life
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        held.close()
         print(f"error: another cluster is starting or running in {folder}; 'flowgpu cluster status' says which",
               flush=True)
         return 2

@@ -97,13 +97,8 @@ def _common(values: dict, names: dict, extra: dict) -> dict:
     if seconds is not None and seconds > 1:
         raise ConfigError(f"{names['batch-interval']}={value!r} is longer than 1s; give e.g. '1ms', or None to keep "
                           "distributed's own batching")
-    return dict(
-        batch_interval=seconds,
-        host=values["host"],
-        dashboard_address=values["dashboard-address"],
-        connect_timeout=config.parse_seconds(values["connect-timeout"]),
-        extra=extra,
-    )
+    return dict(batch_interval=seconds, host=values["host"], dashboard_address=values["dashboard-address"],
+                connect_timeout=config.parse_seconds(values["connect-timeout"]), extra=extra)
 
 
 def _gpus(values: dict, names: dict) -> tuple[tuple[int, ...] | None, list[int]]:
@@ -112,10 +107,9 @@ def _gpus(values: dict, names: dict) -> tuple[tuple[int, ...] | None, list[int]]
     wanted = None if values["gpus"] is None else config.parse_gpus(values["gpus"])
     visible = _backend.visible_gpus() if backend != "cpu" else []
     if backend == "gpu" and not visible:
-        raise BackendError(
-            "backend='gpu' but no GPU is visible here (none found through NVML or the CUDA driver, "
-            f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}); use backend='cpu' or 'auto'"
-        )
+        raise BackendError("backend='gpu' but no GPU is visible here (none found through NVML or the CUDA driver, "
+                           f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}); use backend='cpu' or "
+                           "'auto'")
     missing = [g for g in wanted or () if g not in visible]
     if missing and backend != "cpu":
         raise ConfigError(f"{names['gpus']}={list(wanted)} names GPU(s) {missing} that are not visible; "
@@ -156,16 +150,10 @@ def _gpu_options(values: dict, names: dict, chosen: tuple[int, ...], common: dic
             raise MemoryLimitError(f"{names['device-memory-limit']}={device} bytes is larger than the GPU's "
                                    f"{total} bytes; give at most the device's memory, e.g. a fraction like 0.8")
     return SessionOptions(
-        backend="gpu",
-        gpus=chosen,
-        n_workers=len(chosen),
+        backend="gpu", gpus=chosen, n_workers=len(chosen),
         threads_per_worker=values["threads-per-worker"] or GPU_THREADS,
-        memory_limit=parse_memory(values["memory-limit"]),
-        device_memory_limit=device,
-        local_directory=values["local-directory"],
-        rmm_pool_size=parse_memory(values["rmm-pool-size"]),
-        **common,
-    )
+        memory_limit=parse_memory(values["memory-limit"]), device_memory_limit=device,
+        local_directory=values["local-directory"], rmm_pool_size=parse_memory(values["rmm-pool-size"]), **common)
 
 
 def _cpu_options(values: dict, names: dict, common: dict) -> SessionOptions:
@@ -174,14 +162,8 @@ def _cpu_options(values: dict, names: dict, common: dict) -> SessionOptions:
     total = psutil.virtual_memory().total
     if isinstance(memory, int) and memory > total:
         raise MemoryLimitError(f"{names['memory-limit']}={memory} bytes is larger than this machine's {total} bytes")
-    return SessionOptions(
-        backend="cpu",
-        n_workers=values["n-workers"],
-        threads_per_worker=values["threads-per-worker"],
-        memory_limit=memory,
-        local_directory=values["local-directory"],
-        **common,
-    )
+    return SessionOptions(backend="cpu", n_workers=values["n-workers"], threads_per_worker=values["threads-per-worker"],
+                          memory_limit=memory, local_directory=values["local-directory"], **common)
 
 
 def _hpc_options(values: dict, names: dict, common: dict, own: Any) -> SessionOptions:

@@ -24,25 +24,21 @@ def worker_info(dask_worker=None) -> dict:
     """GPUs, CuPy and memory of the worker process this runs in, and where it runs (host, working
     directory, pid, flowgpu's version)."""
     gpus = backend.gpu_count()
-    has_cupy = backend.import_cupy(strict=False) is not None if gpus else False
+    limit = getattr(getattr(dask_worker, "data", None), "device_memory_limit", None)
     info = {
         "host": socket.gethostname(),
         "cwd": os.getcwd(),
         "pid": os.getpid(),
         "flowgpu": __version__,
         "gpus": gpus,
-        "cupy": has_cupy,
+        "cupy": backend.import_cupy(strict=False) is not None if gpus else False,
         "array_backend": dask.config.get("array.backend", "numpy"),
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "device_memory": backend.device_total_memory(0) if gpus else None,
-        "device_memory_limit": None,
+        "device_memory_limit": int(limit) if isinstance(limit, (int, float)) and limit else None,
         "memory_limit": getattr(getattr(dask_worker, "memory_manager", None), "memory_limit", None),
         "nthreads": getattr(dask_worker, "state", None) and dask_worker.state.nthreads,
     }
-    data = getattr(dask_worker, "data", None)
-    limit = getattr(data, "device_memory_limit", None)
-    if isinstance(limit, (int, float)) and limit:
-        info["device_memory_limit"] = int(limit)
     info.update(spill_space(getattr(dask_worker, "local_directory", None)))
     return info
 

@@ -180,10 +180,8 @@ class Session:
             where = (self.options.address or (f"{type(cluster).__name__} {getattr(cluster, 'scheduler_address', '')}"
                                               if cluster is not None else None)
                      or f"{self.options.host} ({self.options.backend})")
-            raise SessionError(
-                f"could not start or join the cluster at {where}: {e.__class__.__name__}: {e}; "
-                "check host, ports and memory options"
-            ) from e
+            raise SessionError(f"could not start or join the cluster at {where}: {e.__class__.__name__}: {e}; "
+                               "check host, ports and memory options") from e
         except BaseException:
             self._teardown()
             raise
@@ -256,10 +254,9 @@ class Session:
             self.client.wait_for_workers(expected, timeout=60)
         except TimeoutError:
             got = len(self.client.scheduler_info(n_workers=-1)["workers"])
-            raise SessionError(
-                f"only {got} of {expected} local workers started; a script that starts a Session needs an "
-                "'if __name__ == \"__main__\":' guard, and the workers' log above says why they failed"
-            ) from None
+            raise SessionError(f"only {got} of {expected} local workers started; a script that starts a Session "
+                               "needs an 'if __name__ == \"__main__\":' guard, and the workers' log above says why "
+                               "they failed") from None
         if spill_kwargs:
             memory.install(self.client, o)
         latency.tune(self.client, o.batch_interval, cluster=True)
@@ -282,28 +279,24 @@ class Session:
                    hint=f"the {o.kind} jobs did not start a worker within {o.job_timeout:g}s: see the queue (squeue, "
                         "qstat, bjobs) and the jobs' logs, or raise flowgpu.job-timeout")
 
-    def _connect(self, cluster: Any) -> None:
-        o = self.options
-        if cluster is not None:
-            self.client = Client(cluster, set_as_default=True)
-            return
-        where = {"scheduler_file": o.address} if security.is_scheduler_file(o.address) else {"address": o.address}
-        try:
-            self.client = Client(**where, security=o.security, timeout=o.connect_timeout, set_as_default=True)
-        except (OSError, TimeoutError) as e:
-            tls = ", and that its CA signed the TLS certificate given" if o.security is not None else ""
-            raise SessionError(
-                f"could not reach the scheduler at {o.address} within {o.connect_timeout:g}s ({e.__class__.__name__}); "
-                f"check the address and that the scheduler is running{tls}, or raise connect_timeout"
-            ) from None
-
     def _join(self, cluster: Any = None, timeout: float | None = None, hint: str | None = None,
               expected: int = 1) -> None:
         """Use workers this Session did not start here: a scheduler at an address, or a cluster object
         (the caller's, or batch jobs', of which ``expected`` workers are waited for up to ``timeout``;
         at least one must come); the array backend follows what they have."""
         o = self.options
-        self._connect(cluster)
+        if cluster is not None:
+            self.client = Client(cluster, set_as_default=True)
+        else:
+            where = {"scheduler_file": o.address} if security.is_scheduler_file(o.address) else {"address": o.address}
+            try:
+                self.client = Client(**where, security=o.security, timeout=o.connect_timeout, set_as_default=True)
+            except (OSError, TimeoutError) as e:
+                tls = ", and that its CA signed the TLS certificate given" if o.security is not None else ""
+                raise SessionError(
+                    f"could not reach the scheduler at {o.address} within {o.connect_timeout:g}s "
+                    f"({e.__class__.__name__}); check the address and that the scheduler is running{tls}, "
+                    "or raise connect_timeout") from None
         where = o.address or self.client.scheduler.address
         try:
             self.client.wait_for_workers(expected, timeout=timeout or o.connect_timeout)
@@ -322,11 +315,8 @@ class Session:
             raise BackendError(f"backend='gpu' but not every worker of {where} has a GPU and CuPy")
         use_gpu = all_gpu and o.backend != "cpu"
         if use_gpu and _backend.import_cupy(strict=False) is None:
-            warnings.warn(
-                "the cluster's workers have GPUs but this client has no CuPy, so flowgpu builds NumPy arrays; "
-                + _backend.INSTALL_HINT,
-                stacklevel=3,
-            )
+            warnings.warn("the cluster's workers have GPUs but this client has no CuPy, so flowgpu builds NumPy "
+                          "arrays; " + _backend.INSTALL_HINT, stacklevel=3)
             use_gpu = False
         name = "cupy" if use_gpu else "numpy"
         self._set_array_backend(name)
@@ -444,21 +434,17 @@ def _dashboard_hosts(dask_scheduler: Any = None) -> list[str]:
     return [str(sock.getsockname()[0]) for sock in getattr(server, "_sockets", {}).values()]
 
 
-def _usable_fraction() -> float:
-    """Share of a CPU worker's memory_limit it can fill: distributed pauses it at ``pause``, kills it at
-    ``terminate``."""
-    marks = [dask.config.get(f"distributed.worker.memory.{k}", default=False) for k in ("pause", "terminate")]
-    return min([float(m) for m in marks if m and not isinstance(m, bool)] or [1.0])
-
-
 def worker_budget(workers: dict[str, dict], backend: str) -> int:
     """Smallest per-worker memory budget for chunks among ``workers``' probe results."""
+    # share of a CPU worker's memory_limit it can fill: distributed pauses it at ``pause``, kills it at ``terminate``
+    marks = [dask.config.get(f"distributed.worker.memory.{k}", default=False) for k in ("pause", "terminate")]
+    usable = min([float(m) for m in marks if m and not isinstance(m, bool)] or [1.0])
     budgets = []
     for w in workers.values():
         if backend == "gpu":
             b = w.get("device_memory_limit") or w.get("device_memory") or 0
         else:  # what the worker may fill before distributed pauses (or kills) it, less what its process holds
             limit = w.get("memory_limit") or psutil.virtual_memory().total // max(len(workers), 1)
-            b = max(int(limit * _usable_fraction()) - int(w.get("rss") or 0), 0)
+            b = max(int(limit * usable) - int(w.get("rss") or 0), 0)
         budgets.append(int(b))
     return min(budgets) if budgets else psutil.virtual_memory().total

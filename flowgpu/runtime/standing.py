@@ -200,11 +200,6 @@ def _running(folder: str, notify: Notify | None) -> dict | None:
     return state
 
 
-def credentials(state: dict) -> dict[str, str]:
-    """Session keywords with the TLS files of ``state``'s cluster ({} when it speaks plain TCP)."""
-    return dict(state.get("tls") or {})
-
-
 # -- the commands ---------------------------------------------------------------------------------
 def start(*, tls: bool = True, timeout: float = START_TIMEOUT, notify: Notify | None = _say, **options: Any) -> dict:
     """Start a cluster that stays up, in the background; return its state once its workers are ready.
@@ -278,7 +273,7 @@ def _wait_ready(folder: str, proc: subprocess.Popen, timeout: float, log_path: s
 
 def _ask(state: dict, timeout: float = 5.0) -> tuple[int | None, str | None]:
     """How many workers the scheduler has, or why it does not answer."""
-    creds = credentials(state)
+    creds = state.get("tls")  # Session keywords -> the cluster's TLS files; None: plain TCP
     sec = (Security(tls_ca_file=creds["tls_ca_file"], tls_client_cert=creds["tls_cert"],
                     tls_client_key=creds["tls_key"], require_encryption=True) if creds else None)
     try:
@@ -338,7 +333,7 @@ def join(wanted: dict[str, Any] | None = None, notify: Notify | None = _say) -> 
     if state is None:
         return None
     wanted = {k: v for k, v in (wanted or {}).items() if v is not None}
-    kwargs = {"address": state["address"], **credentials(state)}
+    kwargs = {"address": state["address"], **(state.get("tls") or {})}
     kwargs.update((k, wanted[k]) for k in ("connect_timeout", "batch_interval") if k in wanted)
     if wanted.get("backend") == "cpu":
         kwargs["backend"] = "cpu"  # NumPy chunks, on GPU workers too
@@ -365,7 +360,7 @@ def _unmet(state: dict, wanted: dict) -> list[str]:
     unmet = []
     for key, value in wanted.items():
         if key == "backend":
-            if value in ("gpu", "cpu") and value != state.get("backend") and value != "cpu":
+            if value == "gpu" and state.get("backend") != "gpu":
                 unmet.append(f"backend={value}")
         elif key == "gpus":
             if list(config.parse_gpus(value)) != list(state.get("gpus") or []):
