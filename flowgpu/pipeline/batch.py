@@ -496,8 +496,8 @@ class watch_spill:  # noqa: N801 - used as a context manager, like a function
       died or was killed and none came back: distributed waits for one without a word).
 
     ``baseline``: the session's :meth:`memory_summary` asked for before the run (its errors are old
-    ones), or a function that answers it: the watch's thread waits for the answer, the run does not;
-    by default it is asked for on entering."""
+    ones), or a function that answers it: the watch's thread waits for the answer at its first look,
+    the run does not; by default it is asked for on entering."""
 
     def __init__(self, session: RunSession, interval: float = 1.0, baseline: Any = ASK, no_workers: float | None = None):
         self.session, self.interval, self.baseline = session, interval, baseline
@@ -520,10 +520,12 @@ class watch_spill:  # noqa: N801 - used as a context manager, like a function
 
     def _watch(self, baseline: Any, started: set[str]) -> None:
         client = self.session.client
-        summary = baseline() if callable(baseline) else baseline
-        before = set(summary["errors"]) if summary is not None else None  # only flowgpu's store reports spill errors
+        before: Any = ASK
         alone_since = None
         while not self._stop.wait(self.interval):
+            if before is ASK:  # a run shorter than one interval never waits for the answer
+                summary = baseline() if callable(baseline) else baseline
+                before = set(summary["errors"]) if summary is not None else None  # only flowgpu's store reports them
             if before is not None:
                 new = [e for e in self._errors() if e not in before]
                 if new:
