@@ -22,7 +22,7 @@ from flowgpu.io.atomic import atomic_output, check_writable, output_error, prote
 from flowgpu.io.devcodec import MAX_CHUNK_BYTES
 from flowgpu.io.hdf5 import from_hdf5, is_hdf5
 from flowgpu.io.npy import from_npy
-from flowgpu.io.paths import is_glob
+from flowgpu.io.paths import is_glob, misnamed
 from flowgpu.io.tiff import from_tiff, is_tiff, tiff_files
 from flowgpu.io.zarr import from_zarr, open_zarr_array, store_zarr
 from flowgpu.io.zarrwrite import CODECS, INNER_BYTES, inner_chunks
@@ -109,6 +109,8 @@ def check(src: str, dst: str, *, codec: str = "zstd", chunk_bytes: int | None = 
     read = tiff_files(os.path.abspath(src)) if is_glob(src) else [src]  # a glob's pages are its sources
     if any(os.path.realpath(f) == os.path.realpath(dst) for f in read):
         raise ConfigError(f"{dst!r} is the source itself; write the converted store to another path")
+    if why := misnamed(dst):
+        raise ConfigError(f"DST {why} (convert writes Zarr stores only)")
     hit = replaces_protected(dst, protected_paths({f: f"its source {f!r}" for f in read}))  # what run never replaces
     if hit is not None:
         raise ConfigError(f"DST {dst!r} {hit}, which convert must not replace; write the converted store to a path "

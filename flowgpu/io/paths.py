@@ -28,7 +28,8 @@ from distributed import get_worker
 
 from flowgpu.errors import PathNotVisibleError
 
-__all__ = ["FIX", "METADATA", "is_url", "is_glob", "expand", "resolve", "shown", "metadata_files", "require_store", "where", "probe"]
+__all__ = ["FIX", "METADATA", "is_url", "is_glob", "expand", "resolve", "shown", "misnamed", "metadata_files",
+           "require_store", "where", "probe"]
 
 FIX = ("the workers do not see this path: put it on storage every host mounts (at the same path), "
        "or use a URL")
@@ -63,6 +64,23 @@ def shown(path: str) -> str:
         return path
     rel = os.path.relpath(path)
     return path if rel == ".." or rel.startswith(".." + os.sep) else rel
+
+
+# What a file's suffix says it holds: a Zarr store named x.npy is a folder that np.load (and every
+# reader going by the name) cannot open.
+_NAMES = {".npy": "a .npy file", ".npz": "a .npz archive", ".h5": "an HDF5 file", ".hdf5": "an HDF5 file",
+          ".nc": "a NetCDF file", ".tif": "a TIFF file", ".tiff": "a TIFF file", ".csv": "a CSV table",
+          ".parquet": "a Parquet table"}
+
+
+def misnamed(path: str) -> str | None:
+    """Why ``path`` is a wrong name for a Zarr store: its suffix names a kind of file. None when it does not."""
+    name = os.path.basename(path.rstrip("/" + os.sep))
+    stem, suffix = os.path.splitext(name)
+    if suffix.lower() not in _NAMES:
+        return None
+    return (f"{shown(path)!r} ends in {suffix}, the name of {_NAMES[suffix.lower()]}, but a Zarr store is a folder: "
+            f"name it e.g. {stem + '.zarr'!r}")
 
 
 def metadata_files(path: str, component: str | None = None) -> list[str]:
