@@ -34,7 +34,7 @@ class NpyReader:
     def __init__(self, path: str, device: bool = False):
         self.path = resolve(path)  # the task runs where the working directory may be another
         self.device = device
-        m = np.lib.format.open_memmap(self.path, mode="r")  # a .npy file only: np.load also opens .npz and pickles
+        m = self._map()
         self.shape, self.dtype, self.ndim = m.shape, m.dtype, m.ndim
         self.offset = int(m.offset)  # bytes of the .npy header
         self.fortran = bool(m.flags.f_contiguous and not m.flags.c_contiguous)
@@ -66,8 +66,12 @@ class NpyReader:
                 row_bytes = int(np.prod(self.shape[1:], dtype=np.int64)) * self.dtype.itemsize
                 return file_rows_to_device(self.path, self.offset + rows[0] * row_bytes,
                                            (rows[1] - rows[0], *self.shape[1:]), self.dtype)
-            return host_to_device(np.lib.format.open_memmap(self.path, mode="r")[key])
-        return np.array(np.lib.format.open_memmap(self.path, mode="r")[key])
+            return host_to_device(self._map()[key])
+        return np.array(self._map()[key])
+
+    def _map(self) -> np.memmap:
+        """The file memory-mapped: a .npy file only (np.load also opens .npz archives and pickles)."""
+        return np.lib.format.open_memmap(self.path, mode="r")
 
     def __reduce__(self):
         return (NpyReader, (self.path, self.device))

@@ -65,7 +65,7 @@ def stats(dask_worker=None) -> dict:
 def summary(per_worker: dict[str, dict]) -> dict:
     """Sum ``client.run(stats)`` results over workers for a run summary; ``"workers"`` keeps each
     worker's own counters (``{worker id: {"moves", "events"}}``) for :func:`delta`."""
-    moves: dict[str, Counter] = defaultdict(lambda: Counter(bytes=0, count=0, seconds=0.0))
+    moves: dict[str, Counter] = defaultdict(_no_moves)
     events: Counter = Counter()
     errors: list[str] = []
     workers = {}
@@ -85,7 +85,7 @@ def delta(before: dict | None, after: dict) -> dict:
     restarted by its nanny, since ``before`` counts from 0: all of its counters are new). What a
     worker that is gone had moved is not in ``after``: it is not counted."""
     was = (before or {}).get("workers", {})
-    moves: dict[str, Counter] = defaultdict(lambda: Counter(bytes=0, count=0, seconds=0.0))
+    moves: dict[str, Counter] = defaultdict(_no_moves)
     events: Counter = Counter()
     for worker, now in after["workers"].items():
         old = was.get(worker, {"moves": {}, "events": {}})
@@ -95,6 +95,10 @@ def delta(before: dict | None, after: dict) -> dict:
         events.update({k: n - old["events"].get(k, 0) for k, n in now["events"].items()})
     return {"moves": _rates({a: m for a, m in moves.items() if m["count"]}),
             "events": {k: n for k, n in events.items() if n}, "errors": after["errors"]}
+
+
+def _no_moves() -> Counter:
+    return Counter(bytes=0, count=0, seconds=0.0)
 
 
 def _rates(moves: dict[str, Counter]) -> dict[str, dict]:
