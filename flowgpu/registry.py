@@ -57,6 +57,7 @@ class Entry:
     doc: str = ""
     options: type[BaseModel] | None = None
     capabilities: frozenset[str] = frozenset()
+    suffixes: tuple[str, ...] = ()  # a sink's: how its files are named (the first is suggested); empty: any name
 
     @property
     def summary(self) -> str:

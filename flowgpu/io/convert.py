@@ -109,8 +109,8 @@ def check(src: str, dst: str, *, codec: str = "zstd", chunk_bytes: int | None = 
     read = tiff_files(os.path.abspath(src)) if is_glob(src) else [src]  # a glob's pages are its sources
     if any(os.path.realpath(f) == os.path.realpath(dst) for f in read):
         raise ConfigError(f"{dst!r} is the source itself; write the converted store to another path")
-    if why := misnamed(dst):
-        raise ConfigError(f"DST {why} (convert writes Zarr stores only)")
+    if wrong := misnamed(dst, writer="convert"):
+        raise ConfigError(f"DST {wrong[0]}: name it e.g. {wrong[1]!r}")
     hit = replaces_protected(dst, protected_paths({f: f"its source {f!r}" for f in read}))  # what run never replaces
     if hit is not None:
         raise ConfigError(f"DST {dst!r} {hit}, which convert must not replace; write the converted store to a path "

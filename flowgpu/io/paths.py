@@ -67,20 +67,22 @@ def shown(path: str) -> str:
 
 
 # What a file's suffix says it holds: a Zarr store named x.npy is a folder that np.load (and every
-# reader going by the name) cannot open.
+# reader going by the name) cannot open, and a .npy file named x.zarr is no store.
 _NAMES = {".npy": "a .npy file", ".npz": "a .npz archive", ".h5": "an HDF5 file", ".hdf5": "an HDF5 file",
           ".nc": "a NetCDF file", ".tif": "a TIFF file", ".tiff": "a TIFF file", ".csv": "a CSV table",
-          ".parquet": "a Parquet table"}
+          ".parquet": "a Parquet table", ".zarr": "a Zarr store"}
 
 
-def misnamed(path: str) -> str | None:
-    """Why ``path`` is a wrong name for a Zarr store: its suffix names a kind of file. None when it does not."""
-    name = os.path.basename(path.rstrip("/" + os.sep))
-    stem, suffix = os.path.splitext(name)
-    if suffix.lower() not in _NAMES:
+def misnamed(path: str, own: tuple[str, ...] = (".zarr",), writer: str = "it") -> tuple[str, str] | None:
+    """Why ``path`` is a wrong name for what ``writer`` writes there, a file named with one of the
+    suffixes ``own``, and a better name (the first of ``own``): its suffix names another kind of
+    file. None when it does not (no suffix, one of ``own``, one that names no kind, or no ``own``)."""
+    stem, suffix = os.path.splitext(path.rstrip("/" + os.sep))
+    if not own or suffix.lower() in own or suffix.lower() not in _NAMES:
         return None
-    return (f"{shown(path)!r} ends in {suffix}, the name of {_NAMES[suffix.lower()]}, but a Zarr store is a folder: "
-            f"name it e.g. {stem + '.zarr'!r}")
+    kinds = " or ".join(dict.fromkeys(_NAMES.get(o, f"a {o} file") for o in own))
+    return (f"{shown(path)!r} ends in {suffix}, the name of {_NAMES[suffix.lower()]}, but {writer} writes {kinds}",
+            shown(stem + own[0]))
 
 
 def metadata_files(path: str, component: str | None = None) -> list[str]:

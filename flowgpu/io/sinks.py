@@ -62,18 +62,18 @@ LABELLED = "labelled"  # takes an xarray.DataArray where the output is labelled 
 
 
 def _entry(name: str, prepare: Callable[..., PendingWrite], capabilities: set[str],
-           options: type | None = None) -> Entry:
+           options: type | None = None, suffixes: tuple[str, ...] = ()) -> Entry:
     if not callable(prepare):
         raise ConfigError(f"sink {name!r}: {prepare!r} is not callable")
     model = options or options_model(name, prepare, skip=("x", "path", "overwrite"))
-    return Entry(name, prepare, inspect.getdoc(prepare) or "", model, frozenset(capabilities))
+    return Entry(name, prepare, inspect.getdoc(prepare) or "", model, frozenset(capabilities), suffixes)
 
 
 def _from_plugin(name: str, obj: Any) -> Entry | None:
     if inspect.ismodule(obj):
         return None
     caps = {c for c in CAPABILITIES if getattr(obj, c, c == WRITES_PATH)}
-    return _entry(name, obj, caps)
+    return _entry(name, obj, caps, suffixes=tuple(s.lower() for s in getattr(obj, "suffixes", ())))
 
 
 SINKS: Registry[Entry] = Registry("flowgpu.sinks", "sink", error=ConfigError, from_plugin=_from_plugin)
@@ -81,7 +81,8 @@ SINKS: Registry[Entry] = Registry("flowgpu.sinks", "sink", error=ConfigError, fr
 
 def register_sink(name: str, prepare: Callable[..., PendingWrite], *, writes_path: bool = True,
                   atomic: bool = False, in_summary: bool = False, collects: bool = False,
-                  options: type | None = None, replace: bool = True, labelled: bool = False) -> Entry:
+                  options: type | None = None, replace: bool = True, labelled: bool = False,
+                  suffixes: tuple[str, ...] = ()) -> Entry:
     """Register ``prepare(x, path=None, overwrite=False, **options) -> PendingWrite`` as sink ``name``.
 
     Parameters
@@ -93,9 +94,11 @@ def register_sink(name: str, prepare: Callable[..., PendingWrite], *, writes_pat
         file at ``path`` once all items are done (the pipeline runner writes it: ``table``).
     options : a pydantic model of its further options; default: one made from its signature.
     labelled : it takes a labelled output as an ``xarray.DataArray`` (the others get its dask array).
+    suffixes : how its files are named (``(".npy",)``); a path whose suffix names another kind of
+        file (``x.npy`` for a Zarr store) is refused before anything runs. Empty: any name.
     """
     caps = {c for c, on in zip(CAPABILITIES + (LABELLED,), (writes_path, atomic, in_summary, collects, labelled)) if on}
-    return SINKS.add(_entry(name, prepare, caps, options), replace=replace)
+    return SINKS.add(_entry(name, prepare, caps, options, tuple(s.lower() for s in suffixes)), replace=replace)
 
 
 sink_entry, sink_names = SINKS.get, SINKS.names  # an entry by name (unknown names suggest close ones); all names
@@ -154,6 +157,9 @@ def _zarr(x: da.Array, path: str | None = None, overwrite: bool = False, compone
         x, tmp, component=component, codec=codec, level=level, chunks=chunks, shards=shards, checksum=checksum))
 
 
+_NETCDF = (".nc", ".nc4", ".h5", ".hdf5", ".cdf")  # the xarray sink writes NetCDF to these, Zarr to others
+
+
 def _xarray(x: da.Array, path: str | None = None, overwrite: bool = False, variable: str | None = None,
             format: Literal["zarr", "netcdf"] | None = None) -> PendingWrite:  # noqa: A002
     """An xarray Dataset: Zarr 3 (dims as ``dimension_names``, coordinates, attributes) or NetCDF4.
@@ -163,7 +169,7 @@ def _xarray(x: da.Array, path: str | None = None, overwrite: bool = False, varia
     Zarr). ``xr.open_zarr`` / ``xr.open_dataset`` read it back as xarray computed it; an unlabelled
     output gets dims ``dim_0, dim_1, ...``."""
     if format is None:
-        format = "netcdf" if str(path).lower().endswith((".nc", ".nc4", ".h5", ".hdf5", ".cdf")) else "zarr"
+        format = "netcdf" if str(path).lower().endswith(_NETCDF) else "zarr"
     ds = as_dataset(x, variable, path)
     return _staged("xarray", path, overwrite, f"xarray-{format}", lambda tmp: write_dataset(ds, tmp, format))
 
@@ -194,9 +200,9 @@ def to_summary_value(value: Any) -> Any:
     return arr.tolist()
 
 
-register_sink("npy", _npy, atomic=True)
-register_sink("zarr", _zarr, atomic=True)
-register_sink("xarray", _xarray, atomic=True, labelled=True)
+register_sink("npy", _npy, atomic=True, suffixes=(".npy",))
+register_sink("zarr", _zarr, atomic=True, suffixes=(".zarr",))
+register_sink("xarray", _xarray, atomic=True, labelled=True, suffixes=(".zarr", *_NETCDF))
 register_sink("summary", _summary, writes_path=False, in_summary=True)
 register_sink("table", _table, writes_path=False, in_summary=True, collects=True)
 DEFAULT_SINK = "summary"  # an output that names no sink

@@ -15,7 +15,7 @@ from typing import Any
 from flowgpu.diagnostics import runreport
 from flowgpu.errors import ConfigError, OutputExistsError, SpecLimitError
 from flowgpu.io import atomic, sinks
-from flowgpu.io.paths import expand, shown
+from flowgpu.io.paths import expand, misnamed, shown
 from flowgpu.pipeline import tables
 from flowgpu.pipeline.build import load
 from flowgpu.pipeline.compiler import resolve_uses
@@ -96,6 +96,9 @@ def check_outputs(spec: Spec, overwrite: bool = False, protect: dict[str, str] |
         except OutputExistsError as e:
             raise smap.error(str(e).split(";")[0], ("outputs", name, "path"),
                              hint="choose another path, or pass --overwrite (overwrite=True) to replace it") from None
+    for name, out in spec.outputs.items():  # after the paths' clashes: two outputs at one path is the error then
+        if out.path and (wrong := misnamed(out.path, sinks.sink_entry(out.sink).suffixes, f"sink {out.sink!r}")):
+            raise smap.error(f"output {name!r}: {wrong[0]}", ("outputs", name, "path"), hint=f"name it e.g. {wrong[1]!r}")
 
 
 SUMMARY_HEAD = b'{\n  "flowgpu": '  # how every summary a run writes begins (its first key is the version)

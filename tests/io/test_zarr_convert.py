@@ -77,7 +77,7 @@ def test_convert_refuses_bad_input_with_one_line_and_writes_nothing(tmp_path, rn
         (("convert", "x.npy", "o.zarr", "--chunk-bytes", "32MiB", *CPU), "16MiB or less"),
         (("convert", "x.npy", "o.zarr", "--codec", "brotli"), "brotli"),
         (("convert", "x.npy", "x.npy", *CPU), "the source itself"),
-        (("convert", "x.npy", "back.npy", *CPU), "the name of a .npy file, but a Zarr store is a folder: name it e.g. 'back.zarr'"),
+        (("convert", "x.npy", "back.npy", *CPU), "the name of a .npy file, but convert writes a Zarr store: name it e.g. 'back.zarr'"),
     ]
     for args, said in cases:
         r = flowgpu(*args, cwd=tmp_path)

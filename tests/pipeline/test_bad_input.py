@@ -101,6 +101,15 @@ CASES = {
     "two outputs one path": (GOOD_INPUTS + "outputs:\n  o: {from: x, sink: npy, path: a.npy}\n"
                              "  p: {from: x, sink: npy, path: a.npy}\n", {}, [], 5, "outputs.p.path",
                              "both write"),
+    "zarr output named as a npy file": (GOOD_INPUTS + "outputs:\n  o: {from: x, sink: zarr, path: out/o.npy}\n", {},
+                                        [], 4, "outputs.o.path",
+                                        "the name of a .npy file, but sink 'zarr' writes a Zarr store (hint: name it "
+                                        "e.g. 'out/o.zarr')"),
+    "npy output named as a store": (GOOD_INPUTS + "outputs:\n  o: {from: x, sink: npy, path: o.zarr}\n", {}, [], 4,
+                                    "outputs.o.path", "the name of a Zarr store, but sink 'npy' writes a .npy file"),
+    "xarray output named as a TIFF": (GOOD_INPUTS + "outputs:\n  o: {from: x, sink: xarray, path: o.tif}\n", {}, [],
+                                      4, "outputs.o.path", "but sink 'xarray' writes a Zarr store or a NetCDF file or "
+                                                           "an HDF5 file"),
     "fill value the dtype cannot hold": ("inputs:\n  x: {source: full, shape: [4], dtype: int32, fill_value: .inf}\n",
                                          {}, [], 2, "inputs.x.fill_value", "int32 cannot hold it"),
     "chunks of zero": ("inputs:\n  x: {source: random, shape: [4, 4], chunks: [0, 2]}\n", {}, [], 2, "inputs.x",

@@ -11,12 +11,13 @@ import re
 import subprocess
 import sys
 
+import dask
 import numpy as np
 import pytest
 
 from flowgpu import pipeline
 from flowgpu.errors import SpecError
-from flowgpu.io import sources
+from flowgpu.io import sinks, sources
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -182,3 +183,36 @@ def test_register_source_then_run(scratch_source, rng):
     with pytest.raises(SpecError, match=r"inputs\.b\.rows: .*valid integer"):
         pipeline.validate({**spec, "inputs": {"b": {"source": scratch_source, "rows": "many", "cols": 2}}})
     assert "#/$defs/TestCheckerboardSource" in json.dumps(pipeline.json_schema()["properties"]["inputs"])
+
+
+@pytest.fixture
+def scratch_sink():
+    yield "test_lines"
+    sinks.SINKS.remove("test_lines")
+
+
+def test_a_sinks_suffixes_refuse_a_path_named_for_another_kind_of_file(scratch_sink, tmp_path, rng, monkeypatch):
+    """A registered sink says how its files are named; a path whose suffix names another kind of
+    file (a store, a .npy file) is refused at ``outputs.NAME.path`` with a name to use; a path with no
+    suffix, or one that names no kind of file, is written as given."""
+    def lines(x, path=None, overwrite=False):
+        """One value per line."""
+        return sinks.PendingWrite("test_lines", dask.delayed(np.savetxt)(path, x), path)
+
+    sinks.register_sink(scratch_sink, lines, suffixes=(".TXT",))
+    monkeypatch.chdir(tmp_path)
+    values = rng.normal(size=int(rng.integers(3, 20)))
+    np.save(tmp_path / "v.npy", values)
+
+    def spec(path):
+        return {"inputs": {"v": {"source": "npy", "path": str(tmp_path / "v.npy")}},
+                "outputs": {"t": {"from": "v", "sink": scratch_sink, "path": path}}}
+
+    for wrong, better in (("out/t.npy", "out/t.txt"), ("t.zarr", "t.txt")):
+        with pytest.raises(SpecError, match=rf"outputs\.t\.path: .*but sink 'test_lines' writes a \.txt file.*"
+                                            rf"hint: name it e\.g\. '{re.escape(better)}'"):
+            pipeline.validate(spec(wrong))
+    assert sorted(os.listdir(tmp_path)) == ["v.npy"]
+    for right in ("t.txt", "t.log", "plain"):
+        pipeline.run(spec(right), session="local", progress=False)
+        np.testing.assert_array_equal(np.loadtxt(tmp_path / right), values)
