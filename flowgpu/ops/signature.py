@@ -33,7 +33,7 @@ import numpy as np
 from pydantic import ConfigDict, PlainValidator, TypeAdapter, ValidationError
 
 from flowgpu.errors import ArgumentError
-from flowgpu.ops.registry import Op, get
+from flowgpu.ops.registry import Op, get, signature_of
 
 __all__ = ["Array", "bind_arguments", "checked", "describe_type", "accepted_arguments"]
 
@@ -112,7 +112,7 @@ def accepted_arguments(func: Callable, array_params: tuple[str, ...] = ()) -> li
     """Names of the keyword arguments ``func`` takes (its array inputs left out)."""
     inputs = {p.rstrip("*") for p in array_params}
     out = []
-    for p in inspect.signature(func).parameters.values():
+    for p in signature_of(func).parameters.values():
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) or p.name in inputs:
             continue
         out.append(p.name)
@@ -192,7 +192,7 @@ def bind_arguments(op: Op | str, args: Mapping[str, Any] | None = None, *, n_inp
         op = get(op)
     args = dict(args or {})
     func = op.func
-    params = inspect.signature(func).parameters
+    params = signature_of(func).parameters
     has_var_kw = any(p.kind == p.VAR_KEYWORD for p in params.values())
     variadic = any(n.endswith("*") for n in op.inputs)
     accepted = accepted_arguments(func, op.inputs)
