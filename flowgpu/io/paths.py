@@ -22,13 +22,14 @@ import os
 import socket
 import stat
 import tempfile
+from collections.abc import Iterator
 from typing import Any
 
 from distributed import get_worker
 
 from flowgpu.errors import PathNotVisibleError
 
-__all__ = ["FIX", "METADATA", "is_url", "is_glob", "expand", "resolve", "shown", "misnamed", "metadata_files",
+__all__ = ["FIX", "METADATA", "is_url", "is_glob", "glob_files", "expand", "resolve", "shown", "misnamed", "metadata_files",
            "require_store", "where", "probe"]
 
 FIX = ("the workers do not see this path: put it on storage every host mounts (at the same path), "
@@ -47,8 +48,77 @@ def is_glob(path: str) -> bool:
 
 
 def expand(path: str) -> list[str]:
-    """The files ``path`` names: a pattern's matches (sorted; ``**`` recurses), else ``path`` itself."""
-    return sorted(glob.glob(path, recursive=True)) if is_glob(path) else [path]
+    """The files ``path`` names: a pattern's matches (:func:`glob_files`), else ``path`` itself."""
+    return glob_files(path) if is_glob(path) else [path]
+
+
+def _file_key(path: str) -> Any:
+    """Which file ``path`` names: its device and inode (the path itself when it names nothing)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return path
+    return st.st_dev, st.st_ino
+
+
+def _folders_once(top: str) -> Iterator[str]:
+    """``top`` and every folder under it that ``**`` matches (not hidden ones), each real folder once.
+    The tree is walked without entering linked folders first; a linked folder is walked afterwards,
+    and only where it leads to folders not seen yet: a link to a folder above it ends at once."""
+    seen: set[Any] = set()
+    pending = [top]
+    while pending:
+        linked = []
+        for root in pending:
+            for here, dirs, _ in os.walk(root):  # lists linked folders, never enters them
+                key = _file_key(here)
+                if key in seen:
+                    dirs[:] = []
+                    continue
+                seen.add(key)
+                yield here
+                dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+                linked += [os.path.join(here, d) for d in dirs if os.path.islink(os.path.join(here, d))]
+        pending = linked
+
+
+def _matches(pattern: str) -> Iterator[str]:
+    """The paths ``pattern`` matches, as ``glob`` matches them (``**``: any folders, none included),
+    with ``**`` walked by :func:`_folders_once`."""
+    parts = pattern.split(os.sep)
+    if "**" not in parts:
+        yield from glob.iglob(pattern)
+        return
+    at = parts.index("**")
+    head, tail = os.sep.join(parts[:at]), os.sep.join(parts[at + 1:])
+    bases = [b for b in glob.iglob(head) if os.path.isdir(b)] if glob.has_magic(head) else [head]
+    for base in bases:
+        for folder in _folders_once(base or os.curdir):
+            if not base:  # a pattern relative to the working directory gives relative paths
+                folder = "" if folder == os.curdir else folder.removeprefix(os.curdir + os.sep)
+            inside = os.path.join(glob.escape(folder), tail or "*") if folder else (tail or "*")
+            if not tail and folder:
+                yield folder
+            yield from _matches(inside)
+
+
+def glob_files(pattern: str, most: int | None = None) -> list[str]:
+    """The paths ``pattern`` matches (``**``: any folders), sorted, each real file once, under the
+    name that goes through no link; stops once more than ``most`` are found."""
+    found: dict[Any, str] = {}
+    for path in _matches(pattern):
+        key = _file_key(path)
+        kept = found.get(key)
+        if kept is None or (_through_links(path), len(path), path) < (_through_links(kept), len(kept), kept):
+            found[key] = path
+        if most is not None and len(found) > most:
+            break
+    return sorted(found.values())
+
+
+def _through_links(path: str) -> bool:
+    absolute = os.path.abspath(path)
+    return os.path.realpath(absolute) != absolute
 
 
 def resolve(path: str) -> str:
@@ -69,8 +139,8 @@ def shown(path: str) -> str:
 # What a file's suffix says it holds: a Zarr store named x.npy is a folder that np.load (and every
 # reader going by the name) cannot open, and a .npy file named x.zarr is no store.
 _NAMES = {".npy": "a .npy file", ".npz": "a .npz archive", ".h5": "an HDF5 file", ".hdf5": "an HDF5 file",
-          ".nc": "a NetCDF file", ".tif": "a TIFF file", ".tiff": "a TIFF file", ".csv": "a CSV table",
-          ".parquet": "a Parquet table", ".zarr": "a Zarr store"}
+          ".nc": "a NetCDF file", ".nc4": "a NetCDF file", ".cdf": "a NetCDF file", ".tif": "a TIFF file",
+          ".tiff": "a TIFF file", ".csv": "a CSV table", ".parquet": "a Parquet table", ".zarr": "a Zarr store"}
 
 
 def misnamed(path: str, own: tuple[str, ...] = (".zarr",), writer: str = "it") -> tuple[str, str] | None:

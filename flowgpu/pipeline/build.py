@@ -18,6 +18,7 @@ import copy
 import difflib
 import os
 import pathlib
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +26,7 @@ from pydantic import ValidationError
 
 from flowgpu.errors import SpecError, SpecLimitError, did_you_mean
 from flowgpu.io import sinks, sources
+from flowgpu.io.paths import glob_files
 from flowgpu.pipeline import spec as S
 from flowgpu.pipeline.loader import SourceMap, limit, parse_yaml, read_yaml
 from flowgpu.pipeline.spec import PARAM_REF, PATH_ATTRIBUTES
@@ -89,8 +91,27 @@ def _typed(name: str, kind: str | None, value: Any, where: tuple, smap: SourceMa
                      hint=f"give a {kind} value")
 
 
-def resolve_params(data: dict, smap: SourceMap, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The value of every param: default, then ``overrides`` (already merged from file and --set)."""
+def _stand_in(given: Any) -> Any:
+    """The value a param a batch iterates over (``foreach``) takes where the spec is checked as a
+    whole: its first value (a glob's first match, else its pattern). Each item is built with its own."""
+    if isinstance(given, dict) and len(given) == 1:
+        given = next(iter(given.values()))  # {glob: ...} or {range: ...}
+    if isinstance(given, (list, tuple)):
+        return given[0] if given else None
+    if not isinstance(given, str):
+        return None
+    if m := re.match(r"\s*(-?\d+)\s*:\s*-?\d+\s*(:\s*-?\d+\s*)?$", given):
+        return int(m.group(1))
+    if set("*?[") & set(given):
+        return (glob_files(given, 1) or [given])[0]
+    return parse_value(given.split(",")[0].strip())
+
+
+def resolve_params(data: dict, smap: SourceMap, overrides: dict[str, Any] | None = None,
+                   iterated: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The value of every param: default, then ``overrides`` (already merged from file and --set);
+    one with neither that a batch iterates over (the spec's ``foreach:`` block, then ``iterated``:
+    ``--foreach``) stands for its first value."""
     raw = data.get("params") or {}
     if not isinstance(raw, dict):
         raise smap.error("params must be a mapping of name: default", ("params",),
@@ -125,10 +146,15 @@ def resolve_params(data: dict, smap: SourceMap, overrides: dict[str, Any] | None
             raise smap.error(f"override params.{name} names a param this spec does not declare", ("params",),
                              hint=hint, key=True)
         values[name] = _typed(name, kinds[name], value, ("params", name), smap, "the override")
+    block = data.get("foreach")
+    iterated = {**(block if isinstance(block, dict) else {}), **(iterated or {})}
     for name, value in values.items():
+        if value is None and name in iterated and (first := _stand_in(iterated[name])) is not None:
+            values[name] = value = _typed(name, kinds[name], first, ("params", name), smap, "its first foreach value")
         if value is None:
             raise smap.error(f"param {name!r} has no value", ("params", name),
-                             hint=f"give it a default, or set it: --set params.{name}=...")
+                             hint=f"give it a default, set it (--set params.{name}=...) or iterate over it "
+                                  f"(foreach: or --foreach params.{name}=...)")
     return values
 
 
@@ -260,8 +286,10 @@ def _translate(err: dict, data: Any, smap: SourceMap) -> SpecError:
     return smap.error(msg, path, hint="see `flowgpu schema` or docs/pipelines.md for this field")
 
 
-def build(data: Any, smap: SourceMap, overrides: dict[str, Any] | None = None) -> S.Spec:
-    """Validate ``data`` (as read from YAML) into a Spec, after params and overrides are applied."""
+def build(data: Any, smap: SourceMap, overrides: dict[str, Any] | None = None,
+          iterated: dict[str, Any] | None = None) -> S.Spec:
+    """Validate ``data`` (as read from YAML) into a Spec, after params and overrides are applied
+    (``iterated``: ``--foreach`` values, for a param with no other value: :func:`resolve_params`)."""
     if not isinstance(data, dict):
         raise smap.error(f"a spec is a mapping of keys (name, inputs, steps, outputs, ...), not "
                          f"{type(data).__name__}", (), hint="start from pipelines/quickstart.yaml")
@@ -276,7 +304,8 @@ def build(data: Any, smap: SourceMap, overrides: dict[str, Any] | None = None) -
                             hint=did_you_mean(key.split(".")[0], S.Spec.model_fields, "use e.g. params.n=1000"))
         set_path(work, key, value, smap)
     values = resolve_params(work, smap, {k.removeprefix("params."): v for k, v in overrides.items()
-                                         if k.startswith("params.")})
+                                         if k.startswith("params.")},
+                            {k.removeprefix("params."): v for k, v in (iterated or {}).items()})
     work = substitute(work, values, smap)
     import_dirs(smap.file)
     try:
@@ -304,7 +333,8 @@ def read_params_file(path: str) -> dict[str, Any]:
     return {f"params.{k}": v for k, v in data.items()}
 
 
-def load(path: str | os.PathLike, overrides: dict[str, Any] | None = None, params_file: str | None = None) -> S.Spec:
+def load(path: str | os.PathLike, overrides: dict[str, Any] | None = None, params_file: str | None = None,
+         foreach: dict[str, Any] | None = None) -> S.Spec:
     """Read, check and return the spec at ``path`` (params substituted, overrides applied).
 
     Parameters
@@ -312,24 +342,26 @@ def load(path: str | os.PathLike, overrides: dict[str, Any] | None = None, param
     path : the YAML spec file.
     overrides : dotted keys to set, e.g. ``{"params.n": 1000, "cluster.n_workers": 2}``.
     params_file : a YAML file of param values, applied before ``overrides``.
+    foreach : the values a batch iterates over (``--foreach``), for a param with no other value.
     """
     data, smap = read_yaml(path)
-    return build(data, smap, {**(read_params_file(params_file) if params_file else {}), **(overrides or {})})
+    return build(data, smap, {**(read_params_file(params_file) if params_file else {}), **(overrides or {})}, foreach)
 
 
-def from_dict(data: dict, overrides: dict[str, Any] | None = None) -> S.Spec:
+def from_dict(data: dict, overrides: dict[str, Any] | None = None, foreach: dict[str, Any] | None = None) -> S.Spec:
     """A spec from Python data, with the same params handling and checks as a YAML file."""
-    return build(data, SourceMap(None), overrides)
+    return build(data, SourceMap(None), overrides, foreach)
 
 
 def load_spec(spec: S.Spec | str | os.PathLike | dict, overrides: dict[str, Any] | None = None,
-              params_file: str | None = None) -> S.Spec:
-    """A spec from a path, a dict or a Spec, with ``overrides`` and the params file applied."""
+              params_file: str | None = None, foreach: dict[str, Any] | None = None) -> S.Spec:
+    """A spec from a path, a dict or a Spec, with ``overrides`` and the params file applied
+    (``foreach``: a batch's values, for a param with no other value)."""
     if isinstance(spec, (str, os.PathLike)):
-        return load(spec, overrides, params_file)
+        return load(spec, overrides, params_file, foreach)
     given = {**(read_params_file(params_file) if params_file else {}), **(overrides or {})}
     if isinstance(spec, dict):
-        return from_dict(spec, given)
+        return from_dict(spec, given, foreach)
     if not given:
         return spec
     origin = origin_of(spec)

@@ -15,16 +15,15 @@ once, so a link to a folder above it ends instead of looping, and a file reached
 
 from __future__ import annotations
 
-import glob
 import itertools
 import math
-import os
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from flowgpu.errors import SpecError, SpecLimitError
+from flowgpu.io.paths import glob_files
 from flowgpu.pipeline.build import build, parse_value
 from flowgpu.pipeline.loader import limit
 from flowgpu.pipeline.spec import ForeachGlob, ForeachRange, Spec
@@ -67,74 +66,6 @@ def _fail(message: str, where: str, hint: str, spec: Spec | None = None, path: t
     return kind(message, path=where, hint=hint)
 
 
-def _file_key(path: str) -> Any:
-    """Which file ``path`` names: its device and inode (the path itself when it names nothing)."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return path
-    return st.st_dev, st.st_ino
-
-
-def _folders_once(top: str) -> Iterator[str]:
-    """``top`` and every folder under it that ``**`` matches (not hidden ones), each real folder once.
-    The tree is walked without entering linked folders first; a linked folder is walked afterwards,
-    and only where it leads to folders not seen yet: a link to a folder above it ends at once."""
-    seen: set[Any] = set()
-    pending = [top]
-    while pending:
-        linked = []
-        for root in pending:
-            for here, dirs, _ in os.walk(root):  # lists linked folders, never enters them
-                key = _file_key(here)
-                if key in seen:
-                    dirs[:] = []
-                    continue
-                seen.add(key)
-                yield here
-                dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-                linked += [os.path.join(here, d) for d in dirs if os.path.islink(os.path.join(here, d))]
-        pending = linked
-
-
-def _matches(pattern: str) -> Iterator[str]:
-    """The paths ``pattern`` matches, as ``glob`` matches them (``**``: any folders, none included),
-    with ``**`` walked by :func:`_folders_once`."""
-    parts = pattern.split(os.sep)
-    if "**" not in parts:
-        yield from glob.iglob(pattern)
-        return
-    at = parts.index("**")
-    head, tail = os.sep.join(parts[:at]), os.sep.join(parts[at + 1:])
-    bases = [b for b in glob.iglob(head) if os.path.isdir(b)] if glob.has_magic(head) else [head]
-    for base in bases:
-        for folder in _folders_once(base or os.curdir):
-            if not base:  # a pattern relative to the working directory gives relative paths
-                folder = "" if folder == os.curdir else folder.removeprefix(os.curdir + os.sep)
-            inside = os.path.join(glob.escape(folder), tail or "*") if folder else (tail or "*")
-            if not tail and folder:
-                yield folder
-            yield from _matches(inside)
-
-
-def _glob(pattern: str, most: int) -> list[str]:
-    """The files ``pattern`` matches, sorted, each real file once; stops once more than ``most`` are found."""
-    found: dict[Any, str] = {}
-    for path in _matches(pattern):
-        key = _file_key(path)
-        kept = found.get(key)
-        if kept is None or (_through_links(path), len(path), path) < (_through_links(kept), len(kept), kept):
-            found[key] = path
-        if len(found) > most:
-            break
-    return sorted(found.values())
-
-
-def _through_links(path: str) -> bool:
-    absolute = os.path.abspath(path)
-    return os.path.realpath(absolute) != absolute
-
-
 def _too_many(what: str, where: str, spec: Spec | None, path: tuple) -> SpecError:
     return _fail(f"{what}, more than the {limit('max-items'):,} items a batch may have", where,
                  "split it into smaller batches, or raise flowgpu.spec.max-items", spec, path, SpecLimitError)
@@ -150,7 +81,7 @@ def values_of(name: str, given: Any, *, spec: Spec | None = None, where: str | N
         given = given.model_dump()
     if isinstance(given, dict) and set(given) == {"glob"}:
         pattern = str(given["glob"])
-        found = _glob(pattern, limit("max-items"))
+        found = glob_files(pattern, limit("max-items"))
         if not found:
             raise _fail(f"the glob {pattern!r} matches no path", where,
                         "check the pattern (relative to the working directory)", spec, path)

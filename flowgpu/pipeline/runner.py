@@ -171,7 +171,7 @@ def status(spec: Spec | str | os.PathLike | dict, *, overrides: dict[str, Any] |
     "params", "outputs": {name: {"up_to_date", "reason", "value"/"location"}}}]}``; ``line`` is the
     sentence a run prints (``3 up to date, 1 to compute (inputs changed: data/b.npy)``). Starts no
     cluster, calls no user code, takes no lock."""
-    spec = load_spec(spec, overrides, params_file)
+    spec = load_spec(spec, overrides, params_file, foreach)
     items = expand(spec, foreach)
     plans = plan_items(items, overwrite, params_file)
     jobs = judge([Job(item, plan, tuple(plan.outputs)) for item, plan in zip(items, plans)], outputs_cache.Cache(),
@@ -221,7 +221,7 @@ def run(spec: Spec | str | os.PathLike | dict, config: RunConfig | None = None,
     require_classic_graphs()
     started = time.perf_counter()
     try:
-        loaded = load_spec(spec, config.overrides, config.params_file)
+        loaded = load_spec(spec, config.overrides, config.params_file, config.foreach)
     except BaseException as e:
         if config.summary_path and _may_write(spec, config):
             write_json(config.summary_path, failure_summary(spec, None, {}, e, time.perf_counter() - started),

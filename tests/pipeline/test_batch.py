@@ -137,6 +137,33 @@ def test_the_specs_foreach_block_and_the_command_line_make_one_grid(tmp_path):
     assert all(r.summary["params"]["seed"] == 5 for r in items)
 
 
+def test_a_param_the_batch_iterates_over_needs_no_default(tmp_path, rng, monkeypatch):
+    """A param declared by type only takes its values from the foreach block or --foreach (as a
+    Snakemake wildcard does); one that nothing gives a value is still refused, saying how to give one."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    arrays = {f"data/t{i}.npy": rng.normal(size=(int(rng.integers(5, 30)), 4)) for i in range(3)}
+    for path, a in arrays.items():
+        np.save(path, a)
+    spec = {"params": {"input": {"type": "str"}, "k": {"type": "float"}},
+            "foreach": {"input": {"glob": "data/*.npy"}},
+            "inputs": {"x": {"source": "npy", "path": "${params.input}"}},
+            "steps": {"y": {"op": "multiply", "inputs": ["x"], "args": {"b": "${params.k}"}},
+                      "total": {"op": "sum", "inputs": ["y"]}},
+            "outputs": {"total": {"from": "total"},
+                        "y": {"from": "y", "sink": "npy", "path": "out/${params.input.stem}-${params.k}.npy"}}}
+    result = pipeline.run(spec, session="local", progress=False, foreach={"k": "0.5,3"})
+    assert [(r.params["input"], r.params["k"]) for r in result.items] == [
+        (p, k) for p in sorted(arrays) for k in (0.5, 3.0)]
+    for r in result.items:
+        want = arrays[r.params["input"]] * r.params["k"]
+        np.testing.assert_allclose(r.outputs["total"], want.sum(), rtol=1e-12)
+        np.testing.assert_array_equal(np.load(r.outputs["y"]), want)
+    with pytest.raises(SpecError, match=r"params\.k: param 'k' has no value.*--foreach params\.k="):
+        pipeline.run(spec, session="local", progress=False)
+    assert _cli("validate", str(_write(tmp_path / "spec.yaml", spec)), "--set", "params.k=2", cwd=tmp_path).returncode == 0
+
+
 def test_an_invalid_item_refuses_the_whole_batch_naming_it_and_nothing_runs(tmp_path):
     spec = grid_spec(tmp_path)
     spec["steps"]["total"]["expect"] = {"shape": []}
