@@ -1,4 +1,5 @@
-"""Reductions: sum, mean, min, max, std, var, prod, over all or some axes.
+"""Reductions over all or some axes (sum, mean, prod, min, max, std, var, their ``nan*`` forms that
+leave NaNs out, any, all, argmin, argmax) and the running scans cumsum and cumprod.
 
 Each is registered with ``kind="reduction"``; those the kernel fusion can fold into a chain of
 elementwise steps (sum, mean, min, max, prod) also carry ``reduction=<name>`` in ``Op.meta``. dask
@@ -18,7 +19,8 @@ import dask.array as da
 from flowgpu.fusion.graph_tree import MAX_FANIN
 from flowgpu.ops._common import Array, Axis, DType, axis_arg, defop, dtype_arg, same_backend
 
-__all__ = ["sum", "mean", "min", "max", "std", "var", "prod"]
+__all__ = ["sum", "mean", "min", "max", "std", "var", "prod", "nansum", "nanmean", "nanprod", "nanmin", "nanmax",
+           "nanstd", "nanvar", "any", "all", "argmin", "argmax", "cumsum", "cumprod"]
 
 _DOC = """{summary}
 
@@ -89,3 +91,70 @@ min = _plain("min", da.min, "Smallest element over the given axes.")  # noqa: A0
 max = _plain("max", da.max, "Largest element over the given axes.")  # noqa: A001
 std = _moment("std", da.std, "Standard deviation over the given axes.")
 var = _moment("var", da.var, "Variance over the given axes.")
+nansum = _with_dtype("nansum", da.nansum, "Sum over the given axes, NaNs counted as zero.")
+nanmean = _with_dtype("nanmean", da.nanmean, "Mean over the given axes, NaNs left out.")
+nanprod = _with_dtype("nanprod", da.nanprod, "Product over the given axes, NaNs counted as one.")
+nanmin = _plain("nanmin", da.nanmin, "Smallest element over the given axes, NaNs left out.")
+nanmax = _plain("nanmax", da.nanmax, "Largest element over the given axes, NaNs left out.")
+nanstd = _moment("nanstd", da.nanstd, "Standard deviation over the given axes, NaNs left out.")
+nanvar = _moment("nanvar", da.nanvar, "Variance over the given axes, NaNs left out.")
+any = _plain("any", da.any, "Whether any element over the given axes is true (not zero).")  # noqa: A001
+all = _plain("all", da.all, "Whether every element over the given axes is true (not zero).")  # noqa: A001
+
+_ARG_DOC = """{summary}
+
+Parameters
+----------
+x : array
+axis : int, str or None, default None
+    The axis to search along, by number or, for a labelled input, by dimension name; None
+    searches the flattened array (giving the flat index).
+keepdims : bool, default False
+    Keep the searched axis with length 1.
+
+Returns
+-------
+dask.array.Array
+    int64 indices, as ``numpy.{np_name}`` gives.
+"""
+
+
+def _arg(name: str, dask_func, summary: str) -> Any:
+    def func(x: Array, *, axis: int | str | None = None, keepdims: bool = False) -> Array:
+        (x,) = same_backend(x)
+        return dask_func(x, axis=axis_arg(name, axis, x.ndim), keepdims=keepdims)
+
+    return defop(name, _ARG_DOC.format(summary=summary, np_name=name), kind="reduction")(func)
+
+
+argmin = _arg("argmin", da.argmin, "Index of the smallest element along an axis (the first, on ties).")
+argmax = _arg("argmax", da.argmax, "Index of the largest element along an axis (the first, on ties).")
+
+_SCAN_DOC = """{summary}
+
+Parameters
+----------
+x : array
+axis : int, str or None, default None
+    The axis to run along, by number or, for a labelled input, by dimension name; None runs
+    along the flattened array (giving a 1-D result).
+dtype : str or None, default None
+    The accumulator and result dtype; None follows NumPy (small integers accumulate as int64).
+
+Returns
+-------
+dask.array.Array
+    As ``numpy.{np_name}`` gives: the same shape as ``x`` along an axis.
+"""
+
+
+def _scan(name: str, dask_func, summary: str) -> Any:
+    def func(x: Array, *, axis: int | str | None = None, dtype: DType | None = None) -> Array:
+        (x,) = same_backend(x)
+        return dask_func(x, axis=axis_arg(name, axis, x.ndim), dtype=dtype_arg(name, dtype))
+
+    return defop(name, _SCAN_DOC.format(summary=summary, np_name=name), kind="array")(func)
+
+
+cumsum = _scan("cumsum", da.cumsum, "Running sum along an axis.")
+cumprod = _scan("cumprod", da.cumprod, "Running product along an axis.")

@@ -52,6 +52,18 @@ def test_reductions_by_dimension_name_drop_the_reduced_coords(t2m, axis):
     assert got.name == "t2m"
 
 
+def test_scans_nan_and_arg_reductions_by_dimension_name(t2m, rng):
+    t2m = t2m.where(rng.random(t2m.shape) > 0.1)  # NaNs, where nan* leave them out
+    got = _run("cumsum", t2m, axis="time")
+    xr.testing.assert_allclose(got.compute(), t2m.cumsum("time", skipna=False).compute(), rtol=1e-6)
+    assert got.dims == t2m.dims and set(got.coords) == set(t2m.coords)
+    clim = _run("nanmean", t2m, axis="time")
+    xr.testing.assert_allclose(clim.compute(), t2m.mean("time", skipna=True).compute(), rtol=1e-6)
+    warmest = _run("argmax", clim, axis="lon")
+    assert warmest.dims == ("lat",)
+    np.testing.assert_array_equal(warmest.values, clim.argmax("lon").values)
+
+
 def test_keepdims_keeps_the_dims_without_their_coords(t2m):
     got = _run("std", t2m, axis="time", keepdims=True, ddof=1)
     want = t2m.std("time", keepdims=True, ddof=1)

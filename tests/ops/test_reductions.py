@@ -56,7 +56,7 @@ def test_integer_sum_follows_numpy(rng, backend):
 
 
 def test_reductions_declare_their_kind():
-    for name in REF:
+    for name in [*REF, *NAN, "any", "all", "argmin", "argmax"]:
         assert get(name).kind == "reduction"
     for name in ("sum", "mean", "min", "max", "prod"):
         assert get(name).meta["reduction"] == name
@@ -78,3 +78,47 @@ def test_a_full_reduction_combines_every_chunk_in_one_task_and_one_over_an_axis_
     assert len([layer for layer in axis0.__dask_graph__().layers if "partial" in layer]) >= 1  # dask's tree
     np.testing.assert_allclose(computed(full, backend), getattr(np, name)(a), rtol=1e-12)
     np.testing.assert_allclose(computed(axis0, backend), getattr(np, name)(a, axis=0), rtol=1e-12)
+
+
+NAN = ["nansum", "nanmean", "nanprod", "nanmin", "nanmax", "nanstd", "nanvar"]
+
+
+@pytest.mark.parametrize("name", NAN)
+@pytest.mark.parametrize("axis", [None, 0, [0, 2]])
+def test_nan_reductions_leave_nans_out_as_numpy_does(name, axis, rng, backend):
+    a = 0.9 + 0.2 * rng.random((9, 8, 7))
+    a[rng.random(a.shape) < 0.2] = np.nan
+    np_axis = tuple(axis) if isinstance(axis, list) else axis
+    result = computed(get(name)(chunked(a, (4, 3, 7), backend), axis=axis), backend)
+    ref = getattr(np, name)(a, axis=np_axis)
+    assert not np.isnan(result).any()
+    np.testing.assert_allclose(result, ref, rtol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["any", "all"])
+@pytest.mark.parametrize("axis", [None, 1, [0, 1]])
+def test_any_and_all_match_numpy(name, axis, rng, backend):
+    a = rng.random((12, 9)) < (0.05 if name == "any" else 0.95)
+    np_axis = tuple(axis) if isinstance(axis, list) else axis
+    result = computed(get(name)(chunked(a, (5, 4), backend), axis=axis), backend)
+    np.testing.assert_array_equal(result, getattr(np, name)(a, axis=np_axis))
+
+
+@pytest.mark.parametrize("name", ["argmin", "argmax"])
+@pytest.mark.parametrize("axis", [None, 0, 1, -1])
+def test_arg_reductions_give_numpys_indices(name, axis, rng, backend):
+    a = rng.normal(size=(23, 17))
+    result = computed(get(name)(chunked(a, (5, 4), backend), axis=axis), backend)
+    np.testing.assert_array_equal(result, getattr(np, name)(a, axis=axis))
+
+
+@pytest.mark.parametrize("name", ["cumsum", "cumprod"])
+@pytest.mark.parametrize("axis", [None, 0, 1])
+def test_scans_match_numpy_along_an_axis_and_flattened(name, axis, rng, backend):
+    a = 0.95 + 0.1 * rng.random((13, 6))
+    result = computed(get(name)(chunked(a, (4, 4), backend), axis=axis), backend)
+    np.testing.assert_allclose(result, getattr(np, name)(a, axis=axis), rtol=1e-12)
+    ints = rng.integers(-9, 9, (10, 4)).astype(np.int8)
+    summed = computed(get("cumsum")(chunked(ints, (3, 4), backend), axis=0, dtype="int16"), backend)
+    assert summed.dtype == np.int16
+    np.testing.assert_array_equal(summed, np.cumsum(ints, axis=0, dtype=np.int16))
