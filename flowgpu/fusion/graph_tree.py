@@ -1,18 +1,18 @@
-"""dask's reduction tree over fused partials, flattened to one aggregate task.
+"""dask's reduction tree over fused partials, run in one aggregate task.
 
 ``x.sum()`` in dask.array is a chunk stage (one partial per chunk), then a tree of combine tasks
 (fan-in ``split_every``, 4 by default: 2 per axis of a 2-D array), then one aggregate. When the
 chunk stage is a fused kernel over the whole array (:mod:`flowgpu.fusion.graph_reduce`), each
 partial is one value: the tree's levels add tasks, each a scheduler round trip (milliseconds on a
 distributed GPU worker), to combine a few bytes. ``flowgpu.fuse`` combines its partials in one
-task; this gives plain dask code the same: the aggregate task takes every partial, as dask itself
-builds it when ``split_every`` is at least the number of chunks. The aggregate's own function
-(``mean_agg``, ``sum`` after concatenation, ...) is kept, so the result is dask's, summed in one
-step instead of pairwise levels (the last bits may differ from the tree's, as they do between two
-``split_every``).
+task; this gives plain dask code the same count: the aggregate task takes every partial and runs
+dask's own combine tasks inside it, nested as the tree nests them, so the result is plain dask's
+to the last bit (a flat combine rounds otherwise: 56658.168 against dask's 56658.17 for a float32
+``nansum`` of 20 chunks).
 
 Only full reductions (every axis, so one result block) of at most :data:`MAX_FANIN` chunks, whose
-tree is dask's own shape (a chain of layers, each used only by the next); anything else stays.
+tree is dask's own shape (a chain of layers, each used only by the next, each task a function of
+the keys below); anything else stays.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ MAX_FANIN = 1024  # partials one aggregate takes at most (flowgpu.fuse's flat co
 
 def flatten_tree(layers: dict, deps: dict, root: str, ndim: int, keep: set[str]) -> bool:
     """Replace the tree above the chunk-stage layer ``root`` (a full reduction of an ``ndim``-D
-    array) by its aggregate over every partial, in ``layers``/``deps``; whether it did."""
+    array) by one aggregate task holding the tree's tasks, in ``layers``/``deps``; whether it did."""
     chain, name = [], root
     while True:
         users = [k for k, ds in deps.items() if name in ds]
@@ -44,19 +44,46 @@ def flatten_tree(layers: dict, deps: dict, root: str, ndim: int, keep: set[str])
             break
     if len(chain) < 2:
         return False  # already one aggregate over the partials
-    top = layers[chain[-1]]
-    ((key, task),) = top.mapping.items()
-    if not (isinstance(task, tuple) and len(task) == 2 and callable(task[0]) and isinstance(task[1], list)):
-        return False
     shape = _numblocks(layers[root], ndim)
     if shape is None or math.prod(shape) > MAX_FANIN or layers[root].output_blocks is not None:
         return False
-    layers[chain[-1]] = MaterializedLayer({key: (task[0], _nested(root, shape, ()))},
-                                          annotations=top.annotations)
+    below = {key: task for name in chain[:-1] for key, task in layers[name].mapping.items()}
+    top = layers[chain[-1]]
+    ((key, task),) = top.mapping.items()
+    nested = _nested_task(task, below)
+    if nested is None:
+        return False
+    layers[chain[-1]] = MaterializedLayer({key: nested}, annotations=top.annotations)
     deps[chain[-1]] = {root}
     for name in chain[:-1]:
         del layers[name], deps[name]
     return True
+
+
+def _nested_task(task: Any, below: dict) -> Any:
+    """``task`` (``(func, [keys...])``, as dask's tree writes each) with every key of ``below``
+    replaced by its own task, nested the same way; None for a task of another form."""
+    if not (isinstance(task, tuple) and len(task) == 2 and callable(task[0]) and isinstance(task[1], list)):
+        return None
+
+    def inline(arg: Any) -> Any:
+        if isinstance(arg, list):
+            return [inline(a) for a in arg]
+        if isinstance(arg, tuple) and arg in below:
+            inner = _nested_task(below[arg], below)
+            if inner is None:
+                raise _NotTree
+            return inner
+        return arg
+
+    try:
+        return task[0], inline(task[1])
+    except _NotTree:
+        return None
+
+
+class _NotTree(Exception):
+    """A task in the tree that is not ``(func, [keys...])``."""
 
 
 def _numblocks(layer: Any, ndim: int) -> tuple[int, ...] | None:
@@ -68,10 +95,3 @@ def _numblocks(layer: Any, ndim: int) -> tuple[int, ...] | None:
         return tuple(int(layer.dims[i]) for i in out)
     except (KeyError, TypeError):
         return None
-
-
-def _nested(name: str, shape: tuple[int, ...], index: tuple[int, ...]) -> Any:
-    """The keys of ``name``'s blocks as dask's tree passes them: nested lists, one level per axis."""
-    if len(index) == len(shape):
-        return (name, *index)
-    return [_nested(name, shape, index + (i,)) for i in range(shape[len(index)])]
