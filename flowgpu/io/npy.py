@@ -82,6 +82,8 @@ def from_npy(path: str, chunks: Any = "auto") -> da.Array:
     path = resolve(path)
     if not os.path.exists(path):
         raise ConfigError(f"npy file {path!r} does not exist")
+    if os.path.isdir(path):
+        raise ConfigError(f"{path!r} is a folder, not a .npy file (for a Zarr store use source: zarr)")
     try:
         reader = NpyReader(path)
     except (ValueError, OSError) as e:

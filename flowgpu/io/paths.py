@@ -29,7 +29,7 @@ from distributed import get_worker
 
 from flowgpu.errors import PathNotVisibleError
 
-__all__ = ["FIX", "METADATA", "is_url", "is_glob", "glob_files", "expand", "resolve", "shown", "misnamed", "metadata_files",
+__all__ = ["FIX", "METADATA", "is_url", "is_glob", "glob_files", "expand", "resolve", "shown", "named_kind", "misnamed", "metadata_files",
            "require_store", "where", "probe"]
 
 FIX = ("the workers do not see this path: put it on storage every host mounts (at the same path), "
@@ -141,6 +141,11 @@ def shown(path: str) -> str:
 _NAMES = {".npy": "a .npy file", ".npz": "a .npz archive", ".h5": "an HDF5 file", ".hdf5": "an HDF5 file",
           ".nc": "a NetCDF file", ".nc4": "a NetCDF file", ".cdf": "a NetCDF file", ".tif": "a TIFF file",
           ".tiff": "a TIFF file", ".csv": "a CSV table", ".parquet": "a Parquet table", ".zarr": "a Zarr store"}
+
+
+def named_kind(path: str) -> str | None:
+    """What ``path``'s suffix says it holds (``'an HDF5 file'``), or None."""
+    return _NAMES.get(os.path.splitext(path.rstrip("/" + os.sep))[1].lower())
 
 
 def misnamed(path: str, own: tuple[str, ...] = (".zarr",), writer: str = "it") -> tuple[str, str] | None:

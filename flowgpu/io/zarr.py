@@ -28,7 +28,7 @@ from flowgpu.backend import current_backend, empty_meta
 from flowgpu.errors import ConfigError
 from flowgpu.io.atomic import atomic_output
 from flowgpu.io.devcodec import MAX_CHUNK_BYTES, DevicePlan, Fallback, plan_codec
-from flowgpu.io.paths import is_url, require_store, resolve
+from flowgpu.io.paths import is_url, named_kind, require_store, resolve
 from flowgpu.io.storage import COUNTERS
 from flowgpu.io.zarrread import DeviceReader
 from flowgpu.io.zarrwrite import checksummed, compressors, create, device_writes, inner_chunks
@@ -62,6 +62,10 @@ def open_zarr_array(path: str, component: str | None = None) -> zarr.Array:
     path = resolve(path)
     if not is_url(path) and not os.path.exists(path):
         raise ConfigError(f"zarr store {path!r} does not exist")
+    if not is_url(path) and os.path.isfile(path):
+        kind = named_kind(path)
+        raise ConfigError(f"{path!r} is a file, not a Zarr store (a folder)" + (
+            f"; named as {kind}: read it with that kind's source (flowgpu sources lists them)" if kind else ""))
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Numcodecs codecs are not in the Zarr version 3")

@@ -78,3 +78,15 @@ def test_missing_files_are_clear_errors(tmp_path):
     np.save(tmp_path / "objects.npy", np.array([{"a": 1}, None], dtype=object))
     with pytest.raises(ConfigError, match="objects.npy' is not a readable .npy file: .*Python objects"):
         fg.from_npy(str(tmp_path / "objects.npy"))
+
+
+def test_a_file_given_as_a_store_and_a_folder_given_as_a_file_say_what_they_are(tmp_path, rng):
+    np.save(tmp_path / "x.npy", rng.normal(size=(4, 3)))
+    with pytest.raises(ConfigError, match=r"x\.npy' is a file, not a Zarr store \(a folder\); named as a \.npy file"):
+        fg.from_zarr(str(tmp_path / "x.npy"))
+    (tmp_path / "notes").write_text("not an array")
+    with pytest.raises(ConfigError, match=r"notes' is a file, not a Zarr store \(a folder\)$"):
+        fg.from_zarr(str(tmp_path / "notes"))
+    fg.to_zarr(fg.random((6, 5), seed=int(rng.integers(1 << 30)), chunks=3), str(tmp_path / "s.zarr"))
+    with pytest.raises(ConfigError, match=r"s\.zarr' is a folder, not a \.npy file \(for a Zarr store use source: zarr\)"):
+        fg.from_npy(str(tmp_path / "s.zarr"))
