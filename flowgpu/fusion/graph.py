@@ -194,7 +194,7 @@ def _rewrite(hlg: Any, keep: set[str], reductions: bool, bare: bool | None) -> t
                                  output_blocks=root_layer.output_blocks, annotations=root_layer.annotations)
         deps[root] = {src for src, _ in leaves}
         done.append(Fusion(root, frozenset(members | {root}), text, tuple(src for src, _ in leaves),
-                           (spec.mean or spec.kind) if spec is not None else None))
+                           spec.name if spec is not None else None))
         if spec is not None and len(spec.axes) == len(root_layer.output_indices):  # one value per chunk
             graph_tree.flatten_tree(layers, deps, root, len(root_layer.output_indices), keep)
     if not done:

@@ -60,6 +60,13 @@ class Reduction:
     mean: str | None  # "mean" / "nanmean": the partial is dask's {"n", "total"}
     source: tuple[str, tuple]  # (input layer, its indices in this layer)
 
+    @property
+    def name(self) -> str:
+        """The reduction as the code wrote it: ``any``/``all`` are a max/min of booleans here."""
+        if self.mean:
+            return self.mean
+        return {"max": "any", "min": "all"}.get(self.kind, self.kind) if self.dtype == bool else self.kind
+
 
 def _dtype(value: Any) -> np.dtype | None:
     try:

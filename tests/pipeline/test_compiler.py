@@ -67,14 +67,18 @@ def test_elementwise_chains_fuse(tmp_path, data):
             "f": {"op": "exp", "inputs": ["e"]},
             "g": {"op": "expr", "inputs": {"u": "x", "w": "b"}, "args": {"expression": "u * w + 1"}},
             "h": {"op": "max", "inputs": ["g"], "args": {"axis": 0}},
+            "big": {"op": "greater", "inputs": ["x"], "args": {"b": 1.5}},
+            "anybig": {"op": "any", "inputs": ["big"], "args": {"axis": 0}},
         },
-        "outputs": {"s": {"from": "s"}, "f": {"from": "f"}, "a": {"from": "b"}, "h": {"from": "h"}},
+        "outputs": {"s": {"from": "s"}, "f": {"from": "f"}, "a": {"from": "b"}, "h": {"from": "h"},
+                    "anybig": {"from": "anybig"}},
     }
     plan = pipeline.compile(spec)
     assert plan.fused
     # the graph is dask's own: what the Session's rewrite fuses is what the plan says
     assert plan.fusion == {"b": "sqrt(abs(x))", "s": "((b * 2.0) + x) -> sum", "f": "exp((-x))",
-                           "h": "(x * b + 1) -> max"}  # an expr step is a chain like the others
+                           "h": "(x * b + 1) -> max",  # an expr step is a chain like the others
+                           "anybig": "(x > 1.5) -> any"}  # as written, not as the kernel reduces booleans
     assert plan.nodes["g"].fused_into == "h"
     assert plan.nodes["a"].fused_into == "b" and plan.nodes["c"].fused_into == "s" and plan.nodes["d"].fused_into == "s"
     assert plan.nodes["e"].fused_into == "f" and plan.nodes["s"].deps == ["b", "x"]
