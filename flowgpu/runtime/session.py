@@ -29,6 +29,7 @@ from urllib.parse import urlsplit
 import dask.config
 import psutil
 from distributed import Client, LocalCluster
+from distributed import client as distributed_client
 
 from flowgpu import backend as _backend
 from flowgpu.backend import Facts
@@ -62,6 +63,15 @@ def main_unguarded() -> bool:
     except (OSError, SyntaxError, ValueError):
         return False
     return not any(isinstance(n, ast.If) and "'__name__'" in ast.dump(n.test) for n in body)
+
+
+def _quiet_cancelled_gather(record: logging.LogRecord) -> bool:
+    """A filter of the ``asyncio`` logger: a gather interrupted by Ctrl-C leaves distributed's
+    ``Client._gather`` a task that ends in ``AllExit``, which asyncio reports when it is collected
+    ('Task exception was never retrieved', with a traceback) after the run has said in one line
+    what was and was not written. Only that report is dropped."""
+    error = record.exc_info[1] if record.exc_info else None
+    return not isinstance(error, getattr(distributed_client, "AllExit", ()))
 
 
 def current_session() -> "Session | None":
@@ -161,6 +171,7 @@ class Session:
         self._published: list = []  # dask.config.set contexts, undone in reverse order on close
         self._closed = False
         self.workers: dict[str, dict] = {}
+        logging.getLogger("asyncio").addFilter(_quiet_cancelled_gather)  # once: the same filter object
         try:
             if cluster is not None:
                 self._join(cluster)

@@ -83,6 +83,48 @@ def test_ctrl_c_before_any_commit_and_sigterm(tmp_path, rng):
     assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
 
 
+SLOW_STEP = """\
+import os, time
+
+
+def slow(block, pause):
+    open(os.path.join(pause, "computing.reached"), "w").close()
+    time.sleep(60)
+    return block * 2
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_ctrl_c_while_the_workers_compute_says_one_line(tmp_path, rng):
+    """Interrupted while the client gathers results (a task still running): the one line and exit
+    130, and no asyncio report of distributed's cancelled gather ('Task exception was never retrieved')."""
+    np.save(tmp_path / "x.npy", rng.random((40, 3)))
+    pause = tmp_path / "pause"
+    pause.mkdir()
+    (tmp_path / "steps_mod.py").write_text(SLOW_STEP)
+    (tmp_path / "spec.yaml").write_text(
+        "inputs: {x: {source: npy, path: x.npy, chunks: [10, 3]}}\n"
+        f"steps: {{y: {{op: map_blocks, inputs: [x], args: {{function: 'steps_mod:slow', kwargs: {{pause: '{pause}'}}}}}}}}\n"
+        "outputs: {y: {from: y, sink: zarr, path: out/y.zarr}}\n")
+    run = subprocess.Popen([sys.executable, "-m", "flowgpu", "run", "spec.yaml", "--standalone", "--workers", "1"],
+                           cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           start_new_session=True)
+    deadline = time.monotonic() + 180
+    while not (pause / "computing.reached").exists():
+        assert run.poll() is None, run.communicate()
+        assert time.monotonic() < deadline, "the task never started"
+        time.sleep(0.05)
+    time.sleep(0.5)  # the client is waiting for the results
+    os.killpg(run.pid, signal.SIGINT)
+    out, err = run.communicate(timeout=120)
+    assert run.returncode == 130, err
+    said = _one_line(err)
+    assert said.startswith("error: interrupted; no output was moved into place (not written: out/y.zarr"), said
+    assert "never retrieved" not in err and "AllExit" not in err, err
+    assert not (tmp_path / "out" / "y.zarr").exists()
+
+
 def test_quiet_prints_no_progress_line(tmp_path, rng):
     busy = socket.socket()
     try:  # the dashboard's port taken: distributed warns, and moves it
