@@ -172,9 +172,12 @@ def _clean_dir(directory: str, only: str | None, blocking: bool) -> list[str]:
     return notes
 
 
-def recover(target: str) -> list[str]:
-    """With ``target``'s lock held: finish its interrupted commits, remove stale staging dirs."""
-    return _clean_dir(os.path.dirname(target), target, blocking=True)
+def _lock(target: str, wait: bool, notify: Callable[[str], None]) -> OutputLock:
+    """``target``'s write lock; once held, its interrupted commits are finished and stale staging dirs removed."""
+    lock = OutputLock(target).acquire(wait, notify)
+    for note in _clean_dir(os.path.dirname(target), target, blocking=True):
+        notify(note)
+    return lock
 
 
 def clean(paths: Iterable[str]) -> list[str]:
@@ -215,9 +218,7 @@ def hold(targets: Iterable[str], wait: bool = True, notify: Callable[[str], None
             try:
                 made += _missing_folders(os.path.dirname(target))
                 os.makedirs(os.path.dirname(target), exist_ok=True)
-                locks.append(OutputLock(target).acquire(wait, notify))
-                for note in recover(target):
-                    notify(note)
+                locks.append(_lock(target, wait, notify))
             except FlowgpuError:
                 raise
             except OSError as e:
@@ -274,9 +275,7 @@ class AtomicPath:
         with self.preparing():
             os.makedirs(os.path.dirname(self.path), exist_ok=True)
             if held(self.path) is None:
-                self._lock = OutputLock(self.path).acquire(True, _stderr)
-                for note in recover(self.path):
-                    _stderr(note)
+                self._lock = _lock(self.path, True, _stderr)
             check_writable(self.path, self.overwrite)
             os.mkdir(self.stage)
             with open(os.path.join(self.stage, "owner.json"), "x") as f:  # its inode: what a copy cannot have

@@ -243,12 +243,11 @@ class Transaction:
                 _finish(self.outputs, self.journals)
             except Exception as undo:
                 self.stuck = True  # the staging dirs hold old outputs: only recovery may remove them
-                self._close()  # unlocked: the next run or `flowgpu clean` finishes the undo
                 raise OutputError(f"the commit of {', '.join(o.path for o in self.outputs)} failed ({e}) and "
                                   f"could not be undone ({undo}); `flowgpu clean` on those paths restores the "
                                   "old outputs") from e
             finally:
-                self._close()
+                self._close()  # unlocked: a stuck undo is finished by the next run or `flowgpu clean`
             if notes and isinstance(e, Exception):
                 raise OutputError("; ".join([str(e), *notes])) from e
             raise

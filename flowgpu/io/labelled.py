@@ -81,11 +81,9 @@ def _variable(ds: Any, path: str, variable: str) -> Any:
 def check_variable(path: str, variable: str, engine: str | None = None) -> None:
     """Refuse a ``variable`` the dataset at ``path`` lacks, naming the ones it has (a path that is not
     there yet, or not a dataset, is said when it is opened)."""
-    if not os.path.exists(path):
-        return
     try:
         ds = open_dataset(path, engine, chunks=None)
-    except ConfigError:
+    except ConfigError:  # also for a path that is not there (open_dataset checks)
         return
     try:
         _variable(ds, path, variable)

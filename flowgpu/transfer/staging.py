@@ -226,7 +226,6 @@ def _staged(shape: tuple, dtype: np.dtype, flat: tuple, fill, budget: int | None
             if i + ahead < len(slices):
                 start(i + ahead)
     finally:  # also once all went well: every copy is waited for before the buffers go back
-
         for f in fills.values():  # after a failure: no fill may still write into a buffer given back
             if f is not None:
                 f.cancel() or f.exception()
