@@ -41,6 +41,7 @@ import contextlib
 import errno
 import functools
 import os
+import pathlib
 import threading
 import time
 import traceback
@@ -149,11 +150,9 @@ def _commit(o: Outcome, results: list[Any], cache: Any) -> None:
             o.values[name] = o.written[name] = location
     faults.point("item-committed")
     if cache is not None and job.recipes is not None:
-        for name in job.todo:
-            in_summary = sinks.sink_entry(job.item.spec.outputs[name].sink).has(sinks.IN_SUMMARY)
-            cache.record(job.plan, name, job.recipes[name], item=job.item.values,
-                         location=None if in_summary else o.values[name],
-                         value=o.values[name] if in_summary else None)
+        for name in job.todo:  # the outputs staged: written (a location) or summary values
+            cache.record(job.plan, name, job.recipes[name], item=job.item.values, location=o.written.get(name),
+                         value=None if name in o.written else o.values[name])
     o.status = "ok"
 
 
@@ -270,11 +269,7 @@ class _Batch:
                     self._settled(o)
                     self.settle(o, error, None, started)
                 elif all(f.status == "finished" for f in self.futures[o]):
-                    try:
-                        results, error = client.gather(self.futures[o]), None
-                    except Exception as e:  # noqa: BLE001
-                        results, error = None, e
-                    self.settle(o, error, results, started)
+                    self._gather_one(client, o, started)
                 if o.status == "failed" and not self.config.keep_going:
                     return
         finally:
@@ -392,9 +387,7 @@ def folder_entries(spec: Any) -> list[dict[str, Any]]:
     for name, o in spec.outputs.items():
         if not o.path or paths.is_url(o.path):
             continue
-        folder = os.path.dirname(o.path)
-        while not os.path.isdir(folder) and os.path.dirname(folder) != folder:
-            folder = os.path.dirname(folder)
+        folder = next(str(p) for p in pathlib.PurePath(o.path).parents if os.path.isdir(p))  # o.path is absolute
         out.append({"what": f"output {name!r}", "path": o.path, "write": folder, "inode": os.stat(folder).st_ino})
     return out
 
@@ -508,10 +501,6 @@ class watch_spill:  # noqa: N801 - used as a context manager, like a function
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def _errors(self) -> list[str]:
-        summary = self.session.memory_summary()
-        return list(summary["errors"]) if summary else []
-
     def _stop_run(self, kind: str, error: str) -> None:
         client = self.session.client
         self.kind, self.error = kind, error
@@ -527,7 +516,8 @@ class watch_spill:  # noqa: N801 - used as a context manager, like a function
                 summary = baseline() if callable(baseline) else baseline
                 before = set(summary["errors"]) if summary is not None else None  # only flowgpu's store reports them
             if before is not None:
-                new = [e for e in self._errors() if e not in before]
+                now = self.session.memory_summary()
+                new = [e for e in (now["errors"] if now else ()) if e not in before]
                 if new:
                     self._stop_run("spill", new[0])
                     return

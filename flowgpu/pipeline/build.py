@@ -18,7 +18,6 @@ import copy
 import difflib
 import os
 import pathlib
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,7 +28,7 @@ from flowgpu.io import sinks, sources
 from flowgpu.io.paths import glob_files
 from flowgpu.pipeline import spec as S
 from flowgpu.pipeline.loader import SourceMap, limit, parse_yaml, read_yaml
-from flowgpu.pipeline.spec import PARAM_REF, PATH_ATTRIBUTES
+from flowgpu.pipeline.spec import PARAM_REF, PATH_ATTRIBUTES, RANGE
 from flowgpu.registry import add_import_dirs
 
 __all__ = ["Origin", "build", "load", "from_dict", "read_params_file", "import_dirs", "parse_value",
@@ -66,7 +65,7 @@ def set_path(data: dict, dotted: str, value: Any, smap: SourceMap) -> None:
                              hint="set a key of the spec's own sections, e.g. params.n=1000")
     node = data
     for i, part in enumerate(parts[:-1]):
-        nxt = node.get(part) if isinstance(node, dict) else None
+        nxt = node.get(part)  # a mapping: build() checked the document is one, and the loop each part
         if nxt is None:
             nxt = node[part] = {}
         if not isinstance(nxt, dict):
@@ -100,7 +99,7 @@ def _stand_in(given: Any) -> Any:
         return given[0] if given else None
     if not isinstance(given, str):
         return None
-    if m := re.match(r"\s*(-?\d+)\s*:\s*-?\d+\s*(:\s*-?\d+\s*)?$", given):
+    if m := RANGE.match(given):
         return int(m.group(1))
     if set("*?[") & set(given):
         return (glob_files(given, 1) or [given])[0]
@@ -123,10 +122,8 @@ def resolve_params(data: dict, smap: SourceMap, overrides: dict[str, Any] | None
         if isinstance(p, dict):
             for key in p:
                 if key not in ("type", "default", "description"):
-                    close = difflib.get_close_matches(str(key), ["type", "default", "description"], n=1)
-                    raise smap.error(f"unknown key {key!r}", where + (key,), key=True,
-                                     hint=f"did you mean {close[0]!r}?" if close else
-                                     "a param has type, default and description")
+                    raise smap.error(f"unknown key {key!r}", where + (key,), key=True, hint=did_you_mean(
+                        key, ["type", "default", "description"], "a param has type, default and description"))
             kind = p.get("type")
             if kind is not None and kind not in _TYPES:
                 raise smap.error(f"param {name!r} has unknown type {kind!r}", where + ("type",),
@@ -140,9 +137,8 @@ def resolve_params(data: dict, smap: SourceMap, overrides: dict[str, Any] | None
         values[name] = _typed(name, kind, default, where, smap, "its default")
     for name, value in (overrides or {}).items():
         if name not in raw:
-            close = difflib.get_close_matches(name, list(raw), n=3)
-            hint = f"did you mean {', '.join(map(repr, close))}?" if close else (
-                f"this spec's params: {', '.join(raw) or 'none'}; declare it under params:")
+            hint = did_you_mean(name, raw, f"this spec's params: {', '.join(raw) or 'none'}; declare it under params:",
+                                n=3)
             raise smap.error(f"override params.{name} names a param this spec does not declare", ("params",),
                              hint=hint, key=True)
         values[name] = _typed(name, kinds[name], value, ("params", name), smap, "the override")

@@ -245,7 +245,6 @@ def _compile_uses(spec: Spec, name: str, smap: SourceMap, values: dict[str, Any]
     return _compile(child, bindings, (*stack, os.path.abspath(me)) if me else stack, for_run)
 
 
-
 def _open_input(spec: Spec, name: str, smap: SourceMap, for_run: bool) -> da.Array:
     model = spec.inputs[name]
     options = model.model_dump(exclude={"source"})
@@ -268,12 +267,6 @@ def _describe(x: Any) -> str:
     return repr(x)
 
 
-def _get_op(name: str, op_name: str, smap: SourceMap) -> registry.Op:
-    if op_name not in registry.OPS:
-        raise smap.error(f"unknown op {op_name!r}", ("steps", name, "op"), hint=registry.OPS.suggest(op_name))
-    return registry.get(op_name)
-
-
 def _call_op(spec: Spec, name: str, op: registry.Op, values: dict[str, Any], smap: SourceMap):
     step = spec.steps[name]
     where = ("steps", name)
@@ -282,7 +275,7 @@ def _call_op(spec: Spec, name: str, op: registry.Op, values: dict[str, Any], sma
         raise smap.error(f"op {op.name!r} takes its inputs by name", where + ("inputs",),
                          hint=f"write inputs as a mapping, e.g. inputs: {{{names}}}")
     if isinstance(step.inputs, dict):
-        args, kwargs = [], {**{k: values[r] for k, r in step.inputs.items()}}
+        args, kwargs = [], {k: values[r] for k, r in step.inputs.items()}
     else:
         args, kwargs = [values[r] for r in step.inputs], {}
     overlap = set(kwargs) & set(step.args)
@@ -370,7 +363,9 @@ def _build_graph(spec: Spec, smap: SourceMap, names: list[str], bindings: dict[s
             values[name] = {**child.outputs, **child.labelled}
             nodes[name] = Node(name, "uses", step.uses, None, deps)
             continue
-        op = _get_op(name, step.op, smap)
+        if step.op not in registry.OPS:
+            raise smap.error(f"unknown op {step.op!r}", ("steps", name, "op"), hint=registry.OPS.suggest(step.op))
+        op = registry.get(step.op)
         for where, ref in _step_refs(spec, name):
             values[ref] = _resolve(values, ref, where, smap)
         out = _call_op(spec, name, op, values, smap)

@@ -26,11 +26,10 @@ from flowgpu.errors import SpecError, SpecLimitError
 from flowgpu.io.paths import glob_files
 from flowgpu.pipeline.build import build, parse_value
 from flowgpu.pipeline.loader import limit
-from flowgpu.pipeline.spec import ForeachGlob, ForeachRange, Spec
+from flowgpu.pipeline.spec import NAME_PATTERN, RANGE, ForeachGlob, ForeachRange, Spec
 
 __all__ = ["Item", "expand", "in_item", "parse_option", "values_of"]
 
-_RANGE = re.compile(r"^\s*(-?\d+)\s*:\s*(-?\d+)\s*(?::\s*(-?\d+)\s*)?$")
 _GLOB_CHARS = set("*?[")
 
 
@@ -90,7 +89,7 @@ def values_of(name: str, given: Any, *, spec: Spec | None = None, where: str | N
         return found
     if isinstance(given, dict) and set(given) == {"range"}:
         text = given["range"]
-        m = _RANGE.match(str(text)) if not isinstance(text, list) else None
+        m = RANGE.match(str(text)) if not isinstance(text, list) else None
         bounds = [int(v) for v in text] if isinstance(text, list) else (
             [int(g) for g in m.groups() if g is not None] if m else None)
         if not bounds or not 2 <= len(bounds) <= 3 or (len(bounds) == 3 and bounds[2] == 0):
@@ -105,7 +104,7 @@ def values_of(name: str, given: Any, *, spec: Spec | None = None, where: str | N
         return values
     if isinstance(given, str):
         text = given.strip()
-        if _RANGE.match(text):
+        if RANGE.match(text):
             return values_of(name, {"range": text}, spec=spec, where=where)
         if _GLOB_CHARS & set(text):
             return values_of(name, {"glob": text}, spec=spec, where=where)
@@ -124,7 +123,7 @@ def parse_option(text: str) -> tuple[str, str]:
     """``params.NAME=VALUES`` (``--foreach``) -> ``(NAME, VALUES)``."""
     key, sep, values = text.partition("=")
     name = key.strip().removeprefix("params.")
-    if not sep or not name or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+    if not sep or not re.match(NAME_PATTERN, name):
         raise SpecError(f"--foreach {text!r}: give params.NAME=VALUES", path="--foreach",
                         hint="VALUES: a comma list (0,1,2), a glob of paths (data/*.npy) or a range (0:64:8)")
     return name, values

@@ -19,6 +19,7 @@ compiled and checked, each output up to date or why not, through the first steps
 from __future__ import annotations
 
 import os
+import pathlib
 import threading
 import time
 from collections import Counter
@@ -107,10 +108,7 @@ def _reads(plan: Plan) -> list[tuple[str, Spec, str]]:
 
 def _above(path: str) -> list[str]:
     """``path`` and every folder it is in."""
-    out = [path]
-    while os.path.dirname(out[-1]) != out[-1]:
-        out.append(os.path.dirname(out[-1]))
-    return out
+    return [path, *map(str, pathlib.PurePath(path).parents)]
 
 
 def _refuse_reading_another_items_output(items: list[Item], plans: list[Plan]) -> None:
@@ -351,8 +349,7 @@ def _given_session(session: runtime.RunSession | str | None) -> runtime.RunSessi
 
 
 def _names(paths: list[str], most: int = 6) -> str:
-    shown = [os.path.relpath(p) if not os.path.relpath(p).startswith("..") else p for p in paths[:most]]
-    return ", ".join(shown) + (f" and {len(paths) - most} more" if len(paths) > most else "")
+    return ", ".join(map(shown, paths[:most])) + (f" and {len(paths) - most} more" if len(paths) > most else "")
 
 
 def interrupted(outcomes: list[Outcome]) -> str:
@@ -492,10 +489,7 @@ def failure_summary(spec: Any, plan: Plan | None, moved: dict[str, str], error: 
 def _disk_bytes(path: str) -> int:
     if os.path.isfile(path):
         return os.path.getsize(path)
-    total = 0
-    for root, _, files in os.walk(path):
-        total += sum(os.path.getsize(os.path.join(root, f)) for f in files)
-    return total
+    return sum(os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(path) for f in files)
 
 
 def _outputs(spec: Spec, plan: Plan, values: dict, computed: set[str]) -> tuple[dict, int]:

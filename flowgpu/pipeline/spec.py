@@ -48,6 +48,7 @@ NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 # ``${params.name}`` and ``${params.name.stem}``: group 1 the name, group 2 the attributes (".parent.name")
 PARAM_REF = re.compile(r"\$\{params\.([A-Za-z_][A-Za-z0-9_]*)((?:\.[A-Za-z_][A-Za-z0-9_]*)*)\}")
 PATH_ATTRIBUTES = ("name", "stem", "suffix", "parent")  # of a path param, as pathlib's
+RANGE = re.compile(r"^\s*(-?\d+)\s*:\s*(-?\d+)\s*(?::\s*(-?\d+)\s*)?$")  # a foreach range: start:stop[:step]
 Name = Annotated[str, Field(pattern=NAME_PATTERN)]
 Scalar = Union[bool, int, float, str, None]
 
