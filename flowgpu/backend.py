@@ -137,14 +137,6 @@ def _nvml():
     return pynvml
 
 
-def _physical_count() -> int | None:
-    nvml = _nvml()
-    try:
-        return int(nvml.nvmlDeviceGetCount()) if nvml is not None else None
-    except Exception:
-        return None
-
-
 def _driver_count() -> int:
     """Count devices through the CUDA driver API (which itself honours CUDA_VISIBLE_DEVICES)."""
     for name in ("libcuda.so.1", "libcuda.so", "nvcuda.dll"):
@@ -163,10 +155,14 @@ def _driver_count() -> int:
 
 def visible_gpus() -> list[int]:
     """Ordinals (0..n-1, as CUDA numbers them in this process) of the GPUs this process can use."""
-    physical = _physical_count()
-    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    nvml = _nvml()
+    try:
+        physical = int(nvml.nvmlDeviceGetCount()) if nvml is not None else None
+    except Exception:
+        physical = None
     if physical is None:
         return list(range(_driver_count()))
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
     if env is None:
         return list(range(physical))
     entries = _parse_visible(env)  # CUDA stops at the first ordinal past the devices there are

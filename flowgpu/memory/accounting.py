@@ -27,7 +27,12 @@ from collections import defaultdict
 
 from flowgpu.memory.events import Moved, Noted
 
-__all__ = ["Accounting"]
+__all__ = ["Accounting", "rates"]
+
+
+def rates(moves: dict[str, dict]) -> dict[str, dict]:
+    """Each activity's counters with its speed added: ``gbps`` (None when no time was measured)."""
+    return {a: {**m, "gbps": m["bytes"] / m["seconds"] / 1e9 if m["seconds"] > 0 else None} for a, m in moves.items()}
 
 
 class Accounting:
@@ -60,6 +65,5 @@ class Accounting:
     def snapshot(self) -> dict:
         """Plain-dict copy: ``{"moves": {activity: {bytes, count, seconds, gbps}}, "events": ..., "errors": ...}``."""
         with self._lock:
-            moves = {a: {**m, "gbps": m["bytes"] / m["seconds"] / 1e9 if m["seconds"] > 0 else None}
-                     for a, m in sorted(self._moves.items())}
-            return {"moves": moves, "events": dict(self.events), "errors": list(self.errors)}
+            return {"moves": rates(dict(sorted(self._moves.items()))), "events": dict(self.events),
+                    "errors": list(self.errors)}

@@ -29,6 +29,7 @@ from distributed import get_worker
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from flowgpu.backend import import_cupy
+from flowgpu.memory.accounting import rates
 from flowgpu.memory.store import FlowgpuStore
 from flowgpu.transfer.streams import sync_current_stream
 
@@ -65,18 +66,14 @@ def stats(dask_worker=None) -> dict:
 def summary(per_worker: dict[str, dict]) -> dict:
     """Sum ``client.run(stats)`` results over workers for a run summary; ``"workers"`` keeps each
     worker's own counters (``{worker id: {"moves", "events"}}``) for :func:`delta`."""
-    moves: dict[str, Counter] = defaultdict(_no_moves)
-    events: Counter = Counter()
+    moves, events = _totals(per_worker, {})
     errors: list[str] = []
-    workers = {}
-    for address, st in per_worker.items():
-        for act, m in st.get("moves", {}).items():
-            moves[act].update({k: m[k] for k in ("bytes", "count", "seconds")})
-        events.update(st.get("events", {}))
+    for st in per_worker.values():
         errors += [e for e in st.get("errors", []) if e not in errors]
-        workers[st.get("worker") or address] = {"moves": st.get("moves", {}), "events": st.get("events", {})}
+    workers = {st.get("worker") or a: {"moves": st.get("moves", {}), "events": st.get("events", {})}
+               for a, st in per_worker.items()}
     stores = sorted({st.get("store", "?") for st in per_worker.values()})
-    return {"stores": stores, "moves": _rates(moves), "events": dict(events), "errors": errors, "workers": workers}
+    return {"stores": stores, "moves": rates(moves), "events": dict(events), "errors": errors, "workers": workers}
 
 
 def delta(before: dict | None, after: dict) -> dict:
@@ -84,25 +81,22 @@ def delta(before: dict | None, after: dict) -> dict:
     each worker's counters less what the same worker had counted before (a worker started, or
     restarted by its nanny, since ``before`` counts from 0: all of its counters are new). What a
     worker that is gone had moved is not in ``after``: it is not counted."""
-    was = (before or {}).get("workers", {})
-    moves: dict[str, Counter] = defaultdict(_no_moves)
-    events: Counter = Counter()
-    for worker, now in after["workers"].items():
-        old = was.get(worker, {"moves": {}, "events": {}})
-        for act, m in now["moves"].items():
-            b = old["moves"].get(act, {})
-            moves[act].update({k: m[k] - b.get(k, 0) for k in ("bytes", "count", "seconds")})
-        events.update({k: n - old["events"].get(k, 0) for k, n in now["events"].items()})
-    return {"moves": _rates({a: m for a, m in moves.items() if m["count"]}),
+    moves, events = _totals(after["workers"], (before or {}).get("workers", {}))
+    return {"moves": rates({a: m for a, m in moves.items() if m["count"]}),
             "events": {k: n for k, n in events.items() if n}, "errors": after["errors"]}
 
 
-def _no_moves() -> Counter:
-    return Counter(bytes=0, count=0, seconds=0.0)
-
-
-def _rates(moves: dict[str, Counter]) -> dict[str, dict]:
-    return {a: {**m, "gbps": m["bytes"] / m["seconds"] / 1e9 if m["seconds"] > 0 else None} for a, m in moves.items()}
+def _totals(now: dict[str, dict], was: dict[str, dict]) -> tuple[dict[str, Counter], Counter]:
+    """Each worker's ``moves`` and ``events`` in ``now`` less the same worker's in ``was``, summed."""
+    moves: dict[str, Counter] = defaultdict(lambda: Counter(bytes=0, count=0, seconds=0.0))
+    events: Counter = Counter()
+    for worker, st in now.items():
+        old = was.get(worker, {})
+        for act, m in st.get("moves", {}).items():
+            b = old.get("moves", {}).get(act, {})
+            moves[act].update({k: m[k] - b.get(k, 0) for k in ("bytes", "count", "seconds")})
+        events.update({k: n - old.get("events", {}).get(k, 0) for k, n in st.get("events", {}).items()})
+    return moves, events
 
 
 def _metric(worker) -> dict:

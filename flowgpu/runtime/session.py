@@ -379,7 +379,7 @@ class Session:
     @property
     def facts(self) -> Facts:
         """What a graph for these workers is built with (a pipeline is compiled with them)."""
-        return Facts("cupy" if self.array_backend == "cupy" else "numpy", self.worker_budget, self._nthreads)
+        return Facts(self.array_backend, self.worker_budget, self._nthreads)
 
     def memory_summary(self) -> dict | None:
         """The workers' data-store accounting summed over them (:func:`flowgpu.memory.summary`):

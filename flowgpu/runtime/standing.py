@@ -354,9 +354,8 @@ def session_kwargs() -> dict | None:
 
 def _unmet(state: dict, wanted: dict) -> list[str]:
     """``key=value`` of each option in ``wanted`` the running cluster was not started with."""
-    have = {"n_workers": state.get("n_workers"), "threads_per_worker": state.get("threads_per_worker"),
-            "protocol": "tcp",
-            **{k: v for k, v in (state.get("options") or {}).items() if k not in ("n_workers", "threads_per_worker")}}
+    have = {"protocol": "tcp", **(state.get("options") or {}), "n_workers": state.get("n_workers"),
+            "threads_per_worker": state.get("threads_per_worker")}
     unmet = []
     for key, value in wanted.items():
         if key == "backend":
