@@ -17,6 +17,10 @@ def _scheduler_metrics(dask_scheduler=None):
     return {w: ws.metrics.get("flowgpu-memory") for w, ws in dask_scheduler.workers.items()}
 
 
+def _spilled(seen: dict) -> int:
+    return sum(m.get("host_to_disk_bytes", 0) for m in seen.values() if m)
+
+
 @pytest.mark.slow
 def test_two_gib_through_two_workers_of_600_mb(rng):
     """A worker that has compiled the fused kernel holds about 300 MB (numba), so 600 MB each."""
@@ -36,7 +40,7 @@ def test_two_gib_through_two_workers_of_600_mb(rng):
         deadline = time.monotonic() + 60  # the dashboard's view: the heartbeat metric on the scheduler
         while time.monotonic() < deadline:
             seen = s.client.run_on_scheduler(_scheduler_metrics)
-            if seen and all(m and m.get("host_to_disk_bytes") for m in seen.values()):
+            if seen and all(seen.values()) and _spilled(seen) >= 2**31 - 2 * 600e6:
                 break
             time.sleep(0.2)
     elapsed = time.perf_counter() - start
@@ -50,7 +54,9 @@ def test_two_gib_through_two_workers_of_600_mb(rng):
     total = summary(per_worker)
     assert total["moves"]["host_to_disk"]["bytes"] >= 2**31 - 2 * 600e6
     assert total["moves"]["disk_to_host"]["count"] > 0 and not total["errors"]
-    assert all(m.get("host_to_disk_bytes", 0) > 0 for m in seen.values()), seen
+    # every worker reports its store, and the spill adds up there too (which worker spills is the scheduler's
+    # choice: on a busy machine one worker may be given nearly all the chunks)
+    assert len(seen) == 2 and all(seen.values()) and _spilled(seen) >= 2**31 - 2 * 600e6, seen
     print(f"2 GiB through 2 x 600 MB: {elapsed:.1f} s; moves {total['moves']}")
 
 
