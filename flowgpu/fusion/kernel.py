@@ -26,11 +26,11 @@ from flowgpu.fusion.chunk import FusedChunk
 from flowgpu.fusion.codegen import Unfusable
 from flowgpu.fusion.codegen_cpu import to_python
 from flowgpu.fusion.compiled import REDUCTIONS, reduction_dtypes
+from flowgpu.fusion.graph_tree import MAX_FANIN
 from flowgpu.fusion.language import Expr, is_scalar, parse
 
 __all__ = ["fused_elementwise", "combine_all"]
 
-_FLAT_FANIN = 1024  # most partial results one combine task takes, per axis
 _FLAT_BYTES = 64 << 20  # combine flat only while all partials together stay this small
 
 
@@ -109,14 +109,14 @@ def fused_elementwise(expression: str, inputs: Mapping[str, Any], *, dtype: Any 
     acc, result = reduction_dtypes(reduction, out_dtype)
     red = FusedChunk(expr.text, names, scalars, out_dtype, reduction=reduction, axes=axes)
     part = _blockwise(red, arrs, ndim, acc, f"fused-{reduction}-", adjust={ndim - 1 - i: 1 for i in axes})
-    if len(axes) == ndim and part.npartitions <= _FLAT_FANIN:
+    if len(axes) == ndim and part.npartitions <= MAX_FANIN:
         return _combine_all_graph(part, reduction, result, count, keepdims, arrs)
     combine = "sum" if reduction == "mean" else reduction
     # one flat combine step rather than dask's tree of fan-in 4 (why: flowgpu.fusion.graph_tree)
     split = None
     partial_bytes = int(np.prod(part.chunksize, dtype=np.int64)) * part.dtype.itemsize
     if partial_bytes * int(np.prod([part.numblocks[a] for a in axes], dtype=np.int64)) <= _FLAT_BYTES:
-        split = {a: max(2, min(_FLAT_FANIN, part.numblocks[a])) for a in axes}
+        split = {a: max(2, min(MAX_FANIN, part.numblocks[a])) for a in axes}
     if combine in ("min", "max"):  # dask's own min/max mistake the empty partials of zero-size chunks
         fn = functools.partial(_extreme, combine)
         total = da.reduction(part, fn, fn, combine=fn, axis=axes, keepdims=keepdims, dtype=part.dtype,

@@ -179,13 +179,6 @@ def _first_line(e: BaseException) -> str:
     return text.splitlines()[0] if text else type(e).__name__
 
 
-def numba_signature(sig: Signature):
-    """A numba ``Signature`` object for one output ``sig`` (what numba.vectorize takes)."""
-    from numba.np.numpy_support import from_dtype
-
-    return from_dtype(sig.outputs[0])(*(from_dtype(d) for d in sig.inputs))
-
-
 # -- per-process compile cache ------------------------------------------------------------------
 _cache: dict[Any, Any] = {}
 _cache_lock = threading.RLock()

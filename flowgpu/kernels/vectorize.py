@@ -94,7 +94,9 @@ class Vectorized(nb.NumbaUfunc):
         return self.apply(sig, *args)
 
     def numba_args(self, sig: nb.Signature) -> tuple:
-        return ([nb.numba_signature(sig)],)
+        from numba.np.numpy_support import from_dtype
+
+        return ([from_dtype(sig.outputs[0])(*(from_dtype(d) for d in sig.inputs))],)  # what numba.vectorize takes
 
     def _apply_cpu(self, sig: nb.Signature, chunks: Sequence[Any]) -> np.ndarray:
         ufunc = self.compiled("cpu", sig)
