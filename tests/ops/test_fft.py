@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import pytest
 
@@ -43,6 +45,21 @@ def test_many_axes_transforms(name, rng, backend):
     ref = getattr(np.fft, name)(a) if not name.endswith("n") else getattr(np.fft, name)(a, axes=[1, 2])
     assert out.chunks[0] == (1, 1, 1)  # the untouched axis keeps its chunks
     np.testing.assert_allclose(computed(out, backend), ref, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", [*MANY_AXES, "irfft2"])
+def test_transforms_in_threads_that_come_and_go(name, rng, backend):
+    # each compute on a pool of new threads, as a dask pool's or a worker's new threads are: on CuPy
+    # the second pool's threads reused plans from threads that had ended, and cuFFT's R2C failed
+    for _ in range(3):
+        a = rng.normal(size=(3, 8, 6))
+        if name.startswith("irfft"):
+            a = np.fft.rfftn(a, axes=(1, 2))
+        out = get(name)(chunked(a, (1, *a.shape[1:]), backend), axes=[1, 2])
+        with ThreadPoolExecutor(3) as pool:
+            got = out.compute(scheduler="threads", pool=pool)
+        got = got.get() if backend == "cupy" else got
+        np.testing.assert_allclose(got, getattr(np.fft, name)(a, axes=[1, 2]), rtol=1e-10, atol=1e-12)
 
 
 def test_fft2_with_s_crops_and_pads(rng, backend):
