@@ -40,6 +40,7 @@ import dask.array as da
 import numpy as np
 
 from flowgpu.errors import KernelError
+from flowgpu.fusion.codegen import c_type
 from flowgpu.fusion.compiled import REDUCTIONS
 from flowgpu.fusion.kernel import fused_elementwise
 from flowgpu.fusion.language import is_scalar, literal_text, template_of
@@ -202,6 +203,9 @@ class Sym:
 
 def _fused(text: str, inputs: dict, **kwargs: Any) -> Any:
     try:
+        for v in inputs.values():  # fuse() says so where no kernel takes a dtype (fused_elementwise need not)
+            if isinstance(v, da.Array):
+                c_type(v.dtype)
         return fused_elementwise(text, inputs, **kwargs)
     except KernelError as e:  # no kernel takes it (complex or datetime inputs, nested too deep, ...)
         raise Untraceable(str(e).splitlines()[0]) from None

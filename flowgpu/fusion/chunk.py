@@ -26,7 +26,7 @@ __all__ = ["FusedChunk", "Chain", "reduce_chunk", "kernel_blocks"]
 
 _ROW = 1 << 16  # elements per row when a flat GPU chunk is reduced as (rows, _ROW)
 _ACCUMULATING = frozenset({"sum", "prod", "nansum", "nanprod"})  # NumPy's functions that take dtype=
-_KERNEL_DTYPES = frozenset(np.dtype(name) for name in C_TYPES)  # what the code generators take
+KERNEL_DTYPES = frozenset(np.dtype(name) for name in C_TYPES)  # what the code generators take
 
 
 class Chain:
@@ -47,7 +47,7 @@ class Chain:
 def kernel_blocks(blocks: tuple) -> bool:
     """Whether a kernel takes these chunks: plain NumPy or CuPy arrays (not masked, not a subclass)
     of the dtypes the code generators know (not complex, datetime, object, ...; numba has no float16)."""
-    return all((_cupy_ndarray(b) or (type(b) is np.ndarray and b.dtype != np.float16)) and b.dtype in _KERNEL_DTYPES
+    return all((_cupy_ndarray(b) or (type(b) is np.ndarray and b.dtype != np.float16)) and b.dtype in KERNEL_DTYPES
                for b in blocks)
 
 

@@ -22,7 +22,7 @@ from dask.highlevelgraph import HighLevelGraph
 
 from flowgpu.backend import empty_meta, import_cupy, is_cupy
 from flowgpu.errors import KernelError
-from flowgpu.fusion.chunk import FusedChunk
+from flowgpu.fusion.chunk import KERNEL_DTYPES, FusedChunk
 from flowgpu.fusion.codegen import Unfusable
 from flowgpu.fusion.codegen_cpu import to_python
 from flowgpu.fusion.compiled import REDUCTIONS, reduction_dtypes
@@ -73,7 +73,8 @@ def fused_elementwise(expression: str, inputs: Mapping[str, Any], *, dtype: Any 
 
     Returns
     -------
-    dask.array.Array, lazy; its chunks are CuPy when the inputs' are.
+    dask.array.Array, lazy; its chunks are CuPy when the inputs' are. Over an array of a dtype no
+    kernel takes (complex, datetime), the expression is dask's own operations instead, unfused.
 
     Examples
     --------
@@ -87,6 +88,8 @@ def fused_elementwise(expression: str, inputs: Mapping[str, Any], *, dtype: Any 
     expr = parse(expression, names=list(inputs))
     arrays, scalars = _split_inputs(expr, inputs)
     names = tuple(arrays)
+    if any(a.dtype not in KERNEL_DTYPES for a in arrays.values()):  # complex, datetime, ...: no kernel takes them
+        return _unfused(expr, arrays, scalars, dtype, reduction, axis, keepdims)
     types = {**{n: a.dtype for n, a in arrays.items()}, **dict(scalars)}
     natural = expr.result_dtype(types)
     out_dtype = np.dtype(dtype) if dtype is not None else natural
@@ -131,6 +134,19 @@ def fused_elementwise(expression: str, inputs: Mapping[str, Any], *, dtype: Any 
 def _extreme(which: str, x: Any, axis: Any = None, keepdims: bool = False, **kwargs: Any) -> Any:
     """``x.min`` or ``x.max`` (NumPy's or CuPy's), as dask's reduction calls its chunk functions."""
     return getattr(x, which)(axis=axis, keepdims=keepdims)
+
+
+def _unfused(expr: Expr, arrays: dict, scalars: tuple, dtype: Any, reduction: str | None, axis: Any,
+             keepdims: bool) -> da.Array:
+    """``expr`` as dask's own operations on the arrays (NumPy's ufuncs dispatch to dask.array), with
+    NumPy's dtypes: an ``abs(z) ** 2`` of complex ``z`` is float, one task per operation and chunk."""
+    value = expr.evaluate({**arrays, **dict(scalars)}, np)
+    value = value.astype(dtype) if dtype is not None else value
+    if reduction is None:
+        return value
+    if reduction not in REDUCTIONS:
+        raise KernelError(f"reduction={reduction!r} is not one of {', '.join(REDUCTIONS)}")
+    return getattr(da, reduction)(value, axis=axis, keepdims=keepdims)
 
 
 def combine_all(reduction: str, result: Any, count: int, shape: tuple, *parts: Any) -> Any:

@@ -34,7 +34,7 @@ from flowgpu.io.zarr import store_zarr
 from flowgpu.registry import Entry, Registry, options_model
 
 __all__ = ["PendingWrite", "commit_all", "hold_outputs", "register_sink", "sink_entry", "sink_names", "prepare_write",
-           "check_destination", "SUMMARY_MAX_ELEMENTS", "COLLECTS", "to_summary_value", "SINKS", "DEFAULT_SINK"]
+           "check_destination", "SUMMARY_MAX_ELEMENTS", "COLLECTS", "to_summary_value", "SINKS", "DEFAULT_SINK", "sinks_for"]
 
 SUMMARY_MAX_ELEMENTS = 10_000
 
@@ -102,6 +102,14 @@ def register_sink(name: str, prepare: Callable[..., PendingWrite], *, writes_pat
 
 
 sink_entry, sink_names = SINKS.get, SINKS.names  # an entry by name (unknown names suggest close ones); all names
+
+
+def sinks_for(path: Any) -> list[str]:
+    """The sinks whose files are named as ``path`` is (by its suffix: ``out.npy`` -> ``["npy"]``)."""
+    if not isinstance(path, str):
+        return []
+    suffix = os.path.splitext(path.rstrip("/" + os.sep))[1].lower()
+    return [e.name for e in SINKS.entries() if suffix and suffix in e.suffixes]
 
 
 def prepare_write(sink: str, x: da.Array, path: str | None = None, overwrite: bool = False, **options) -> PendingWrite:

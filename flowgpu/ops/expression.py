@@ -10,7 +10,8 @@ In a pipeline::
 The step's inputs are passed by name (the op's inputs are ``("**",)``), so the expression uses the
 names of the steps or sources it reads. Numbers may be written in the text or passed as further
 arguments. The language is that of :mod:`flowgpu.fusion.language` (no attribute access, no indexing,
-no unknown names); see :func:`flowgpu.fusion.fused_elementwise` for dtypes and broadcasting.
+no unknown names); see :func:`flowgpu.fusion.fused_elementwise` for dtypes and broadcasting (over
+complex inputs, which no kernel takes, the expression runs as dask's own operations).
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ from pydantic.json_schema import GenerateJsonSchema
 from flowgpu import config
 from flowgpu.errors import SpecError
 from flowgpu.io import sinks, sources
-from flowgpu.io.paths import resolve
+from flowgpu.io.paths import resolve, shown
 from flowgpu.pipeline.loader import format_path
 
 __all__ = [
@@ -115,6 +115,13 @@ class Output(_Model):
         None, description="Destination of sinks that write a file or store (relative to the working directory, made "
                           "absolute there).")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _implied_sink(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "sink" not in data and (named := _implied(data.get("path"))):
+            data = {**data, "sink": named}  # the one sink whose files are named as its path is
+        return data
+
     @model_validator(mode="after")
     def _path(self) -> "Output":
         entry = sinks.sink_entry(self.sink)
@@ -122,8 +129,15 @@ class Output(_Model):
         if needs_path and not self.path:
             raise ValueError(f"a {self.sink} output needs a 'path'")
         if not needs_path and self.path:
-            raise ValueError(f"a {self.sink} output has no 'path'; choose a sink that writes a file "
-                             f"({', '.join(n for n in sinks.sink_names() if sinks.sink_entry(n).has(sinks.WRITES_PATH))})")
+            fits = sinks.sinks_for(self.path)
+            if "sink" not in self.model_fields_set and len(fits) > 1:
+                raise ValueError(f"{shown(self.path)!r} may be written by sink {' or '.join(fits)}: say which "
+                                 f"(sink: {fits[0]})")
+            writers = [n for n in sinks.sink_names() if sinks.sink_entry(n).has(sinks.WRITES_PATH)]
+            said = "takes no 'path'" if "sink" in self.model_fields_set else \
+                "(the default when no sink is given and the path's suffix names none) takes no 'path'"
+            raise ValueError(f"a {self.sink} output {said}; give the sink that writes the file (sink: "
+                             f"{'|'.join(writers)}), or name the file so that its suffix says ({', '.join(_suffixes())})")
         return self
 
     def sink_options(self) -> dict[str, Any]:
@@ -131,8 +145,25 @@ class Output(_Model):
         return self.model_dump(exclude={"from_", "sink", "path"})
 
 
+def _implied(path: Any) -> str | None:
+    """The sink an output with this path and no ``sink`` gets: the only one whose files its suffix names."""
+    fits = sinks.sinks_for(path)
+    return fits[0] if len(fits) == 1 else None
+
+
+def _suffixes() -> list[str]:
+    """Each suffix that names one sink, as ``.npy: npy``."""
+    by = {}
+    for name in sinks.sink_names():
+        for suffix in sinks.sink_entry(name).suffixes:
+            by.setdefault(suffix, []).append(name)
+    return [f"{suffix}: {names[0]}" for suffix, names in by.items() if len(names) == 1]
+
+
 def _sink_tag(v: Any) -> Any:
-    return v.get("sink", sinks.DEFAULT_SINK) if isinstance(v, dict) else getattr(v, "sink", None)
+    if isinstance(v, dict):
+        return v["sink"] if "sink" in v else _implied(v.get("path")) or sinks.DEFAULT_SINK
+    return getattr(v, "sink", None)
 
 
 # -- cluster ----------------------------------------------------------------------------------------

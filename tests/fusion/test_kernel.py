@@ -173,8 +173,23 @@ def test_errors():
         fused_elementwise("a + 1", {"a": 2.0})
     with pytest.raises(KernelError, match="reduction='median'"):
         fused_elementwise("x", {"x": x}, reduction="median")
-    with pytest.raises(KernelError, match="complex128 is not supported"):
-        fused_elementwise("x * 2", {"x": da.ones(4, dtype=complex)})
+    with pytest.raises(KernelError, match="reduction='median'"):  # also where no kernel takes the dtype
+        fused_elementwise("x", {"x": da.ones(4, dtype=complex)}, reduction="median")
+
+
+@pytest.mark.parametrize("reduction", [None, "sum", "max"])
+def test_complex_inputs_give_numpys_values_unfused(rng, reduction):
+    zn = (rng.normal(size=(30, 20)) + 1j * rng.normal(size=(30, 20))).astype(np.complex64)
+    wn = rng.normal(size=(30, 20)).astype(np.float32)
+    z, w = da.from_array(zn, chunks=(10, 20)), da.from_array(wn, chunks=(10, 20))
+    got = fused_elementwise("abs(z) ** 2 + w * 3", {"z": z, "w": w}, reduction=reduction, axis=0)
+    want = np.abs(zn.astype(np.complex128)) ** 2 + wn.astype(np.float64) * 3
+    want = want if reduction is None else getattr(np, reduction)(want, axis=0)
+    assert got.dtype == np.float32  # NumPy's: |complex64| is float32
+    np.testing.assert_allclose(got.compute(), want, rtol=1e-5)
+    doubled = fused_elementwise("z * 2 - 1", {"z": z}).compute()  # complex stays complex
+    assert doubled.dtype == np.complex64
+    np.testing.assert_allclose(doubled, zn.astype(np.complex128) * 2 - 1, rtol=1e-6)
 
 
 def test_expr_op_is_registered(rng):

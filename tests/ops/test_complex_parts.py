@@ -31,3 +31,14 @@ def test_astype_refuses_to_drop_the_imaginary_part(rng, backend):
                                   computed(z, backend).astype("complex64"))
     re = get("astype")(get("real")(z), dtype="float32")
     np.testing.assert_array_equal(computed(re, backend), computed(z, backend).real.astype("float32"))
+
+
+def test_expr_over_a_spectrum_gives_numpys_power(rng, backend):
+    # the power spectrum a user writes after an fft step: no kernel takes complex, dask's operations do
+    a = rng.standard_normal((6, 32))
+    spectrum = get("rfft")(chunked(a, (2, 32), backend))
+    power = get("expr")("abs(z) ** 2 / n", z=spectrum, n=32)
+    got = computed(power, backend)
+    expected = np.abs(np.fft.rfft(a)) ** 2 / 32
+    assert got.dtype == np.float64
+    np.testing.assert_allclose(got, expected, rtol=1e-12)

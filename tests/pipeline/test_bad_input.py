@@ -96,6 +96,11 @@ CASES = {
     "param without value": ("params:\n  n: {type: int}\n" + GOOD_INPUTS, {}, [], 2, "params.n", "has no value"),
     "zarr output without path": (GOOD_INPUTS + "outputs:\n  o: {from: x, sink: zarr}\n", {}, [], 4, "outputs.o",
                                  "needs a 'path'"),
+    "output path that two sinks write": (GOOD_INPUTS + "outputs:\n  o: {from: x, path: out/o.zarr}\n", {}, [], 4,
+                                         "outputs.o", "may be written by sink xarray or zarr: say which"),
+    "summary output with a path": (GOOD_INPUTS + "outputs:\n  o: {from: x, path: out/o}\n", {}, [], 4, "outputs.o",
+                                   "a summary output (the default when no sink is given and the path's suffix "
+                                   "names none) takes no 'path'; give the sink that writes the file (sink: "),
     "foreign data at output": (GOOD_INPUTS + "outputs:\n  o: {from: x, sink: npy, path: taken.npy}\n",
                                {"taken.npy": "not flowgpu's"}, [], 4, "outputs.o.path", "not written by flowgpu"),
     "two outputs one path": (GOOD_INPUTS + "outputs:\n  o: {from: x, sink: npy, path: a.npy}\n"

@@ -37,6 +37,17 @@ def x_file(tmp_path, rng):
     return x, tmp_path / "x.npy"
 
 
+def test_an_output_without_a_sink_is_written_as_its_path_suffix_says(tmp_path, x_file):
+    x, path = x_file
+    spec = spec_for(tmp_path, path)
+    spec["outputs"] = {"n": {"from": "c", "path": str(tmp_path / "out" / "c.npy")}, "s": {"from": "s"}}
+    result = pipeline.run(spec, session="local", progress=False)
+    np.testing.assert_allclose(np.load(tmp_path / "out" / "c.npy"), x - 0.5)
+    assert written_by_flowgpu(str(tmp_path / "out" / "c.npy"))
+    assert result.summary["outputs"]["n"]["location"] == str(tmp_path / "out" / "c.npy")
+    np.testing.assert_allclose(result.outputs["s"], (x - 0.5).sum(0))
+
+
 def _leftovers(root):
     return [f for _, dirs, files in os.walk(root) for f in dirs + files if ".flowgpu-tmp-" in f]
 
