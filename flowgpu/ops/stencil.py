@@ -10,7 +10,8 @@ result equals the filter applied to the whole array:
   edge and applies ``mode`` itself, exactly as on the whole array. ``mode="wrap"`` needs the far
   edge's data instead, so it uses dask's ``boundary="periodic"``.
 
-Chunks smaller than the depth are merged by dask first (``allow_rechunk``).
+Chunks smaller than the depth are merged by dask first (``allow_rechunk``). An axis that is whole in
+every block takes no overlap, and one shorter than the reach is made whole first.
 """
 
 from __future__ import annotations
@@ -60,6 +61,12 @@ def _apply(name: str, x: Any, depth: tuple[int, ...], mode: str, filter_kwargs: 
     boundary = "periodic" if mode == "wrap" else "none"
     kwargs = dict(filter_kwargs, mode=mode)
     block_fn = functools.partial(_filter_block, name=name, kwargs=kwargs)
+    # an axis whole in each block needs no overlap (the filter sees its true edges); an axis shorter
+    # than the reach is made whole, since dask refuses a depth beyond the array (a 3-page stack, sigma 2)
+    whole = {i for i, d in enumerate(depth) if d and (x.numblocks[i] == 1 or d >= x.shape[i])}
+    if whole:
+        x = x.rechunk({i: -1 for i in whole if x.numblocks[i] > 1})
+        depth = tuple(0 if i in whole else d for i, d in enumerate(depth))
     if not any(depth):
         return x.map_blocks(block_fn, dtype=x.dtype, meta=meta_like(x))
     return x.map_overlap(block_fn, depth=dict(enumerate(depth)), boundary={i: boundary for i in range(x.ndim)},

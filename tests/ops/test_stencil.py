@@ -69,6 +69,19 @@ def test_filter_only_some_axes_of_a_stack(rng, backend):
     np.testing.assert_array_equal(computed(out, backend), ndi.median_filter(a, (1, 3, 3)))
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_axes_shorter_than_the_reach(mode, rng, backend):
+    # a thin stack filtered along every axis (sigma 2: reach 8 > 3 pages, dask's map_overlap refuses
+    # such a depth), and a split axis shorter than the reach: scipy's answer either way
+    a = rng.random((3, 30, 5)).astype(np.float32)
+    for chunks in [(1, 10, 5), (3, 15, 3)]:
+        out = get("gaussian_filter")(chunked(a, chunks, backend), sigma=2.0, mode=mode, cval=0.3)
+        _check(computed(out, backend), ndi.gaussian_filter(a, 2.0, mode=mode, cval=0.3), np.float32)
+        assert len(out.chunks[1]) == len(chunked(a, chunks, backend).chunks[1])  # the long axis stays split
+    out = get("median_filter")(chunked(a, (1, 10, 2), backend), size=7, mode=mode, cval=0.3)
+    np.testing.assert_array_equal(computed(out, backend), ndi.median_filter(a, 7, mode=mode, cval=0.3))
+
+
 def test_bad_filter_arguments(rng):
     import dask.array as da
 
