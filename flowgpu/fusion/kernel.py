@@ -88,6 +88,8 @@ def fused_elementwise(expression: str, inputs: Mapping[str, Any], *, dtype: Any 
     expr = parse(expression, names=list(inputs))
     arrays, scalars = _split_inputs(expr, inputs)
     names = tuple(arrays)
+    if reduction is not None and reduction not in REDUCTIONS:
+        raise KernelError(f"reduction={reduction!r} is not one of {', '.join(REDUCTIONS)}")
     if any(a.dtype not in KERNEL_DTYPES for a in arrays.values()):  # complex, datetime, ...: no kernel takes them
         return _unfused(expr, arrays, scalars, dtype, reduction, axis, keepdims)
     types = {**{n: a.dtype for n, a in arrays.items()}, **dict(scalars)}
@@ -100,8 +102,6 @@ def fused_elementwise(expression: str, inputs: Mapping[str, Any], *, dtype: Any 
     if reduction is None:
         return _blockwise(FusedChunk(expr.text, names, scalars, out_dtype, cast=out_dtype != natural), arrs, ndim,
                           out_dtype, "fused-")
-    if reduction not in REDUCTIONS:
-        raise KernelError(f"reduction={reduction!r} is not one of {', '.join(REDUCTIONS)}")
     axis = tuple(range(ndim)) if axis is None else axis if isinstance(axis, (tuple, list)) else (axis,)
     axes = tuple(sorted({validate_axis(a, ndim) for a in axis}))
     shape = np.broadcast_shapes(*(a.shape for a in arrs))
@@ -144,8 +144,6 @@ def _unfused(expr: Expr, arrays: dict, scalars: tuple, dtype: Any, reduction: st
     value = value.astype(dtype) if dtype is not None else value
     if reduction is None:
         return value
-    if reduction not in REDUCTIONS:
-        raise KernelError(f"reduction={reduction!r} is not one of {', '.join(REDUCTIONS)}")
     return getattr(da, reduction)(value, axis=axis, keepdims=keepdims)
 
 

@@ -30,10 +30,9 @@ class FFTRechunkWarning(UserWarning):
 def _fft_block(block, kind: str, lengths, axes, norm):
     xp = array_module(block)
     if xp is not np:
-        # The block's device made current in this thread first: cuFFT's R2C plans (rfft2, rfftn) fail
-        # with CUFFT_EXEC_FAILED in a thread that has made no CUDA runtime call yet when CuPy's plan
-        # cache hands it a plan made in a thread that has ended (measured on CuPy 14.2 / CUDA 13: every
-        # new thread after the first failed; a dask pool's or a worker's new threads are such threads).
+        # The block's device made current in this thread first: cuFFT's multi-axis R2C (rfft2, rfftn)
+        # fails with CUFFT_EXEC_FAILED in a thread that has made no CUDA runtime call yet (measured on
+        # CuPy 14.2 / CUDA 13; a dask pool's or a worker's new threads are such threads).
         block.device.use()
     fn = getattr(xp.fft, kind)
     if kind in ("fft", "ifft", "rfft", "irfft"):
