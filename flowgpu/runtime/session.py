@@ -34,11 +34,11 @@ from distributed import client as distributed_client
 from flowgpu import backend as _backend
 from flowgpu.backend import Facts
 from flowgpu import memory
-from flowgpu.errors import BackendError, ConfigError, FlowgpuError, SessionError
+from flowgpu.errors import BackendError, ClusterError, ConfigError, FlowgpuError, SessionError
 from flowgpu.fusion.classic import require_classic_graphs
 from flowgpu.fusion.graph import CONFIG_KEY as FUSE_KEY
 from flowgpu.fusion.graph import Fusing
-from flowgpu.runtime import hpc, latency, probe, security
+from flowgpu.runtime import hpc, latency, probe, security, standing
 from flowgpu.runtime.options import SessionOptions, resolve
 
 __all__ = ["Session", "current_session"]
@@ -144,6 +144,9 @@ class Session:
     Each is a top-level option of ``flowgpu.yaml`` (``memory_limit`` is ``flowgpu.memory-limit``),
     checked against ``flowgpu-schema.yaml`` before anything starts; None takes the configured value.
     Other keywords go to the cluster's constructor.
+
+    :meth:`Session.running` joins the cluster that ``flowgpu cluster start`` left running, as
+    ``flowgpu run`` does by itself.
 
     Examples
     --------
@@ -334,6 +337,18 @@ class Session:
         self.client.run(probe.set_array_backend, name)
         self.backend = "gpu" if use_gpu else "cpu"
         self._publish_workers()
+
+    @classmethod
+    def running(cls, **kwargs: Any) -> "Session":
+        """A Session on the cluster that stays up (``flowgpu cluster start``), joined with its address
+        and TLS credentials, as ``flowgpu run`` joins it; ``kwargs`` as for ``Session`` (``backend="cpu"``).
+        Raises :class:`ClusterError` when none runs."""
+        joined = standing.session_kwargs()
+        if joined is None:
+            raise ClusterError(f"no cluster started with 'flowgpu cluster start' is running (looked in "
+                               f"{standing.directory()}); start one with 'flowgpu cluster start', or use "
+                               "fg.Session() for a cluster of this Session's own")
+        return cls(**{**joined, **kwargs})
 
     # -- facts ------------------------------------------------------------------------------------
     @property

@@ -17,7 +17,7 @@ from rich.console import Console
 
 import flowgpu as fg
 from flowgpu import pipeline, runtime
-from flowgpu.errors import ClusterRunningError, ConfigError
+from flowgpu.errors import ClusterError, ClusterRunningError, ConfigError
 from flowgpu.io import lock
 from flowgpu.runtime import standing
 
@@ -42,6 +42,8 @@ def _fake_state(folder, daemon: dict, **facts) -> dict:
 
 def test_no_cluster_no_join(folder):
     assert standing.status() is None and standing.session_kwargs() is None and standing.stop() is None
+    with pytest.raises(ClusterError, match=r"no cluster started with 'flowgpu cluster start' is running .*fg.Session\(\)"):
+        fg.Session.running()
 
 
 def test_join_says_what_the_running_cluster_lacks(folder):
@@ -92,7 +94,7 @@ def test_a_folder_others_may_open_is_refused(folder):
 
 
 @pytest.mark.timeout(180)
-def test_start_run_stop_from_python(folder, rng, monkeypatch):
+def test_start_run_stop_from_python(folder, rng, monkeypatch, tmp_path):
     monkeypatch.setattr(runtime, "current_session", lambda: None)  # as if no other test had left a Session open
     state = standing.start(tls=False, backend="cpu", n_workers=1, threads_per_worker=2, memory_limit="1GiB",
                            dashboard_address="", notify=None)
@@ -108,6 +110,17 @@ def test_start_run_stop_from_python(folder, rng, monkeypatch):
         assert "using the running cluster at tcp://" in out.getvalue() and "not the n_workers=3" in out.getvalue()
         assert result.summary["session"]["address"] == state["address"]
         assert result.outputs["m"] == float(np.max(fg.random((900, 40), seed=seed, chunks=(300, -1)).compute()))
+        # from Python: the same cluster, joined explicitly; a relative path is the client's, not the daemon's
+        work = tmp_path / "work"
+        work.mkdir()
+        monkeypatch.chdir(work)
+        want = np.random.default_rng(seed).standard_normal((120, 30)).astype("float32")
+        with fg.Session.running(backend="cpu") as s:
+            assert s.client.scheduler.address == state["address"] and s.cluster is None  # joined, not started
+            fg.to_zarr(fg.from_array(want, chunks=(40, 30)), "rel.zarr")
+            back = fg.from_zarr("rel.zarr").compute()
+        np.testing.assert_array_equal(back, want)
+        assert (work / "rel.zarr").is_dir()
     finally:
         stopped = standing.stop(notify=None)
     assert stopped["daemon"] == state["daemon"]
