@@ -6,7 +6,7 @@ and of ``pipeline.run(spec, session=s, force=True)`` on the same in-memory array
 YAML column does, ``force``: every run computes, as the Python API does; the cache lives in a
 temporary folder). Then the runner's time per run by section (perf_counter around its steps,
 inclusive: a section's time holds the sections it calls; the workers' memory accounting is asked
-for on threads of its own, so beside the calls' time comes what the run waits for their answers)
+for on the client's event loop, so what counts is what the run waits for their answers)
 and the blocking calls to the cluster each makes (the round trips a loaded machine makes slow),
 and with ``--profile`` the top of a cProfile of the YAML runs. Last, the check: YAML / Python per
 workload against the target 1.1x.
@@ -55,7 +55,7 @@ SECTIONS = (
     ("  compute + gather (distributed)", batch._Batch, "distributed"),
     ("  compute (local)", batch._Batch, "local"),
     ("    commit + cache record", batch, "_commit"),
-    ("session.memory_summary (all calls)", session_module.Session, "memory_summary"),
+    ("session.memory_summary (the watch's)", session_module.Session, "memory_summary"),
     ("  the run waits for their answers", None, None),
     ("session options", checks, "session_options"),
     ("summary", runner, "_single_result"),
@@ -110,23 +110,22 @@ def sections():
 
         setattr(owner, attr, functools.wraps(original)(timed))
         undo.append((owner, attr, original))
-    soon = runner.__dict__.get("_memory_soon")
-    if soon is not None:  # what the run waits for the workers' memory accounting it asked for on a thread
+    soon = session_module.Session.__dict__["memory_summary_soon"]  # asked for now, answered when the run waits
 
-        def asked(session, _soon=soon):
-            answer = _soon(session)
+    def asked(session, _soon=soon):
+        answer = _soon(session)
 
-            def waited():
-                t0 = time.perf_counter()
-                try:
-                    return answer()
-                finally:
-                    if threading.current_thread() is threading.main_thread():
-                        spent[WAITED] += time.perf_counter() - t0
-            return waited
+        def waited():
+            t0 = time.perf_counter()
+            try:
+                return answer()
+            finally:
+                if threading.current_thread() is threading.main_thread():
+                    spent[WAITED] += time.perf_counter() - t0
+        return waited
 
-        runner._memory_soon = asked
-        undo.append((runner, "_memory_soon", soon))
+    session_module.Session.memory_summary_soon = asked
+    undo.append((session_module.Session, "memory_summary_soon", soon))
     try:
         yield spent
     finally:

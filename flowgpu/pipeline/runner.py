@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import os
 import pathlib
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -272,7 +271,7 @@ def _run(spec: Spec, config: RunConfig, begun: float) -> "RunResult | BatchResul
         # on an open session where every output will be computed, python sources are called now, once;
         # otherwise they stand in until an item is known to run (batch._Batch.start calls them then)
         every = session is not None and (config.force or not config.cache)
-        early = _memory_soon(session) if every else None  # the workers answer while the items compile
+        early = session.memory_summary_soon() if every else None  # the workers answer while the items compile
         plans = plan_items(items, config.overwrite, config.params_file, session.facts if session is not None else None,
                            for_run=every)
         jobs = [Job(item, plan, tuple(plan.outputs)) for item, plan in zip(items, plans)]
@@ -291,11 +290,11 @@ def _run(spec: Spec, config: RunConfig, begun: float) -> "RunResult | BatchResul
                     if session is None:  # the plans were built for this machine: compiled again if its workers differ
                         own = session = _start_session(items[0].spec, config)
                     tell(events.SessionReady(session))
-                    memory = early or _memory_soon(session)  # the workers answer while the items compile
+                    memory = early or session.memory_summary_soon()  # the workers answer while the items compile
 
                     def computed() -> None:  # answered while the run commits
                         if memory() is not None:
-                            afters.append(_memory_soon(session))
+                            afters.append(session.memory_summary_soon())
 
                     try:
                         execute(outcomes, session, config, cache=store, tell=tell, memory=memory,
@@ -309,7 +308,7 @@ def _run(spec: Spec, config: RunConfig, begun: float) -> "RunResult | BatchResul
                             _write_report(spec, outcomes, session, started, batch, config, follower)
                 for said in tables.write_tables(outcomes, config.overwrite):  # every item's row, computed now or up to date
                     config.console.print(said, markup=False, highlight=False, soft_wrap=True)
-                after = (afters[0] if afters else _memory_soon(session)) \
+                after = (afters[0] if afters else session.memory_summary_soon()) \
                     if memory is not None and memory() is not None and not batch else None
                 result = (_batch_result(spec, outcomes, session, started) if batch else
                           _single_result(outcomes[0], session, started))
@@ -369,24 +368,6 @@ def interrupted(outcomes: list[Outcome]) -> str:
     if cut:
         said += "; a commit was cut short: the next run that writes those outputs (or flowgpu clean) finishes it"
     return said
-
-
-def _memory_soon(session: runtime.RunSession) -> Callable[[], dict | None]:
-    """``session.memory_summary()`` asked for now, on a thread of its own (a round trip to every
-    worker); the function returned waits for the answer."""
-    if getattr(session, "client", None) is None:
-        return session.memory_summary
-    box: dict[str, Any] = {}
-    # a daemon: a run that failed before it needed the answer does not wait for it at exit
-    thread = threading.Thread(target=lambda: box.setdefault("summary", session.memory_summary()), daemon=True,
-                              name="flowgpu-memory-summary")
-    thread.start()
-
-    def answer() -> dict | None:
-        thread.join()
-        return box.get("summary")
-
-    return answer
 
 
 def _write_report(spec: Spec, outcomes: list[Outcome], session: runtime.RunSession, started: float, batch: bool,

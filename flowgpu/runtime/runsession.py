@@ -4,6 +4,7 @@ and :class:`ThreadedSession` (dask's threaded scheduler in this process, no clus
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
 from flowgpu.backend import Facts, current_backend
@@ -41,6 +42,8 @@ class RunSession(Protocol):
 
     def memory_summary(self) -> dict | None: ...
 
+    def memory_summary_soon(self) -> Callable[[], dict | None]: ...  # asked now, answered when called
+
     def info(self) -> dict: ...
 
 
@@ -63,6 +66,9 @@ class ThreadedSession:
 
     def memory_summary(self) -> None:
         return None
+
+    def memory_summary_soon(self) -> Callable[[], None]:
+        return self.memory_summary
 
     def info(self) -> dict:
         return {"backend": f"local ({current_backend()})", "n_workers": 1, "threads_per_worker": os.cpu_count(),

@@ -15,6 +15,7 @@ dask.config, and puts back what was there when it closes: ``array.backend`` (cup
 from __future__ import annotations
 
 import ast
+import asyncio
 import contextlib
 import logging
 import multiprocessing
@@ -23,6 +24,7 @@ import signal
 import sys
 import threading
 import warnings
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -400,13 +402,27 @@ class Session:
         """The workers' data-store accounting summed over them (:func:`flowgpu.memory.summary`):
         ``{"stores", "moves", "events", "errors"}``; None when not every worker keeps its data in
         flowgpu's store, or one cannot answer."""
+        return self.memory_summary_soon()()
+
+    def memory_summary_soon(self) -> Callable[[], dict | None]:
+        """:meth:`memory_summary` asked for now: the function returned waits for the answer. The
+        request goes out on the client's event loop, so the caller goes on (no thread of its own)."""
         if self.client is None:
-            return None
+            return lambda: None
         try:
-            out = memory.summary(self.client.run(memory.stats))
-        except Exception:  # noqa: BLE001 - the accounting is a report; a worker that cannot answer must not fail
-            return None
-        return out if out["stores"] == ["flowgpu"] else None
+            asked = asyncio.run_coroutine_threadsafe(self.client.run(memory.stats, asynchronous=True),
+                                                     self.client.loop.asyncio_loop)
+        except Exception:  # noqa: BLE001 - a closing client: no accounting, as when a worker cannot answer
+            return lambda: None
+
+        def answer() -> dict | None:
+            try:
+                out = memory.summary(asked.result())
+            except Exception:  # noqa: BLE001 - the accounting is a report; a worker that cannot answer must not fail
+                return None
+            return out if out["stores"] == ["flowgpu"] else None
+
+        return answer
 
     def info(self) -> dict:
         """A summary for reports: backend, workers, memory budget, dashboard."""
