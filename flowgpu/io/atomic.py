@@ -272,6 +272,10 @@ class AtomicPath:
         self.stuck = False
 
     def begin(self) -> str:
+        hit = replaces_protected(self.path, protected_paths())
+        if hit is not None:  # before anything is made: a staging folder beside '..' would be outside it
+            raise OutputError(f"output {self.path!r} {hit}, which no write replaces, overwrite or not; write it to "
+                              "a new path of its own")
         with self.preparing():
             os.makedirs(os.path.dirname(self.path), exist_ok=True)
             if held(self.path) is None:

@@ -141,3 +141,24 @@ def test_a_commit_that_cannot_be_undone_is_finished_by_clean(tmp_path, rng, monk
     assert any("was undone (all old)" in n for n in notes), notes
     assert {name: (tmp_path / name).read_bytes() for name in old} == old, "lost: an old output"
     assert leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("where", [".", "..", "../..", "~"])
+def test_python_writers_never_replace_the_working_directory_or_home(tmp_path, monkeypatch, rng, where):
+    """``fg.to_zarr(x, "..", overwrite=True)`` replaced the folder holding the working directory (and
+    the user's files in it) with a store: the CLI refused it, the Python writers did not."""
+    import flowgpu as fg
+
+    work = tmp_path / "a" / "b"
+    work.mkdir(parents=True)
+    (work / "keep.txt").write_text("mine")
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("HOME", str(tmp_path / "a"))
+    x = fg.from_array(rng.standard_normal((8, 8)), chunks=4)
+    for write in (fg.to_zarr, fg.to_npy):
+        with pytest.raises(OutputError, match=r"(is|contains) (the working directory|your home folder), which no "
+                                              r"write replaces, overwrite or not"):
+            write(x, where, overwrite=True)
+    assert (work / "keep.txt").read_text() == "mine"
+    assert sorted(os.listdir(tmp_path)) == ["a"] and sorted(os.listdir(tmp_path / "a")) == ["b"]
+    assert sorted(os.listdir(work)) == ["keep.txt"]
