@@ -67,12 +67,14 @@ def check_writable(path: str, overwrite: bool = False) -> None:
         )
 
 
+_PLACES = ("the working directory", "your home folder")  # what a command may write inside, never replace
+
+
 def protected_paths(reads: dict[str, str] | None = None) -> dict[str, str]:
     """What no command replaces, nor a folder holding it, ``--overwrite`` or not (``realpath -> what
     it is``): the working directory (so also every folder above it), the home folder, and ``reads``
-    (what the command reads: a spec and its inputs, a source)."""
-    found = {os.path.realpath(os.getcwd()): "the working directory",
-             os.path.realpath(os.path.expanduser("~")): "your home folder"}
+    (what the command reads: a spec and its inputs, a source), which it never writes inside either."""
+    found = dict(zip((os.path.realpath(os.getcwd()), os.path.realpath(os.path.expanduser("~"))), _PLACES))
     for path, what in (reads or {}).items():
         found.setdefault(os.path.realpath(os.path.expanduser(path)), what)
     return found
@@ -80,11 +82,14 @@ def protected_paths(reads: dict[str, str] | None = None) -> dict[str, str]:
 
 def replaces_protected(path: str, protected: dict[str, str]) -> str | None:
     """What replacing ``path`` would destroy of ``protected`` (:func:`protected_paths`), said as
-    ``"is the working directory"`` or ``"contains input 'x' (x.npy)"``; None when nothing."""
+    ``"is the working directory"``, ``"contains input 'x' (x.npy)"`` or ``"is inside input 'x'
+    (x.zarr)"`` (an array of a store it reads); None when nothing."""
     real = os.path.realpath(os.path.expanduser(path))
     for kept, what in protected.items():
         if kept == real or kept.startswith(real.rstrip(os.sep) + os.sep):
             return f"{'is' if kept == real else 'contains'} {what}"
+        if what not in _PLACES and real.startswith(kept.rstrip(os.sep) + os.sep):
+            return f"is inside {what}"
     return None
 
 

@@ -224,3 +224,46 @@ def test_checking_the_summary_path_reads_each_include_once(tmp_path):
     refused(flowgpu("run", "l0.yaml", "--summary", "s.json", cwd=tmp_path, limit=60), "more than 200 included specs")
     assert not (tmp_path / "s.json").exists() or json.loads((tmp_path / "s.json").read_text())["status"] == "failed"
     assert not (tmp_path / "out.npy").exists()
+
+
+# -- an output inside an input store, or inside another output ------------------------------------
+
+def _store(tmp_path, rng):
+    import zarr
+
+    group = zarr.open_group(str(tmp_path / "era.zarr"), mode="w")
+    group.create_array("t2m", data=rng.standard_normal((30, 6, 8)).astype("float32"), chunks=(10, 6, 8))
+    np.save(tmp_path / "x.npy", rng.standard_normal((40, 6)))
+
+
+@pytest.mark.parametrize("command", ["validate", "run"])
+def test_no_output_is_written_inside_an_input_store(tmp_path, rng, command):
+    """``path: era.zarr/t2m`` over an input ``era.zarr`` (component t2m) with --overwrite replaced the
+    input array itself (each re-run subtracted again); ``path: era.zarr`` was refused, this was not."""
+    _store(tmp_path, rng)
+    (tmp_path / "spec.yaml").write_text("""\
+inputs:  {e: {source: zarr, path: era.zarr, component: t2m}}
+steps:   {c: {op: scale, inputs: [e], args: {offset: -273.15}}}
+outputs: {c: {from: c, sink: zarr, path: era.zarr/t2m}}
+cluster: {backend: cpu, n_workers: 1}
+""")
+    before = snapshot(tmp_path)
+    refused(flowgpu(command, "spec.yaml", "--overwrite", cwd=tmp_path, limit=60), "spec.yaml:3:", "outputs.c.path",
+            "would replace 'era.zarr/t2m', which is inside input 'e' (era.zarr)", "--overwrite never")
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("command", ["validate", "run"])
+def test_an_output_inside_another_output_is_refused(tmp_path, rng, command):
+    """Two outputs at ``o.zarr`` and ``o.zarr/sub``: one commit replaced the other's folder, and the run
+    said both were computed (exit 0) while ``o.zarr/sub`` was gone."""
+    _store(tmp_path, rng)
+    (tmp_path / "spec.yaml").write_text("""\
+inputs:  {x: {source: npy, path: x.npy}}
+outputs: {s: {from: x, sink: zarr, path: o.zarr}, t: {from: x, sink: zarr, path: o.zarr/sub}}
+cluster: {backend: cpu, n_workers: 1}
+""")
+    before = snapshot(tmp_path)
+    refused(flowgpu(command, "spec.yaml", "--overwrite", cwd=tmp_path, limit=60), "spec.yaml:2:", "outputs.t.path",
+            "outputs 's' and 't': 'o.zarr/sub' is inside 'o.zarr'", "hint: give each output a path outside")
+    assert snapshot(tmp_path) == before
