@@ -90,7 +90,15 @@ def _legacy_marked(path: str) -> bool:
 
 
 def written_by_flowgpu(path: str) -> bool:
-    return os.path.exists(marker_path(path)) or _legacy_marked(path)
+    """Whether ``path`` is an output flowgpu wrote: its marker says so, and names ``path``'s inode (a
+    marker's name alone, or a user's file put where an output was, is not enough)."""
+    try:
+        with open(marker_path(path)) as f:
+            mark = json.load(f)
+        return isinstance(mark, dict) and mark.get("writer") == "flowgpu" and \
+            mark.get("ino", os.lstat(path).st_ino) == os.lstat(path).st_ino
+    except (OSError, ValueError):
+        return _legacy_marked(path)
 
 
 def remove(path: str) -> None:
@@ -224,7 +232,9 @@ class Transaction:
         try:
             faults.point("commit:before-marker")
             for o in self.outputs:
-                _write_durable(os.path.join(o.stage, "marker"), json.dumps({"writer": "flowgpu", "run": o.id, **o.meta}))
+                ino = os.lstat(os.path.join(o.stage, "data")).st_ino  # a rename keeps it
+                _write_durable(os.path.join(o.stage, "marker"),
+                               json.dumps({"writer": "flowgpu", "run": o.id, "ino": ino, **o.meta}))
             self._write_journals()
             faults.point("commit:after-journal")
             self._each(self._set_aside, "commit:after-aside")

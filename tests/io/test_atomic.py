@@ -162,3 +162,28 @@ def test_python_writers_never_replace_the_working_directory_or_home(tmp_path, mo
     assert (work / "keep.txt").read_text() == "mine"
     assert sorted(os.listdir(tmp_path)) == ["a"] and sorted(os.listdir(tmp_path / "a")) == ["b"]
     assert sorted(os.listdir(work)) == ["keep.txt"]
+
+
+def test_a_users_file_beside_a_marker_it_did_not_get_from_flowgpu_is_not_replaced(tmp_path, rng):
+    """A file named like flowgpu's marker made any file at the output's path count as flowgpu's (an
+    empty ``.y.npy.flowgpu-output.json`` was enough); so did a user's file put where an output was."""
+    out = tmp_path / "y.npy"
+    mine = rng.bytes(64)
+    out.write_bytes(mine)
+    (tmp_path / ".y.npy.flowgpu-output.json").write_text("")
+    assert not written_by_flowgpu(str(out))
+    with pytest.raises(OutputExistsError, match="was not written by flowgpu"):
+        staged(out, b"new")
+    assert out.read_bytes() == mine
+    os.remove(tmp_path / ".y.npy.flowgpu-output.json")
+    os.remove(out)
+    staged(out, rng.bytes(32)).commit()  # flowgpu's own output now: replaced by the next run
+    assert written_by_flowgpu(str(out))
+    staged(out, rng.bytes(32)).commit()
+    replaced = tmp_path / "other.npy"  # the user moves a file of their own over it: theirs now
+    replaced.write_bytes(mine)
+    os.replace(replaced, out)
+    assert not written_by_flowgpu(str(out))
+    with pytest.raises(OutputExistsError):
+        staged(out, b"new")
+    assert out.read_bytes() == mine
