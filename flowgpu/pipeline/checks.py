@@ -12,6 +12,7 @@ import ipaddress
 import os
 from typing import Any
 
+from flowgpu import config
 from flowgpu.diagnostics import runreport
 from flowgpu.errors import ConfigError, OutputExistsError, SpecLimitError
 from flowgpu.io import atomic, sinks
@@ -57,9 +58,11 @@ def _spec_paths(spec: Spec, found: dict[str, str], stack: tuple[str, ...] = (), 
 
 def protected_paths(spec: Spec, extra: dict[str, str] | None = None) -> dict[str, str]:
     """What no output may be or contain (``realpath -> what it is``): what no command replaces
-    (:func:`flowgpu.io.atomic.protected_paths`: the working directory, the home folder), the spec,
-    its includes, every input path of the run, and ``extra`` (e.g. the params file)."""
-    found = atomic.protected_paths(extra)
+    (:func:`flowgpu.io.atomic.protected_paths`: the working directory, the home folder), the cache of
+    outputs (``flowgpu.cache.directory``), the spec, its includes, every input path of the run, and
+    ``extra`` (e.g. the params file)."""
+    cache = config.get("cache.directory")
+    found = atomic.protected_paths({**(extra or {}), cache: f"flowgpu's record of outputs ({cache})"})
     _spec_paths(spec, found)
     return found
 

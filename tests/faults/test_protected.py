@@ -267,3 +267,13 @@ cluster: {backend: cpu, n_workers: 1}
     refused(flowgpu(command, "spec.yaml", "--overwrite", cwd=tmp_path, limit=60), "spec.yaml:2:", "outputs.t.path",
             "outputs 's' and 't': 'o.zarr/sub' is inside 'o.zarr'", "hint: give each output a path outside")
     assert snapshot(tmp_path) == before
+
+
+def test_no_output_replaces_flowgpus_record_of_outputs(tmp_path, rng):
+    _store(tmp_path, rng)
+    (tmp_path / "spec.yaml").write_text("""\
+inputs:  {x: {source: npy, path: x.npy}}
+outputs: {s: {from: x, sink: zarr, path: .flowgpu}}
+""")
+    refused(flowgpu("validate", "spec.yaml", "--overwrite", cwd=tmp_path, limit=60), "spec.yaml:2:", "outputs.s.path",
+            "which contains flowgpu's record of outputs (.flowgpu/cache)")
