@@ -46,7 +46,20 @@ def test_schema_is_the_models_schema(tmp_path):
     result = CliRunner().invoke(cli, ["schema"])
     assert result.exit_code == 0 and json.loads(result.output) == json_schema()
     assert CliRunner().invoke(cli, ["schema", "-o", str(tmp_path / "s.json")]).exit_code == 0
+    assert json.loads((tmp_path / "s.json").read_text()) == json_schema()
+    assert CliRunner().invoke(cli, ["schema", "-o", str(tmp_path / "s.json")]).exit_code == 0  # its own: replaced
     assert json.loads((tmp_path / "s.json").read_text())["title"] == "flowgpu pipeline spec"
+
+
+def test_schema_never_replaces_a_users_file_unless_told(tmp_path, rng):
+    mine = tmp_path / "spec.yaml"
+    text = f"name: mine\n# {rng.integers(1 << 30)}\n"
+    mine.write_text(text)
+    result = CliRunner().invoke(cli, ["schema", "-o", str(mine)])
+    assert result.exit_code == 2 and "already exists and is not a spec schema flowgpu wrote" in result.output
+    assert "--overwrite" in result.output and mine.read_text() == text
+    assert CliRunner().invoke(cli, ["schema", "-o", str(mine), "--overwrite"]).exit_code == 0
+    assert json.loads(mine.read_text()) == json_schema()
 
 
 def test_validate_several_files(tmp_path, rng, monkeypatch):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
 from typing import Any
 
 import click
@@ -11,7 +12,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from flowgpu import backend, pipeline
-from flowgpu.cli.common import EXIT_FAILED, _console, _fail
+from flowgpu.cli.common import EXIT_FAILED, EXIT_INVALID, _console, _fail
+from flowgpu.io.atomic import write_text
 from flowgpu.io.sinks import SINKS
 from flowgpu.io.sources import SOURCES
 from flowgpu.ops import all_ops
@@ -89,14 +91,28 @@ def sinks() -> None:
 
 @click.command()
 @click.option("--output", "-o", type=click.Path(dir_okay=False), default=None, help="Write to a file.")
-def schema(output: str | None) -> None:
+@click.option("--overwrite", is_flag=True, help="Replace a file at --output that is not a spec schema flowgpu wrote.")
+def schema(output: str | None, overwrite: bool) -> None:
     """Print the JSON schema of spec files (for yaml-language-server's $schema modeline)."""
-    text = json.dumps(pipeline.json_schema(), indent=2) + "\n"
-    if output:
-        try:
-            with open(output, "w") as f:
-                f.write(text)
-        except OSError as e:
-            _fail(f"cannot write {output}: {e.strerror}", EXIT_FAILED)
-    else:
+    spec_schema = pipeline.json_schema()
+    text = json.dumps(spec_schema, indent=2) + "\n"
+    if not output:
         click.echo(text, nl=False)
+        return
+    if os.path.lexists(output) and not overwrite and not _is_schema(output, spec_schema["title"]):
+        _fail(f"--output {output!r} already exists and is not a spec schema flowgpu wrote; choose another path, or "
+              "pass --overwrite to replace it", EXIT_INVALID)
+    try:
+        write_text(output, text)
+    except OSError as e:
+        _fail(f"cannot write {output}: {e.strerror}", EXIT_FAILED)
+
+
+def _is_schema(path: str, title: str) -> bool:
+    """Whether ``path`` holds a JSON schema of spec files (an earlier ``flowgpu schema -o``)."""
+    try:
+        with open(path, "rb") as f:
+            found = json.loads(f.read(1 << 24))
+    except (OSError, ValueError):
+        return False
+    return isinstance(found, dict) and found.get("title") == title and "$defs" in found
