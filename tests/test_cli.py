@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import pathlib
 
@@ -176,3 +177,29 @@ def test_json_and_summary_are_valid_json_when_a_value_is_nan_or_infinite(tmp_pat
         outs = _strict(text)["outputs"]
         assert (outs["s"]["value"], outs["big"]["value"], outs["small"]["value"]) == ("NaN", "Infinity", "-Infinity")
         assert outs["m"]["value"] == x.max()
+
+
+def test_a_failed_run_still_gives_its_summary_on_stdout(tmp_path, rng, monkeypatch, cpu_session):
+    """``--json | jq`` got nothing when a run failed (without --keep-going), though --summary had it;
+    a failed batch's table was not printed either. The error itself stays on stderr."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    np.save(tmp_path / "x.npy", rng.standard_normal((20, 3)))
+    limit = float(rng.uniform(1.2, 1.8))
+    (tmp_path / f"boom{os.getpid()}.py").write_text(
+        f"def boom(b, k):\n    if k > {limit}:\n        raise ValueError('bad block')\n    return b * k\n")
+    (tmp_path / "spec.yaml").write_text(
+        "params: {k: {type: float, default: 1.0}}\ninputs: {x: {source: npy, path: x.npy}}\n"
+        f"steps: {{y: {{op: map_blocks, inputs: [x], args: {{function: 'boom{os.getpid()}:boom', "
+        "kwargs: {k: '${params.k}'}}}, t: {op: sum, inputs: [y]}}\noutputs: {t: {from: t}}\n")
+    one = CliRunner().invoke(cli, ["run", "spec.yaml", "--set", "params.k=2.0", "--json", "-q", "--summary", "s.json"])
+    assert one.exit_code == 1 and "ValueError: bad block" in one.stderr
+    said = json.loads(one.stdout)
+    assert said == json.loads((tmp_path / "s.json").read_text())
+    assert said["status"] == "failed" and said["step"] == "y" and said["not_written"] == ["t"]
+    both = CliRunner().invoke(cli, ["run", "spec.yaml", "--foreach", "params.k=1.0,2.0", "--json", "-q", "--force"])
+    assert both.exit_code == 1
+    items = json.loads(both.stdout)["items"]
+    assert [i["params"]["k"] for i in items if i["status"] == "failed"] == [2.0]
+    table = CliRunner().invoke(cli, ["run", "spec.yaml", "--foreach", "params.k=1.0,2.0", "-q", "--force"])
+    assert table.exit_code == 1 and "failed" in table.stdout and "bad block" in table.stdout

@@ -112,7 +112,11 @@ def run(spec: str, sets: tuple[str, ...], params_file: str | None, scheduler: st
         click.echo(f"dry run: {f'{items} batch items checked; ' if items > 1 else ''}nothing was run or written")
         return
 
+    ended: list[dict] = []  # the summary of the run, failed or not
+
     def announce(event: events.Event) -> None:  # the run's subscriber: the dashboard link once the session is ready
+        if isinstance(event, events.RunFinished):
+            ended.append(event.summary)
         if isinstance(event, events.SessionReady) and not quiet:
             session, link = event.session, event.session.dashboard_link
             link = monitor.page_link(link) if link and monitor.install(session.client) else link  # the flowgpu page
@@ -124,7 +128,13 @@ def run(spec: str, sets: tuple[str, ...], params_file: str | None, scheduler: st
                                 progress=not quiet, subscribers=(announce,), allow_spec_address=allow_spec_address,
                                 wait=not no_wait, foreach=batch, keep_going=keep_going, force=force,
                                 checksum=checksum, cache=not no_cache, report=report)
-    result = pipeline.run(spec, config)
+    try:
+        result = pipeline.run(spec, config)
+    except Exception:
+        # a failed run's summary is a result too: --json gets it on stdout, a batch its table (the error: stderr)
+        if ended and (as_json or "items" in ended[0]):
+            _results(ended[0], as_json, render_batch)
+        raise
     _results(result.summary, as_json, render_batch if isinstance(result, pipeline.BatchResult) else render_summary)
     if result.summary["status"] != "ok":
         sys.exit(EXIT_FAILED)
