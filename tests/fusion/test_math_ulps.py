@@ -42,7 +42,7 @@ def _fused(xp: str, f, a: np.ndarray) -> np.ndarray:
 def test_transcendental_functions_are_within_a_few_ulp_of_numpys(rng, xp, dtype):
     a = (rng.standard_normal(40_000) * 3).astype(dtype)
     worst = {}
-    for name, f in TRANSCENDENTAL.items():
+    for name, f in {**TRANSCENDENTAL, **({"hypot": EXACT["hypot"]} if xp == "cupy" else {})}.items():
         got, want = _fused(xp, f, a), f(a) * 2
         assert got.dtype == want.dtype, name
         finite = np.isfinite(want)
@@ -58,5 +58,7 @@ def test_transcendental_functions_are_within_a_few_ulp_of_numpys(rng, xp, dtype)
 def test_arithmetic_sqrt_and_hypot_are_numpys_to_the_bit(rng, xp, dtype):
     a = (rng.standard_normal(40_000) * 3).astype(dtype)
     for name, f in EXACT.items():
+        if xp == "cupy" and name == "hypot":  # CUDA's hypot is within 2 ulp, not correctly rounded: above
+            continue
         got, want = _fused(xp, f, a), f(a) * 2
         assert got.dtype == want.dtype and np.array_equal(got, want), name
