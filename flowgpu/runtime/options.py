@@ -66,6 +66,9 @@ class SessionOptions:
     extra: dict = field(default_factory=dict)
 
 
+SMALLEST = 32 << 20  # a memory option below this many bytes is a mistake (a worker alone takes more)
+
+
 def parse_memory(value: Any) -> int | float | str | None:
     """A memory option as the cluster takes it: None, a keyword (``"auto"``), a fraction in (0, 1],
     or whole bytes (``"4GiB"`` -> 4294967296). The value must have passed the schema."""
@@ -87,6 +90,11 @@ def _merged(address: str | None, kwargs: dict) -> tuple[dict, dict, dict]:
         elif value is not None or key in _NONE_IS_A_VALUE:
             values[key], names[key] = value, kw
     config.check(values, names)
+    for key in ("memory-limit", "device-memory-limit", "rmm-pool-size"):
+        n = parse_memory(values.get(key))
+        if isinstance(n, int) and 0 < n < SMALLEST:  # memory_limit=2.0 is 2 bytes, not 2 GB: every worker would die
+            raise MemoryLimitError(f"{names.get(key, f'flowgpu.{key}')}={values[key]!r} is {n} bytes per worker; give "
+                                   "a size such as '4GiB', a fraction of the memory in (0, 1] such as 0.5, or 0 for none")
     return values, {k: names.get(k, f"flowgpu.{k}") for k in keys.values()}, extra
 
 

@@ -17,6 +17,8 @@ from __future__ import annotations
 import ast
 import asyncio
 import contextlib
+import difflib
+import inspect
 import logging
 import multiprocessing
 import os
@@ -30,7 +32,7 @@ from urllib.parse import urlsplit
 
 import dask.config
 import psutil
-from distributed import Client, LocalCluster
+from distributed import Client, LocalCluster, Nanny, Worker
 from distributed import client as distributed_client
 
 from flowgpu import backend as _backend
@@ -116,6 +118,17 @@ def spawn_environ(values: dict[str, str]):
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def _check_keywords(extra: dict, cluster: type) -> None:
+    """Refuse a keyword that neither flowgpu nor the cluster, its workers and nannies take (a typo such as
+    ``nworkers``), before anything starts: unknown, it would reach each nanny and fail them all."""
+    known = {name for c in (cluster, LocalCluster, Nanny, Worker) for name in inspect.signature(c.__init__).parameters}
+    for name in extra:
+        if name not in known:
+            close = difflib.get_close_matches(name, sorted(known | set(SessionOptions.__dataclass_fields__)), n=1)
+            raise ConfigError(f"Session got an unknown keyword {name!r}" + (f"; did you mean {close[0]!r}?" if close
+                                                                           else "; see help(flowgpu.Session)"))
 
 
 class Session:
@@ -246,6 +259,8 @@ class Session:
             self._set_array_backend("cupy")  # before the workers start: the nanny passes config on
             from dask_cuda import LocalCUDACluster  # noqa: PLC0415 - GPU-only import
 
+            _check_keywords(o.extra, LocalCUDACluster)
+
             visible = _backend.physical_devices()
             devices = [visible[g] for g in o.gpus]
             gpu_kwargs: dict[str, Any] = dict(CUDA_VISIBLE_DEVICES=",".join(devices), n_workers=len(devices))
@@ -261,6 +276,7 @@ class Session:
             with dask.config.set(spill_env), spawn_environ(env), terminal_interrupts_ignored():
                 self.cluster = LocalCUDACluster(**gpu_kwargs, **spill_kwargs, **common)
         else:
+            _check_keywords(o.extra, LocalCluster)
             self._set_array_backend("numpy")
             with terminal_interrupts_ignored():
                 self.cluster = LocalCluster(n_workers=o.n_workers, processes=True, **spill_kwargs, **common)

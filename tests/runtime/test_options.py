@@ -29,6 +29,9 @@ from flowgpu.runtime.options import parse_memory, resolve
         (dict(backend="cpu", connect_timeout="-2s"), ConfigError, ["connect_timeout='-2s' is negative"]),
         (dict(backend="cpu", batch_interval="5s"), ConfigError, ["batch_interval='5s' is longer than 1s"]),
         (dict(address=""), ConfigError, ["address='' is empty", "tcp://host:port"]),
+        # a float above 1 is bytes (distributed's rule): 2.0 is 2 bytes, which killed every worker after 5 s
+        (dict(backend="cpu", memory_limit=2.0), MemoryLimitError, ["memory_limit=2.0 is 2 bytes per worker", "'4GiB'"]),
+        (dict(backend="cpu", rmm_pool_size="1MB"), MemoryLimitError, ["rmm_pool_size='1MB' is 1000000 bytes"]),
     ],
 )
 def test_bad_options_are_refused_before_starting(kwargs, error, words):
@@ -108,3 +111,13 @@ def test_options_are_converted_and_other_keywords_go_to_the_cluster():
     assert o.connect_timeout == 120.0 and o.batch_interval == 0.005 and o.memory_limit == 0.25
     assert o.dashboard_address is None and o.extra == {"processes": False}
     assert resolve(backend="cpu").dashboard_address == dask.config.get("flowgpu.dashboard-address")
+
+
+@pytest.mark.parametrize("typo, meant", [("nworkers", "n_workers"), ("threads_per_workr", "threads_per_worker"),
+                                         ("memory_limt", "memory_limit")])
+def test_a_misspelt_keyword_is_named_before_any_worker_starts(typo, meant):
+    """An unknown keyword went on to every nanny, which failed: 'RuntimeError: Nanny failed to start'."""
+    import flowgpu as fg
+
+    with pytest.raises(ConfigError, match=rf"Session got an unknown keyword '{typo}'; did you mean '{meant}'\?"):
+        fg.Session(backend="cpu", n_workers=1, dashboard_address=None, **{typo: 2})
