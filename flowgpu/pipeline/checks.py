@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import pathlib
 from typing import Any
 
 from flowgpu import config
@@ -71,6 +72,9 @@ def check_outputs(spec: Spec, overwrite: bool = False, protect: dict[str, str] |
     """Refuse, before anything runs, output paths that are taken, given twice, or that are or
     contain what the run needs (:func:`protected_paths`; ``protect`` adds paths and what they are).
     Table outputs that name one path are the columns of one table (:mod:`flowgpu.pipeline.tables`)."""
+    if not spec.outputs:  # an empty file too: a run that computes nothing and says ok is a mistake
+        raise spec.error("the spec has no outputs, so a run would compute nothing", ("outputs",),
+                         hint="add one, e.g. 'outputs: {result: {from: STEP}}'")
     smap = spec.origin.smap
     seen: dict[str, str] = {}
     protected = protected_paths(spec, protect) if any(o.path for o in spec.outputs.values()) else {}
@@ -99,6 +103,10 @@ def check_outputs(spec: Spec, overwrite: bool = False, protect: dict[str, str] |
                              ("outputs", name, "path"),
                              hint="write the output to a path of its own (a new name such as 'result.zarr'); "
                                   "--overwrite never replaces these")
+        folder = next(p for p in (path, *map(str, pathlib.PurePath(path).parents)) if os.path.lexists(p))
+        if folder != path and not os.path.isdir(folder):
+            raise smap.error(f"output {name!r}: {shown(folder)!r} is a file, so {shown(out.path)!r} cannot be made "
+                             "inside it", ("outputs", name, "path"), hint="give the output a path in a folder")
         try:
             sinks.check_destination(path, overwrite)
         except OutputExistsError as e:

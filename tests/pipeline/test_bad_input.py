@@ -123,6 +123,12 @@ CASES = {
                            "not a finite number"),
     "shape overflowing int64": ("inputs:\n  x: {source: random, shape: [10000000000, 10000000000]}\n", {}, [], 2,
                                 "inputs.x.shape", "more than a 64-bit index can count"),
+    "no outputs": (GOOD_INPUTS + "steps:\n  s: {op: sum, inputs: [x]}\n", {}, [], 1, "outputs",
+                   "the spec has no outputs, so a run would compute nothing (hint: add one"),
+    "empty file": ("", {}, [], 1, "outputs", "the spec has no outputs"),
+    "output inside a file": (GOOD_INPUTS + "outputs:\n  o: {from: x, sink: npy, path: notes/o.npy}\n",
+                             {"notes": "a user's file"}, [], 4, "outputs.o.path",
+                             "'notes' is a file, so 'notes/o.npy' cannot be made inside it"),
     "nesting too deep": ("name: " + "[" * 200 + "]" * 200 + "\n", {}, [], 1, "<document>", "nests deeper than 100"),
 }
 

@@ -108,8 +108,8 @@ def _waits(fn) -> Counter:
     original = Client.sync
 
     def counted(self, func, *args, **kwargs):
-        if threading.current_thread() is threading.main_thread():
-            seen[getattr(func, "__name__", repr(func))] += 1
+        if threading.current_thread() is threading.main_thread() and not kwargs.get("asynchronous"):
+            seen[getattr(func, "__name__", repr(func))] += 1  # asynchronous: sent, answered on the loop
         return original(self, func, *args, **kwargs)
 
     Client.sync = counted
