@@ -321,7 +321,7 @@ def import_dirs(file: str | None) -> None:
 
 def read_params_file(path: str) -> dict[str, Any]:
     """``--params file.yaml``: a mapping of param name -> value (a top-level ``params:`` is accepted too)."""
-    data, smap = read_yaml(path)
+    data, smap = read_yaml(path, "params file")
     if isinstance(data, dict) and set(data) == {"params"}:
         data = data["params"]
     if not isinstance(data, dict):

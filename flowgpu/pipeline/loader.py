@@ -232,8 +232,8 @@ def read_bounded(path: str, most: int, flags: int = 0) -> bytes:
     return data
 
 
-def read_yaml(path: str | os.PathLike) -> tuple[Any, SourceMap]:
-    """Read and parse a YAML file (a regular file, within the ``flowgpu.spec`` limits)."""
+def read_yaml(path: str | os.PathLike, what: str = "spec file") -> tuple[Any, SourceMap]:
+    """Read and parse a YAML file (a regular file, within the ``flowgpu.spec`` limits); ``what`` it is, for messages."""
     path = os.fspath(path)
     try:
         text = read_bounded(path, limit("max-bytes")).decode("utf-8")
@@ -243,10 +243,10 @@ def read_yaml(path: str | os.PathLike) -> tuple[Any, SourceMap]:
                              file=path, path="<document>", hint="give the path of a YAML file" if e.kind else
                              "specs are small YAML files; raise flowgpu.spec.max-bytes if this one is meant") from None
     except FileNotFoundError:
-        raise SpecError(f"spec file {path!r} does not exist", file=path, line=None, col=None,
+        raise SpecError(f"{what} {path!r} does not exist", file=path, line=None, col=None,
                         path="<document>", hint="check the path (relative paths start at the working directory)"
                         ) from None
     except (OSError, UnicodeDecodeError) as e:
-        raise SpecError(f"cannot read spec file {path!r}: {e}", file=path, path="<document>",
+        raise SpecError(f"cannot read {what} {path!r}: {e}", file=path, path="<document>",
                         hint="give a readable UTF-8 YAML file") from None
     return parse_yaml(text, file=path)

@@ -177,3 +177,10 @@ def test_bad_input(case, tmp_path, monkeypatch, nothing_runs):
 
 def test_table_is_large_enough():
     assert len(CASES) >= 20
+
+
+def test_a_missing_params_file_is_called_a_params_file(tmp_path, monkeypatch, nothing_runs):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "spec.yaml").write_text(GOOD_INPUTS + "outputs:\n  o: {from: x}\n")
+    result = CliRunner().invoke(cli, ["run", "spec.yaml", "--params", "nothere.yaml", "--quiet"])
+    assert result.exit_code == 2 and "params file 'nothere.yaml' does not exist" in result.output, result.output
