@@ -21,6 +21,7 @@ from flowgpu.errors import ConfigError, FlowgpuError
 from flowgpu.io.atomic import atomic_output, check_writable, output_error, protected_paths, replaces_protected
 from flowgpu.io.devcodec import MAX_CHUNK_BYTES
 from flowgpu.io.hdf5 import from_hdf5, is_hdf5
+from flowgpu.io.hdf5 import labels as hdf5_labels
 from flowgpu.io.npy import from_npy
 from flowgpu.io.paths import is_glob, misnamed
 from flowgpu.io.tiff import from_tiff, is_tiff, tiff_files
@@ -88,12 +89,16 @@ def _open(src: str, component: str | None):
 
 
 def _labels(src: str, component: str | None) -> dict:
-    """The dimension names and attributes of the Zarr array at ``src`` (an xarray dataset's variable
-    has them: ``dimension_names`` in Zarr 3, ``_ARRAY_DIMENSIONS`` in Zarr 2), to keep in the copy."""
-    if not os.path.isdir(src):
+    """The dimension names and attributes of the array at ``src``, to keep in the copy: an xarray
+    variable's in Zarr (``dimension_names`` in Zarr 3, ``_ARRAY_DIMENSIONS`` in Zarr 2) or in a
+    NetCDF-4/HDF5 file (its dimension scales, :func:`flowgpu.io.hdf5.labels`)."""
+    kind = _kind(src)
+    if kind == "hdf5":
+        return hdf5_labels(src, component)
+    if kind != "zarr":
         return {}
     a = open_zarr_array(src, component)
-    attrs = dict(a.attrs)
+    attrs = {k: v for k, v in a.attrs.items() if k != "_FillValue"}  # xarray's encoding, not an attribute
     names = attrs.pop("_ARRAY_DIMENSIONS", None) if a.metadata.zarr_format == 2 else a.metadata.dimension_names
     out = {"attributes": attrs} if attrs else {}
     if names is not None and any(n is not None for n in names):
@@ -129,7 +134,8 @@ def convert(src: str, dst: str, *, codec: str = "zstd", level: int | None = None
     array (``component`` in a group), an HDF5 dataset (``component`` is its path in the file; may be
     left out when the file holds one) or a TIFF stack (a multi-page file, or a glob of one-page files).
 
-    A Zarr array's dimension names and attributes (an xarray variable's dims and units) are kept.
+    A Zarr array's or an HDF5 dataset's dimension names and attributes (an xarray or NetCDF-4
+    variable's dims and units) are kept.
     Returns what was written: ``{"path", "shape", "dtype", "chunks", "shards", "codec",
     "bytes", "stored_bytes"}``. Runs on the session's workers (any, or none: dask's scheduler).
     """

@@ -18,6 +18,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import os
+import posixpath
 from typing import Any
 
 import dask.array as da
@@ -99,6 +100,33 @@ def _find(f: Any, path: str, dataset: str | None) -> Any:
     close = difflib.get_close_matches(key, names, n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""
     raise SourceError(f"{path!r} has no dataset {dataset!r}; it holds {_listing(names)}{hint}", "dataset")
+
+
+# what HDF5's dimension scales and NetCDF-4 keep in a dataset's attributes: structure, not the user's attributes
+_INTERNAL = {"DIMENSION_LIST", "REFERENCE_LIST", "CLASS", "NAME", "_FillValue", "_nc3_strict"}
+
+
+def labels(path: str, dataset: str | None = None) -> dict:
+    """A dataset's dimension names (the names of its dimension scales: a NetCDF-4 variable's dims)
+    and its own attributes, as ``{"dimension_names", "attributes"}`` (each only when there are any)."""
+    with _open_file(path) as f:
+        d = _find(f, path, dataset)
+        attrs = {k: _plain(v) for k, v in d.attrs.items() if k not in _INTERNAL and not k.startswith("_Netcdf4")}
+        names = [posixpath.basename(dim[0].name) if len(dim) else (dim.label or None) for dim in d.dims]
+    out: dict = {"attributes": attrs} if attrs else {}
+    if any(names):
+        out["dimension_names"] = tuple(names)
+    return out
+
+
+def _plain(value: Any) -> Any:
+    """An attribute's value as JSON holds it (Zarr's attributes): NumPy scalars and arrays, bytes as text."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, np.ndarray):  # NetCDF's attributes are 1-D: one value is a scalar, as xarray reads it
+        out = [_plain(v) for v in value.tolist()] if value.dtype.kind in "OSU" else value.tolist()
+        return out[0] if value.ndim == 1 and value.size == 1 else out
+    return value.item() if isinstance(value, np.generic) else value
 
 
 def _numeric(dset: Any, path: str) -> tuple[tuple[int, ...], np.dtype]:

@@ -73,3 +73,26 @@ def test_bad_sources_are_refused_before_anything_starts(files, tmp_path):
     with pytest.raises(ConfigError, match="is a TIFF stack: it has no component"):
         convert.convert("stack.tif", "o.zarr", component="x")
     assert not (tmp_path / "o.zarr").exists()
+
+
+def test_convert_keeps_a_netcdf_variables_dims_and_attributes(tmp_path, rng, monkeypatch):
+    """``convert era.nc out.zarr --component t2m`` dropped the variable's dimension names and attributes
+    (the docs say they are kept, as they were from an xarray Zarr store); xarray's ``_FillValue``
+    encoding is no attribute."""
+    xr = pytest.importorskip("xarray")
+    monkeypatch.chdir(tmp_path)
+    t2m = rng.standard_normal((10, 6, 8)).astype("float32")
+    scale = float(rng.uniform(1, 2))
+    ds = xr.Dataset({"t2m": (("time", "lat", "lon"), t2m, {"units": "K", "scale": np.float32(scale)}),
+                     "bare": (("a", "b"), rng.standard_normal((4, 5)))},
+                    coords={"time": np.arange(10), "lat": np.linspace(-5, 5, 6), "lon": np.linspace(0, 7, 8)})
+    ds.to_netcdf("era.nc", engine="h5netcdf")
+    ds.to_zarr("era.zarr", mode="w")
+    for src in ("era.nc", "era.zarr"):
+        convert.convert(src, f"{src}.t2m.zarr", component="t2m")
+        a = zarr.open_array(f"{src}.t2m.zarr")
+        assert a.metadata.dimension_names == ("time", "lat", "lon"), src
+        assert dict(a.attrs) == {"units": "K", "scale": pytest.approx(scale, rel=1e-6)}, src
+        np.testing.assert_array_equal(a[:], t2m)
+    convert.convert("era.nc", "bare.zarr", component="bare")
+    assert zarr.open_array("bare.zarr").metadata.dimension_names == ("a", "b")
