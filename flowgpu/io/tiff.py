@@ -187,7 +187,9 @@ def _page_chunks(chunks: Any, shape: tuple[int, ...], dtype: np.dtype) -> tuple:
 
 
 def from_tiff(path: str, chunks: Any = "auto") -> da.Array:
-    """A TIFF stack as a chunked ``(pages, y, x)`` array on the session's device.
+    """A TIFF stack as a chunked ``(pages, *page shape)`` array on the session's device: ``(pages, y,
+    x)``, with the samples' axis of RGB pages (``tifffile.imread`` drops the pages' axis of one page,
+    and keeps an ImageJ hyperstack's axes, which this does not: docs/pipelines.md).
 
     Parameters
     ----------
