@@ -99,6 +99,13 @@ class _Lazy:
     def __neg__(self):
         return Late(operator.neg, (self,))
 
+    for _name in ("lt", "le", "gt", "ge"):  # eq/ne stay identity, as for any object
+        locals()[f"__{_name}__"] = (lambda op: lambda self, o: Late(op, (self, o)))(getattr(operator, _name))
+    del _name
+
+    def __bool__(self):
+        raise Untraceable("Python control flow on a reduced value (an 'if' or 'and' on x.sum() > 0)")
+
 
 class Late(_Lazy):
     def __init__(self, op: Callable, args: tuple):

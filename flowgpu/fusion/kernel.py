@@ -99,12 +99,12 @@ def fused_elementwise(expression: str, inputs: Mapping[str, Any], *, dtype: Any 
         to_python(expr, types, names, out_dtype=out_dtype)  # refuse complex, strings, ... here
     ndim = max(a.ndim for a in arrays.values())
     arrs = list(arrays.values())
+    shape = np.broadcast_shapes(*(a.shape for a in arrs))  # NumPy's message for shapes that do not broadcast
     if reduction is None:
         return _blockwise(FusedChunk(expr.text, names, scalars, out_dtype, cast=out_dtype != natural), arrs, ndim,
                           out_dtype, "fused-")
     axis = tuple(range(ndim)) if axis is None else axis if isinstance(axis, (tuple, list)) else (axis,)
     axes = tuple(sorted({validate_axis(a, ndim) for a in axis}))
-    shape = np.broadcast_shapes(*(a.shape for a in arrs))
     count = int(np.prod([shape[a] for a in axes], dtype=np.int64))
     if count == 0 and reduction in ("min", "max"):  # over no values: dask's own (NumPy raises, so does dask)
         values = _blockwise(FusedChunk(expr.text, names, scalars, out_dtype), arrs, ndim, out_dtype, "fused-")

@@ -66,6 +66,24 @@ def test_untraceable_falls_back_with_a_warning(xs):
     np.testing.assert_allclose(out.compute(), (xn + xn.T[:90, :90].sum()) * 2, rtol=1e-5)
 
 
+@pytest.mark.parametrize("sign", [1, -1])
+def test_control_flow_on_a_reduced_value_falls_back_with_a_warning(xs, sign):
+    """``p if p.sum() > 0 else -p`` raised "'>' not supported between instances of 'Reduced' and 'int'"."""
+    xn, x = xs
+    xn, x = (xn - 0.5) * sign + 0.01 * sign, (x - 0.5) * sign + 0.01 * sign
+    f = fg.fuse(lambda p: p if p.sum() > 0 else -p)
+    with pytest.warns(RuntimeWarning, match="Python control flow on a reduced value"):
+        out = f(x)
+    np.testing.assert_array_equal(out.compute(), xn if xn.sum() > 0 else -xn)
+
+
+def test_arrays_that_do_not_broadcast_are_said_as_numpy_says(xs):
+    """Shapes that do not broadcast gave dask's "Chunks do not add up to shape" from deep inside."""
+    xn, x = xs
+    with pytest.raises(ValueError, match=r"cannot be broadcast .* shape \(120, 90\) and arg 1 with shape \(10, 90\)"):
+        fg.fuse(lambda p, q: p + q)(x, x[:10])
+
+
 def test_bad_reduce_name():
     with pytest.raises(KernelError, match="median"):
         fg.fuse(lambda x: x, reduce="median")
