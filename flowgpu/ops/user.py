@@ -15,6 +15,7 @@ block. To work on both, pick the module from the block::
 from __future__ import annotations
 
 import contextlib
+import difflib
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -24,7 +25,7 @@ import dask.array as da
 import numpy as np
 from dask.base import tokenize
 
-from flowgpu.errors import OpError, RunError
+from flowgpu.errors import ArgumentError, OpError, RunError
 from flowgpu.ops._common import Array, DType, defop, dtype_arg, meta_like, same_backend
 from flowgpu.registry import import_object, pickled_by_value
 
@@ -80,6 +81,24 @@ def _axes(value: Any) -> list[int]:
     return [value] if isinstance(value, int) else list(value)
 
 
+def _check_call(func: Callable, function: str, blocks: int, kwargs: dict) -> None:
+    """Refuse ``kwargs`` (or a number of blocks) that ``func``'s signature does not take, before anything
+    runs (validate checks it from the source, without importing); a signature that cannot be read passes."""
+    try:
+        sig = inspect.signature(func)
+    except (TypeError, ValueError):
+        return
+    try:
+        sig.bind(*range(blocks), **kwargs)
+    except TypeError as e:
+        names = [n for n, p in sig.parameters.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        wrong = next((k for k in kwargs if k not in sig.parameters), None)
+        close = difflib.get_close_matches(wrong, names, n=1) if wrong else []
+        raise ArgumentError(f"{function} ({', '.join(sig.parameters)}) called with {blocks} block(s) and kwargs "
+                            f"{sorted(kwargs)}: {e}" + (f"; did you mean {close[0]!r}?" if close else ""),
+                            "kwargs" if kwargs else None) from None
+
+
 @defop("map_blocks", kind="user")
 def map_blocks(*arrays: Array, function: str, dtype: DType | None = None,
                drop_axis: int | list[int] | None = None, new_axis: int | list[int] | None = None,
@@ -114,6 +133,7 @@ def map_blocks(*arrays: Array, function: str, dtype: DType | None = None,
     func: Callable = import_object(function, what="function")
     if not callable(func):
         raise OpError(f"op 'map_blocks': {function!r} is a {type(func).__name__}, not a function")
+    _check_call(func, function, len(arrays), kwargs or {})
     arrays = tuple(same_backend(*arrays))
     dt = dtype_arg("map_blocks", dtype)
     dt = np.result_type(*(a.dtype for a in arrays)) if dt is None else dt

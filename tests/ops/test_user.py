@@ -137,7 +137,18 @@ def test_map_blocks_takes_its_inputs_dtype_by_default_and_refuses_blocks_of_anot
 def test_an_exception_of_the_function_names_it(rng):
     import dask.array as da
 
-    out = get("map_blocks")(da.from_array(rng.random(4), chunks=2), function="numpy:reshape", kwargs={"newshape": 7})
-    with pytest.raises((TypeError, ValueError)) as e:
+    out = get("map_blocks")(da.from_array(rng.random(4), chunks=2), function="numpy:reshape", kwargs={"shape": 7})
+    with pytest.raises(ValueError, match="cannot reshape") as e:
         out.compute(scheduler="sync")
     assert "in map_blocks function 'numpy:reshape'" in "".join(getattr(e.value, "__notes__", []))
+
+
+def test_kwargs_the_function_does_not_take_are_refused_when_the_graph_is_built(rng):
+    """A typo in ``kwargs`` passed validate and failed the run on the workers, with no line in the spec."""
+    import dask.array as da
+
+    from flowgpu.errors import ArgumentError
+
+    with pytest.raises(ArgumentError, match=r"kwargs \['newshap'\]: .*; did you mean 'shape'\?") as e:
+        get("map_blocks")(da.from_array(rng.random(4), chunks=2), function="numpy:reshape", kwargs={"newshap": 7})
+    assert e.value.argument == "kwargs"

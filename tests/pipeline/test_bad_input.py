@@ -123,6 +123,10 @@ CASES = {
                            "not a finite number"),
     "shape overflowing int64": ("inputs:\n  x: {source: random, shape: [10000000000, 10000000000]}\n", {}, [], 2,
                                 "inputs.x.shape", "more than a 64-bit index can count"),
+    "map_blocks kwarg the function lacks": (
+        GOOD_INPUTS + "steps:\n  y: {op: map_blocks, inputs: [x], args: {function: 'kwfix_mod:clean', kwargs: "
+        "{limt: 1.0}}}\noutputs:\n  o: {from: y}\n", {"kwfix_mod.py": "def clean(b, limit=1.0):\n    return b\n"},
+        [], 4, "steps.y.args.kwargs", "got an unexpected keyword argument 'limt'; did you mean 'limit'?"),
     "no outputs": (GOOD_INPUTS + "steps:\n  s: {op: sum, inputs: [x]}\n", {}, [], 1, "outputs",
                    "the spec has no outputs, so a run would compute nothing (hint: add one"),
     "empty file": ("", {}, [], 1, "outputs", "the spec has no outputs"),
