@@ -33,8 +33,11 @@ TREE_INPUTS = N_CHUNKS + N_CHUNKS // 4  # dask's sum combines 4 at a time: 16 ->
 
 @pytest.fixture(scope="module")
 def two_workers():
-    with fg.Session(backend="cpu", n_workers=2, threads_per_worker=2, memory_limit="1GiB",
-                    dashboard_address=None) as s:
+    # without work stealing: on a loaded machine the scheduler may move a task (and fetch its chunk) to the
+    # idler worker, which says nothing about where the graph puts the work (the fast tier met it once in -n 2)
+    with dask.config.set({"distributed.scheduler.work-stealing": False}), \
+            fg.Session(backend="cpu", n_workers=2, threads_per_worker=2, memory_limit="1GiB",
+                       dashboard_address=None) as s:
         yield s
 
 
