@@ -200,6 +200,8 @@ def test_a_failed_run_still_gives_its_summary_on_stdout(tmp_path, rng, monkeypat
     both = CliRunner().invoke(cli, ["run", "spec.yaml", "--foreach", "params.k=1.0,2.0", "--json", "-q", "--force"])
     assert both.exit_code == 1
     items = json.loads(both.stdout)["items"]
-    assert [i["params"]["k"] for i in items if i["status"] == "failed"] == [2.0]
+    failed = [i for i in items if i["status"] == "failed"]
+    assert [i["params"]["k"] for i in failed] == [2.0]
+    assert (failed[0]["step"], failed[0]["written"], failed[0]["not_written"]) == ("y", [], ["t"])  # as a run's
     table = CliRunner().invoke(cli, ["run", "spec.yaml", "--foreach", "params.k=1.0,2.0", "-q", "--force"])
     assert table.exit_code == 1 and "failed" in table.stdout and "bad block" in table.stdout

@@ -402,6 +402,9 @@ def _batch_result(spec: Spec, outcomes: list[Outcome], session: runtime.RunSessi
         entries.append({"index": item.index, "params": item.values, "status": o.status,
                         "outputs": one.summary["outputs"], "error": said if o.error is not None else None,
                         "wall_seconds": o.seconds})
+        if o.status in ("failed", "cancelled"):  # as a failed run's summary says it
+            entries[-1].update(step=_failed_step(item.spec, o.plan or o.job.plan, o.error) if o.error else None,
+                               written=sorted(o.written), not_written=sorted(set(o.job.todo) - set(o.written)))
         one.params, one.status = item.values, o.status
         results.append(one)
     return BatchResult(results, batch_summary(spec, entries, _info(session), time.perf_counter() - started))
