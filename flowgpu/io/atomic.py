@@ -29,7 +29,7 @@ from flowgpu.io.lock import OutputLock, alive, describe, held, lock_path, locked
 from flowgpu.io.paths import resolve
 
 __all__ = ["MARKER", "AtomicPath", "Refused", "atomic_output", "canonical", "check_writable", "clean",
-           "commit_together", "hold", "marker_path", "output_error", "protected_paths", "replaces_protected",
+           "commit_together", "hold", "marker_path", "output_error", "protected_paths", "replaces_protected", "within",
            "starts_with", "write_text", "written_by_flowgpu"]
 
 _FIXES = {
@@ -86,11 +86,16 @@ def replaces_protected(path: str, protected: dict[str, str]) -> str | None:
     (x.zarr)"`` (an array of a store it reads); None when nothing."""
     real = os.path.realpath(os.path.expanduser(path))
     for kept, what in protected.items():
-        if kept == real or kept.startswith(real.rstrip(os.sep) + os.sep):
+        if kept == real or within(kept, real):
             return f"{'is' if kept == real else 'contains'} {what}"
-        if what not in _PLACES and real.startswith(kept.rstrip(os.sep) + os.sep):
+        if what not in _PLACES and within(real, kept):
             return f"is inside {what}"
     return None
+
+
+def within(path: str, folder: str) -> bool:
+    """Whether ``path`` lies below ``folder`` (both absolute, alike resolved)."""
+    return path.startswith(folder.rstrip(os.sep) + os.sep)
 
 
 def canonical(path: str) -> str:

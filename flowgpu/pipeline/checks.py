@@ -91,7 +91,7 @@ def check_outputs(spec: Spec, overwrite: bool = False, protect: dict[str, str] |
             through = "" if first == path else f" (through a linked folder: both are {same})"
             raise smap.error(f"outputs {seen[same]!r} and {name!r} both write {shown(out.path)!r}{through}",
                              ("outputs", name, "path"), hint="give each output its own path")
-        nested = next((other for at, other in seen.items() if _within(same, at) or _within(at, same)), None)
+        nested = next((other for at, other in seen.items() if atomic.within(same, at) or atomic.within(at, same)), None)
         if nested is not None:  # one output's commit would replace (or write into) the other's
             inner, outer = sorted((shown(out.path), shown(spec.outputs[nested].path)), key=len, reverse=True)
             raise smap.error(f"outputs {nested!r} and {name!r}: {inner!r} is inside {outer!r}",
@@ -115,10 +115,6 @@ def check_outputs(spec: Spec, overwrite: bool = False, protect: dict[str, str] |
     for name, out in spec.outputs.items():  # after the paths' clashes: two outputs at one path is the error then
         if out.path and (wrong := misnamed(out.path, sinks.sink_entry(out.sink).suffixes, f"sink {out.sink!r}")):
             raise smap.error(f"output {name!r}: {wrong[0]}", ("outputs", name, "path"), hint=f"name it e.g. {wrong[1]!r}")
-
-
-def _within(path: str, folder: str) -> bool:
-    return path.startswith(folder.rstrip(os.sep) + os.sep)
 
 
 SUMMARY_HEAD = b'{\n  "flowgpu": '  # how every summary a run writes begins (its first key is the version)
