@@ -1,15 +1,9 @@
 """The flowgpu page of the Dask dashboard: a scheduler plugin and the Bokeh document it serves.
 
-:class:`DashboardPlugin` is registered on the scheduler from a client (``client.register_plugin``,
-so it works on a cluster flowgpu started and on one joined by address). On the scheduler it
-
-* keeps a :class:`~flowgpu.diagnostics.livestate.Board` fed by the scheduler's own events (graphs
-  submitted, task transitions) and, once a second, by each worker's data-store accounting (its
-  ``flowgpu-memory`` heartbeat metric, see :mod:`flowgpu.memory.plugin`) and GPU memory;
-* answers the client's ``flowgpu_board`` calls: a run starts (its step graph and which layer is
-  which step), a run ends, and "what does the board show" (for the run report);
-* adds ``/flowgpu`` to the scheduler's dashboard, a Bokeh application as distributed's own pages
-  are, with a ``Flowgpu`` tab in the dashboard's navigation bar beside Status and Workers.
+:class:`DashboardPlugin` is registered from a client, so it works on any cluster. On the scheduler it
+feeds a :class:`~flowgpu.diagnostics.livestate.Board` from the scheduler's events and, once a second,
+each worker's ``flowgpu-memory`` heartbeat metric; answers the client's ``flowgpu_board`` calls; and
+adds ``/flowgpu`` (a Bokeh application, as distributed's own pages are) with a tab in the navigation bar.
 """
 
 from __future__ import annotations

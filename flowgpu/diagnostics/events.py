@@ -1,9 +1,7 @@
 """What a pipeline run tells its subscribers (``pipeline.run(..., subscribers=[f])``), in order.
 
-A subscriber is called with each event on the run's thread (what it raises stops the run): the CLI
-prints the dashboard link on :class:`SessionReady`, :class:`flowgpu.diagnostics.monitor.Follower`
-shows each item on the dashboard page. They live below the pipeline layer so diagnostics can
-subscribe; the pipeline's objects (a plan, an outcome) travel untyped.
+A subscriber is called with each event on the run's thread (what it raises stops the run). The
+events live below the pipeline layer so diagnostics can subscribe; pipeline objects travel untyped.
 """
 
 from __future__ import annotations

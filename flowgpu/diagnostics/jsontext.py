@@ -1,10 +1,6 @@
-"""JSON text every JSON reader takes.
-
-Python's ``json`` writes NaN and the infinities as bare ``NaN`` / ``Infinity``, which is not JSON:
-``jq`` and most parsers refuse it. Summaries (``--json``, ``--summary``) hold such values whenever an
-output is NaN (a z-score of a constant column, a mean of nothing), so they are written as the strings
-``"NaN"``, ``"Infinity"`` and ``"-Infinity"``: lossless, and ``jq '.outputs.x.value'`` shows them.
-"""
+"""JSON text every JSON reader takes: NaN and the infinities (a z-score of a constant column) are
+written as the strings ``"NaN"``, ``"Infinity"`` and ``"-Infinity"``, not as Python's bare ``NaN``,
+which ``jq`` and most parsers refuse."""
 
 from __future__ import annotations
 

@@ -1,24 +1,15 @@
 """What the flowgpu dashboard page shows, kept on the scheduler: runs, their steps' progress, memory.
 
-A :class:`Board` is plain Python, fed by the scheduler plugin (:mod:`flowgpu.diagnostics.dashboard`)
-and testable without a scheduler or a browser:
-
-* :meth:`Board.publish`: a run starts; its step graph (:func:`flowgpu.diagnostics.stepgraph.to_dict`)
-  and which Dask layer belongs to which step (from the graph the compiler built);
-* :meth:`Board.add_tasks`: the tasks of a submitted graph, each given the step of its layer (a task
-  whose layer the optimizer renamed, e.g. a ``finalize``, takes the step of its dependencies);
-* :meth:`Board.transition`: a task is queued on a worker, done (with its bytes and compute time), or
-  failed (with its error);
-* :meth:`Board.sample`: each worker's data-store accounting (bytes per tier, bytes and seconds per
-  move between tiers: the worker's ``flowgpu-memory`` heartbeat metric) and GPU memory;
-* :meth:`Board.view`: all of it as plain data: the page, the run report and the tests read this.
+A :class:`Board` is plain Python (testable without a scheduler), fed by the scheduler plugin
+(:mod:`flowgpu.diagnostics.dashboard`); :meth:`Board.view` is what the page and the run report read.
 """
 
 from __future__ import annotations
 
 import time
-from collections import deque
+from collections import defaultdict, deque
 from dataclasses import dataclass, field
+from graphlib import TopologicalSorter
 from typing import Any, Hashable, Iterable
 
 __all__ = ["Board", "TIERS", "MOVES"]
@@ -60,25 +51,13 @@ def _layer_of(key: Hashable) -> str:
 
 
 class Board:
-    """Runs and memory as the dashboard page shows them.
+    """Runs and memory as the dashboard page shows them."""
 
-    >>> b = Board()
-    >>> b.publish("r1", {"name": "p", "nodes": [{"id": "y", "label": "y", "kind": "step", "what": "sum"}],
-    ...                  "edges": []}, {"sum-abc": "y"})
-    >>> b.add_tasks([(("sum-abc", 0), [])])
-    >>> b.transition(("sum-abc", 0), "waiting", "processing")
-    >>> b.view()["steps"][0]["state"]
-    'running'
-    >>> b.transition(("sum-abc", 0), "processing", "memory", nbytes=8)
-    >>> s = b.view()["steps"][0]; s["state"], s["done"], s["total"], s["bytes"]
-    ('done', 1, 1, 8)
-    """
-
-    def __init__(self, history: int = 900):
+    def __init__(self) -> None:
         self.runs: dict[str, _Run] = {}
         self._layers: dict[str, tuple[str, str]] = {}  # layer name -> (run, node)
         self._keys: dict[Hashable, tuple[str, str]] = {}
-        self._series: deque = deque(maxlen=history)  # (t, {worker: sample})
+        self._series: deque = deque(maxlen=900)  # (t, {worker: sample}): 15 minutes, one a second
 
     # -- fed by the client (through the plugin) ------------------------------------------------------
     def publish(self, run_id: str, graph: dict, layers: dict[str, str], item: str | None = None,
@@ -178,52 +157,37 @@ class Board:
         """Whose state each node's state follows: an included pipeline its steps'; a step without
         tasks of its own (Dask's optimizer merged them into the steps it feeds) those steps'; an
         output without tasks its source's."""
-        children: dict[str, list[str]] = {}
-        feeds: dict[str, list[str]] = {}
-        source: dict[str, list[str]] = {}
+        children, feeds, source = defaultdict(list), defaultdict(list), defaultdict(list)
         for n in run.graph["nodes"]:
             if n.get("parent"):
-                children.setdefault(n["parent"], []).append(n["id"])
+                children[n["parent"]].append(n["id"])
         for src, dst, kind in run.graph["edges"]:
             if kind == "data":
-                feeds.setdefault(src, []).append(dst)
+                feeds[src].append(dst)
             elif kind == "output":
-                source.setdefault(dst, []).append(src)
+                source[dst].append(src)
                 if dst in run.states:  # an output known up to date: what feeds only it is too
-                    feeds.setdefault(src, []).append(dst)
+                    feeds[src].append(dst)
         needs = {}
         for n in run.graph["nodes"]:
-            nid = n["id"]
+            nid, step = n["id"], run.steps[n["id"]]
+            needs[nid] = []
             if nid in run.states or n.get("fused_into"):
-                needs[nid] = []
-            elif nid in children:
+                continue
+            if nid in children:
                 needs[nid] = children[nid]
-            elif not run.steps[nid].total and not run.steps[nid].erred:
-                needs[nid] = feeds.get(nid) or source.get(nid) or []
-            else:
-                needs[nid] = []
+            elif not step.total and not step.erred:
+                needs[nid] = feeds[nid] or source[nid]
         return needs
 
     def _states(self, run: _Run) -> dict[str, str]:
-        """Every node's state (iteratively: a chain of hundreds of steps is no recursion)."""
+        """Every node's state, each after the states it follows (no recursion: chains can be long)."""
         needs = self._needs(run)
         nodes = {n["id"]: n for n in run.graph["nodes"]}
-        memo: dict[str, str] = {}
-        for root in nodes:
-            stack, entered = [root], set()
-            while stack:
-                nid = stack[-1]
-                if nid in memo:
-                    stack.pop()
-                    continue
-                todo = [d for d in needs[nid] if d not in memo and d not in entered]
-                if todo and nid not in entered:
-                    entered.add(nid)
-                    stack.extend(todo)
-                    continue
-                memo[nid] = self._state(run, nodes[nid], {memo.get(d, "waiting") for d in needs[nid]})
-                stack.pop()
-        return memo
+        states: dict[str, str] = {}
+        for nid in TopologicalSorter(needs).static_order():
+            states[nid] = self._state(run, nodes[nid], {states[d] for d in needs[nid]})
+        return states
 
     def _state(self, run: _Run, node: dict, followed: set[str]) -> str:
         nid = node["id"]

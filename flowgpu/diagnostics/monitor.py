@@ -1,10 +1,8 @@
 """The client side of the flowgpu dashboard page: install it, and tell it what a run is doing.
 
-A pipeline run's :class:`Follower` (one of its subscribers) publishes each item's step graph and which
-Dask layer belongs to which step (from the graph the compiler built: each plan node's lazy array and
-its HighLevelGraph layers) to the scheduler's :class:`~flowgpu.diagnostics.dashboard.DashboardPlugin`
-as the item starts, and whether it succeeded as it ends. :meth:`Tracked.view` is what the page shows
-about an item (the run report reads it). Without a distributed client (``session="local"``) it does nothing.
+A run's :class:`Follower` publishes each item's step graph, and which Dask layer belongs to which
+step, to the scheduler's :class:`~flowgpu.diagnostics.dashboard.DashboardPlugin`; without a
+distributed client (``session="local"``) it does nothing.
 """
 
 from __future__ import annotations
@@ -80,24 +78,15 @@ def step_layers(plan: Any, targets: dict[str, Any] | None = None, prefix: str = 
 
 
 class Tracked:
-    """A run (or batch item) the dashboard follows; ``view()`` is what the board shows about it.
+    """A run (or batch item) the dashboard follows. With ``report`` it keeps, for the run report, the
+    board's view at its end (``final``) and dask's performance report of its compute (``dask_html``)."""
 
-    With ``report``, it also keeps dask's performance report of the compute (``dask_html``) and the
-    board's view at its end (``final``): the run report's data (:meth:`Follower.report_data`).
-    """
-
-    def __init__(self, client: Any, run_id: str, description: Any, report: bool = False):
+    def __init__(self, client: Any, run_id: str, description: dict, report: bool = False):
         self.client, self.run_id, self.report = client, run_id, report
-        self._description = description
+        self.description = description
         self.final: dict | None = None
         self.dask_html: str | None = None
         self._since: tuple[float, int] | None = None
-
-    @property
-    def description(self) -> dict:
-        if callable(self._description):
-            self._description = self._description()
-        return self._description
 
     def _call(self, **kwargs: Any) -> Any:
         # bounded: a scheduler that went away must not hold up the run's own error
@@ -111,7 +100,10 @@ class Tracked:
         except Exception:  # noqa: BLE001 - the page is a view
             logger.debug("flowgpu: could not tell the board the run ended", exc_info=True)
         if self.report:  # the board's view at the end, and dask's report of the task stream since the start
-            self.final = self.view()
+            try:
+                self.final = self._call(action="view")
+            except Exception:  # noqa: BLE001 - a report without live figures is still a report
+                logger.debug("flowgpu: no board view", exc_info=True)
             code = f"flowgpu run {self.description.get('file') or self.description.get('name')} ({status})"
             try:
                 self.dask_html = self.client.sync(self.client.scheduler.performance_report, start=self._since[0],
@@ -120,19 +112,10 @@ class Tracked:
             except Exception:  # noqa: BLE001 - our part of the report stands without dask's
                 logger.warning("flowgpu: dask's performance report could not be made", exc_info=True)
 
-    def view(self) -> dict | None:
-        try:
-            return self._call(action="view")
-        except Exception:  # noqa: BLE001 - a report without live figures is still a report
-            logger.debug("flowgpu: no board view", exc_info=True)
-            return None
-
 
 class Follower:
-    """A run's subscriber (:mod:`flowgpu.diagnostics.events`) that shows each item on the flowgpu page
-    (one row per item of a batch): its step graph and which Dask layer belongs to which step (``targets``:
-    each output's write) from :class:`ItemStarted`, its end from :class:`ItemFinished`. Only where a
-    dashboard can show it or ``report`` needs what the page records (:meth:`report_data`)."""
+    """A run's subscriber that shows each item on the flowgpu page (one row per item of a batch), where
+    a dashboard can show it or ``report`` needs what the page records (:meth:`report_data`)."""
 
     def __init__(self, report: bool = False):
         self.report, self.batch, self.session = report, uuid.uuid4().hex, None
@@ -153,7 +136,7 @@ class Follower:
         client = self.session.client
         if client is None or not install(client):
             return None
-        tracked = Tracked(client, uuid.uuid4().hex, event.describe, self.report)
+        tracked = Tracked(client, uuid.uuid4().hex, event.describe(), self.report)
         graph = stepgraph.to_dict(stepgraph.from_description(tracked.description))
         try:
             count = tracked._call(action="publish", graph=graph, layers=step_layers(event.plan, event.targets),

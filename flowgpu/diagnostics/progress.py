@@ -1,8 +1,5 @@
-"""Rich progress bars for a run's items: one bar per running item.
-
-On a distributed client a bar follows the scheduler (the same feed ``distributed.progress``
-uses); without one it follows dask's local callbacks.
-"""
+"""Rich progress bars for a run's items: one bar per running item, following the scheduler (the
+feed ``distributed.progress`` uses) on a distributed client, dask's local callbacks without one."""
 
 from __future__ import annotations
 
@@ -16,23 +13,6 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 __all__ = ["BatchBars"]
-
-
-def _bar(console: Console) -> Progress:
-    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TextColumn("tasks"), TimeElapsedColumn(), console=console, transient=False)
-
-
-class _LocalBar(Callback):
-    def __init__(self, progress: Progress, task: Any):
-        super().__init__()
-        self.progress, self.task = progress, task
-
-    def _start_state(self, dsk, state):
-        self.progress.update(self.task, total=len(dsk), completed=0)
-
-    def _posttask(self, key, result, dsk, state, worker_id):
-        self.progress.advance(self.task)
 
 
 class _Feed(ProgressBar):
@@ -52,15 +32,13 @@ class _Feed(ProgressBar):
 
 
 class BatchBars:
-    """One bar per running item of a batch (rich, on stderr); a finished item's bar goes away.
-
-    On a distributed client each bar follows the scheduler's count of its item's tasks (the feed
-    ``distributed.progress`` uses, one per item, all on the client's event loop); in this process a
-    bar follows dask's local callbacks (:meth:`local`).
-    """
+    """One bar per running item of a batch (rich, on stderr); a finished item's bar goes away."""
 
     def __init__(self, console: Console | None, show: bool = True):
-        self.progress = _bar(console or Console(stderr=True)) if show else None
+        self.progress = None
+        if show:
+            self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                     TextColumn("tasks"), TimeElapsedColumn(), console=console or Console(stderr=True))
         self._feeds: dict[Any, _Feed] = {}
 
     def __enter__(self) -> "BatchBars":
@@ -87,7 +65,10 @@ class BatchBars:
 
     def local(self, task: Any) -> Callback | None:
         """A dask callback drawing ``task`` while computing in this process (None when quiet)."""
-        return _LocalBar(self.progress, task) if self.progress is not None else None
+        if self.progress is None:
+            return None
+        return Callback(start_state=lambda dsk, state: self.progress.update(task, total=len(dsk), completed=0),
+                        posttask=lambda *args: self.progress.advance(task))
 
     def done(self, task: Any) -> None:
         feed = self._feeds.pop(task, None)

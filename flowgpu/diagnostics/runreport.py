@@ -1,11 +1,7 @@
-"""``flowgpu run --report run.html``: one self-contained HTML file per run.
+"""``flowgpu run --report run.html``: one self-contained HTML file per run (``templates/report.html.j2``).
 
-It holds the run's summary, the step graph coloured by what happened, a table of the plan beside
-what really happened for every step (tasks, bytes, compute time, errors), the peak memory per
-worker against the plan's estimate, two plots drawn as inline SVG (compute time per step; bytes per
-tier and the moves between tiers as GB/s over time) and dask's own ``performance_report`` (task
-stream, worker profile, bandwidth) embedded as it is. Nothing is loaded from the network. The page
-is ``templates/report.html.j2`` (Jinja2, autoescaped: user text is never markup).
+The summary, the step graph coloured by what happened, the plan beside what happened, peak memory per
+worker, inline SVG plots and dask's own ``performance_report``; nothing is loaded from the network.
 """
 
 from __future__ import annotations

@@ -1,23 +1,16 @@
 """The step graph of a pipeline: inputs, steps and outputs as nodes, their dependencies as edges.
 
-Built from the plan's description (:func:`flowgpu.pipeline.describe`, a plain dict), so the same
-graph is drawn by ``flowgpu plan --format dot|svg``, by the flowgpu page of the Dask dashboard and
-by the run report. A step fused into another is drawn beside its root with a dashed edge to it; the
+Built from the plan's description (``pipeline.describe``), it is drawn by ``flowgpu plan --format
+dot|svg``, the dashboard page and the run report. A fused step gets a dashed edge to its root; the
 steps of an included pipeline (``uses``) are named ``parent/step`` and hang under the ``uses`` node.
-
->>> g = from_description({"name": "p", "steps": [
-...     {"name": "x", "kind": "input", "what": "normal", "deps": []},
-...     {"name": "y", "kind": "step", "what": "sum", "deps": ["x"]}],
-...     "outputs": {"t": {"from": "y", "sink": "summary"}}})
->>> sorted(g.nodes), g.edges
-(['out:t', 'x', 'y'], [Edge(source='x', target='y', kind='data'), Edge(source='y', target='out:t', kind='output')])
 """
 
 from __future__ import annotations
 
 import shutil
 import subprocess
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
+from graphlib import TopologicalSorter
 from typing import Any
 
 from flowgpu.diagnostics import templating
@@ -41,7 +34,6 @@ class GraphNode:
     what: str  # source, op, included file, or sink
     parent: str | None = None  # the uses step that includes it
     fused_into: str | None = None
-    info: dict[str, Any] = field(default_factory=dict)  # shape, dtype, tasks, bytes from the plan
 
 
 @dataclass(frozen=True)
@@ -57,10 +49,6 @@ class StepGraph:
     nodes: dict[str, GraphNode]
     edges: list[Edge]
 
-    def steps(self) -> list[str]:
-        """Every node but the outputs, in plan order."""
-        return [n for n, node in self.nodes.items() if node.kind != "output"]
-
 
 def from_description(desc: dict[str, Any]) -> StepGraph:
     """The step graph of a plan description (``pipeline.describe(plan)``)."""
@@ -70,8 +58,7 @@ def from_description(desc: dict[str, Any]) -> StepGraph:
         name = row["name"]
         parent = name.rsplit("/", 1)[0] if "/" in name else None
         nodes[name] = GraphNode(name, name.rsplit("/", 1)[-1], row["kind"], str(row.get("what") or ""), parent,
-                                row.get("fused_into"),
-                                {k: row.get(k) for k in ("shape", "dtype", "tasks", "bytes", "fused")})
+                                row.get("fused_into"))
         for dep in row.get("deps") or []:
             edges.append(Edge(dep, name, "data"))
         if row["kind"] == "input" and row.get("what") == "bound" and parent is not None:
@@ -80,8 +67,7 @@ def from_description(desc: dict[str, Any]) -> StepGraph:
             edges.append(Edge(name, row["fused_into"], "fused"))
     for out, o in desc.get("outputs", {}).items():
         oid = f"out:{out}"
-        nodes[oid] = GraphNode(oid, out, "output", str(o.get("sink") or ""),
-                               info={k: o.get(k) for k in ("shape", "dtype", "bytes", "path")})
+        nodes[oid] = GraphNode(oid, out, "output", str(o.get("sink") or ""))
         head = str(o["from"]).split(".")[0]
         edges.append(Edge(head, oid, "output"))
     edges = [e for e in edges if e.source in nodes and e.target in nodes]
@@ -91,26 +77,16 @@ def from_description(desc: dict[str, Any]) -> StepGraph:
 def layout(graph: StepGraph) -> dict[str, tuple[int, int]]:
     """``{node: (column, row)}``: columns by longest path from an input, rows in plan order."""
     preds: dict[str, list[str]] = {n: [] for n in graph.nodes}
-    succs: dict[str, list[str]] = {n: [] for n in graph.nodes}
     for e in graph.edges:
         preds[e.target].append(e.source)
-        succs[e.source].append(e.target)
-    waiting = {n: len(p) for n, p in preds.items()}
-    ready = [n for n, k in waiting.items() if k == 0]
     depth: dict[str, int] = {}
-    while ready:  # in topological order: each node one column right of its deepest predecessor
-        n = ready.pop()
+    for n in TopologicalSorter(preds).static_order():  # one column right of its deepest predecessor
         depth[n] = 1 + max((depth[p] for p in preds[n]), default=-1)
-        for t in succs[n]:
-            waiting[t] -= 1
-            if waiting[t] == 0:
-                ready.append(t)
     rows: dict[int, int] = {}
     out = {}
     for n in graph.nodes:
-        d = depth.get(n, 0)  # (a node on a cycle, which a plan never has: the first column)
-        out[n] = (d, rows.get(d, 0))
-        rows[d] = rows.get(d, 0) + 1
+        out[n] = (depth[n], rows.get(depth[n], 0))
+        rows[depth[n]] = rows.get(depth[n], 0) + 1
     return out
 
 
@@ -187,6 +163,6 @@ def to_dict(graph: StepGraph) -> dict[str, Any]:
 
 def from_dict(data: dict[str, Any]) -> StepGraph:
     """The graph :func:`to_dict` made."""
-    nodes = {n["id"]: GraphNode(n["id"], n["label"], n["kind"], n["what"], n.get("parent"), n.get("fused_into"),
-                                dict(n.get("info") or {})) for n in data["nodes"]}
+    nodes = {n["id"]: GraphNode(n["id"], n["label"], n["kind"], n["what"], n.get("parent"), n.get("fused_into"))
+             for n in data["nodes"]}
     return StepGraph(data["name"], nodes, [Edge(*e) for e in data["edges"]])

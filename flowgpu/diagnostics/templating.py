@@ -1,6 +1,5 @@
-"""The diagnostics' HTML and SVG templates (``flowgpu/diagnostics/templates/``), rendered by Jinja2
-with autoescaping always on: step names, paths and error text come from users and are escaped
-wherever they appear (text or attribute); only markup we made ourselves is passed as :class:`Markup`."""
+"""The diagnostics' HTML and SVG templates (``templates/``), rendered by Jinja2 with autoescaping on:
+step names, paths and error text come from users; only markup we made is passed as :class:`Markup`."""
 
 from __future__ import annotations
 
