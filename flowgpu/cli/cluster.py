@@ -1,8 +1,5 @@
-"""``flowgpu cluster start | status | stop``: a local cluster that stays up between runs.
-
-The library does the work (:mod:`flowgpu.runtime.standing`); these commands parse, print results on
-stdout and progress on stderr.
-"""
+"""``flowgpu cluster start | status | stop``: a local cluster that stays up between runs
+(:mod:`flowgpu.runtime.standing` does the work)."""
 
 from __future__ import annotations
 

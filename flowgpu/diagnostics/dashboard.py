@@ -41,7 +41,7 @@ class DashboardPlugin(SchedulerPlugin):
         self._sampler = PeriodicCallback(self.sample, self.interval * 1000)
         self._sampler.start()
         self.sample()
-        self.page = install_page(scheduler)
+        install_page(scheduler)
 
     async def close(self) -> None:
         self._sampler.stop()
@@ -114,7 +114,7 @@ def install_page(scheduler: Any) -> bool:
 def render_tables(view: dict[str, Any]) -> dict[str, str]:
     """The HTML of the page's tables (steps, batch items, memory per worker) from a board view
     (``templates/dashboard.html.j2``)."""
-    page = templating.macros("dashboard.html.j2")
+    page = templating.ENV.get_template("dashboard.html.j2").module  # its macros
     return {"head": str(page.head(view["run"])), "steps": str(page.steps(view, stepgraph.STATE_COLORS)),
             "items": str(page.items(view)), "memory": str(page.memory(view))}
 

@@ -9,9 +9,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from markupsafe import Markup
+
 from flowgpu.diagnostics import stepgraph, templating
 from flowgpu.diagnostics.livestate import TIERS
-from flowgpu.diagnostics.templating import Markup
 from flowgpu.io.atomic import starts_with, write_text
 
 __all__ = ["is_report", "render", "write"]
@@ -39,10 +40,11 @@ def render(summary: dict[str, Any], runs: list[tuple[str, dict[str, Any]]]) -> s
     and, per run or batch item, ``(label, {"description": pipeline.describe(plan), "view": the dashboard
     board's view of it at its end (None without a cluster), "dask_html": dask's performance report of
     the same time})``."""
-    return templating.render("report.html.j2", summary=summary, session=summary.get("session") or {},
-                             moves=(summary.get("memory") or {}).get("moves") or {},
-                             runs=[_section(label, part, f"-{i}" if i else "") for i, (label, part) in enumerate(runs)],
-                             dask_html=next((p["dask_html"] for _, p in runs if p.get("dask_html")), None))
+    page = templating.ENV.get_template("report.html.j2")
+    return page.render(summary=summary, session=summary.get("session") or {},
+                       moves=(summary.get("memory") or {}).get("moves") or {},
+                       runs=[_section(label, part, f"-{i}" if i else "") for i, (label, part) in enumerate(runs)],
+                       dask_html=next((p["dask_html"] for _, p in runs if p.get("dask_html")), None))
 
 
 def is_report(path: str | os.PathLike) -> bool:

@@ -135,10 +135,11 @@ def _own_svg(graph: StepGraph, states: dict[str, str] | None) -> str:
     pos = layout(graph)
     cols = 1 + max((c for c, _ in pos.values()), default=0)
     rows = 1 + max((r for _, r in pos.values()), default=0)
-    return templating.render("stepgraph.svg.j2", graph=graph, states=states, pad=_PAD, w=_W, h=_H,
-                             width=2 * _PAD + (cols - 1) * _COL + _W, height=2 * _PAD + (rows - 1) * _ROW + _H + 20,
-                             xy={n: (_PAD + c * _COL, _PAD + 20 + r * _ROW) for n, (c, r) in pos.items()},
-                             colors={n: _color(node, states) for n, node in graph.nodes.items()}) + "\n"
+    page = templating.ENV.get_template("stepgraph.svg.j2")
+    return page.render(graph=graph, states=states, pad=_PAD, w=_W, h=_H,
+                       width=2 * _PAD + (cols - 1) * _COL + _W, height=2 * _PAD + (rows - 1) * _ROW + _H + 20,
+                       xy={n: (_PAD + c * _COL, _PAD + 20 + r * _ROW) for n, (c, r) in pos.items()},
+                       colors={n: _color(node, states) for n, node in graph.nodes.items()}) + "\n"
 
 
 def to_svg(graph: StepGraph, states: dict[str, str] | None = None, engine: str | None = "auto") -> str:
