@@ -37,8 +37,9 @@ class BatchBars:
     def __init__(self, console: Console | None, show: bool = True):
         self.progress = None
         if show:
-            self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                     TextColumn("tasks"), TimeElapsedColumn(), console=console or Console(stderr=True))
+            self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
+                                     MofNCompleteColumn(), TextColumn("tasks"), TimeElapsedColumn(),
+                                     console=console or Console(stderr=True))
         self._feeds: dict[Any, _Feed] = {}
 
     def __enter__(self) -> "BatchBars":
@@ -67,8 +68,9 @@ class BatchBars:
         """A dask callback drawing ``task`` while computing in this process (None when quiet)."""
         if self.progress is None:
             return None
-        return Callback(start_state=lambda dsk, state: self.progress.update(task, total=len(dsk), completed=0),
-                        posttask=lambda *args: self.progress.advance(task))
+        progress = self.progress
+        return Callback(start_state=lambda dsk, state: progress.update(task, total=len(dsk), completed=0),
+                        posttask=lambda *args: progress.advance(task))
 
     def done(self, task: Any) -> None:
         feed = self._feeds.pop(task, None)

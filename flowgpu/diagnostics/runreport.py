@@ -43,7 +43,8 @@ def render(summary: dict[str, Any], runs: list[tuple[str, dict[str, Any]]]) -> s
     page = templating.ENV.get_template("report.html.j2")
     return page.render(summary=summary, session=summary.get("session") or {},
                        moves=(summary.get("memory") or {}).get("moves") or {},
-                       runs=[_section(label, part, f"-{i}" if i else "") for i, (label, part) in enumerate(runs)],
+                       runs=[_section(label, part, f"-{i}" if i else "")
+                             for i, (label, part) in enumerate(runs)],
                        dask_html=next((p["dask_html"] for _, p in runs if p.get("dask_html")), None))
 
 

@@ -164,6 +164,6 @@ def to_dict(graph: StepGraph) -> dict[str, Any]:
 
 def from_dict(data: dict[str, Any]) -> StepGraph:
     """The graph :func:`to_dict` made."""
-    nodes = {n["id"]: GraphNode(n["id"], n["label"], n["kind"], n["what"], n.get("parent"), n.get("fused_into"))
-             for n in data["nodes"]}
+    nodes = {n["id"]: GraphNode(n["id"], n["label"], n["kind"], n["what"], n.get("parent"),
+                                n.get("fused_into")) for n in data["nodes"]}
     return StepGraph(data["name"], nodes, [Edge(*e) for e in data["edges"]])
