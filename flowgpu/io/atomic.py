@@ -1,12 +1,9 @@
 """Writes that never leave an output looking finished when it is not, nor lose the old one.
 
-Every output is written into a staging dir beside its destination (``.NAME.flowgpu-tmp-<id>/``,
-recording the run's pid, host and start time) and moved into place only when complete, with a
-marker that flowgpu wrote it, so an existing path that flowgpu did not write is never replaced
-unless the caller says ``overwrite=True``. The outputs of one run are committed together through
-a journal (:mod:`flowgpu.io.journal`): all new or all old, whatever happens. One run at a time
-writes an output (:mod:`flowgpu.io.lock`); taking that lock also finishes any commit a dead run
-left half-done on that path and removes the staging dirs of runs that no longer run.
+Every output is written into a staging dir beside it and moved into place when complete, with a
+marker that flowgpu wrote it: a path flowgpu did not write is replaced only with ``overwrite``.
+A run's outputs are committed together (:mod:`flowgpu.io.journal`), one run at a time writes an
+output (:mod:`flowgpu.io.lock`), and taking that lock finishes what a dead run left half-done.
 """
 
 from __future__ import annotations
@@ -55,11 +52,7 @@ def output_error(path: str, e: OSError) -> OutputError:
 
 
 def check_writable(path: str, overwrite: bool = False) -> None:
-    """Refuse to replace something flowgpu did not write, unless ``overwrite``.
-
-    An output of an earlier flowgpu run (it carries flowgpu's marker) is replaced, so re-running a
-    pipeline works; anything else at ``path`` is left alone unless ``overwrite=True``.
-    """
+    """Refuse to replace what flowgpu did not write (an earlier output is fine), unless ``overwrite``."""
     if os.path.lexists(path) and not overwrite and not written_by_flowgpu(path):
         raise OutputExistsError(
             f"output {path!r} already exists and was not written by flowgpu; "
@@ -71,9 +64,8 @@ _PLACES = ("the working directory", "your home folder")  # what a command may wr
 
 
 def protected_paths(reads: dict[str, str] | None = None) -> dict[str, str]:
-    """What no command replaces, nor a folder holding it, ``--overwrite`` or not (``realpath -> what
-    it is``): the working directory (so also every folder above it), the home folder, and ``reads``
-    (what the command reads: a spec and its inputs, a source), which it never writes inside either."""
+    """``{realpath: what}`` no command replaces, nor a folder holding it, ``--overwrite`` or not: the
+    working directory, the home folder, and ``reads`` (inputs), which it never writes inside either."""
     found = dict(zip((os.path.realpath(os.getcwd()), os.path.realpath(os.path.expanduser("~"))), _PLACES))
     for path, what in (reads or {}).items():
         found.setdefault(os.path.realpath(os.path.expanduser(path)), what)
@@ -81,9 +73,8 @@ def protected_paths(reads: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def replaces_protected(path: str, protected: dict[str, str]) -> str | None:
-    """What replacing ``path`` would destroy of ``protected`` (:func:`protected_paths`), said as
-    ``"is the working directory"``, ``"contains input 'x' (x.npy)"`` or ``"is inside input 'x'
-    (x.zarr)"`` (an array of a store it reads); None when nothing."""
+    """What replacing ``path`` destroys of ``protected`` (``"is ..."``, ``"contains ..."``, ``"is inside
+    ..."``), or None."""
     real = os.path.realpath(os.path.expanduser(path))
     for kept, what in protected.items():
         if kept == real or within(kept, real):
@@ -99,26 +90,22 @@ def within(path: str, folder: str) -> bool:
 
 
 def canonical(path: str) -> str:
-    """``path`` absolute, its folder's links resolved: two outputs with one canonical path are one
-    file (and one lock), whatever links their paths go through."""
+    """``path`` absolute, its folder's links resolved: one canonical path is one file (and one lock)."""
     path = os.path.abspath(os.path.expanduser(path))
     return os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
 
 
 def starts_with(path: str, head: bytes) -> bool:
-    """Whether ``path`` is a regular file (not a link) that begins with ``head``: how a summary or a
-    report that flowgpu wrote is told from a user's file."""
+    """Whether ``path`` is a regular file (not a link) beginning with ``head`` (a summary flowgpu wrote)."""
     return read_head(path, len(head)) == head
 
 
 def write_text(path: str | os.PathLike, text: str, *, head: bytes | None = None, what: str = "",
                sync: bool = True) -> None:
-    """Write ``text`` at ``path`` atomically: a temporary file beside it (0600), synced, then renamed
-    over it. With ``head`` (a run's ``--summary``/``--report`` without ``--overwrite``), refuse to
-    replace a file that does not begin with it: one that is not a ``what`` flowgpu wrote.
-    ``sync=False`` skips the sync (a disk that others keep busy can take 10 ms for it): for a file
-    whose reader checks it and treats a damaged one as missing, such as a cache entry, since a crash
-    can then leave it empty or torn but never half-renamed."""
+    """Write ``text`` at ``path`` atomically: a temporary file beside it (0600), synced, renamed over it.
+
+    With ``head``, refuse to replace a file not beginning with it (not a ``what`` flowgpu wrote).
+    ``sync=False`` (a cache entry its reader checks) skips the fsync, which can take 10 ms."""
     path = os.fspath(path)
     if head is not None and os.path.lexists(path) and not starts_with(path, head):
         raise OutputExistsError(f"{path!r} already exists and is not a {what} flowgpu wrote; choose another "
@@ -140,8 +127,7 @@ def write_text(path: str | os.PathLike, text: str, *, head: bytes | None = None,
 
 
 def _clean_dir(directory: str, only: str | None, blocking: bool) -> list[str]:
-    """Finish dead runs' commits in ``directory`` (those naming ``only``, if given) and remove their
-    staging and lock files; only what carries flowgpu's records (else a :class:`Refused` note)."""
+    """Finish dead runs' commits in ``directory`` (naming ``only``); remove their staging and lock files."""
     notes = []
     for j in journals_in(directory):
         done = recover_journal(j, blocking, only)
@@ -191,9 +177,8 @@ def _lock(target: str, wait: bool, notify: Callable[[str], None]) -> OutputLock:
 
 
 def clean(paths: Iterable[str]) -> list[str]:
-    """What ``flowgpu clean`` does: recover every output ``path`` (and, for a folder that is not an
-    output, everything in it); runs still alive are left alone. Returns what was done, and as
-    :class:`Refused` notes what was left alone because flowgpu cannot tell that it made it."""
+    """``flowgpu clean``: recover every output in ``paths`` (and in a folder that is not an output)
+    of runs no longer alive; returns notes on what was done or left alone (:class:`Refused`)."""
     notes = []
     try:
         for path in map(os.path.abspath, paths):
@@ -207,11 +192,10 @@ def clean(paths: Iterable[str]) -> list[str]:
 
 @contextlib.contextmanager
 def hold(targets: Iterable[str], wait: bool = True, notify: Callable[[str], None] | None = None) -> Iterator[None]:
-    """Hold the write lock of every target (in path order, so runs never deadlock) for the block.
+    """Hold the write lock of every target (in path order: no deadlock) for the block.
 
-    ``wait=False``: fail at once with :class:`OutputLockedError` if another run holds one.
-    ``notify``: told when waiting and what was recovered (default: a line on stderr).
-    """
+    ``wait=False``: fail with :class:`OutputLockedError` if another run holds one. ``notify``: told
+    when waiting and what was recovered (default: stderr)."""
     notify = notify or _stderr
     locks, made = [], []
     targets = sorted(set(map(os.path.abspath, targets)))
@@ -263,13 +247,8 @@ def _remove_settled(path: str, limit: float = 5.0) -> None:
 
 
 class AtomicPath:
-    """One output written into a staging dir and moved into place by :meth:`commit`.
-
-    ``begin()`` takes the output's lock (unless :func:`hold` has), checks the destination and
-    returns the path to write; ``commit()`` moves it into place with flowgpu's marker (several
-    together: :func:`commit_together`); ``abort()`` removes the staging dir and leaves the
-    destination as it was.
-    """
+    """One output: ``begin()`` locks and checks it and returns the path to write; ``commit()`` moves
+    it into place with the marker (:func:`commit_together`); ``abort()`` removes the staging dir."""
 
     def __init__(self, path: str, overwrite: bool = False, meta: dict | None = None):
         self.path = resolve(path)
@@ -343,10 +322,7 @@ def commit_together(targets: list[AtomicPath]) -> list[str]:
 
 @contextlib.contextmanager
 def atomic_output(path: str, overwrite: bool = False, meta: dict | None = None) -> Iterator[str]:
-    """Yield a temporary path to write to; on success move it to ``path`` with a marker.
-
-    On any exception the temporary is removed and ``path`` is left as it was.
-    """
+    """Yield a temporary path to write; on success it moves to ``path``, on an exception it is removed."""
     target = AtomicPath(path, overwrite, meta)
     tmp = target.begin()
     try:

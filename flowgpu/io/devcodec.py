@@ -1,29 +1,10 @@
-"""Which Zarr chunks the device can decode, and the codecs that do it (nvCOMP, or NumPy stand-ins).
+"""Which Zarr chunks the device can decode: a :class:`DevicePlan`, or a :class:`Fallback` (why not).
 
-:func:`plan_codec` reads a Zarr array's codec pipeline and returns a :class:`DevicePlan` (how to
-find each chunk's bytes, how its codec frames nvCOMP's raw stream, what the decoded chunk is) or a
-:class:`Fallback` saying why the chunks go through zarr-python on the CPU. Decoding on the device is
-nvCOMP's ``RAW`` bitstreams, which are the compressors' own formats; what zarr stores around them:
-
-==================================  =========  ==============================================
-zarr codec                          nvCOMP     framing of one chunk's bytes
-==================================  =========  ==============================================
-``zstd`` (v3; v2 ``zstd``)          Zstd       a standard zstd frame, as it is
-``gzip`` (v3; v2 ``gzip``)          Gzip       a gzip member, as it is
-``numcodecs.zlib`` (v2 ``zlib``)    Deflate    2-byte zlib header, raw deflate, 4-byte adler32
-``numcodecs.lz4`` (v2 ``lz4``)      LZ4        4-byte little-endian size, one LZ4 block
-none (only ``bytes``)               -          the chunk's bytes, C order
-==================================  =========  ==============================================
-
-Any of them may be followed by zarr's ``crc32c`` codec (flowgpu writes it by default): 4 more bytes
-at the end of each chunk, a CRC-32C of the bytes before them, which the reader checks on the host
-before nvCOMP sees the chunk (:attr:`Frame.checksum`). Blosc (its own blocks, headers and shuffle),
-filters, ``transpose``, big-endian ``bytes``, zstd's own checksums and a ``crc32c`` anywhere but
-last fall back, each with its reason. Sharded arrays are planned too (index at the
-end or the start, ``bytes`` + ``crc32c`` index codecs): one read per shard, its inner chunks one
-decode batch.
-
-:mod:`flowgpu.io.devices` holds the objects that move the bytes and decode them.
+nvCOMP decodes ``RAW`` bitstreams, the compressors' own formats; zarr frames them (:data:`_FRAMES`):
+zstd and gzip as they are, zlib with a 2-byte header and a 4-byte adler32, numcodecs' lz4 after a
+4-byte size; a trailing ``crc32c`` codec adds 4 bytes, checked on the host before nvCOMP sees the
+chunk. Blosc, filters, ``transpose``, big-endian ``bytes`` and zstd's own checksums fall back.
+Sharded arrays (``bytes`` + ``crc32c`` index) are read one shard per read, one decode batch each.
 """
 
 from __future__ import annotations
@@ -44,9 +25,8 @@ ALIGN = 256  # where flowgpu's shards start each payload nvCOMP reads (it needs 
 
 @dataclass(frozen=True)
 class Frame:
-    """How zarr's bytes of one chunk wrap the raw stream nvCOMP reads: ``head`` bytes before it,
-    ``tail`` after it, ``algorithm`` nvCOMP's name (None: not compressed); ``checksum``: the last 4
-    of the ``tail`` bytes are a CRC-32C (little-endian) of all the chunk's bytes before them."""
+    """How one chunk's bytes wrap nvCOMP's ``algorithm`` stream (None: raw): ``head`` bytes before it,
+    ``tail`` after it, of which the last 4 are a CRC-32C of the rest with ``checksum``."""
 
     algorithm: str | None
     head: int = 0
@@ -63,11 +43,8 @@ class Fallback:
 
 @dataclass(frozen=True)
 class DevicePlan:
-    """What a reader needs to fetch and decode chunks itself.
-
-    ``chunk`` is the shape one decode yields (the inner chunk of a shard); ``unit`` the shape one
-    file holds (the shard, or ``chunk``); ``keys`` maps chunk coordinates of ``unit``s to a path
-    relative to ``root`` (zarr's own chunk key encoding, through ``encode``)."""
+    """What a reader needs to fetch and decode chunks itself: ``chunk`` is the shape one decode
+    yields, ``unit`` the shape one file holds (a shard, or ``chunk``)."""
 
     root: str  # folder of the array (store root joined with the array's path)
     shape: tuple
@@ -156,8 +133,7 @@ def _sized(frame: Frame | Fallback, **plan: Any) -> DevicePlan | Fallback:
 
 
 def _key_encoder(meta: Any) -> Any:
-    """zarr's chunk key encoding of ``meta``, on its own: a task's plan then pickles no codecs (each
-    unpickled numcodecs codec warns that it is not in the Zarr 3 spec, on every worker)."""
+    """zarr's chunk key encoding alone: a plan pickles no codecs (each warns when unpickled)."""
     from zarr.core.chunk_key_encodings import V2ChunkKeyEncoding
 
     if getattr(meta, "zarr_format", 3) == 2:
@@ -166,15 +142,7 @@ def _key_encoder(meta: Any) -> Any:
 
 
 def plan_codec(arr: Any) -> DevicePlan | Fallback:
-    """How to read ``arr`` (a ``zarr.Array``) on the device, or why not.
-
-    Examples
-    --------
-    >>> import zarr
-    >>> a = zarr.create_array({}, shape=(4,), chunks=(2,), dtype="f4", compressors=zarr.codecs.BloscCodec())
-    >>> plan_codec(a).reason
-    'a MemoryStore is read through zarr (the device path reads local files)'
-    """
+    """How to read ``arr`` (a ``zarr.Array``) on the device, or why not."""
     meta = arr.metadata
     dtype = np.dtype(arr.dtype)
     if dtype.hasobject or dtype.kind in "USV" or not dtype.isnative and dtype.itemsize > 1:
@@ -207,17 +175,13 @@ def plan_codec(arr: Any) -> DevicePlan | Fallback:
 
 
 def layout(sizes: Any, head: int = 0, room: int = 0, align: int = ALIGN, tail: int = 0) -> tuple[np.ndarray, int]:
-    """Where payloads of ``sizes`` bytes go in a shard: ``(starts, end)``. Each payload has
-    ``head`` bytes of framing before it (LZ4's size), ``room`` more to grow it in (a zstd
-    header given its size) and ``tail`` bytes after it (a ``crc32c``); what a reader hands nvCOMP
-    (``start - room``) is at a multiple of ``align``. The gaps are legal in a Zarr 3 shard: its
-    index gives each chunk's offset.
+    """Where payloads of ``sizes`` bytes go in a shard: ``(starts, end)``, each ``start - room`` at a
+    multiple of ``align``, with ``head`` bytes of framing before it (LZ4's size), ``room`` to grow
+    (a zstd header given its size) and ``tail`` after it (a ``crc32c``). A shard's index allows gaps.
 
     >>> starts, end = layout([10, 300, 5], head=4)
     >>> starts.tolist(), end
     ([256, 512, 1024], 1029)
-    >>> layout([10, 300, 5], head=4, tail=4)[1]
-    1033
     """
     sizes = np.asarray(sizes, dtype=np.int64).reshape(-1)
     if not sizes.size:
@@ -229,15 +193,11 @@ def layout(sizes: Any, head: int = 0, room: int = 0, align: int = ALIGN, tail: i
 
 
 def run_offsets(block: tuple, chunk: tuple, coords: Any, lo: tuple, itemsize: int) -> np.ndarray | None:
-    """Byte offsets into a C-ordered ``block`` (its first element at ``lo``) of the chunks at
-    ``coords`` (rows of chunk-grid coordinates), when each chunk is one contiguous run of the
-    block's bytes (unit axes, then one axis cut, then whole trailing axes) inside the block;
-    else None (then chunks are decoded aside and copied in).
+    """Byte offsets into a C-ordered ``block`` (starting at ``lo``) of the chunks at ``coords`` when each
+    is one contiguous run inside it (unit axes, one axis cut, whole trailing axes); else None.
 
     >>> run_offsets((4, 6), (2, 6), [[0, 0], [1, 0]], (0, 0), 4).tolist()
     [0, 48]
-    >>> run_offsets((4, 6), (2, 3), [[0, 0]], (0, 0), 4) is None
-    True
     """
     nd = len(chunk)
     cut = next((i for i, c in enumerate(chunk) if c > 1), nd - 1)

@@ -1,11 +1,8 @@
 """The objects that move a Zarr store's bytes and decode them: on the device, or NumPy stand-ins.
 
-:func:`device_for` gives :class:`CupyDevice` (reads through pinned staging, nvCOMP on CuPy arrays),
-:class:`KvikioDevice` (the same, reading with kvikio) or :class:`HostDevice`, a NumPy
-implementation of the same interface that decodes the same raw streams with numcodecs/zlib, so the
-whole device path runs (and is tested) on a CPU. Every call takes a batch as one buffer and an
-offset table; :func:`gather` copies thousands of chunks in one kernel launch. Nothing here imports
-CuPy or nvCOMP until a device works.
+:func:`device_for` gives :class:`CupyDevice` (nvCOMP on CuPy arrays), :class:`KvikioDevice` (reading
+with kvikio) or :class:`HostDevice`, the same interface in NumPy (numcodecs/zlib), so the whole device
+path runs and is tested on a CPU. Every call takes a batch as one buffer and an offset table.
 """
 
 from __future__ import annotations
@@ -42,9 +39,8 @@ _kernels: dict = {}
 
 
 def gather(src_ptrs: Any, dst: Any, dst_at: Any, sizes: Any) -> None:
-    """Copy ``sizes[i]`` bytes from device address ``src_ptrs[i]`` to ``dst[dst_at[i]:]`` (a
-    uint8 CuPy array), every chunk in one kernel launch on the current stream: a shard holds
-    thousands of chunks, and one ``memcpyAsync`` each costs more than its bytes."""
+    """Copy ``sizes[i]`` bytes from device address ``src_ptrs[i]`` to ``dst[dst_at[i]:]``, all in one
+    kernel launch on the current stream (one ``memcpyAsync`` per chunk costs more than its bytes)."""
     cp = import_cupy()
     n = len(sizes)
     if not n:
@@ -57,11 +53,8 @@ def gather(src_ptrs: Any, dst: Any, dst_at: Any, sizes: Any) -> None:
 
 
 class HostDevice:
-    """The device interface on NumPy arrays: nvCOMP's raw streams decoded by numcodecs and zlib.
-
-    A stand-in for :class:`CupyDevice` that runs everywhere (tests, CPU machines): same reads,
-    same framing, same batches, the same offset tables (NumPy ``int64`` arrays, never a Python
-    object per chunk: see :mod:`flowgpu.io.zarrread`); only the memory is the host's."""
+    """The device interface on NumPy arrays (tests, CPU machines): nvCOMP's raw streams decoded by
+    numcodecs and zlib, with the same reads, framing, batches and offset tables."""
 
     name = "fake"
     xp = np
@@ -70,8 +63,7 @@ class HostDevice:
         return self.read_host(path, offset, nbytes)
 
     def read_host(self, path: str, offset: int, nbytes: int, out: np.ndarray | None = None) -> np.ndarray:
-        """``nbytes`` of ``path`` at ``offset`` in host memory (``out``, or a new array): bytes to
-        check before :meth:`upload` moves them to the device."""
+        """``nbytes`` of ``path`` at ``offset`` in host memory (``out``, or a new array)."""
         return read_at(path, np.empty(nbytes, np.uint8) if out is None else out, offset)
 
     def upload(self, host: np.ndarray) -> Any:
@@ -85,10 +77,8 @@ class HostDevice:
 
     def decode_into(self, algorithm: str, buf: Any, starts: np.ndarray, sizes: np.ndarray, out: Any,
                     out_at: np.ndarray, nbytes: int) -> Any:
-        """Decode each payload ``buf[starts[i]:starts[i] + sizes[i]]`` into ``out[out_at[i]:]``
-        (``nbytes`` each, 1-d uint8 arrays), as one batch. Returns its pending result: it holds
-        what must stay alive until :meth:`sync` (the device works asynchronously), and after it
-        ``pending.damaged()`` names the chunks that did not decode (:mod:`flowgpu.io.nvcompc`)."""
+        """Decode each payload ``buf[starts[i]:starts[i] + sizes[i]]`` into ``out[out_at[i]:]`` (``nbytes``
+        each) as one batch; a :class:`~flowgpu.io.nvcompc.Pending`, to keep until :meth:`sync`."""
         if (np.asarray(out_at) % 16).any():  # what nvCOMP needs, checked here too so that CPU tests see it
             raise ValueError("decoded chunks go to 16-byte aligned offsets")
         payloads = [buf[a:a + n] for a, n in zip(starts.tolist(), sizes.tolist())]
@@ -97,9 +87,8 @@ class HostDevice:
 
     def pack(self, algorithm: str | None, flat: Any, offsets: np.ndarray, nbytes: int, level: int | None,
              head: int = 0, room: int = 0, tail: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Encode the chunks ``flat[o:o + nbytes]`` (``flat``: 1-d uint8) as one batch and lay the
-        payloads out as a shard (:func:`layout`, gaps zeroed, ``tail`` bytes left after each) in
-        one host buffer, copied from the device at once. Returns ``(host, starts, sizes)``."""
+        """Encode the chunks ``flat[o:o + nbytes]`` as one batch, laid out as a shard (:func:`layout`)
+        in one host buffer: ``(host, starts, sizes)``."""
         if (np.asarray(offsets) % 16).any():  # what nvCOMP needs, checked here too so that CPU tests see it
             raise ValueError("chunks to encode start at 16-byte aligned offsets")
         arrays = [flat[o:o + nbytes] for o in offsets.tolist()]
@@ -112,9 +101,8 @@ class HostDevice:
         return image, starts, sizes
 
     def decode(self, algorithm: str, payloads: list, nbytes: int, outs: list) -> tuple[np.ndarray, np.ndarray]:
-        """Each payload decoded into ``outs[i]`` (1-d uint8 arrays of ``nbytes``); returns
-        nvCOMP's per-chunk ``(statuses, decoded sizes)``: 12 ("cannot decompress") where the
-        decoder refuses a payload, as nvCOMP does."""
+        """Each payload decoded into ``outs[i]``; nvCOMP's per-chunk ``(statuses, decoded sizes)``
+        (12, "cannot decompress", where the decoder refuses a payload)."""
         import numcodecs
 
         statuses = np.zeros(len(payloads), np.int32)
@@ -150,11 +138,8 @@ class HostDevice:
 
 
 class CupyDevice(HostDevice):
-    """CuPy arrays, reads through pinned staging buffers (:func:`flowgpu.transfer.staging.file_rows_to_device`),
-    on the calling thread's current stream: one batch per call, its chunks carved from one buffer by
-    an offset table. Decodes through nvCOMP's C API (:mod:`flowgpu.io.nvcompc`: no stream sync
-    inside, per-chunk statuses checked after :meth:`sync`), so reads, decodes and compute of other
-    tasks overlap; encodes with the Python API (``nvcomp.as_arrays(buffer, offsets, sizes)``)."""
+    """CuPy arrays on the thread's current stream, read through pinned staging; decodes through
+    nvCOMP's C API (:mod:`flowgpu.io.nvcompc`: no stream sync inside), encodes with its Python API."""
 
     name = "nvcomp"
 
@@ -251,8 +236,7 @@ class CupyDevice(HostDevice):
 
 
 class KvikioDevice(CupyDevice):
-    """:class:`CupyDevice` reading files with kvikio (``flowgpu.zarr.reader: kvikio``): its own
-    thread pool, GPUDirect Storage where the filesystem has it, else its own bounce buffers."""
+    """:class:`CupyDevice` reading files with kvikio (``flowgpu.zarr.reader: kvikio``; GPUDirect Storage)."""
 
     name = "nvcomp-kvikio"
 

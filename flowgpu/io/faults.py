@@ -1,19 +1,9 @@
-"""A test hook: stop, fail or pause the process at named points of an output's commit.
+"""A test hook: stop, fail or pause the process at named points (``faults.point(NAME)`` calls).
 
-``FLOWGPU_TEST_FAULT`` holds comma-separated ``POINT[#N][@ACTION]`` items, read at each point
-(``#N``: only the N-th time this process reaches it, e.g. the second item of a batch):
-
-- ``kill`` (the default): ``os._exit(137)``, as a SIGKILL would leave things;
-- ``raise`` or ``raise=ENOSPC``: an ``OSError`` (EIO unless an errno name is given);
-- ``pause=DIR``: create ``DIR/POINT.reached`` and wait (at most 120 s) until ``DIR/POINT.go`` exists.
-
-Points: ``after-prepare`` (staged outputs created, before computing), ``after-compute``,
-``item-committed`` (a batch item's outputs in place, before its cache entries are written),
-``commit:before-marker``, ``commit:after-journal``, ``commit:after-aside`` (the first old output
-set aside), ``commit:after-decision``, ``commit:after-first-rename`` (the first new output in
-place), ``commit:before-cleanup``; ``zarr:unit-written`` (a Zarr chunk or shard file written from the
-device path, in the task that wrote it); ``cluster:stopping`` (the daemon of a cluster that stays up, told
-to stop, before it closes its workers). Unset (always, outside tests), every point is a no-op.
+``FLOWGPU_TEST_FAULT`` holds comma-separated ``POINT[#N][@ACTION]`` items (``#N``: only the N-th
+time this process reaches it). Actions: ``kill`` (default: ``os._exit(137)``, as SIGKILL),
+``raise[=ERRNO]`` (an ``OSError``, EIO by default), ``pause=DIR`` (create ``DIR/POINT.reached``,
+``:`` as ``-``, and wait up to 120 s for ``DIR/POINT.go``). Unset (outside tests), a point is a no-op.
 """
 
 from __future__ import annotations

@@ -1,31 +1,18 @@
 """Outputs committed together through a journal: all of a run's outputs new, or all old.
 
-Each output is staged beside its path in ``.NAME.flowgpu-tmp-<id>/`` (``data``: the new output;
-``owner.json``: pid, host and start time of the run, and the staging dir's inode). :meth:`Transaction.commit`:
+Each output is staged in ``.NAME.flowgpu-tmp-<id>/`` beside it (``data``; ``owner.json``: the
+run's pid, host, start time and the dir's inode). :meth:`Transaction.commit` writes each marker
+(``.NAME.flowgpu-output.json``, beside the output, never inside a store), writes and locks one
+fsynced journal ``.flowgpu-journal-<run>.json`` per output folder, sets the old outputs aside
+(data that is not flowgpu's fails the commit), decides (``.flowgpu-journal-<run>.committed``),
+moves the new outputs in (never over anything), then removes stages, journals and decision.
+A failure undoes it all; a dead run's journals are unlocked, and :func:`recover_journal` rolls
+forward if the decision exists, back otherwise (every step repeatable).
 
-1. writes flowgpu's marker beside every staged output (``.NAME.flowgpu-output.json``; never inside a
-   directory output, where zarr and xarray would warn about a file that is not part of the store);
-2. writes the journal ``.flowgpu-journal-<run>.json`` (every output: path, id and its staging
-   dir's inode) into each output's parent directory, fsynced, and holds an ``flock`` on it while
-   the process lives;
-3. sets every old output aside into its staging dir, and checks there that flowgpu wrote it: data
-   that appeared meanwhile and is not flowgpu's is put back, and the commit fails;
-4. decides: creates ``.flowgpu-journal-<run>.committed`` beside the first journal;
-5. moves every new output into place, never over anything (a path taken meanwhile fails);
-6. removes the staging dirs, then the journals, then the decision.
-
-A failure in the process undoes all of it. A process that dies leaves its journals unlocked;
-:func:`recover_journal` (called by the next run that targets one of the paths, and by
-``flowgpu clean``) rolls forward if the decision exists, back otherwise. Every step of either
-direction can be repeated, so a crash during recovery is recovered in turn.
-
-A journal is followed only when flowgpu can tell that it wrote it, there, for that run: it is a
-regular file of this user with one name, its content records its own inode (a copy, an unpacked
-archive or a file written by hand has another), its name carries the run id its content gives,
-and it lies in the folder of the outputs it handles. Everything it touches is derived from it and
-lies beside it: the staging dirs are named from each output's path and id and must be this user's
-directories with the inode the journal recorded, the other journals of the run are named from the
-run id and checked the same way. Anything else is left alone, and said so (:class:`Refused`).
+A journal is followed only when flowgpu can tell it wrote it, there, for that run: this user's
+regular file with one link, whose content records its own inode and run id, in its outputs'
+folder; the staging dirs it names must be this user's dirs with the recorded inodes. Anything
+else is left alone, with a :class:`Refused` note.
 """
 
 from __future__ import annotations
@@ -62,8 +49,7 @@ _PARTS = (("marker", "old.marker"), ("data", "old"))
 
 
 class Refused(str):
-    """A note on something that recovery or ``flowgpu clean`` left alone because flowgpu cannot tell
-    that it made it (a ``str``: it is printed like every other note)."""
+    """A note on something left alone because flowgpu cannot tell that it made it."""
 
 
 class _NotOurs(Exception):
@@ -79,8 +65,7 @@ def stage_dir(target: str, id: str) -> str:
 
 
 def marker_path(path: str) -> str:
-    """Where the marker of ``path`` lives: beside it (``.NAME.flowgpu-output.json``), for files and
-    directories alike, so a Zarr store holds only Zarr's own files."""
+    """``.NAME.flowgpu-output.json`` beside ``path``: a Zarr store holds only Zarr's own files."""
     return beside(path, MARKER)
 
 
@@ -90,8 +75,7 @@ def _legacy_marked(path: str) -> bool:
 
 
 def written_by_flowgpu(path: str) -> bool:
-    """Whether ``path`` is an output flowgpu wrote: its marker says so, and names ``path``'s inode (a
-    marker's name alone, or a user's file put where an output was, is not enough)."""
+    """Whether ``path`` is an output flowgpu wrote: its marker says so and names ``path``'s inode."""
     try:
         with open(marker_path(path)) as f:
             mark = json.load(f)
@@ -314,8 +298,7 @@ def _journal_of(run: str, directory: str) -> str:
 
 
 def _open_regular(path: str) -> tuple[int, os.stat_result]:
-    """``path`` opened for reading without following a link or waiting on a FIFO; _NotOurs if it is
-    not a regular file, FileNotFoundError if it is gone."""
+    """``path`` opened without following a link or waiting on a FIFO; _NotOurs unless a regular file."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
     except FileNotFoundError:
@@ -349,11 +332,8 @@ def _outputs_of(data, run: str) -> list[Output]:
 
 
 def _open_journal(path: str) -> tuple[int, list[Output], str]:
-    """Open the journal ``path`` and check that flowgpu wrote it, there: ``(fd, its outputs, its run)``.
-
-    FileNotFoundError when it is gone; :class:`_NotOurs` saying why flowgpu cannot tell it wrote
-    it (``named``: the outputs its content names, as far as it can be read).
-    """
+    """``(fd, outputs, run)`` of the journal ``path`` once checked that flowgpu wrote it, there; else
+    :class:`_NotOurs` saying why (``named``: the outputs its content names, as far as readable)."""
     m = _JOURNAL.match(os.path.basename(path))
     if m is None:
         raise _NotOurs("its name is not one flowgpu gives journals")
@@ -382,8 +362,7 @@ def _open_journal(path: str) -> tuple[int, list[Output], str]:
 
 
 def _there(path: str, isdir: bool, why: str, ino: int | None = None) -> bool:
-    """Whether ``path`` is there; _NotOurs (``why``) when it is not this user's directory (``isdir``)
-    or regular file, with inode ``ino`` when given."""
+    """Whether ``path`` is there; _NotOurs(``why``) unless this user's dir (or file), of inode ``ino``."""
     try:
         info = os.lstat(path)
     except FileNotFoundError:
@@ -403,9 +382,8 @@ def _refusal(path: str, why: str) -> Refused:
 def recover_journal(path: str, blocking: bool = True, only: str | None = None) -> list[str] | None:
     """Finish the commit of a run that died: forward if it had decided, else back.
 
-    Returns notes on what was done ([] when there was nothing left to do, or the journal does not
-    name ``only``), or None when the run is alive (``blocking=False``; else this waits for it). A
-    journal flowgpu cannot tell it wrote there is not followed: the note is a :class:`Refused`.
+    Returns notes on what was done ([]: nothing to do, or it does not name ``only``), or None when
+    the run is alive and ``blocking`` is False. A journal not flowgpu's gives a :class:`Refused`.
     """
     fds: list[int] = []
     try:
@@ -475,8 +453,7 @@ def _named(data: object) -> list[dict]:
 
 
 def stage_owner(stage: str) -> dict | None:
-    """The owner record flowgpu wrote into the staging dir ``stage`` when it made it, or None when
-    ``stage`` carries none: a user's folder named like one, a copy (another inode), another user's."""
+    """The owner record flowgpu wrote into ``stage``; None for a user's folder, a copy, another user's."""
     record = read_record(os.path.join(stage, "owner.json"))
     try:  # the record names the inode of the dir it was written into: what a copy cannot have
         ours = is_record(record) and isinstance(record["ino"], int) and _there(stage, True, "", record["ino"])

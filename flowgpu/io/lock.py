@@ -1,13 +1,9 @@
 """One writer per output: a lock file beside it, and records of which process owns what.
 
-The lock is :class:`filelock.UnixFileLock` (``flock``) on ``.NAME.flowgpu-lock`` beside the output:
-the OS releases it when its process dies, however it dies, and filelock opens it without following
-a link and retries when the file it locked was removed meanwhile. Around it flowgpu keeps what
-filelock does not do: the holder writes its pid, host and start time into the file, so a run that
-waits (or fails with ``--no-wait``) can name the other and ``flowgpu clean`` can tell a stale lock
-file of a dead run from a user's file; a file of that name that is not flowgpu's (a link, a FIFO,
-other data) is never written to nor removed; and the holder removes the file while it still holds
-the lock (filelock leaves it on Unix), so a finished run leaves nothing behind.
+The lock is filelock's ``flock`` on ``.NAME.flowgpu-lock`` (freed when its process dies). flowgpu
+adds: the holder writes its pid, host and start time into it (so a waiter names the other, and
+``flowgpu clean`` tells a dead run's file from a user's); a file of that name that is not
+flowgpu's is never written nor removed; the holder removes the file before it unlocks.
 """
 
 from __future__ import annotations
@@ -59,8 +55,7 @@ def read_open_record(fd: int, most: int = 4096) -> object:
 
 
 def read_head(path: str, nbytes: int) -> bytes | None:
-    """The first ``nbytes`` of ``path`` when it is a regular file, opened without following a link or
-    waiting on a FIFO; None when it is anything else or cannot be read."""
+    """The first ``nbytes`` of ``path`` if a regular file (no link followed, no FIFO waited on), else None."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
         try:
@@ -89,8 +84,7 @@ class _NotOurs(OutputError):
 
 
 def remove_stale(target: str) -> str | None:
-    """Remove ``target``'s lock file when no process holds it and it carries flowgpu's owner record
-    (a run that died left it). Returns why a file of that name was left alone, else None."""
+    """Remove ``target``'s lock file if unheld and flowgpu's; returns why it was left alone, else None."""
     try:
         OutputLock(target).acquire(wait=False).release()  # taken and released: the file is gone
     except OutputLockedError:

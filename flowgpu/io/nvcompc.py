@@ -1,27 +1,12 @@
-"""nvCOMP's batched C decoders through ctypes, for what the Python API does not say: which chunks
-decoded.
+"""nvCOMP's batched C decoders through ctypes: the Python API never reads back which chunks decoded.
 
-``nvidia.nvcomp``'s ``Codec.decode`` on a prebuilt configuration never reads nvCOMP's per-chunk
-statuses back (that is what makes it free of stream syncs), so a damaged chunk decodes to wrong
-values without an error. The C entry points (``nvcompBatched<Algorithm>DecompressAsync``, in the
-``libnvcomp`` the Python package itself loads) write a status and the decoded size of every chunk
-to device memory. :func:`decode` enqueues one batch with them and returns a :class:`Pending`;
-after the stream synchronises, :meth:`Pending.damaged` reads the statuses back (one small copy)
-and names the chunks that did not decode to their size.
-
-nvCOMP's decoders do not bound themselves against every damaged input (measured on the H200 by
-``benchmarks/probes/nvcomp_status.py``): an LZ4 payload whose literal run is longer than its input
-makes nvCOMP write past the output, and a zstd frame with a damaged header makes it touch an
-illegal address; either leaves the process's CUDA context unusable. So payloads are walked first,
-one device thread each: LZ4 through every sequence (:data:`_WALKS`, the walk of
-:func:`lz4_walk`), zstd through its frame header and block headers (:data:`_WALKS`,
-:func:`zstd_walk`). A payload that fails its walk is marked damaged and nvCOMP is handed, in its place, a valid stream
-of one zero byte (:data:`_SAFE`): nvCOMP's zstd decoder does not keep to the compressed size it
-is given either (a damaged header with a size of 0 still crashed it; 0 bytes of zeros decoded to
-1.6 MB written past the chunk).
-Damage inside a zstd block is left to nvCOMP's status and decoded size; damage that leaves a valid
-stream (these stores carry no checksum) decodes to other values here as on any decoder. Nothing
-here imports CuPy or loads the library until a batch is decoded.
+:func:`decode` enqueues one batch (``nvcompBatched<Algorithm>DecompressAsync``) and returns a
+:class:`Pending`; after the stream syncs, :meth:`Pending.damaged` reads the per-chunk statuses.
+nvCOMP does not bound itself against damaged input (``benchmarks/probes/nvcomp_status.py``: a long
+LZ4 literal run writes past the output, a bad zstd header faults, and the CUDA context is lost),
+so each payload is first walked on the device (:data:`_WALKS`; :func:`lz4_walk`, :func:`zstd_walk`
+on the host); one that fails is marked damaged and replaced by a valid one-byte stream (:data:`_SAFE`:
+nvCOMP's zstd ignores the size it is given, so an empty payload is not safe either).
 """
 
 from __future__ import annotations
@@ -146,8 +131,8 @@ extern "C" __global__ void flowgpu_check(unsigned long long* src, unsigned long 
 
 
 def check_source(algorithm: str) -> str:
-    """The CUDA source of ``algorithm``'s walk kernel (``flowgpu_check``): plain C but for
-    ``__global__``, ``__device__`` and the thread index, so a C compiler can run it too (the tests do)."""
+    """The CUDA source of ``algorithm``'s walk kernel: plain C but for ``__global__``, ``__device__``
+    and the thread index (the tests compile it with a C compiler)."""
     return _WALKS[algorithm] + _CHECK
 
 
@@ -155,8 +140,7 @@ _kernels: dict = {}
 
 
 def _lz4_length(s: memoryview, pos: int, n: int, length: int) -> tuple[int, int] | None:
-    """An LZ4 length whose 4 bits are all ones, continued by bytes of 255 and one below it:
-    ``(length, pos)`` after them, or None when the payload ends first."""
+    """An LZ4 length (15 continued by bytes until one below 255): ``(length, pos)``, None if cut short."""
     if length != 15:
         return length, pos
     b = 255
@@ -168,8 +152,7 @@ def _lz4_length(s: memoryview, pos: int, n: int, length: int) -> tuple[int, int]
 
 
 def lz4_walk(payload: bytes | np.ndarray, nbytes: int) -> bool:
-    """Whether an LZ4 block decodes to exactly ``nbytes`` with every copy in bounds: the walk the
-    device does before nvCOMP decodes (:data:`_WALKS`), here for the host and for tests."""
+    """Whether an LZ4 block decodes to exactly ``nbytes`` with every copy in bounds (the device's walk)."""
     s = memoryview(np.ascontiguousarray(np.frombuffer(payload, np.uint8) if isinstance(payload, bytes)
                                         else payload, np.uint8)).cast("B")
     n, pos, out = len(s), 0, 0
@@ -200,11 +183,8 @@ def lz4_walk(payload: bytes | np.ndarray, nbytes: int) -> bool:
 
 
 def zstd_walk(payload: bytes | np.ndarray, nbytes: int) -> bool:
-    """Whether a zstd payload's frames fit it and ``nbytes``: each frame's magic number, no reserved
-    bit, content sizes (where frames carry them) adding up to ``nbytes``, blocks of a known type and
-    at most 128 KiB that end inside the payload and can make ``nbytes``; skippable frames skipped.
-    The walk the device does before nvCOMP decodes (:data:`_WALKS`), here for the host and
-    for tests."""
+    """Whether a zstd payload's frames fit it and ``nbytes`` (magic, no reserved bit, content sizes,
+    blocks of a known type of at most 128 KiB inside the payload): the device's walk, on the host."""
     s = payload if isinstance(payload, bytes) else bytes(np.frombuffer(payload, np.uint8))
     n, pos, lo, hi, sized, frames, unsized = len(s), 0, 0, 0, 0, 0, False
     if n < 9:
@@ -256,8 +236,7 @@ def zstd_walk(payload: bytes | np.ndarray, nbytes: int) -> bool:
 
 
 class _Options(ctypes.Structure):
-    """Every batched decompress options struct is 64 bytes; all zeros are its defaults (default
-    backend, no bitshuffle, bytes), so one zeroed struct serves every algorithm."""
+    """Every batched decompress options struct: 64 bytes, all zeros its defaults."""
 
     _fields_ = [("raw", ctypes.c_ubyte * 64)]
 
@@ -313,17 +292,14 @@ def damaged(statuses: np.ndarray, decoded: np.ndarray, nbytes: int) -> np.ndarra
 
 
 class Pending:
-    """One batch's per-chunk statuses and decoded sizes, on the device until :meth:`damaged` (or on
-    the host, from the NumPy stand-in); it also holds the device tables and scratch the decoder
-    reads until the stream is done."""
+    """One batch's per-chunk statuses and decoded sizes, and what the decoder reads until done."""
 
     def __init__(self, algorithm: str, nbytes: int, statuses: Any, decoded: Any, keep: tuple):
         self.algorithm, self.nbytes = algorithm, nbytes
         self.statuses, self.decoded, self.keep = statuses, decoded, keep
 
     def damaged(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(indices, statuses, decoded sizes)`` of the chunks that did not decode (call it after
-        the stream synchronised; it copies the statuses to the host)."""
+        """``(indices, statuses, decoded sizes)`` of the chunks that did not decode (after a sync)."""
         st, got = (a.get() if hasattr(a, "get") else a for a in (self.statuses, self.decoded))  # CuPy: copied
         bad = damaged(st, got, self.nbytes)
         return bad, st[bad], got[bad]

@@ -1,18 +1,9 @@
 """Paths that mean the same on every host: resolved once on the client, checked from the workers.
 
-A task opens what its graph names, in the worker's process. A relative path names a file under
-*that* process's working directory, which for a cluster started elsewhere (``flowgpu cluster
-start``, ``dask worker`` run in another folder, a Slurm job) is not the client's; ``~`` is the
-worker's HOME. And Zarr reads a chunk that is not there as the fill value, so a store a worker
-cannot see read as fill values, and the run said ok. Hence:
-
-* :func:`resolve`: every local path is made absolute (``~`` expanded) where it enters flowgpu, on
-  the client, before any graph is built; a URL (``s3://...``) stays as it is;
-* :func:`require_store`: a Zarr read checks, in the task, that the array's metadata is there, so a
-  store missing as a whole is an error, never fill values; a chunk
-  missing from a store that is there is still the fill value (that is Zarr);
-* :func:`probe`: what a run asks every worker before it computes (:mod:`flowgpu.pipeline.batch`):
-  can it read each input's metadata, and write into each output's staging folder.
+A worker's working directory and HOME may not be the client's, and Zarr reads a store it cannot
+see as fill values. So :func:`resolve` makes every local path absolute on the client,
+:func:`require_store` checks in each Zarr read task that the metadata is there, and :func:`probe`
+asks every worker before a run whether it can read each input and write each output's folder.
 """
 
 from __future__ import annotations
@@ -34,8 +25,8 @@ __all__ = ["FIX", "METADATA", "is_url", "is_glob", "glob_files", "expand", "reso
 
 FIX = ("the workers do not see this path: put it on storage every host mounts (at the same path), "
        "or use a URL")
-# The files that say a Zarr store (or group) is there: Zarr 3's, then Zarr 2's.
-METADATA = ("zarr.json", ".zarray", ".zgroup")
+METADATA = ("zarr.json", ".zarray", ".zgroup")  # what says a Zarr store (or group) is there: v3's, v2's
+
 
 def is_url(path: str) -> bool:
     """Whether ``path`` is a URL (``s3://``, ``gs://``, ``file://``...), read the same from every host."""
@@ -62,9 +53,8 @@ def _file_key(path: str) -> Any:
 
 
 def _folders_once(top: str) -> Iterator[str]:
-    """``top`` and every folder under it that ``**`` matches (not hidden ones), each real folder once.
-    The tree is walked without entering linked folders first; a linked folder is walked afterwards,
-    and only where it leads to folders not seen yet: a link to a folder above it ends at once."""
+    """``top`` and every non-hidden folder under it, each real folder once: linked folders are walked
+    last, only into folders not seen yet (a link to a folder above ends at once)."""
     seen: set[Any] = set()
     pending = [top]
     while pending:
@@ -83,8 +73,7 @@ def _folders_once(top: str) -> Iterator[str]:
 
 
 def _matches(pattern: str) -> Iterator[str]:
-    """The paths ``pattern`` matches, as ``glob`` matches them (``**``: any folders, none included),
-    with ``**`` walked by :func:`_folders_once`."""
+    """The paths ``pattern`` matches, as ``glob`` does, ``**`` walked by :func:`_folders_once`."""
     parts = pattern.split(os.sep)
     if "**" not in parts:
         yield from glob.iglob(pattern)
@@ -103,8 +92,8 @@ def _matches(pattern: str) -> Iterator[str]:
 
 
 def glob_files(pattern: str, most: int | None = None) -> list[str]:
-    """The paths ``pattern`` matches (``**``: any folders), sorted, each real file once, under the
-    name that goes through no link; stops once more than ``most`` are found."""
+    """The paths ``pattern`` matches, sorted, each real file once (by its name through no link);
+    stops once more than ``most`` are found."""
     found: dict[Any, str] = {}
     for path in _matches(pattern):
         key = _file_key(path)
@@ -136,8 +125,7 @@ def shown(path: str) -> str:
     return path if rel == ".." or rel.startswith(".." + os.sep) else rel
 
 
-# What a file's suffix says it holds: a Zarr store named x.npy is a folder that np.load (and every
-# reader going by the name) cannot open, and a .npy file named x.zarr is no store.
+# what a suffix says a file holds: a Zarr store named x.npy is a folder np.load cannot open
 _NAMES = {".npy": "a .npy file", ".npz": "a .npz archive", ".h5": "an HDF5 file", ".hdf5": "an HDF5 file",
           ".nc": "a NetCDF file", ".nc4": "a NetCDF file", ".cdf": "a NetCDF file", ".tif": "a TIFF file",
           ".tiff": "a TIFF file", ".csv": "a CSV table", ".parquet": "a Parquet table", ".zarr": "a Zarr store"}
@@ -149,9 +137,8 @@ def named_kind(path: str) -> str | None:
 
 
 def misnamed(path: str, own: tuple[str, ...] = (".zarr",), writer: str = "it") -> tuple[str, str] | None:
-    """Why ``path`` is a wrong name for what ``writer`` writes there, a file named with one of the
-    suffixes ``own``, and a better name (the first of ``own``): its suffix names another kind of
-    file. None when it does not (no suffix, one of ``own``, one that names no kind, or no ``own``)."""
+    """``(why, better name)`` when ``path``'s suffix names another kind of file than ``writer``
+    writes (files named with one of ``own``); else None."""
     stem, suffix = os.path.splitext(path.rstrip("/" + os.sep))
     if not own or suffix.lower() in own or suffix.lower() not in _NAMES:
         return None
@@ -161,9 +148,8 @@ def misnamed(path: str, own: tuple[str, ...] = (".zarr",), writer: str = "it") -
 
 
 def metadata_files(path: str, component: str | None = None) -> list[str]:
-    """What shows that the input at ``path`` is there, as this process sees it: a file itself; for
-    a folder (a Zarr store), its metadata files (and those of ``component`` in it), or the folder
-    when it holds none. Nothing for a URL or a path that is not here."""
+    """What shows the input at ``path`` is here: a file itself, a store's metadata files (and
+    ``component``'s), else the folder; nothing for a URL or a missing path."""
     if is_url(path):
         return []
     if is_glob(path):  # a stack of pages: each is read
@@ -188,9 +174,7 @@ def where() -> str:
 
 
 def require_store(folder: str) -> None:
-    """Refuse to read a Zarr array whose metadata is not at ``folder`` (the array's own folder):
-    Zarr would read every chunk as the fill value. Checked at every read (a stat or two beside the
-    chunk's own read), so a store removed while a worker lives is an error there too."""
+    """Refuse to read a Zarr array whose metadata is not at ``folder`` (Zarr would read fill values)."""
     if is_url(folder):
         return
     if not any(os.path.isfile(os.path.join(folder, m)) for m in METADATA[:2]):
@@ -215,9 +199,8 @@ def _readable(path: str) -> str | None:
 
 
 def _writable(folder: str, marker: str | None, inode: int | None = None) -> str | None:
-    """Why a task cannot write into ``folder`` here, or None. It must be the client's folder, not one
-    of the same name on another disk: hold ``marker`` (a file the client wrote there), or, where
-    nothing may be written, have the client's ``inode`` (then only its permissions are checked)."""
+    """Why a task cannot write into ``folder`` here, or None. It must be the client's folder: hold
+    ``marker`` (written there by the client), or have the client's ``inode``."""
     if not os.path.isdir(folder):
         return "is not there"
     if marker is not None and not os.path.exists(os.path.join(folder, marker)):
@@ -236,10 +219,8 @@ def _writable(folder: str, marker: str | None, inode: int | None = None) -> str 
 
 
 def probe(entries: list[dict[str, Any]], dask_worker: Any = None) -> dict[str, Any]:
-    """Run on each worker: which of ``entries`` it cannot reach. An entry is ``{"read": [files]}``
-    (each must open and read) or ``{"write": folder, "marker": name}`` (a file is made and removed
-    there) or ``{"write": folder, "inode": n}`` (nothing is written); the answer names this process
-    (``host``, ``cwd``) and lists ``(index, path, why)`` of each problem."""
+    """Run on each worker: which of ``entries`` (``{"read": [files]}``, ``{"write": folder, "marker":
+    name}`` or ``{"write": folder, "inode": n}``) it cannot reach, as ``(index, path, why)``."""
     problems = []
     for i, entry in enumerate(entries):
         for path in entry.get("read", ()):

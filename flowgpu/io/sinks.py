@@ -1,17 +1,9 @@
 """The sink registry: lazy, atomic writes that join one task graph.
 
-A sink's ``prepare`` returns a :class:`PendingWrite`: a lazy dask object that writes the array to a
-temporary path when computed, and ``commit``/``abort`` to move it into place or remove it. The
-pipeline runner computes the targets of all outputs together (one graph, shared intermediates
-computed once) and commits only when all of them are complete.
-
-Built in: ``zarr``, ``npy``, ``xarray`` (a labelled Dataset, :mod:`flowgpu.io.labelled`), ``summary`` (the value itself, reported in the run summary) and
-``table`` (the value as a summary's, and as columns of one row per batch item in a CSV or Parquet
-file: :mod:`flowgpu.io.table`). Add more with :func:`register_sink` or the ``flowgpu.sinks``
-entry-point group (a ``prepare`` function; its capabilities, when not the defaults, as attributes
-``writes_path``, ``atomic``, ``in_summary``, ``collects``). Each sink declares capabilities instead
-of being known by name: whether it writes a path, whether its commit is atomic, whether its value
-goes into the summary, whether its values are collected across a batch's items into the file at its path.
+A sink's ``prepare`` returns a :class:`PendingWrite`: a lazy dask object that writes to a staging
+path when computed, then ``commit``/``abort``; the runner computes all outputs in one graph and
+commits only when all are complete. Add sinks with :func:`register_sink` or the ``flowgpu.sinks``
+entry-point group (capabilities, when not the defaults, as attributes of the ``prepare`` function).
 """
 
 from __future__ import annotations
@@ -85,17 +77,11 @@ def register_sink(name: str, prepare: Callable[..., PendingWrite], *, writes_pat
                   suffixes: tuple[str, ...] = ()) -> Entry:
     """Register ``prepare(x, path=None, overwrite=False, **options) -> PendingWrite`` as sink ``name``.
 
-    Parameters
-    ----------
-    writes_path : the sink writes a file or folder and needs ``path`` (checked for foreign data first).
-    atomic : its ``commit`` moves a complete output into place (nothing half-written is ever seen).
-    in_summary : the computed value itself goes into the run summary (small results only).
-    collects : with ``in_summary``: the values of every batch item go, as one row each, into the
-        file at ``path`` once all items are done (the pipeline runner writes it: ``table``).
-    options : a pydantic model of its further options; default: one made from its signature.
-    labelled : it takes a labelled output as an ``xarray.DataArray`` (the others get its dask array).
-    suffixes : how its files are named (``(".npy",)``); a path whose suffix names another kind of
-        file (``x.npy`` for a Zarr store) is refused before anything runs. Empty: any name.
+    Capabilities: ``writes_path`` (needs ``path``, checked first), ``atomic`` (its commit moves a
+    complete output into place), ``in_summary`` (the value goes into the run summary), ``collects``
+    (each batch item's value is a row of the file at ``path``: ``table``), ``labelled`` (it gets an
+    ``xarray.DataArray``). ``options``: a pydantic model (default: from the signature).
+    ``suffixes``: how its files are named; a path named as another kind of file is refused.
     """
     caps = {c for c, on in zip(CAPABILITIES + (LABELLED,), (writes_path, atomic, in_summary, collects, labelled)) if on}
     return SINKS.add(_entry(name, prepare, caps, options, tuple(s.lower() for s in suffixes)), replace=replace)
@@ -113,17 +99,13 @@ def sinks_for(path: Any) -> list[str]:
 
 
 def prepare_write(sink: str, x: da.Array, path: str | None = None, overwrite: bool = False, **options) -> PendingWrite:
-    """Set up the lazy write of ``x`` to ``sink``; creates only the temporary store, computes nothing.
-
-    ``x`` may be labelled (an ``xarray.DataArray``): a sink that writes labels gets it as it is,
-    the others its dask array."""
+    """Set up the lazy write of ``x`` to ``sink`` (labels only to a labelled sink); computes nothing."""
     entry = SINKS.get(sink)
     return entry(x if entry.has(LABELLED) else bare(x), path=path, overwrite=overwrite, **options)
 
 
 def commit_all(pending: list[PendingWrite]) -> list[str | None]:
-    """Commit every write together: the atomic ones in one transaction (all new or all old), then
-    the others; returns each one's location."""
+    """Commit every write together (the atomic ones in one transaction); each one's location."""
     commit_together([p.atomic for p in pending if p.atomic is not None])
     return [p.location for p in pending]
 

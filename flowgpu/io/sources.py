@@ -1,11 +1,8 @@
 """The source registry: a name maps to a function that returns a lazy chunked array.
 
-Built in: ``random``, ``normal``, ``zeros``, ``ones``, ``full``, ``arange`` (synthetic, through
-:mod:`flowgpu.arrays`), ``zarr``, ``npy``, ``hdf5``, ``tiff``, ``xarray`` (a labelled variable: :mod:`flowgpu.io.labelled`) and ``python`` (a callable given by
-import path). Each has a pydantic model of its options (below), from which the pipeline spec model
-and ``flowgpu schema`` are generated. Add more with :func:`register_source` or the ``flowgpu.sources``
-entry-point group: a plain function ``f(**options) -> dask.array.Array`` whose type-hinted
-signature becomes its options model.
+Each source has a pydantic model of its options (below), from which the spec model and ``flowgpu
+schema`` are generated. Add more with :func:`register_source` or the ``flowgpu.sources`` entry-point
+group: a function ``f(**options) -> dask.array.Array`` whose signature becomes its options model.
 """
 
 from __future__ import annotations
@@ -64,12 +61,9 @@ def register_source(name: str, func: Callable[..., da.Array], *, reads_files: bo
                     options: type | None = None, replace: bool = True, calls_user_code: bool = False) -> Entry:
     """Register ``func(**options) -> dask.array.Array`` as source ``name``.
 
-    Parameters
-    ----------
-    reads_files : the source reads stored data (its bytes count as read in run summaries).
-    options : a pydantic model of its options; default: one made from ``func``'s signature.
-    calls_user_code : the source runs code the spec names; it takes ``call=``, True only when a
-        run compiles the spec (``validate`` and ``plan`` pass False and must get a lazy stand-in).
+    ``reads_files``: its bytes count as read in run summaries. ``options``: a pydantic model
+    (default: from ``func``'s signature). ``calls_user_code``: it takes ``call=``, True only when a
+    run compiles (``validate`` and ``plan`` pass False and must get a lazy stand-in).
     """
     return SOURCES.add(_entry(name, func, reads_files=reads_files, options=options,
                               calls_user_code=calls_user_code), replace=replace)
@@ -89,11 +83,7 @@ def calls_user_code(name: str) -> bool:
 
 
 def open_source(name: str, *, call: bool = False, **options: Any) -> da.Array:
-    """The lazy array of source ``name`` configured by ``options``; nothing is read yet.
-
-    ``call``: a run is compiling, so a source that calls user code may call it (validate and plan
-    pass False and get a stand-in of the declared shape and dtype).
-    """
+    """The lazy array of source ``name``; ``call``: a run is compiling, so user code may be called."""
     entry = SOURCES.get(name)
     return entry(**options, call=call) if entry.has(CALLS_USER_CODE) else entry(**options)
 
@@ -181,8 +171,7 @@ class _Stored(_Source):
     @field_validator("path")
     @classmethod
     def _file(cls, v: str) -> str:
-        """Absolute before any graph is built (workers may run elsewhere); a local path that is a FIFO,
-        device or socket is refused: reading one blocks forever or never ends."""
+        """Absolute before any graph is built; a FIFO, device or socket is refused (reads never end)."""
         path = resolve(v)
         try:
             mode = os.stat(path).st_mode

@@ -1,18 +1,8 @@
 """What this process read from and wrote to storage on the device path, for the run summary.
 
-The Zarr device reader and writer add to one process-wide :data:`COUNTERS`; a worker's
-``flowgpu.memory.stats`` reports them beside its store's moves (activities named ``storage_*``,
-in the same ``{bytes, count, seconds}`` shape, so they are summed over workers and differenced
-over a run like the moves), and chunks that went to the CPU instead as events
-``storage_fallback: REASON``. The summary prints them as its ``storage:`` line.
-
-=====================  =====================================================================
-``storage_read``       bytes read from files (compressed), and the seconds the reads took
-``storage_moved``      compressed bytes copied to the device
-``storage_decode``     bytes decoded on the device (uncompressed), and the seconds decoding took
-``storage_encode``     bytes encoded on the device (uncompressed), and the seconds it took
-``storage_write``      bytes written to files (compressed), and the seconds the writes took
-=====================  =====================================================================
+The Zarr device reader and writer add to :data:`COUNTERS`; a worker's ``flowgpu.memory.stats``
+reports them as moves ``storage_{read,moved,decode,encode,write}`` (``{bytes, count, seconds}``)
+and chunks decoded on the CPU instead as events ``storage_fallback: REASON``.
 """
 
 from __future__ import annotations

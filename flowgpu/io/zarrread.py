@@ -1,28 +1,12 @@
 """Reading Zarr chunks straight to the device: compressed bytes up, decoded there.
 
-A :class:`DeviceReader` is what ``dask.array.from_array`` slices, one block per task (only the plan
-travels in the graph). A block is a whole number of *units*: the files of the array (its chunks, or
-its shards). For each unit the task
-
-1. finds the file through zarr's chunk key encoding (``c/0/1`` for Zarr 3, ``0.1`` for v2); a
-   file that is not there is the fill value;
-2. reads the compressed bytes it needs with ``os.preadv`` into pinned staging buffers and copies
-   them to the device (one read, in pipelined slices, per file: a shard's index is read first,
-   on the host, then every inner chunk it holds in one range from an aligned offset; a chunk
-   file from its payload on). Payloads nvCOMP cannot read in place (not 16-byte aligned: stores
-   flowgpu did not write) are gathered into one aligned device buffer;
-   When the store's codecs end in ``crc32c``, the bytes are read on the host instead, every
-   chunk's checksum is checked there (:func:`check_crc32c`), and only then copied to the device:
-   nvCOMP never sees a damaged chunk of such a store;
-3. decodes every chunk of the block as one batch (nvCOMP), straight into the block where each
-   chunk is one contiguous run of it (whole trailing axes, or pieces of one row), else aside and
-   copied in (edge chunks cut to the array).
-
-The chunks of a file are NumPy arrays (coordinates, payload ranges), never a Python object per
-chunk: a 1 GiB shard of 64 KiB chunks holds 16384 of them.
-
-:func:`read_plan` lists what step 1 and 2 read, for a block, without reading the data: which
-files, which byte ranges, which chunks are missing (what the tests check).
+A :class:`DeviceReader` is what ``dask.array.from_array`` slices; a block is a whole number of
+*units* (the array's chunk or shard files; a missing file is the fill value). Each unit is read in
+one range through pinned staging (a shard: its index first, then its chunks from an aligned
+offset), checksums (``crc32c``) are checked on the host before the device sees the bytes, and all
+chunks of a block decode as one nvCOMP batch, into the block where each is a contiguous run of it.
+A file's chunks are NumPy arrays, never a Python object each (a 1 GiB shard holds 16384).
+:func:`read_plan` lists what a block reads without reading it (what the tests check).
 """
 
 from __future__ import annotations
@@ -89,7 +73,7 @@ class UnitRead:
 
 
 def shard_index(plan: DevicePlan, path: str, size: int) -> np.ndarray:
-    """A shard's ``(offset, nbytes)`` per inner chunk, read from its file and checked (crc32c)."""
+    """A shard's ``(offset, nbytes)`` per inner chunk, read from its file and checked."""
     n = plan.index_bytes()
     at = size - n if plan.index_at_end else 0
     if at < 0:
@@ -102,8 +86,7 @@ def shard_index(plan: DevicePlan, path: str, size: int) -> np.ndarray:
 
 
 def check_crc32c(path: str, buf: np.ndarray, ch: Chunks, plan: DevicePlan) -> None:
-    """Check the ``crc32c`` that ends each chunk of ``ch`` in the host bytes ``buf`` (a read of
-    ``path``); an :class:`OSError` naming the first chunk whose bytes do not match it."""
+    """Check the ``crc32c`` ending each chunk of ``ch`` in ``buf`` (of ``path``); OSError if one fails."""
     if not len(ch):
         return
     ends = ch.stops + plan.frame.tail - 4  # where each chunk's checksum starts
@@ -165,8 +148,7 @@ def _unit_read(plan: DevicePlan, unit: tuple) -> UnitRead:
 
 
 def read_plan(plan: DevicePlan, key: tuple) -> list[UnitRead] | None:
-    """The files and byte ranges a block ``key`` (a tuple of slices) reads; None when the block is
-    not a whole number of units (then it is read through zarr)."""
+    """The files and byte ranges block ``key`` reads; None when it is not whole units (zarr reads it)."""
     units = []
     for k, n, u in zip(key, plan.shape, plan.unit):
         start, stop, step = k.indices(n)
@@ -178,9 +160,7 @@ def read_plan(plan: DevicePlan, key: tuple) -> list[UnitRead] | None:
 
 
 def _in_place(plan: DevicePlan, lo: tuple, hi: tuple, coords: np.ndarray) -> np.ndarray | None:
-    """Where each chunk decodes into the block ``[lo, hi)`` (byte offsets), when every chunk is a
-    whole contiguous run of it and nvCOMP's outputs stay 16-byte aligned; else None. Saves a copy
-    and a block of memory."""
+    """Byte offsets of each chunk in block ``[lo, hi)`` when each is a contiguous, 16-byte aligned run."""
     shape = tuple(b - a for a, b in zip(lo, hi))
     at = run_offsets(shape, plan.chunk, coords, lo, plan.dtype.itemsize)
     if at is None or (plan.frame.algorithm and (at % 16).any()):
@@ -189,11 +169,8 @@ def _in_place(plan: DevicePlan, lo: tuple, hi: tuple, coords: np.ndarray) -> np.
 
 
 def _groups(r: UnitRead, limit: int | None, head: int = 0, tail: int = 0) -> list[tuple]:
-    """``r`` as reads of about ``limit`` bytes at most, ``(path, offset, nbytes, chunks)`` with the
-    chunks' ranges relative to each: cut between chunks in file order, each from an aligned offset
-    and up to its last payload's end, with ``head`` bytes before each payload and ``tail`` after it
-    (a checksummed chunk's framing, which its check reads). One read of it all when ``limit`` is
-    None or not exceeded."""
+    """``r`` as reads ``(path, offset, nbytes, chunks)`` of at most about ``limit`` bytes, cut between
+    chunks in file order, from aligned offsets, with a checksummed chunk's ``head`` and ``tail``."""
     ch = r.chunks
     if not limit or r.nbytes <= limit or len(ch) < 2:
         return [(r.path, r.offset, r.nbytes, ch)]
@@ -214,7 +191,7 @@ def _groups(r: UnitRead, limit: int | None, head: int = 0, tail: int = 0) -> lis
 
 
 def _raise_damaged(path: str, ch: Chunks, pending, plan: DevicePlan) -> None:
-    """An :class:`OSError` naming the chunks of one decoded batch that did not decode to their size."""
+    """Raise an OSError naming the chunks of one batch that did not decode to their size."""
     bad, statuses, got = pending.damaged()
     algorithm, chunk_bytes = plan.frame.algorithm, pending.nbytes
     if not len(bad):
@@ -227,9 +204,8 @@ def _raise_damaged(path: str, ch: Chunks, pending, plan: DevicePlan) -> None:
 
 
 class DeviceReader:
-    """Blocks of a Zarr array decoded on the device (``device``: ``nvcomp`` or ``fake``). With
-    ``group`` (bytes), a unit is read in parts of about that much, each decoded as soon as it is on
-    the device while the next is read (``flowgpu.zarr.read-group``); else in one read and one decode."""
+    """Blocks of a Zarr array decoded on the device (``nvcomp`` or ``fake``); with ``group`` (bytes),
+    a unit is read in parts of about that much, each decoded while the next is read."""
 
     def __init__(self, plan: DevicePlan, device: str = "nvcomp", zarr_path: str | None = None,
                  component: str | None = None, group: int | None = None):

@@ -1,14 +1,10 @@
 """Writing Zarr stores from device chunks: encoded on the device, written through pinned buffers.
 
-zarr-python creates the array (its metadata, codecs, shard layout: :func:`create`); each task then
-encodes the chunks of its unit (a shard, or one chunk) as one batch on the device, lays the
-compressed payloads out as the unit's file on the device (each payload nvCOMP will read at a
-256-byte offset, so that readers never copy one to align it; the gaps are legal in a shard, its
-index says where each chunk is), copies that to pinned host memory at once, frames each chunk
-there as zarr's codec expects (numcodecs' LZ4 size header, zstd's content size), appends each
-chunk's ``crc32c`` (zarr's checksum codec, when asked for) and writes the file, with a
-shard's index and checksum, in pieces on parallel threads. The store is written inside an atomic
-output's staging directory, so a failed write leaves nothing.
+zarr-python creates the array (:func:`create`); each task encodes its unit's chunks (a shard, or
+one chunk) as one batch, lays the payloads out as the unit's file on the device (each at a 256-byte
+offset, so readers never copy to align), copies it to pinned memory at once, frames each chunk as
+zarr's codec expects (LZ4's size header, zstd's content size, an optional ``crc32c``) and writes
+the file, with a shard's index, in pieces on parallel threads.
 """
 
 from __future__ import annotations
@@ -47,16 +43,10 @@ logger = logging.getLogger("flowgpu.io")
 
 def inner_chunks(unit: tuple, itemsize: int, target: int = INNER_BYTES, divides: bool = True) -> tuple:
     """Chunks of about ``target`` bytes at most, whole trailing axes first, split on one axis; with
-    ``divides``, for a shard of ``unit``: each axis of the result divides the unit's (it tiles it).
+    ``divides`` each axis divides ``unit``'s (the chunks tile a shard).
 
-    >>> inner_chunks((2048, 131072), 4)
-    (1, 16384)
-    >>> inner_chunks((2048, 131072), 4, 4 << 20)
-    (8, 131072)
-    >>> inner_chunks((1000, 3000), 8, 4 << 20)
-    (125, 3000)
-    >>> inner_chunks((1000, 500), 4, 400_000, divides=False), inner_chunks((10, 1000, 1000), 4, 400_000, False)
-    ((200, 500), (1, 100, 1000))
+    >>> inner_chunks((2048, 131072), 4), inner_chunks((1000, 500), 4, 400_000, divides=False)
+    ((1, 16384), (200, 500))
     """
     out = list(unit)
     for axis in range(len(unit)):
@@ -75,14 +65,8 @@ def checksummed(checksum: bool | None) -> bool:
 
 
 def compressors(codec: str, level: int | None = None, checksum: bool | None = None) -> list:
-    """zarr's byte codecs for ``codec`` (``zstd``, ``lz4`` or ``none``): the compressor, then, with
-    ``checksum`` (default ``flowgpu.zarr.checksum``), zarr's ``crc32c`` of the compressed bytes, so
-    that a damaged chunk is an error on read (zarr checks it on the CPU,
-    :func:`flowgpu.io.zarrread.check_crc32c` before the device decodes) rather than wrong values.
-
-    >>> [c.to_dict()["name"] for c in compressors("zstd", checksum=True)]
-    ['zstd', 'crc32c']
-    """
+    """zarr's byte codecs for ``codec`` (``zstd``, ``lz4`` or ``none``), then, with ``checksum``
+    (default ``flowgpu.zarr.checksum``), ``crc32c``: a damaged chunk is then an error on read."""
     if codec == "zstd":
         out = [zarr.codecs.ZstdCodec(level=0 if level is None else int(level))]
     elif codec == "lz4":
@@ -101,8 +85,7 @@ def create(path: str, shape: tuple, dtype: Any, *, codec: str = "zstd", level: i
            checksum: bool | None = None, dimension_names: tuple | None = None,
            attributes: dict | None = None) -> zarr.Array:
     """A new Zarr 3 array at ``path`` (``component`` inside a group there), its metadata written by
-    zarr; with ``checksum`` its chunks end in a ``crc32c`` (:func:`compressors`); ``dimension_names``
-    and ``attributes`` (labels, e.g. kept by ``flowgpu convert``) go into its metadata."""
+    zarr, with ``dimension_names`` and ``attributes`` when given."""
     for what, v in (("chunks", chunks), ("shards", shards)):
         if v is not None and (len(v) != len(shape) or any(int(n) < 1 for n in v)):
             raise ConfigError(f"zarr {what} {list(v)}: give one length >= 1 per axis of the {len(shape)}-d array "
@@ -132,8 +115,8 @@ def _write_at(fd: int, view: memoryview, at: int) -> None:
 
 
 def _pwrite(fd: int, parts: list) -> int:
-    """Write ``parts`` one after another from the file's start, in pieces of ``WRITE_PIECE`` bytes
-    on up to ``WRITERS`` threads (``os.pwrite`` lets the GIL go). Returns the bytes written."""
+    """Write ``parts`` one after another from the file's start, in pieces on up to ``WRITERS`` threads
+    (``os.pwrite`` lets the GIL go); the bytes written."""
     jobs, at = [], 0
     for p in parts:
         view = memoryview(p).cast("B")
@@ -150,9 +133,8 @@ def _pwrite(fd: int, parts: list) -> int:
 
 
 def _chunks_of(block: Any, plan: DevicePlan, lo: tuple, xp: Any) -> tuple[Any, np.ndarray, np.ndarray]:
-    """A unit's chunks as one flat uint8 buffer and the byte offset of each in it, with their
-    coordinates in the grid (rows): the block itself when each chunk is a contiguous run of it,
-    else the chunks copied out one by one (edges padded with the fill value)."""
+    """``(flat uint8 buffer, offset of each chunk, chunk coordinates)``: the block itself when each
+    chunk is a contiguous run of it, else the chunks copied out (edges padded with the fill value)."""
     shape = tuple(block.shape)
     per = [-(-s // c) for s, c in zip(shape, plan.chunk)]
     grid = np.stack(np.meshgrid(*[np.arange(n, dtype=np.int64) for n in per], indexing="ij"), -1).reshape(-1, len(per))
@@ -181,12 +163,10 @@ _DICT_BYTES = np.array([0, 1, 2, 4], np.int64)
 
 def _frames(plan: DevicePlan, host: np.ndarray, starts: np.ndarray, sizes: np.ndarray,
             nbytes: int) -> tuple[np.ndarray, np.ndarray]:
-    """Frame the payloads ``host[at:at + n]`` in place as zarr's codec stores them; their
-    ``(offsets, sizes)``, for all chunks at once.
+    """Frame the payloads in ``host`` in place as zarr's codec stores them; their ``(offsets, sizes)``.
 
-    LZ4 gets numcodecs' 4-byte size in front; a zstd frame gets its content size (the header grows
-    by 8 into the room :func:`layout` left) or, having one, moves 8 bytes down: either way the
-    frame starts where the layout aligned it."""
+    LZ4 gets numcodecs' 4-byte size in front; a zstd frame gets its content size (its header grows
+    into the room :func:`layout` left) or, having one, moves down: either way it starts aligned."""
     if plan.frame.algorithm == "LZ4":
         host[(starts - 4)[:, None] + np.arange(4)] = np.frombuffer(struct.pack("<I", nbytes), np.uint8)
         return starts - 4, sizes + 4
@@ -219,8 +199,7 @@ def _frames(plan: DevicePlan, host: np.ndarray, starts: np.ndarray, sizes: np.nd
 
 
 def _checksums(host: np.ndarray, at: np.ndarray, n: np.ndarray) -> np.ndarray:
-    """Append to each framed chunk ``host[at:at + n]`` its ``crc32c`` (4 bytes, little-endian, in
-    the room :func:`~flowgpu.io.devcodec.layout` left after it), as zarr's codec does; the new sizes."""
+    """Append to each framed chunk ``host[at:at + n]`` its little-endian ``crc32c``; the new sizes."""
     crcs = np.fromiter((google_crc32c.value(host[a:a + k]) for a, k in zip(at.tolist(), n.tolist())), "<u4", len(at))
     host[(at + n)[:, None] + np.arange(4)] = crcs.view(np.uint8).reshape(-1, 4)
     return n + 4
@@ -228,9 +207,7 @@ def _checksums(host: np.ndarray, at: np.ndarray, n: np.ndarray) -> np.ndarray:
 
 def _write_unit(block: Any, plan: DevicePlan = None, device: str = "nvcomp", level: int | None = None,
                 block_info: Any = None):
-    """Encode one unit's chunks as a batch, lay them out in one host buffer (each payload aligned
-    for nvCOMP's reads, :func:`~flowgpu.io.devcodec.layout`), copied from the device at once, and
-    write it with its index: one device-to-host copy per unit, written by :func:`_pwrite`."""
+    """Encode one unit's chunks as a batch, laid out in one host buffer, and write it with its index."""
     dev = device_for(device)
     lo = tuple(a for a, _ in block_info[0]["array-location"])
     unit = tuple(l // u for l, u in zip(lo, plan.unit))
@@ -266,8 +243,7 @@ def _write_unit(block: Any, plan: DevicePlan = None, device: str = "nvcomp", lev
 
 
 def device_writes(x: da.Array, arr: zarr.Array, device: str, level: int | None = None) -> da.Array | None:
-    """A lazy array whose tasks write ``x``'s units into ``arr`` from the device; None when the
-    array's codecs are not written on the device (then zarr writes it)."""
+    """A lazy array whose tasks write ``x``'s units into ``arr`` from the device; None: zarr writes it."""
     plan = plan_codec(arr)
     if isinstance(plan, Fallback) or plan.frame.algorithm not in (None, "Zstd", "LZ4"):
         logger.warning("zarr %s: encoded by zarr on the CPU: %s", arr.store_path,
