@@ -1,32 +1,24 @@
-"""Registries: a name maps to an entry (its callable, options model, docstring and capabilities).
+"""Registries (a name maps to an entry: its callable, options model, docstring and capabilities) and
+:func:`import_object`, the one resolver of import paths (``"package.module:name"``).
 
-flowgpu keeps three: ops (``flowgpu.ops``), sources (``flowgpu.sources``) and sinks
-(``flowgpu.sinks``). Each is filled by flowgpu's built-ins and, lazily on first use, by the
-entry points of its group, so a package adds its own with one line of packaging metadata::
-
-    [project.entry-points."flowgpu.sources"]
-    sensor = "mypkg.io:read_sensor"
-
-An entry point names a callable (registered under the entry point's name) or a module (imported;
-it registers what it defines). A plugin that fails to load is reported with a warning and left
-out; the other entries keep working. Nothing else in flowgpu lists these names: the pipeline
-spec model and its JSON schema are generated from the registries.
-
-This module also holds :func:`import_object`, the one resolver of import paths
-(``"package.module:name"``) used by the ``python`` source, ``map_blocks`` and spec validation,
-and of the ``flowgpu.trusted-modules`` setting that, when set, limits what it may import.
+flowgpu keeps three registries: ops, sources and sinks. Each holds flowgpu's built-ins and, loaded
+lazily on first use, the entry points of its group (``flowgpu.ops``, ``flowgpu.sources``,
+``flowgpu.sinks``); an entry point names a callable, or a module that registers what it defines. A
+plugin that fails to load is reported with a warning and left out. The spec model and its JSON
+schema are generated from the registries.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import importlib
 import inspect
 import os
+import re
 import sys
 import threading
-import contextlib
-import contextvars
 import typing
 import warnings
 from collections.abc import Callable, Iterable, Iterator
@@ -84,13 +76,9 @@ def _entry_points(group: str) -> list:
 class Registry(Generic[T]):
     """Entries by name, filled by built-ins and lazily from the entry-point group ``group``.
 
-    Parameters
-    ----------
-    group : the entry-point group, e.g. ``"flowgpu.sources"``.
-    what : what an entry is called in messages (``"source"``).
-    error : the exception type of an unknown name.
-    from_plugin : turns an entry point's name and loaded object into an entry (None: it registered
-        itself, e.g. a module whose import calls ``register``).
+    ``what`` is what an entry is called in messages (``"source"``), ``error`` the exception of an
+    unknown name; ``from_plugin`` turns an entry point's name and loaded object into an entry (None:
+    it registered itself, e.g. a module whose import calls ``register``).
     """
 
     def __init__(self, group: str, what: str, *, error: type[Exception],
@@ -166,12 +154,6 @@ class Registry(Generic[T]):
         self._load_plugins()
         return name in self._entries
 
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.names())
-
-    def __len__(self) -> int:
-        return len(self.names())
-
 
 class Options(BaseModel):
     """Base of options models: unknown keys are refused."""
@@ -185,8 +167,7 @@ class OpenOptions(Options):
     model_config = ConfigDict(extra="allow")
 
 
-def options_model(name: str, func: Callable, *, skip: Iterable[str] = (),
-                  base: type[BaseModel] = Options) -> type[BaseModel]:
+def options_model(name: str, func: Callable, *, skip: Iterable[str] = ()) -> type[BaseModel]:
     """A pydantic model of ``func``'s keyword options, from its type-hinted signature.
 
     Parameters without a default are required, unannotated ones take any value, and ``**kwargs``
@@ -196,15 +177,13 @@ def options_model(name: str, func: Callable, *, skip: Iterable[str] = (),
         hints = typing.get_type_hints(func)
     except Exception:  # noqa: BLE001 - annotations that do not resolve are simply not checked
         hints = {}
+    base: type[BaseModel] = Options
     fields: dict[str, Any] = {}
     for p in inspect.signature(func).parameters.values():
-        if p.name in skip or p.kind == p.VAR_POSITIONAL:
-            continue
         if p.kind == p.VAR_KEYWORD:
-            base = OpenOptions if base is Options else base
-            continue
-        default = ... if p.default is p.empty else p.default
-        fields[p.name] = (hints.get(p.name, Any), Field(default))
+            base = OpenOptions
+        elif p.name not in skip and p.kind != p.VAR_POSITIONAL:
+            fields[p.name] = (hints.get(p.name, Any), Field(... if p.default is p.empty else p.default))
     return create_model(f"{name}_options", __base__=base, __doc__=inspect.getdoc(func) or None, **fields)
 
 
@@ -214,9 +193,8 @@ _local_dirs: set[str] = set()
 def add_import_dirs(*dirs: str | os.PathLike) -> None:
     """Make modules in ``dirs`` importable (appended to ``sys.path`` once; existing entries win).
 
-    The pipeline layer calls this with a spec's own folder and the working directory, so a module
-    beside the spec imports the same under the ``flowgpu`` script and ``python -m flowgpu``.
-    Functions of such a module travel to the workers by value (:func:`pickled_by_value`).
+    The pipeline layer calls this with a spec's own folder and the working directory; functions of
+    such a module travel to the workers by value (:func:`pickled_by_value`).
     """
     for d in dirs:
         d = os.path.abspath(os.fspath(d))
@@ -232,10 +210,9 @@ def _installed(path: str) -> bool:
 
 
 def pickled_by_value(obj: Any) -> bytes | None:
-    """cloudpickle's bytes of ``obj`` with its code inside, when its module is one of the user's own
-    (found in a spec's folder or the working directory, not installed); else None (pickled by
-    reference, as usual). Workers that did not start here (a cluster that stays up, a remote one)
-    cannot import such a module, and would keep the version they imported first."""
+    """cloudpickle's bytes of ``obj`` with its code inside when its module is one of the user's own
+    (in a spec's folder or the working directory, not installed), else None: workers that did not
+    start here cannot import such a module, and would keep the version they imported first."""
     module = sys.modules.get(getattr(obj, "__module__", None) or "")
     file = getattr(module, "__file__", None)
     if module is None or not file or module.__name__ == "__main__":
@@ -267,29 +244,15 @@ _checking: contextvars.ContextVar[bool] = contextvars.ContextVar("flowgpu_checki
 
 @contextlib.contextmanager
 def checking_only(on: bool = True) -> Iterator[None]:
-    """Inside the block :func:`import_object` imports no module that is not imported yet: it finds the
-    module's source and checks the name there (:mod:`flowgpu.importcheck`), and returns an
-    :class:`~flowgpu.importcheck.Unimported` stand-in. What ``validate``, ``plan``, ``status`` and
-    ``run --dry-run`` use, so that they run none of the user's code. ``on=False`` imports again (a
-    ``python`` source with ``plan_call: true`` asks to be called)."""
+    """Inside the block :func:`import_object` imports no module not imported yet: it checks the name in
+    the module's source (:mod:`flowgpu.importcheck`) and returns an ``Unimported`` stand-in, so
+    ``validate``, ``plan``, ``status`` and ``run --dry-run`` run none of the user's code. ``on=False``
+    imports again (a ``python`` source with ``plan_call: true`` asks to be called)."""
     token = _checking.set(on)
     try:
         yield
     finally:
         _checking.reset(token)
-
-
-def _checked(what: str, path: str, module_name: str, attr: str) -> Any:
-    """:func:`import_object` in :func:`checking_only`: the stand-in, an ImportPathError as an import
-    would give it, or None when ``module_name`` is not there (the next candidate is tried)."""
-    verdict, detail = importcheck.lookup(module_name, attr)
-    if verdict == importcheck.NOT_FOUND and detail is None:
-        return None
-    if verdict == importcheck.NOT_FOUND:
-        name = attr.split(".")[0]
-        raise _fail(what, path, f"{module_name!r} has no attribute {name!r}",
-                    did_you_mean(name, detail, "check the spelling", n=3))
-    return importcheck.Unimported(path, detail if verdict == "found" else None)
 
 
 @contextlib.contextmanager
@@ -313,30 +276,25 @@ def trusted_modules() -> list[str] | None:
 
 
 @contextlib.contextmanager
-def trusting(modules: Iterable[str]) -> Iterator[list[str] | None]:
-    """Trust ``modules`` too inside the block (what ``--trust MODULE`` does); none given: no change.
-
-    Once any module is trusted, import paths outside the trusted ones are refused.
-    """
+def trusting(modules: Iterable[str]) -> Iterator[None]:
+    """Trust ``modules`` too inside the block (``--trust MODULE``); none given: no change. Once any
+    module is trusted, import paths outside the trusted ones are refused."""
     extra = [m.strip() for m in modules if m and m.strip()]
     if not extra:
-        yield trusted_modules()
+        yield
         return
-    trusted = [*(trusted_modules() or []), *extra]
-    with dask.config.set({"flowgpu.trusted-modules": trusted}):
-        yield trusted
+    with dask.config.set({"flowgpu.trusted-modules": [*(trusted_modules() or []), *extra]}):
+        yield
 
 
 def check_trusted(path: Any, *, what: str = "import path") -> None:
-    """Refuse ``path`` unless its module is under a prefix of ``flowgpu.trusted-modules`` (when set).
-
-    A prefix ``"mypkg"`` trusts ``mypkg`` and ``mypkg.sub``, not ``mypkgx``. Nothing is imported.
-    """
+    """Refuse ``path`` unless its module is under a prefix of ``flowgpu.trusted-modules`` (when set):
+    ``"mypkg"`` trusts ``mypkg`` and ``mypkg.sub``, not ``mypkgx``. Nothing is imported."""
     trusted = trusted_modules()
     if trusted is None or not isinstance(path, str):
         return
     path = path.strip()
-    module = path.partition(":")[0] if ":" in path else path
+    module = path.partition(":")[0]
     if any(module == t or module.startswith(t.rstrip(".") + ".") for t in trusted if t):
         return
     listed = ", ".join(repr(t) for t in trusted) or "none"
@@ -346,30 +304,35 @@ def check_trusted(path: Any, *, what: str = "import path") -> None:
                 "if you mean to run its code")
 
 
-def _record(what: str, path: str) -> None:
+def _record(what: str, path: str, found: Any) -> Any:
     seen = _recorded.get()
     if seen is not None and (what, path) not in seen:
         seen.append((what, path))
+    return found
+
+
+def _stand_in(what: str, path: str, module_name: str, attr: str) -> Any:
+    """What :func:`import_object` gives in :func:`checking_only`: an ``Unimported`` stand-in, the
+    error an import would give, or None when ``module_name`` is not there (try the next candidate)."""
+    verdict, detail = importcheck.lookup(module_name, attr)
+    if verdict == importcheck.NOT_FOUND and detail is None:
+        return None
+    if verdict == importcheck.NOT_FOUND:
+        name = attr.split(".")[0]
+        raise _fail(what, path, f"{module_name!r} has no attribute {name!r}",
+                    did_you_mean(name, detail, "check the spelling", n=3))
+    return importcheck.Unimported(path, detail if verdict == "found" else None)
 
 
 def import_object(path: Any, *, what: str = "import path") -> Any:
     """The object at ``"package.module:name"`` (or ``"package.module.name"``).
 
-    The module is imported from ``sys.path`` (see :func:`add_import_dirs` for a spec's folder),
-    only when it is trusted (:func:`check_trusted`): importing runs the module, and a spec that
-    names a callable runs it.
+    The module is imported from ``sys.path`` (see :func:`add_import_dirs`), only when it is trusted
+    (:func:`check_trusted`). Every failure is an ImportPathError in one style:
+    ``{what} 'path': problem; how to fix it``.
 
-    Raises
-    ------
-    ImportPathError
-        one message style for every failure: ``{what} 'path': problem; how to fix it``.
-
-    Examples
-    --------
     >>> import_object("numpy:sqrt").__name__
     'sqrt'
-    >>> import_object("os.path.join").__name__
-    'join'
     """
     form = "write 'package.module:name' (or 'package.module.name')"
     if not isinstance(path, str) or not path.strip():
@@ -378,18 +341,16 @@ def import_object(path: Any, *, what: str = "import path") -> Any:
     if path.count(":") > 1 or (":" not in path and "." not in path):
         raise _fail(what, path, "is not an import path", form)
     check_trusted(path, what=what)
-    missing: str | None = None
+    if not all(p.isidentifier() for p in re.split("[.:]", path)):
+        raise _fail(what, path, "is not an import path", form)
+    missing = None
     for module_name, attr in import_candidates(path):
-        if not module_name or not attr or not all(p.isidentifier() for p in (*module_name.split("."),
-                                                                            *attr.split("."))):
-            raise _fail(what, path, "is not an import path", form)
         if _checking.get() and module_name not in sys.modules:
-            stand_in = _checked(what, path, module_name, attr)
-            if stand_in is None:
-                missing = missing or f"no module named {module_name!r}"
-                continue
-            _record(what, path)
-            return stand_in
+            stand_in = _stand_in(what, path, module_name, attr)
+            if stand_in is not None:
+                return _record(what, path, stand_in)
+            missing = missing or f"no module named {module_name!r}"
+            continue
         try:
             obj: Any = importlib.import_module(module_name)
         except ModuleNotFoundError as e:
@@ -408,8 +369,7 @@ def import_object(path: Any, *, what: str = "import path") -> Any:
                     name, [n for n in dir(obj) if not n.startswith("_")], "check the spelling", n=3))
             obj = getattr(obj, name)
             owner = f"{owner}.{name}"
-        _record(what, path)
-        return obj
+        return _record(what, path, obj)
     raise _fail(what, path, missing or "not found",
                 "check the spelling, that the package is installed (here and on the workers), or put the "
                 "module beside the spec file")
