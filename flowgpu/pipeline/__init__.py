@@ -31,8 +31,7 @@ __all__ = ["BatchResult", "Pipeline", "Plan", "Ref", "RunConfig", "RunResult", "
 
 
 def _runs_no_user_code(func: Any) -> Any:
-    """``func`` with every import path checked in its module's source, never imported: a check runs
-    none of the spec's code (:func:`flowgpu.registry.checking_only`)."""
+    """``func`` with every import path checked in its module's source, never imported."""
     @functools.wraps(func)
     def checked(*args: Any, **kwargs: Any) -> Any:
         with checking_only():
@@ -47,16 +46,10 @@ status = _runs_no_user_code(_status)
 def validate(spec: Spec | str | os.PathLike | dict, overrides: dict[str, Any] | None = None,
              params_file: str | None = None, *, overwrite: bool = False, cluster: dict[str, Any] | None = None,
              allow_spec_address: bool = False) -> Spec:
-    """Check a spec completely; refuses all that :func:`run` would refuse before computing, runs nothing.
+    """Refuse all that :func:`run` would refuse before computing; runs nothing, calls no user code.
 
-    That is the schema, references, includes, shapes and dtypes, the output paths (taken, given
-    twice, or holding the run's own files, as ``run(..., overwrite=overwrite)`` checks them) and the
-    ``cluster:`` block (as ``run(..., cluster=cluster, allow_spec_address=...)`` checks it). No user
-    code is called: ``python`` sources stand for their declared shape and dtype. With a scheduler
-    address in ``cluster`` (``--scheduler``), its workers are asked whether they see the inputs and
-    can write the outputs' folders (:func:`flowgpu.pipeline.batch.check_visible`), writing nothing.
-
-    Returns the validated :class:`Spec`; raises :class:`~flowgpu.errors.SpecError` otherwise.
+    With a scheduler address in ``cluster`` (``--scheduler``), its workers are asked whether they see
+    the inputs and can write the outputs' folders, writing nothing. Returns the validated :class:`Spec`.
     """
     spec = load_spec(spec, overrides, params_file)  # as run loads it
     plan = compile(spec)

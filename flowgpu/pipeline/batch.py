@@ -1,38 +1,11 @@
-"""Running the items of a batch on one session: prepared, submitted together, committed one by one.
+"""Running the items of a batch (a plain run is one) on one session.
 
-Every item (a plain run is a batch of one) is compiled inside the session and its outputs to
-compute are staged; then all items go to the cluster at once, so independent items run
-concurrently and tasks they share (the same input read by all) run once. As each item's last
-future completes, its outputs are committed in one transaction of their own (all new or all old)
-and recorded in the cache; an item that fails is aborted (nothing of it moved into place) and,
-unless ``keep_going``, stops the batch: the others are cancelled and aborted too, and what was
-already committed stays, complete and recorded (a re-run skips it).
-
-Before anything is staged, every worker is asked whether it sees the run's inputs and outputs as
-the client does: a worker on another host, in another mount namespace, or one whose storage is not the client's,
-would find no Zarr store at an input's path and read every chunk as the fill value. So a run asks
-each worker first, in one round trip (:func:`flowgpu.io.paths.probe` through ``client.run``):
-
-* every input's metadata (a Zarr store's ``zarr.json`` / ``.zarray``, a ``.npy`` file) opens and reads;
-* every output's staging folder, which the client has just made, is the same folder there (it
-  holds the client's ``owner.json``) and takes a file.
-
-``flowgpu validate --scheduler`` asks the same of the inputs, and for each output that its nearest
-existing folder is the client's (same inode) and writable, writing nothing. A worker that cannot
-is a :class:`~flowgpu.errors.PathNotVisibleError` (exit 2) naming the worker, its host and working
-directory, the path, and what to do; nothing has been computed, and the run's staging is removed.
-
-A worker that died while running a step is said in the step's words instead of ``KilledWorker``:
-distributed gives up on a task once ``distributed.scheduler.allowed-failures`` workers died running
-it, and raises ``KilledWorker`` naming only the task's key. Each key's name is the name of one of
-the plan's arrays (the compiler's layer names), so the step, its chunk size and the workers' memory
-limit can be named, with the fix. A worker dies for other reasons too (a crash in native code, a
-SIGKILL); the message says memory is the likely cause, not the certain one.
-
-:class:`watch_spill` covers the other way a run stops without a word: a worker whose spill
-directory fills or turns read-only during the run cannot free memory, and distributed pauses it
-for ever. The watch polls the workers' stores (:meth:`Session.memory_summary`, their "errors") and,
-on a new spill failure, cancels the run's tasks and raises a :class:`RunError` with the reason.
+All items are staged, then submitted together (shared tasks run once); each item's outputs are
+committed in a transaction of their own as its last future completes. Before anything is staged,
+every worker is asked whether it sees the inputs and output folders as the client does
+(:func:`check_visible`): a worker that cannot would read every chunk as the fill value. A worker
+killed while running a step is said in that step's words (:func:`explain`); :class:`watch_spill`
+stops a run that would wait for ever (a spill directory that fills, no workers left).
 """
 
 from __future__ import annotations
@@ -72,8 +45,7 @@ __all__ = ["Job", "Outcome", "execute", "check_joined", "watch_spill"]
 
 @dataclass(frozen=True)
 class Job:
-    """One item of a batch as planned and judged: what to compute and what is up to date (never changed
-    after; what happens to it is its :class:`Outcome`)."""
+    """One item of a batch as planned and judged (frozen; what happens to it is its :class:`Outcome`)."""
 
     item: Item
     plan: Plan  # compiled outside the session (pure): shapes, dtypes, recipes
@@ -87,9 +59,7 @@ class Job:
 @dataclass(eq=False)
 class Outcome:
     """What happened to a :class:`Job`; only :func:`execute` changes it. ``status``: waiting, running,
-    ok, failed, up-to-date or cancelled; ``values``: each computed output's value or location;
-    ``written``: those moved into place; ``plan``: the plan it ran (compiled in the session);
-    ``pending``: its staged writes."""
+    ok, failed, up-to-date or cancelled; ``written``: the outputs moved into place."""
 
     job: Job
     status: str = "waiting"
@@ -102,7 +72,6 @@ class Outcome:
 
     @property
     def outputs(self) -> dict[str, Any]:
-        """Every output's value or location: up to date or computed."""
         return {**self.job.cached, **self.values}
 
     def abort(self) -> None:
@@ -111,7 +80,6 @@ class Outcome:
 
 
 def _said(item: Item, error: FlowgpuError) -> FlowgpuError:
-    """``error`` naming the batch item it came from (a plain run's error is left as it is)."""
     if item.of <= 1 and not item.values:
         return error
     if isinstance(error, SpecError):
@@ -122,7 +90,7 @@ def _said(item: Item, error: FlowgpuError) -> FlowgpuError:
 
 
 def _failure(o: Outcome, error: BaseException, session: RunSession) -> FlowgpuError:
-    """What a user is told when ``o``'s job failed with ``error``: the step, the fix, that nothing was replaced."""
+    """What a user is told when ``o``'s job failed: the step, the fix, that nothing was replaced."""
     item, name = o.job.item, o.job.item.spec.name
     if isinstance(error, FlowgpuError):
         return _said(item, error)
@@ -157,15 +125,9 @@ def _commit(o: Outcome, results: list[Any], cache: Any) -> None:
 
 
 def _in_order(compute: Callable[[list], Any], targets: list) -> list:
-    """``compute(targets)``'s results (or futures) in the order of ``targets``.
-
-    dask (2026.8) merges the graphs of collections with the same low-level optimizer and returns
-    their results group by group: ``dask.compute(array_a, delayed_b, array_c)`` answers
-    ``(a, c, b)``, and so does ``client.compute``. A run whose outputs mix arrays and a Delayed
-    (``sink: xarray`` writes through one) then gave each output the next one's value. The targets go
-    in already grouped the same way (by ``__dask_optimize__``, first appearance first), so the
-    answers come back in that order, and are put back in the caller's.
-    """
+    """``compute(targets)``'s results (or futures) in the order of ``targets``: dask (2026.8) answers
+    group by group of collections with the same optimizer (``compute(array_a, delayed_b, array_c)``
+    gives ``(a, c, b)``), so the targets go in grouped that way and the answers are put back in order."""
     groups: dict[Any, list[int]] = {}
     for i, t in enumerate(targets):
         groups.setdefault(getattr(t, "__dask_optimize__", None), []).append(i)
@@ -178,8 +140,7 @@ def _in_order(compute: Callable[[list], Any], targets: list) -> list:
 
 
 class _Batch:
-    """One :func:`execute`: the session, the cache, the progress bars and whom to tell; each running
-    item's bar and futures."""
+    """One :func:`execute`: the session, the cache, the progress bars and whom to tell."""
 
     def __init__(self, session: RunSession, config: RunConfig, cache: Any, tell: Callable[[Any], None],
                  computed: Callable[[], Any] | None = None):
@@ -189,9 +150,8 @@ class _Batch:
         self.futures: dict[Outcome, list] = {}
 
     def start(self, o: Outcome) -> None:
-        """Stage the job's writes and say it starts: on its plan as compiled, unless that was built for other
-        workers than the session's (a run that started its own cluster after judging its outputs) or stands
-        in for python sources, which are called here, and only here: then compiled for the session."""
+        """Stage the job's writes and say it starts. Compiled again for the session when its plan was built
+        for other workers, or stands in for python sources (called here, and only here)."""
         job, spec, session = o.job, o.job.item.spec, self.session
         plan = o.plan = compile(spec, for_run=True, facts=session.facts) \
             if job.plan.facts != session.facts or (calls_user_code(job.plan) and not job.plan.for_run) else job.plan
@@ -207,7 +167,6 @@ class _Batch:
         self.bar[o] = self.bars.add(job.item.label)
 
     def settle(self, o: Outcome, error: BaseException | None, results: list[Any] | None, started: float) -> None:
-        """Commit ``o``'s job (or fail it, removing its staging) and say how it ended."""
         o.seconds = time.perf_counter() - started
         self.bars.done(self.bar[o])
         if error is None:
@@ -221,7 +180,6 @@ class _Batch:
             self.fail(o, error)
 
     def fail(self, o: Outcome, error: BaseException | None, status: str = "failed") -> None:
-        """``o``'s job failed with ``error`` (or was cancelled): its staging removed, said."""
         if error is not None:
             o.error = _failure(o, error, self.session)
         o.status = status
@@ -280,8 +238,7 @@ class _Batch:
                     self.fail(o, None, "cancelled")
 
     def _gather_one(self, client: Any, o: Outcome, started: float) -> None:
-        """Wait for ``o``'s futures and fetch their results in one round trip (the first failure ends
-        the wait), then (``computed()`` first, when all came back) commit or fail it."""
+        """Fetch ``o``'s results in one round trip (the first failure ends the wait); commit or fail it."""
         try:
             results, error = client.gather(self.futures[o]), None
         except CancelledError:  # distributed's FutureCancelledError
@@ -299,8 +256,7 @@ class _Batch:
                 if not sinks.sink_entry(p.sink).has(sinks.IN_SUMMARY)]
 
     def _settled(self, o: Outcome) -> None:
-        """Wait until none of failed ``o``'s writes can still write into its staging (each finishes or
-        fails at once: it needs the failed task), so aborting removes the staging for good."""
+        """Wait until none of failed ``o``'s writes can still write into its staging."""
         with contextlib.suppress(Exception):  # a write cancelled or timed out: the staging goes anyway
             wait(self._writes(o), timeout=120)
 
@@ -308,14 +264,10 @@ class _Batch:
 def execute(outcomes: list[Outcome], session: RunSession, config: RunConfig, *, cache: Any = None,
             tell: Callable[[Any], None] = lambda event: None, memory: Callable[[], Any] | None = None,
             computed: Callable[[], Any] | None = None) -> None:
-    """Compute the ``todo`` outputs of every outcome's job on ``session`` and commit each job's outputs
-    when all are done, filling its outcome (``status``, ``values``, ``written``, ``error``, ``seconds``)
-    and telling ``tell`` when each starts and ends (:mod:`flowgpu.diagnostics.events`). Without
-    ``keep_going`` the first failure cancels the rest and is raised; with it, every failure stays in
-    its outcome. ``memory``: a function that gives the session's ``memory_summary()`` the caller asked
-    for just before (the spill watch starts from it), so the workers need not be asked again.
-    ``computed``: called as soon as a plain run's results are back on a Session, before they are
-    committed (the run asks the workers for their memory accounting then, answered while it commits)."""
+    """Compute each job's ``todo`` outputs on ``session``, commit each job when all its outputs are done
+    and fill its outcome, telling ``tell`` when each starts and ends. Without ``keep_going`` the first
+    failure cancels the rest and is raised. ``memory``: gives the ``memory_summary()`` asked for just
+    before (the spill watch starts from it); ``computed``: called when a plain run's results are back."""
     run = _Batch(session, config, cache, tell, computed)
     work = [o for o in outcomes if o.job.todo]
     client = session.client
@@ -350,13 +302,12 @@ def execute(outcomes: list[Outcome], session: RunSession, config: RunConfig, *, 
         raise failed[0].error
 
 
-# -- what the workers see (check_visible) --------------------------------------------------------------------------
-# The file a staging folder holds from the start (flowgpu.io.atomic): who writes there.
+# -- what the workers see (check_visible) ------------------------------------------------------------
 STAGE_MARKER = "owner.json"
 
 
 def input_entries(plans: Iterable[Plan]) -> list[dict[str, Any]]:
-    """What the workers must read: the metadata of every input that reads stored data (in included specs too)."""
+    """What the workers must read: the metadata of every input that reads stored data."""
     out, seen = [], set()
     for top in plans:
         for plan in top.tree():
@@ -376,7 +327,6 @@ def input_entries(plans: Iterable[Plan]) -> list[dict[str, Any]]:
 
 
 def output_entries(pending: Iterable[Any]) -> list[dict[str, Any]]:
-    """What the workers must write: the staging folder of every staged output (``PendingWrite``s)."""
     return [{"what": f"output {p.location!r}", "path": p.location, "write": p.atomic.stage, "marker": STAGE_MARKER}
             for p in pending if getattr(p, "atomic", None) is not None]
 
@@ -393,7 +343,6 @@ def folder_entries(spec: Any) -> list[dict[str, Any]]:
 
 
 def check_visible(client: Any, entries: list[dict[str, Any]]) -> None:
-    """Ask every worker of ``client``'s cluster about ``entries``; raise when one cannot reach one."""
     if client is None or not entries:
         return
     answers = client.run(paths.probe, [{k: v for k, v in e.items() if k not in ("what", "path")} for e in entries])
@@ -412,9 +361,8 @@ def check_visible(client: Any, entries: list[dict[str, Any]]) -> None:
 
 
 def check_joined(spec: Any, plan: Plan, options: dict[str, Any]) -> None:
-    """What ``validate --scheduler`` adds: join the scheduler in ``options`` (Session keywords) and ask
-    its workers about ``plan``'s inputs and ``spec``'s output folders, writing nothing. Nothing when
-    ``options`` names no scheduler."""
+    """``validate --scheduler``: ask the workers of the scheduler in ``options`` about the inputs and
+    output folders, writing nothing."""
     options = {k: v for k, v in options.items() if k != "standalone"}
     address = options.pop("address", None)
     if address is None:
@@ -424,7 +372,6 @@ def check_joined(spec: Any, plan: Plan, options: dict[str, Any]) -> None:
 
 
 # -- a failed item said in its step's words, and the watch over a run ------------------------------
-# code whose frames a user does not need to see: flowgpu's own and the libraries it runs on
 _LIBRARY_PARTS = (os.sep + "flowgpu" + os.sep, os.sep + "dask" + os.sep, os.sep + "distributed" + os.sep,
                   os.sep + "numpy" + os.sep, os.sep + "cupy" + os.sep, os.sep + "toolz" + os.sep)
 
@@ -443,10 +390,8 @@ def _step_of(plan: Plan, name: str, prefix: str = "") -> tuple[str, da.Array] | 
 
 
 def failed_with(error: BaseException) -> str:
-    """``"ValueError: bad block (raised at boom.py:2, in boom)"``: the error and the innermost frame of
-    the user's own code, taken from the traceback distributed brings back from the worker. The
-    workers' own "Compute Failed" logs are silenced (the Session's ``silence_logs``), so this line is
-    where a user learns where their function failed."""
+    """``"ValueError: bad block (raised at boom.py:2, in boom)"``: the innermost frame of the user's own
+    code (the workers' "Compute Failed" logs are silenced, so this line says where it failed)."""
     text = f"{type(error).__name__}: {error}"
     frames = [f for f in traceback.extract_tb(error.__traceback__)
               if not any(part in f.filename for part in _LIBRARY_PARTS) and not f.filename.startswith("<")]
@@ -457,8 +402,7 @@ def failed_with(error: BaseException) -> str:
 
 
 def explain(error: BaseException, plan: Plan | None, session: RunSession) -> RunError | None:
-    """A :class:`RunError` naming the step, chunk size and memory limit for a ``KilledWorker``; None
-    for any other error."""
+    """A :class:`RunError` naming the step, chunk size and memory limit for a ``KilledWorker``, else None."""
     if not isinstance(error, KilledWorker) or plan is None:
         return None
     key = getattr(error, "task", None)
@@ -482,15 +426,10 @@ ASK = object()  # watch_spill's baseline when the caller has none: it asks the w
 
 
 class watch_spill:  # noqa: N801 - used as a context manager, like a function
-    """While open, end the session's computations when they cannot go on but would wait for ever:
-
-    * a worker's spill directory stops taking writes (distributed pauses such a worker for ever);
-    * the cluster has had no worker at all for ``flowgpu.run.no-workers-timeout`` (every worker
-      died or was killed and none came back: distributed waits for one without a word).
-
-    ``baseline``: the session's :meth:`memory_summary` asked for before the run (its errors are old
-    ones), or a function that answers it: the watch's thread waits for the answer at its first look,
-    the run does not; by default it is asked for on entering."""
+    """While open, cancel the session's computations when they would wait for ever: a worker's spill
+    directory stops taking writes, or the cluster has had no worker for ``flowgpu.run.no-workers-timeout``.
+    ``baseline``: the :meth:`memory_summary` asked for before the run (its errors are old ones), or a
+    function that answers it (waited for at the watch's first look)."""
 
     def __init__(self, session: RunSession, interval: float = 1.0, baseline: Any = ASK, no_workers: float | None = None):
         self.session, self.interval, self.baseline = session, interval, baseline
@@ -542,7 +481,6 @@ class watch_spill:  # noqa: N801 - used as a context manager, like a function
         return self
 
     def stopped(self) -> RunError:
-        """The error that says why the watch stopped the run (when ``self.error`` is set)."""
         if self.kind == "no-workers":
             return RunError(f"{self.error}. Nothing was written")
         return RunError(f"a worker could not spill, so the run was stopped: {self.error}. Nothing was written")
@@ -556,8 +494,7 @@ class watch_spill:  # noqa: N801 - used as a context manager, like a function
 
 
 def _worker_count(client: Any) -> int | None:
-    """How many workers the scheduler has, as the client last heard (it asks every 2 s by itself,
-    ``distributed.client.scheduler-info-interval``): no round trip of the run's own. None: not known."""
+    """How many workers the scheduler has, as the client last heard (no round trip); None: not known."""
     info = getattr(client, "_scheduler_identity", None)
     count = info.get("n_workers") if isinstance(info, dict) else None
     if count is None and isinstance(info, dict) and isinstance(info.get("workers"), dict):
@@ -566,7 +503,6 @@ def _worker_count(client: Any) -> int | None:
 
 
 def _workers_gone(client: Any, started: set[str], waited: float) -> str:
-    """What happened to the workers, as the scheduler saw it: which left, and with how many tasks running."""
     try:
         events = [e for _, e in client.get_events("all") if isinstance(e, dict) and e.get("action") == "remove-worker"]
     except Exception:  # noqa: BLE001 - the account is best effort; the stop is not

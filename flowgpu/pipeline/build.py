@@ -1,15 +1,8 @@
 """From YAML data to a validated :class:`~flowgpu.pipeline.spec.Spec`, with errors that point into the file.
 
-Params: typed defaults, overrides (``--set params.n=1000``, ``--params file.yaml``) and the
-substitution of ``${params.name}`` everywhere else in a spec.
-
-A path param (one whose value is text, e.g. a glob's items) also gives its parts, as pathlib's
-``PurePath`` names them: ``${params.tile.stem}`` (``data/tiles/t_01.npy`` -> ``t_01``), ``.name``
-(``t_01.npy``), ``.suffix`` (``.npy``) and ``.parent`` (``data/tiles``), chained left to right
-(``${params.tile.parent.name}`` -> ``tiles``).
-
-A reference that is the whole value (``shape: [${params.n}, ${params.n}]``) is replaced by the
-typed value; one inside a longer string (``path: out/${params.name}.zarr``) by its text.
+Params: typed defaults, overrides (``--set``, ``--params``) and the substitution of ``${params.name}``
+(and a path param's parts, ``${params.tile.stem}``, as pathlib names them). A reference that is the
+whole value is replaced by the typed value; one inside a longer string by its text.
 """
 
 from __future__ import annotations
@@ -40,7 +33,6 @@ _TYPES = {"int": int, "float": float, "str": str, "bool": bool, "list": list}
 
 
 def clip(text: str, most: int) -> str:
-    """``text``, cut to ``most`` characters (``...`` last) to fit a message."""
     return text if len(text) <= most else text[:most - 3] + "..."
 
 
@@ -57,7 +49,6 @@ def parse_value(text: Any) -> Any:
 
 
 def set_path(data: dict, dotted: str, value: Any, smap: SourceMap) -> None:
-    """Set ``data["a"]["b"] = value`` for ``dotted="a.b"``, creating mappings on the way."""
     parts = dotted.split(".")
     if len(parts) > limit("max-depth"):
         raise SpecLimitError(f"--set {dotted[:40]}...: the key has {len(parts)} parts, more than "
@@ -91,8 +82,7 @@ def _typed(name: str, kind: str | None, value: Any, where: tuple, smap: SourceMa
 
 
 def _stand_in(given: Any) -> Any:
-    """The value a param a batch iterates over (``foreach``) takes where the spec is checked as a
-    whole: its first value (a glob's first match, else its pattern). Each item is built with its own."""
+    """The first value of a param a batch iterates over: it stands for them where the spec is checked."""
     if isinstance(given, dict) and len(given) == 1:
         given = next(iter(given.values()))  # {glob: ...} or {range: ...}
     if isinstance(given, (list, tuple)):
@@ -108,9 +98,8 @@ def _stand_in(given: Any) -> Any:
 
 def resolve_params(data: dict, smap: SourceMap, overrides: dict[str, Any] | None = None,
                    iterated: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The value of every param: default, then ``overrides`` (already merged from file and --set);
-    one with neither that a batch iterates over (the spec's ``foreach:`` block, then ``iterated``:
-    ``--foreach``) stands for its first value."""
+    """The value of every param: default, then ``overrides``; one with neither that a batch iterates over
+    (``foreach:``, then ``iterated``) stands for its first value."""
     raw = data.get("params") or {}
     if not isinstance(raw, dict):
         raise smap.error("params must be a mapping of name: default", ("params",),
@@ -155,8 +144,7 @@ def resolve_params(data: dict, smap: SourceMap, overrides: dict[str, Any] | None
 
 
 def _attribute(m: Any, values: dict[str, Any], smap: SourceMap, path: tuple) -> Any:
-    """The value ``${params.name.attr...}`` in match ``m`` stands for: the param's value, or (with
-    attributes) that of a path param's ``name``, ``stem``, ``suffix`` or ``parent`` as pathlib says."""
+    """The value ``${params.name.attr...}`` in match ``m`` stands for."""
     name, attrs = m.group(1), m.group(2)
     value = values[name]
     if not attrs:
@@ -177,8 +165,7 @@ def _attribute(m: Any, values: dict[str, Any], smap: SourceMap, path: tuple) -> 
 
 
 def substitute(data: Any, values: dict[str, Any], smap: SourceMap, path: tuple = ()) -> Any:
-    """Replace ``${params.name}`` (and ``${params.name.stem}``, ...: :data:`PATH_ATTRIBUTES` of a
-    path param) in every string of ``data`` (but the ``params`` block itself)."""
+    """Replace ``${params.name...}`` in every string of ``data`` (but the ``params`` block itself)."""
     if isinstance(data, dict):
         return {k: (v if path == () and k == "params" else substitute(v, values, smap, path + (k,)))
                 for k, v in data.items()}
@@ -219,7 +206,6 @@ class Origin:
 
 
 def _fields_at(data: Any, path: tuple) -> list[str]:
-    """Allowed keys of the mapping at ``path`` (for 'did you mean' hints)."""
     model = {(): S.Spec, ("cluster",): S.Cluster}.get(path)
     if model is None and len(path) == 2:
         model = {"steps": S.Step, "params": S.Param}.get(path[0])
@@ -284,8 +270,8 @@ def _translate(err: dict, data: Any, smap: SourceMap) -> SpecError:
 
 def build(data: Any, smap: SourceMap, overrides: dict[str, Any] | None = None,
           iterated: dict[str, Any] | None = None) -> S.Spec:
-    """Validate ``data`` (as read from YAML) into a Spec, after params and overrides are applied
-    (``iterated``: ``--foreach`` values, for a param with no other value: :func:`resolve_params`)."""
+    """Validate ``data`` (as read from YAML) into a Spec, params and overrides applied (``iterated``:
+    ``--foreach`` values)."""
     if not isinstance(data, dict):
         raise smap.error(f"a spec is a mapping of keys (name, inputs, steps, outputs, ...), not "
                          f"{type(data).__name__}", (), hint="start from pipelines/quickstart.yaml")
@@ -313,9 +299,7 @@ def build(data: Any, smap: SourceMap, overrides: dict[str, Any] | None = None,
 
 
 def import_dirs(file: str | None) -> None:
-    """The one rule for import paths in a spec (``python`` sources, ``map_blocks``): modules beside
-    the spec file, then in the working directory, are importable, besides ``sys.path``; the same
-    under the ``flowgpu`` script, ``python -m flowgpu`` and Python."""
+    """Modules beside the spec file, then in the working directory, are importable by the spec."""
     add_import_dirs(*([os.path.dirname(os.path.abspath(file))] if file else []), os.getcwd())
 
 
@@ -331,15 +315,8 @@ def read_params_file(path: str) -> dict[str, Any]:
 
 def load(path: str | os.PathLike, overrides: dict[str, Any] | None = None, params_file: str | None = None,
          foreach: dict[str, Any] | None = None) -> S.Spec:
-    """Read, check and return the spec at ``path`` (params substituted, overrides applied).
-
-    Parameters
-    ----------
-    path : the YAML spec file.
-    overrides : dotted keys to set, e.g. ``{"params.n": 1000, "cluster.n_workers": 2}``.
-    params_file : a YAML file of param values, applied before ``overrides``.
-    foreach : the values a batch iterates over (``--foreach``), for a param with no other value.
-    """
+    """Read, check and return the spec at ``path``. ``overrides``: dotted keys to set, e.g.
+    ``{"params.n": 1000}``, after ``params_file``'s; ``foreach``: a batch's values (``--foreach``)."""
     data, smap = read_yaml(path)
     return build(data, smap, {**(read_params_file(params_file) if params_file else {}), **(overrides or {})}, foreach)
 
@@ -351,8 +328,7 @@ def from_dict(data: dict, overrides: dict[str, Any] | None = None, foreach: dict
 
 def load_spec(spec: S.Spec | str | os.PathLike | dict, overrides: dict[str, Any] | None = None,
               params_file: str | None = None, foreach: dict[str, Any] | None = None) -> S.Spec:
-    """A spec from a path, a dict or a Spec, with ``overrides`` and the params file applied
-    (``foreach``: a batch's values, for a param with no other value)."""
+    """A spec from a path, a dict or a Spec, with ``overrides`` and the params file applied."""
     if isinstance(spec, (str, os.PathLike)):
         return load(spec, overrides, params_file, foreach)
     given = {**(read_params_file(params_file) if params_file else {}), **(overrides or {})}
@@ -365,7 +341,7 @@ def load_spec(spec: S.Spec | str | os.PathLike | dict, overrides: dict[str, Any]
 
 
 def origin_of(spec: S.Spec) -> Origin:
-    """``spec``'s :class:`Origin`; one made from its data for a spec made in memory by ``Spec(...)``."""
+    """``spec``'s :class:`Origin` (made from its data for a spec made by ``Spec(...)``)."""
     if spec.origin is None:
         spec._origin = Origin(None, SourceMap(None), spec.model_dump(by_alias=True, exclude_defaults=True), {})
     return spec.origin

@@ -14,20 +14,10 @@ as ``${params.name}`` (in f-strings too), references of inputs and steps name th
     p.output("total", p.step("total", "sum", z))
     p.run(session="local")                                    # or p.plan(), p.to_yaml("quickstart.yaml")
 
-The spec is validated by :func:`~flowgpu.pipeline.build.build` like a YAML file's (params,
-substitution, every check), with a source map of the Python calls, so a problem is reported at the
-line that defined it: ``script.py:7:5: steps.z.args.expression: ...``. :func:`call_site` parses
-the calling expression (:mod:`ast`), so each argument has its own position, over several lines too;
-:class:`ScriptMap` is the :class:`~flowgpu.pipeline.loader.SourceMap` of such a pipeline.
-:func:`render` turns what a caller passes (refs, tuples, paths, NumPy scalars and dtypes) into spec
-data, refusing anything a YAML file could not hold.
-
-Functions become steps too (``map_blocks``), named after the function, their parameters naming
-their inputs (Hamilton's style)::
-
-    @p.blocks(dtype="float32")
-    def scaled(z, mu):          # a module-level function: `flowgpu run` imports it as module:scaled
-        return z * mu
+The spec is validated like a YAML file's, with a source map of the calls (:func:`call_site` parses
+the calling expression), so a problem is reported at the argument that caused it
+(``script.py:7:5: steps.z.args.expression: ...``). ``@p.blocks`` makes a module-level function a
+``map_blocks`` step, its parameters naming its inputs.
 """
 
 from __future__ import annotations
@@ -64,23 +54,20 @@ Pos = tuple[int, int]
 
 @dataclass
 class Site:
-    """One call: its file and position, and those of its positional and keyword arguments."""
+    """One call: its file and position, and those of its arguments."""
 
     file: str
     at: Pos
     args: list[Pos | None] = field(default_factory=list)
-    keywords: dict[str, Pos] = field(default_factory=dict)  # keyword -> where its ``name=value`` is written
+    keywords: dict[str, Pos] = field(default_factory=dict)
 
     def arg(self, i: int) -> Pos:
-        """Where positional argument ``i`` is written (the call, when unknown)."""
         return (self.args[i] if i < len(self.args) else None) or self.at
 
     def keyword(self, name: str) -> Pos:
-        """Where keyword argument ``name`` is written (the call, when unknown)."""
         return self.keywords.get(name, self.at)
 
     def given(self, name: str, i: int) -> Pos:
-        """Where an argument that may be given by keyword ``name`` or in position ``i`` is written."""
         return self.keywords.get(name) or self.arg(i)
 
     def error(self, message: str, path: Path = (), hint: str | None = None, at: Pos | None = None) -> SpecError:
@@ -90,14 +77,12 @@ class Site:
 
 @dataclass
 class ScriptMap(SourceMap):
-    """A SourceMap whose entries may come from several files (a pipeline built by functions of
-    several modules, or read from YAML and extended in Python): ``files`` holds the file of each
-    entry written elsewhere than ``file``."""
+    """A SourceMap whose entries may come from several files: ``files`` holds the file of each entry
+    written elsewhere than ``file``."""
 
     files: dict[Path, str] = field(default_factory=dict)
 
     def mark(self, site: Site, path: Path, value: Pos, key: Pos | None = None) -> None:
-        """Record that ``site`` wrote ``path``: its value at ``value``, its name at ``key`` (default: the same)."""
         self.values[path], self.keys[path] = value, key or value
         if site.file != self.file:
             self.files[path] = site.file
@@ -114,8 +99,7 @@ class ScriptMap(SourceMap):
 
 @functools.lru_cache(maxsize=32)
 def _calls(file: str, text: str) -> dict[tuple[int, int, int, int], ast.Call]:
-    """The call expressions of a source text, by their (line, end line, col, end col), as
-    :class:`dis.Positions` orders them."""
+    """The call expressions of a source text, by their :class:`dis.Positions`."""
     try:
         tree = ast.parse(text, filename=file)
     except (SyntaxError, ValueError):
@@ -209,8 +193,8 @@ def render(owner: Any, site: Site, value: Any, path: tuple, at: Pos) -> Any:
 
 
 def step_function(func: Callable, site: Site) -> tuple[str, str]:
-    """``(qualname, module)`` of a function a spec can name by import path; a lambda, a closure
-    and a function of ``__main__`` are refused (a worker or `flowgpu run` could not import them)."""
+    """``(qualname, module)`` of a function a spec can name by import path (not a lambda, a closure or
+    one of ``__main__``)."""
     what = getattr(func, "__qualname__", repr(func))
     module = getattr(func, "__module__", None)
     fix = "define it with def at the top level of a module (beside the script), and import it from there"
@@ -247,8 +231,7 @@ class Pipeline:
         data = {"version": 1, "name": name, "description": description}
         self._setup(data, smap, {})
         for key, value in (cluster or {}).items():
-            self._data["cluster"][key] = render(self, site, value, ("cluster", key), site.keyword("cluster"))
-            smap.mark(site, ("cluster", key), site.keyword("cluster"))
+            self._data["cluster"][key] = self._put(site, ("cluster", key), value, site.keyword("cluster"))
 
     def _setup(self, data: dict, smap: ScriptMap, overrides: dict[str, Any]) -> None:
         self._data = data
@@ -260,8 +243,7 @@ class Pipeline:
 
     @classmethod
     def from_spec(cls, spec: Spec) -> "Pipeline":
-        """The pipeline of a spec (as written: params not substituted), to extend or write out; errors
-        still point into the file it was read from."""
+        """The pipeline of a spec (as written: params not substituted), to extend or write out."""
         origin = spec.origin
         p = cls.__new__(cls)
         if origin is None:
@@ -283,8 +265,7 @@ class Pipeline:
         return self._data.get("name", "pipeline")
 
     def param(self, name: str, default: Any = None, *, type: Any = None, description: str = "") -> Ref:  # noqa: A002
-        """Declare param ``name``; the reference renders as ``${params.name}`` wherever it is used.
-        ``type`` (``"int"`` or ``int``, ...) is taken from ``default`` when not given."""
+        """Declare param ``name`` (rendered as ``${params.name}``); ``type`` defaults to ``default``'s."""
         site = call_site()
         where = self._new(site, "params", name, self._data["params"])
         kind = PARAM_TYPES.get(type, type) if type is not None else PARAM_TYPES.get(default.__class__)
@@ -348,8 +329,7 @@ class Pipeline:
             entry["inputs"] = {k: self._input(site, where + ("inputs", k), r, site.keyword(k))
                                for k, r in inputs.items()}
         if params:
-            entry["params"] = render(self, site, dict(params), where + ("params",), site.keyword("params"))
-            self._smap.mark(site, where + ("params",), site.keyword("params"))
+            entry["params"] = self._put(site, where + ("params",), dict(params), site.keyword("params"))
         if description:
             entry["description"] = description
         self._data["steps"][name] = entry
@@ -389,9 +369,8 @@ class Pipeline:
                drop_axis: Any = None, new_axis: Any = None, chunks: Any = None, kwargs: dict | None = None,
                expect: dict | None = None, description: str | None = None, **inputs: Ref) -> Any:
         """Decorator: the function becomes a ``map_blocks`` step named after it (or ``name``), whose
-        inputs are the inputs or steps its parameters (those without defaults) name, in order (a
-        keyword here binds a parameter to another ref). The spec names it by import path
-        (``module:qualname``), so it must be a module-level function of an importable module."""
+        inputs are the inputs or steps its parameters without defaults name (a keyword here binds one
+        to another ref). It must be a module-level function of an importable module."""
         site = call_site()
         options = {"dtype": dtype, "drop_axis": drop_axis, "new_axis": new_axis, "chunks": chunks, "kwargs": kwargs}
 
@@ -415,7 +394,6 @@ class Pipeline:
     # -- using --------------------------------------------------------------------------------------
     @property
     def spec(self) -> Spec:
-        """The validated spec (built again after each change)."""
         if self._spec is None:
             self._spec = build(self.to_dict(), self._smap, self._overrides)
         return self._spec
@@ -437,12 +415,11 @@ class Pipeline:
         return text
 
     def compile(self, params: dict[str, Any] | None = None, **kwargs: Any) -> Plan:
-        """:func:`flowgpu.pipeline.compile` of this pipeline: the lazy graph, checked; runs nothing."""
+        """:func:`flowgpu.pipeline.compile` of this pipeline."""
         return compile(self.spec, params, **kwargs)
 
     def plan(self, params: dict[str, Any] | None = None, **kwargs: Any) -> dict[str, Any]:
-        """What ``flowgpu plan`` shows: :func:`flowgpu.pipeline.describe` of :meth:`compile` (the
-        callables it names are checked in their source, not imported)."""
+        """What ``flowgpu plan`` shows (the callables it names checked in their source, not imported)."""
         with checking_only():
             return describe(self.compile(params, **kwargs))
 
@@ -463,7 +440,6 @@ class Pipeline:
         return [*self._data["inputs"], *self._data["steps"]]
 
     def _new(self, site: Site, section: str, name: Any, taken: Any) -> tuple[str, str]:
-        """``(section, name)`` for a new entry, its name checked and its place recorded."""
         at = site.given("name", 0)
         if not isinstance(name, str) or not re.match(NAME_PATTERN, name):
             raise site.error(f"{name!r} is not a valid name", (section,), at=at,
@@ -479,7 +455,6 @@ class Pipeline:
         return section, name
 
     def _node(self, site: Site, value: Any, path: tuple, at: Pos) -> str:
-        """The name a reference to an input or step of this pipeline has in the spec."""
         if inspect.isfunction(value) and value in self._functions:
             value = self._functions[value]
         if isinstance(value, Ref) and value.pipeline is not self:
@@ -496,20 +471,20 @@ class Pipeline:
                          at=at, hint=hint + (" (other op arguments go by keyword)" if not callable(value) else ""))
 
     def _input(self, site: Site, path: tuple, ref: Any, at: Pos) -> str:
-        """:meth:`_node`, placed at ``at``."""
         self._smap.mark(site, path, at)
         return self._node(site, ref, path, at)
 
-    def _options(self, site: Site, where: tuple, options: dict[str, Any]) -> dict[str, Any]:
-        out = {}
-        for key, value in options.items():
-            out[key] = render(self, site, value, where + (key,), site.keyword(key))
-            self._smap.mark(site, where + (key,), site.keyword(key))
+    def _put(self, site: Site, path: tuple, value: Any, at: Pos) -> Any:
+        """``value`` rendered as spec data, its place recorded."""
+        out = render(self, site, value, path, at)
+        self._smap.mark(site, path, at)
         return out
+
+    def _options(self, site: Site, where: tuple, options: dict[str, Any]) -> dict[str, Any]:
+        return {k: self._put(site, where + (k,), value, site.keyword(k)) for k, value in options.items()}
 
     def _step_extras(self, site: Site, where: tuple, args: dict[str, Any], expect: Any, description: Any,
                      ats: dict[str, Pos] | None = None) -> dict[str, Any]:
-        """A step's ``args``, ``expect`` and ``description``, rendered and placed."""
         out: dict[str, Any] = {}
         ats = ats or {}
         if args:
@@ -517,11 +492,9 @@ class Pipeline:
             out["args"] = {}
             for key, value in args.items():
                 at = ats.get(key) or site.keywords.get(key) or site.keyword("args")
-                out["args"][key] = render(self, site, value, where + ("args", key), at)
-                self._smap.mark(site, where + ("args", key), at)
+                out["args"][key] = self._put(site, where + ("args", key), value, at)
         if expect is not None:
-            out["expect"] = render(self, site, expect, where + ("expect",), site.keyword("expect"))
-            self._smap.mark(site, where + ("expect",), site.keyword("expect"))
+            out["expect"] = self._put(site, where + ("expect",), expect, site.keyword("expect"))
         if description:
             out["description"] = description
         return out

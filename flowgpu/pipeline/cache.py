@@ -1,22 +1,10 @@
 """The cache of what each output was made from: whether it is up to date, and if not, why.
 
-One small JSON file per output in ``flowgpu.cache.directory`` (default ``.flowgpu/cache`` in the
-working directory), named by a digest of the output's key: its absolute path for an output that
-writes one, else (a summary output) the spec's file or name, the output's name and the batch
-item's params. An entry holds the output's :class:`~flowgpu.pipeline.recipe.Recipe` (digest,
-params, input fingerprints, code), for a path output the output's fingerprint right after its
-commit, for a summary output its value with the shape and dtype it was computed as, and a checksum
-of all that.
-
-A run calls :meth:`Cache.check` (before computing), :meth:`Cache.invalidate` (before committing:
-an entry never says up to date for an output that is not complete) and :meth:`Cache.record`
-(after the commit). Entries are written atomically (temporary file, then a rename). The cache is
-an aid, and never trusted further than it checks: an entry is read only when it is a regular file
-of a size its output can need (opened without blocking, so a FIFO or a device in its place is never
-waited on or read), and used only when its checksum matches, every field has the type flowgpu
-writes, and a summary value has the output's shape and dtype. Any other entry is a miss, said in
-one line on stderr: the output is computed again. A cache folder that cannot be written is
-reported once on stderr and the run carries on.
+One small JSON entry per output in ``flowgpu.cache.directory``, named by a digest of the output's
+key (its path, or for a summary output the spec, output name and item params); it holds the
+output's :class:`~flowgpu.pipeline.recipe.Recipe`, the output's fingerprint or value, and a
+checksum. An entry is never trusted further than it checks: one that is not a small regular file,
+fails its checksum or holds a value of another shape or dtype is a miss, said on stderr.
 """
 
 from __future__ import annotations
@@ -45,15 +33,11 @@ from flowgpu.pipeline.recipe import Recipe, fingerprint, same_fingerprint
 
 __all__ = ["Cache", "Verdict", "entry_checksum", "summarize"]
 
-# 2: input and output paths are resolved on the client before anything runs. An entry of format 1 may
-# record fill values that workers running in another folder read from a relative Zarr path, so none is trusted.
-# 3: entries carry a checksum, and a summary value the shape and dtype it was computed as.
-FORMAT = 3
+FORMAT = 3  # 2: paths resolved on the client; 3: a checksum, and a summary value's shape and dtype
 OLD_FORMATS = {1: "recorded before paths were resolved on the client (an older flowgpu)",
                2: "recorded without a checksum (an older flowgpu)"}
 DAMAGED = "cache entry damaged"
-# An entry holds a recipe (params, input fingerprints, code digests: bounded by the spec's own limits)
-# and a summary output's value: at most this plus what the value's elements can take as JSON text.
+# an entry's recipe takes at most this; a summary value adds what its elements can take as JSON text
 _ENTRY_BYTES = 8 << 20
 _UNKNOWN_SHAPE_BYTES = 256 << 20
 _NONFINITE = {text: float(word) for word, text in jsontext.NONFINITE.items()}
@@ -65,8 +49,7 @@ class _Untrusted(Exception):
 
 
 def entry_checksum(entry: dict) -> str:
-    """The checksum an entry carries: a digest of its JSON text (keys sorted, without ``checksum``
-    itself), as written (non-finite floats as their strings), so what was read back gives the same."""
+    """The checksum an entry carries: a digest of its JSON text (keys sorted, without ``checksum``)."""
     body = {k: v for k, v in entry.items() if k != "checksum"}
     text = json.dumps(jsontext.plain(body), sort_keys=True, separators=(",", ":"), allow_nan=False, default=str)
     return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
@@ -74,8 +57,8 @@ def entry_checksum(entry: dict) -> str:
 
 @dataclass
 class Verdict:
-    """Whether ``output`` is up to date; if not, ``reason`` says why in a few words. ``value``: a
-    summary output's cached value (when up to date); ``location``: a path output's absolute path."""
+    """Whether ``output`` is up to date; if not, ``reason`` says why. ``value``: a summary output's
+    cached value; ``location``: a path output's absolute path."""
 
     output: str
     up_to_date: bool
@@ -91,7 +74,6 @@ def _location(plan: Plan, name: str) -> str | None:
 
 # -- reading an entry, and what it must be to be used ------------------------------------------------
 def _shape(x: Any) -> list[int | None]:
-    """An array's shape as an entry records it (None for a length dask does not know)."""
     return [int(d) if d == d else None for d in x.shape]
 
 
@@ -107,9 +89,8 @@ def _most_bytes(x: Any | None) -> int:
 
 
 def _read(path: str, most: int) -> dict | None:
-    """The JSON object in the entry file ``path``, or None when there is none. Only a regular file of
-    at most ``most`` bytes is read, and nothing ever waits (:func:`~flowgpu.pipeline.loader.read_bounded`);
-    a symbolic link is not followed."""
+    """The JSON object in the entry file ``path`` (a regular file of at most ``most`` bytes, no link), or
+    None when there is none."""
     try:
         text = read_bounded(path, most, os.O_NOFOLLOW)
     except (FileNotFoundError, NotADirectoryError):
@@ -131,7 +112,7 @@ def _read(path: str, most: int) -> dict | None:
 
 
 def _leaf_check(dtype: np.dtype) -> Any:
-    """What one value of ``dtype`` looks like in an entry (as ``to_summary_value`` wrote it)."""
+    """A test of one value of ``dtype`` as ``to_summary_value`` writes it."""
     if dtype.kind == "b":
         return lambda v: isinstance(v, bool)
     if dtype.kind in "iu":
@@ -154,7 +135,7 @@ def _fits(value: Any, shape: list[int | None], leaf: Any) -> bool:
 
 
 def _finite_back(value: Any) -> Any:
-    """A float value as it was computed: the strings an entry holds for NaN and the infinities as floats."""
+    """The strings an entry holds for NaN and the infinities, as floats again."""
     if isinstance(value, str):
         return _NONFINITE.get(value, value)
     if isinstance(value, list):
@@ -165,7 +146,6 @@ def _finite_back(value: Any) -> Any:
 
 
 def _check_value(entry: dict, x: Any) -> None:
-    """A summary value of the shape and dtype the output is computed as (and recorded with)."""
     shape, dtype = _shape(x), np.dtype(x.dtype)
     if entry.get("shape") != shape or entry.get("dtype") != str(dtype):
         raise _Untrusted(f"it records a value of shape {entry.get('shape')!r} and dtype {entry.get('dtype')!r}, "
@@ -189,8 +169,8 @@ _FIELDS = {"digest": str, "params": dict, "inputs": dict, "code": dict, "item": 
 
 
 def _check(entry: dict, key: Any, x: Any | None) -> None:
-    """Raise :class:`_Untrusted` unless ``entry`` is what flowgpu wrote for this output (``x``: the
-    array a summary output is computed as, None for a path output)."""
+    """Raise :class:`_Untrusted` unless ``entry`` is what flowgpu wrote for this output (``x``: a summary
+    output's array, None for a path output)."""
     if entry.get("checksum") != entry_checksum(entry):
         raise _Untrusted("its checksum does not match what it holds (edited by hand?)")
     if entry.get("key") != key:
@@ -219,8 +199,6 @@ class Cache:
 
     # -- where entries live ---------------------------------------------------------------------
     def key(self, plan: Plan, name: str, item: dict | None = None) -> dict:
-        """What identifies output ``name``'s entry: its path, or (a summary output) the spec,
-        the output's name and the batch item's params."""
         location = _location(plan, name)
         if location is not None:
             return {"path": location}
@@ -228,13 +206,11 @@ class Cache:
         return {"spec": spec, "output": name, "item": dict(item or {})}
 
     def path(self, plan: Plan, name: str, item: dict | None = None) -> str:
-        """The file of output ``name``'s entry."""
         text = json.dumps(self.key(plan, name, item), sort_keys=True, default=str)
         return os.path.join(self.directory, hashlib.blake2b(text.encode(), digest_size=16).hexdigest() + ".json")
 
     def entry(self, plan: Plan, name: str, item: dict | None = None) -> dict | None:
-        """Output ``name``'s entry, or None when there is none, it is not used (see :meth:`_load`) or
-        an older or newer flowgpu wrote it (another ``format``)."""
+        """Output ``name``'s entry, or None when there is none, it is not trusted or of another format."""
         try:
             data = self._load(plan, name, item)
         except _Untrusted:
@@ -242,9 +218,8 @@ class Cache:
         return data if data is not None and data.get("format") == FORMAT else None
 
     def _load(self, plan: Plan, name: str, item: dict | None = None) -> dict | None:
-        """Output ``name``'s entry: None when there is none, the data of an older or newer format as it
-        is (its ``format`` differs), else an entry every check passed (a summary value's NaN and
-        infinities as floats again). Raises ``_Untrusted`` (why, in words) for one that fails any."""
+        """Output ``name``'s entry (None when there is none; one of another format unchecked); raises
+        ``_Untrusted`` for one that fails a check."""
         x = None if _location(plan, name) is not None else plan.outputs[name]
         data = _read(self.path(plan, name, item), _most_bytes(x))
         if data is None or data.get("format") != FORMAT:
@@ -267,7 +242,6 @@ class Cache:
     # -- the three calls of a run -----------------------------------------------------------------
     def check(self, plan: Plan, recipes: dict[str, Recipe], *, item: dict | None = None, checksum: bool = False,
               force: bool = False) -> dict[str, Verdict]:
-        """A :class:`Verdict` for each output in ``recipes`` (see :func:`~flowgpu.pipeline.recipe.recipes`)."""
         return {name: self._verdict(plan, name, recipe, item, checksum, force) for name, recipe in recipes.items()}
 
     def _verdict(self, plan: Plan, name: str, recipe: Recipe, item: dict | None, checksum: bool,
@@ -321,8 +295,8 @@ class Cache:
         return Verdict(name, True, "up to date", value=entry["value"])
 
     def invalidate(self, plan: Plan, names: list[str] | tuple[str, ...], *, item: dict | None = None) -> None:
-        """Remove the entries of outputs about to be rewritten: call it before their commit, so a
-        run that dies while committing leaves no entry that says up to date."""
+        """Remove the entries of outputs about to be rewritten (before their commit: a run that dies
+        while committing leaves no entry that says up to date)."""
         for name in names:
             try:
                 os.unlink(self.path(plan, name, item))
@@ -333,9 +307,8 @@ class Cache:
 
     def record(self, plan: Plan, name: str, recipe: Recipe, *, item: dict | None = None,
                location: str | None = None, value: Any = None) -> None:
-        """After output ``name`` was committed: store its recipe (take it before the run read its
-        inputs), and its fingerprint now (a path output) or ``value`` (a summary output, JSON data).
-        Never raises: a cache that cannot be written is reported once on stderr."""
+        """After output ``name`` was committed: store its recipe and its fingerprint now (a path output)
+        or ``value``. Never raises: a cache that cannot be written is reported once on stderr."""
         entry: dict[str, Any] = {
             "format": FORMAT, "flowgpu": __version__, "key": self.key(plan, name, item), "output": name,
             "item": dict(item or {}), "digest": recipe.digest, "params": recipe.params, "inputs": recipe.inputs,
@@ -367,8 +340,7 @@ class Cache:
             return
         try:
             os.makedirs(self.directory, exist_ok=True)
-            # not synced: an entry a crash left empty or torn fails its checks when read, so the output
-            # is computed again (as for a missing entry), and the sync cost every run up to 10 ms
+            # not synced (that cost up to 10 ms a run): an entry a crash left torn fails its checks
             atomic.write_text(self.path(plan, name, item), text, sync=False)
         except OSError as e:
             self._warn("write", e)

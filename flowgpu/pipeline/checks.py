@@ -1,9 +1,6 @@
-"""What :func:`~flowgpu.pipeline.run` refuses before it computes anything (``validate`` makes the
-same checks): outputs that are taken, given twice (also through a linked folder), or that are or
-contain what the run needs; a ``--summary`` or ``--report`` path that would replace any of these or
-a file flowgpu did not write; and a spec's ``cluster:`` block sending the run or its dashboard off
-this machine without a word. What no command replaces is :func:`flowgpu.io.atomic.protected_paths`,
-the same for ``flowgpu convert``.
+"""What :func:`~flowgpu.pipeline.run` (and ``validate``) refuses before it computes anything: outputs
+that are taken, given twice, or are or contain what the run needs; ``--summary``/``--report`` paths
+that would replace any of these; a ``cluster:`` block that sends the run off this machine unasked.
 """
 
 from __future__ import annotations
@@ -29,8 +26,7 @@ __all__ = ["check_outputs", "check_side_files", "protected_paths", "session_opti
 
 def _spec_paths(spec: Spec, found: dict[str, str], stack: tuple[str, ...] = (), loaded: set | None = None) -> None:
     """The files a run reads (``realpath -> what it is``): the spec, its includes and its inputs' paths.
-    Each included file is read once per set of params it is given, and at most ``flowgpu.spec.max-includes``
-    times in all (two steps using a file that has two steps using the next ... would be 2**depth reads)."""
+    Each included file is read once per params, at most ``flowgpu.spec.max-includes`` times in all."""
     loaded = set() if loaded is None else loaded
     origin = spec.origin
     if origin is not None and origin.file:
@@ -58,10 +54,8 @@ def _spec_paths(spec: Spec, found: dict[str, str], stack: tuple[str, ...] = (), 
 
 
 def protected_paths(spec: Spec, extra: dict[str, str] | None = None) -> dict[str, str]:
-    """What no output may be or contain (``realpath -> what it is``): what no command replaces
-    (:func:`flowgpu.io.atomic.protected_paths`: the working directory, the home folder), the cache of
-    outputs (``flowgpu.cache.directory``), the spec, its includes, every input path of the run, and
-    ``extra`` (e.g. the params file)."""
+    """What no output may be or contain (``realpath -> what it is``): what no command replaces, the
+    cache, the spec, its includes, its inputs and ``extra``."""
     cache = config.get("cache.directory")
     found = atomic.protected_paths({**(extra or {}), cache: f"flowgpu's record of outputs ({cache})"})
     _spec_paths(spec, found)
@@ -69,9 +63,7 @@ def protected_paths(spec: Spec, extra: dict[str, str] | None = None) -> dict[str
 
 
 def check_outputs(spec: Spec, overwrite: bool = False, protect: dict[str, str] | None = None) -> None:
-    """Refuse, before anything runs, output paths that are taken, given twice, or that are or
-    contain what the run needs (:func:`protected_paths`; ``protect`` adds paths and what they are).
-    Table outputs that name one path are the columns of one table (:mod:`flowgpu.pipeline.tables`)."""
+    """Refuse output paths that are taken, given twice, nested, or are or contain what the run needs."""
     if not spec.outputs:  # an empty file too: a run that computes nothing and says ok is a mistake
         raise spec.error("the spec has no outputs, so a run would compute nothing", ("outputs",),
                          hint="add one, e.g. 'outputs: {result: {from: STEP}}'")
@@ -125,10 +117,8 @@ _SIDE_FILES = (("--summary", "run summary", lambda path: atomic.starts_with(os.f
 
 def check_side_files(spec: Spec | str | os.PathLike | dict | None, summary: str | os.PathLike | None,
                      report: str | os.PathLike | None, overwrite: bool = False, params_file: str | None = None) -> None:
-    """Refuse, before anything runs, a ``--summary`` or ``--report`` path that is or holds what the run
-    reads or the working directory (:func:`protected_paths`; never, ``overwrite`` or not), an output's
-    path, the other one's, a folder, or a file that is not a summary (report) flowgpu wrote (unless
-    ``overwrite``): the rules of outputs. ``spec``: the loaded spec, or the path of one that did not load."""
+    """Refuse a ``--summary`` or ``--report`` path that is protected, an output's, the other one's, a
+    folder, or (unless ``overwrite``) a file flowgpu did not write. ``spec``: loaded, or a path."""
     if summary is None and report is None:
         return
     extra = {params_file: f"the params file {params_file!r}"} if params_file else {}
@@ -182,13 +172,9 @@ def _loopback(address: str) -> bool:
 
 def session_options(spec: Spec, cluster: dict[str, Any] | None = None, allow_spec_address: bool = False
                     ) -> dict[str, Any]:
-    """Session keyword arguments: the spec's ``cluster:`` block, then ``cluster`` (CLI) overrides.
-
-    A spec from elsewhere must not send the run's data to another scheduler or to batch jobs, or open
-    the dashboard to the network, without a word: its ``cluster.address``, a ``cluster.kind`` other
-    than local, and a ``cluster.dashboard_address`` that is not a loopback address are refused unless
-    confirmed (``allow_spec_address``, the key in ``cluster``, or set on the command line with ``--set``).
-    """
+    """Session keyword arguments: the spec's ``cluster:`` block, then ``cluster`` (CLI) overrides. A spec's
+    address, non-local kind or non-loopback dashboard is refused unless confirmed (``allow_spec_address``,
+    the key in ``cluster``, or ``--set``): a spec from elsewhere could send the data anywhere."""
     opts = {k: v for k, v in spec.cluster.model_dump().items() if v is not None}
     given = {k: v for k, v in (cluster or {}).items() if v is not None}
     set_here = spec.origin.overrides if spec.origin is not None else {}

@@ -1,20 +1,11 @@
 """``compile(spec)``: the lazy Dask graph of a pipeline, checked before anything runs.
 
-Compiling is pure: it starts no cluster and computes nothing. It opens the sources (which reads
-only metadata), calls each step's op on the lazy arrays of its inputs, and so learns every step's
-shape, dtype and chunks from Dask's metadata. A step whose op refuses its inputs (shapes that do
-not broadcast, a dtype it does not take) or whose result differs from its ``expect`` fails with a
-:class:`~flowgpu.errors.SpecError` naming the step and its place in the file.
-
-The graph is plain dask.array, as the same steps written in Python would build it. Fusing its
-chains of elementwise steps into one kernel per chunk is the Session's job, as for any dask code
-(:mod:`flowgpu.fusion.graph`, dask's ``array_optimize`` hook); the plan only says which steps that
-rewrite will fuse (:func:`fusion_of`), so ``flowgpu plan`` and the dashboard show it.
-
-A step that ``uses`` another spec file compiles it as part of this one: its inputs named under
-the step's ``inputs`` are bound to arrays of this pipeline (checked against the shape and dtype the
-included spec declares for them), the others are opened from its own sources; ``params`` are
-passed to it; its outputs become ``<step>.<output>`` here. Its sinks are not written: only this pipeline's outputs are.
+Compiling is pure: it opens the sources (metadata only) and calls each op on lazy arrays, so a
+step whose op refuses its inputs, or whose result differs from its ``expect``, is a SpecError at
+its place in the file. The graph is plain dask.array; fusing it is the Session's job
+(:mod:`flowgpu.fusion.graph`), the plan only says what will fuse (:func:`fusion_of`). A ``uses``
+step compiles its spec as part of this one (its outputs become ``<step>.<output>``; its sinks
+are not written).
 """
 
 from __future__ import annotations
@@ -58,7 +49,7 @@ class Node:
     what: str  # the source, op or included file
     array: da.Array | None
     deps: list[str] = field(default_factory=list)
-    fused_into: str | None = None  # the step whose kernel computes this one (fused into it)
+    fused_into: str | None = None  # the step whose kernel computes this one
     fused: str | None = None  # the fused expression this node's kernel computes
     reads_files: bool = False
 
@@ -81,7 +72,6 @@ class Plan:
 
     @property
     def fused(self) -> bool:
-        """Whether a Session's fusion runs some of the steps as one kernel."""
         return bool(self.fusion)
 
     @property
@@ -97,7 +87,6 @@ class Plan:
 
 # -- the dependency graph: references checked, cycles refused, steps put in order --------------------
 def _step_refs(spec: Spec, name: str) -> list[tuple[tuple, str]]:
-    """``(field path, reference)`` for each input of step ``name``."""
     step = spec.steps[name]
     if isinstance(step.inputs, dict):
         return [(("steps", name, "inputs", k), ref) for k, ref in step.inputs.items()]
@@ -105,7 +94,6 @@ def _step_refs(spec: Spec, name: str) -> list[tuple[tuple, str]]:
 
 
 def _check_ref(spec: Spec, ref: str, where: tuple, smap: SourceMap) -> str:
-    """The node a reference depends on; an unknown name fails with close matches."""
     head, _, tail = ref.partition(".")
     known = list(spec.inputs) + list(spec.steps)
     if head not in known:
@@ -144,10 +132,8 @@ _included: ContextVar[list[int] | None] = ContextVar("flowgpu_included", default
 
 @contextlib.contextmanager
 def counting_includes() -> Iterator[None]:
-    """Count the included specs one compile builds: includes of includes multiply (two steps using a
-    file that has two steps using the next ... is 2**depth compiles), so past ``flowgpu.spec.max-includes``
-    the compile stops instead of running for hours; so does one whose included specs' steps, each time
-    included, make more than ``flowgpu.spec.max-steps`` in all (counted before each is built)."""
+    """Count the included specs (and their steps) one compile builds: includes of includes multiply,
+    so past ``flowgpu.spec.max-includes`` (or ``max-steps``) the compile stops rather than run for hours."""
     token = _included.set([0, 0])
     try:
         yield
@@ -198,8 +184,7 @@ def _check_binding(child: Spec, inner: str, x: Any, where: tuple, smap: SourceMa
 
 
 def _count_steps(count: list[int] | None, spec: Spec, data: Any, name: str, smap: SourceMap) -> None:
-    """Add the steps of step ``name``'s included spec (``data``, as read) to this compile's, the top
-    spec's own first (the first include of a compile is always one of its steps)."""
+    """Add the steps of step ``name``'s included spec (``data``) to this compile's, the top spec's first."""
     if count is None:
         return
     steps = data.get("steps") if isinstance(data, dict) else None
@@ -213,7 +198,6 @@ def _count_steps(count: list[int] | None, spec: Spec, data: Any, name: str, smap
 
 def _compile_uses(spec: Spec, name: str, smap: SourceMap, values: dict[str, Any], stack: tuple[str, ...],
                   for_run: bool) -> "Plan":
-    """Compile step ``name``'s included spec with its inputs bound; returns its Plan."""
     step = spec.steps[name]
     path = resolve_uses(spec, name, smap, stack)
     count, most = _included.get(), limit("max-includes")
@@ -311,7 +295,6 @@ def _call_op(spec: Spec, name: str, op: registry.Op, values: dict[str, Any], sma
 
 
 def _check_args(name: str, op: registry.Op, args: list, kwargs: dict, smap: SourceMap, step: Any) -> None:
-    """The step's arguments against the op's signature: a bad one is located at ``steps.<name>.args.<arg>``."""
     try:
         bind_arguments(op, kwargs, n_inputs=len(args))
     except ArgumentError as e:
@@ -391,7 +374,6 @@ def _resolve(values: dict, ref: str, where: tuple, smap: SourceMap) -> Any:
 
 
 def _output_arrays(spec: Spec, values: dict, smap: SourceMap) -> tuple[dict[str, da.Array], dict[str, Any]]:
-    """Each output's dask array, and the labelled ones' ``xarray.DataArray``."""
     outs, labelled = {}, {}
     for out_name, out in spec.outputs.items():
         value = _resolve(values, out.from_, ("outputs", out_name, "from"), smap)
@@ -411,15 +393,13 @@ def _output_arrays(spec: Spec, values: dict, smap: SourceMap) -> tuple[dict[str,
 
 
 def calls_user_code(plan: Plan) -> bool:
-    """Whether running ``plan`` calls user code to open an input (a ``python`` source), so a run
-    compiles it again, for real, inside its session."""
+    """Whether running ``plan`` calls user code to open an input (a run then compiles it in its session)."""
     return any(sources.calls_user_code(n.what) for p in plan.tree() for n in p.nodes.values()
                if n.kind == "input" and n.what in sources.SOURCES)
 
 
 def _owners(nodes: dict[str, Node], names: list[str]) -> dict[str, str]:
-    """``{layer name: node}``: each layer of the plan's graph goes to the first node (in plan order)
-    whose array holds it, so a step owns the layers it adds."""
+    """``{layer name: node}``: the first node (in plan order) whose array holds the layer."""
     owner: dict[str, str] = {}
     for name in names:
         x = nodes[name].array
@@ -430,10 +410,8 @@ def _owners(nodes: dict[str, Node], names: list[str]) -> dict[str, str]:
 
 
 def fusion_of(nodes: dict[str, Node], names: list[str], outputs: dict[str, da.Array]) -> dict[str, str]:
-    """Which steps a Session's fusion (:mod:`flowgpu.fusion.graph`) runs as one kernel when it
-    computes ``outputs``: marks each fused step's ``fused_into`` and its kernel's root's ``fused``
-    expression (over the names of the inputs and steps it reads); returns ``{root step: expression}``.
-    Nothing when ``flowgpu.fuse-ufuncs`` is off."""
+    """Which steps a Session's fusion runs as one kernel: marks each fused step's ``fused_into`` and
+    the kernel root's ``fused`` expression; returns ``{root step: expression}``."""
     arrays = [x for x in outputs.values() if isinstance(x, da.Array)]
     if not arrays or not dask.config.get(fusion_graph.CONFIG_KEY, True):
         return {}
@@ -480,21 +458,11 @@ def _compile(spec: Spec, bindings: dict[str, da.Array] | None = None, stack: tup
 def compile(spec: Spec | str | os.PathLike | dict, params: dict[str, Any] | None = None, *,
             overrides: dict[str, Any] | None = None, for_run: bool = False, facts: Facts | None = None
             ) -> Plan:  # noqa: A001
-    """Build and check the lazy graph of ``spec``; starts no cluster, computes nothing, calls no user code.
+    """Build and check the lazy graph of ``spec`` (a Spec, a YAML path or a dict); computes nothing.
 
-    Parameters
-    ----------
-    spec : a :class:`Spec`, the path of a YAML spec, or a spec as a Python dict.
-    params : param values to use instead of the spec's defaults, e.g. ``{"n": 1000}``.
-    overrides : other dotted keys to set, as ``--set`` does.
-    for_run : compile for a run: ``python`` sources call their callable (only ``run`` passes True;
-        otherwise they stand for their declared shape and dtype, unless ``plan_call: true``).
-    facts : the workers it is built for (:class:`flowgpu.backend.Facts`: a Session's ``facts``);
-        None: :meth:`~flowgpu.backend.Facts.here` (an open Session's, else NumPy with no memory bound).
-
-    Returns
-    -------
-    Plan, whose ``outputs`` maps each output name to its lazy dask array.
+    ``params``: param values, e.g. ``{"n": 1000}``; ``overrides``: other dotted keys, as ``--set``.
+    ``for_run``: ``python`` sources call their callable (else they stand for their declared shape and
+    dtype). ``facts``: the workers it is built for (a Session's; default: ``Facts.here()``).
     """
     spec = load_spec(spec, {**{f"params.{k}": v for k, v in (params or {}).items()}, **(overrides or {})})
     try:

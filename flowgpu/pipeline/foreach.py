@@ -1,16 +1,8 @@
-"""Batches: one pipeline, once per value of some of its params (``foreach``).
+"""Batches: one pipeline, once per value of some of its params (``foreach:``, ``--foreach``).
 
-Values come from the spec's ``foreach:`` block, from ``--foreach params.NAME=VALUES`` (a comma
-list ``0,1,2``, a glob of paths ``data/*.npy``, a range ``start:stop[:step]``) or from Python
-(``run(spec, foreach={"seed": [0, 1, 2]})``). Several params make a grid: every combination, the
-first name varying slowest. Each combination is an :class:`Item`, a spec of its own built with
-those param values, so every check a single run makes is made for every item, before any runs.
-A param pinned with ``--set params.NAME=...`` is not iterated.
-
-A batch holds at most ``flowgpu.spec.max-items`` items, counted before any is built (a range is
-never listed to count it, a glob stops one past the limit). A glob's ``**`` enters each real folder
-once, so a link to a folder above it ends instead of looping, and a file reached by two names
-(through a linked folder, or a hard link) is one item, under the name that goes through no link.
+Several params make a grid (every combination, the first varying slowest). Each combination is an
+:class:`Item` with a spec of its own, so every check is made for every item before any runs. A
+batch holds at most ``flowgpu.spec.max-items`` items, counted before any is built.
 """
 
 from __future__ import annotations
@@ -44,14 +36,13 @@ class Item:
 
     @property
     def label(self) -> str:
-        """``seed=1, input=data/a.npy`` (the spec's name for a run that is not a batch)."""
+        """``seed=1, input=data/a.npy`` (the spec's name outside a batch)."""
         if not self.values:
             return self.spec.name
         return ", ".join(f"{k}={v}" for k, v in self.values.items())
 
 
 def in_item(error: SpecError, item: Item) -> SpecError:
-    """``error`` said of batch item ``item`` (its number and values first), at the same place."""
     if item.of <= 1 and not item.values:
         return error
     return SpecError(f"batch item {item.index + 1} of {item.of} ({item.label}): {error.message}", file=error.file,
@@ -71,9 +62,7 @@ def _too_many(what: str, where: str, spec: Spec | None, path: tuple) -> SpecErro
 
 
 def values_of(name: str, given: Any, *, spec: Spec | None = None, where: str | None = None) -> Sequence[Any]:
-    """The values of one foreach param: a list, a glob (``{glob: ...}`` or text with ``*?[``), a
-    range (``{range: "0:8"}`` or text ``start:stop[:step]``; a ``range``, never listed), or
-    comma-separated text. More than ``flowgpu.spec.max-items`` values are refused (SpecLimitError)."""
+    """The values of one foreach param: a list, a glob, a range (never listed) or comma-separated text."""
     where = where or f"foreach.{name}"
     path = ("foreach", name) if where == f"foreach.{name}" else ()
     if isinstance(given, (ForeachGlob, ForeachRange)):
@@ -120,7 +109,6 @@ def values_of(name: str, given: Any, *, spec: Spec | None = None, where: str | N
 
 
 def parse_option(text: str) -> tuple[str, str]:
-    """``params.NAME=VALUES`` (``--foreach``) -> ``(NAME, VALUES)``."""
     key, sep, values = text.partition("=")
     name = key.strip().removeprefix("params.")
     if not sep or not re.match(NAME_PATTERN, name):
@@ -139,8 +127,8 @@ def _declared(spec: Spec, name: str, where: str) -> None:
 
 
 def expand(spec: Spec, foreach: dict[str, Any] | None = None) -> list[Item]:
-    """Every item of the batch ``spec`` describes (its ``foreach:`` block, then ``foreach``), each
-    built and checked as a spec of its own; a spec without foreach is one item with no values."""
+    """Every item of the batch ``spec`` describes (its ``foreach:`` block, then ``foreach``); one item
+    with no values without either."""
     origin = spec.origin
     pinned = {k.removeprefix("params.") for k in (origin.overrides if origin else {}) if k.startswith("params.")}
     axes: dict[str, list[Any]] = {}

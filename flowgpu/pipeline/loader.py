@@ -1,15 +1,8 @@
 """Reading spec YAML safely, remembering where every value is written.
 
-The YAML is composed into a node tree with a :class:`yaml.SafeLoader` subclass, then turned into
-plain Python data by hand, so that
-
-* duplicate keys are refused (YAML parsers silently keep the last one);
-* every tag other than the plain ones (``!!python/object/apply``, ``!custom``, ...) is refused;
-* a document is bounded (``flowgpu.spec`` in flowgpu.yaml): only regular files are read, up to
-  ``max-bytes``; nesting deeper than ``max-depth`` and more than ``max-nodes`` values once aliases
-  are expanded (a "billion laughs") are refused while composing, before memory fills;
-* a :class:`SourceMap` maps each field path, e.g. ``("steps", "norm", "op")``, to its line and
-  column, and every later error (pydantic's, the compiler's) can say ``spec.yaml:14:5``.
+The YAML is composed into nodes and turned into data by hand, so that duplicate keys and
+non-plain tags are refused, a document stays within the ``flowgpu.spec`` limits (bytes, depth,
+nodes once aliases are expanded), and a :class:`SourceMap` gives every value's line and column.
 """
 
 from __future__ import annotations
@@ -74,8 +67,7 @@ def limit(name: str) -> int:
 
 
 class _Loader(yaml.SafeLoader):
-    """SafeLoader that only composes (construction is done by :func:`_build`), refusing to nest
-    deeper than ``flowgpu.spec.max-depth`` while it composes (its recursion is Python's)."""
+    """SafeLoader that only composes (see :func:`_build`), refusing to nest deeper than ``max-depth``."""
 
     def __init__(self, text: str, file: str | None):
         super().__init__(text)
@@ -95,8 +87,7 @@ class _Loader(yaml.SafeLoader):
             self.depth -= 1
 
 
-# YAML 1.1 reads ``1:30`` as the base-60 number 90; YAML 1.2, and every user, read text. Ints and
-# floats resolve as YAML 1.1 resolves them, but without that form (so ``range: 1:30`` is a range).
+# ints and floats as YAML 1.1 resolves them, less its base-60 form (``range: 1:30`` is text, not 90)
 _Loader.yaml_implicit_resolvers = {
     first: [(tag, regexp) for tag, regexp in entries if tag not in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")]
     for first, entries in yaml.SafeLoader.yaml_implicit_resolvers.items()}
@@ -168,7 +159,6 @@ def _syntax_hint(text: str, mark: Any) -> str:
 
 
 def _unprintable(e: yaml.reader.ReaderError, text: str, file: str | None) -> SpecError:
-    """A character YAML text may not hold (a NUL byte, a control character): where it is, as a SpecError."""
     at = min(max(int(e.position), 0), len(text))
     line, col = text.count("\n", 0, at) + 1, at - (text.rfind("\n", 0, at) + 1) + 1
     code = e.character if isinstance(e.character, int) else -1
@@ -206,8 +196,7 @@ _KINDS = {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a 
 
 
 class Unread(Exception):
-    """What :func:`read_bounded` found instead of a file to read: ``kind``, what the path is if not
-    a regular file ("a FIFO", ...), else ``size``, more bytes than it may hold."""
+    """What :func:`read_bounded` found instead: ``kind`` ("a FIFO", ...), or the ``size`` too large."""
 
     def __init__(self, kind: str | None = None, size: int = 0):
         super().__init__(kind or f"{size:,} bytes")
@@ -215,8 +204,7 @@ class Unread(Exception):
 
 
 def read_bounded(path: str, most: int, flags: int = 0) -> bytes:
-    """The bytes of the regular file ``path`` if it holds at most ``most``, else :class:`Unread`;
-    OSError as ``os.open`` (``flags`` added to its) and ``read`` raise it. The file is opened
+    """The bytes of the regular file ``path`` if it holds at most ``most``, else :class:`Unread`. Opened
     without blocking (a FIFO would wait for a writer) and checked once open, so nothing can swap it."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | flags)
     try:
@@ -233,7 +221,7 @@ def read_bounded(path: str, most: int, flags: int = 0) -> bytes:
 
 
 def read_yaml(path: str | os.PathLike, what: str = "spec file") -> tuple[Any, SourceMap]:
-    """Read and parse a YAML file (a regular file, within the ``flowgpu.spec`` limits); ``what`` it is, for messages."""
+    """Read and parse a YAML file; ``what`` it is, for messages."""
     path = os.fspath(path)
     try:
         text = read_bounded(path, limit("max-bytes")).decode("utf-8")

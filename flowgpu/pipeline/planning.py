@@ -1,17 +1,9 @@
 """``flowgpu plan``: what a compiled pipeline will do, before anything runs.
 
-For every input and step in order: shape, dtype, chunk shape, the tasks it adds to the graph, its
-size in bytes, and which steps are fused. The peak-memory estimate per worker is the largest
-working set of one task (its input chunks plus its output chunk) times the tasks a worker runs at
-once, plus the chunks waiting for their dependents or their write (as many as the root tasks the
-scheduler sends a worker at once); where a step reads an array both chunk by chunk and through a
-reduction of all of it (an anomaly, ``x - x.mean(axis=0)``), every chunk of that array waits for
-the reduction, so the estimate holds all of it (:func:`held_whole`, shared among the spec's
-``n_workers``). It is an estimate from metadata, not a measurement (``tests/faults/test_memory.py``
-holds it against a worker's measured peak).
-
-:func:`check_memory` refuses, inside a session and before anything runs, a plan whose largest task
-cannot fit one worker, or whose largest array cannot fit the cluster's memory and spill disk.
+Per input and step: shape, dtype, chunks, tasks, bytes, fusion. The peak memory per worker is an
+estimate from metadata: the largest task's working set times the threads, plus the chunks waiting
+for their dependents, or all of an array a step reads both chunk by chunk and through a reduction
+(:func:`held_whole`). :func:`check_memory` refuses a plan that cannot fit the session's workers.
 """
 
 from __future__ import annotations
@@ -42,8 +34,7 @@ def _chunk_bytes(x: da.Array) -> int:
 
 
 def _layers(arrays: list[Any]) -> dict[Any, Any]:
-    """The layers of the one graph computing all of ``arrays``, by name (a graph that is a plain
-    mapping, not a ``HighLevelGraph``, as one layer)."""
+    """The layers of the one graph computing all of ``arrays``, by name."""
     layers: dict[Any, Any] = {}
     for x in arrays:
         graph = x.__dask_graph__() if hasattr(x, "__dask_graph__") else None
@@ -55,11 +46,8 @@ def _layers(arrays: list[Any]) -> dict[Any, Any]:
 
 
 def graph_size(arrays: list[Any]) -> int:
-    """Number of tasks in the one graph computing all of ``arrays``: the sum of its layers' lengths
-    (a layer shared by several arrays counted once). A ``Blockwise`` layer knows its length from its
-    blocks, so nothing is built to count it, where collecting the graph's keys would build every
-    task of it (a few ms per run on a small graph, seconds on one of 100k chunks); dask's layers
-    hold disjoint keys, so both counts agree."""
+    """Number of tasks in the one graph computing all of ``arrays``: the sum of its layers' lengths,
+    which needs no task built (collecting the keys took seconds on 100k chunks)."""
     return sum(len(layer) for layer in _layers(arrays).values())
 
 
@@ -69,8 +57,8 @@ def _threads(plan: Plan) -> int:
 
 
 def footprints(plan: Plan, prefix: str = "") -> list[tuple[str, str, int, int, int]]:
-    """Per input/step (included pipelines' too): ``(name, kind, bytes one task holds, chunk bytes,
-    array bytes)``, a task holding its output chunk and one chunk of each input."""
+    """Per input/step: ``(name, kind, bytes one task holds, chunk bytes, array bytes)``, a task holding
+    its output chunk and one chunk of each input."""
     out = []
     for name in plan.order:
         node = plan.nodes[name]
@@ -100,12 +88,8 @@ def _refuse(plan: Plan, where: tuple[str, str], message: str, hint: str) -> Spec
 
 
 def check_memory(plan: Plan, workers: dict[str, dict], threads: int, budget: int | None) -> None:
-    """Refuse ``plan`` before it runs on ``workers`` (the session's probe results) when one task,
-    ``threads`` at a time, cannot fit a worker's ``budget`` bytes, or its largest array cannot fit
-    the workers' memory plus the free space of their spill directories.
-
-    Raises a :class:`SpecError` naming the input or step, with the numbers and the fix.
-    """
+    """Refuse (a SpecError) ``plan`` when one task, ``threads`` at a time, cannot fit a worker's ``budget``
+    bytes, or its largest array cannot fit the workers' memory and spill directories."""
     feet = footprints(plan)
     if not workers or budget is None or not feet:
         return
@@ -137,8 +121,8 @@ def check_memory(plan: Plan, workers: dict[str, dict], threads: int, budget: int
 
 
 def _waiting(threads: int) -> int:
-    """Chunks a worker may hold besides its running tasks': results waiting for their dependents or
-    their write, as many as the root tasks the scheduler sends it at once (``worker-saturation``)."""
+    """Chunks a worker may hold waiting for their dependents: as many as the root tasks the scheduler
+    sends it at once (``worker-saturation``)."""
     saturation = dask.config.get("distributed.scheduler.worker-saturation", default=1.1)
     try:
         saturation = float(saturation)
@@ -152,10 +136,8 @@ def _partitions(x: Any) -> int:
 
 
 def held_whole(plan: Plan) -> tuple[str, int] | None:
-    """The array of ``plan`` that a worker must hold in full, and its bytes: one that a step reads
-    both chunk by chunk and through a reduction of all its chunks (``x - x.mean(axis=0)``, a
-    z-score): no chunk of it can go until the reduction is done, so every chunk waits in memory (or
-    in the spill tiers). The largest such array, or None."""
+    """The largest array that a step reads both chunk by chunk and through a reduction of all of it
+    (``x - x.mean(axis=0)``): every chunk waits for the reduction. ``(name, bytes)`` or None."""
     ancestors: dict[str, set[str]] = {}
     for name in plan.order:
         node = plan.nodes[name]

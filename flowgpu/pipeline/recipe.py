@@ -1,20 +1,11 @@
-"""What made each output: its recipe (a digest of the steps behind it) and the fingerprints of the
-files it read, so a run can tell which outputs are up to date (:mod:`flowgpu.pipeline.cache`).
+"""What made each output (its recipe) and the fingerprints of the files it read, so a run can tell
+which outputs are up to date (:mod:`flowgpu.pipeline.cache`).
 
-An output's digest is a Merkle hash over the nodes upstream of it, from the spec (never from the
-compiled Dask graph): each input by its source and options, each step by its op, args and the
-digests of its inputs (by position, or by name for a mapping), ``uses`` steps through the
-included spec's nodes, plus the values of the params each node uses, the content of user code
-it calls (``map_blocks`` functions, ``python`` sources, ops, sources and sinks registered from
-outside flowgpu) and flowgpu's version; then the output's sink, absolute path and sink options.
-So it changes with what changes the result and with nothing else: not with the chunks chosen for
-the machine (``chunks: auto`` stays the text ``auto``), fusion, dict order, the process, the
-order of steps in the file, or steps that are not upstream. The fingerprints of the files it
-reads are kept beside the digest, not in it, so the cache can say which input changed.
-
->>> from flowgpu.pipeline import compile                                   # doctest: +SKIP
->>> recipes(compile("pipelines/quickstart.yaml"))["energy"].digest          # doctest: +SKIP
-'5f0c...'
+An output's digest is a Merkle hash, from the spec (never the Dask graph), over the nodes upstream
+of it: sources and options, ops, args, the params they use, the user code they call, flowgpu's
+version, then the sink, path and options. So it does not change with chunks chosen for the machine,
+fusion, dict order or steps not upstream. Input fingerprints are kept beside it, not in it, so the
+cache can say which input changed.
 """
 
 from __future__ import annotations
@@ -78,15 +69,8 @@ def _raise(e: OSError) -> None:
 
 
 def fingerprint(path: str, checksum: bool = False) -> dict:
-    """What a file or folder looks like now; never raises.
-
-    A file: ``{"kind": "file", "size", "mtime_ns"}``; a folder (a Zarr store): ``{"kind": "dir",
-    "files", "size", "stat"}`` where ``stat`` digests every file's relative path, size and mtime.
-    ``checksum=True`` adds ``content``, a blake2b of the bytes (and, for a folder, the names).
-    A path that is not there gives ``{"kind": "missing"}``; one that cannot be read
-    ``{"kind": "unreadable", "error": ...}``; a URL ``{"kind": "remote"}`` (none of them is ever
-    the same as another fingerprint, see :func:`same_fingerprint`).
-    """
+    """What a file or folder looks like now (size and mtimes; ``checksum``: a digest of the contents).
+    Never raises: a missing, unreadable, special or remote path has a kind never the same as another."""
     if "://" in path:
         return {"kind": "remote"}  # never the same: a remote input is read again every run
     try:
@@ -106,8 +90,8 @@ def fingerprint(path: str, checksum: bool = False) -> dict:
 
 
 def same_fingerprint(recorded: dict | None, now: dict, checksum: bool = False) -> bool:
-    """Whether ``now`` shows the same data as ``recorded``: same contents with ``checksum`` (a
-    recording without a content digest is not the same), else same size and modification times."""
+    """Whether ``now`` shows the same data as ``recorded``: same contents with ``checksum``, else same
+    sizes and modification times."""
     if not recorded or now.get("kind") not in ("file", "dir") or recorded.get("kind") != now["kind"]:
         return False
     if checksum:
@@ -118,7 +102,6 @@ def same_fingerprint(recorded: dict | None, now: dict, checksum: bool = False) -
 
 # -- canonical data and digests --------------------------------------------------------------------
 def _plain(obj: Any) -> Any:
-    """``obj`` as JSON data with a canonical form (dict keys as text; tuples as lists)."""
     if isinstance(obj, dict):
         return {str(k): _plain(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
@@ -153,7 +136,7 @@ def _digest(data: Any) -> str:
 
 # -- user code --------------------------------------------------------------------------------------
 def _find_file(module: str) -> str | None:
-    """The file of ``module`` (imported already, or found on sys.path without importing anything)."""
+    """The file of ``module`` (found without importing anything)."""
     loaded = sys.modules.get(module)
     if loaded is not None:
         return getattr(loaded, "__file__", None)
@@ -173,8 +156,7 @@ def _code_digest(file: str) -> str:
 
 
 def _code(func: Any, import_path: Any = None) -> dict[str, str]:
-    """The digests of the code a node calls: the module of ``func`` (its op, source or sink) unless
-    it is flowgpu's own, and the module that ``import_path`` (``pkg.mod:name`` or ``pkg.mod.name``) names."""
+    """Digests of the code a node calls: ``func``'s module unless it is flowgpu's, and ``import_path``'s."""
     code: dict[str, str] = {}
     if isinstance(import_path, str):
         found = next(filter(None, (_find_file(m) for m, _ in import_candidates(import_path.strip()))), None)
@@ -189,9 +171,8 @@ def _code(func: Any, import_path: Any = None) -> dict[str, str]:
 # -- recipes ----------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Recipe:
-    """What makes output ``output``: ``digest`` (hex) covers the steps, args, params, code and sink
-    behind it; ``params`` are the param values it uses, ``inputs`` the fingerprints of the files it
-    reads (absolute path -> :func:`fingerprint`), ``code`` the digests of the user code it calls."""
+    """What makes output ``output``: ``digest`` covers everything behind it; ``params`` the values it uses,
+    ``inputs`` the fingerprints of the files it reads, ``code`` the digests of the user code it calls."""
 
     output: str
     digest: str
@@ -202,7 +183,6 @@ class Recipe:
 
 @dataclass
 class _Part:
-    """The digest of one reference and what it depends on (params of the top spec, files, code)."""
 
     digest: str
     params: frozenset[str] = frozenset()
@@ -235,7 +215,6 @@ class _Hasher:
                 self.ref(name)
 
     def used(self, section: str, name: str) -> set[str]:
-        """The params the raw data of ``section.name`` (and any --set under it) refers to."""
         found = _param_names((self.raw.get(section) or {}).get(name))
         prefix = f"{section}.{name}"
         for key, value in self.overrides.items():
@@ -317,9 +296,8 @@ class _Hasher:
 
 
 def recipes(plan: Plan, *, checksum: bool = False) -> dict[str, Recipe]:
-    """The :class:`Recipe` of every output of ``plan``, its input files fingerprinted now
-    (``checksum=True``: with content digests). Runs no user code and reads no array data; take
-    them before a run reads its inputs, so a file changed during the run is seen as changed."""
+    """The :class:`Recipe` of every output of ``plan``, its input files fingerprinted now: take them
+    before a run reads its inputs, so a file changed during the run is seen as changed."""
     hasher = _Hasher(plan)
     parts = {name: hasher.output(name) for name in plan.spec.outputs}
     prints = {path: fingerprint(path, checksum) for path in set().union(*(part.files for part in parts.values()))}

@@ -1,19 +1,8 @@
-"""Running a pipeline, or a batch of it: one Session, every item's graph submitted together, written atomically.
+"""Running a pipeline, or a batch of it, and :func:`status` (what a run would do, without running).
 
-How is a :class:`RunConfig`. Every item of the batch (:mod:`flowgpu.pipeline.foreach`; a plain run is
-one) is compiled for the session's ``facts`` and checked before anything runs (any problem is a
-:class:`SpecError` naming the item; outputs that hold data flowgpu did not write, contain the run's own
-files or that two items share are refused: :mod:`flowgpu.pipeline.checks`); every output's write
-lock is held (which also finishes commits dead runs left half-done); the cache says which outputs are
-up to date, making each item a frozen :class:`~flowgpu.pipeline.batch.Job` (nothing to compute: no
-cluster is started). :func:`flowgpu.pipeline.batch.execute` stages, computes and commits the jobs on
-the given, current or started Session, filling each one's :class:`~flowgpu.pipeline.batch.Outcome`;
-the results and summaries (``summary_path``, of a failure too) are made from the outcomes, and
-the subscribers hear each step (:mod:`flowgpu.diagnostics.events`).
-
-:func:`status` (``flowgpu status SPEC``) says what a run would do without running: every item
-compiled and checked, each output up to date or why not, through the first steps of every run
-(:func:`plan_items`, :func:`judge`), so both say the same.
+Both go through the same first steps: every item compiled and checked (:func:`plan_items`), each
+output judged up to date or not (:func:`judge`). A run then executes the jobs on one session
+(:func:`flowgpu.pipeline.batch.execute`) and builds its summary from their outcomes, of a failure too.
 """
 
 from __future__ import annotations
@@ -57,8 +46,7 @@ __all__ = ["BatchResult", "RunConfig", "RunResult", "run", "status", "plan_items
 
 def plan_items(items: list[Item], overwrite: bool, params_file: str | None, facts: Facts | None = None,
                for_run: bool = False) -> list[Plan]:
-    """Compile (for ``facts``: a Session's, else this machine's; calling python sources if ``for_run``)
-    and check every item before anything runs; an invalid item refuses the batch, named."""
+    """Compile (for ``facts``) and check every item before anything runs; a bad item refuses the batch."""
     plans, seen = [], {}
     protect = {params_file: f"the params file {params_file!r}"} if params_file else None
     for item in items:
@@ -85,8 +73,7 @@ def plan_items(items: list[Item], overwrite: bool, params_file: str | None, fact
 
 
 def _distinct_hint(item: Item, output: str) -> str:
-    """How to give each item's output a path of its own: a foreach param in it, or (a path param's
-    part, such as ``.stem``, is the same for two items) more of that param's path."""
+    """How to give each item's output a path of its own: a foreach param in it, or more of a path param."""
     raw = item.spec.origin.raw if item.spec.origin is not None else {}
     given = (raw.get("outputs") or {}).get(output, {}).get("path")  # as written: ${params...} not substituted
     refs = PARAM_REF.finditer(given) if isinstance(given, str) else ()
@@ -99,20 +86,18 @@ def _distinct_hint(item: Item, output: str) -> str:
 
 
 def _reads(plan: Plan) -> list[tuple[str, Spec, str]]:
-    """The files ``plan`` reads: ``(path, the spec whose input names it, that input)``, its included specs' too."""
+    """``(path, spec, input name)`` of each file ``plan`` (or an included spec) reads."""
     return [(path, p.spec, name) for p in plan.tree() for name, node in p.nodes.items()
             if node.kind == "input" and node.reads_files
             and isinstance(path := getattr(p.spec.inputs[name], "path", None), str) and path and "://" not in path]
 
 
 def _above(path: str) -> list[str]:
-    """``path`` and every folder it is in."""
     return [path, *map(str, pathlib.PurePath(path).parents)]
 
 
 def _refuse_reading_another_items_output(items: list[Item], plans: list[Plan]) -> None:
-    """Refuse a batch in which an item reads what another item writes (the path, a file in it, or a
-    folder holding it): the items run at the same time, so what it read would depend on which ran first."""
+    """Refuse a batch in which an item reads what another writes: the items run at the same time."""
     if len(items) < 2:
         return
     written: dict[str, tuple[Item, str]] = {}  # an output's real path -> who writes it
@@ -144,7 +129,7 @@ def _refuse_reading_another_items_output(items: list[Item], plans: list[Plan]) -
 
 
 def judge(jobs: list[Job], store: Any, force: bool, checksum: bool) -> list[Job]:
-    """The jobs, each saying which of its outputs are up to date (kept, with their cached value or location)."""
+    """The jobs, each saying which of its outputs are up to date."""
     judged = []
     for job in jobs:
         recipes = recipe.recipes(job.plan, checksum=checksum)
@@ -164,10 +149,9 @@ def line(jobs: list[Job]) -> str:
 def status(spec: Spec | str | os.PathLike | dict, *, overrides: dict[str, Any] | None = None,
            params_file: str | None = None, foreach: dict[str, Any] | None = None, checksum: bool = False,
            force: bool = False, overwrite: bool = False) -> dict[str, Any]:
-    """What ``run`` would do now, without running: ``{"name", "file", "line", "items": [{"index",
-    "params", "outputs": {name: {"up_to_date", "reason", "value"/"location"}}}]}``; ``line`` is the
-    sentence a run prints (``3 up to date, 1 to compute (inputs changed: data/b.npy)``). Starts no
-    cluster, calls no user code, takes no lock."""
+    """What ``run`` would do now: ``{"name", "file", "line", "items": [{"index", "params", "outputs":
+    {name: {"up_to_date", "reason", "value"/"location"}}}]}``. Starts no cluster, calls no user code,
+    takes no lock."""
     spec = load_spec(spec, overrides, params_file, foreach)
     items = expand(spec, foreach)
     plans = plan_items(items, overwrite, params_file)
@@ -182,8 +166,8 @@ def status(spec: Spec | str | os.PathLike | dict, *, overrides: dict[str, Any] |
 
 @dataclass
 class RunResult:
-    """What a run produced: ``outputs`` (value for summary outputs, path for files) and ``summary``;
-    in a batch also the item's ``params`` and ``status`` (ok, failed, up-to-date, cancelled)."""
+    """What a run produced: ``outputs`` (a value, or a file's path) and ``summary``; in a batch also the
+    item's ``params`` and ``status``."""
 
     outputs: dict[str, Any]
     summary: dict[str, Any]
@@ -209,9 +193,8 @@ def run(spec: Spec | str | os.PathLike | dict, config: RunConfig | None = None,
         **kwargs: Any) -> "RunResult | BatchResult":
     """Run a pipeline (or a batch of it) and return its outputs and summary.
 
-    ``spec``: a :class:`Spec`, the path of a YAML spec, or a spec as a Python dict. ``config``: how to
-    run it (:class:`RunConfig`); keywords set its fields, also over a given one
-    (``run("spec.yaml", session="local", force=True)``).
+    ``spec``: a :class:`Spec`, the path of a YAML spec, or a dict. ``config``: how to run it
+    (:class:`RunConfig`); keywords set its fields (``run("spec.yaml", session="local", force=True)``).
     """
     config = replace(config or RunConfig(), **kwargs)
     config = replace(config, console=config.console or Console(stderr=True, quiet=not config.progress))
@@ -230,7 +213,7 @@ def run(spec: Spec | str | os.PathLike | dict, config: RunConfig | None = None,
 
 
 def _may_write(spec: Any, config: RunConfig) -> bool:
-    """Whether a run whose spec did not load may write its summary: its path passes the checks that need no spec."""
+    """Whether a run whose spec did not load may write its summary there."""
     try:
         check_side_files(spec if isinstance(spec, (str, os.PathLike)) else None, config.summary_path, None,
                          config.overwrite, config.params_file)
@@ -241,20 +224,17 @@ def _may_write(spec: Any, config: RunConfig) -> bool:
 
 @dataclass
 class BatchResult:
-    """What a batch produced: one :class:`RunResult` per item (``params`` and ``status`` in each),
-    and the batch's ``summary`` (with its ``items``)."""
+    """What a batch produced: one :class:`RunResult` per item, and the batch's ``summary``."""
 
     items: list[RunResult]
     summary: dict[str, Any]
 
     @property
     def ok(self) -> bool:
-        """Whether every item succeeded (or was up to date)."""
         return self.summary["status"] == "ok"
 
 
 def _run(spec: Spec, config: RunConfig, begun: float) -> "RunResult | BatchResult":
-    """The run of a loaded spec whose side files passed the checks: outcomes, summary (of a failure too), events."""
     follower = monitor.Follower(report=bool(config.report))  # the dashboard's flowgpu page, and the report
 
     def tell(event: events.Event) -> None:
@@ -339,7 +319,6 @@ def _ended(config: RunConfig, tell: Callable[[events.Event], None], summary: dic
 
 
 def _given_session(session: runtime.RunSession | str | None) -> runtime.RunSession | None:
-    """The session given, dask's threaded scheduler for ``"local"``, or the current one (None: start one)."""
     if isinstance(session, str):
         if session != "local":
             raise ConfigError(f"session={session!r}: give a flowgpu.Session, None, or \"local\"")
@@ -352,8 +331,7 @@ def _names(paths: list[str], most: int = 6) -> str:
 
 
 def interrupted(outcomes: list[Outcome]) -> str:
-    """What an interrupted run says: each output moved into place, and those that were not (and stay
-    as they were); a commit cut short is finished by the next run or ``flowgpu clean``."""
+    """What an interrupted run says: the outputs moved into place, and those that were not."""
     moved = [loc for o in outcomes for loc in o.written.values()]
     todo = [p.location for o in outcomes for n, p in o.pending.items() if p.location and n not in o.written]
     cut = any(getattr(p.atomic, "stuck", False) for o in outcomes for p in o.pending.values())
@@ -412,15 +390,14 @@ def _batch_result(spec: Spec, outcomes: list[Outcome], session: runtime.RunSessi
 
 # -- what a run says it did: the summary of a run, of a batch and of a run that failed ----------------
 def write_json(path: str, data: dict, overwrite: bool = True) -> None:
-    """Write ``data`` to ``path`` as JSON atomically (NaN as "NaN": valid JSON); ``overwrite=False``
-    (a run's ``--summary``): refuse to replace a file that is not a summary."""
+    """Write ``data`` to ``path`` as JSON atomically; ``overwrite=False``: only over a summary."""
     atomic.write_text(path, jsontext.dumps(data, indent=2), head=None if overwrite else SUMMARY_HEAD,
                       what="run summary")
 
 
 def _failed_step(spec: Spec, plan: Plan | None, error: BaseException) -> str | None:
-    """The input or step an error came from, when it can be told: the spec field it names, the
-    node whose tasks failed (a worker's ``KilledWorker``), or the map_blocks function it raised in."""
+    """The input or step an error came from: the spec field it names, the node whose tasks failed, or
+    the map_blocks function it raised in; None when it cannot be told."""
     chain, e = [], error
     while e is not None and len(chain) < 8:
         chain.append(e)
@@ -444,8 +421,7 @@ def _failed_step(spec: Spec, plan: Plan | None, error: BaseException) -> str | N
 
 def failure_summary(spec: Any, plan: Plan | None, moved: dict[str, str], error: BaseException,
                     wall: float) -> dict[str, Any]:
-    """The summary of a run that failed: the error, its step when known (``plan``: the first item's,
-    once compiled), and what was (not) written (``moved``: output name -> location moved into place)."""
+    """The summary of a run that failed: the error, its step when known, and what was (not) ``moved``."""
     given = os.fspath(spec) if isinstance(spec, (str, os.PathLike)) else None  # a spec file that did not load
     spec = spec if isinstance(spec, Spec) else None
     outputs = {}
@@ -500,8 +476,6 @@ def _session(info: dict) -> dict:
 
 def run_summary(spec: Spec, plan: Plan, info: dict, values: dict, computed: set[str], wall: float, status: str,
                 reasons: dict[str, str] | None = None) -> dict[str, Any]:
-    """The summary of one run: each output (shape, dtype, value or location, computed or up to date),
-    bytes read and written, tasks, what was fused, the session."""
     outputs, written = _outputs(spec, plan, values, computed)
     for name, why in (reasons or {}).items():
         outputs[name]["reason"] = why
@@ -523,8 +497,6 @@ def run_summary(spec: Spec, plan: Plan, info: dict, values: dict, computed: set[
 
 
 def batch_summary(spec: Spec, items: list[dict[str, Any]], info: dict, wall: float) -> dict[str, Any]:
-    """The summary of a batch: one entry per item (``params``, ``status``: ok, failed or up-to-date,
-    ``outputs``, ``error``), the counts of each status, and the session."""
     counts = dict(Counter(item["status"] for item in items))
     return {
         "flowgpu": __version__,

@@ -1,26 +1,9 @@
 """The pipeline spec: pydantic models for the YAML file and for pipelines built in Python.
 
-A spec has ``params`` (typed defaults, referenced as ``${params.name}``), ``inputs`` (named
-sources), ``steps`` (named ops, or other spec files through ``uses``), ``outputs`` (named sinks)
-and an optional ``cluster`` block. Unknown keys are refused everywhere, and the JSON schema that
-editors use (``flowgpu schema``) is generated from these same models.
-
-The models of ``inputs`` and ``outputs`` are not written here: :func:`spec_model` generates them
-from the source and sink registries (each entry's options model, tagged by its name), caches the
-result and rebuilds it when a registry changes, so a source registered in Python or by a plugin
-is validated, located in errors and listed in the schema like a built-in one.
-
-Examples
---------
->>> from flowgpu.pipeline.spec import Spec
->>> spec = Spec.model_validate({
-...     "name": "demo",
-...     "inputs": {"x": {"source": "random", "shape": [100, 100], "seed": 0}},
-...     "steps": {"total": {"op": "sum", "inputs": ["x"]}},
-...     "outputs": {"total": {"from": "total"}},
-... })
->>> spec.steps["total"].op
-'sum'
+Unknown keys are refused everywhere; ``flowgpu schema`` is generated from these models (so their
+docstrings and descriptions are the schema's). The models of ``inputs`` and ``outputs`` come from
+the source and sink registries (:func:`spec_model`, rebuilt when a registry changes), so a plugin's
+source is validated like a built-in one.
 """
 
 from __future__ import annotations
@@ -67,7 +50,6 @@ class Param(_Model):
     description: str = ""
 
 
-# -- inputs (sources) and outputs (sinks): generated from the registries, see spec_model() ---------
 def _source_tag(v: Any) -> Any:
     return v.get("source") if isinstance(v, dict) else getattr(v, "source", None)
 
@@ -146,7 +128,7 @@ class Output(_Model):
 
 
 def _implied(path: Any) -> str | None:
-    """The sink an output with this path and no ``sink`` gets: the only one whose files its suffix names."""
+    """The sink an output with this path and no ``sink`` gets: the only one its suffix names."""
     fits = sinks.sinks_for(path)
     return fits[0] if len(fits) == 1 else None
 
@@ -166,18 +148,14 @@ def _sink_tag(v: Any) -> Any:
     return getattr(v, "sink", None)
 
 
-# -- cluster ----------------------------------------------------------------------------------------
-# The session options a spec's ``cluster:`` block may set, declared once, in flowgpu-schema.yaml (a
-# Session checks its keyword arguments against the same schema): the model's fields, their types and
-# their descriptions are made from it.
+# -- cluster: its fields, types and descriptions made from flowgpu-schema.yaml, as a Session's ------
 CLUSTER_OPTIONS = ("backend", "scheduler-address", "kind", "jobs", "gpus-per-job", "gpus", "n-workers",
                    "threads-per-worker", "memory-limit", "device-memory-limit", "rmm-pool-size", "local-directory",
                    "dashboard-address", "protocol")
 
 
 def _annotation(schema: dict) -> Any:
-    """A type pydantic checks as the JSON Schema subset of flowgpu-schema.yaml says (strings of a
-    ``format``, such as "4GiB", stay strings: the Session parses them)."""
+    """The type a flowgpu-schema.yaml property declares ("4GiB" stays a string: the Session parses it)."""
     if "anyOf" in schema:
         return Union[tuple(_annotation(s) for s in schema["anyOf"])]
     if "enum" in schema or "const" in schema:
@@ -251,15 +229,12 @@ class Spec(_Model):
 
     @property
     def origin(self) -> Any:
-        """Where the spec came from (:class:`flowgpu.pipeline.build.Origin`): its file, the line and
-        column of every node, the document before params were substituted, the params and the
-        overrides; None for a spec made in memory by ``Spec(...)``."""
+        """Where the spec came from (:class:`flowgpu.pipeline.build.Origin`); None for ``Spec(...)``."""
         return self._origin
 
     def error(self, message: str, path: tuple = (), hint: str | None = None, *,
               kind: type[SpecError] = SpecError) -> SpecError:
-        """A :class:`SpecError` at ``path`` (``("steps", "z", "args")``): ``file:line:col`` and the
-        field path when the spec came from a file, the field path alone otherwise."""
+        """A :class:`SpecError` at ``path`` (``("steps", "z", "args")``), with ``file:line:col`` if known."""
         if self._origin is not None:
             return self._origin.smap.error(message, path, hint=hint, kind=kind)
         return kind(message, path=format_path(tuple(path)), hint=hint)
@@ -273,7 +248,6 @@ class Spec(_Model):
 
     @classmethod
     def model_validate(cls, obj: Any, **kwargs: Any) -> "Spec":
-        """Validate with the model generated from the registered sources and sinks."""
         if cls is Spec:
             return spec_model().model_validate(obj, **kwargs)
         return super().model_validate(obj, **kwargs)
@@ -281,7 +255,6 @@ class Spec(_Model):
 
 def _tagged(model: type[BaseModel], field: str, name: str, base: type[BaseModel] | None = None,
             default: bool = False) -> type[BaseModel]:
-    """``model`` with ``field: Literal[name]`` (the tag of the union), on ``base`` when given."""
     bases = (base, model) if base is not None else model
     title = "".join(part.capitalize() for part in name.replace(".", "_").split("_"))
     return create_model(f"{title}{'Source' if field == 'source' else 'Output'}", __base__=bases, __doc__=model.__doc__,
@@ -310,17 +283,14 @@ def _generate() -> tuple[type[Spec], dict[str, type], dict[str, type]]:
 
 
 def spec_model() -> type[Spec]:
-    """The spec model for the sources and sinks registered now (cached; rebuilt when they change)."""
     return _generate()[0]
 
 
 def input_model(source: Any) -> type[BaseModel] | None:
-    """The model of an input of ``source``, or None for an unknown source."""
     return _generate()[1].get(source)
 
 
 def output_model(sink: Any) -> type[BaseModel] | None:
-    """The model of an output to ``sink``, or None for an unknown sink."""
     return _generate()[2].get(sink)
 
 

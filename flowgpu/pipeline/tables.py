@@ -1,15 +1,9 @@
-"""Table outputs (``sink: table``): one row per batch item, checked before anything runs, written
-once every item of the batch is done.
+"""Table outputs (``sink: table``): one row per batch item, written once every item is done.
 
-Each output with ``sink: table`` is computed, cached and reported like a ``summary`` output (its
-value is in the run summary and in ``flowgpu status --json`` as before); the outputs that name one
-``path`` are the columns of that table, in the spec's order, after the item's foreach params. So a
-rerun in which some items are up to date still writes every row (their values come from the
-cache), and an item whose input changed gets its row recomputed. A plain run is one row. A path
-with a foreach param in it (``out/stats-${params.n}.csv``) makes one table per value, each with the
-rows of its items. The file is written only when all of its items succeeded (``--keep-going``
-with a failed item leaves the old table as it was, and says so), and not at all when it already
-holds the same rows. What a column may hold: :mod:`flowgpu.io.table`.
+Each is computed and cached like a ``summary`` output; the outputs that name one path are the
+columns of that table, after the item's foreach params, so a rerun still writes every row (up to
+date values from the cache). A table is written only when all its items succeeded, and not when
+it already holds the same rows.
 """
 
 from __future__ import annotations
@@ -29,13 +23,12 @@ __all__ = ["collects", "check_column", "check_path", "check_items", "write_table
 
 
 def collects(out: Any) -> bool:
-    """Whether output ``out`` goes into a table (its sink collects values across a batch's items)."""
+    """Whether output ``out`` goes into a table."""
     return sinks.sink_entry(out.sink).has(sinks.COLLECTS)
 
 
 def check_column(smap: SourceMap, name: str, x: Any) -> None:
-    """Refuse (at ``outputs.NAME.from``) a table output that is not a scalar or a short 1-D array of
-    numbers, booleans or text."""
+    """Refuse a table output that is not a scalar or a short 1-D array of numbers, booleans or text."""
     dtype, shape = np.dtype(x.dtype), tuple(x.shape)
     where = ("outputs", name, "from")
     if dtype.kind not in table.KINDS:
@@ -51,8 +44,7 @@ def check_column(smap: SourceMap, name: str, x: Any) -> None:
 
 
 def check_path(spec: Spec, name: str, path: str) -> None:
-    """Refuse (at ``outputs.NAME.path``) a table path that is neither ``.csv`` nor ``.parquet``, and
-    a Parquet table where pyarrow is not installed."""
+    """Refuse a table path that is neither ``.csv`` nor ``.parquet`` (or Parquet without pyarrow)."""
     fmt = table.table_format(path)
     where = ("outputs", name, "path")
     if fmt is None:
@@ -76,8 +68,7 @@ class _Table:
 
 
 def _params(item: Any) -> dict[str, Any]:
-    """The param columns of ``item``'s row: its foreach params, and those of the spec's ``foreach:``
-    block pinned by ``--set`` (so a rerun of one item has the batch's columns)."""
+    """The param columns of ``item``'s row: its foreach params, and those pinned by ``--set``."""
     given = item.spec.origin.params if item.spec.origin is not None else {}
     pinned = {n: given[n] for n in item.spec.foreach if n not in item.values and n in given}
     return {**item.values, **pinned}
@@ -106,8 +97,7 @@ def _gather(pairs: list[tuple[Any, Any, Any]]) -> dict[str, _Table]:
 
 
 def check_items(items: list[Any], plans: list[Any]) -> None:
-    """Refuse a batch whose table would have two columns of one name, rows of different columns, or
-    whose table is another output's file."""
+    """Refuse a table with two columns of one name, rows of different columns, or another output's path."""
     found = _gather([(item, plan, item) for item, plan in zip(items, plans)])
     files = {canonical(o.path): (item, n) for item in items for n, o in item.spec.outputs.items()
              if o.path is not None and not collects(o)}
@@ -129,8 +119,7 @@ def check_items(items: list[Any], plans: list[Any]) -> None:
 
 
 def write_tables(outcomes: list[Any], overwrite: bool = False) -> list[str]:
-    """Write every table of a batch from its items' outcomes (:class:`flowgpu.pipeline.batch.Outcome`):
-    a row per item, from its computed or cached values; returns a line to say of each."""
+    """Write every table of a batch from its items' outcomes; returns a line to say of each."""
     said = []
     for t in _gather([(o.job.item, o.job.plan, o) for o in outcomes]).values():
         missing = [o for o, _ in t.members if o.status not in ("ok", "up-to-date")]
