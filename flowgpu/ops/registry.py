@@ -1,16 +1,9 @@
 """The op registry: a name maps to a callable with its signature, docstring and kind.
 
-Built-in ops register themselves when :mod:`flowgpu.ops` is imported; user packages add theirs with
-the :func:`op` decorator or through the ``flowgpu.ops`` entry-point group (each entry point names a
-module to import, or a callable to register under the entry point's name).
-
-An op is called with dask arrays (its inputs) and keyword arguments, and returns a dask array (or a
-tuple of them). An elementwise op may also give ``expression``: the formula it computes over its
-inputs, such as ``"a + b"`` or ``"sqrt(x)"`` (documentation; a test checks each built-in op
-against its own). Fusing a chain of ops into one kernel per chunk needs no template: a Session
-fuses the graph the ops build (:mod:`flowgpu.fusion.graph`), so an op written with NumPy ufuncs or
-dask's operators on its inputs fuses with its neighbours, and one written with ``map_blocks`` runs
-as it is.
+Built-in ops register when :mod:`flowgpu.ops` is imported; user packages add theirs with :func:`op`
+or the ``flowgpu.ops`` entry-point group. An op takes dask arrays (its inputs) and keyword arguments
+and returns a dask array (or a tuple of them). An elementwise op's ``expression`` (``"a + b"``) only
+documents its formula: a Session fuses whatever graph the ops build (:mod:`flowgpu.fusion.graph`).
 """
 
 from __future__ import annotations
@@ -91,11 +84,10 @@ def _from_plugin(name: str, obj: Any) -> Op | None:
 OPS: Registry[Op] = Registry(ENTRY_POINT_GROUP, "op", error=OpError, from_plugin=_from_plugin)
 
 
-def register(name: str, func: Callable, *, kind: str = "array", inputs: tuple[str, ...] | None = None,
-             expression: str | None = None, gpu_only: bool = False, replace: bool = False, **meta: Any) -> Op:
-    """Register ``func`` as op ``name``; refuses to replace an existing op unless ``replace``."""
-    entry = _make(name, func, kind=kind, inputs=inputs, expression=expression, gpu_only=gpu_only, **meta)
-    return OPS.add(entry, replace=replace)
+def register(name: str, func: Callable, *, replace: bool = False, **options: Any) -> Op:
+    """Register ``func`` as op ``name`` (``options``: those of :class:`Op`, the rest go to its ``meta``);
+    refuses to replace an existing op unless ``replace``."""
+    return OPS.add(_make(name, func, **options), replace=replace)
 
 
 def op(name: str | None = None, **options: Any) -> Callable[[Callable], Callable]:

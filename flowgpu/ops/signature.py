@@ -1,19 +1,11 @@
 """Checking an op's arguments against its signature before any graph is built.
 
-Two entry points:
-
-* :func:`bind_arguments` checks the keyword arguments a pipeline step gives an op (names, required
-  ones, and types from the op's annotations) without needing its input arrays, so a spec can be
-  validated before anything is created;
-* :func:`checked` wraps an op function so that a call with a wrong argument name or type raises
-  :class:`~flowgpu.errors.ArgumentError` (an :class:`~flowgpu.errors.ArgumentError` naming the op, the bad
-  argument and the accepted ones) instead of a bare ``TypeError`` from deep inside dask.
-
-Types are checked by pydantic: one strict :class:`pydantic.TypeAdapter` per annotated parameter
-(no coercion: ``"yes"`` is not a bool, ``"1"`` not an int; an int is a float). A list is accepted
-where a tuple is annotated and the other way round, since YAML has only lists. :data:`Array`
-(``dask.array.Array`` annotated for pydantic) also accepts NumPy and CuPy arrays. Annotations that
-pydantic cannot check are not checked.
+:func:`bind_arguments` checks a pipeline step's keyword arguments without its input arrays (so a spec
+is validated before anything is created); :func:`checked` wraps an op so that a wrong argument name
+or type raises :class:`~flowgpu.errors.ArgumentError` naming the op, the argument and the accepted
+ones, not a bare ``TypeError`` from inside dask. Types are checked by strict pydantic adapters (no
+coercion: ``"1"`` is not an int), except that lists and tuples stand for each other (YAML has only
+lists); annotations pydantic cannot check are not checked.
 """
 
 from __future__ import annotations
@@ -142,7 +134,7 @@ def checked(name: str, func: Callable) -> Callable:
     sig = inspect.signature(func)
     params = sig.parameters
     has_var_kw = any(p.kind == p.VAR_KEYWORD for p in params.values())
-    accepted = [p.name for p in params.values() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    accepted = accepted_arguments(func)
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -164,27 +156,10 @@ def checked(name: str, func: Callable) -> Callable:
 
 
 def bind_arguments(op: Op | str, args: Mapping[str, Any] | None = None, *, n_inputs: int | None = None) -> dict[str, Any]:
-    """Check a step's keyword arguments for ``op`` before building anything.
+    """Check a step's keyword arguments ``args`` (not its input arrays; an array parameter may be given
+    here as a number, e.g. ``multiply`` with ``{"b": 2.0}``) and, when known, its number of inputs
+    ``n_inputs`` against ``op``; returns ``args`` as a new dict, or raises :class:`ArgumentError`.
 
-    Parameters
-    ----------
-    op : an :class:`~flowgpu.ops.registry.Op` or the name of a registered op.
-    args : the step's keyword arguments (not its input arrays). An array parameter of the op may be
-        given here as a number, e.g. ``multiply`` with ``{"b": 2.0}``.
-    n_inputs : how many input arrays the step gives, when known; checked against the op's inputs.
-
-    Returns
-    -------
-    dict : ``args`` as a new dict, unchanged when valid.
-
-    Raises
-    ------
-    ArgumentError
-        (an OpError) naming the op, the bad argument (its ``argument``) and the accepted ones.
-
-    Examples
-    --------
-    >>> from flowgpu.ops.signature import bind_arguments
     >>> bind_arguments("clip", {"lo": 0.0, "hi": 1.0}, n_inputs=1)
     {'lo': 0.0, 'hi': 1.0}
     """
