@@ -1,24 +1,8 @@
-"""Elementwise arithmetic and math ops.
+"""Elementwise arithmetic and math ops, NumPy ufuncs on dask arrays (CuPy blocks dispatch to CuPy's).
 
-Each is registered with ``kind="elementwise"`` and, where the kernel expression language can say it,
-an ``expression`` template over its parameter names (``"a + b"``, ``"sqrt(x)"``,
-``"clip(x, lo, hi)"``) so the pipeline compiler can fuse a chain of them into one kernel per chunk.
-Chunks may be NumPy or CuPy: the ops use NumPy's ufuncs on dask arrays, which dask applies per block
-and which CuPy blocks dispatch to ``cupy``'s own ufuncs.
-
-Scalar operands
----------------
-The operands of a binary op (``add``, ``multiply``, ``minimum``, ``where``, ...) may be arrays or
-numbers. In Python, ``multiply(x, 2.0)``. In a pipeline step, give the array as the step's input and
-the number as an argument named after the operand::
-
-    scaled:
-      op: multiply
-      inputs: [x]
-      args: {b: 2.0}
-
-``scale(x, factor=2.0, offset=1.0)`` is the same for ``x * factor + offset``. A number keeps the
-array's dtype (NumPy 2 promotion rules): a float32 array times ``2.0`` stays float32.
+The operands of a binary op may be arrays or numbers: in a step, the array is the input and the
+number an argument named after the operand (``op: multiply, inputs: [x], args: {b: 2.0}``). A number
+keeps the array's dtype (NumPy 2 promotion): a float32 array times ``2.0`` stays float32.
 """
 
 from __future__ import annotations
@@ -41,35 +25,20 @@ __all__ = [
 
 _BINARY_DOC = """{summary}
 
-Parameters
-----------
-a, b : array or number
-    The operands; at least one is an array. Arrays broadcast against each other as in NumPy.
+``a`` and ``b`` are arrays or numbers, at least one an array; arrays broadcast as in NumPy.
 
 Returns
 -------
 dask.array.Array
     ``{expression}``, elementwise, with NumPy's dtype promotion.
-
-Examples
---------
->>> import numpy as np, dask.array as da
->>> from flowgpu.ops.elementwise import {name}
->>> {name}(da.from_array(np.array([1.0, 4.0])), 2.0).compute()
-{example}
 """
 
 _UNARY_DOC = """{summary}
 
-Parameters
-----------
-x : array
-    The input, NumPy or CuPy chunks.
-
 Returns
 -------
 dask.array.Array
-    ``{expression}``, elementwise, same chunks as ``x``.
+    ``{expression}``, elementwise, same chunks as ``x`` (NumPy or CuPy).
 """
 
 
@@ -91,8 +60,7 @@ def _binary(name: str, ufunc: np.ufunc, expression: str, summary: str) -> Any:
         a, b = _operands(name, a, b)
         return ufunc(a, b)
 
-    example = repr(ufunc(np.array([1.0, 4.0]), 2.0))
-    doc = _BINARY_DOC.format(summary=summary, expression=expression, name=name, example=example)
+    doc = _BINARY_DOC.format(summary=summary, expression=expression)
     return defop(name, doc, kind="elementwise", expression=expression)(func)
 
 
@@ -146,11 +114,7 @@ angle = _unary("angle", np.angle, None, "Angle (argument) of complex x in radian
 def clip(x: Array, *, lo: float, hi: float) -> Array:
     """Values limited to the range [lo, hi].
 
-    Parameters
-    ----------
-    x : array
-    lo, hi : number
-        The bounds; ``lo <= hi``. For a one-sided limit use ``maximum`` (``b: lo``) or ``minimum``.
+    For a one-sided limit use ``maximum`` (``b: lo``) or ``minimum``.
 
     Returns
     -------
@@ -167,12 +131,6 @@ def clip(x: Array, *, lo: float, hi: float) -> Array:
 def scale(x: Array, *, factor: float = 1.0, offset: float = 0.0) -> Array:
     """x * factor + offset, with numbers factor and offset.
 
-    Parameters
-    ----------
-    x : array
-    factor : number, default 1.0
-    offset : number, default 0.0
-
     Returns
     -------
     dask.array.Array
@@ -186,12 +144,8 @@ def scale(x: Array, *, factor: float = 1.0, offset: float = 0.0) -> Array:
 def where(cond: Array, a: Array | float, b: Array | float) -> Array:
     """a where cond is true, else b.
 
-    Parameters
-    ----------
-    cond : boolean array
-        Typically the output of a comparison op such as ``greater``.
-    a, b : array or number
-        The values to pick from; they broadcast against ``cond``.
+    ``cond`` is a boolean array (typically a comparison op's output); ``a`` and ``b`` are arrays or
+    numbers that broadcast against it.
 
     Returns
     -------
@@ -205,14 +159,9 @@ def where(cond: Array, a: Array | float, b: Array | float) -> Array:
 def astype(x: Array, *, dtype: DType) -> Array:
     """x converted to another dtype.
 
-    Parameters
-    ----------
-    x : array
-    dtype : str or dtype
-        A NumPy dtype name: ``float32``, ``float64``, ``int32``, ``int64``, ``complex64``, ...
-        Floats become integers by truncation toward zero, as in NumPy. A complex array is not
-        converted to a real dtype (that would drop the imaginary part): take ``real``, ``imag``
-        or ``abs`` first.
+    ``dtype`` is a NumPy dtype name (``float32``, ``int64``, ``complex64``, ...). Floats become
+    integers by truncation toward zero, as in NumPy. A complex array is not converted to a real
+    dtype (that would drop the imaginary part): take ``real``, ``imag`` or ``abs`` first.
 
     Returns
     -------

@@ -22,16 +22,12 @@ Index = str | int | list | tuple | None
 def transpose(x: Array, *, axes: list[int | str] | tuple[int | str, ...] | None = None) -> Array:
     """Axes permuted: reversed by default, or in the order given by ``axes``.
 
-    Parameters
-    ----------
-    x : array
-    axes : list of int or str (dimension names of a labelled input), optional
-        A permutation of ``0 .. ndim-1``; ``[1, 0]`` swaps the two axes of a matrix.
+    ``axes`` is a permutation of ``0 .. ndim-1`` (or of a labelled input's dimension names).
 
     Returns
     -------
     dask.array.Array
-        A view-like graph: the chunks are transposed, no data is copied until computed.
+        The chunks transposed; no data is copied until computed.
     """
     (x,) = same_backend(x)
     if axes is not None:
@@ -81,40 +77,30 @@ def _parse_part(part: Any, where: str) -> Any:
 
 
 def parse_index(index: Any) -> tuple:
-    """A spec's slice description as a Python index tuple.
+    """A spec's slice description (see the ``slice`` op) as a Python index tuple.
 
-    ``index`` is a string in NumPy syntax (``"0:100, ::2"``, ``"..., -1"``), or a list with one item per
-    axis: a whole number (picks one position and drops the axis), ``null`` (the whole axis),
-    ``[start, stop]`` / ``[start, stop, step]`` (null for an open end), ``"..."`` or a string ``"a:b:c"``.
-
-    Examples
-    --------
     >>> parse_index("0:100, ::2")
     (slice(0, 100, None), slice(None, None, 2))
     >>> parse_index([[0, 100], None, 3])
     (slice(0, 100, None), slice(None, None, None), 3)
     """
-    where = str(index)
     if isinstance(index, str):
-        parts: list[Any] = [p for p in index.split(",")]
-        if parts and parts[-1].strip() == "" and len(parts) > 1:
-            parts = parts[:-1]
-        return tuple(_parse_part(p, where) for p in parts)
-    if isinstance(index, (list, tuple)):
-        return tuple(_parse_part(p, where) for p in index)
-    return (_parse_part(index, where),)
+        parts: list[Any] = index.split(",")
+        if len(parts) > 1 and not parts[-1].strip():
+            parts.pop()  # a trailing comma
+    else:
+        parts = list(index) if isinstance(index, (list, tuple)) else [index]
+    return tuple(_parse_part(p, str(index)) for p in parts)
 
 
 @defop("slice")
 def slice_(x: Array, *, index: Index) -> Array:
     """A sub-array selected by start:stop:step ranges or single positions along each axis.
 
-    Parameters
-    ----------
-    x : array
-    index : str or list
-        NumPy syntax as a string, ``"0:100, ::2"``, or one item per axis: a whole number, ``null``
-        (whole axis), ``[start, stop]`` or ``[start, stop, step]``. Missing trailing axes are kept whole.
+    ``index`` is NumPy syntax as a string (``"0:100, ::2"``, ``"..., -1"``), or one item per axis: a
+    whole number (one position; the axis is dropped), ``null`` (the whole axis), ``[start, stop]`` or
+    ``[start, stop, step]`` (null for an open end), ``"..."`` or ``"a:b:c"``. Missing trailing axes
+    are kept whole.
 
     Returns
     -------
@@ -131,11 +117,6 @@ def slice_(x: Array, *, index: Index) -> Array:
 @defop("reshape")
 def reshape(x: Array, *, shape: int | list[int] | tuple[int, ...]) -> Array:
     """The same elements in a new shape (C order); one length may be -1 to be inferred.
-
-    Parameters
-    ----------
-    x : array
-    shape : list of int
 
     Returns
     -------
@@ -158,12 +139,8 @@ def reshape(x: Array, *, shape: int | list[int] | tuple[int, ...]) -> Array:
 def rechunk(x: Array, *, chunks: Any = "auto") -> Array:
     """The same array cut into different chunks.
 
-    Parameters
-    ----------
-    x : array
-    chunks : int, list, dict, str
-        As dask takes them: one size for every axis (``1000``), one per axis (``[1000, -1]``, where -1
-        means the whole axis), a byte size (``"256MiB"``) or ``"auto"`` (sized for the workers).
+    ``chunks`` as dask takes them: one size for every axis (``1000``), one per axis (``[1000, -1]``,
+    -1: the whole axis), a byte size (``"256MiB"``) or ``"auto"`` (sized for the workers).
 
     Returns
     -------
@@ -199,11 +176,7 @@ def _join(name: str, func, arrays: tuple, axis: int, extra_dim: int) -> da.Array
 def concatenate(*arrays: Array, axis: int | str = 0) -> Array:
     """Arrays joined end to end along an existing axis.
 
-    Parameters
-    ----------
-    *arrays : arrays
-        Same shape except along ``axis``.
-    axis : int or str (a dimension name of a labelled input), default 0
+    The arrays have the same shape except along ``axis`` (a number, or a labelled input's dimension name).
 
     Returns
     -------
@@ -216,12 +189,7 @@ def concatenate(*arrays: Array, axis: int | str = 0) -> Array:
 def stack(*arrays: Array, axis: int | str = 0) -> Array:
     """Arrays of one shape stacked along a new axis.
 
-    Parameters
-    ----------
-    *arrays : arrays
-        All of the same shape.
-    axis : int or str (a dimension name of a labelled input), default 0
-        Position of the new axis in the result.
+    ``axis`` is the position of the new axis in the result.
 
     Returns
     -------
@@ -233,11 +201,6 @@ def stack(*arrays: Array, axis: int | str = 0) -> Array:
 @defop("squeeze")
 def squeeze(x: Array, *, axis: Axis = None) -> Array:
     """Axes of length 1 removed (all of them, or those given).
-
-    Parameters
-    ----------
-    x : array
-    axis : int, str or list of them, optional
 
     Returns
     -------
