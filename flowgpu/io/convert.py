@@ -1,11 +1,6 @@
-"""Rewrite a ``.npy`` file, a Zarr array, an HDF5 dataset or a TIFF stack as a GPU-friendly Zarr 3
-store (``flowgpu convert``).
-
-GPU-friendly: a codec nvCOMP decodes (zstd by default, or lz4), inner chunks small enough for
-nvCOMP's batched decoders to run many at once (``chunk_bytes``, 64 KiB by default, at most 16 MiB)
-gathered into shards of about what one task should read (``shard_bytes``: the chunk size
-``chunks="auto"`` picks for the session's workers, at most 1 GiB; ~1 GiB on an H200). Chunks and
-shards are cut from whole rows first (a C-ordered array reads them as long contiguous ranges).
+"""``flowgpu convert``: a ``.npy`` file, Zarr array, HDF5 dataset or TIFF stack as a GPU-friendly Zarr 3
+store: zstd (or lz4) chunks small enough for nvCOMP's batches (64 KiB, at most 16 MiB), in shards of
+about what one task reads (the workers' chunk size, at most 1 GiB), cut from whole rows first.
 """
 
 from __future__ import annotations
@@ -57,8 +52,7 @@ SOURCES = ("a .npy file, a Zarr store, an HDF5 file (with --component DATASET) o
 
 
 def _kind(src: str) -> str:
-    """What ``src`` holds, from its first bytes: ``npy``, ``zarr`` (a folder), ``tiff`` (or a glob of pages),
-    ``hdf5``."""
+    """What ``src`` holds, from its first bytes: ``npy``, ``zarr`` (a folder), ``tiff`` or ``hdf5``."""
     if is_glob(src):
         return "tiff"
     if not os.path.exists(src):
@@ -89,9 +83,7 @@ def _open(src: str, component: str | None):
 
 
 def _labels(src: str, component: str | None) -> dict:
-    """The dimension names and attributes of the array at ``src``, to keep in the copy: an xarray
-    variable's in Zarr (``dimension_names`` in Zarr 3, ``_ARRAY_DIMENSIONS`` in Zarr 2) or in a
-    NetCDF-4/HDF5 file (its dimension scales, :func:`flowgpu.io.hdf5.labels`)."""
+    """The dimension names and attributes of the array at ``src`` (Zarr 2 or 3, or HDF5), to keep."""
     kind = _kind(src)
     if kind == "hdf5":
         return hdf5_labels(src, component)
@@ -130,14 +122,9 @@ def check(src: str, dst: str, *, codec: str = "zstd", chunk_bytes: int | None = 
 def convert(src: str, dst: str, *, codec: str = "zstd", level: int | None = None, chunk_bytes: int | None = None,
             shard_bytes: int | None = None, component: str | None = None, overwrite: bool = False,
             checksum: bool | None = None) -> dict:
-    """Write the array at ``src`` to a new Zarr 3 store ``dst``, atomically: a ``.npy`` file, a Zarr
-    array (``component`` in a group), an HDF5 dataset (``component`` is its path in the file; may be
-    left out when the file holds one) or a TIFF stack (a multi-page file, or a glob of one-page files).
-
-    A Zarr array's or an HDF5 dataset's dimension names and attributes (an xarray or NetCDF-4
-    variable's dims and units) are kept.
-    Returns what was written: ``{"path", "shape", "dtype", "chunks", "shards", "codec",
-    "bytes", "stored_bytes"}``. Runs on the session's workers (any, or none: dask's scheduler).
+    """Write the array at ``src`` (``component``: in a Zarr group, or an HDF5 dataset's path) to a new
+    Zarr 3 store ``dst``, atomically, keeping dimension names and attributes. Returns ``{"path",
+    "shape", "dtype", "chunks", "shards", "codec", "bytes", "stored_bytes"}``.
     """
     check(src, dst, codec=codec, chunk_bytes=chunk_bytes, overwrite=overwrite)
     x = _open(src, component)

@@ -1,16 +1,9 @@
-"""HDF5 datasets (h5py; NetCDF-4 files are HDF5 too): chunked reads spread over the workers.
+"""HDF5 datasets (h5py, optional, imported when used; NetCDF-4 is HDF5 too): chunked reads.
 
-Only the file's path and the dataset's name travel in the graph: each task opens the file, reads
-its block and closes it (an open h5py handle neither pickles nor survives a fork). ``chunks="auto"``
-sizes blocks for the workers' budget in whole multiples of the dataset's own chunks, so no stored
-chunk is decompressed by two tasks. On a GPU session each block goes to the device through pinned
-staging buffers: a contiguous, uncompressed dataset's whole-row block is one byte range, read with
-``os.preadv`` straight into them as a ``.npy`` file's is
-(:func:`flowgpu.transfer.staging.file_rows_to_device`); any other block is decoded by HDF5 straight
-into them (:func:`flowgpu.transfer.staging.rows_to_device`), never through a pageable copy.
-
-h5py is an optional dependency (``pip install 'flowgpu[formats]'``), imported only when an HDF5
-file is opened.
+Only the path and the dataset's name travel in the graph (an open h5py handle neither pickles nor
+survives a fork). ``chunks="auto"`` is whole multiples of the dataset's own chunks. On a GPU
+session blocks go through pinned staging: a contiguous dataset's rows as one byte range, any other
+block decoded by HDF5 straight into the staging buffers.
 """
 
 from __future__ import annotations
@@ -50,7 +43,7 @@ def import_h5py() -> Any:
 
 
 def is_hdf5(path: str) -> bool:
-    """Whether the file at ``path`` carries HDF5's signature (at 0, 512, 1024, ...: after a user block)."""
+    """Whether the file at ``path`` carries HDF5's signature."""
     return bool(import_h5py().is_hdf5(path))
 
 
@@ -107,8 +100,7 @@ _INTERNAL = {"DIMENSION_LIST", "REFERENCE_LIST", "CLASS", "NAME", "_FillValue", 
 
 
 def labels(path: str, dataset: str | None = None) -> dict:
-    """A dataset's dimension names (the names of its dimension scales: a NetCDF-4 variable's dims)
-    and its own attributes, as ``{"dimension_names", "attributes"}`` (each only when there are any)."""
+    """A dataset's ``{"dimension_names", "attributes"}`` (its dimension scales' names; each when any)."""
     with _open_file(path) as f:
         d = _find(f, path, dataset)
         attrs = {k: _plain(v) for k, v in d.attrs.items() if k not in _INTERNAL and not k.startswith("_Netcdf4")}
@@ -165,11 +157,7 @@ def _contiguous_offset(dset: Any) -> int | None:
 
 
 class Hdf5Reader:
-    """Reads blocks of one dataset in the task that needs them; only the path and the name travel.
-
-    ``device=False``: a NumPy block, decoded by HDF5 into it. ``device=True``: a CuPy block, through
-    pinned staging buffers (see the module's notes).
-    """
+    """Reads blocks of one dataset in the task that needs them (``device``: as CuPy blocks)."""
 
     def __init__(self, path: str, dataset: str, shape: tuple[int, ...], dtype: Any, device: bool = False):
         self.path, self.dataset, self.device = path, dataset, device
@@ -219,18 +207,9 @@ class Hdf5Reader:
 def from_hdf5(path: str, dataset: str | None = None, chunks: Any = "auto") -> da.Array:
     """A dataset of an HDF5 (or NetCDF-4) file as a chunked array on the session's device.
 
-    Parameters
-    ----------
-    path : the file (relative to the working directory; made absolute here).
-    dataset : the dataset's path in the file, e.g. ``"/group/temp"``; may be left out when the file
-        holds one dataset. A name that is not there lists the datasets that are.
-    chunks : ``"auto"`` (sized for the workers, whole multiples of the dataset's own chunks), one
-        length per axis, or a byte size such as ``"256MiB"``.
-
-    Examples
-    --------
-    >>> x = fg.from_hdf5("run.h5", "/fields/temperature")  # doctest: +SKIP
-    >>> x.mean(axis=0).compute()  # doctest: +SKIP
+    ``dataset``: its path in the file, e.g. ``"/group/temp"`` (may be left out when the file holds
+    one). ``chunks``: ``"auto"`` (whole multiples of the dataset's chunks), one length per axis, or
+    a byte size such as ``"256MiB"``.
     """
     path = resolve(path)
     with _open_file(path) as f:

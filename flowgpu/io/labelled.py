@@ -1,12 +1,8 @@
 """Labelled arrays: xarray datasets in (``source: xarray``) and out (``sink: xarray``).
 
-A variable of a Zarr store or a NetCDF/HDF5 file is opened with xarray's own ``open_zarr`` /
-``open_dataset(engine="h5netcdf")`` as an ``xarray.DataArray`` over a dask array, so its dims,
-coordinates and attributes travel through the pipeline beside the data (the ops see its dask
-array: the graph is the one the same steps build on a bare array, and a Session fuses it alike).
-``sink: xarray`` writes a Dataset (Zarr 3 with ``dimension_names``, coordinates, attributes and
-consolidated metadata, or NetCDF4 through h5netcdf) into flowgpu's staging path, moved into place
-when complete like every other output. xarray is imported only here, when one of them is used.
+A variable (Zarr, or NetCDF/HDF5 through h5netcdf) is opened by xarray as a ``DataArray`` over a
+dask array, so dims, coordinates and attributes travel beside the data the ops see. The sink writes
+a Dataset (Zarr 3 or NetCDF4) into flowgpu's staging path. xarray is imported only when used.
 """
 
 from __future__ import annotations
@@ -79,8 +75,7 @@ def _variable(ds: Any, path: str, variable: str) -> Any:
 
 
 def check_variable(path: str, variable: str, engine: str | None = None) -> None:
-    """Refuse a ``variable`` the dataset at ``path`` lacks, naming the ones it has (a path that is not
-    there yet, or not a dataset, is said when it is opened)."""
+    """Refuse a ``variable`` the dataset at ``path`` lacks, naming the ones it has."""
     try:
         ds = open_dataset(path, engine, chunks=None)
     except ConfigError:  # also for a path that is not there (open_dataset checks)
@@ -92,9 +87,8 @@ def check_variable(path: str, variable: str, engine: str | None = None) -> None:
 
 
 def open_xarray(path: str, variable: str, engine: str | None = None, chunks: Any = "auto"):
-    """``variable`` of the dataset at ``path`` as an ``xarray.DataArray`` over a dask array, its chunks
-    on the session's device. ``chunks``: ``auto``, a byte size, one length for every dim, or a list
-    with one entry per dim of the variable (in its order)."""
+    """``variable`` of the dataset at ``path`` as an ``xarray.DataArray`` with chunks on the session's
+    device. ``chunks``: ``auto``, a byte size, one length for every dim, or a list (one per dim)."""
     chunks = "auto" if chunks is None else chunks
     if isinstance(chunks, list):  # per dim of the variable: xarray takes a mapping by dim name
         ds = open_dataset(path, engine, chunks=None)
@@ -114,8 +108,7 @@ def open_xarray(path: str, variable: str, engine: str | None = None, chunks: Any
 
 
 def as_dataset(x: Any, variable: str | None, path: str | None):
-    """``x`` (labelled or bare) as a one-variable ``xarray.Dataset`` with host (NumPy) chunks and no
-    encoding carried over from its source (its chunks are the ones it has now)."""
+    """``x`` (labelled or bare) as a one-variable ``xarray.Dataset``, host chunks, no source encoding."""
     xr = import_xarray()
     stem = os.path.splitext(os.path.basename(path.rstrip("/")))[0] if path else "data"
     name = variable or (x.name if is_labelled(x) else None) or stem

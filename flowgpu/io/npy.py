@@ -23,12 +23,8 @@ __all__ = ["from_npy", "to_npy", "npy_writes", "NpyReader"]
 class NpyReader:
     """Reads slices of a ``.npy`` file in the task that needs them; only the path travels in the graph.
 
-    ``device=False``: a NumPy chunk, through a memory map, with one copy. ``device=True``: a CuPy
-    chunk. A block of whole rows of a C-ordered file is one byte range, handed to
-    :func:`flowgpu.transfer.staging.file_rows_to_device` (read with ``os.preadv`` straight into
-    pinned staging buffers and copied on to the device while the next slice is read, never through
-    pageable memory). Other blocks go from the memory map through
-    :func:`flowgpu.transfer.staging.host_to_device` (the same staging buffers).
+    ``device=True``: CuPy chunks, whole rows of a C-ordered file read as one byte range straight
+    into pinned staging, other blocks from the memory map through the same staging buffers.
     """
 
     def __init__(self, path: str, device: bool = False):
@@ -93,8 +89,7 @@ def from_npy(path: str, chunks: Any = "auto") -> da.Array:
 
 
 def _allocate(path: str, dtype: Any, shape: tuple[int, ...]) -> None:
-    """Create the ``.npy`` file at ``path`` with every block on disk, not sparse: a full filesystem
-    fails here, with a message, rather than as SIGBUS in the worker that writes into the map."""
+    """Create the ``.npy`` file at ``path``, every block on disk: a full disk fails here, not as SIGBUS."""
     m = np.lib.format.open_memmap(path, mode="w+", dtype=dtype, shape=shape)
     start, size = int(m.offset), int(m.offset) + int(m.nbytes)
     del m
@@ -124,8 +119,7 @@ def _write_block(block, path=None, block_info=None):
 
 
 def npy_writes(x: da.Array, path: str) -> da.Array:
-    """The lazy write of the host array ``x`` into a new ``.npy`` file at ``path``, allocated now (a
-    full filesystem fails here, not in a worker); each task writes its chunk into the memory map."""
+    """The lazy write of the host array ``x`` into a new ``.npy`` file at ``path``, allocated now."""
     _allocate(path, x.dtype, x.shape)
     return x.map_blocks(_write_block, path=path, dtype=np.int8, chunks=tuple((1,) * len(c) for c in x.chunks))
 

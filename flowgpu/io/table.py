@@ -1,15 +1,9 @@
 """Tables: small results, one row per batch item, as a CSV or Parquet file (``sink: table``).
 
-A row holds the item's foreach params, then each table output: a scalar is one column named after
-the output, a 1-D array of at most :data:`MAX_VALUES` values one column per value (``hist_0``,
-``hist_1``, ...), as ``pandas.json_normalize`` would spread a short list. Larger or 2-D results
-belong in an array sink (npy, zarr). Numbers are written as NumPy prints them (the shortest text
-that reads back to the same value of their dtype; ``nan``, ``inf``), so ``pandas.read_csv`` gives
-the values that were computed. Parquet keeps each column's dtype; it needs pyarrow, imported only
-when a Parquet table is written.
-
-The file is written whole, atomically, with flowgpu's marker (:func:`flowgpu.io.atomic.atomic_output`),
-and left alone when it already holds the same bytes (an up-to-date batch rewrites nothing).
+A row holds the item's params, then each output: a scalar one column, a 1-D array of at most
+:data:`MAX_VALUES` one column per value (``hist_0``, ...). Numbers are written as NumPy prints them
+(shortest round-trip text). Parquet needs pyarrow. The file is written whole and atomically, and
+left alone when it already holds the same bytes.
 """
 
 from __future__ import annotations

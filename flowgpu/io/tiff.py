@@ -1,14 +1,6 @@
-"""TIFF stacks (tifffile): a multi-page file, or a glob of one-page files, as one (pages, y, x) array.
-
-Chunked by pages: each task opens the file (or its files) and decodes only its own pages
-(``TiffFile.pages[i]``), never the whole stack. A glob is stacked in natural order, as tifffile's
-own ``imread`` of a glob orders it (``page_9.tif`` before ``page_10.tif``). Every page must have
-the first page's shape and dtype; opening refuses the first one that does not, naming it. On a GPU
-session pages are decoded straight into pinned staging buffers and copied on to the device
-(:func:`flowgpu.transfer.staging.rows_to_device`).
-
-tifffile is an optional dependency (``pip install 'flowgpu[formats]'``), imported only when a TIFF
-file is opened.
+"""TIFF stacks (tifffile, optional, imported when used): a multi-page file, or a glob of one-page
+files in natural order, as one (pages, y, x) array, chunked by pages; each task decodes only its own
+pages (on a GPU session, into pinned staging buffers). Every page must match the first one.
 """
 
 from __future__ import annotations
@@ -109,11 +101,7 @@ def _scan(path: str) -> tuple[list[str], bool, tuple[int, ...], np.dtype]:
 
 
 class TiffReader:
-    """Reads pages [a, b) of a stack in the task that needs them; only the file names travel.
-
-    ``files``: one multi-page file (``multipage``) or one file per page. ``device=True``: a CuPy
-    block, decoded into pinned staging buffers first.
-    """
+    """Reads pages of a stack (one ``multipage`` file, or a file per page) in the task that needs them."""
 
     def __init__(self, files: tuple[str, ...], multipage: bool, shape: tuple[int, ...], dtype: Any,
                  device: bool = False):
@@ -187,21 +175,12 @@ def _page_chunks(chunks: Any, shape: tuple[int, ...], dtype: np.dtype) -> tuple:
 
 
 def from_tiff(path: str, chunks: Any = "auto") -> da.Array:
-    """A TIFF stack as a chunked ``(pages, *page shape)`` array on the session's device: ``(pages, y,
-    x)``, with the samples' axis of RGB pages (``tifffile.imread`` drops the pages' axis of one page,
-    and keeps an ImageJ hyperstack's axes, which this does not: docs/pipelines.md).
+    """A TIFF stack as a chunked ``(pages, *page shape)`` array on the session's device (RGB pages
+    keep their samples' axis; unlike ``tifffile.imread``, one page keeps its pages' axis).
 
-    Parameters
-    ----------
-    path : a multi-page TIFF file, or a glob of one-page files (``"pages/*.tif"``; ``**`` recurses)
-        stacked in natural order (``page_9`` before ``page_10``), relative to the working directory.
-    chunks : ``"auto"`` (whole pages, as many as the workers' chunk size holds), a byte size such as
-        ``"256MiB"`` (whole pages within it), or one length per axis such as ``[16, -1, -1]``.
-
-    Examples
-    --------
-    >>> stack = fg.from_tiff("frames/*.tif")  # doctest: +SKIP
-    >>> stack.max(axis=0).compute()  # doctest: +SKIP
+    ``path``: a multi-page file, or a glob of one-page files (``"pages/*.tif"``; ``**`` recurses).
+    ``chunks``: ``"auto"`` (whole pages), a byte size such as ``"256MiB"`` (whole pages within it),
+    or one length per axis such as ``[16, -1, -1]``.
     """
     path = resolve(path)
     files, multipage, shape, dtype = _scan(path)

@@ -1,10 +1,8 @@
 """Zarr stores: chunked reads onto the device and atomic chunked writes.
 
-On a GPU session (and with ``flowgpu.zarr.device: auto``, the default) chunks are read compressed
-and decoded on the device (:mod:`flowgpu.io.zarrread`), and written encoded there
-(:mod:`flowgpu.io.zarrwrite`); codecs nvCOMP lacks go through zarr-python on the CPU, with the
-reason in the run summary. CPU sessions use zarr-python's own path. ``flowgpu.zarr.device: fake``
-runs the device path with NumPy stand-ins for the GPU (tests); ``cpu`` turns it off.
+On a GPU session chunks are decoded and encoded on the device (:mod:`flowgpu.io.zarrread`,
+:mod:`flowgpu.io.zarrwrite`), codecs nvCOMP lacks through zarr-python on the CPU (the reason goes
+in the run summary). ``flowgpu.zarr.device``: ``auto``, ``cpu``, or ``fake`` (NumPy stand-ins, tests).
 """
 
 from __future__ import annotations
@@ -39,9 +37,7 @@ logger = logging.getLogger("flowgpu.io")
 
 
 def device_path() -> str | None:
-    """Which device decodes Zarr chunks here: ``nvcomp`` (a GPU session; ``nvcomp-kvikio`` when
-    ``flowgpu.zarr.reader`` is kvikio), ``fake`` (the tests' NumPy stand-in) or None (zarr-python
-    on the CPU)."""
+    """Which device decodes Zarr chunks here: ``nvcomp``, ``nvcomp-kvikio``, ``fake`` or None (the CPU)."""
     mode = dask.config.get("flowgpu.zarr.device", "auto")
     if mode == "fake":
         return "fake"
@@ -56,9 +52,7 @@ def device_path() -> str | None:
 
 
 def open_zarr_array(path: str, component: str | None = None) -> zarr.Array:
-    """The ``zarr.Array`` at ``path`` (``component`` in a group), or a ConfigError saying why not.
-    A local path is opened absolute (:func:`flowgpu.io.paths.resolve`): the array travels to
-    workers whose working directory may be another."""
+    """The ``zarr.Array`` at ``path`` (``component`` in a group), or a ConfigError saying why not."""
     path = resolve(path)
     if not is_url(path) and not os.path.exists(path):
         raise ConfigError(f"zarr store {path!r} does not exist")
@@ -82,8 +76,7 @@ def open_zarr_array(path: str, component: str | None = None) -> zarr.Array:
 
 
 def _arrays_in_group(path: str, component: str | None) -> list[str] | None:
-    """The arrays (by path in the group, sorted) of the group at ``path``/``component``, or None when
-    it is not a group that opens."""
+    """The arrays in the group at ``path``/``component``, sorted, or None when it is no group."""
     try:
         group = zarr.open_group(path, path=component or "", mode="r")
         return sorted(name for name, _ in group.arrays()) + sorted(
@@ -106,9 +99,7 @@ def _note_fallback(block: Any, reason: str = "") -> Any:
 
 
 class ZarrBlocks:
-    """What ``dask.array.from_array`` slices for zarr-python's reads: the array, checking in each
-    task that its store is there before reading (:func:`flowgpu.io.paths.require_store`), since
-    zarr reads every chunk of a store that is not there as the fill value."""
+    """What ``dask.array.from_array`` slices for zarr-python's reads: each checks the store is there."""
 
     def __init__(self, arr: zarr.Array, folder: str):
         self.arr, self.folder = arr, folder
@@ -122,8 +113,7 @@ class ZarrBlocks:
             raise self._damaged(key, e) from e
 
     def _damaged(self, key: Any, error: Exception) -> OSError:
-        """The error for a block that did not decode, naming the first of its files that does not
-        (as the GPU path names it): read again file by file."""
+        """The error for a block that did not decode, naming the first of its files that does not."""
         unit = tuple(self.arr.shards or self.arr.chunks)
         what = "shard" if self.arr.shards else "chunk"
         key = key if isinstance(key, tuple) else (key,)
@@ -145,9 +135,7 @@ class ZarrBlocks:
 
 
 def from_zarr(path: str, component: str | None = None, chunks: Any = None) -> da.Array:
-    """A Zarr array as a chunked array on the session's device; chunks default to the store's
-    (its shards, for a sharded array). A local ``path`` is made absolute here, and each read
-    checks that the store is there (a worker that does not see it fails, never reads fill values)."""
+    """A Zarr array as a chunked array on the session's device; chunks default to the store's (shards)."""
     path = resolve(path)
     arr = open_zarr_array(path, component)
     device = device_path()
@@ -194,13 +182,9 @@ def store_zarr(x: da.Array, tmp: str, *, component: str | None = None, codec: st
                labels: dict | None = None) -> Any:
     """The lazy write of ``x`` into a new store at ``tmp`` (inside an atomic output's staging).
 
-    With no ``codec``/``chunks``/``shards`` on the CPU: ``dask.array.to_zarr`` (zstd). Otherwise
-    zarr creates the array (``codec`` zstd by default) with ``chunks`` (default: ``x``'s; on the
-    device path, when those are more than nvCOMP encodes at once, shards of ``x``'s chunks made of
-    ~64 KiB chunks) and ``shards``, and on the device path each task encodes and writes its unit on
-    the device. With ``checksum`` (default ``flowgpu.zarr.checksum``) every chunk ends in zarr's
-    ``crc32c`` (:func:`flowgpu.io.zarrwrite.compressors`). ``labels``: ``dimension_names`` and
-    ``attributes`` of the new array."""
+    With no ``codec``/``chunks``/``shards`` on the CPU: ``dask.array.to_zarr`` (zstd). Otherwise zarr
+    creates the array (default: zstd, ``x``'s chunks, or on the device, when too large for nvCOMP,
+    shards of them in ~64 KiB chunks). ``labels``: ``dimension_names`` and ``attributes``."""
     device = device_path()
     if device not in (None, "fake") and codec != "none" and _nvcomp_missing():
         device = None
