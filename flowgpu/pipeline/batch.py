@@ -285,8 +285,7 @@ def execute(outcomes: list[Outcome], session: RunSession, config: RunConfig, *, 
                         raise o.error from e
             check_visible(client, output_entries(p for o in ready for p in o.pending.values()))
             faults.point("after-prepare")
-            baseline = ASK if memory is None else memory  # asked before the run; the watch's thread waits for it
-            with watch_spill(session, baseline=baseline) as watch:  # a spill directory that fills during the run stops it
+            with watch_spill(session, baseline=ASK if memory is None else memory) as watch:
                 if client is not None:
                     run.distributed(ready)
                 else:
@@ -303,7 +302,7 @@ def execute(outcomes: list[Outcome], session: RunSession, config: RunConfig, *, 
 
 
 # -- what the workers see (check_visible) ------------------------------------------------------------
-STAGE_MARKER = "owner.json"
+STAGE_MARKER = "owner.json"  # what a staging folder holds from the start (flowgpu.io.atomic)
 
 
 def input_entries(plans: Iterable[Plan]) -> list[dict[str, Any]]:
@@ -496,9 +495,7 @@ class watch_spill:  # noqa: N801 - used as a context manager, like a function
 def _worker_count(client: Any) -> int | None:
     """How many workers the scheduler has, as the client last heard (no round trip); None: not known."""
     info = getattr(client, "_scheduler_identity", None)
-    count = info.get("n_workers") if isinstance(info, dict) else None
-    if count is None and isinstance(info, dict) and isinstance(info.get("workers"), dict):
-        count = len(info["workers"])
+    count = info.get("n_workers") if isinstance(info, dict) else None  # Scheduler.identity() says it
     return count if isinstance(count, int) else None
 
 

@@ -20,7 +20,7 @@ from dask.utils import format_bytes
 
 from flowgpu import config
 from flowgpu.backend import current_backend
-from flowgpu.errors import ChunkError, SpecError
+from flowgpu.errors import SpecError
 from flowgpu.pipeline.compiler import Plan
 from flowgpu.runtime.options import GPU_THREADS
 
@@ -81,10 +81,7 @@ _KERNEL_SOURCES = {"random", "normal"}
 
 
 def _refuse(plan: Plan, where: tuple[str, str], message: str, hint: str) -> SpecError:
-    origin = plan.spec.origin
-    if origin is None:
-        return ChunkError(f"{where[0]}.{where[1]}: {message}; {hint}")
-    return origin.smap.error(message, (where[0], where[1].split("/")[0]), hint=hint)
+    return plan.spec.error(message, (where[0], where[1].split("/")[0]), hint=hint)
 
 
 def check_memory(plan: Plan, workers: dict[str, dict], threads: int, budget: int | None) -> None:

@@ -290,8 +290,7 @@ def _run(spec: Spec, config: RunConfig, begun: float) -> "RunResult | BatchResul
                     config.console.print(said, markup=False, highlight=False, soft_wrap=True)
                 after = (afters[0] if afters else session.memory_summary_soon()) \
                     if memory is not None and memory() is not None and not batch else None
-                result = (_batch_result(spec, outcomes, session, started) if batch else
-                          _single_result(outcomes[0], session, started))
+                result = _result(spec, outcomes, session, started, batch)
                 if config.report and not any(job.todo for job in jobs):  # all up to date: the report says so
                     _write_report(spec, outcomes, session, started, batch, config, follower)
                 if after is not None and (now := after()) is not None:
@@ -350,8 +349,7 @@ def interrupted(outcomes: list[Outcome]) -> str:
 
 def _write_report(spec: Spec, outcomes: list[Outcome], session: runtime.RunSession, started: float, batch: bool,
                   config: RunConfig, follower: monitor.Follower) -> None:
-    summary = (_batch_result(spec, outcomes, session, started) if batch else
-               _single_result(outcomes[0], session, started)).summary
+    summary = _result(spec, outcomes, session, started, batch).summary
     runs = [(o.job.item.label, follower.report_data(o.job.item.index) or  # up to date: its plan
              {"description": describe(o.plan or o.job.plan), "view": None, "dask_html": None}) for o in outcomes]
     runreport.write(config.report, runreport.render(summary, runs), config.overwrite)
@@ -359,6 +357,11 @@ def _write_report(spec: Spec, outcomes: list[Outcome], session: runtime.RunSessi
 
 def _info(session: runtime.RunSession) -> dict:
     return session.info() if session is not None and hasattr(session, "info") else {}
+
+
+def _result(spec: Spec, outcomes: list[Outcome], session: runtime.RunSession, started: float,
+            batch: bool) -> "RunResult | BatchResult":
+    return _batch_result(spec, outcomes, session, started) if batch else _single_result(outcomes[0], session, started)
 
 
 def _single_result(o: Outcome, session: runtime.RunSession, started: float) -> RunResult:
