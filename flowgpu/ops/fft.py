@@ -1,10 +1,8 @@
-"""Discrete Fourier transforms: fft, ifft, rfft, irfft (one axis) and fft2, ifft2, rfft2, irfft2,
-fftn, ifftn (several axes).
+"""Discrete Fourier transforms along one axis (fft, ifft, rfft, irfft) or several (fft2, ifft2, rfft2,
+irfft2, fftn, ifftn), each block with its own module's FFT (``numpy.fft``, or cuFFT on CuPy chunks).
 
-A transform needs each transformed axis whole in one chunk; when it is split, the op rechunks it
-(with a warning, since that moves data) and leaves the other axes' chunks as they are, so a stack
-of images chunked along the stack axis transforms chunk by chunk. Each block is transformed with its
-own module's FFT: ``numpy.fft`` on NumPy chunks, ``cupy.fft`` (cuFFT) on CuPy chunks.
+A transformed axis must be whole in one chunk: a split one is rechunked (with a warning, since that
+moves data); the other axes keep their chunks, so a stack of images transforms chunk by chunk.
 """
 
 from __future__ import annotations
@@ -79,15 +77,8 @@ def _transform(kind: str, x: Any, lengths: Any, axes: Any, norm: Any) -> Array:
 
 _ONE_AXIS_DOC = """{summary}
 
-Parameters
-----------
-x : array
-n : int, optional
-    {n_doc}
-axis : int or str, default -1
-    The axis to transform; it is rechunked into one chunk when it is split.
-norm : {{"backward", "ortho", "forward"}}, optional
-    As in ``numpy.fft``.
+``n``: {n_doc}
+``axis`` (default -1): the axis transformed; ``norm`` as in ``numpy.fft``.
 
 Returns
 -------
@@ -98,14 +89,8 @@ dask.array.Array
 
 _MANY_AXES_DOC = """{summary}
 
-Parameters
-----------
-x : array
-s : list of int, optional
-    Output lengths along the transformed axes (cropping or zero-padding the input), as in ``numpy.fft``.
-axes : list of int or str, {axes_default}
-    The axes to transform; each is rechunked into one chunk when it is split.
-norm : {{"backward", "ortho", "forward"}}, optional
+``s``: output lengths along the transformed ``axes`` ({axes_default}), cropping or zero-padding the
+input; ``norm`` as in ``numpy.fft``.
 
 Returns
 -------

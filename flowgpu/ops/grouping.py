@@ -1,8 +1,5 @@
-"""Group-wise reductions of labelled inputs, by xarray: ``groupby_reduce`` and ``resample_reduce``.
-
-Both need a labelled input (``source: xarray``) with a coordinate along ``dim``; they are xarray's
-own ``groupby`` and ``resample`` followed by the reduction ``how``, so the result (its values,
-dims, coordinates and attrs) is what the same xarray code gives.
+"""Group-wise ops of labelled inputs (``source: xarray``, with a coordinate along ``dim``): xarray's own
+``groupby`` and ``resample`` then the reduction ``how``, so the result is what the same xarray code gives.
 """
 
 from __future__ import annotations
@@ -13,10 +10,9 @@ from flowgpu.arrays.labels import is_labelled
 from flowgpu.errors import ArgumentError, OpError
 from flowgpu.ops._common import Array, defop
 
-__all__ = ["groupby_reduce", "groupby_anomaly", "resample_reduce", "HOW", "DATETIME_PARTS"]
+__all__ = ["groupby_reduce", "groupby_anomaly", "resample_reduce", "DATETIME_PARTS"]
 
 How = Literal["mean", "sum", "min", "max", "std", "var", "median", "prod", "count", "first", "last"]
-HOW = How.__args__
 # the datetime components ``by`` may name (xarray's ``DataArray.dt`` accessors that group)
 DATETIME_PARTS = ("year", "month", "day", "hour", "minute", "second", "dayofyear", "dayofweek", "weekofyear",
                   "season", "quarter", "date", "time")
@@ -38,18 +34,9 @@ def _labelled(op: str, x: Any, dim: str) -> None:
 def groupby_reduce(x: Array, *, dim: str = "time", by: str = "month", how: How = "mean") -> Array:
     """A reduction per group of ``dim``, as xarray's ``x.groupby("time.month").mean()``.
 
-    Parameters
-    ----------
-    x : labelled array
-        From ``source: xarray`` (or a step on one), with a coordinate along ``dim``.
-    dim : str, default "time"
-        The dimension grouped.
-    by : str, default "month"
-        What groups it: a datetime component of ``dim``'s coordinate (``year``, ``month``, ``day``,
-        ``hour``, ``dayofyear``, ``dayofweek``, ``season``, ``quarter``, ...), or the name of another
-        coordinate along ``dim`` (read when the step is built: xarray needs its labels).
-    how : str, default "mean"
-        The reduction: mean, sum, min, max, std, var, median, prod, count, first or last.
+    ``by``: a datetime component of ``dim``'s coordinate (``year``, ``month``, ``dayofyear``,
+    ``season``, ...), or another coordinate along ``dim`` (read when the step is built: xarray needs
+    its labels).
 
     Returns
     -------
@@ -81,15 +68,7 @@ def groupby_anomaly(x: Array, *, dim: str = "time", by: str = "month", how: Lite
                     ) -> Array:
     """Each value minus its group's mean, as xarray's ``x.groupby("time.month") - clim``.
 
-    Parameters
-    ----------
-    x : labelled array
-        From ``source: xarray`` (or a step on one), with a coordinate along ``dim``.
-    dim, by : str
-        As for ``groupby_reduce``: ``by`` a datetime component of ``dim`` (``month``, ``dayofyear``,
-        ``season``, ...) or another coordinate along ``dim``.
-    how : str, default "mean"
-        The group value subtracted: mean or median.
+    ``dim`` and ``by`` as for ``groupby_reduce``; ``how``: the group value subtracted.
 
     Returns
     -------
@@ -105,16 +84,7 @@ def groupby_anomaly(x: Array, *, dim: str = "time", by: str = "month", how: Lite
 def resample_reduce(x: Array, *, freq: str, dim: str = "time", how: How = "mean") -> Array:
     """A reduction per time bin of ``dim``, as xarray's ``x.resample(time="1MS").mean()``.
 
-    Parameters
-    ----------
-    x : labelled array
-        From ``source: xarray`` (or a step on one), with a datetime coordinate along ``dim``.
-    freq : str
-        The bins, in pandas' offset aliases: ``1D``, ``7D``, ``1MS`` (month starts), ``QS-DEC``,
-        ``1YS``, ``6h``, ...
-    dim : str, default "time"
-    how : str, default "mean"
-        The reduction: mean, sum, min, max, std, var, median, prod, count, first or last.
+    ``freq``: the bins, a pandas offset alias (``1D``, ``7D``, ``1MS`` for month starts, ``QS-DEC``, ``6h``).
 
     Returns
     -------

@@ -1,11 +1,9 @@
-"""Reductions over all or some axes (sum, mean, prod, min, max, std, var, their ``nan*`` forms that
-leave NaNs out, any, all, argmin, argmax) and the running scans cumsum and cumprod.
+"""Reductions (sum, mean, prod, min, max, std, var, their NaN-skipping ``nan*`` forms, any, all, argmin,
+argmax) and the running scans cumsum and cumprod, as dask's with the chunks' own module.
 
-Each is registered with ``kind="reduction"``; those the kernel fusion can fold into a chain of
-elementwise steps (sum, mean, min, max, prod) also carry ``reduction=<name>`` in ``Op.meta``. dask
-reduces per chunk with the chunk's own module (NumPy or CuPy) and then combines the partial results,
-so a reduction reads its input once: in one task when it reduces every axis (one value per chunk, as
-``flowgpu.fuse`` and the Session's rewrite of plain dask code combine them), else in dask's tree.
+A reduction over every axis combines its chunks' partials in one task (flat ``split_every``), as
+``flowgpu.fuse`` and the Session's rewrite do. Those that fusion folds into a chain of elementwise
+steps (sum, mean, min, max, prod) carry ``reduction=<name>`` in ``Op.meta``.
 """
 
 from __future__ import annotations
@@ -24,14 +22,8 @@ __all__ = ["sum", "mean", "min", "max", "std", "var", "prod", "nansum", "nanmean
 
 _DOC = """{summary}
 
-Parameters
-----------
-x : array
-axis : int, str, list of them, or None, default None
-    The axes to reduce, by number or, for a labelled input (source: xarray), by dimension name
-    (``time``); None reduces over all of them (giving a 0-d array).
-keepdims : bool, default False
-    Keep the reduced axes with length 1, so the result broadcasts against ``x``.{extra}
+``axis``: the axes to reduce, by number or a labelled input's dimension name (``time``); None: all
+(a 0-d result). ``keepdims`` keeps them with length 1, so the result broadcasts against ``x``.{extra}
 
 Returns
 -------
@@ -40,13 +32,11 @@ dask.array.Array
 """
 
 _DTYPE_DOC = """
-dtype : str or None, default None
-    The accumulator and result dtype, e.g. ``float64`` to sum float32 data in double precision;
-    None follows NumPy (float32 stays float32, small integers sum as int64)."""
+``dtype``: the accumulator and result dtype (``float64`` sums float32 data in double precision);
+None follows NumPy."""
 
 _DDOF_DOC = """
-ddof : int, default 0
-    Delta degrees of freedom: the divisor is ``N - ddof`` (1 for the sample estimate)."""
+``ddof``: the divisor is ``N - ddof`` (1 for the sample estimate)."""
 
 
 def _prepare(name: str, x: Any, axis: Any) -> tuple[da.Array, Any, dict | None]:
@@ -103,14 +93,8 @@ all = _plain("all", da.all, "Whether every element over the given axes is true (
 
 _ARG_DOC = """{summary}
 
-Parameters
-----------
-x : array
-axis : int, str or None, default None
-    The axis to search along, by number or, for a labelled input, by dimension name; None
-    searches the flattened array (giving the flat index).
-keepdims : bool, default False
-    Keep the searched axis with length 1.
+``axis`` by number or a labelled input's dimension name; None searches the flattened array (giving
+the flat index).
 
 Returns
 -------
@@ -132,19 +116,13 @@ argmax = _arg("argmax", da.argmax, "Index of the largest element along an axis (
 
 _SCAN_DOC = """{summary}
 
-Parameters
-----------
-x : array
-axis : int, str or None, default None
-    The axis to run along, by number or, for a labelled input, by dimension name; None runs
-    along the flattened array (giving a 1-D result).
-dtype : str or None, default None
-    The accumulator and result dtype; None follows NumPy (small integers accumulate as int64).
+``axis`` by number or a labelled input's dimension name; None runs along the flattened array (a 1-D
+result). ``dtype``: the accumulator and result dtype; None follows NumPy (small integers as int64).
 
 Returns
 -------
 dask.array.Array
-    As ``numpy.{np_name}`` gives: the same shape as ``x`` along an axis.
+    As ``numpy.{np_name}`` gives.
 """
 
 

@@ -1,17 +1,11 @@
 """Stencil filters over chunked arrays: gaussian, uniform (box) and median, through ``map_overlap``.
 
-Each chunk is extended by the filter's radius from its neighbours, filtered with
-``scipy.ndimage`` (NumPy chunks) or ``cupyx.scipy.ndimage`` (CuPy chunks), and trimmed back, so the
-result equals the filter applied to the whole array:
-
-* the overlap depth along each axis is the filter's reach: ``int(truncate * sigma + 0.5)`` for the
-  gaussian (scipy's radius), ``size // 2`` for the uniform and median filters;
-* at the array's outer edges no data is added (``boundary="none"``), so the filter sees the true
-  edge and applies ``mode`` itself, exactly as on the whole array. ``mode="wrap"`` needs the far
-  edge's data instead, so it uses dask's ``boundary="periodic"``.
-
-Chunks smaller than the depth are merged by dask first (``allow_rechunk``). An axis that is whole in
-every block takes no overlap, and one shorter than the reach is made whole first.
+Each chunk is extended by the filter's reach from its neighbours (``int(truncate * sigma + 0.5)``,
+scipy's radius, for the gaussian; ``size // 2`` for the others), filtered with ``scipy.ndimage`` or
+``cupyx.scipy.ndimage`` and trimmed back, so the result equals the filter on the whole array. At the
+array's outer edges nothing is added (``boundary="none"``): the filter applies ``mode`` itself, as on
+the whole array (``mode="wrap"`` needs the far edge, so it uses ``boundary="periodic"``). An axis
+whole in every block takes no overlap; one shorter than the reach is made whole first.
 """
 
 from __future__ import annotations
@@ -78,22 +72,11 @@ def gaussian_filter(x: Array, *, sigma: Sizes, mode: Mode = "reflect", cval: flo
                     truncate: float = 4.0, axes: int | str | list[int | str] | None = None) -> Array:
     """Gaussian smoothing, equal to scipy.ndimage.gaussian_filter on the whole array.
 
-    Parameters
-    ----------
-    x : array
-    sigma : number or list of numbers
-        Standard deviation of the kernel in elements: one for all axes, or one per axis (0 leaves an
-        axis alone, e.g. ``[0, 2, 2]`` smooths each image of a stack).
-    mode : str, default "reflect"
-        How the array is extended beyond its edges: ``reflect``, ``constant``, ``nearest``, ``mirror``,
-        ``wrap`` (see ``scipy.ndimage``).
-    cval : number, default 0.0
-        The value outside the edges for ``mode="constant"``.
-    truncate : number, default 4.0
-        The kernel reaches ``int(truncate * sigma + 0.5)`` elements each side; that is also the
-        overlap depth between chunks.
-    axes : int, str or list of them, optional
-        Smooth only these axes (``sigma`` then gives one value, or one per listed axis).
+    ``sigma``: the kernel's standard deviation in elements, one for all axes or one per axis (0
+    leaves an axis alone: ``[0, 2, 2]`` smooths each image of a stack). ``mode``: how the array is
+    extended beyond its edges, as in ``scipy.ndimage`` (``cval`` for ``constant``). The kernel, and the
+    overlap between chunks, reaches ``int(truncate * sigma + 0.5)`` elements each side. ``axes``:
+    smooth only these (``sigma`` then gives one value, or one per listed axis).
 
     Returns
     -------
@@ -110,17 +93,9 @@ def gaussian_filter(x: Array, *, sigma: Sizes, mode: Mode = "reflect", cval: flo
 
 _BOX_DOC = """{summary}
 
-Parameters
-----------
-x : array
-size : int or list of int, default 3
-    Box length along every axis, or one per axis (1 leaves an axis alone). The overlap depth
-    between chunks is ``size // 2``.
-mode : str, default "reflect"
-    Edge handling, as for ``gaussian_filter``.
-cval : number, default 0.0
-axes : int, str or list of them, optional
-    Filter only these axes.
+``size``: the box length along every axis, or one per axis (1 leaves an axis alone); the overlap
+between chunks is ``size // 2``. ``mode`` and ``cval`` as for ``gaussian_filter``; ``axes``: filter
+only these.
 
 Returns
 -------
