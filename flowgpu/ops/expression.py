@@ -1,17 +1,7 @@
-"""The ``expr`` op: an arithmetic expression over named inputs, compiled into one kernel per chunk.
-
-In a pipeline::
-
-    energy:
-      op: expr
-      inputs: [x, y]
-      args: {expression: "sqrt(x**2 + y**2) * 0.5"}
-
-The step's inputs are passed by name (the op's inputs are ``("**",)``), so the expression uses the
-names of the steps or sources it reads. Numbers may be written in the text or passed as further
-arguments. The language is that of :mod:`flowgpu.fusion.language` (no attribute access, no indexing,
-no unknown names); see :func:`flowgpu.fusion.fused_elementwise` for dtypes and broadcasting (over
-complex inputs, which no kernel takes, the expression runs as dask's own operations).
+"""The ``expr`` op: an arithmetic expression over named inputs, compiled into one kernel per chunk
+(``args: {expression: "sqrt(x**2 + y**2)"}``). The step's inputs are passed by name (inputs
+``("**",)``); the language is :mod:`flowgpu.fusion.language`'s, dtypes and broadcasting those of
+:func:`flowgpu.fusion.fused_elementwise`.
 """
 
 from __future__ import annotations
@@ -30,19 +20,6 @@ __all__ = ["expr"]
 def expr(expression: str, **arrays: Any) -> da.Array:
     """Evaluate an elementwise expression over named arrays, fused into one kernel per chunk.
 
-    Parameters
-    ----------
-    expression : str
-        e.g. ``"(x * 2 + 1) ** 2 - x"``; names refer to the keyword arguments.
-    **arrays : dask arrays (or NumPy/CuPy arrays, or numbers) named as in ``expression``.
-
-    Returns
-    -------
-    dask.array.Array
-        The elementwise result, with NumPy's dtype for the unfused expression.
-
-    Examples
-    --------
     >>> import numpy as np, dask.array as da
     >>> from flowgpu.ops.expression import expr
     >>> expr("x * k + 1", x=da.from_array(np.array([1.0, 2.0])), k=3).compute()

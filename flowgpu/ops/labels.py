@@ -1,21 +1,9 @@
-"""Ops on labelled inputs: an op called with ``xarray.DataArray`` inputs (``source: xarray``) keeps
-their labels as xarray would.
-
-The op itself always runs on the dask arrays under the labels, so its graph is the one it builds
-for bare inputs (a Session fuses it alike); only the labels around the result are worked out here:
-
-* elementwise ops go through ``xarray.apply_ufunc`` (inputs broadcast by dimension name, attrs
-  kept, as xarray's own arithmetic does);
-* reductions reduce the named (or numbered) dims and drop the coordinates along them, keeping the
-  others and the attrs (xarray's ``DataArray.mean("time")``);
-* ``transpose``, ``slice`` and ``squeeze`` are xarray's own ``transpose``, positional indexing and
-  ``squeeze``; any other op keeps the labels when it keeps the shape, and gives a bare array when
-  it does not;
-* ops registered with ``labelled=True`` (``groupby_reduce``, ``resample_reduce``) take the
-  DataArrays themselves.
-
-``axis`` / ``axes`` may name dimensions wherever they take numbers; :func:`call` turns names into
-numbers, and refuses a name the input lacks, listing its dims.
+"""Ops on labelled inputs (``xarray.DataArray``, from ``source: xarray``): the op runs on the dask
+arrays under the labels (the same graph as for bare inputs), and :func:`call` puts the labels on
+the result as xarray would: elementwise ops through ``xarray.apply_ufunc``; reductions drop the
+reduced dims and their coordinates; ``transpose``, ``slice`` and ``squeeze`` are xarray's own; any
+other op keeps the labels when it keeps the shape, else gives a bare array. Ops registered with
+``labelled=True`` take the DataArrays themselves. ``axis``/``axes`` may name dimensions.
 """
 
 from __future__ import annotations
@@ -27,13 +15,9 @@ from flowgpu.errors import ArgumentError
 from flowgpu.ops.registry import Op
 from flowgpu.ops.shape import parse_index
 
-__all__ = ["call", "dims_of", "axis_numbers"]
+__all__ = ["call", "axis_numbers"]
 
 AXIS_ARGS = ("axis", "axes")
-
-
-def dims_of(x: Any) -> tuple[str, ...]:
-    return tuple(map(str, x.dims))
 
 
 def _number(op_name: str, arg: str, x: Any, value: Any) -> Any:
@@ -45,7 +29,7 @@ def _number(op_name: str, arg: str, x: Any, value: Any) -> Any:
                             argument=arg)
     if value not in x.dims:
         raise ArgumentError(f"op {op_name!r}: {arg} {value!r} is not a dimension of its input; its dims: "
-                            f"{', '.join(dims_of(x))}", argument=arg)
+                            f"{', '.join(map(str, x.dims))}", argument=arg)
     return x.get_axis_num(value)
 
 

@@ -14,17 +14,13 @@ __all__ = ["matmul", "tensordot"]
 def matmul(a: Array, b: Array) -> Array:
     """Matrix product a @ b, broadcasting over leading (stacked) axes as numpy.matmul does.
 
-    Parameters
-    ----------
-    a, b : arrays
-        ``a``'s last axis must equal ``b``'s second-to-last (or only) axis. The chunks of the contracted
-        axes should match; dask rechunks them when they do not.
+    dask rechunks the contracted axes when their chunks do not match.
 
     Returns
     -------
     dask.array.Array
-        Each output chunk sums products of chunk pairs along the contracted axis; chunks of the
-        contracted axis bound the memory one task needs.
+        Each output chunk sums products of chunk pairs along the contracted axis, whose chunks bound
+        the memory one task needs.
     """
     a, b = same_backend(a, b)
     if a.ndim == 0 or b.ndim == 0:
@@ -41,12 +37,8 @@ def matmul(a: Array, b: Array) -> Array:
 def tensordot(a: Array, b: Array, *, axes: int | list = 2) -> Array:
     """Sum of products over the given axes of a and b (numpy.tensordot).
 
-    Parameters
-    ----------
-    a, b : arrays
-    axes : int or [list, list], default 2
-        A number N contracts the last N axes of ``a`` with the first N of ``b``; ``[[1], [0]]`` names
-        the axes to contract in each.
+    ``axes``: N contracts the last N axes of ``a`` with the first N of ``b``; ``[[1], [0]]`` names the
+    axes to contract in each.
 
     Returns
     -------

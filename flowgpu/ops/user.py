@@ -1,15 +1,6 @@
-"""``map_blocks`` with a user function named by import path (``"package.module:function"`` or
-``"package.module.function"``), resolved by :func:`flowgpu.registry.import_object` like every
-import path in flowgpu (a module beside the spec file is importable).
-
-A user function gets one block of each input (NumPy or CuPy, whichever the chunks are) and returns a
-block. To work on both, pick the module from the block::
-
-    from flowgpu.backend import array_module
-
-    def soft_threshold(block, t=0.1):
-        xp = array_module(block)
-        return xp.sign(block) * xp.maximum(xp.abs(block) - t, 0)
+"""``map_blocks`` with a user function named by import path (resolved by
+:func:`flowgpu.registry.import_object`). The function gets one block of each input, NumPy or CuPy:
+``flowgpu.backend.array_module(block)`` gives the module to work on either.
 """
 
 from __future__ import annotations
@@ -105,24 +96,11 @@ def map_blocks(*arrays: Array, function: str, dtype: DType | None = None,
                chunks: list | tuple | None = None, kwargs: dict | None = None) -> Array:
     """Apply a user function, given by import path, to every block of the inputs.
 
-    Parameters
-    ----------
-    *arrays : arrays
-        Blocks with the same index are passed together, ``function(block_a, block_b, **kwargs)``;
-        inputs should have matching chunks (dask aligns them when they broadcast).
-    function : str
-        ``"package.module:function"`` or ``"package.module.function"``; it must be importable on the
-        workers too. Use ``flowgpu.backend.array_module(block)`` inside it to work on NumPy and CuPy.
-    dtype : str, optional
-        The dtype of the blocks the function returns; default: the inputs' (their result type).
-        The function is never called to find it out (validate and plan run no user code), and a
-        block of another dtype fails the run with a message.
-    drop_axis, new_axis : int or list of int, optional
-        Axes the function removes from, or adds to, each block (as in ``dask.array.map_blocks``).
-    chunks : list, optional
-        The result's chunks when the function changes block shapes.
-    kwargs : mapping, optional
-        Keyword arguments passed to the function.
+    Blocks with the same index are passed together, ``function(block_a, block_b, **kwargs)``.
+    ``function`` (``"package.module:function"``) must be importable on the workers too. ``dtype``: that
+    of the blocks it returns (default: the inputs' result type); the function is never called to find
+    it out, and a block of another dtype fails the run. ``drop_axis``/``new_axis``/``chunks`` as in
+    ``dask.array.map_blocks``.
 
     Returns
     -------
