@@ -29,30 +29,6 @@ def seed_key(seed: int) -> int:
     return z ^ (z >> 31)
 
 
-def _global_index(xp, location, full_shape, stream: int):
-    """uint64 flat index of every element of a block, in the full array (times 2 plus ``stream``)."""
-    strides = [int(np.prod(full_shape[i + 1 :], dtype=np.int64)) for i in range(len(full_shape))]
-    idx = xp.zeros((1,) * len(full_shape), dtype=xp.uint64)
-    for axis, ((start, stop), g) in enumerate(zip(location, strides)):
-        shape = [1] * len(full_shape)
-        shape[axis] = stop - start
-        idx = idx + (xp.arange(start, stop, dtype=xp.uint64) * xp.uint64(g)).reshape(shape)
-    if stream >= 0:
-        idx = idx * xp.uint64(2) + xp.uint64(stream)
-    return idx
-
-
-def _uniform_numpy(idx: np.ndarray, key: int, dtype: np.dtype) -> np.ndarray:
-    with np.errstate(over="ignore"):
-        z = idx * np.uint64(_GOLDEN) + np.uint64(key)
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(_M1)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(_M2)
-        z ^= z >> np.uint64(31)
-    if dtype == np.float32:
-        return (z >> np.uint64(40)).astype(np.float32) * np.float32(2.0**-24)
-    return (z >> np.uint64(11)).astype(np.float64) * (2.0**-53)
-
-
 @functools.lru_cache(maxsize=None)
 def _uniform_kernel(dtype_name: str):
     """One CUDA kernel: global index from the thread's position, hash, exact float conversion.
@@ -95,17 +71,14 @@ def uniform_block(location, full_shape, key: int, dtype, backend: str, stream: i
     gstride = [int(np.prod(full_shape[i + 1 :], dtype=np.int64)) for i in range(ndim)]
     mul, add = (2, stream) if stream >= 0 else (1, 0)
     arr = lambda v: xp.asarray(np.asarray(v or [0], dtype=np.int64))  # noqa: E731
+    offset = arr([a for a, _ in location])
     if backend == "cupy":
-        _uniform_kernel(dtype.name)(arr(lshape), arr([a for a, _ in location]), arr(gstride),
-                                    np.int32(ndim), np.uint64(key), np.uint64(mul), np.uint64(add), out)
+        _uniform_kernel(dtype.name)(arr(lshape), offset, arr(gstride), np.int32(ndim), np.uint64(key),
+                                    np.uint64(mul), np.uint64(add), out)
         return out
-    try:
-        fill = _cpu_kernel()
-    except ImportError:  # numba missing: the same numbers through NumPy, more slowly
-        return _uniform_numpy(_global_index(np, location, full_shape, stream), key, dtype)
     shift, scale = (40, 2.0**-24) if dtype == np.float32 else (11, 2.0**-53)
-    fill(out.reshape(-1), arr(lshape) if ndim else np.ones(1, np.int64), arr([a for a, _ in location]),
-         arr(gstride), np.uint64(key), np.uint64(mul), np.uint64(add), np.uint64(shift), scale)
+    _cpu_kernel()(out.reshape(-1), arr(lshape) if ndim else np.ones(1, np.int64), offset, arr(gstride),
+                  np.uint64(key), np.uint64(mul), np.uint64(add), np.uint64(shift), scale)
     return out
 
 
