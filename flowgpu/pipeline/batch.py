@@ -32,7 +32,7 @@ from distributed import Future, KilledWorker, as_completed, wait
 from flowgpu import config, runtime
 from flowgpu.diagnostics import BatchBars
 from flowgpu.diagnostics.events import ItemFinished, ItemStarted
-from flowgpu.errors import FlowgpuError, OutputError, PathNotVisibleError, RunError, SpecError
+from flowgpu.errors import FlowgpuError, OutputError, PathNotVisibleError, RunError
 from flowgpu.io import faults, paths, sinks, sources
 from flowgpu.pipeline.compiler import Plan, calls_user_code, compile
 from flowgpu.pipeline.foreach import Item, in_item
@@ -79,21 +79,11 @@ class Outcome:
             p.abort()
 
 
-def _said(item: Item, error: FlowgpuError) -> FlowgpuError:
-    if item.of <= 1 and not item.values:
-        return error
-    if isinstance(error, SpecError):
-        return in_item(error, item)
-    said = type(error)(f"batch item {item.index + 1} of {item.of} ({item.label}): {error}")
-    said.__cause__ = error.__cause__
-    return said
-
-
 def _failure(o: Outcome, error: BaseException, session: RunSession) -> FlowgpuError:
     """What a user is told when ``o``'s job failed: the step, the fix, that nothing was replaced."""
     item, name = o.job.item, o.job.item.spec.name
     if isinstance(error, FlowgpuError):
-        return _said(item, error)
+        return in_item(error, item)
     if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
         paths = ", ".join(repr(p.location) for p in o.pending.values() if p.location)
         out: FlowgpuError = OutputError(f"pipeline {name!r} failed writing its outputs ({paths}): {error.strerror}; "
@@ -102,7 +92,7 @@ def _failure(o: Outcome, error: BaseException, session: RunSession) -> FlowgpuEr
         out = explain(error, o.plan, session) or RunError(
             f"pipeline {name!r} failed while running: {failed_with(error)}")
     out.__cause__ = error
-    return _said(item, out)
+    return in_item(out, item)
 
 
 def _commit(o: Outcome, results: list[Any], cache: Any) -> None:
@@ -308,20 +298,13 @@ STAGE_MARKER = "owner.json"  # what a staging folder holds from the start (flowg
 def input_entries(plans: Iterable[Plan]) -> list[dict[str, Any]]:
     """What the workers must read: the metadata of every input that reads stored data."""
     out, seen = [], set()
-    for top in plans:
-        for plan in top.tree():
-            for name, node in plan.nodes.items():
-                if node.kind != "input" or not node.reads_files:
-                    continue
-                model = plan.spec.inputs[name]
-                path = getattr(model, "path", None)
-                if not isinstance(path, str) or paths.is_url(path) or path in seen:
-                    continue
-                seen.add(path)
-                files = paths.metadata_files(path, getattr(model, "component", None))
-                if files:
-                    out.append({"what": f"input {name!r} ({sources.source_entry(model.source).name})",
-                                "path": path, "read": files})
+    for path, spec, name in (read for plan in plans for read in plan.reads()):
+        model = spec.inputs[name]
+        files = paths.metadata_files(path, getattr(model, "component", None)) if path not in seen else None
+        seen.add(path)
+        if files:
+            out.append({"what": f"input {name!r} ({sources.source_entry(model.source).name})", "path": path,
+                        "read": files})
     return out
 
 
@@ -430,10 +413,11 @@ class watch_spill:  # noqa: N801 - used as a context manager, like a function
     ``baseline``: the :meth:`memory_summary` asked for before the run (its errors are old ones), or a
     function that answers it (waited for at the watch's first look)."""
 
-    def __init__(self, session: RunSession, interval: float = 1.0, baseline: Any = ASK, no_workers: float | None = None):
-        self.session, self.interval, self.baseline = session, interval, baseline
-        self.no_workers = config.parse_seconds(config.get("run.no-workers-timeout")) if no_workers is None \
-            else no_workers
+    interval = 1.0  # seconds between looks
+
+    def __init__(self, session: RunSession, baseline: Any = ASK):
+        self.session, self.baseline = session, baseline
+        self.no_workers = config.parse_seconds(config.get("run.no-workers-timeout"))
         self.error: str | None = None
         self.kind = "spill"
         self._stop = threading.Event()

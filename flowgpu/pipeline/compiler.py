@@ -84,6 +84,12 @@ class Plan:
         for child in self.children.values():
             yield from child.tree()
 
+    def reads(self) -> list[tuple[str, Spec, str]]:
+        """``(path, spec, input name)`` of each local file this plan (or an included spec) reads."""
+        return [(path, p.spec, name) for p in self.tree() for name, node in p.nodes.items()
+                if node.kind == "input" and node.reads_files
+                and isinstance(path := getattr(p.spec.inputs[name], "path", None), str) and path and "://" not in path]
+
 
 # -- the dependency graph: references checked, cycles refused, steps put in order --------------------
 def _step_refs(spec: Spec, name: str) -> list[tuple[tuple, str]]:

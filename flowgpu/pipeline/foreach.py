@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from flowgpu.errors import SpecError, SpecLimitError
+from flowgpu.errors import FlowgpuError, SpecError, SpecLimitError
 from flowgpu.io.paths import glob_files
 from flowgpu.pipeline.build import build, parse_value
 from flowgpu.pipeline.loader import limit
@@ -42,11 +42,17 @@ class Item:
         return ", ".join(f"{k}={v}" for k, v in self.values.items())
 
 
-def in_item(error: SpecError, item: Item) -> SpecError:
+def in_item(error: FlowgpuError, item: Item) -> FlowgpuError:
+    """``error`` naming the batch item it came from (a plain run's is left as it is)."""
     if item.of <= 1 and not item.values:
         return error
-    return SpecError(f"batch item {item.index + 1} of {item.of} ({item.label}): {error.message}", file=error.file,
-                     line=error.line, col=error.col, path=error.path, hint=error.hint)
+    said = f"batch item {item.index + 1} of {item.of} ({item.label}): "
+    if isinstance(error, SpecError):
+        return SpecError(said + error.message, file=error.file, line=error.line, col=error.col, path=error.path,
+                         hint=error.hint)
+    out = type(error)(said + str(error))
+    out.__cause__ = error.__cause__
+    return out
 
 
 def _fail(message: str, where: str, hint: str, spec: Spec | None = None, path: tuple = (),

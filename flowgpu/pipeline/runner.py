@@ -85,13 +85,6 @@ def _distinct_hint(item: Item, output: str) -> str:
     return "put a foreach param in the path, e.g. path: out/${params.%s}.zarr" % next(iter(item.values))
 
 
-def _reads(plan: Plan) -> list[tuple[str, Spec, str]]:
-    """``(path, spec, input name)`` of each file ``plan`` (or an included spec) reads."""
-    return [(path, p.spec, name) for p in plan.tree() for name, node in p.nodes.items()
-            if node.kind == "input" and node.reads_files
-            and isinstance(path := getattr(p.spec.inputs[name], "path", None), str) and path and "://" not in path]
-
-
 def _above(path: str) -> list[str]:
     return [path, *map(str, pathlib.PurePath(path).parents)]
 
@@ -113,7 +106,7 @@ def _refuse_reading_another_items_output(items: list[Item], plans: list[Plan]) -
                 if len(writers) < 2 and all(w is not item for w, _ in writers):
                     writers.append((item, name))
     for item, plan in zip(items, plans):
-        for path, spec, name in _reads(plan):
+        for path, spec, name in plan.reads():
             real = os.path.realpath(os.path.abspath(path))
             found = [written[p] for p in _above(real) if p in written] + holding.get(real, [])
             other = next(((w, o) for w, o in found if w is not item), None)
