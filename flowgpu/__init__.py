@@ -1,13 +1,6 @@
 """flowgpu: out-of-core dataflow on chunked CuPy (or NumPy) arrays, scheduled by Dask.
 
-Where things live:
-
-* :mod:`flowgpu.runtime` starts or joins the cluster (:class:`Session`);
-* :mod:`flowgpu.arrays` creates chunked arrays and moves chunks between host and device;
-* :mod:`flowgpu.io` reads and writes ``.npy`` and Zarr, and reads HDF5 and TIFF;
-* :mod:`flowgpu.ops`, :mod:`flowgpu.kernels`, :mod:`flowgpu.pipeline` build pipelines.
-
-Everything is imported on first use, so ``import flowgpu`` is instant and never imports CuPy.
+The public API is imported on first use, so ``import flowgpu`` is instant and never imports CuPy.
 """
 
 from __future__ import annotations
@@ -55,9 +48,7 @@ __all__ = sorted(_EXPORTS) + ["__version__"]
 
 
 def __getattr__(name: str) -> Any:
-    # PEP 562: the public API loads on first use. This is the one place flowgpu imports its own
-    # modules inside a function (tests/test_layers.py::EXCEPTIONS); everywhere else they are
-    # imported at the top, so the layer map in pyproject.toml shows every dependency.
+    # PEP 562. The one place flowgpu imports its own modules inside a function (tests/test_layers.py).
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'flowgpu' has no attribute {name!r}")

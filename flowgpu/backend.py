@@ -1,9 +1,5 @@
-"""Which array library holds the chunks, and whether this machine has GPUs.
-
-This is the one place that imports CuPy (lazily, with an install hint when it is missing) and the
-one place that counts GPUs. Nothing here imports cupy, rmm or dask_cuda at import time, so
-``import flowgpu`` stays instant on a machine without a GPU. How host data reaches the device
-(pinned staging) is :mod:`flowgpu.transfer`, the layer above.
+"""Which array library holds the chunks, and whether this machine has GPUs: the one place that imports
+CuPy (lazily, with an install hint when it is missing) and the one place that counts GPUs.
 """
 
 from __future__ import annotations
@@ -59,10 +55,8 @@ class Facts:
     """What building a graph needs to know of the workers that will run it: their chunks' array
     library, the bytes one worker may hold (None: no bound known) and the tasks it runs at once.
 
-    A pipeline is compiled with the facts of its Session (``Session.facts``), or of this machine
-    when it has none (:meth:`here`); ``chunks="auto"`` and the backend of every array it opens
-    follow them (:func:`using`). Plain dask code on an open Session reads the same facts from
-    dask.config, where the Session publishes them (``array.backend``, ``flowgpu.worker.*``).
+    A pipeline is compiled with its Session's facts (:func:`using`); plain dask code on an open
+    Session reads them from dask.config, where it publishes them (``array.backend``, ``flowgpu.worker.*``).
     """
 
     backend: str = "numpy"  # "numpy" or "cupy"
@@ -71,8 +65,7 @@ class Facts:
 
     @classmethod
     def here(cls) -> "Facts":
-        """The facts in force in this process: a compile's (:func:`using`), else those an open
-        Session published in dask.config, else NumPy with no memory bound."""
+        """The facts in force: a compile's (:func:`using`), else an open Session's, else NumPy, unbounded."""
         given = _FACTS.get()
         if given is not None:
             return given
@@ -98,10 +91,7 @@ def using(facts: Facts | None) -> Iterator[None]:
 
 
 def current_backend() -> str:
-    """The array backend in force: ``"cupy"`` or ``"numpy"`` (:meth:`Facts.here`).
-
-    A :class:`flowgpu.Session` on GPUs sets dask's ``array.backend`` to ``cupy`` while it is open.
-    """
+    """The array backend in force, ``"cupy"`` or ``"numpy"``, as :meth:`Facts.here` has it."""
     given = _FACTS.get()  # only the backend: this is asked for every array made, the worker facts are not needed
     if given is not None:
         return given.backend

@@ -1,9 +1,5 @@
-"""flowgpu's defaults, in dask.config under the ``flowgpu`` namespace, and the check of its values.
-
-``flowgpu/flowgpu.yaml`` holds the defaults and ``flowgpu/flowgpu-schema.yaml`` describes them;
-both are loaded into :mod:`dask.config`, so ``DASK_FLOWGPU__BACKEND=cpu`` and
-``~/.config/dask/flowgpu.yaml`` work as users of Dask expect. :func:`check` holds a ``flowgpu``
-tree to the schema and says in one line what is wrong with the first bad option.
+"""flowgpu's options in dask.config under ``flowgpu``: the defaults (``flowgpu.yaml``, so
+``DASK_FLOWGPU__BACKEND=cpu`` works as in Dask) and :func:`check` against ``flowgpu-schema.yaml``.
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""The one exception family of flowgpu.
-
-Every error flowgpu raises on purpose derives from :class:`FlowgpuError`, and also from the
-built-in exception a caller would naturally catch (``ValueError`` for bad values, ``RuntimeError``
-for failures while running, ...). Messages say what was wrong, where, and how to fix it.
+"""The one exception family of flowgpu: each derives from :class:`FlowgpuError` and from the built-in
+exception a caller would naturally catch (``ValueError`` for bad values, ``RuntimeError`` while running).
 """
 
 from __future__ import annotations
@@ -25,8 +22,7 @@ class ConfigError(FlowgpuError, ValueError):
 
 
 class SourceError(ConfigError):
-    """A source that cannot be opened as its options say (a dataset not in the file, pages that do
-    not stack); ``option`` names the option at fault, so a spec's error points at it."""
+    """A source that cannot be opened as its options say; ``option`` names the option at fault."""
 
     def __init__(self, message: str, option: str | None = None):
         self.option = option
@@ -34,18 +30,15 @@ class SourceError(ConfigError):
 
 
 class QueryPlanningError(ConfigError):
-    """dask's ``array.query-planning`` is on: flowgpu's fusion works on dask's classic graphs, so a
-    Session or a pipeline run refuses (:func:`flowgpu.fusion.classic.require_classic_graphs`)."""
+    """dask's ``array.query-planning`` is on, and flowgpu's fusion works on dask's classic graphs."""
 
 
 class ImportPathError(ConfigError, ImportError):
-    """An import path (``package.module:name``) that cannot be resolved: bad form, missing module,
-    missing attribute, or a module that fails while importing."""
+    """An import path (``package.module:name``) that cannot be resolved."""
 
 
 class PathNotVisibleError(ConfigError):
-    """A path the client sees but a worker does not (another host, another mount, another working
-    directory): put it where every host sees it, or use a URL."""
+    """A path the client sees but a worker does not (another host, mount or working directory)."""
 
 
 class BackendError(FlowgpuError, RuntimeError):
@@ -89,15 +82,8 @@ class KernelError(FlowgpuError, ValueError):
 
 
 class SpecError(FlowgpuError, ValueError):
-    """An invalid pipeline spec.
-
-    Parameters
-    ----------
-    message : what is wrong.
-    file, line, col : where (1-based line and column), when known.
-    path : the field path inside the spec, e.g. ``steps.norm.op``.
-    hint : how to fix it.
-    """
+    """An invalid pipeline spec: ``message`` at ``file:line:col`` (1-based, when known), at the field
+    ``path`` inside the spec (``steps.norm.op``), with a ``hint`` how to fix it."""
 
     def __init__(self, message: str, *, file: str | None = None, line: int | None = None, col: int | None = None,
                  path: str | None = None, hint: str | None = None):
@@ -122,8 +108,7 @@ class SpecError(FlowgpuError, ValueError):
 
 
 class SpecLimitError(SpecError):
-    """A spec (or params file, or ``--set`` value) beyond the ``flowgpu.spec`` limits: too large,
-    too deep, too many values once aliases expand, or not a regular file."""
+    """A spec (or params file, or ``--set`` value) beyond the ``flowgpu.spec`` limits."""
 
 
 class OutputExistsError(FlowgpuError, FileExistsError):
@@ -131,8 +116,7 @@ class OutputExistsError(FlowgpuError, FileExistsError):
 
 
 class OutputError(FlowgpuError, OSError):
-    """An output that could not be written or moved into place (a read-only or full filesystem,
-    data that appeared at its path during the run); the old output, if any, is left as it was."""
+    """An output that could not be written or moved into place; the old output, if any, is left as it was."""
 
 
 class OutputLockedError(OutputError):

@@ -1,14 +1,8 @@
-"""Import paths checked without importing: what ``validate``, ``plan``, ``status`` and ``run --dry-run``
-do with the callables a spec names.
-
-Importing a module runs its top-level code, and those commands promise to run none of the user's
-code. So, unless the module is imported already, :func:`lookup` finds its file the way the import
-system would (``importlib.machinery.PathFinder`` over ``sys.path``, a package's parts through its
-``submodule_search_locations``, never running a package's ``__init__``), reads the source and looks
-for the name among its top-level definitions, assignments and imports (:mod:`ast`). The object found
-stands in as an :class:`Unimported`: callable-looking, with the function's signature where the source
-gives one, and refusing to be called. Where the source cannot tell (a compiled extension, a module
-``__getattr__``, ``from x import *``), the name is taken as there: ``run`` imports it and says.
+"""Import paths checked without importing (``validate``, ``plan``, ``status`` and ``run --dry-run`` run
+none of the user's code): :func:`lookup` finds the module's file as the import system would, never
+running a package's ``__init__``, and looks for the name among its top-level statements (:mod:`ast`).
+What it finds stands in as an :class:`Unimported` (the signature, refusing to be called). Where the
+source cannot tell (a compiled extension, a module ``__getattr__``, ``import *``), the name is taken as there.
 """
 
 from __future__ import annotations
