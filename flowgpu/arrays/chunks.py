@@ -1,14 +1,9 @@
-"""Chunk sizes: ``chunks="auto"`` sized from the worker's memory budget, and the check that chunks fit.
+"""Chunk sizes: ``chunks="auto"`` sized from the workers' memory budget (:class:`flowgpu.backend.Facts`),
+and the check that chunks fit.
 
-dask's own ``"auto"`` aims at ``array.chunk-size`` (128 MiB), a CPU default. On GPU workers a task
-costs about a millisecond of scheduling, and an H200 streams ~4 TB/s, so chunks must be large (about
-1 GiB) to keep the device busy, yet bounded by device memory. ``python -m benchmarks.suite.chunk_size`` measures
-throughput against chunk size; the defaults in ``flowgpu.yaml`` come from that curve.
-
-The worker budget and threads are :class:`flowgpu.backend.Facts`: those a pipeline is compiled
-with, else those an open :class:`~flowgpu.Session` publishes in dask.config
-(``flowgpu.worker.budget``, ``flowgpu.worker.threads``). Without either, only the per-backend
-target applies.
+dask's ``"auto"`` aims at 128 MiB, a CPU default; a GPU task costs about a millisecond of scheduling
+and an H200 streams ~4 TB/s, so GPU chunks must be about 1 GiB (the targets in ``flowgpu.yaml`` come
+from ``python -m benchmarks.suite.chunk_size``).
 """
 
 from __future__ import annotations
@@ -88,13 +83,10 @@ def _stored_multiples(asked: Any, shape: tuple, previous: tuple, items: int) -> 
 
 
 def _balanced(chunks: tuple, asked: Any, previous: tuple[int, ...] | None = None) -> tuple:
-    """Spread each automatically sized axis evenly over the same number of blocks.
+    """Spread each automatically sized axis evenly over the same number of blocks (no block grows).
 
-    dask's ``"auto"`` fills blocks up to the limit and leaves a ragged last one (40000 rows at
-    32768 a block: 32768 + 7232). Each block is a task, so a small last one costs as much
-    scheduling as a full one and leaves threads idle at the end: 20000 + 20000 does the same
-    work in as many tasks, evenly. No block grows. With ``previous`` (stored chunks) blocks stay
-    whole multiples of them (all but the last).
+    dask's ``"auto"`` leaves a ragged last block (40000 rows: 32768 + 7232), a task that costs as much
+    as a full one; 20000 + 20000 is even. With ``previous``, blocks stay multiples of the stored chunks.
     """
     out = []
     auto = [a == "auto" or a == -1 or a is None for a in asked] if isinstance(asked, (tuple, list)) else \

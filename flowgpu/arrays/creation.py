@@ -91,7 +91,7 @@ def _seed(seed: Any) -> int:
 
 def _fewest_blocks(chunks: Any, shape: tuple[int, ...], dtype: np.dtype) -> int:
     """The fewest blocks ``chunks`` can cut ``shape`` into, counted before dask lists them all (a list
-    of 10**12 block lengths does not fit in memory): lengths divide their axis, a byte size the whole."""
+    of 10**12 block lengths does not fit in memory)."""
     if chunks is None or isinstance(chunks, str):
         try:
             per = max((target_chunk_bytes() if chunks in (None, "auto") else parse_bytes(chunks)) // dtype.itemsize, 1)
@@ -140,13 +140,6 @@ def random(shape: Any, dtype: Any = "float64", seed: int | None = None, chunks: 
 
     The same seed gives the same numbers for any ``chunks`` and on NumPy and CuPy alike: each value
     is a hash of the seed and the element's position.
-
-    Examples
-    --------
-    >>> import flowgpu as fg
-    >>> x = fg.random((4, 4), dtype="float32", seed=0, chunks=2)
-    >>> bool(((x >= 0) & (x < 1)).all().compute())
-    True
     """
     return _generated_random(_random.uniform_block, "random", shape, dtype, seed, chunks)
 
@@ -229,17 +222,14 @@ def from_array(x: Any, chunks: Any = "auto") -> da.Array:
 
 
 def from_reader(reader: Any, chunks: Any, kind: str, token: str) -> da.Array:
-    """The blocks of ``reader`` (sliced in the task that needs them: only the reader travels) as a
-    chunked array on the session's device, named ``from-<kind>[-gpu]-<token>``. On a GPU session
-    the reader is told to read straight to the device (``reader.device = True``: through pinned
-    staging buffers); else its NumPy blocks go through :func:`to_device`."""
+    """The blocks of ``reader`` (sliced in the task that needs them) as a chunked array named
+    ``from-<kind>[-gpu]-<token>``; on a GPU session the reader reads straight to the device."""
     if current_backend() == "cupy":
         reader.device = True
         meta = import_cupy().empty((0,) * reader.ndim, reader.dtype)
         return da.from_array(reader, chunks=chunks, asarray=False, meta=meta, name=f"from-{kind}-gpu-{token}")
-    # The reads share one small reader task (a path). inline_array=True would spread them over the
-    # workers without it, but the reads then run inside the next step's tasks, and the flowgpu page
-    # showed the input step with no tasks (and as failed when the next step failed): not done yet.
+    # not inline_array=True: the reads would run inside the next step's tasks, and the flowgpu page
+    # would show the input step with no tasks (and failed when the next step failed)
     x = da.from_array(reader, chunks=chunks, asarray=False, meta=np.empty((0,) * reader.ndim, reader.dtype),
                       name=f"from-{kind}-{token}")
     return to_device(x)
