@@ -8,12 +8,11 @@ import numpy as np
 from flowgpu.backend import current_backend, empty_meta, is_cupy
 from flowgpu.transfer.staging import host_to_device
 
-__all__ = ["to_device", "to_cupy", "to_host", "to_numpy", "as_backend"]
+__all__ = ["to_device", "to_cupy", "to_host", "to_numpy"]
 
 
 def _to_cupy_block(block):
-    """One host block on the device, through pinned staging buffers when it is large enough
-    (:func:`flowgpu.transfer.staging.host_to_device`)."""
+    """One host block on the device, through pinned staging buffers when it is large enough."""
     return host_to_device(block)
 
 
@@ -25,16 +24,12 @@ def _to_numpy_block(block):
 
 
 def to_device(x: da.Array) -> da.Array:
-    """Chunks onto the session's compute device: CuPy on GPU sessions; unchanged on CPU sessions.
-
-    Code written with ``to_device`` runs unchanged on a machine without a GPU.
-    """
+    """Chunks onto the session's compute device: CuPy on GPU sessions; unchanged on CPU sessions."""
     return to_cupy(x) if current_backend() == "cupy" else x
 
 
 def to_cupy(x: da.Array) -> da.Array:
-    """Chunks as CuPy arrays (lazy), whatever the session's backend: what an input mixed with CuPy
-    inputs needs."""
+    """Chunks as CuPy arrays (lazy), whatever the session's backend."""
     if is_cupy(x._meta):
         return x
     return x.map_blocks(_to_cupy_block, dtype=x.dtype, meta=empty_meta(True, x.dtype, x.ndim))
@@ -45,11 +40,6 @@ def to_host(x: da.Array) -> da.Array:
     if not is_cupy(x._meta):
         return x
     return x.map_blocks(_to_numpy_block, dtype=x.dtype, meta=empty_meta(False, x.dtype, x.ndim))
-
-
-def as_backend(x: da.Array) -> da.Array:
-    """Chunks in the current session's array backend (CuPy on GPU sessions, NumPy otherwise)."""
-    return to_device(x) if current_backend() == "cupy" else to_host(x)
 
 
 def to_numpy(x: da.Array) -> np.ndarray:
