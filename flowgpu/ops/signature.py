@@ -76,10 +76,9 @@ def describe_type(hint: Any) -> str:
     """A short English name for an annotation, for error messages (``int, list of int or None``)."""
     if hint is None or hint is type(None):
         return "None"
-    if typing.get_origin(hint) is Annotated:
-        return describe_type(typing.get_args(hint)[0])
-    origin = typing.get_origin(hint)
-    args = typing.get_args(hint)
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is Annotated:
+        return describe_type(args[0])
     if origin in (typing.Union, types.UnionType):
         parts = list(dict.fromkeys(describe_type(a) for a in args))
         return ", ".join(parts[:-1]) + " or " + parts[-1] if len(parts) > 1 else parts[0]
@@ -103,12 +102,8 @@ def describe_type(hint: Any) -> str:
 def accepted_arguments(func: Callable, array_params: tuple[str, ...] = ()) -> list[str]:
     """Names of the keyword arguments ``func`` takes (its array inputs left out)."""
     inputs = {p.rstrip("*") for p in array_params}
-    out = []
-    for p in signature_of(func).parameters.values():
-        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) or p.name in inputs:
-            continue
-        out.append(p.name)
-    return out
+    return [p.name for p in signature_of(func).parameters.values()
+            if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.name not in inputs]
 
 
 def _accepted_text(names: list[str]) -> str:
