@@ -118,11 +118,9 @@ def _parse_visible(env: str) -> list[str]:
 def _nvml():
     try:
         import pynvml
-    except ImportError:
-        return None
-    try:
+
         pynvml.nvmlInit()
-    except Exception:
+    except Exception:  # not installed, or no driver
         return None
     return pynvml
 
