@@ -243,28 +243,26 @@ _checking: contextvars.ContextVar[bool] = contextvars.ContextVar("flowgpu_checki
 
 
 @contextlib.contextmanager
-def checking_only(on: bool = True) -> Iterator[None]:
+def _setting(var: contextvars.ContextVar, value: Any) -> Iterator[Any]:
+    token = var.set(value)
+    try:
+        yield value
+    finally:
+        var.reset(token)
+
+
+def checking_only(on: bool = True) -> contextlib.AbstractContextManager:
     """Inside the block :func:`import_object` imports no module not imported yet: it checks the name in
     the module's source (:mod:`flowgpu.importcheck`) and returns an ``Unimported`` stand-in, so
     ``validate``, ``plan``, ``status`` and ``run --dry-run`` run none of the user's code. ``on=False``
     imports again (a ``python`` source with ``plan_call: true`` asks to be called)."""
-    token = _checking.set(on)
-    try:
-        yield
-    finally:
-        _checking.reset(token)
+    return _setting(_checking, on)
 
 
-@contextlib.contextmanager
-def recording_imports() -> Iterator[list[tuple[str, str]]]:
+def recording_imports() -> contextlib.AbstractContextManager[list[tuple[str, str]]]:
     """Collect ``(what, path)`` of every import path :func:`import_object` resolves inside the block
     (each once, in order): what a spec would import, and so run, e.g. for ``flowgpu validate``."""
-    seen: list[tuple[str, str]] = []
-    token = _recorded.set(seen)
-    try:
-        yield seen
-    finally:
-        _recorded.reset(token)
+    return _setting(_recorded, [])
 
 
 def trusted_modules() -> list[str] | None:
