@@ -46,12 +46,16 @@ def _xarray():
     return xarray
 
 
+def _on_bare(op: Op, args: list, kwargs: dict) -> Any:
+    return op(*map(bare, args), **{k: bare(v) for k, v in kwargs.items()})
+
+
 def _reduced(op: Op, x: Any, args: list, kwargs: dict) -> Any:
     """A reduction of labelled ``x``: its op on the dask array, the reduced dims' coords dropped."""
     axis = kwargs.get("axis")
     numbers = range(x.ndim) if axis is None else ([axis] if isinstance(axis, int) else list(axis))
     gone = {x.dims[int(a) % x.ndim] for a in numbers}
-    out = op(*map(bare, args), **{k: bare(v) for k, v in kwargs.items()})
+    out = _on_bare(op, args, kwargs)
     keepdims = bool(kwargs.get("keepdims", False))
     dims = [d for d in x.dims if keepdims or d not in gone]
     coords = {k: c for k, c in x.coords.items() if not set(c.dims) & gone}
@@ -89,7 +93,7 @@ def _shaped(op: Op, x: Any, args: list, kwargs: dict) -> Any:
         axis = kwargs.get("axis")
         return x.squeeze([x.dims[int(a)] for a in ([axis] if isinstance(axis, int) else axis)]
                          if axis is not None else None)
-    out = op(*[bare(a) for a in args], **{k: bare(v) for k, v in kwargs.items()})
+    out = _on_bare(op, args, kwargs)
     if not isinstance(out, (tuple, list)) and getattr(out, "shape", None) == x.shape:
         return x.copy(data=out)
     return out
@@ -97,11 +101,8 @@ def _shaped(op: Op, x: Any, args: list, kwargs: dict) -> Any:
 
 def call(op: Op, args: list, kwargs: dict) -> Any:
     """Call ``op`` on ``args``/``kwargs`` whose arrays may be labelled; labels carried as xarray does."""
-    values = [*args, *kwargs.values()]
-    first = next((v for v in values if is_labelled(v)), None)
-    named = {k: v for k, v in kwargs.items() if k in AXIS_ARGS}
-    if named:
-        kwargs = {**kwargs, **{k: axis_numbers(op.name, k, v, first) for k, v in named.items()}}
+    first = next((v for v in [*args, *kwargs.values()] if is_labelled(v)), None)
+    kwargs = {k: axis_numbers(op.name, k, v, first) if k in AXIS_ARGS else v for k, v in kwargs.items()}
     if first is None or op.meta.get("labelled"):
         return op(*args, **kwargs)
     if op.kind == "elementwise":
