@@ -60,14 +60,12 @@ def _transform(kind: str, x: Any, lengths: Any, axes: Any, norm: Any) -> Array:
         x = x.rechunk({a: -1 for a in split})
     chunks = list(x.chunks)
     for i, a in enumerate(axes):
-        n_in = x.shape[a]
         n = lengths[i] if lengths is not None else None
-        last = i == len(axes) - 1
-        if kind.startswith("rfft") and last:
-            chunks[a] = ((n if n is not None else n_in) // 2 + 1,)
-        elif kind.startswith("irfft") and last:
-            chunks[a] = (n if n is not None else 2 * (n_in - 1),)
-        elif n is not None:
+        if i == len(axes) - 1 and kind.startswith("rfft"):  # the last axis: its non-negative frequencies
+            n = (n or x.shape[a]) // 2 + 1
+        elif i == len(axes) - 1 and kind.startswith("irfft"):
+            n = n or 2 * (x.shape[a] - 1)
+        if n is not None:
             chunks[a] = (n,)
     sample = np.ones((4,) * x.ndim, dtype=x.dtype)
     dtype = _fft_block(sample, kind, None, tuple(axes), norm).dtype
