@@ -41,7 +41,7 @@ def on_gpu(x: Any) -> bool:
 
 
 def as_dask(x: Any) -> da.Array:
-    """A dask array for ``x``: dask arrays pass through, NumPy/CuPy arrays become one-chunk arrays."""
+    """A dask array for ``x``: dask arrays pass through, a CuPy array becomes one chunk."""
     if isinstance(x, da.Array):
         return x
     if is_cupy(x):
@@ -50,10 +50,7 @@ def as_dask(x: Any) -> da.Array:
 
 
 def same_backend(*xs: Any) -> list[Any]:
-    """Inputs on one backend: when any array holds CuPy chunks, NumPy-chunked ones are moved to the GPU.
-
-    Scalars pass through unchanged.
-    """
+    """Inputs on one backend: when any holds CuPy chunks, the others move to the GPU (scalars stay)."""
     xs = [as_dask(x) if hasattr(x, "shape") and hasattr(x, "dtype") and not isinstance(x, np.generic) else x
           for x in xs]
     if not any(isinstance(x, da.Array) and on_gpu(x) for x in xs):

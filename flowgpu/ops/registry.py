@@ -91,16 +91,7 @@ def register(name: str, func: Callable, *, replace: bool = False, **options: Any
 
 
 def op(name: str | None = None, **options: Any) -> Callable[[Callable], Callable]:
-    """Decorator: register a function as a pipeline op.
-
-    Examples
-    --------
-    >>> import flowgpu
-    >>> @flowgpu.op("double_it", kind="elementwise", expression="2 * x")
-    ... def double_it(x):
-    ...     '''Twice x.'''
-    ...     return 2 * x
-    """
+    """Decorator: register a function as a pipeline op (``@flowgpu.op("double_it", kind="elementwise")``)."""
 
     def deco(func: Callable) -> Callable:
         register(name or func.__name__, func, **options)
