@@ -93,18 +93,12 @@ class SpecError(FlowgpuError, ValueError):
         self.col = col
         self.path = path
         self.hint = hint
-        super().__init__(self.format())
+        head = "".join(f"{part}: " for part in (self.location, path) if part)
+        super().__init__(head + message + (f" (hint: {hint})" if hint else ""))
 
     @property
     def location(self) -> str:
         return ":".join(str(p) for p in (self.file, self.line, self.col) if p is not None)
-
-    def format(self) -> str:
-        where = self.location
-        head = f"{where}: " if where else ""
-        field = f"{self.path}: " if self.path else ""
-        hint = f" (hint: {self.hint})" if self.hint else ""
-        return f"{head}{field}{self.message}{hint}"
 
 
 class SpecLimitError(SpecError):
