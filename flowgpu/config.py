@@ -172,10 +172,15 @@ def allowed(schema: dict) -> str:
 def _validator(path: str) -> Any:
     import jsonschema  # noqa: PLC0415 - see _formats
 
+    return jsonschema.Draft202012Validator(_subschema(path), format_checker=_formats())
+
+
+def _subschema(path: str) -> dict:
+    """The schema of the option or section at dotted ``path`` (empty: the whole ``flowgpu`` tree)."""
     schema = SCHEMA
-    for key in path.split("."):
+    for key in filter(None, path.split(".")):
         schema = schema["properties"][key]
-    return jsonschema.Draft202012Validator(schema, format_checker=_formats())
+    return schema
 
 
 def _reason(error: Any) -> str:
@@ -215,10 +220,7 @@ def check(values: Mapping, names: Mapping[str, str] | None = None, *, _prefix: s
     ``flowgpu.<key>``, with its value and what is allowed.
     """
     names = names or {}
-    schema = SCHEMA
-    for key in filter(None, _prefix.rstrip(".").split(".")):
-        schema = schema["properties"][key]
-    known = schema["properties"]
+    known = _subschema(_prefix)["properties"]
     for key, value in values.items():
         path = _prefix + key
         if key not in known:

@@ -141,9 +141,7 @@ class Registry(Generic[T]):
                             else listing, n=3)
 
     def names(self) -> list[str]:
-        self._load_plugins()
-        with self._lock:
-            return sorted(self._entries)
+        return [e.name for e in self.entries()]
 
     def entries(self) -> list[T]:
         self._load_plugins()
