@@ -1,11 +1,8 @@
-"""The process of a cluster that stays up: ``python -m flowgpu.runtime.daemon FOLDER OPTIONS``.
+"""The standing cluster's process: ``python -m flowgpu.runtime.daemon FOLDER '{"tls": .., "options": ..}'``.
 
-:func:`flowgpu.runtime.standing.start` runs it detached (a session of its own, output to
-``FOLDER/cluster.log``); OPTIONS is JSON: ``{"tls": bool, "options": {Session keywords}}``. It holds
-``FOLDER/cluster.lock`` while it lives (a second one in the same folder exits at once, status 2),
-opens the Session, records it in ``FOLDER/cluster.json``, and waits for SIGTERM (or SIGINT, SIGHUP):
-then it closes the Session, so its workers exit, and removes the state. Status 1: the Session did
-not start; the log's last ``error:`` line says why.
+Holds ``FOLDER/cluster.lock`` (a second daemon exits with status 2), opens the Session, records it,
+and on SIGTERM/SIGINT/SIGHUP closes it and removes the state. Status 1: the Session did not start
+(the log's last ``error:`` line says why).
 """
 
 from __future__ import annotations
@@ -38,9 +35,8 @@ def main(argv: list[str]) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: stop.set())
-    # Workers must not outlive this process: each watches a pipe whose write end only this process may
-    # hold. Forked workers would inherit each other's write ends and keep each other alive; spawned ones
-    # inherit nothing.
+    # each worker exits when this process's end of its pipe closes; forked workers would inherit
+    # each other's ends and keep each other alive: spawn them
     dask.config.set({"distributed.worker.multiprocessing-method": "spawn"})
     try:
         security = standing.make_credentials(folder) if given["tls"] else "none"

@@ -1,21 +1,9 @@
-"""Clusters of batch jobs (Slurm, PBS, LSF, SGE) through dask-jobqueue, as a Session starts them.
+"""Clusters of batch jobs (Slurm, PBS, LSF, SGE) through dask-jobqueue: ``Session(kind="slurm", jobs=2)``.
 
-``Session(kind="slurm", jobs=2)`` (``flowgpu run --cluster slurm --jobs 2``, or ``cluster: {kind:
-slurm, jobs: 2}`` in a spec) makes dask-jobqueue's cluster of that kind from jobqueue's own
-configuration (``~/.config/dask/jobqueue.yaml``, ``DASK_JOBQUEUE__SLURM__*``: queue, account,
-walltime, cores, memory, job-extra-directives, ...), submits ``jobs`` jobs and waits for their
-workers. The scheduler runs in the client's process; the workers in the jobs, on other hosts, so
-what they read and write must be on storage every host mounts (:mod:`flowgpu.pipeline.batch`
-checks it before a run computes).
-
-* CPU jobs run distributed's worker (``dask worker``), with jobqueue's ``processes`` per job;
-* GPU jobs (``gpus_per_job`` G > 0) ask the batch system for G GPUs (:data:`GPU_DIRECTIVES`) and run
-  dask-cuda's worker (``dask cuda worker``), which starts one worker per GPU the job is given.
-
-What jobqueue's configuration leaves unset, flowgpu fills: ``cores`` (``threads_per_worker`` per
-worker, else 1 per CPU worker and 4 per GPU worker), ``memory`` (``memory_limit`` per worker, else
-:data:`DEFAULT_MEMORY` per worker) and, for TLS, ``shared-temp-directory`` (where the workers' TLS
-files are written: ``~/.cache/flowgpu/jobqueue``, which must be on a filesystem the nodes mount).
+jobqueue's own configuration (``jobqueue.<kind>``) says queue, walltime and the like; flowgpu fills
+what it leaves unset: ``cores``, ``memory``, and for TLS a ``shared-temp-directory`` the nodes must
+mount. GPU jobs (``gpus_per_job``) ask for GPUs (:data:`GPU_DIRECTIVES`) and run ``dask cuda worker``,
+one worker per GPU. The scheduler runs in the client's process.
 """
 
 from __future__ import annotations
@@ -34,9 +22,8 @@ __all__ = ["KINDS", "GPU_DIRECTIVES", "DEFAULT_MEMORY", "available", "cluster_kw
 
 # kind -> dask-jobqueue's cluster class (its config section is jobqueue.<kind>)
 KINDS = {"slurm": "SLURMCluster", "pbs": "PBSCluster", "lsf": "LSFCluster", "sge": "SGECluster"}
-# What flowgpu adds to a job's header for G GPUs. Only Slurm's is tested (tests/deploy); a site whose
-# batch system spells it otherwise leaves gpus_per_job at 0, sets backend gpu, and writes its own in
-# jobqueue's job-extra-directives.
+# A job's header line for G GPUs; only Slurm's is tested (tests/deploy). Sites that spell it otherwise
+# set backend gpu and write their own in jobqueue's job-extra-directives.
 GPU_DIRECTIVES = {"slurm": "--gres=gpu:{gpus}", "pbs": "-l ngpus={gpus}", "lsf": '-gpu "num={gpus}"',
                   "sge": "-l gpu={gpus}"}
 DEFAULT_MEMORY = 4 << 30  # bytes per worker, when neither jobqueue's config nor memory_limit says
@@ -71,10 +58,8 @@ def workers_expected(cluster: Any) -> int:
 def cluster_kwargs(kind: str, *, gpus_per_job: int, threads_per_worker: int | None, memory_limit: Any,
                    local_directory: str | None, dashboard_address: str | None, security: Any, gpu: bool = False,
                    **extra: Any) -> dict:
-    """The keyword arguments flowgpu gives dask-jobqueue's cluster class of ``kind`` (see :func:`make`):
-    what jobqueue's config leaves unset, and what GPU jobs need. ``gpu`` without ``gpus_per_job``: GPU
-    workers in jobs whose GPU request jobqueue's ``job-extra-directives`` makes (sites that spell it
-    otherwise than :data:`GPU_DIRECTIVES`)."""
+    """The keyword arguments for jobqueue's cluster class of ``kind``: what its config leaves unset,
+    and what GPU jobs need (``gpu`` alone: the config's job-extra-directives ask for the GPUs)."""
     gpu = gpu or gpus_per_job > 0
     processes = gpus_per_job or (_configured(kind, "processes") or 1)
     threads = threads_per_worker or (4 if gpu else None)
@@ -107,14 +92,8 @@ def cluster_kwargs(kind: str, *, gpus_per_job: int, threads_per_worker: int | No
 
 
 def make(kind: str, *, jobs: int, **options: Any) -> Any:
-    """dask-jobqueue's cluster of ``kind``, scaled to ``jobs`` jobs (they start in the background).
-
-    ``options`` (:func:`cluster_kwargs`): ``gpus_per_job``; ``threads_per_worker``; ``memory_limit``,
-    bytes per worker (None or ``"auto"``: jobqueue's config, else :data:`DEFAULT_MEMORY`);
-    ``local_directory``; ``dashboard_address``; ``security``, a ``distributed.security.Security``,
-    True (TLS credentials made for it) or None; and any keyword of the cluster class (``queue``,
-    ``walltime``, ...).
-    """
+    """dask-jobqueue's cluster of ``kind`` (``options``: :func:`cluster_kwargs`'s), scaled to ``jobs``
+    jobs that start in the background."""
     cls = _cluster_class(kind)
     kwargs = cluster_kwargs(kind, **options)
     if kwargs.get("shared_temp_directory"):  # the workers' TLS files: readable by this user only

@@ -1,14 +1,7 @@
-"""Send the cluster's control messages sooner: flowgpu's graphs have few, large tasks.
-
-distributed batches its control messages: a client writes to the scheduler at most every 10 ms, the
-scheduler to each worker every 5 ms, a worker to the scheduler every 2 ms. That suits graphs of
-millions of tiny tasks. On a GPU worker a chunk task takes about a millisecond, so the batching
-*is* the latency: measured on an H200 (BENCHMARKS.md), a ``compute()`` that follows another one
-waited ~10 ms before its first task started, longer than the whole 8 GiB fused pass on the GPU.
-
-:func:`tune` shortens those intervals to ``flowgpu.batch-interval`` (1 ms by default): on the
-client always, and on the scheduler and workers of a local cluster the session started (a joined
-cluster is not ours to retune). Messages are still batched, only over a shorter window.
+"""Batch the cluster's control messages over ``flowgpu.batch-interval`` (1 ms) instead of distributed's
+2-10 ms: a GPU chunk task takes about a millisecond, so on an H200 (BENCHMARKS.md) a ``compute()``
+waited ~10 ms for its first task, longer than a whole 8 GiB fused pass. Only the client is tuned on
+a joined cluster; the scheduler and workers too on one the Session started.
 """
 
 from __future__ import annotations
@@ -19,7 +12,7 @@ __all__ = ["tune", "BatchInterval", "WorkerBatchInterval"]
 
 
 class BatchInterval(SchedulerPlugin):
-    """Shorter batching on the scheduler, for the streams to workers (also those that join later)."""
+    """Shorter batching of the scheduler's streams to workers (also those that join later)."""
 
     name = "flowgpu-batch-interval"
 
@@ -37,7 +30,7 @@ class BatchInterval(SchedulerPlugin):
 
 
 class WorkerBatchInterval(WorkerPlugin):
-    """Shorter batching of a worker's messages to the scheduler (task finished, data added...)."""
+    """Shorter batching of a worker's messages to the scheduler."""
 
     name = "flowgpu-worker-batch-interval"
 

@@ -1,9 +1,6 @@
-"""Session options: read from dask.config, overridden by arguments, checked before any cluster starts.
-
-What each option may be is ``flowgpu/flowgpu-schema.yaml``'s to say: :func:`resolve` lays the
-keyword arguments over the ``flowgpu`` section of dask.config and holds the whole of it to the
-schema (:func:`flowgpu.config.check`). What only this machine can answer (is there a GPU, does
-the scheduler file exist, does the limit fit the memory) is checked here, before any worker starts.
+"""Session options: keyword arguments over the ``flowgpu`` section of dask.config, held to
+``flowgpu-schema.yaml``; what only this machine can answer (a GPU, the scheduler file, memory that
+fits) is checked here too, before any worker starts.
 """
 
 from __future__ import annotations
@@ -28,10 +25,8 @@ from flowgpu.runtime import security as _security
 
 __all__ = ["GPU_THREADS", "SessionOptions", "parse_memory", "resolve"]
 
-# Threads per GPU worker when none are given. Each thread computes on its own CUDA stream
-# (flowgpu.spill.per-thread-streams), so several tasks are in flight per GPU: the ~1 ms each task
-# costs in distributed overlaps the kernels of the others, and copies overlap compute. Measured on
-# the H200 (BENCHMARKS.md): a 32 GiB fused pass took 54 ms with 1 thread and 38 ms with 4.
+# Threads per GPU worker by default: each computes on its own stream, so distributed's ~1 ms per task
+# overlaps other kernels (H200, BENCHMARKS.md: a 32 GiB fused pass took 54 ms with 1 thread, 38 with 4).
 GPU_THREADS = 4
 
 # Keyword names are the options' names with "_" for "-", but for these.
@@ -70,8 +65,8 @@ SMALLEST = 32 << 20  # a memory option below this many bytes is a mistake (a wor
 
 
 def parse_memory(value: Any) -> int | float | str | None:
-    """A memory option as the cluster takes it: None, a keyword (``"auto"``), a fraction in (0, 1],
-    or whole bytes (``"4GiB"`` -> 4294967296). The value must have passed the schema."""
+    """A schema-checked memory option as the cluster takes it: None, ``"auto"``, a fraction in (0, 1],
+    or whole bytes (``"4GiB"`` -> 4294967296)."""
     if value is None or value in ("auto", "default"):
         return value
     n = config.parse_size(value) if isinstance(value, str) else value
@@ -79,8 +74,8 @@ def parse_memory(value: Any) -> int | float | str | None:
 
 
 def _merged(address: str | None, kwargs: dict) -> tuple[dict, dict, dict]:
-    """The ``flowgpu`` section with the keyword arguments over it, checked against the schema;
-    what each option is called in messages; the keywords that are no option (for the cluster)."""
+    """The checked ``flowgpu`` section with the keywords over it; each option's name for messages;
+    the keywords that are no option (for the cluster)."""
     values, names, extra = config.tree(), {}, {}
     keys = {_KEYWORDS.get(k, k.replace("-", "_")): k for k in config.options()}
     for kw, value in {**kwargs, "address": address}.items():
@@ -125,13 +120,12 @@ def _gpus(values: dict, names: dict) -> tuple[tuple[int, ...] | None, list[int]]
     return wanted, visible
 
 
-# Least free space a spill directory must have when a local cluster starts.
-MIN_SPILL_FREE = 64 << 20
+MIN_SPILL_FREE = 64 << 20  # bytes a spill directory needs free when a local cluster starts
 
 
 def check_spill_directory(directory: str | None, name: str) -> None:
-    """Refuse a spill directory that cannot be written, or has less than :data:`MIN_SPILL_FREE` free:
-    workers that cannot spill pause, and a run then waits for ever."""
+    """Refuse a spill directory that cannot be written or lacks :data:`MIN_SPILL_FREE`: workers that
+    cannot spill pause, and a run then waits for ever."""
     where = directory or dask.config.get("temporary-directory", default=None) or tempfile.gettempdir()
     fix = f"give {name} a writable directory on a disk with room, or free space there"
     try:
@@ -175,8 +169,7 @@ def _cpu_options(values: dict, names: dict, common: dict) -> SessionOptions:
 
 
 def _hpc_options(values: dict, names: dict, common: dict, own: Any) -> SessionOptions:
-    """A cluster of batch jobs (:mod:`flowgpu.runtime.hpc`): its workers run on other hosts, so nothing of
-    this machine is checked but what the client needs (CuPy for GPU jobs)."""
+    """Batch jobs (:mod:`flowgpu.runtime.hpc`) run on other hosts: only the client's CuPy is checked here."""
     kind, gpus = values["kind"], values["gpus-per-job"]
     if not hpc.available():
         raise ConfigError(f"{names['kind']}={kind!r} needs dask-jobqueue, which is not installed: {hpc.INSTALL}")
@@ -199,15 +192,11 @@ def _hpc_options(values: dict, names: dict, common: dict, own: Any) -> SessionOp
 
 
 def resolve(address: str | None = None, **kwargs: Any) -> SessionOptions:
-    """Merge arguments over ``flowgpu.*`` config and check them; starts nothing.
+    """Merge the Session's keywords over ``flowgpu.*`` config and check them; starts nothing.
 
-    Every top-level option of ``flowgpu.yaml`` is a keyword (``memory_limit`` for
-    ``flowgpu.memory-limit``, ``address`` for ``flowgpu.scheduler-address``); None takes the
-    configured value (but ``dashboard_address=None`` turns the dashboard off). ``security`` may
-    also be a :class:`distributed.security.Security`; ``tls_ca_file``, ``tls_cert`` and ``tls_key``
-    are the PEM files to join a ``tls://`` scheduler with (:mod:`flowgpu.runtime.security`).
-    ``protocol="ucx"`` is checked by :mod:`flowgpu.runtime.protocol`. Other keywords go to the
-    cluster's constructor.
+    Each top-level option is a keyword (``address`` for ``flowgpu.scheduler-address``); None takes the
+    configured value, but ``dashboard_address=None`` turns the dashboard off. ``tls_ca_file``,
+    ``tls_cert`` and ``tls_key`` join a ``tls://`` scheduler. Other keywords go to the cluster.
     """
     files = {k: kwargs.pop(k, None) for k in _security.TLS_FILES}
     own = kwargs.pop("security") if isinstance(kwargs.get("security"), Security) else None

@@ -21,8 +21,7 @@ __all__ = ["worker_info", "ask_workers", "where", "spill_space", "set_array_back
 
 
 def worker_info(dask_worker=None) -> dict:
-    """GPUs, CuPy and memory of the worker process this runs in, and where it runs (host, working
-    directory, pid, flowgpu's version)."""
+    """GPUs, CuPy, memory and whereabouts (host, directory, pid, version) of this worker process."""
     gpus = backend.gpu_count()
     limit = getattr(getattr(dask_worker, "data", None), "device_memory_limit", None)
     info = {
@@ -44,13 +43,11 @@ def worker_info(dask_worker=None) -> dict:
 
 
 def ask_workers(client: Any) -> dict[str, dict]:
-    """:func:`worker_info` of every worker of ``client``'s cluster; a :class:`SessionError` saying so
-    when the workers cannot run flowgpu's code (it is not installed where they run)."""
+    """:func:`worker_info` of every worker; :class:`SessionError` when they cannot run flowgpu's code."""
     try:
         info = client.run(worker_info)
     except Exception as e:
-        # a worker that cannot unpickle flowgpu's function: distributed hands back its ImportError, or
-        # (failing to deserialize it) an Exception that quotes it
+        # a worker that cannot unpickle flowgpu's function: its ImportError, or an Exception quoting it
         if not (isinstance(e, ImportError) or "No module named 'flowgpu" in str(e)):
             raise
         raise SessionError(
@@ -70,15 +67,13 @@ def where(workers: dict[str, dict]) -> list[dict]:
             for a, w in sorted(workers.items())]
 
 
-# What a CPU worker's process grows by when its first task loads flowgpu's compiled CPU kernels
-# (numba and its threading layer; measured: 87 -> 201 MiB resident).
+# What a CPU worker grows by when its first task loads numba's kernels (measured: 87 -> 201 MiB).
 CPU_KERNELS = 120 << 20
 
 
 def spill_space(directory: str | None) -> dict:
-    """The process's memory in use (``rss``: what a worker holds before any chunk; ``kernels``: what
-    loading flowgpu's compiled CPU kernels will add) and its spill directory's free bytes, with the
-    host and device it lies on (workers sharing a disk share it)."""
+    """The process's ``rss``, the ``kernels`` numba will add, and the spill directory's free bytes
+    and disk (``host:device``: workers sharing it share the space)."""
     kernels = 0
     if dask.config.get("array.backend", "numpy") == "numpy" and "numba" not in sys.modules \
             and importlib.util.find_spec("numba") is not None:

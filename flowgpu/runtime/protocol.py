@@ -1,19 +1,7 @@
-"""How the processes of a cluster talk: TCP (distributed's default) or UCX, GPU to GPU.
-
-``flowgpu.protocol`` (``Session(protocol=...)``, a spec's ``cluster: {protocol: ucx}``,
-``flowgpu run --protocol ucx``) says how the scheduler, workers and client of a cluster the
-Session starts talk:
-
-* ``tcp`` (the default): chunks that move between workers go through host memory and a socket;
-* ``ucx``: through `distributed-ucxx <https://github.com/rapidsai/ucxx>`_, as dask-cuda does it:
-  ``LocalCUDACluster(protocol="ucx")`` with UCX choosing the transports itself (dask-cuda's
-  "automatic configuration"; its ``enable_nvlink`` / ``enable_infiniband`` flags are for
-  benchmarking one transport), so a CuPy chunk moves GPU to GPU over NVLink or PCIe peer to peer.
-
-UCX is for GPU workers only, and distributed's UCX comm has no TLS: ``ucx`` with a CPU backend,
-with ``security="temporary"`` (or credentials of one's own), or without distributed-ucxx
-installed is refused here, before anything starts, with what to do instead. Joining a
-``ucx://`` scheduler needs distributed-ucxx too; the address says the protocol then.
+"""How a cluster's processes talk (``flowgpu.protocol``): ``tcp`` (the default), or ``ucx`` through
+distributed-ucxx, UCX choosing the transports (dask-cuda's automatic way), so a CuPy chunk moves GPU
+to GPU. UCX is for GPU workers only and has no TLS; what cannot work is refused before anything
+starts. Joining, the address's scheme says the protocol.
 """
 
 from __future__ import annotations
@@ -45,11 +33,8 @@ def require_ucx(what: str) -> None:
 
 
 def check_local(protocol: str, name: str, backend: str, security: str | Security) -> None:
-    """Refuse a protocol the cluster a Session starts cannot have, before GPUs are looked for.
-
-    ``name`` is what the option is called in messages (``protocol`` or ``flowgpu.protocol``);
-    ``security`` the security mode (or credentials) asked for.
-    """
+    """Refuse a protocol the Session's own cluster cannot have, before GPUs are looked for
+    (``name``: the option's name in messages; ``security``: the mode or credentials asked for)."""
     if protocol != "ucx":
         return
     if backend == "cpu":
@@ -70,8 +55,7 @@ def check_gpu_workers(protocol: str, name: str, backend: str) -> None:
 
 
 def for_joining(address: str, protocol: Any, name: str, given: bool) -> str:
-    """The protocol of the scheduler at ``address`` (its scheme), checked against a ``protocol``
-    the caller gave (``given``: as an argument, not only configured)."""
+    """The scheme of ``address``, checked against a ``protocol`` given as an argument (``given``)."""
     scheme = _security.scheme(address)
     if scheme in UCX_SCHEMES:
         require_ucx(f"joining {address}")

@@ -1,5 +1,5 @@
-"""What a run needs of the session it runs on: :class:`RunSession`, which :class:`~flowgpu.Session`
-and :class:`ThreadedSession` (dask's threaded scheduler in this process, no cluster) both are."""
+"""What a run needs of its session: :class:`RunSession`, which :class:`~flowgpu.Session` and
+:class:`ThreadedSession` (dask's threaded scheduler, no cluster) both are."""
 
 from __future__ import annotations
 
@@ -48,8 +48,7 @@ class RunSession(Protocol):
 
 
 class ThreadedSession:
-    """A :class:`RunSession` on dask's local threaded scheduler: no cluster, no workers to ask, no
-    flowgpu data store (small runs and tests: ``run(..., session="local")``)."""
+    """dask's threaded scheduler in this process: no cluster, no store (``run(..., session="local")``)."""
 
     client = None
     backend = "local"

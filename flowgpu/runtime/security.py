@@ -1,24 +1,11 @@
-"""Who may use a cluster: the TLS credentials of the clusters a Session starts or joins.
+"""Who may use a cluster: TLS credentials of the clusters a Session starts or joins.
 
-distributed lets any process that reaches a scheduler's port run code in its workers, unless the
-cluster speaks TLS and the process lacks a certificate its CA signed. flowgpu's ``security``
-option (``flowgpu.security``) says what a cluster the Session starts uses:
-
-* ``temporary``: TLS with a key and a self-signed certificate made for this cluster, in memory only
-  (:meth:`distributed.security.Security.temporary`): the Session's client and workers hold them,
-  so no other process on the host (another user's) can connect;
-* ``none``: plain TCP on ``host`` (127.0.0.1 by default), distributed's default;
-* ``auto`` (the default): ``none``, for a Session's own cluster lives as long as one run; TLS
-  costs 0.2 s more to start (1.0 -> 1.2 s) and moved data between two CPU workers at 0.57 instead of
-  1.53 GiB/s on the 2-core test machine. A cluster that stays up uses ``temporary``.
-
-A Python caller may also give a :class:`distributed.security.Security` of its own.
-
-Joining: a ``tls://`` address (or a scheduler file that holds one) needs the cluster's CA
-certificate and a certificate and key that CA signed: the Session's ``tls_ca_file``, ``tls_cert``
-and ``tls_key`` (``flowgpu run --tls-ca-file/--tls-cert/--tls-key``, named as ``dask scheduler``
-and ``dask worker`` name them), else dask's own ``distributed.comm.tls.ca-file``,
-``distributed.comm.tls.client.cert`` and ``distributed.comm.tls.client.key``.
+Any process that reaches a scheduler's port can run code in its workers unless the cluster speaks
+TLS. ``flowgpu.security`` for a cluster the Session starts: ``temporary`` (credentials made for it,
+in memory only), ``none`` (plain TCP on 127.0.0.1), or ``auto``: none, since TLS cost 0.2 s to
+start and moved data at 0.57 instead of 1.53 GiB/s between two CPU workers (a cluster that stays
+up uses temporary). Joining ``tls://`` needs ``tls_ca_file``/``tls_cert``/``tls_key``, else dask's
+``distributed.comm.tls.*``.
 """
 
 from __future__ import annotations
@@ -83,12 +70,9 @@ def _exists(option: str, path: Any) -> str:
 
 
 def for_joining(address: str, security: str | Security, files: dict[str, Any]) -> Security | None:
-    """The credentials to join the scheduler at ``address`` with (None: distributed's default).
-
-    ``files`` are the Session's ``tls_ca_file``, ``tls_cert`` and ``tls_key`` (None where not given).
-    A ``tls://`` address with no credentials from them or from dask's config is refused here, with
-    what to set, instead of distributed's ``TypeError`` about ``ssl_context``.
-    """
+    """The credentials to join ``address`` with (None: distributed's default), from ``files`` (the
+    Session's TLS keywords) or dask's config; a ``tls://`` address with neither is refused here,
+    instead of distributed's ``TypeError`` about ``ssl_context``."""
     if isinstance(security, Security):
         return security
     given = {k: _exists(k, v) for k, v in files.items() if v is not None}

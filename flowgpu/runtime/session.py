@@ -1,15 +1,9 @@
-"""``flowgpu.Session``: the one place a cluster is started or joined.
+"""``flowgpu.Session``: the one place a cluster is started (LocalCUDACluster on GPUs, LocalCluster
+otherwise, batch jobs) or joined (an address, a scheduler file, a cluster object).
 
-* no address, GPUs present: ``dask_cuda.LocalCUDACluster``, one worker per GPU, CuPy chunks;
-* no address, no GPU (or ``backend="cpu"``): ``distributed.LocalCluster`` of processes, NumPy chunks;
-* an address or scheduler file: join that cluster; the backend follows what its workers have.
-
-While it is open, a Session publishes what the code below it needs to know about the cluster in
-dask.config, and puts back what was there when it closes: ``array.backend`` (cupy or numpy), and
-``flowgpu.worker.budget`` / ``flowgpu.worker.threads``, which size ``chunks="auto"``
-(:mod:`flowgpu.arrays.chunks` reads them; array code never imports the runtime); and dask's
-``array_optimize`` hook, so that plain dask.array code computed on it is fused
-(``flowgpu.fuse-ufuncs``).
+While open it publishes in dask.config what the layers below read (array code never imports the
+runtime): ``array.backend``, ``flowgpu.worker.budget`` / ``flowgpu.worker.threads`` (they size
+``chunks="auto"``) and dask's ``array_optimize`` hook (fusion); closing puts back what was there.
 """
 
 from __future__ import annotations
@@ -56,7 +50,7 @@ GUARD = ("a script that starts a Session needs an 'if __name__ == \"__main__\":'
 
 
 def main_unguarded() -> bool:
-    """Whether the main script has no top-level ``if __name__ == "__main__":`` (so spawned workers rerun it)."""
+    """Whether the main script lacks a top-level ``if __name__ == "__main__":`` (spawned workers rerun it)."""
     path = getattr(sys.modules.get("__main__"), "__file__", None)
     spawns = dask.config.get("distributed.worker.multiprocessing-method", default="spawn") != "fork"
     if not spawns or not path or not str(path).endswith(".py"):
@@ -70,10 +64,8 @@ def main_unguarded() -> bool:
 
 
 def _quiet_cancelled_gather(record: logging.LogRecord) -> bool:
-    """A filter of the ``asyncio`` logger: a gather interrupted by Ctrl-C leaves distributed's
-    ``Client._gather`` a task that ends in ``AllExit``, which asyncio reports when it is collected
-    ('Task exception was never retrieved', with a traceback) after the run has said in one line
-    what was and was not written. Only that report is dropped."""
+    """Drop asyncio's 'Task exception was never retrieved' for the ``AllExit`` that a gather
+    interrupted by Ctrl-C leaves (the run has already said what was and was not written)."""
     error = record.exc_info[1] if record.exc_info else None
     return not isinstance(error, getattr(distributed_client, "AllExit", ()))
 
@@ -86,10 +78,8 @@ def current_session() -> "Session | None":
 
 @contextlib.contextmanager
 def terminal_interrupts_ignored():
-    """While a local cluster spawns its processes, SIGINT ignored here, so they inherit that (Python
-    installs its KeyboardInterrupt handler only where SIGINT was not ignored): a Ctrl-C in the
-    terminal reaches the whole process group, and each worker printed a traceback of its own. The
-    client alone hears it and closes them. Only in the main thread, where signals are handled."""
+    """SIGINT ignored while a local cluster spawns, so its processes inherit that: a terminal's Ctrl-C
+    reaches the whole process group, and only the client should hear it (and close the workers)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -102,12 +92,8 @@ def terminal_interrupts_ignored():
 
 @contextlib.contextmanager
 def spawn_environ(values: dict[str, str]):
-    """This process's environment with ``values`` while a cluster spawns its workers, then as it was.
-
-    distributed's nanny gives its workers ``distributed.nanny.pre-spawn-environ`` by writing it into
-    this process's ``os.environ`` (and leaving it there), and takes a variable already in
-    ``os.environ`` over the config's value: so a Session's setting leaked into every later cluster
-    of the process, and a later Session could not say otherwise. Set here, restored after."""
+    """``values`` in this process's environment while a cluster spawns, then restored: the nanny
+    writes pre-spawn-environ into ``os.environ`` and leaves it, so it leaked into later Sessions."""
     old = {k: os.environ.get(k) for k in values}
     os.environ.update(values)
     try:
@@ -121,8 +107,7 @@ def spawn_environ(values: dict[str, str]):
 
 
 def _check_keywords(extra: dict, cluster: type) -> None:
-    """Refuse a keyword that neither flowgpu nor the cluster, its workers and nannies take (a typo such as
-    ``nworkers``), before anything starts: unknown, it would reach each nanny and fail them all."""
+    """Refuse a keyword no cluster, nanny or worker takes (``nworkers``) before it fails every nanny."""
     known = {name for c in (cluster, LocalCluster, Nanny, Worker) for name in inspect.signature(c.__init__).parameters}
     for name in extra:
         if name not in known:
@@ -137,31 +122,23 @@ class Session:
     Parameters
     ----------
     address : join the scheduler at ``tcp://host:port`` (or a scheduler file) instead of starting one;
-        a ``tls://`` address needs ``tls_ca_file``, ``tls_cert`` and ``tls_key`` (PEM files), or
-        dask's ``distributed.comm.tls.*`` config.
+        ``tls://`` needs ``tls_ca_file``, ``tls_cert`` and ``tls_key``, or dask's ``distributed.comm.tls.*``.
+    cluster : a cluster object of the caller's to join (the caller closes it).
     backend : ``"auto"`` (GPU when there is one), ``"gpu"`` or ``"cpu"``.
     gpus : GPU ordinals to use (default: all visible GPUs), one worker each.
-    n_workers, threads_per_worker, memory_limit, device_memory_limit, local_directory, rmm_pool_size :
-        passed through to the local cluster; defaults come from ``flowgpu.*`` in dask.config.
-    host, dashboard_address : where the local scheduler and dashboard listen (127.0.0.1 by default).
+    n_workers, threads_per_worker, memory_limit, device_memory_limit, local_directory, rmm_pool_size,
+        host, dashboard_address : for the local cluster.
     connect_timeout : how long to try to reach ``address``.
-    security : who may connect to a cluster the Session starts: ``"temporary"`` (TLS credentials made
-        for it, held by this Session only), ``"none"`` (plain TCP), ``"auto"`` (none), or a
-        :class:`distributed.security.Security` (:mod:`flowgpu.runtime.security`).
+    security : for a cluster the Session starts: ``"temporary"`` (TLS credentials held by this
+        Session only), ``"none"``/``"auto"`` (plain TCP), or a ``distributed.security.Security``.
     batch_interval : how long distributed may hold control messages to batch them (``"1ms"``).
-    protocol : how a cluster the Session starts talks: ``"tcp"`` (the default) or ``"ucx"`` (GPU
-        workers, through distributed-ucxx: chunks move GPU to GPU; no TLS)
-        (:mod:`flowgpu.runtime.protocol`).
-    fuse : fuse the ufunc chains of every dask.array graph computed while the Session is open, and
-        the reductions they feed, into one kernel per chunk (:mod:`flowgpu.fusion.graph`); None takes
-        ``flowgpu.fuse-ufuncs`` (true by default); False leaves graphs as dask built them.
+    protocol : ``"tcp"`` or ``"ucx"`` (GPU workers, chunks move GPU to GPU; no TLS).
+    fuse : fuse the ufunc chains (and the reductions they feed) of every dask.array graph computed
+        while open; None takes ``flowgpu.fuse-ufuncs``.
 
     Each is a top-level option of ``flowgpu.yaml`` (``memory_limit`` is ``flowgpu.memory-limit``),
-    checked against ``flowgpu-schema.yaml`` before anything starts; None takes the configured value.
-    Other keywords go to the cluster's constructor.
-
-    :meth:`Session.running` joins the cluster that ``flowgpu cluster start`` left running, as
-    ``flowgpu run`` does by itself.
+    checked against its schema before anything starts; None takes the configured value. Other
+    keywords go to the cluster's constructor. :meth:`running` joins ``flowgpu cluster start``'s cluster.
 
     Examples
     --------
@@ -173,8 +150,7 @@ class Session:
 
     def __init__(self, address: str | None = None, *, cluster: Any = None, **kwargs: Any):
         if getattr(multiprocessing.current_process(), "_inheriting", False):
-            # a worker process that multiprocessing spawned is importing the main script again: its
-            # Session is not wanted; say why once, quietly (the parent's SessionError says it too)
+            # a spawned worker importing the main script again: say why once (the parent says it too)
             raise SystemExit(f"error: in a worker process: {GUARD}")
         require_classic_graphs()
         fuse = kwargs.pop("fuse", None)
@@ -199,11 +175,10 @@ class Session:
                 self._start_local()
             else:
                 self._join()
-        except FlowgpuError:
+        except BaseException as e:
             self._teardown()
-            raise
-        except Exception as e:
-            self._teardown()
+            if isinstance(e, FlowgpuError) or not isinstance(e, Exception):
+                raise
             if self.options.address is None and main_unguarded():
                 raise SessionError(f"could not start the local workers: {GUARD}") from None
             where = (self.options.address or (f"{type(cluster).__name__} {getattr(cluster, 'scheduler_address', '')}"
@@ -211,13 +186,9 @@ class Session:
                      or f"{self.options.host} ({self.options.backend})")
             raise SessionError(f"could not start or join the cluster at {where}: {e.__class__.__name__}: {e}; "
                                "check host, ports and memory options") from e
-        except BaseException:
-            self._teardown()
-            raise
         self.fuse = bool(dask.config.get(FUSE_KEY, True) if fuse is None else fuse)
         gpu = self.array_backend == "cupy"  # host NumPy operands of CuPy chunks move to the device (fusion.device)
-        if self.fuse:  # dask optimises graphs where compute() is called: here, in the client's process
-            # the hook carries this client's decisions to the scheduler, which calls it (a remote one has its own config)
+        if self.fuse:  # dask optimises graphs in the client's process, where compute() is called
             self._publish({"array_optimize": Fusing(enabled=True, bare=gpu, device=gpu), FUSE_KEY: True})
         elif gpu:
             self._publish({"array_optimize": Fusing(enabled=False, device=True)})
@@ -236,8 +207,9 @@ class Session:
     def _publish_workers(self) -> None:
         """Publish what chunk sizing needs to know about the probed workers."""
         info = self.client.scheduler_info(n_workers=-1)["workers"]
-        self._nthreads = min((w.get("nthreads", 1) for w in info.values()), default=1)
-        self._publish({"flowgpu.worker.budget": self.worker_budget, "flowgpu.worker.threads": self._nthreads})
+        self.threads_per_worker = min((w.get("nthreads", 1) for w in info.values()), default=1)
+        self._publish({"flowgpu.worker.budget": self.worker_budget,
+                       "flowgpu.worker.threads": self.threads_per_worker})
 
     def _start_local(self) -> None:
         o = self.options
@@ -249,8 +221,7 @@ class Session:
             host=o.host,
             dashboard_address=o.dashboard_address or None,
             scheduler_port=0,
-            # the client reports every task failure in one line (flowgpu.pipeline.batch); the
-            # workers' own ERROR logs of it ("Compute Failed" with a traceback) would repeat it per task
+            # the client reports each task failure in one line; the workers' logs would repeat it
             silence_logs=logging.CRITICAL,
             **({"security": o.security} if o.security is not None else {}),  # TLS: the client takes it from the cluster
             **o.extra,
@@ -297,8 +268,7 @@ class Session:
         self._publish_workers()
 
     def _start_jobs(self) -> None:
-        """A cluster of batch jobs (:mod:`flowgpu.runtime.hpc`), owned by this Session; its workers are
-        then met as a joined cluster's are."""
+        """A cluster of batch jobs (:mod:`flowgpu.runtime.hpc`), owned by this Session, then joined."""
         o = self.options
         extra = dict(o.extra)
         if o.host:
@@ -313,9 +283,8 @@ class Session:
 
     def _join(self, cluster: Any = None, timeout: float | None = None, hint: str | None = None,
               expected: int = 1) -> None:
-        """Use workers this Session did not start here: a scheduler at an address, or a cluster object
-        (the caller's, or batch jobs', of which ``expected`` workers are waited for up to ``timeout``;
-        at least one must come); the array backend follows what they have."""
+        """Use workers started elsewhere (an address, or a cluster object: up to ``timeout`` for
+        ``expected`` workers, at least one); the array backend follows what they have."""
         o = self.options
         if cluster is not None:
             self.client = Client(cluster, set_as_default=True)
@@ -358,9 +327,8 @@ class Session:
 
     @classmethod
     def running(cls, **kwargs: Any) -> "Session":
-        """A Session on the cluster that stays up (``flowgpu cluster start``), joined with its address
-        and TLS credentials, as ``flowgpu run`` joins it; ``kwargs`` as for ``Session`` (``backend="cpu"``).
-        Raises :class:`ClusterError` when none runs."""
+        """A Session joined to the cluster ``flowgpu cluster start`` left running (its address and TLS
+        files), as ``flowgpu run`` joins it; :class:`ClusterError` when none runs."""
         joined = standing.session_kwargs()
         if joined is None:
             raise ClusterError(f"no cluster started with 'flowgpu cluster start' is running (looked in "
@@ -371,8 +339,7 @@ class Session:
     # -- facts ------------------------------------------------------------------------------------
     @property
     def may_serve_dashboard(self) -> bool:
-        """False when no dashboard can be open (no client, or a cluster this Session started without
-        one); known without asking the scheduler."""
+        """False when no dashboard can be open; known without asking the scheduler."""
         return self.client is not None and (self.cluster is None or bool(self.options.dashboard_address))
 
     @property
@@ -384,8 +351,7 @@ class Session:
             info = self.client.scheduler_info()
             if "dashboard" not in info.get("services", {}):
                 return None
-            # dask's link names the scheduler's host; say where the dashboard really listens
-            # (0.0.0.0 when it is open to the network)
+            # dask's link names the scheduler's host; say where the dashboard listens (0.0.0.0: open)
             hosts = self.client.run_on_scheduler(_dashboard_hosts)
             link = urlsplit(self.client.dashboard_link)
             if not hosts or link.hostname in hosts:
@@ -400,11 +366,6 @@ class Session:
         return len(self.workers)
 
     @property
-    def threads_per_worker(self) -> int:
-        """Threads of the worker with the fewest (tasks it runs at once)."""
-        return self._nthreads
-
-    @property
     def worker_budget(self) -> int:
         """Bytes one worker can hold for chunks: device memory on GPU workers, host memory on CPU."""
         return worker_budget(self.workers, self.backend)
@@ -412,17 +373,16 @@ class Session:
     @property
     def facts(self) -> Facts:
         """What a graph for these workers is built with (a pipeline is compiled with them)."""
-        return Facts(self.array_backend, self.worker_budget, self._nthreads)
+        return Facts(self.array_backend, self.worker_budget, self.threads_per_worker)
 
     def memory_summary(self) -> dict | None:
-        """The workers' data-store accounting summed over them (:func:`flowgpu.memory.summary`):
-        ``{"stores", "moves", "events", "errors"}``; None when not every worker keeps its data in
-        flowgpu's store, or one cannot answer."""
+        """The workers' store accounting summed (:func:`flowgpu.memory.summary`); None when not every
+        worker keeps its data in flowgpu's store, or one cannot answer."""
         return self.memory_summary_soon()()
 
     def memory_summary_soon(self) -> Callable[[], dict | None]:
-        """:meth:`memory_summary` asked for now: the function returned waits for the answer. The
-        request goes out on the client's event loop, so the caller goes on (no thread of its own)."""
+        """:meth:`memory_summary` asked for now, on the client's event loop; the function returned
+        waits for the answer."""
         if self.client is None:
             return lambda: None
         try:

@@ -1,23 +1,11 @@
 """A local cluster that stays up between runs: ``flowgpu cluster start``, ``status``, ``stop``.
 
-:func:`start` spawns a detached process (:mod:`flowgpu.runtime.daemon`: a session and process group
-of its own, its output appended to a log) that opens a :class:`~flowgpu.Session` (dask-cuda's
-cluster on GPUs, distributed's on CPUs), records it, and waits until it is told to stop. Later
-processes find it in its folder, ``flowgpu.cluster.directory`` (``DASK_FLOWGPU__CLUSTER__DIRECTORY``;
-by default ``~/.cache/flowgpu/cluster/HOST``), which only its user may open (0700):
-
-* ``cluster.json``: address, dashboard, backend, workers and their pids, the daemon's pid, start
-  time and flowgpu's version (its ``address`` makes it a dask scheduler file too), written atomically;
-* ``tls-ca.pem``, ``tls-cert.pem``, ``tls-key.pem`` (0600): by default the cluster speaks TLS with
-  credentials made for it, so only processes that can read these (its user's) can run code in it;
-* ``cluster.log``: what the daemon and its workers said; ``cluster.lock``: held by the daemon while it
-  lives, so one folder never has two.
-
-Worker processes never outlive the daemon, however it ends: distributed's nanny (in the daemon) gives
-each worker process the read end of a pipe whose write end only the daemon holds, and the worker
-exits the moment it closes (``distributed.process.AsyncProcess._immediate_exit_when_closed``), a
-``kill -9`` of the daemon included. :func:`stop` and a :func:`status` that finds a dead daemon
-also kill any recorded worker still there.
+:func:`start` spawns a detached daemon (:mod:`flowgpu.runtime.daemon`) that opens a Session and
+records it in ``flowgpu.cluster.directory`` (default ``~/.cache/flowgpu/cluster/HOST``, mode 0700):
+``cluster.json`` (address, pids, version; also a dask scheduler file), the TLS files a client joins
+with (0600; only their user can run code in the cluster), ``cluster.log`` and ``cluster.lock``
+(one daemon per folder). Workers never outlive the daemon, even a ``kill -9`` of it: each watches a
+pipe only the daemon holds (distributed's nanny); :func:`stop` also kills any recorded worker left.
 """
 
 from __future__ import annotations
@@ -63,8 +51,8 @@ def _say(message: str) -> None:
 
 # -- the folder -----------------------------------------------------------------------------------
 def directory(create: bool = False) -> str:
-    """The folder of the cluster that stays up (``flowgpu.cluster.directory``); refused when another
-    user could write there (a planted state would send runs to their scheduler)."""
+    """The standing cluster's folder; refused when another user could write there (a planted state
+    would send runs to their scheduler)."""
     configured = config.get("cluster.directory", default=None)
     if configured:
         path = os.path.abspath(os.path.expanduser(str(configured)))
@@ -116,8 +104,7 @@ def _read(folder: str) -> dict | None:
 
 # -- processes ------------------------------------------------------------------------------------
 def _runs(p: psutil.Process) -> bool:
-    """Whether ``p`` runs (a zombie, dead but not yet reaped by its parent, does not: reaped here when
-    this process started it)."""
+    """Whether ``p`` runs (not a zombie; one this process started is reaped here)."""
     with contextlib.suppress(psutil.Error):
         if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
             return True
@@ -152,7 +139,7 @@ def _processes(state: dict) -> list[psutil.Process]:
 
 
 def _wait_gone(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
-    """Wait up to ``timeout`` s for ``procs`` to exit; those still running."""
+    """Those of ``procs`` still running after up to ``timeout`` s."""
     deadline = time.monotonic() + timeout
     while True:
         left = [p for p in procs if _runs(p)]
@@ -202,12 +189,11 @@ def _running(folder: str, notify: Notify | None) -> dict | None:
 
 # -- the commands ---------------------------------------------------------------------------------
 def start(*, tls: bool = True, timeout: float = START_TIMEOUT, notify: Notify | None = _say, **options: Any) -> dict:
-    """Start a cluster that stays up, in the background; return its state once its workers are ready.
+    """Start a cluster that stays up, in the background; its state once its workers are ready.
 
-    ``options`` are :class:`~flowgpu.Session`'s for a local cluster (``backend``, ``gpus``, ``n_workers``,
-    ``threads_per_worker``, ``memory_limit``, ``dashboard_address`` (``""``: no dashboard), ...; None
-    takes the configured value), checked here before anything starts. ``tls=False`` makes it speak plain TCP, which any
-    process on this host can join. Raises :class:`ClusterRunningError` while one runs.
+    ``options``: Session keywords for a local cluster (None: configured), checked before anything
+    starts. ``tls=False``: plain TCP, which any local process can join. :class:`ClusterRunningError`
+    while one runs.
     """
     folder = directory(create=True)
     running = _running(folder, notify)
@@ -284,11 +270,8 @@ def _ask(state: dict, timeout: float = 5.0) -> tuple[int | None, str | None]:
 
 
 def status(check: bool = True, notify: Notify | None = _say) -> dict | None:
-    """The state of the running cluster that stays up, or None when there is none.
-
-    A state whose daemon is gone is removed (with any worker it left), and ``notify`` says so.
-    ``check`` also asks the scheduler: ``answers`` is then the number of workers it has now (None
-    when it does not answer, ``error`` says why). ``uptime`` is in seconds.
+    """The running standing cluster's state (``uptime`` in seconds), or None; a stale state is
+    removed and said. ``check`` also asks the scheduler: ``answers`` workers (None: ``error`` says why).
     """
     state = _running(directory(), notify)
     if state is None:
@@ -300,9 +283,8 @@ def status(check: bool = True, notify: Notify | None = _say) -> dict | None:
 
 
 def stop(timeout: float = STOP_TIMEOUT, notify: Notify | None = _say) -> dict | None:
-    """Stop the cluster that stays up: SIGTERM to its daemon, which closes the Session; wait until the
-    daemon and every worker are gone (what is left after ``timeout`` s is killed); remove the state.
-    Returns the state of the cluster stopped, or None when none was running."""
+    """SIGTERM the daemon (it closes the Session), kill what is left after ``timeout`` s, remove the
+    state; the state stopped, or None when none ran."""
     folder = directory()
     state = _running(folder, notify)
     if state is None:
@@ -316,13 +298,9 @@ def stop(timeout: float = STOP_TIMEOUT, notify: Notify | None = _say) -> dict | 
 
 
 def join(wanted: dict[str, Any] | None = None, notify: Notify | None = _say) -> tuple[dict, str] | None:
-    """Session keywords to join the running cluster that stays up, and the line that says so; None
-    when none runs.
-
-    ``wanted`` are the Session options a run asked for (its spec's ``cluster:`` block and the command
-    line): the running cluster is used as it is, and the line names what of ``wanted`` it does not have.
-    None too when ``wanted`` (or ``flowgpu.scheduler-address``) names a scheduler, or TLS files, of its own,
-    or batch jobs (``kind`` other than local).
+    """Session keywords to join the running standing cluster, and the line that says so (naming
+    what of ``wanted``, the run's cluster options, it lacks); None when none runs, or when ``wanted``
+    or the config names a scheduler, TLS files or batch jobs of its own.
     """
     if config.get("scheduler-address", default=None) is not None or any(
             (wanted or {}).get(k) is not None for k in ("address", *security.TLS_FILES)):
