@@ -1,23 +1,7 @@
-"""Bytes moved and time spent between the tiers of a worker's data store.
-
-Every move between tiers is recorded under an *activity* name:
-
-======================  ===========================================================
-``device_to_host``      a device chunk evicted into a (pinned) host buffer
-``host_to_device``      a spilled chunk brought back to the device
-``host_to_disk``        a host chunk written to the worker's spill directory
-``disk_to_host``        a chunk read back from disk into host memory
-``disk_to_device``      a spilled device chunk read from disk straight back to the device
-======================  ===========================================================
-
-The counters are exposed three ways: :meth:`Accounting.snapshot` (what
-``client.run(flowgpu.memory.stats)`` returns), ``cumulative_metrics`` in the
-``{(activity, unit): value}`` shape that distributed's Prometheus collector exports as
-``dask_worker_spill_bytes{activity=...}`` / ``spill_count`` / ``spill_time_seconds``,
-and the worker metric installed by :class:`flowgpu.memory.plugin.MemoryPlugin`.
-
-The store feeds it as one more subscriber of its events (:meth:`Accounting.record` takes
-:class:`~flowgpu.memory.events.Moved` and :class:`~flowgpu.memory.events.Noted`).
+"""Bytes, moves and seconds per activity (``device_to_host``, ``host_to_device``, ``host_to_disk``,
+``disk_to_host``) of a worker's store, which feeds :meth:`Accounting.record` its events.
+``cumulative_metrics`` has the shape distributed's Prometheus collector exports
+(``dask_worker_spill_bytes{activity=...}``).
 """
 
 from __future__ import annotations
@@ -63,7 +47,7 @@ class Accounting:
             return {(a, unit): v for a, m in self._moves.items() for unit, v in m.items()}
 
     def snapshot(self) -> dict:
-        """Plain-dict copy: ``{"moves": {activity: {bytes, count, seconds, gbps}}, "events": ..., "errors": ...}``."""
+        """``{"moves": {activity: {bytes, count, seconds, gbps}}, "events": ..., "errors": ...}``."""
         with self._lock:
             return {"moves": rates(dict(sorted(self._moves.items()))), "events": dict(self.events),
                     "errors": list(self.errors)}

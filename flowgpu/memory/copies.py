@@ -1,10 +1,5 @@
-"""Asynchronous copies between the device and host tiers that have not finished yet.
-
-A spill enqueues a device-to-host copy into a host entry's buffer; a read of a spilled chunk
-enqueues a host-to-device upload from it. Neither is waited for where it is started:
-:meth:`CopiesInFlight.reap` (called by the store after each change) accounts for those that have
-finished, oldest first, and emits a :class:`~flowgpu.memory.events.Moved` event for each.
-:func:`copy_up` is the copying a read of a spilled chunk does.
+"""Asynchronous copies between the device and host tiers not yet finished: nobody waits for them where
+they start; :meth:`CopiesInFlight.reap` (after each change of the store) accounts for those done.
 """
 
 from __future__ import annotations
@@ -72,20 +67,16 @@ class CopiesInFlight:
 
 def copy_up(key: Any, source: HostEntry | DiskFile, transfer: Callable[[], Any], pool: PinnedPool,
             copies: CopiesInFlight, lock: Any) -> tuple[Any, str, PendingCopy | None]:
-    """Copy a chunk up one or two tiers, outside the store's lock (taken only to note an upload).
-
-    ``source`` is a spilled device chunk's host entry (up to the device) or a disk file (a NumPy
-    chunk up to host memory, a device chunk through a transient pinned buffer to the device).
-    ``transfer()`` gives the device copier (asked for only when a copy goes to the device).
-    Returns ``(value, "device" | "host", the upload in flight or None)``.
+    """Copy a chunk up from ``source`` (a host entry, or a disk file: NumPy chunks to host, device
+    ones through a transient pinned buffer) outside the store's lock (taken to note an upload).
+    ``transfer()`` gives the device copier. Returns ``(value, "device" | "host", upload or None)``.
     """
     emit = copies.events.emit
     if isinstance(source, HostEntry):
         t = transfer()
         upload = getattr(t, "to_device_async", None)
         if upload is not None:
-            # enqueued, not waited for: the event loop thread that asks for a task's inputs
-            # goes on at once, and the task's stream is ordered after the copy (MemoryPlugin)
+            # not waited for: the task's stream is ordered after the copy (MemoryPlugin)
             value, up = upload(source.value, source.meta, source.buf.pinned)
             with lock:
                 copies.uploading(key, up, source.nbytes)

@@ -1,8 +1,5 @@
-"""The disk tier: arrays as raw bytes behind a ``.npy`` header, one file per key, no pickle.
-
-Files live in ``<worker local directory>/flowgpu-spill``, one per write (a chunk written again
-gets a new name). A write that fails (read-only directory, disk full, ...) removes its partial
-file and raises :class:`DiskFull`; the store then keeps the chunk in memory and records why.
+"""The disk tier: arrays as raw bytes behind a ``.npy`` header, a new file per write, no pickle. A
+failed write removes its file and raises :class:`DiskFull` (the store keeps the chunk in memory).
 """
 
 from __future__ import annotations
@@ -31,12 +28,8 @@ def can_store(value: Any) -> bool:
 
 
 def _write_file(path: str, array: np.ndarray) -> None:
-    """Write ``array`` as ``.npy``; separate so tests can make it fail like a full disk.
-
-    The header comes from NumPy; the data goes in one ``write`` of the array's own memory (no
-    copy for C- or Fortran-ordered arrays). ``np.save``'s ``tofile`` path took about 1.5x as long
-    per spilled chunk on the 2-core CI machine (``python -m benchmarks.out_of_core.run --cpu``).
-    """
+    """Write ``array`` as ``.npy``, its data in one ``write`` of its own memory (``np.save`` took 1.5x
+    as long per spilled chunk on CI); separate so tests can make it fail like a full disk."""
     fmt = np.lib.format
     header = fmt.header_data_from_array_1_0(array)
     if not (array.flags.c_contiguous or array.flags.f_contiguous):
@@ -69,15 +62,10 @@ class DiskFile:
 
 
 class DiskTier:
-    """Chunks on local disk, addressed by task key; a tier as :mod:`flowgpu.memory.tiers` says.
+    """Chunks on local disk in ``directory`` (made on first write), by task key.
 
-    Besides the chunks it holds, it remembers *kept* files: those of chunks read back into
-    memory and unchanged since (chunks are immutable), so that evicting such a chunk again
-    takes no write (:meth:`reattach`). Kept files are not counted in :attr:`nbytes`.
-
-    Parameters
-    ----------
-    directory : where the files go; created on first write.
+    It also remembers *kept* files, of chunks read back and unchanged since (chunks are immutable),
+    so evicting them again takes no write (:meth:`reattach`); they are not in :attr:`nbytes`.
     """
 
     name = "disk"
@@ -150,8 +138,7 @@ class DiskTier:
         return self._files[key]
 
     def detach(self, key: Any) -> DiskFile:
-        """Forget ``key`` but keep its file; returns the record for :meth:`attach`, :meth:`keep` or
-        ``record.discard()``."""
+        """Forget ``key`` but keep its file; the record."""
         with self._lock:
             rec = self._files.pop(key)
             self.nbytes -= rec.size

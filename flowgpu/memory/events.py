@@ -1,37 +1,10 @@
-"""What a worker's store does, as typed events a profiler (or the store's own accounting) subscribes to.
+"""What a worker's store does, as typed events: ``store.subscribe(callback, *kinds)`` (all kinds by
+default) returns a function that unsubscribes.
 
-Every :class:`~flowgpu.memory.store.FlowgpuStore` has an :class:`Events` hub, ``store.events``::
-
-    def record(event):
-        if isinstance(event, FetchEnded):
-            print(event.key, event.tier, event.end - event.start)
-
-    unsubscribe = store.subscribe(record)                      # every kind of event
-    store.subscribe(spills.append, SpillStarted, SpillEnded)   # only these kinds
-
-Callbacks run synchronously in the thread that caused the event (a worker thread, the event loop,
-the prefetcher, the pool's background allocator), often while the store holds its lock: keep them
-short and never call back into the store. An exception in a callback is logged and ignored: a
-profiler never breaks a worker. Times named ``time``, ``start`` and ``end`` are wall-clock seconds
-(``time.time()``, as in distributed's task stream); ``seconds`` is a duration. An event is built
-only when something subscribes to its kind, so an unobserved store pays a dictionary lookup.
-
-================================  ==============================================================
-:class:`FetchStarted`             ``store[key]`` or a prefetch began; ``tier`` is where the key was
-:class:`FetchEnded`               ... and returned (or failed); ``start``/``end``
-:class:`SpillStarted`             a device chunk starts its way to host memory
-:class:`SpillEnded`               ... its copy is enqueued (room made, buffer taken, waits included)
-:class:`CopyEnqueued`             an asynchronous copy was queued; ``copy`` is its
-                                  :class:`~flowgpu.transfer.streams.PendingCopy` (CUDA events)
-:class:`Moved`                    a move between tiers finished: ``activity`` (see
-                                  :mod:`flowgpu.memory.accounting`), bytes, seconds
-:class:`PinnedAllocated`          the pinned pool allocated a buffer (``background`` for spares)
-:class:`CleanCopyDropped`         the host copy of a chunk that is also on the device was freed
-:class:`Noted`                    something worth counting: a fallback, a failure (``name``, message)
-================================  ==============================================================
-
-:class:`PinnedAllocated` and :class:`Noted` are defined by the pinned pool's module
-(:mod:`flowgpu.transfer.pinned`), the layer below, which emits them into the hub it is given.
+Callbacks run in the thread that caused the event, often under the store's lock: keep them short and
+never call back into the store; an exception in one is logged and ignored. ``time``, ``start`` and
+``end`` are ``time.time()`` seconds, ``seconds`` a duration. An event is built only when something
+listens to its kind. :class:`PinnedAllocated` and :class:`Noted` come from :mod:`flowgpu.transfer.pinned`.
 """
 
 from __future__ import annotations
@@ -78,6 +51,8 @@ class SpillStarted:
 
 @dataclass(frozen=True, slots=True)
 class SpillEnded:
+    """A spill's copy is enqueued (room made and buffer taken: waits included)."""
+
     key: Any
     nbytes: int
     thread: str
@@ -104,6 +79,8 @@ class Moved:
 
 @dataclass(frozen=True, slots=True)
 class CleanCopyDropped:
+    """The host copy of a chunk also on the device was freed."""
+
     key: Any
     nbytes: int
     start: float

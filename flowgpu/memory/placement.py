@@ -1,9 +1,5 @@
-"""Which tier holds each key: the one index of a store, and the one place its invariants are checked.
-
-A :class:`~flowgpu.memory.store.FlowgpuStore` never asks each of its tiers whether it has a key;
-it asks its :class:`Placement`, and changes it only through :meth:`Placement.put`,
-:meth:`Placement.pop`, :meth:`Placement.adopt` and :meth:`Placement.disown`, together with the
-tier. :meth:`Placement.check` says whether the index and the tiers agree.
+"""Which tier holds each key: a store's one index, changed together with the tiers, and checked
+against them in one place (:meth:`Placement.check`).
 """
 
 from __future__ import annotations
@@ -28,11 +24,7 @@ class Load:
 
 
 class Placement:
-    """``key -> tier name`` over named tiers, each key in exactly one of them.
-
-    Reads (``in``, ``len``, :meth:`where`) are single dictionary operations and need no lock;
-    changes are made under the store's lock.
-    """
+    """``key -> tier name``, each key in exactly one tier; reads need no lock, changes take the store's."""
 
     def __init__(self, tiers: dict[str, Any]):  # name -> tier (flowgpu.memory.tiers)
         self.tiers = tiers
@@ -53,8 +45,7 @@ class Placement:
         return self.tiers[self._where.pop(key)].pop(key)
 
     def adopt(self, key: Any, tier: str) -> None:
-        """``tier`` took ``key`` by itself (a disk file written or attached); ``key`` leaves the tier
-        it was in, which must have given it up already."""
+        """``tier`` took ``key`` by itself (a disk file); its old tier has given it up already."""
         self._where[key] = tier
 
     def disown(self, key: Any) -> str:

@@ -1,20 +1,10 @@
-"""Worker side of the memory layer: stats, a dashboard metric, prefetching, stream hygiene.
+"""Worker side of the store: :func:`stats`, and :class:`MemoryPlugin` on each worker, which
 
-:class:`MemoryPlugin` is registered on every worker of a flowgpu session
-(``client.register_plugin``). On each worker it
-
-* adds a ``flowgpu-memory`` entry to the worker's heartbeat metrics (bytes per tier and
-  GB/s per move), which the scheduler keeps in ``WorkerState.metrics`` and the dashboard
-  shows on the worker's info page; the store's ``cumulative_metrics`` also reach the
-  worker's Prometheus endpoint as ``dask_worker_spill_bytes{activity="device_to_host"}`` etc.;
-* on GPU workers, orders each task's CUDA stream after the uploads of its inputs (the store
-  only enqueues them, so the event loop never waits for PCIe), and makes each task wait for
-  its own stream before its result is handed to the data store, so that copies on the
-  store's streams never read a chunk that is still being computed (tasks on other threads
-  keep the GPU busy meanwhile);
-* prefetches: whenever a task starts, the inputs of the next tasks in the worker's ready
-  queue are brought back to the device in a background thread, if they fit under the
-  device limit without evicting anything.
+* adds ``flowgpu-memory`` (bytes per tier, moves) to the worker's heartbeat metrics;
+* on GPU workers orders each task's stream after its inputs' uploads (the store only enqueues them)
+  and waits for that stream before the result reaches the store, whose copies must not read a chunk
+  still being computed;
+* prefetches the inputs of the next ready tasks, in a thread, when they fit without evicting.
 """
 
 from __future__ import annotations
@@ -41,20 +31,15 @@ _MAX_READY_SCAN = 2000  # beyond this many ready tasks, only look at the next on
 
 
 def stats(dask_worker=None) -> dict:
-    """This worker's data-store statistics; run it everywhere with ``client.run(stats)``.
-
-    Returns ``{"store": "flowgpu", "tiers": ..., "moves": ..., "events": ..., "errors": ...}``
-    for a flowgpu store, or ``{"store": "<class name>"}`` for any other (dask-cuda's, dask's).
-    """
+    """This worker's store statistics (``client.run(stats)``); ``{"store": "<class name>"}`` for a
+    store not flowgpu's."""
     if dask_worker is None:
         dask_worker = get_worker()
     data = dask_worker.data
     if isinstance(data, FlowgpuStore):
         st = data.stats()
         st["worker"] = getattr(dask_worker, "id", None)  # a worker the nanny restarts is a new one, counting from 0
-        # and what the Zarr device path read and wrote (storage_* moves and events): its counters
-        # exist only in a process that imported flowgpu.io, which this one does not do for them
-        # (zarr and its codecs cost a worker some 40 MB)
+        # the Zarr device path's counters, where flowgpu.io was imported (not for this: zarr costs 40 MB)
         counters = getattr(sys.modules.get("flowgpu.io.storage"), "COUNTERS", None)
         if counters is not None:
             st["moves"] = {**st["moves"], **counters.moves()}
@@ -77,10 +62,8 @@ def summary(per_worker: dict[str, dict]) -> dict:
 
 
 def delta(before: dict | None, after: dict) -> dict:
-    """What the workers moved between two :func:`summary` answers: ``{"moves", "events", "errors"}``,
-    each worker's counters less what the same worker had counted before (a worker started, or
-    restarted by its nanny, since ``before`` counts from 0: all of its counters are new). What a
-    worker that is gone had moved is not in ``after``: it is not counted."""
+    """What the workers moved between two :func:`summary` answers, worker by worker (one started or
+    restarted since ``before`` counts from 0; one gone is not counted)."""
     moves, events = _totals(after["workers"], (before or {}).get("workers", {}))
     return {"moves": rates({a: m for a, m in moves.items() if m["count"]}),
             "events": {k: n for k, n in events.items() if n}, "errors": after["errors"]}
@@ -113,12 +96,8 @@ def _metric(worker) -> dict:
 
 
 def _syncing(fn, store=None):
-    """``fn`` ordered after the uploads enqueued so far, waiting for its own stream at the end.
-
-    Called when the task is submitted, in the event loop thread, right after the store has
-    enqueued the uploads of this task's inputs: the uploads it waits for are its own and
-    earlier ones, never those of tasks that start after it.
-    """
+    """``fn`` ordered after the uploads enqueued so far (its inputs' and earlier ones: called in the
+    event loop as the task is submitted), waiting for its own stream at the end."""
     t = getattr(store, "_transfer", None)
     uploads = t.uploads_so_far() if t is not None and hasattr(t, "uploads_so_far") else ()
 
@@ -134,13 +113,7 @@ def _syncing(fn, store=None):
 
 
 class MemoryPlugin(WorkerPlugin):
-    """Metrics, prefetching and per-task stream synchronisation on each worker.
-
-    Parameters
-    ----------
-    prefetch : bring the inputs of upcoming tasks back to the device ahead of time.
-    sync_streams : make each task wait for its CUDA stream before returning (GPU workers).
-    """
+    """Metrics, prefetching (``prefetch``) and per-task stream synchronisation (``sync_streams``)."""
 
     name = "flowgpu-memory"
     idempotent = True

@@ -1,11 +1,6 @@
-"""The host tier's limit: what leaves host memory, and how, when it is full.
-
-:class:`HostSpill` is the part of a store's policy that moves chunks down from host memory:
-first it drops *clean copies* (host copies of chunks that are also on the device: nothing to
-write), then it writes the least recently used host chunks to the disk tier, or takes back the
-file still kept from an earlier read of an unchanged chunk (no write). A full or read-only disk
-turns writing off for good (chunks stay in memory; the failure is noted and warned about once).
-The store calls it under its lock.
+"""The host tier's limit: first clean copies are dropped (nothing to write), then the least recently
+used host chunks go to disk (or back to a file kept from an earlier read). A full or read-only disk
+turns writing off for good, warned once. Called under the store's lock.
 """
 
 from __future__ import annotations

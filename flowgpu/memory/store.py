@@ -1,23 +1,10 @@
 """``FlowgpuStore``: a Dask worker's ``data`` mapping with tiers device -> pinned host -> disk.
 
-A worker keeps every task result in its ``data`` mapping; this one keeps them where they
-fit, in tiers (:mod:`flowgpu.memory.tiers`) it composes and moves chunks between:
-
-* **device** (CuPy chunks): least recently used first out once their bytes pass
-  ``device_memory_limit``, copied asynchronously into pinned host buffers from a
-  :class:`~flowgpu.transfer.pinned.PinnedPool`, never pickled;
-* **host** (spilled device chunks and NumPy chunks): least recently used first out once
-  their bytes pass ``memory_limit``, written to disk as raw bytes behind a ``.npy`` header;
-* **disk**: files in ``<worker local directory>/flowgpu-spill``.
-
-Reading a key brings it back: a spilled device chunk returns to the device (host-to-device
-copy from its pinned buffer), a NumPy chunk returns to host memory. Other values (tuples,
-scalars, object arrays) stay where they are.
-
-Without a GPU the same store runs with tiers host -> disk on NumPy chunks (how CI tests its
-logic). Failures never lose data: a full or read-only spill directory keeps chunks in memory and
-is reported in :meth:`FlowgpuStore.stats`; pinned memory running out falls back to pageable
-buffers. What the store does is published as events (:meth:`FlowgpuStore.subscribe`).
+Past its tier's limit the least recently used chunk moves down (device chunks by asynchronous copy
+into pinned buffers, host chunks to ``.npy`` files; never pickled); reading a key brings it back up.
+Other values (tuples, scalars, object arrays) stay put. Without a GPU it runs host -> disk on NumPy
+chunks (how CI tests its logic). Failures lose no data: a full disk keeps chunks in memory, pinned
+memory running out falls back to pageable buffers.
 """
 
 from __future__ import annotations
@@ -45,30 +32,17 @@ DEVICE, HOST, DISK, OTHER, LOADING = "device", "host", "disk", "other", "loading
 
 
 class FlowgpuStore(MutableMapping):
-    """A worker's task results in tiers device -> pinned host -> disk.
-
-    Pass it to a cluster as ``data=(FlowgpuStore, {...})``; distributed fills in
-    ``worker_local_directory``.
+    """A worker's task results in tiers; a cluster takes ``data=(FlowgpuStore, {...})``.
 
     Parameters
     ----------
-    worker_local_directory : the worker's scratch directory; spill files go to
-        ``<it>/flowgpu-spill``.
-    device_memory_limit : bytes of device chunks kept before the least recently used are
-        moved to host; None for no limit (device chunks never spill).
-    memory_limit : bytes of host chunks kept before the least recently used are written to
-        disk; None for no limit (nothing goes to disk); ``"auto"`` for ``host_fraction`` of
-        the worker's memory limit, set by :class:`~flowgpu.memory.plugin.MemoryPlugin`.
-    host_fraction : see ``memory_limit="auto"``.
-    pinned_pool_size : most bytes of pinned host memory for spilled device chunks; more
-        spills fall back to pageable memory. None: as much as ``memory_limit``.
-    max_pending_bytes : most bytes of device-to-host copies in flight (their device memory
-        is freed when they finish); None: a quarter of ``device_memory_limit``.
-    spare_bytes : bytes of pinned buffers kept allocated ahead (in a background thread) once
-        chunks start to spill, so that a spill seldom waits for an allocation; None: as many as
-        ``max_pending_bytes``; 0: none.
-    transfer : device copier (default: CuPy, created on the first device chunk).
-    pinned_allocator : allocator for the pool (tests pass a fake one).
+    worker_local_directory : spill files go to ``<it>/flowgpu-spill`` (distributed passes it).
+    device_memory_limit, memory_limit : bytes of device / host chunks kept before the least recently
+        used move down; None: no limit; ``memory_limit="auto"``: ``host_fraction`` of the worker's.
+    pinned_pool_size : most pinned bytes for spilled device chunks, then pageable (None: ``memory_limit``).
+    max_pending_bytes : most bytes of device-to-host copies in flight (None: device limit / 4).
+    spare_bytes : pinned buffers kept allocated ahead, in a thread (None: ``max_pending_bytes``).
+    transfer, pinned_allocator : the device copier (CuPy's by default) and the pool's allocator.
     """
 
     def __init__(self, worker_local_directory: str | None = None, *, device_memory_limit: int | None = None,
@@ -157,9 +131,8 @@ class FlowgpuStore(MutableMapping):
         return self._placed.where(key)
 
     def check(self) -> None:
-        """Raise AssertionError unless every key lives in exactly one tier, every tier's bytes add
-        up, and clean copies, kept files and copies in flight belong to keys that have them (tests
-        call this after each step; it costs a pass over all keys)."""
+        """Raise AssertionError unless the index, the tiers' bytes, clean copies, kept files and copies
+        in flight agree (for tests: a pass over all keys)."""
         with self._lock:
             self._placed.check()
             assert set(self.host.clean_keys()) <= set(self.device), "a clean copy of a chunk not on the device"
@@ -204,9 +177,8 @@ class FlowgpuStore(MutableMapping):
 
     # -- moving down ------------------------------------------------------------------------
     def _fit_device(self, keep: Any = None) -> None:
-        """Move device chunks to host until under the limit: first those with a clean host copy
-        (no copy needed), least recently used first, never ``keep`` (the chunk just stored or
-        brought up) unless nothing else is left."""
+        """Move device chunks to host until under the limit, first those with a clean host copy,
+        ``keep`` (just stored or brought up) only when nothing else is left."""
         limit = self.device_memory_limit
         if limit is None:
             return

@@ -1,18 +1,5 @@
-"""The tiers a worker's store stacks: small mappings from task key to chunk, each with its own bytes.
-
-Every tier has ``put`` / ``pop`` / ``in`` / ``len`` / ``keys``, a ``name`` and a running
-``nbytes`` (kept up to date by ``put`` and ``pop``). A tier only holds and counts; which key goes
-where, and when, is the policy of :class:`~flowgpu.memory.store.FlowgpuStore`, which composes
-
-* :class:`LRUTier` ``"device"``: CuPy chunks, least recently used first;
-* :class:`HostTier` ``"host"``: chunks in host memory, in buffers of a
-  :class:`~flowgpu.transfer.pinned.PinnedPool` (pinned, or pageable as a fallback) for spilled device
-  chunks, in their own NumPy arrays otherwise (all of a CPU worker's chunks); it also holds the
-  *clean copies*, host copies of chunks that are back on the device;
-* :class:`~flowgpu.memory.disk.DiskTier` ``"disk"``: raw ``.npy`` files, no pickle.
-
-Each key lives in exactly one tier; the store keeps that index and checks it in one place
-(:meth:`FlowgpuStore.check <flowgpu.memory.store.FlowgpuStore.check>`).
+"""The in-memory tiers a worker's store stacks: task key -> chunk, with ``put``/``pop``/``keys`` and a
+running ``nbytes``. They only hold and count; the store's policy says which key goes where.
 """
 
 from __future__ import annotations
@@ -29,13 +16,7 @@ __all__ = ["LRUTier", "HostEntry", "HostTier"]
 
 
 class LRUTier:
-    """Values in memory, least recently used first; ``nbytes`` sums their ``nbytes``.
-
-    Parameters
-    ----------
-    name : what the store and its stats call it.
-    counted : False for values that count no bytes (what the store holds outside memory accounting).
-    """
+    """Values, least recently used first; ``nbytes`` sums theirs unless ``counted`` is False."""
 
     def __init__(self, name: str, counted: bool = True):
         self.name = name
@@ -65,8 +46,7 @@ class LRUTier:
         return value
 
     def oldest(self, exclude: Any = None) -> Any:
-        """The least recently used key other than ``exclude``; ``exclude`` itself when it is the
-        only one; None when empty."""
+        """The least recently used key other than ``exclude`` (``exclude`` when alone; None: empty)."""
         return next((k for k in self._items if k != exclude), exclude if self._items else None)
 
     def __contains__(self, key: Any) -> bool:
@@ -116,10 +96,9 @@ class HostEntry:
 class HostTier(LRUTier):
     """Host-memory chunks (:class:`HostEntry`), least recently used first, plus clean copies.
 
-    A *clean copy* is the host entry of a chunk that is back on the device and unchanged since
-    (chunks are immutable): evicting that chunk again drops its device copy and copies nothing.
-    Clean copies count in ``nbytes`` (they hold memory) but not in ``len``/``keys`` (their keys live
-    on the device). Buffers go back to ``pool`` through :meth:`release`, once no copy uses them.
+    A *clean copy* is the host entry of a chunk back on the device and unchanged since: evicting it
+    again copies nothing. They count in ``nbytes`` but not in ``len``/``keys`` (their keys are on
+    the device). Buffers go back to ``pool`` (:meth:`release`) once no copy uses them.
     """
 
     def __init__(self, pool: PinnedPool):
@@ -155,8 +134,7 @@ class HostTier(LRUTier):
 
     # -- buffers ------------------------------------------------------------------------------
     def release(self, entry: HostEntry) -> None:
-        """Give an entry's pool buffer back, now or (while a copy still uses it) once :meth:`reap`
-        finds it idle."""
+        """Give an entry's buffer back to the pool, now or once :meth:`reap` finds its copies done."""
         if entry.buf is None:
             return
         if entry.busy():

@@ -9,7 +9,7 @@ import pytest
 from flowgpu.errors import ConfigError, MemoryLimitError
 from flowgpu.memory import resolved_limits, stats, summary, worker_data_kwargs, worker_environ
 from flowgpu.memory.store import FlowgpuStore
-from flowgpu.runtime.options import SessionOptions
+from flowgpu.runtime.options import SessionOptions, resolve
 
 
 def _cpu(**kw):
@@ -48,12 +48,13 @@ def test_store_dask_keeps_the_clusters_own():
 
 
 def test_bad_spill_config_is_a_clear_error():
+    """Refused when a Session resolves its options, before any cluster starts."""
     with dask.config.set({"flowgpu.spill.store": "zict"}):
-        with pytest.raises(ConfigError, match="flowgpu.spill.store='zict'.*flowgpu, dask-cuda, dask"):
-            worker_data_kwargs(_cpu())
+        with pytest.raises(ConfigError, match="flowgpu.spill.store 'zict'.*flowgpu, dask-cuda, dask"):
+            resolve(backend="cpu")
     with dask.config.set({"flowgpu.spill.host-fraction": 1.5}):
         with pytest.raises(ConfigError, match="host-fraction"):
-            worker_data_kwargs(_cpu())
+            resolve(backend="cpu")
     with dask.config.set({"flowgpu.spill.pinned-pool-size": "100PiB"}):
         with pytest.raises(MemoryLimitError, match="larger than this machine"):
             worker_data_kwargs(_cpu())
