@@ -1,18 +1,10 @@
-"""NUMA: which node a worker's GPU hangs off, and pinned staging memory placed on that node.
+"""NUMA: pinned memory on the node of the worker's GPU (a copy from the other socket's memory
+crosses the socket link, at a fraction of PCIe speed).
 
-On a host with several NUMA nodes (two sockets, each with its GPUs on its own PCIe root), a copy
-between a GPU and pinned host memory on the other socket crosses the socket link, at a fraction of
-the PCIe speed. Each worker process has one GPU and one :class:`~flowgpu.transfer.pinned.PinnedPool`
-(its store's), so a pool per worker is a pool per NUMA node: :func:`local_node` says which node,
-and :func:`prefer` asks the kernel (``mbind``, ``MPOL_PREFERRED``) to place a mapping's pages
-there when they are first touched. Preferred, not bound: a full node spills to another instead
-of failing.
-
-The node is read from Linux's sysfs, as ``nvmlDeviceGetMemoryAffinity`` does:
-``/sys/bus/pci/devices/<GPU's PCI bus id>/numa_node``, else the node holding the CPUs this process
-may run on (dask-cuda's ``CPUAffinity`` plugin pins each worker to its GPU's CPUs, from
-``nvmlDeviceGetCpuAffinity``). One node, or a GPU with no known node (-1), means nothing to do.
-The functions take the sysfs root, so the topology can be faked in tests.
+:func:`local_node` reads the node from sysfs (the GPU's PCI device, else the node holding this
+process's CPUs, which dask-cuda pins to its GPU's), and :func:`prefer` asks the kernel (``mbind``,
+``MPOL_PREFERRED``: a full node spills over instead of failing) to place pages there. The functions
+take the sysfs root, so tests fake the topology.
 """
 
 from __future__ import annotations
@@ -70,8 +62,7 @@ def nodes(root: str = SYS) -> dict[int, frozenset[int]]:
 
 
 def _bus_id(bus_id: str) -> str:
-    """sysfs's spelling of a PCI bus id: NVML's ``00000000:1B:00.0`` and CUDA's ``0000:1b:00.0``
-    both become ``0000:1b:00.0``."""
+    """sysfs's spelling of a PCI bus id (NVML's ``00000000:1B:00.0`` -> ``0000:1b:00.0``)."""
     domain, _, rest = bus_id.strip().lower().partition(":")
     return f"{int(domain, 16):04x}:{rest}" if rest else domain
 
@@ -94,8 +85,7 @@ def cpus_node(cpus: Iterable[int], topology: dict[int, frozenset[int]]) -> int |
 
 
 def node_for(bus_id: str | None, cpus: Iterable[int], root: str = SYS) -> int | None:
-    """Where pinned memory for the GPU at ``bus_id`` belongs, on a host of several NUMA nodes; None
-    on a host of one node, or when neither the GPU's node nor the CPUs' is known."""
+    """The node pinned memory for the GPU at ``bus_id`` belongs on; None on one node, or unknown."""
     topology = nodes(root)
     if len(topology) < 2:
         return None
@@ -137,8 +127,7 @@ def _mask(node: int) -> tuple[ctypes.Array, int]:
 
 
 def prefer(address: int, length: int, node: int) -> bool:
-    """Ask that the pages of ``[address, address + length)`` (page aligned, not yet touched) be
-    placed on NUMA ``node``; False where the kernel refuses (no NUMA support, a seccomp filter)."""
+    """Prefer NUMA ``node`` for the untouched pages at ``address``; False where the kernel refuses."""
     mbind = _syscall("mbind")
     if mbind is None or node < 0:
         return False
@@ -149,8 +138,7 @@ def prefer(address: int, length: int, node: int) -> bool:
 
 
 def policy_of(address: int) -> tuple[int, list[int]] | None:
-    """The NUMA policy of the page at ``address``: ``(mode, nodes)`` (``MPOL_PREFERRED`` after
-    :func:`prefer`); None where the kernel cannot say."""
+    """The NUMA policy ``(mode, nodes)`` of the page at ``address``; None where the kernel cannot say."""
     get = _syscall("get_mempolicy")
     if get is None:
         return None

@@ -1,21 +1,10 @@
-"""A pool of page-locked ("pinned") host buffers, reused by size class.
+"""A pool of page-locked ("pinned") host buffers, reused by size class (at most 12.5% wasted).
 
-Allocating pinned memory is slow, so spilled device chunks and staging copies take their host
-buffers from this pool and give them back when done. Buffers are rounded up to a *size class*
-(eight classes per power of two, so at most 12.5% is wasted) so that chunks of about the same
-size reuse each other's buffers.
-
-How a buffer is allocated matters too. On the H200 machine ``cudaHostAlloc`` took 0.6 s per
-GiB, and copies on other threads ran at half speed meanwhile (it holds the driver). The default
-allocator, :func:`registered_pinned_allocator`, maps anonymous memory backed by transparent huge
-pages, faults it in from several threads, and only then pins it with ``cudaHostRegister``:
-0.09 s per GiB in all, of which pinning, the part that holds the driver, takes 0.02 s. The pool
-can also keep spare buffers allocated ahead in a background thread
-(:meth:`PinnedPool.keep_spare`), so that a spill rarely waits for an allocation.
-
-When the pool has reached its capacity, or the driver refuses to pin more memory, a
-request is served with ordinary pageable memory instead: the copy is slower but nothing
-fails and no data is lost. The first such fallback warns; all are counted.
+Allocating is slow: on the H200 ``cudaHostAlloc`` took 0.6 s per GiB, halving other threads' copies
+meanwhile. :func:`registered_pinned_allocator` maps huge pages, faults them in from several threads,
+then pins them with ``cudaHostRegister``: 0.09 s per GiB, of which 0.02 s holds the driver. Spares can
+be allocated ahead in a thread (:meth:`PinnedPool.keep_spare`). A full pool, or a driver that refuses,
+serves pageable memory instead (slower copies, nothing lost); the first fallback warns.
 """
 
 from __future__ import annotations
@@ -43,8 +32,7 @@ __all__ = ["HostBuffer", "PinnedPool", "size_class", "cupy_pinned_allocator", "r
 _MiB = 1 << 20
 
 
-# What a pool reports to the events hub it is given (a worker store passes its own, which lists these
-# two among its kinds: flowgpu.memory.events).
+# What a pool emits into the events hub it is given (a worker store's: flowgpu.memory.events).
 @dataclass(frozen=True, slots=True)
 class PinnedAllocated:
     nbytes: int
@@ -61,9 +49,8 @@ class Noted:
 
 
 def size_class(nbytes: int) -> int:
-    """The buffer size a request of ``nbytes`` is served with.
-
-    Powers of two up to 1 MiB, then eight evenly spaced sizes per power of two.
+    """The buffer size a request of ``nbytes`` is served with: powers of two up to 1 MiB, then eight
+    evenly spaced sizes per power of two.
 
     Examples
     --------
@@ -78,11 +65,8 @@ def size_class(nbytes: int) -> int:
 
 
 class HostBuffer:
-    """A host buffer of ``size`` bytes: ``.view`` is a flat ``uint8`` NumPy view of it.
-
-    ``pinned`` says whether it is page-locked (fast, asynchronous copies) or pageable (a
-    fallback). ``ptr`` is its address, for CUDA copies.
-    """
+    """A host buffer of ``size`` bytes at ``ptr``: ``.view`` is a flat ``uint8`` view; ``pinned``
+    (page-locked) or pageable (a fallback)."""
 
     __slots__ = ("size", "view", "ptr", "pinned", "_owner", "__weakref__")
 
@@ -125,8 +109,7 @@ _executors_lock = threading.Lock()
 
 
 def shared_executor(name: str, max_threads: int) -> ThreadPoolExecutor:
-    """The process-wide pool of threads called ``name``: at most ``max_threads``, and no more than
-    the machine has cores (at least one); started on first use."""
+    """The process-wide pool of threads called ``name``: at most ``max_threads`` and the cores."""
     with _executors_lock:
         ex = _executors.get(name)
         if ex is None:
@@ -166,12 +149,8 @@ class _Registered:
 
 
 def registered_pinned_allocator(size: int) -> HostBuffer:
-    """``size`` bytes of pinned memory: an anonymous mapping on transparent huge pages, placed on the
-    NUMA node of this worker's GPU where the host has several (:mod:`flowgpu.transfer.numa`), its
-    pages faulted in from several threads, then pinned with ``cudaHostRegister`` (portable).
-
-    Falls back to :func:`cupy_pinned_allocator` when the mapping cannot be pinned.
-    """
+    """``size`` bytes of pinned memory: an anonymous mapping on huge pages, on the GPU's NUMA node,
+    faulted in from several threads, then ``cudaHostRegister``-ed; else :func:`cupy_pinned_allocator`."""
     cp = import_cupy()
     huge = size >= 16 * _MiB and hasattr(mmap, "MADV_HUGEPAGE")
     extra = _HUGE if huge else 0
@@ -180,9 +159,7 @@ def registered_pinned_allocator(size: int) -> HostBuffer:
     except (OSError, ValueError):
         return cupy_pinned_allocator(size)
     if hasattr(mmap, "MADV_DONTFORK"):
-        # as the driver does for cudaHostAlloc: a forked child (a spawned worker process) gets no
-        # copy-on-write share of pinned pages, which could leave this process writing a copy the
-        # device no longer reads
+        # as cudaHostAlloc does: a forked child gets no copy-on-write share of pinned pages
         with contextlib.suppress(OSError):
             m.madvise(mmap.MADV_DONTFORK)
     whole = np.frombuffer(m, dtype=np.uint8)
@@ -204,18 +181,8 @@ def registered_pinned_allocator(size: int) -> HostBuffer:
 
 
 class PinnedPool:
-    """Pinned host buffers, reused by size class, at most ``capacity`` bytes in all.
-
-    Parameters
-    ----------
-    capacity : most bytes of pinned memory this pool will hold (in use plus cached);
-        None for no limit.
-    allocator : ``size -> HostBuffer``; :func:`registered_pinned_allocator` by default. Tests
-        pass a fake one.
-    events : a hub with ``emit(kind, *fields)`` that :class:`PinnedAllocated` and fallback
-        :class:`Noted` events go to (a worker store passes its own :class:`~flowgpu.memory.events.Events`);
-        None: they go nowhere.
-    """
+    """Pinned host buffers, reused by size class, at most ``capacity`` bytes in use and cached (None:
+    no limit); ``allocator``: ``size -> HostBuffer``; ``events``: a hub with ``emit(kind, *fields)``."""
 
     def __init__(self, capacity: int | None = None, allocator: Callable[[int], HostBuffer] | None = None,
                  events: Any = None):
@@ -226,8 +193,7 @@ class PinnedPool:
         self._cond = threading.Condition(self._lock)
         self._spare: dict[int, int] = {}  # size class -> free buffers to keep ready
         self._growing: set[int] = set()  # size classes being allocated in the background
-        # True from the grower thread's start until it decides, under the lock, to stop: a thread
-        # that is still alive but past that point takes no more work (is_alive() would say it does)
+        # until the grower decides, under the lock, to stop (is_alive() would still say True after)
         self._grower_running = False
         self.background_allocations = 0
         self._free: dict[int, list[HostBuffer]] = defaultdict(list)
@@ -255,11 +221,8 @@ class PinnedPool:
         return self.allocated - self.in_use
 
     def take(self, nbytes: int, transient: bool = False) -> HostBuffer:
-        """A buffer of at least ``nbytes``: a cached one, a new pinned one, or pageable memory.
-
-        ``transient=True`` (a short-lived buffer, e.g. for a read from disk whose speed is
-        bound by the disk anyway) takes pageable memory quietly when the pool is full.
-        """
+        """A buffer of at least ``nbytes``: cached, new pinned, or pageable; ``transient`` (a short
+        read from disk, bound by the disk anyway) takes pageable memory quietly when full."""
         size = size_class(nbytes)
         with self._lock:
             while not self._free.get(size) and size in self._growing:
@@ -321,9 +284,8 @@ class PinnedPool:
 
     # -- spares allocated ahead, in the background -------------------------------------------
     def keep_spare(self, nbytes: int, count: int) -> None:
-        """Keep ``count`` free buffers for requests of ``nbytes`` ready, allocated in a background
-        thread (within the capacity); ``count=0`` stops it. A :meth:`take` that finds none free
-        while one is being allocated waits for that one."""
+        """Keep ``count`` free buffers for ``nbytes`` ready, allocated in a thread within the capacity
+        (0 stops it); a :meth:`take` waits for one on its way."""
         size = size_class(nbytes)
         with self._lock:
             if count <= 0:
@@ -388,8 +350,8 @@ class PinnedPool:
         return freed
 
     def trim(self, nbytes: int | None = None) -> int:
-        """Free cached buffers (all of them by default, and keep no spares: a spare being allocated
-        in the background is waited for and freed too); returns the bytes freed."""
+        """Free ``nbytes`` of cached buffers, or all and every spare (waiting for one on its way); the
+        bytes freed."""
         with self._lock:
             if nbytes is None:
                 self._spare.clear()

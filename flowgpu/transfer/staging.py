@@ -1,21 +1,10 @@
-"""Host-resident chunks to the device through pinned staging buffers.
+"""Host data to the device through pinned staging buffers (pageable copies ran at 6 GB/s on an H200,
+pinned ones at 55).
 
-Copying a pageable NumPy array to the device runs at a fraction of PCIe speed (6 GB/s on an
-H200 against 55 GB/s from pinned memory). :func:`to_device_staged` instead copies the block
-in slices into a few pinned buffers taken from a pool, in turn: while slice *i* travels to the
-device asynchronously, the next slices are filled (by NumPy or ``os.preadv``, without the GIL)
-into the other buffers. A memory-mapped ``.npy`` slice given directly is read from the page
-cache straight into pinned memory: one host copy, never a whole chunk of pageable memory.
-
-The fills run on a process-wide pool of reader threads, several slices at once: one thread
-copies out of the page cache at about 5 GB/s on the H200 machine, 16 at 45 GB/s. The device
-copies run on the calling thread's current CUDA stream (its per-thread default stream when
-``CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1``), so several worker threads stage at once.
-
-:func:`host_to_device`, :func:`file_rows_to_device` and :func:`rows_to_device` are how
-``flowgpu.to_device``, ``flowgpu.from_npy``, the Zarr device reader and the HDF5 and TIFF sources
-put host data on the device: they call them directly, so every process stages through pinned
-buffers, whatever it imported before.
+A block goes in slices: while slice *i* travels asynchronously on the caller's current stream, the
+next ones are filled (NumPy, ``os.preadv`` or a decoder; without the GIL) on a process-wide pool of
+reader threads (one copied from the page cache at 5 GB/s, 16 at 45). :func:`host_to_device`,
+:func:`file_rows_to_device` and :func:`rows_to_device` are what arrays/ and io/ call.
 """
 
 from __future__ import annotations
@@ -98,19 +87,9 @@ def host_to_device(block: Any):
 
 
 def to_device_staged(block: Any, *, budget: int | None = None, pool: PinnedPool | None = None):
-    """Copy a host array (NumPy, a memory-mapped slice, anything ``np.asarray`` takes) to a
-    C-ordered CuPy array through two alternating pinned staging buffers.
-
-    Parameters
-    ----------
-    block : the host data; read once.
-    budget : bytes per staging slice (at least one row along axis 0); ``STAGING_BYTES`` by default.
-    pool : where the staging buffers come from (default: :func:`staging_pool`).
-
-    Returns
-    -------
-    cupy.ndarray with the block's shape and dtype; complete on the caller's current stream.
-    """
+    """A host array (anything ``np.asarray`` takes; a memory-mapped slice is read once, straight
+    into pinned memory) as a C-ordered CuPy array, complete on the caller's current stream.
+    ``budget``: bytes per slice (``STAGING_BYTES``); ``pool``: :func:`staging_pool` by default."""
     if not isinstance(block, np.ndarray):
         block = np.asarray(block)
     if block.dtype.hasobject:
@@ -125,14 +104,9 @@ def to_device_staged(block: Any, *, budget: int | None = None, pool: PinnedPool 
 
 def file_rows_to_device(path: str, offset: int, shape: tuple, dtype: Any, *, budget: int | None = None,
                         pool: PinnedPool | None = None):
-    """Read ``shape`` (C order) from ``path`` at byte ``offset`` straight into pinned staging
-    buffers with ``os.preadv`` (no memory map: no page faults, no pageable copy) and on to the
-    device, reading slice *i+1* while slice *i* travels. ``budget``: bytes per staging slice
-    (``STAGING_BYTES`` by default); smaller slices spread several callers' reads over more reader
-    threads (four 300 MB reads at once: 15 GB/s in 64 MiB slices, 27 in 16 MiB ones on the H200).
-
-    Returns a C-ordered CuPy array, complete on the caller's current stream.
-    """
+    """``shape`` (C order) read from ``path`` at ``offset`` with ``os.preadv`` straight into pinned
+    buffers, as a C-ordered CuPy array. Smaller ``budget`` slices spread several callers' reads over
+    more threads (four 300 MB reads on the H200: 15 GB/s in 64 MiB slices, 27 in 16 MiB)."""
     dtype = np.dtype(dtype)
     flat = (1,) if len(shape) == 0 else tuple(shape)
     row_bytes = int(np.prod(flat[1:], dtype=np.int64)) * dtype.itemsize
@@ -152,16 +126,9 @@ def file_rows_to_device(path: str, offset: int, shape: tuple, dtype: Any, *, bud
 
 
 def rows_to_device(shape: tuple, dtype: Any, fill, *, budget: int | None = None, pool: PinnedPool | None = None):
-    """A block that a reader writes into host memory, on the device: ``fill(out, a, b)`` writes rows
-    [a, b) (along axis 0) of the C-ordered block of ``shape``/``dtype`` into ``out``, a C-contiguous
-    NumPy array of ``b - a`` rows. Blocks of ``STAGE_MIN`` bytes or more are filled straight into
-    pinned staging buffers (an HDF5 or TIFF reader decodes into them: no pageable copy of the
-    block), slice *i+1* while slice *i* travels; ``fill`` may then run on several reader threads
-    at once (lock what is not thread-safe). Smaller blocks are filled into one NumPy array and
-    copied with ``cupy.asarray``.
-
-    Returns a C-ordered CuPy array, complete on the caller's current stream.
-    """
+    """The block ``fill(out, a, b)`` writes (rows [a, b) into a C-contiguous ``out``) as a C-ordered
+    CuPy array. From ``STAGE_MIN`` bytes ``fill`` writes straight into pinned buffers, on several
+    threads at once (lock what is not thread-safe); smaller blocks go through ``cupy.asarray``."""
     dtype = np.dtype(dtype)
     flat = (1,) if len(shape) == 0 else tuple(shape)
     if int(np.prod(flat, dtype=np.int64)) * dtype.itemsize < STAGE_MIN or dtype.hasobject:
@@ -173,12 +140,8 @@ def rows_to_device(shape: tuple, dtype: Any, fill, *, budget: int | None = None,
 
 
 def _staged(shape: tuple, dtype: np.dtype, flat: tuple, fill, budget: int | None, pool: PinnedPool | None):
-    """The pipelined loop: ``fill(staged, a, b)`` writes rows [a, b) of ``flat`` into a pinned
-    slice, on the reader threads, up to ``DEPTH`` slices ahead of the device copies.
-
-    There is one buffer more than fills in flight: a slice is refilled into the buffer whose
-    copy was enqueued one slice earlier (likely finished), not the one just enqueued, so the
-    reader threads seldom wait for the device."""
+    """The pipelined loop: ``fill`` runs up to ``DEPTH`` slices ahead of the device copies, with one
+    buffer more than fills in flight, so a refill seldom waits for the copy just enqueued."""
     cp = import_cupy()
     out = cp.empty(shape, dtype=dtype)
     if out.size == 0:

@@ -1,15 +1,7 @@
-"""Copies between device chunks and host buffers, on their own CUDA streams.
-
-:class:`CupyTransfer` is what a GPU worker's store uses: device-to-host copies are
-*enqueued* on a dedicated non-blocking stream into a pinned buffer and return a
-:class:`PendingCopy` at once (the device chunk stays referenced until the copy is done);
-host-to-device copies run on a second stream per calling thread, so the two directions overlap
-each other and the compute streams of the worker's threads. :meth:`CupyTransfer.to_device_async`
-only enqueues its copy: the worker's event loop, which fetches each task's inputs, never waits
-for PCIe; tasks order their streams after the uploads (:meth:`CupyTransfer.order_current_stream`).
-
-Nothing here pickles: a chunk travels as raw bytes plus ``(shape, dtype, order)``.
-Tests without a GPU use a stand-in with the same four methods (``tests/memory/fakes.py``).
+"""Copies between device chunks and host buffers, on their own CUDA streams, as raw bytes plus
+``(shape, dtype, order)``. :class:`CupyTransfer` enqueues device-to-host copies on one stream and
+uploads on one stream per calling thread, so both directions overlap compute; the worker's event loop
+never waits for PCIe (tasks order their streams after the uploads). Tests use ``tests/memory/fakes.py``.
 """
 
 from __future__ import annotations
@@ -103,8 +95,7 @@ class CupyTransfer:
         self._last_up: dict[int, Any] = {}  # H2D stream -> event of its latest upload
 
     def _h2d_stream(self):
-        # one host-to-device stream per calling thread: the prefetcher and the event loop
-        # thread then copy concurrently instead of queueing behind each other
+        # one per calling thread: the prefetcher and the event loop copy concurrently
         s = getattr(self._local, "h2d", None)
         if s is None:
             s = self._local.h2d = self._cp.cuda.Stream(non_blocking=True)
@@ -140,13 +131,9 @@ class CupyTransfer:
         return PendingCopy(src, done, start)
 
     def to_device_async(self, host: np.ndarray, meta: ArrayMeta, pinned: bool) -> tuple[Any, PendingCopy]:
-        """Enqueue a copy of pinned ``host`` to a new device array and return at once.
-
-        The calling thread's current stream is ordered after the copy, and so is any thread that
-        calls :meth:`order_current_stream` (each task does, before it runs). ``host`` must stay
-        untouched until the returned :class:`PendingCopy` is done. Pageable memory is copied
-        synchronously (its copy is not asynchronous anyway).
-        """
+        """Enqueue a copy of pinned ``host`` (untouched until the copy is done) to a new device
+        array; the calling thread's stream, and any that calls :meth:`order_current_stream`, is
+        ordered after it. Pageable memory is copied synchronously (it would be anyway)."""
         if not pinned:
             out, seconds = self.to_device(host, meta, pinned)
             done = PendingCopy(None)
@@ -181,10 +168,7 @@ class CupyTransfer:
                     stream.wait_event(ev)
 
     def to_device(self, host: np.ndarray, meta: ArrayMeta, pinned: bool) -> tuple[Any, float]:
-        """Copy host array ``host`` (laid out as ``meta``) to a new device array; waits for it.
-
-        Returns the device array and the seconds the copy took on the device.
-        """
+        """Copy ``host`` (laid out as ``meta``) to a new device array and wait: ``(array, seconds)``."""
         cp = self._cp
         stream = self._h2d_stream()
         if not pinned:
