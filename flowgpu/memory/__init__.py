@@ -9,8 +9,6 @@ from flowgpu.memory.events import Events
 from flowgpu.memory.integration import install, resolved_limits, worker_data_kwargs, worker_environ
 from flowgpu.memory.plugin import MemoryPlugin, delta, stats, summary
 from flowgpu.memory.store import FlowgpuStore
-from flowgpu.transfer.pinned import PinnedPool
-from flowgpu.transfer.staging import to_device_staged
 
-__all__ = ["Events", "FlowgpuStore", "MemoryPlugin", "PinnedPool", "delta", "install", "resolved_limits", "stats",
-           "summary", "to_device_staged", "worker_data_kwargs", "worker_environ"]
+__all__ = ["Events", "FlowgpuStore", "MemoryPlugin", "delta", "install", "resolved_limits", "stats", "summary",
+           "worker_data_kwargs", "worker_environ"]

@@ -18,27 +18,13 @@ class RunSession(Protocol):
 
     client: Any  # a distributed Client, or None: dask's threaded scheduler in this process
     backend: str  # "gpu", "cpu" or "local"
-
-    @property
-    def n_workers(self) -> int: ...
-
-    @property
-    def dashboard_link(self) -> str | None: ...
-
-    @property
-    def may_serve_dashboard(self) -> bool: ...
-
-    @property
-    def workers(self) -> dict[str, dict]: ...  # each worker's probe results (empty: none to ask)
-
-    @property
-    def threads_per_worker(self) -> int: ...
-
-    @property
-    def worker_budget(self) -> int | None: ...
-
-    @property
-    def facts(self) -> Facts: ...  # what its graphs are built with (a pipeline is compiled with them)
+    n_workers: int
+    dashboard_link: str | None
+    may_serve_dashboard: bool
+    workers: dict[str, dict]  # each worker's probe results (empty: none to ask)
+    threads_per_worker: int
+    worker_budget: int | None
+    facts: Facts  # what its graphs are built with (a pipeline is compiled with them)
 
     def memory_summary(self) -> dict | None: ...
 
