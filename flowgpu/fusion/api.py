@@ -1,30 +1,10 @@
 """``flowgpu.fuse``: the Python API of kernel fusion, in the spirit of ``cupy.fuse``.
 
-``fuse(fn)`` traces ``fn`` once per call with symbolic stand-ins for its array arguments: the
-arithmetic operators, NumPy ufuncs (``np.sqrt(x)``), ``np.where``, ``np.clip`` and a trailing
-reduction (``.sum()``, ``np.max(..., axis=0)``, ...) are recorded into one
-:mod:`~flowgpu.fusion.language` expression, which :func:`~flowgpu.fusion.kernel.fused_elementwise`
-compiles into ONE kernel per chunk (CuPy on GPU chunks, numba on NumPy chunks). Arithmetic on the
-reduced result (``x.sum() / n``) is applied afterwards by dask.
-
-What a CuPy user expects holds: ``fuse`` works as a decorator, Python numbers stay "weak" (a
-float32 array times ``2.0`` stays float32), and calling the fused function on plain NumPy/CuPy
-arrays returns a plain array. With dask arrays it returns a lazy dask array.
-
-A function that cannot be traced (Python ``if`` on array values, indexing, ``.T``, ``cp.*``
-functions, ...) still works: it is applied to the dask arrays unfused, with a warning saying why.
-
-Examples
---------
->>> import numpy as np, dask.array as da
->>> import flowgpu as fg
->>> f = fg.fuse(lambda x: ((x * 2 + 1) ** 2 - x).sum())
->>> x = da.from_array(np.arange(6, dtype="float32"), chunks=3)
->>> float(f(x).compute())
-271.0
->>> g = fg.fuse(lambda x, y: np.sqrt(x * x + y * y), reduce="max")
->>> float(g(x, x).compute()) == float(np.sqrt(2) * 5)
-True
+``fuse(fn)`` traces ``fn`` with symbolic stand-ins (:class:`Sym`) for its arrays: operators, NumPy
+ufuncs, ``np.where``/``np.clip`` and one trailing reduction become one expression, compiled by
+``fused_elementwise`` into ONE kernel per chunk; arithmetic on the reduced value is left to dask.
+Python numbers stay weak, NumPy/CuPy arrays in give an array out. A function that cannot be traced
+(``if`` on values, indexing, ...) runs unfused on the dask arrays, with a warning saying why.
 """
 
 from __future__ import annotations
@@ -81,8 +61,7 @@ def _operand(tracer: _Tracer, v: Any) -> str:
 
 
 class _Lazy:
-    """Arithmetic on something computed after the kernel (a reduced result): applied by dask.
-    A subclass defines ``materialize()``, its value."""
+    """Arithmetic on a reduced result, applied by dask; a subclass's ``materialize()`` is its value."""
 
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
         if method != "__call__" or kwargs:
@@ -284,19 +263,11 @@ def fuse(fn: Callable | None = None, *, reduce: str | None = None, axis: Any = N
          keepdims: bool = False) -> Any:
     """Fuse ``fn``'s elementwise body (and one trailing reduction) into one kernel per chunk.
 
-    Parameters
-    ----------
-    fn : a function of arrays and numbers using operators, NumPy ufuncs, ``np.where``,
-        ``np.clip`` and at most one trailing reduction (``.sum()``, ``.mean()``, ``.min()``,
-        ``.max()``, ``.prod()``, or ``np.sum(...)`` etc., with ``axis`` and ``keepdims``).
-    reduce : alternatively, reduce ``fn``'s elementwise result: ``"sum"``, ``"mean"``, ``"min"``,
-        ``"max"`` or ``"prod"``, over ``axis`` (default all) with ``keepdims``.
-
-    Returns
-    -------
-    Fused
-        Call it with dask arrays (lazy dask result) or NumPy/CuPy arrays (computed result).
-        Usable as ``@fuse`` or ``@fuse(reduce="sum")``.
+    ``fn`` uses operators, NumPy ufuncs, ``np.where``, ``np.clip`` and at most one trailing
+    ``sum``/``mean``/``min``/``max``/``prod`` (method or ``np.`` function, with ``axis``, ``keepdims``);
+    or ``reduce=`` one of those reduces its result over ``axis`` instead. The :class:`Fused` returned
+    (also as ``@fuse`` or ``@fuse(reduce="sum")``) gives a lazy dask array for dask inputs and a
+    computed array for NumPy/CuPy ones.
     """
     if fn is None:
         return lambda f: Fused(f, reduce=reduce, axis=axis, keepdims=keepdims)

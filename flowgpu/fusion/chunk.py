@@ -1,11 +1,9 @@
-"""What runs on one chunk: the picklable task function of a fused kernel, and the per-chunk reduction.
+"""What runs on one chunk: :class:`FusedChunk`, the picklable task function of a fused kernel.
 
-A :class:`FusedChunk` is the function in every task of a fused graph. It carries the expression's
-text, never a compiled kernel (those stay in :mod:`flowgpu.fusion.compiled`'s per-process cache),
-so tasks pickle small and each worker compiles once. A kernel that its compiler refuses is
-computed unfused instead, with one warning per expression: correct, but slower. A chain that
-:mod:`flowgpu.fusion.graph` rewrote carries dask's own functions as a :class:`Chain`: on chunks no
-kernel takes (complex, datetime, object, ...) those run instead, exactly as dask's tasks would.
+It carries the expression's text, never a compiled kernel (those are cached per process in
+``compiled``), so tasks pickle small. A kernel its compiler refuses is computed unfused (one warning
+per expression); a rewritten chain carries dask's own functions (:class:`Chain`) for chunks no
+kernel takes (complex, datetime, object, ...).
 """
 
 from __future__ import annotations
@@ -30,10 +28,9 @@ KERNEL_DTYPES = frozenset(np.dtype(name) for name in C_TYPES)  # what the code g
 
 
 class Chain:
-    """dask's own functions of a rewritten chain, nested: ``chain(*blocks)`` calls them in dask's order.
+    """dask's own functions of a rewritten chain: ``chain(*blocks)`` calls them in dask's order.
 
-    ``args`` are ``("block", i)`` (the i-th input block), ``("value", v)`` (a scalar argument) or
-    ``("call", Chain)`` (the result of an inner function).
+    ``args`` are ``("block", i)``, ``("value", scalar)`` or ``("call", inner Chain)``.
     """
 
     def __init__(self, func: Any, args: tuple):
@@ -45,8 +42,8 @@ class Chain:
 
 
 def kernel_blocks(blocks: tuple) -> bool:
-    """Whether a kernel takes these chunks: plain NumPy or CuPy arrays (not masked, not a subclass)
-    of the dtypes the code generators know (not complex, datetime, object, ...; numba has no float16)."""
+    """Whether a kernel takes these chunks: plain NumPy or CuPy arrays of the dtypes the code
+    generators know (numba has no float16)."""
     return all((_cupy_ndarray(b) or (type(b) is np.ndarray and b.dtype != np.float16)) and b.dtype in KERNEL_DTYPES
                for b in blocks)
 
@@ -166,10 +163,8 @@ _FLAGS = {"divide by zero": "divide", "overflow": "over", "underflow": "under", 
 def _flags_raised(run: Any, quiet: bool = False) -> tuple[Any, bool]:
     """``(run(), whether it raised a floating-point flag the caller's np.errstate does not ignore)``.
 
-    NumPy reads the flags after each ufunc loop (the fused kernels are numba ufuncs and gufuncs); here
-    it tells us instead of warning. The flags are the kernel's, not NumPy's warnings: a vectorised
-    comparison of NaN raises "invalid" where NumPy's does not, and the kernel may skip an operation
-    NumPy computes (a branch of ``where``). So a flag only says that NumPy should be asked.
+    The kernel's flags are not NumPy's warnings (a vectorised NaN comparison raises "invalid"), so a
+    flag only says that NumPy should be asked (``FusedChunk.replay``).
     """
     care = {k for k, v in np.geterr().items() if v != "ignore"}
     if quiet or not care:

@@ -1,10 +1,7 @@
-"""flowgpu's fusion rewrites dask's classic graphs (``HighLevelGraph`` layers): the one check that they are in use.
+"""The check that dask builds classic graphs (``HighLevelGraph`` layers), the only ones fusion rewrites.
 
-dask 2026.8 builds arrays as expressions instead when ``array.query-planning`` is true (it says the
-default will flip to true). On those, a Session's fusion would silently do nothing, and pipelines
-fail on ops and sources dask-expr does not implement yet (``std``, ``from_zarr``). Until the fusion
-works on expression graphs, a Session and a pipeline run call :func:`require_classic_graphs` first
-and refuse with one message that names the setting.
+With ``array.query-planning`` on, dask builds expressions instead: fusion would silently do nothing
+and ops dask-expr lacks (``std``, ``from_zarr``) would fail, so Sessions and runs refuse it first.
 """
 
 from __future__ import annotations
@@ -22,12 +19,8 @@ KEY = "array.query-planning"
 
 
 def require_classic_graphs() -> None:
-    """Raise :class:`QueryPlanningError` when dask's array query planning is on.
-
-    On when ``array.query-planning`` is true in dask.config now (``DASK_ARRAY__QUERY_PLANNING=True``,
-    a dask YAML file, ``dask.config.set``), or when ``dask.array`` was imported with it on (dask reads
-    it once, at that import: processes this one starts would read it again).
-    """
+    """Raise :class:`QueryPlanningError` when ``array.query-planning`` is true now or was when
+    ``dask.array`` was imported (dask reads it once; processes started from here read it again)."""
     with warnings.catch_warnings():  # dask warns when the setting changed after dask.array's import
         warnings.simplefilter("ignore", RuntimeWarning)
         on = dask.config.get(KEY, None) is True or da.array_expr_enabled()

@@ -1,15 +1,9 @@
-"""Code generation for fused kernels: the walk over an :class:`~flowgpu.fusion.language.Expr`
-shared by the CUDA generator (:mod:`flowgpu.fusion.codegen_cuda`) and the CPU one for numba
-(:mod:`flowgpu.fusion.codegen_cpu`).
+"""Code generation for fused kernels: the walk over an :class:`Expr` shared by the CUDA generator
+(``codegen_cuda``) and the numba one (``codegen_cpu``).
 
-Both follow NumPy's typing node by node (from :meth:`Expr.infer`): every operand is cast to the
-dtype NumPy would compute that operation in, and Python literals take the dtype of their context
-(``x * 2.0`` with ``x`` float32 multiplies in float32, as NumPy 2 does). So a fused kernel gives
-the unfused NumPy result up to floating-point rounding.
-
-Inputs are renamed ``in0, in1, ...`` so user names never clash with C keywords or CuPy's own.
-A generator says how its target spells casts, literals, helpers and functions; :class:`Generator`
-decides which of them each node needs.
+Every operand is cast to the dtype NumPy computes that node in (:meth:`Expr.infer`; Python literals
+are weak), so a fused kernel gives NumPy's result. Inputs are named ``in0, in1, ...`` (no clash with
+C keywords); a subclass spells casts, literals, helpers and functions for its target.
 """
 
 from __future__ import annotations
@@ -33,8 +27,8 @@ C_TYPES = {
 
 
 class Unfusable(KernelError):
-    """NumPy semantics no kernel reproduces (an error NumPy raises for some values, such as an integer
-    to a negative integer power): the chunk is computed by its array library instead."""
+    """NumPy semantics no kernel reproduces (e.g. an integer to a negative integer power raises):
+    the chunk is computed by its array library instead."""
 
 
 _LOGICAL = {"logical_and": "&", "logical_or": "|", "logical_xor": "^"}
@@ -53,16 +47,10 @@ def c_type(dtype: Any) -> str:
 
 
 class Generator:
-    """The walk over the tree; a subclass spells casts, literals, helpers and functions for its target.
-
-    Class attributes of a subclass:
-
-    * ``LOGICAL``: ``& | ^ + *`` on booleans;
-    * ``HELPERS``: operator -> (integer helper, float helper) for ``**`` and the operators NumPy
-      defines differently from the target (floor division and remainder of negative numbers, ...);
-    * ``TEMPLATES``: code over ``{0}, {1}, ...`` (the operands' code) and ``{d}`` (the dtype's
-      name) for ``not``, ``sqrt``, ``plain`` (an operator ``{op}`` that needs no helper), ``sign``,
-      ``clip`` and ``select`` (``where``); and the constants ``True``, ``False``, ``nan``, ``inf``, ``-inf``.
+    """The walk over the tree. A subclass gives ``LOGICAL`` (``& | ^ + *`` on booleans), ``HELPERS``
+    (operator -> (integer, float) helper where NumPy differs from the target) and ``TEMPLATES`` (code
+    over the operands ``{0}, {1}, ...`` and the dtype ``{d}``; and the constants), plus ``cast``,
+    ``abs``, ``function`` and ``widens``.
     """
 
     LOGICAL: dict[str, str]
@@ -74,7 +62,6 @@ class Generator:
         self.t = typing
         self.names = names  # user name -> generated argument name
 
-    # -- what a target spells its own way: also cast(code, want) (a classmethod), abs(a, d) -----------
     @classmethod
     def literal(cls, value: Any, want: np.dtype) -> str:
         """``value`` as a constant of dtype ``want``."""
@@ -96,12 +83,10 @@ class Generator:
         raise NotImplementedError
 
     def widens(self, d: np.dtype) -> bool:
-        """True when the target computes values of ``d`` in a wider type (C's ``char * char`` is an
-        ``int``; numba's ``int8 * int8`` an int64): such a node is cast back, so that it wraps as
-        NumPy's does before the next operation sees it."""
+        """True when the target computes ``d`` in a wider type (C's ``char * char`` is an ``int``): such
+        a node is cast back, so it wraps as NumPy's does."""
         raise NotImplementedError
 
-    # -- the walk --------------------------------------------------------------------------------
     def gen(self, node: Node, want: np.dtype) -> str:
         """Code for ``node`` with dtype ``want``."""
         value = self.t.value(node)
@@ -128,8 +113,7 @@ class Generator:
         return self.cast(code, d)
 
     def typed(self, name: str, d: np.dtype) -> str:
-        """``name`` of a function or helper, as called on values of dtype ``d`` (a C++ template's
-        instance: ``_fg_min<float>``)."""
+        """``name`` as called on values of dtype ``d`` (C++: ``_fg_min<float>``)."""
         return name
 
     def helper(self, names: tuple[str, str], d: np.dtype, *args: str) -> str:
@@ -238,11 +222,10 @@ class Generator:
 
 def generate(generator: type[Generator], expr: Expr, types: Mapping[str, Any], arrays: Sequence[str], *,
              out_dtype: Any = None, index: str | None = None) -> tuple[str, np.dtype]:
-    """Code for ``expr`` from ``generator``, and its dtype (``out_dtype``, default NumPy's result dtype).
+    """Code for ``expr`` from ``generator``, and its dtype (``out_dtype``, default NumPy's).
 
-    ``types`` maps each name to a dtype (array inputs, listed in ``arrays`` in argument order, named
-    ``in0, in1, ...``; spelled ``in0[i]`` with ``index="i"``, for a loop over flat arrays) or a scalar
-    value (inlined).
+    ``types`` maps each name to a dtype (the ``arrays``, named ``in0, ...``, or ``in0[i]`` with
+    ``index="i"``) or a scalar value (inlined).
     """
     typing = expr.infer(types)
     dtype = np.dtype(out_dtype) if out_dtype is not None else typing.dtype(expr.root)

@@ -1,8 +1,5 @@
-"""Python source for numba from an :class:`~flowgpu.fusion.language.Expr`: the body of a numba
-``@vectorize`` ufunc or of an ``@njit`` reduction loop, for fused kernels on NumPy chunks.
-
-The code calls ``_t_<dtype>`` casts and NumPy-semantics helpers (``_ifloordiv``, ``_min``, ...);
-evaluate it with :func:`python_globals` as its globals.
+"""Python source for numba from an :class:`Expr`: the body of a ``@vectorize`` ufunc or an ``@njit``
+reduction loop, calling ``_t_<dtype>`` casts and NumPy-semantics helpers (:func:`python_globals`).
 """
 
 from __future__ import annotations
@@ -67,7 +64,7 @@ def to_python(expr: Expr, types: Mapping[str, Any], arrays: Sequence[str], *,
 
 @functools.lru_cache(maxsize=1)
 def python_globals() -> dict[str, Any]:
-    """Globals for :func:`to_python` code: casts and helpers compiled once with numba (not to be changed)."""
+    """Globals for :func:`to_python` code: casts and helpers compiled with numba (shared: never change)."""
     import numba
     from llvmlite import ir
     from numba.extending import intrinsic
@@ -76,8 +73,8 @@ def python_globals() -> dict[str, Any]:
 
     @intrinsic
     def _raise_divide(typingctx):
-        """Raise the divide-by-zero flag, as NumPy's integer ``//`` and ``%`` by zero do: ``1.0 / 0.0`` of
-        a zero the compiler cannot see (through an empty asm), whose result it must keep."""
+        """Raise the divide-by-zero flag, as NumPy's integer ``//`` and ``%`` by zero do: ``1.0 / 0.0``
+        through an empty asm, which the compiler can neither fold nor drop."""
         def codegen(context, builder, signature, args):
             i64, f64 = ir.IntType(64), ir.DoubleType()
             zero = builder.asm(ir.FunctionType(i64, [i64]), "", "=r,0", [ir.Constant(i64, 0)], side_effect=True)

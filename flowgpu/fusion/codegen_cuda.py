@@ -1,8 +1,5 @@
-"""CUDA C++ for fused kernels: an :class:`~flowgpu.fusion.language.Expr` as the body of a
-``cupy.ElementwiseKernel`` / ``cupy.ReductionKernel`` (or of the tiled kernel's source).
-
-The helpers the code calls (NaN-propagating minimum, NumPy's floor division and remainder, ...)
-are in :data:`CUDA_PREAMBLE`; pass it as the kernel's preamble.
+"""CUDA C++ for fused kernels: an :class:`Expr` as the body of a CuPy ``ElementwiseKernel`` or
+``ReductionKernel`` (or the tiled kernel); the helpers it calls are :data:`CUDA_PREAMBLE`.
 """
 
 from __future__ import annotations

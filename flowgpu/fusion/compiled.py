@@ -1,9 +1,6 @@
-"""Compiled fused kernels, cached per process: the elementwise kernel and the reduction kernels.
-
-Each is built once per (expression, input dtypes, inlined scalars, output dtype) and kept in a
-module cache, so a worker compiles it once however many chunks it runs: a ``cupy.ElementwiseKernel``
-or ``cupy.ReductionKernel`` for CuPy chunks, a numba ``@vectorize`` ufunc or ``@njit`` loop for NumPy
-chunks. Reductions accumulate in NumPy's dtypes (:func:`reduction_dtypes`), in NumPy's order on CPU.
+"""Compiled fused kernels, built once per process and key: CuPy ``ElementwiseKernel``/``ReductionKernel``
+for CuPy chunks, numba ``@vectorize`` ufuncs and gufunc reduction loops for NumPy chunks. Reductions
+accumulate in NumPy's dtypes (:func:`reduction_dtypes`) and, on the CPU, in NumPy's order.
 """
 
 from __future__ import annotations
@@ -41,15 +38,13 @@ def reduction_dtypes(reduction: str, dtype: Any) -> tuple[np.dtype, np.dtype]:
     if reduction in _EXTREME:
         return dtype, dtype
     result = getattr(np, reduction)(np.ones(1, dtype=dtype)).dtype
-    # float32 sums in float32, integers in the platform's integer, means of integers in float64, as
-    # NumPy's add.reduce (so a float32 sum overflows where NumPy's does); float16 in float32, as NumPy's
-    # half loops and CuPy's add (the partial is rounded to float16 where dask's is)
+    # NumPy's result dtype (a float32 sum overflows where NumPy's does); float16 accumulates in float32,
+    # as NumPy's half loops and CuPy's add
     return (np.dtype("float32") if result == np.float16 else result), result
 
 
 def _key(expr: Expr, dtypes: tuple, scalars: tuple, out_dtype: np.dtype, what: str) -> tuple:
-    # scalars by repr: a NaN is equal to no other NaN, so one unpickled in a task (a new object,
-    # which the tuple's identity check cannot match) would miss the cache and compile per chunk
+    # scalars by repr: an unpickled NaN equals no other NaN, and would compile per chunk
     return (what, expr.text, tuple(map(str, dtypes)), repr(scalars), str(out_dtype))
 
 
@@ -107,8 +102,8 @@ def elementwise_kernel(expr: Expr, arrays: tuple[str, ...], dtypes: tuple, scala
 
 
 def _loop_src(fname: str, nargs: int, code: str, reduction: str, acc: np.dtype, ndim: int) -> str:
-    """A numba loop over flat (ndim 1) or 2-D strided inputs reducing ``code`` into one value, in order
-    (C order): NumPy's reduction of a product, of integers, and min/max (which no order changes)."""
+    """A numba loop reducing ``code`` over flat (``ndim`` 1) or 2-D strided inputs in C order: NumPy's
+    order for products; integers and min/max no order changes."""
     args = ", ".join(f"in{i}" for i in range(nargs))
     if ndim == 1:
         head, idx, zero = "    for i in range(in0.shape[0]):\n", "        ", "[0]"
@@ -130,15 +125,9 @@ def _loop_src(fname: str, nargs: int, code: str, reduction: str, acc: np.dtype, 
 
 
 def _rows_src(fname: str, nargs: int, reduction: str, acc: np.dtype) -> str:
-    """A numba loop over the rows of 2-D inputs, each reduced by ``_flat`` (the 1-D kernel): for
-    reductions no order changes (integer sums and products, min and max).
-
-    For blocks whose rows are contiguous (a column block of a row-major array): handed to the
-    flat kernel as C-ordered 1-D arrays (``ascontiguousarray`` is then a view), the inner loop
-    vectorises. Measured on 2 cores: 20 ms against 39 ms for the same 128 MiB block through the
-    2-D loop (contiguous: 16 ms). Blocks with strided rows (transposed ones) keep the 2-D loop:
-    copying each of their rows made ``(x + x.T).sum()`` 10% slower.
-    """
+    """A numba loop over the contiguous rows of 2-D inputs, each reduced by ``_flat`` (the 1-D kernel),
+    for reductions no order changes: the inner loop vectorises (20 ms against 39 ms through the 2-D
+    loop for a 128 MiB column block, 2 cores)."""
     rows = ", ".join(f"_np.ascontiguousarray(in{i}[r])" for i in range(nargs))
     args = ", ".join(f"in{i}" for i in range(nargs))
     combine = (f"{_EXTREME[reduction]}(acc, part)" if reduction in _EXTREME
@@ -152,15 +141,10 @@ def _rows_src(fname: str, nargs: int, reduction: str, acc: np.dtype) -> str:
 
 
 def _pairwise_src(fname: str, nargs: int, code: str, acc: np.dtype, ndim: int, nan: bool, block: int) -> str:
-    """NumPy's pairwise summation of ``code``'s values in C order, in the accumulator's dtype.
-
-    The same additions in the same order as NumPy's ``add.reduce`` of the values (numpy
-    ``loops_utils.h.src``, ``pairwise_sum``): blocks of up to 128 values with 8 accumulators, halved
-    (on multiples of 8) above that; the identity 0 plus the sum, or plus each ``block`` of values in
-    turn where NumPy casts the values in buffers of that size. So a float32 sum overflows exactly
-    where NumPy's does, rounds as NumPy's does, and the 8 independent accumulators still vectorise
-    (no ``fastmath`` reassociation is needed). ``_fill`` computes the values of ``[s, s + m)``;
-    ``_pw_leaf`` (:mod:`flowgpu.fusion.codegen_cpu`) adds them as NumPy adds a block.
+    """NumPy's pairwise summation (``pairwise_sum``, numpy ``loops_utils.h.src``) of ``code``'s values
+    in C order: leaves of up to 128 values with 8 accumulators (``_pw_leaf``), halved on multiples
+    of 8 above that; 0 plus the sum, or plus each ``block`` in turn where NumPy casts in buffers.
+    So the sum rounds and overflows as NumPy's does. ``_fill`` computes the values of ``[s, s + m)``.
     """
     args = ", ".join(f"in{i}" for i in range(nargs))
     t = f"_t_{acc.name}"
@@ -230,12 +214,8 @@ def reduce_kernel(expr: Expr, arrays: tuple[str, ...], dtypes: tuple, scalars: t
                   val_dtype: np.dtype, reduction: str, backend: str, ndim: int | str = 1) -> Any:
     """The compiled kernel (cached) reducing ``expr``'s values (of ``val_dtype``) into the accumulator.
 
-    CuPy: a ``ReductionKernel``. NumPy: a numba gufunc ``f(*inputs)`` returning the reduced value, over
-    flat inputs (``ndim=1``), 2-D strided ones (``ndim=2``) or 2-D ones with contiguous rows
-    (``ndim="rows"``). A gufunc, so that NumPy reads the floating-point flags its loop raised (as for
-    the elementwise ufuncs): :mod:`flowgpu.fusion.chunk` asks NumPy for its warnings when there are.
-    Floats are summed by NumPy's pairwise summation (:func:`_pairwise_src`), products in order: no
-    ``fastmath`` flag, so every result is NumPy's own.
+    CuPy: a ``ReductionKernel``. NumPy: a numba gufunc ``f(*inputs)`` (so NumPy reads the flags its
+    loop raised) over flat inputs (``ndim=1``), 2-D strided ones (``2``) or contiguous rows (``"rows"``).
     """
     acc, _ = reduction_dtypes(reduction, val_dtype)
     key = _key(expr, dtypes, scalars, val_dtype, f"reduce-{reduction}-{backend}-{ndim}")
@@ -289,11 +269,8 @@ def reduce_kernel(expr: Expr, arrays: tuple[str, ...], dtypes: tuple, scalars: t
 
 
 def cuda_combine(reduction: str, acc: np.dtype) -> tuple[str, str]:
-    """``(combine of a and b, identity)`` in CUDA C for ``reduction`` accumulating in ``acc``.
-
-    ``b`` may be a value or a partial; nansum/nanprod take a NaN ``b`` as the identity, and
-    nanmin/nanmax combine with NumPy's fmin/fmax from NaN, so a slice of NaN alone stays NaN.
-    """
+    """``(combine of a and b, identity)`` in CUDA C for ``reduction`` accumulating in ``acc``; nansum and
+    nanprod take a NaN as the identity, nanmin/nanmax start from NaN (a slice of NaN stays NaN)."""
     if reduction in _ADDING or reduction in _MULTIPLYING:
         op, ident = ("+", "0") if reduction in _ADDING else ("*", "1")
         if reduction.startswith("nan"):
@@ -304,7 +281,7 @@ def cuda_combine(reduction: str, acc: np.dtype) -> tuple[str, str]:
 
 
 def identity(reduction: str, dtype: np.dtype) -> Any:
-    """The partial of ``reduction`` over no values (what combines with the others to change nothing)."""
+    """The partial of ``reduction`` over no values."""
     if reduction not in _EXTREME:
         return int(reduction in _MULTIPLYING)
     low = reduction in ("min", "nanmin")

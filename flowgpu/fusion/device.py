@@ -1,18 +1,11 @@
-"""Host operands of device chunks moved to the device: plain xarray code runs unmodified on CuPy.
+"""Host operands of device chunks moved to the device, so NumPy-written xarray code runs on CuPy.
 
-Code written for NumPy embeds host arrays in a dask graph: xarray's ``weighted(w)`` passes its
-weights (``np.cos(np.deg2rad(lat))``) to ``einsum`` beside the data, ``rolling`` and ``where``
-pad and fill with NumPy scalars made arrays. On CuPy chunks every such task fails with
-``TypeError: Unsupported type <class 'numpy.ndarray'>``. :func:`move_host_operands` finds, in an
-optimised graph, the tasks where a host operand (a float, complex or bool NumPy array in the
-graph, or a task computed only from such arrays) meets an operand that is not (another task's
-chunk: on a GPU session, CuPy), and wraps just those in :class:`OnDevice`, which copies the NumPy
-operands to the device when, at run time, another operand is a CuPy array. Nothing else changes:
-a graph computed only from host arrays stays on the host, integer arrays (indices, random states)
-are never moved, and on NumPy chunks the wrapper passes its arguments through.
-
-A GPU :class:`flowgpu.Session` applies it after dask's own optimisation (the
-:class:`flowgpu.fusion.graph.Fusing` hook, ``device=True``).
+xarray's ``weighted``, ``rolling`` and ``where`` embed NumPy arrays in the graph, which CuPy refuses
+(``Unsupported type <class 'numpy.ndarray'>``). :func:`move_host_operands` wraps just the tasks
+where a host operand (a float, complex or bool NumPy array, or a task computed only from such)
+meets another chunk in :class:`OnDevice`, which copies the NumPy operands when another one is CuPy
+at run time. Integer arrays (indices, random states) never move. A GPU Session's ``Fusing`` hook
+applies it after dask's optimisation.
 """
 
 from __future__ import annotations
@@ -70,8 +63,7 @@ class OnDevice:
 
 
 def _moves_to_device(func: Any) -> bool:
-    """Whether ``func`` returns its input on the device (``flowgpu.to_device``'s blocks, ``cupy.asarray``),
-    so its result is not a host operand whatever it reads."""
+    """Whether ``func`` returns its input on the device (``flowgpu.to_device``'s blocks, ``cupy.asarray``)."""
     func = getattr(func, "func", func)  # a functools.partial
     if getattr(func, "moves_to_device", False):
         return True
@@ -181,8 +173,7 @@ def _walk(dsk: dict, kinds: Any) -> dict:
 
 
 def _has_host_literal(values: Any) -> bool:
-    """Whether a float, complex or bool NumPy array lies anywhere in ``values`` (tasks, their
-    arguments, nested subgraphs): a quick look that spares most graphs the walk."""
+    """Whether a float, complex or bool NumPy array lies anywhere in ``values`` (spares the walk)."""
     stack = list(values)
     while stack:
         v = stack.pop()

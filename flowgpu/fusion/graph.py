@@ -1,24 +1,11 @@
-"""The graph optimisation: chains of NumPy ufuncs in a dask graph become one fused kernel.
+"""The graph optimisation: chains of NumPy ufuncs in a dask graph become one fused kernel per chunk.
 
-Dask fuses *tasks*: ``((x * 2 + 1) ** 2 - x)`` runs as one task per chunk after dask's blockwise
-fusion, but inside that task each operator still launches its own kernel and writes a full
-temporary. This module rewrites such chains (the ``Blockwise`` layers of ``dask.array``'s
-elementwise operators and of the functions of :mod:`flowgpu.fusion.language`) into ONE layer whose
-task is a generated kernel. A chain (or a single array, ``x.T`` among them) that feeds one of dask's
-reductions goes into the reduction's chunk stage instead (:mod:`flowgpu.fusion.graph_reduce`,
-:mod:`flowgpu.fusion.graph_tree`). Dask's own optimisation then runs, so the fused layer is still
-merged with its neighbours (a transpose's view reaches the kernel, which reads it in tiles).
-
-A :class:`flowgpu.Session` installs the hook while it is open (``flowgpu.fuse-ufuncs: true``, the
-default; false, ``DASK_FLOWGPU__FUSE_UFUNCS=false`` or ``Session(fuse=False)`` leaves every graph
-as dask built it). Without a Session, use it explicitly, ``x = flowgpu.optimize(x)``, or for
-everything computed in a block::
-
-    with flowgpu.fusion.fusing():
-        total = ((x * 2 + 1) ** 2 - x).sum().compute()
-
-(``fusing()`` sets dask's ``array_optimize`` hook and ``flowgpu.fuse-ufuncs: true``; the hook does
-nothing while that option is false.)
+dask's blockwise fusion makes ``(x * 2 + 1) ** 2 - x`` one task, but each operator in it still
+writes a full temporary. Here each chain of elementwise ``Blockwise`` layers becomes ONE layer
+whose task is a :class:`FusedChunk`; a chain (or bare array) feeding a dask reduction goes into the
+reduction's chunk stage instead (``graph_reduce``, ``graph_tree``). dask's own optimisation runs after.
+A Session installs :class:`Fusing` (``flowgpu.fuse-ufuncs``); without one, ``flowgpu.optimize(x)`` or
+``with flowgpu.fusion.fusing():``.
 """
 
 from __future__ import annotations
@@ -56,8 +43,8 @@ _NAME = re.compile(r"(?<![0-9.])\b[A-Za-z_][A-Za-z_0-9]*")
 
 
 def _fused_template(fc: FusedChunk, nargs: int) -> str | None:
-    """The template of an elementwise :class:`FusedChunk` (``fused_elementwise``, the ``expr`` op):
-    its text over ``{0}, {1}, ...`` with its scalars written in, so a chain through it fuses too."""
+    """An elementwise :class:`FusedChunk`'s text over ``{0}, {1}, ...``, scalars written in, so a chain
+    through it (``fused_elementwise``, the ``expr`` op) fuses too."""
     if fc.reduction is not None or fc.cast or len(fc.arrays) != nargs:
         return None
     names = {n: "{%d}" % i for i, n in enumerate(fc.arrays)}
@@ -70,8 +57,7 @@ def _fused_template(fc: FusedChunk, nargs: int) -> str | None:
 
 
 def _weight(layer: Any) -> int:
-    """The operations a layer adds to a fused expression: one, or a fused layer's own (its text's
-    operators and calls), so a chain of long ``expr`` steps still nests at most ``MAX_FUSED_OPS``."""
+    """The operations a layer adds to a fused expression: one, or a fused layer's own operators and calls."""
     func = layer.task.func
     if isinstance(func, FusedChunk):
         return max(1, len(re.findall(r"\*\*|//|[-+*/%<>&|^~]|==|!=|\w+\(", func.text)))
@@ -113,9 +99,8 @@ def _elementwise(layer: Any) -> tuple[str, list] | None:
 
 @dataclass(frozen=True)
 class Fusion:
-    """One fused layer of a rewrite: ``root`` (the layer it replaces, whose name it keeps), the
-    layers it took in (``members``, the root among them), its expression over its leaves (``leaves``:
-    the layer each ``v<i>`` reads) and the reduction whose chunk stage it is (None: elementwise)."""
+    """One fused layer: the layer it replaces (``root``), those it took in (``members``), its ``text``
+    over the layers ``leaves`` (``v<i>`` reads ``leaves[i]``) and its reduction (None: elementwise)."""
 
     root: str
     members: frozenset[str]
@@ -125,12 +110,10 @@ class Fusion:
 
 
 def rewrite_graph(hlg: Any, keep: set[str] = frozenset(), reductions: bool = True, bare: bool | None = None) -> Any:
-    """A HighLevelGraph with each chain of elementwise layers replaced by one fused layer.
+    """``hlg`` with each chain of elementwise layers replaced by one fused layer.
 
-    ``keep`` names layers whose output must stay (e.g. the arrays being computed). With
-    ``reductions``, the chunk stage of dask's reductions (:mod:`flowgpu.fusion.graph_reduce`)
-    takes the chain below it into its kernel too. ``bare``: fuse a reduction of a bare array too
-    (CuPy chunks); None: when this process's ``array.backend`` is cupy.
+    ``keep``: layers whose output must stay; ``reductions``: fuse chains into dask reductions' chunk
+    stage; ``bare``: fuse a reduction of a bare array too (None: when ``array.backend`` is cupy).
     """
     return _rewrite(hlg, keep, reductions, bare)[0]
 
@@ -169,9 +152,8 @@ def _rewrite(hlg: Any, keep: set[str], reductions: bool, bare: bool | None) -> t
         if depth[name] >= MAX_FUSED_OPS:
             cut.add(name)
 
-    # A reduction of a bare array (no elementwise op before it) is one pass in NumPy already: fused
-    # only on CuPy chunks, where the kernel reads a transposed input in tiles. (On CPU workers it
-    # would import numba, ~150 MB, for nothing: a 200 MB worker was restarted for it.)
+    # a reduction of a bare array is one pass in NumPy already: fused on CuPy chunks only (tiles read a
+    # transposed input); on CPU workers it would import numba, ~150 MB, for nothing
     if bare is None:
         bare = dask.config.get("array.backend", "numpy") == "cupy"
     done: list[Fusion] = []
@@ -213,9 +195,8 @@ def _rewrite(hlg: Any, keep: set[str], reductions: bool, bare: bool | None) -> t
 
 
 def _expression(root: str, info: tuple, layers: dict, elem: dict, inlinable: Any) -> tuple:
-    """The fused expression of the chain ending at ``root`` (whose ``(template, operands)`` is
-    ``info``): ``(text, Chain, leaves, scalars, numblocks, n_ops, members)``; ``leaves`` maps each
-    (input layer, indices) to its name in the text, ``members`` holds the layers inlined."""
+    """``(text, Chain, leaves, scalars, numblocks, n_ops, members)`` of the chain ending at ``root``;
+    ``leaves`` maps each (input layer, indices) to its name in the text."""
     leaves: dict[tuple, str] = {}
     members: set[str] = set()
     scalars: list[tuple[str, Any]] = []
@@ -261,16 +242,7 @@ def _expression(root: str, info: tuple, layers: dict, elem: dict, inlinable: Any
 
 
 def optimize(*arrays: da.Array) -> Any:
-    """The same dask array(s), with chains of ufuncs rewritten into one fused kernel per chunk.
-
-    Examples
-    --------
-    >>> import dask.array as da, numpy as np, flowgpu as fg
-    >>> x = da.from_array(np.arange(8.0), chunks=4)
-    >>> y = fg.optimize((x * 2 + 1) ** 2 - x)
-    >>> bool((y.compute() == ((np.arange(8.0) * 2 + 1) ** 2 - np.arange(8.0))).all())
-    True
-    """
+    """The same dask array(s), with chains of ufuncs rewritten into one fused kernel per chunk."""
     out = []
     for a in arrays:
         if not isinstance(a, da.Array):
@@ -294,13 +266,8 @@ def array_optimize(dsk: Any, keys: Any, **kwargs: Any) -> Any:
 class Fusing:
     """dask's ``array_optimize`` hook carrying the decisions of the process that set it (a Session's).
 
-    dask resolves the hook where a graph is built, but calls it where the graph is materialized: on
-    the scheduler. For a scheduler in another process (``dask scheduler``, a joined cluster) that
-    process's config applied, not the client's: whether to fuse, and whether chunks are CuPy (a
-    reduction of a bare array is fused on CuPy only). A joined GPU cluster then fused other steps
-    than the run's own cluster did, and gave other last bits. This hook takes the client's answers
-    along (it pickles as its class and three booleans). ``flowgpu.fuse-ufuncs: false`` set for a block
-    still turns it off where the scheduler shares the client's config (a local cluster).
+    dask calls the hook on the scheduler, whose config may not be the client's (a joined cluster
+    then fused other steps, with other last bits); this carries the client's answers along.
     """
 
     enabled: bool = True

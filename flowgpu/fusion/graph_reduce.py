@@ -1,24 +1,11 @@
 """The chunk stage of dask's reductions, recognised in a graph and computed by a fused kernel.
 
-``dask.array``'s reductions (``x.sum(axis=0)``, ``da.nanmean(x)``, ...) are built by
-``da.reduction``: a *chunk stage*, one ``Blockwise`` layer whose task is e.g.
-``partial(np.sum, dtype=float64)(block, axis=(0,), keepdims=True)``, then dask's tree of
-combine / aggregate tasks over the partials. :func:`match` recognises the chunk stage of
-``sum prod min max any all nansum nanprod nanmin nanmax mean nanmean``; the graph rewrite
-(:mod:`flowgpu.fusion.graph`) replaces its task by a :class:`FusedPartial`, which runs the
-elementwise chain below it and the reduction in ONE kernel per chunk
-(:class:`~flowgpu.fusion.chunk.FusedChunk` with ``reduction=``, as ``flowgpu.fuse`` builds) and
-returns the partial dask's aggregate stage expects: same shape (keepdims), same dtype, the same
-``{"n", "total"}`` dict for means. The tree and the aggregate stay dask's own.
-
-Not matched, so left exactly as dask built them: a ``dtype=`` no kernel takes (complex, object,
-...), keywords other than ``axis``/``keepdims`` (``weights=``, a custom ``da.reduction``), an
-empty ``axis``. ``std``/``var`` (and their nan-variants) are not matched either: a one-pass
-variance needs a running mean (Welford's update, Chan's combine), not the sum of squares, whose
-cancellation loses every digit when the mean is large against the spread; their chunk stage runs
-dask's ``moment_chunk`` over the (fused) values. At run time a chunk no kernel takes (complex,
-datetime or object values, float16 on NumPy, masked or sparse arrays, zero-size chunks) is
-computed by dask's own chunk function, so results never depend on whether the rewrite happened.
+:func:`match` recognises the chunk-stage layer ``da.reduction`` builds for ``sum prod min max any all
+nansum nanprod nanmin nanmax mean nanmean``; :class:`FusedPartial` computes the same partial (shape,
+dtype, ``{"n", "total"}`` for means) from the chain below in one kernel; dask's tree stays.
+Anything else is left as dask built it: other dtypes or keywords, and ``std``/``var`` (a one-pass
+sum of squares loses every digit when the mean is large against the spread). Chunks no kernel takes
+run dask's own chunk function, so results never depend on whether the rewrite happened.
 """
 
 from __future__ import annotations
@@ -62,7 +49,7 @@ class Reduction:
 
     @property
     def name(self) -> str:
-        """The reduction as the code wrote it: ``any``/``all`` are a max/min of booleans here."""
+        """The reduction as the code wrote it (``any``/``all`` are a max/min of booleans here)."""
         if self.mean:
             return self.mean
         return {"max": "any", "min": "all"}.get(self.kind, self.kind) if self.dtype == bool else self.kind
@@ -123,11 +110,8 @@ def graph_has_masked(layers: dict) -> bool:
 
 
 class FusedPartial:
-    """The chunk stage of a dask reduction as one fused kernel: dask's partial, from one pass.
-
-    ``dask_func(value, **dask_kwargs)`` is the task dask built, over the chain's value
-    (``chain(*blocks)``, or the one block when there is no chain): chunks no kernel takes run it.
-    """
+    """The chunk stage of a dask reduction as one fused kernel; chunks no kernel takes run the task
+    dask built, ``dask_func(chain(*blocks) or the block, **dask_kwargs)``."""
 
     def __init__(self, fused: FusedChunk, spec: Reduction, dask_func: Any, dask_kwargs: dict,
                  chain: Chain | None):

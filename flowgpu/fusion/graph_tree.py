@@ -1,18 +1,10 @@
 """dask's reduction tree over fused partials, run in one aggregate task.
 
-``x.sum()`` in dask.array is a chunk stage (one partial per chunk), then a tree of combine tasks
-(fan-in ``split_every``, 4 by default: 2 per axis of a 2-D array), then one aggregate. When the
-chunk stage is a fused kernel over the whole array (:mod:`flowgpu.fusion.graph_reduce`), each
-partial is one value: the tree's levels add tasks, each a scheduler round trip (milliseconds on a
-distributed GPU worker), to combine a few bytes. ``flowgpu.fuse`` combines its partials in one
-task; this gives plain dask code the same count: the aggregate task takes every partial and runs
-dask's own combine tasks inside it, nested as the tree nests them, so the result is plain dask's
-to the last bit (a flat combine rounds otherwise: 56658.168 against dask's 56658.17 for a float32
-``nansum`` of 20 chunks).
-
-Only full reductions (every axis, so one result block) of at most :data:`MAX_FANIN` chunks, whose
-tree is dask's own shape (a chain of layers, each used only by the next, each task a function of
-the keys below); anything else stays.
+When a full reduction's chunk stage is fused, each partial is one value, and each level of dask's
+combine tree (fan-in 4) costs a scheduler round trip for a few bytes. The aggregate task here
+takes every partial and runs dask's own combine tasks inside it, nested as the tree nests them, so
+the result is dask's to the last bit (a flat combine rounds otherwise). Only for dask's own tree
+shape over at most :data:`MAX_FANIN` chunks; anything else stays.
 """
 
 from __future__ import annotations
@@ -50,8 +42,9 @@ def flatten_tree(layers: dict, deps: dict, root: str, ndim: int, keep: set[str])
     below = {key: task for name in chain[:-1] for key, task in layers[name].mapping.items()}
     top = layers[chain[-1]]
     ((key, task),) = top.mapping.items()
-    nested = _nested_task(task, below)
-    if nested is None:
+    try:
+        nested = _nested_task(task, below)
+    except _NotTree:
         return False
     layers[chain[-1]] = MaterializedLayer({key: nested}, annotations=top.annotations)
     deps[chain[-1]] = {root}
@@ -62,24 +55,18 @@ def flatten_tree(layers: dict, deps: dict, root: str, ndim: int, keep: set[str])
 
 def _nested_task(task: Any, below: dict) -> Any:
     """``task`` (``(func, [keys...])``, as dask's tree writes each) with every key of ``below``
-    replaced by its own task, nested the same way; None for a task of another form."""
+    replaced by its own task, nested the same way."""
     if not (isinstance(task, tuple) and len(task) == 2 and callable(task[0]) and isinstance(task[1], list)):
-        return None
+        raise _NotTree
 
     def inline(arg: Any) -> Any:
         if isinstance(arg, list):
             return [inline(a) for a in arg]
         if isinstance(arg, tuple) and arg in below:
-            inner = _nested_task(below[arg], below)
-            if inner is None:
-                raise _NotTree
-            return inner
+            return _nested_task(below[arg], below)
         return arg
 
-    try:
-        return task[0], inline(task[1])
-    except _NotTree:
-        return None
+    return task[0], inline(task[1])
 
 
 class _NotTree(Exception):

@@ -1,9 +1,5 @@
-"""Fused elementwise kernels over dask arrays: :func:`fused_elementwise`, one kernel per chunk
-(a :class:`~flowgpu.fusion.chunk.FusedChunk` in each task), optionally fused into a reduction.
-
-Dtypes follow NumPy: the result has the dtype NumPy gives the unfused expression (``float32 * 2.0``
-stays float32); reductions accumulate in NumPy's dtypes and order (:mod:`flowgpu.fusion.compiled`),
-and floating-point warnings are NumPy's (:mod:`flowgpu.fusion.chunk`).
+"""Fused elementwise kernels over dask arrays: :func:`fused_elementwise`, one :class:`FusedChunk`
+per chunk, optionally fused into a reduction; dtypes, reduction order and warnings are NumPy's.
 """
 
 from __future__ import annotations
@@ -59,29 +55,12 @@ def _meta(arrays: list[da.Array], dtype: np.dtype, ndim: int):
 
 def fused_elementwise(expression: str, inputs: Mapping[str, Any], *, dtype: Any = None,
                       reduction: str | None = None, axis: Any = None, keepdims: bool = False) -> da.Array:
-    """Apply ``expression`` to dask arrays with one fused kernel per chunk.
+    """Apply ``expression`` (e.g. ``"(x * 2 + 1) ** 2 - x"``) to dask arrays, one fused kernel per chunk.
 
-    Parameters
-    ----------
-    expression : an expression of :mod:`flowgpu.fusion.language`, e.g. ``"(x * 2 + 1) ** 2 - x"``.
-    inputs : name -> dask array (NumPy or CuPy chunks), NumPy/CuPy array, or number. Numbers are
-        compiled into the kernel; arrays broadcast against each other as in NumPy.
-    dtype : cast the expression's values to this dtype (default: NumPy's result dtype).
-    reduction : ``"sum"``, ``"mean"``, ``"min"``, ``"max"`` or ``"prod"`` to reduce the values
-        inside the same kernel (each chunk is read once; no temporary array is written).
-    axis, keepdims : as in ``numpy.sum``.
-
-    Returns
-    -------
-    dask.array.Array, lazy; its chunks are CuPy when the inputs' are. Over an array of a dtype no
-    kernel takes (complex, datetime), the expression is dask's own operations instead, unfused.
-
-    Examples
-    --------
-    >>> import dask.array as da, numpy as np
-    >>> x = da.from_array(np.arange(4.0), chunks=2)
-    >>> fused_elementwise("x * a + 1", {"x": x, "a": 2.0}).compute()
-    array([1., 3., 5., 7.])
+    ``inputs`` maps names to dask/NumPy/CuPy arrays (broadcast as in NumPy) or numbers (compiled in);
+    ``dtype`` casts the values; ``reduction`` (one of :data:`REDUCTIONS`) reduces them over ``axis``
+    in the same kernel. Returns a lazy dask array (CuPy chunks for CuPy inputs); over dtypes no kernel
+    takes (complex, datetime) it is dask's own operations, unfused.
     """
     if not isinstance(inputs, Mapping):
         raise KernelError(f"inputs must be a mapping of name -> array, not {type(inputs).__name__}")
@@ -138,8 +117,7 @@ def _extreme(which: str, x: Any, axis: Any = None, keepdims: bool = False, **kwa
 
 def _unfused(expr: Expr, arrays: dict, scalars: tuple, dtype: Any, reduction: str | None, axis: Any,
              keepdims: bool) -> da.Array:
-    """``expr`` as dask's own operations on the arrays (NumPy's ufuncs dispatch to dask.array), with
-    NumPy's dtypes: an ``abs(z) ** 2`` of complex ``z`` is float, one task per operation and chunk."""
+    """``expr`` as dask's own operations on the arrays (NumPy's ufuncs dispatch to dask.array)."""
     value = expr.evaluate({**arrays, **dict(scalars)}, np)
     value = value.astype(dtype) if dtype is not None else value
     if reduction is None:
@@ -159,8 +137,7 @@ def combine_all(reduction: str, result: Any, count: int, shape: tuple, *parts: A
 
 def _combine_all_graph(part: da.Array, reduction: str, result: np.dtype, count: int, keepdims: bool,
                        arrs: list[da.Array]) -> da.Array:
-    """The full reduction as ONE task over all partials: fewer tasks and a cheaper graph to build than
-    ``da.sum``'s tree, its ``astype`` and its metadata probes (each costs on every ``compute()``)."""
+    """The full reduction as ONE task over all partials (cheaper to build and run than ``da.sum``'s tree)."""
     shape = (1,) * part.ndim if keepdims else ()
     name = f"{part.name.split('-', 1)[0]}-{reduction}-all-" + tokenize(part.name, keepdims)
     keys = list(dask_core.flatten(part.__dask_keys__()))

@@ -1,28 +1,11 @@
-"""Fused kernels compiled once per machine: numba's machine code kept on disk, shared by processes.
+"""Fused numba kernels compiled once per machine: their source and numba's machine code kept on disk.
 
-A fused kernel on NumPy chunks is Python source that :mod:`flowgpu.fusion.compiled` generates and
-numba compiles (about a second each, in every new process). :func:`python_function` writes that
-source to a file in ``flowgpu.cache.kernels`` (``DASK_FLOWGPU__CACHE__KERNELS``; default
-``$XDG_CACHE_HOME/flowgpu/kernels``, i.e. ``~/.cache/flowgpu/kernels``), named by a hash of the text
-and of what else decides the machine code (flowgpu's fusion sources, Python, NumPy, numba and
-llvmlite versions); :func:`cached` and :func:`vectorize` compile it with numba's own disk cache
-(``cache=True``), which keeps the machine code beside it in ``__pycache__/`` (or under
-``NUMBA_CACHE_DIR`` where the user set it) keyed by signature and CPU. The next process that builds
-the same kernel loads it instead of compiling.
-
-* Concurrent workers: every file is written under a temporary name and renamed into place
-  (``os.replace``; numba writes its files the same way), so no process reads a half-written one;
-  two processes compiling the same kernel at once both compile, and the renames leave one copy.
-* A cache file that cannot be read (truncated, damaged) is removed and the kernel compiled again;
-  a folder that cannot be used (not writable, or writable by other users: its files are executed)
-  leaves kernels compiled in memory only, as without the cache, and says so once in the log.
-* :func:`stats` counts, per process, the kernels compiled and those loaded from disk; the logger
-  ``flowgpu.fusion`` says which at DEBUG level, with the compile time.
-
-CUDA kernels are not cached here: CuPy keeps every kernel it compiles in its own disk cache
-(``CUPY_CACHE_DIR``, default ``~/.cupy/kernel_cache``), keyed by the source, and flowgpu's kernel
-sources are the same in every process (their names are hashes of the expression), so a second
-process loads them from there. flowgpu leaves ``CUPY_CACHE_DIR`` as the user set it.
+numba caches only functions defined in a file, so generated source is written to
+``flowgpu.cache.kernels`` (default ``~/.cache/flowgpu/kernels``), named by a hash of the text, the
+fusion sources and the library versions, and compiled with numba's ``cache=True``. Files are
+written atomically; a damaged one is removed and compiled again; a folder others may write is
+refused (its files run here), leaving kernels in memory. :func:`stats` counts compiles and loads.
+CUDA kernels stay in CuPy's own cache.
 """
 
 from __future__ import annotations
@@ -42,7 +25,7 @@ from typing import Any
 
 from flowgpu import config
 
-__all__ = ["directory", "python_namespace", "python_function", "cached", "vectorize", "guvectorize", "stats"]
+__all__ = ["directory", "python_namespace", "cached", "vectorize", "guvectorize", "stats"]
 
 _log = logging.getLogger("flowgpu.fusion")
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -61,13 +44,7 @@ def directory() -> str:
 
 
 def stats() -> dict[str, int]:
-    """Fused numba kernels this process ``compiled`` and ``loaded`` from the disk cache.
-
-    Examples
-    --------
-    >>> sorted(stats())
-    ['compiled', 'loaded']
-    """
+    """Fused numba kernels this process ``compiled`` and ``loaded`` from the disk cache."""
     with _lock:
         return dict(_counts)
 
@@ -79,9 +56,8 @@ def _count(what: str) -> None:
 
 @functools.lru_cache(maxsize=1)
 def _salt() -> bytes:
-    """What a kernel's machine code depends on besides its own text: the versions of Python, NumPy,
-    numba and llvmlite, and flowgpu's fusion sources (numba does not see a change in the functions a
-    cached kernel calls: the NumPy-semantics helpers, a row kernel's flat kernel)."""
+    """What machine code depends on besides its text: library versions and the fusion sources (numba
+    does not see a change in the helpers a cached kernel calls)."""
     import llvmlite
     import numba
     import numpy as np
@@ -95,8 +71,7 @@ def _salt() -> bytes:
 
 
 def _usable(folder: str) -> bool:
-    """Create ``folder`` (0700) and say whether it may hold code this process runs: owned by this user
-    and writable by no one else; otherwise log why once and return False."""
+    """Create ``folder`` (0700); whether it is ours and writable by no one else (else log why, once)."""
     try:
         os.makedirs(folder, mode=0o700, exist_ok=True)
         st = os.stat(folder)
@@ -145,9 +120,8 @@ def _source_file(src: str) -> str | None:
 
 
 def python_namespace(src: str, fname: str, namespace: Mapping[str, Any]) -> dict[str, Any]:
-    """The globals in which ``src`` (generated code, never user text) defined its functions, with
-    ``namespace`` in them: a module of its own, from its file in the kernel cache where there is one
-    (numba caches only functions of a module it can find again, with a source file)."""
+    """The globals in which ``src`` (generated, never user text) defined its functions, ``namespace``
+    among them: a module whose file is in the kernel cache where there is one."""
     path = _source_file(src)
     if path is None:
         glb = dict(namespace)
@@ -164,18 +138,13 @@ def python_namespace(src: str, fname: str, namespace: Mapping[str, Any]) -> dict
     return module.__dict__
 
 
-def python_function(src: str, fname: str, namespace: Mapping[str, Any]) -> Callable:
-    """The function ``fname`` that ``src`` defines (:func:`python_namespace`)."""
-    return python_namespace(src, fname, namespace)[fname]
-
-
 def _file_backed(func: Callable) -> bool:
     return os.path.isfile(func.__code__.co_filename)
 
 
 def _guarded(func: Callable, inner: Any) -> Any:
     """numba's cache of ``func`` (``inner``), counting compiles and loads; a file it cannot read is a
-    miss (removed, so the compile writes it again), never an error."""
+    miss (removed), never an error."""
     from numba.core.caching import NullCache
 
     name = func.__name__
@@ -224,8 +193,7 @@ def _guarded(func: Callable, inner: Any) -> Any:
 
 
 def cached(dispatcher: Any) -> Any:
-    """``dispatcher`` (a ``numba.njit`` function) with numba's disk cache where its function has a file in
-    the cache (:func:`python_function`), and its compiles counted in :func:`stats` either way."""
+    """``dispatcher`` (``numba.njit``) with numba's disk cache where its function has a file, counted."""
     func = dispatcher.py_func
     if _file_backed(func):
         try:
@@ -254,10 +222,8 @@ def vectorize(func: Callable, signatures: Sequence[Any]) -> Any:
 
 
 def guvectorize(func: Callable, signatures: Sequence[Any], layout: str) -> Any:
-    """``numba.guvectorize(signatures, layout, nopython=True)(func)``: the gufunc's thin loop wrapper
-    around a fused reduction, built in each process (about 0.1-0.4 s). ``func`` calls the kernel, whose
-    machine code is in the disk cache (:func:`cached`); numba's own gufunc cache is not used: a cached
-    wrapper that calls a cached kernel crashed the next process (SIGSEGV, numba 0.68)."""
+    """``numba.guvectorize(signatures, layout, nopython=True)(func)``, a thin wrapper around a cached
+    kernel, built in each process: a cached wrapper calling a cached kernel crashed the next one."""
     from numba.np.ufunc import GUVectorize
 
     gufunc = GUVectorize(func, layout, nopython=True)  # what numba.guvectorize builds

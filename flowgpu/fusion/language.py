@@ -1,25 +1,9 @@
-"""A small, safe expression language for fused elementwise kernels.
+"""A small, safe expression language for fused kernels: ``parse("(x * 2 + 1) ** 2 - x")``.
 
-``parse("(x * 2 + 1) ** 2 - x")`` reads a whitelisted subset of Python expressions with :mod:`ast`
-(it never calls ``eval``): names, numeric literals, ``+ - * / // % **``, unary ``-``/``+``,
-comparisons (chains such as ``0 < x < 1`` mean ``(0 < x) & (x < 1)``), ``& | ^ ~`` on booleans or
-integers (bitwise on integers, as in NumPy; ``logical_and/or/xor/not`` give booleans of any operands),
-and calls of the functions in :data:`FUNCTIONS`. Anything else (attributes, subscripts,
-lambdas, comprehensions, unknown names or functions) raises :class:`~flowgpu.errors.KernelError`
-naming the token and its column.
-
-An :class:`Expr` evaluates unfused with NumPy or CuPy (:meth:`Expr.evaluate`, the reference the
-fused kernels are checked against) and knows the dtype of every sub-expression under NumPy's rules
-(:meth:`Expr.infer`), which the code generators in :mod:`flowgpu.fusion.codegen` follow exactly.
-
-Examples
---------
->>> import numpy as np
->>> e = parse("where(x > 0, sqrt(x), 0) + a")
->>> e.names
-('x', 'a')
->>> e.evaluate({"x": np.array([4.0, -1.0]), "a": 1}, np)
-array([3., 1.])
+A whitelisted subset of Python read with :mod:`ast` (never ``eval``): names, numbers, arithmetic,
+comparisons (``0 < x < 1`` means ``(0 < x) & (x < 1)``), ``& | ^ ~`` (bitwise on integers, as in
+NumPy) and the functions in :data:`FUNCTIONS`; anything else raises KernelError at its column.
+:meth:`Expr.infer` gives every node's dtype under NumPy's rules, which the code generators follow.
 """
 
 from __future__ import annotations
@@ -64,8 +48,7 @@ MAX_INT_BITS = 4096  # the largest Python int ``**`` of two ints may make (any d
 
 
 def _pow(a: Any, b: Any) -> Any:
-    """``a ** b``; for two Python ints, refused before computing when the result would be huge
-    (``9 ** 9 ** 9`` has 370 million digits: Python would take hours to compute it)."""
+    """``a ** b``, refused for two Python ints whose result would be huge (``9 ** 9 ** 9``: hours)."""
     if type(a) is int and type(b) is int and b > 1 and abs(a) > 1:
         bits = b * math.log2(abs(a))
         if bits > MAX_INT_BITS:
@@ -167,10 +150,7 @@ def is_scalar(value: Any) -> bool:
 
 
 def literal_text(value: Any) -> str | None:
-    """``value`` (a Python bool, int or float) as expression text, or None for NaN and infinities.
-
-    Negative numbers are parenthesised: ``(-2.0) ** x`` must not re-parse as ``-(2.0 ** x)``.
-    """
+    """``value`` as expression text (negatives parenthesised: ``(-2.0) ** x``), None for NaN and inf."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
     text = repr(value)
@@ -189,10 +169,7 @@ def _fail(text: str, col: int, message: str, hint: str | None = None) -> KernelE
 
 
 def _depth(tree: ast.AST) -> int:
-    """How deep ``tree`` nests (without recursion: the tree may be deeper than Python's stack).
-
-    A chain of comparisons counts one level per comparison: ``a < b < c`` becomes ``(a < b) & (b < c)``.
-    """
+    """How deep ``tree`` nests, a comparison chain one level per comparison (no recursion: it may be deep)."""
     deepest, stack = 0, [(tree, 1)]
     while stack:
         node, d = stack.pop()
@@ -306,16 +283,9 @@ def _parse_cached(text: str, allowed: frozenset[str] | None) -> "Expr":
 
 
 def parse(text: str, names: Iterable[str] | None = None) -> "Expr":
-    """Parse ``text`` into an :class:`Expr`.
+    """Parse ``text`` into an :class:`Expr`; ``names`` are the inputs it may use (None: any name).
 
-    Parameters
-    ----------
-    text : the expression, e.g. ``"(x * 2 + 1) ** 2 - x"``.
-    names : the names it may use (its inputs); ``None`` allows any name that is not a function.
-
-    Raises
-    ------
-    KernelError : the first token that is not allowed, with its column.
+    Raises KernelError naming the first token that is not allowed, with its column.
     """
     if not isinstance(text, str) or not text.strip():
         raise KernelError(f"expression {text!r} is empty; give one such as 'x * 2 + 1'")
@@ -334,21 +304,16 @@ class Expr:
         return f"Expr({self.text!r})"
 
     def evaluate(self, env: Mapping[str, Any], xp: Any = np, *, record: dict | None = None) -> Any:
-        """Evaluate unfused with array module ``xp`` (numpy or cupy), one temporary per operation.
-
-        ``env`` maps every name to an array or a scalar; Python scalars are "weak" as in NumPy 2
-        (``float32_array * 2.0`` stays float32). ``record``, when given, receives each node's value.
-        """
+        """Evaluate unfused with ``xp`` (numpy or cupy); ``record`` receives each node's value."""
         missing = [n for n in self.names if n not in env]
         if missing:
             raise KernelError(f"expression {self.text!r} needs input(s) {', '.join(missing)} which were not given")
         return _eval(self.root, env, xp, record)
 
     def infer(self, types: Mapping[str, Any]) -> "Typing":
-        """The NumPy type of every node, for inputs of the given dtypes (or scalar values).
+        """The NumPy type of every node for inputs of these dtypes (or scalars, Python's weak).
 
-        Inputs are dtypes (arrays) or scalars (inlined values; Python scalars are weak). Raises
-        KernelError when NumPy itself refuses the types (``float & float``, ``int ** -1``).
+        Raises KernelError when NumPy refuses the types (``float & float``, ``int ** -1``).
         """
         samples = {}
         for name in self.names:
@@ -360,8 +325,6 @@ class Expr:
         try:
             with np.errstate(all="ignore"):
                 self.evaluate(samples, np, record=record)
-        except KernelError:
-            raise
         except Exception as e:
             shown = {n: (type(t).__name__ if is_scalar(t) else str(np.dtype(t))) for n, t in types.items()
                      if n in self.names}
@@ -374,22 +337,22 @@ class Expr:
 
 
 class Typing:
-    """Types of the nodes of one expression for one set of input types (see :meth:`Expr.infer`)."""
+    """Types of the nodes of one expression for one set of input types."""
 
     def __init__(self, record: dict):
         self._record = record
 
     def weak(self, node: Node) -> bool:
-        """True when the node is a weak Python scalar (a literal, or a Python scalar input)."""
+        """True when the node is a weak Python scalar."""
         return isinstance(self._record[id(node)], (bool, int, float))
 
     def value(self, node: Node) -> Any:
         """The node's value when it is a scalar (weak, or a NumPy scalar input); else None."""
         v = self._record[id(node)]
-        return v if is_scalar(v) and np.ndim(v) == 0 and not isinstance(v, np.ndarray) else None
+        return v if is_scalar(v) else None
 
     def dtype(self, node: Node) -> np.dtype:
-        """The node's dtype (for a weak scalar: the dtype NumPy would give it alone)."""
+        """The node's dtype (a weak scalar's: NumPy's for it alone)."""
         v = self._record[id(node)]
         return np.result_type(v) if isinstance(v, (bool, int, float)) else np.asarray(v).dtype
 

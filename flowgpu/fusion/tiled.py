@@ -1,13 +1,8 @@
-"""A fused map + reduce over 2-D chunks some of whose inputs are transposed (``x + x.T``).
+"""A fused CUDA reduction over 2-D chunks some of which are transposed (``(x + x.T).sum()``).
 
-A CuPy ``ReductionKernel`` walks its inputs in one index order. When one input is the
-transpose of a C-ordered block (an F-ordered view), neighbouring threads read addresses a
-whole row apart: on an H200 a 20000² pair then reduces at half the speed of two C-ordered
-inputs (2.5 against 1.3 ms, ``python -m benchmarks.probes.transpose``). This kernel reduces in
-32 x 32 tiles: each F-ordered input's tile is read along its own contiguous axis into shared
-memory, then every input is read in the same (row, column) order from registers or the tile.
-Each thread block writes one partial; the partials are combined on the device in a fixed
-order, so results are the same run after run.
+A ReductionKernel reading an F-ordered input strides a row apart per thread (half speed on an
+H200: 2.5 against 1.3 ms for a 20000² pair). This kernel loads such inputs in 32 x 32 tiles
+through shared memory; each block writes one partial, combined in a fixed order (reproducible).
 """
 
 from __future__ import annotations
@@ -99,10 +94,8 @@ extern "C" __global__ void {name}({params}, const long long rows, const long lon
 
 def tiled_reduce(expr: Expr, arrays: tuple[str, ...], blocks: tuple, scalars: tuple, val_dtype: np.dtype,
                  reduction: str, acc: np.dtype, combine: str, ident: str) -> Any:
-    """The partial (a 0-d array of ``acc``) of ``reduction`` over ``expr`` on 2-D ``blocks``, or
-    None when this kernel cannot be built here (the caller then uses its general kernel).
-    ``combine`` (of ``a`` and ``b``) and ``ident`` are the reduction's CUDA C, as the caller's
-    ReductionKernel uses them."""
+    """The 0-d partial (of ``acc``) of ``reduction`` over ``expr``, or None when this kernel cannot be
+    built here; ``combine`` (of ``a``, ``b``) and ``ident`` are the reduction's CUDA C."""
     cp = import_cupy()
     dtypes = tuple(np.dtype(b.dtype) for b in blocks)
     forder = tuple(_f_only(b) for b in blocks)

@@ -1,12 +1,6 @@
-"""User kernels: decorators that run your own scalar, gufunc, CUDA or DLPack code chunk by chunk.
-
-* :mod:`flowgpu.kernels.vectorize`: ``@flowgpu.vectorize``, a scalar function as a ufunc (numba);
-* :mod:`flowgpu.kernels.guvectorize`: ``@flowgpu.guvectorize``, a generalised ufunc over core dims;
-* :mod:`flowgpu.kernels.raw`: ``flowgpu.kernel``, a raw CUDA kernel with an optional CPU version;
-* :mod:`flowgpu.kernels.dlpack`: ``flowgpu.dlpack_map``, a PyTorch / JAX function on each chunk.
-
-Expression fusion (``flowgpu.fuse``, ``flowgpu.optimize``) is the separate package
-:mod:`flowgpu.fusion`. Importing this package never imports CuPy, numba, PyTorch or JAX.
+"""User kernels run chunk by chunk: ``vectorize`` (a scalar function as a ufunc, numba),
+``guvectorize`` (a gufunc over core dimensions), ``kernel`` (raw CUDA, optional CPU version) and
+``dlpack_map`` (a PyTorch / JAX function). Importing it imports neither CuPy, numba, torch nor jax.
 """
 
 from __future__ import annotations

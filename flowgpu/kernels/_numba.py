@@ -1,8 +1,5 @@
-"""Shared plumbing for the user-kernel decorators (:mod:`flowgpu.kernels.vectorize`,
-:mod:`~flowgpu.kernels.guvectorize`, :mod:`~flowgpu.kernels.raw`, :mod:`~flowgpu.kernels.dlpack`):
-signatures, a per-process compile cache, CuPy chunks handed to numba-cuda, dask arguments.
-
-numba is imported inside functions (it takes a moment), CuPy and numba.cuda only on GPU paths.
+"""What the user-kernel decorators share: signatures, a per-process compile cache, CuPy chunks
+handed to numba-cuda, dask arguments. numba, CuPy and numba.cuda are imported where used.
 """
 
 from __future__ import annotations
@@ -19,9 +16,7 @@ import dask.array as da
 import numpy as np
 from dask.base import tokenize
 
-# numba-cuda 0.30 (as shipped beside NumPy 2.5 on our H200 image) still looks up np.row_stack while
-# typing any kernel, an alias NumPy has removed: every CUDA compile then fails with AttributeError.
-# Restoring the alias (it was exactly vstack) is harmless and lets numba-cuda compile.
+# numba-cuda 0.30 still looks up np.row_stack, which NumPy 2.5 removed (it was exactly vstack)
 if not hasattr(np, "row_stack"):
     np.row_stack = np.vstack
 
@@ -66,11 +61,8 @@ def _as_dtype(t: Any, where: str) -> np.dtype:
 
 def parse_signatures(signatures: Sequence[Any] | str, *, nout: int | None = None,
                      where: str = "signature") -> list[Signature]:
-    """Parse numba signatures (``"float32(float32, float32)"`` or numba ``Signature`` objects).
-
-    With ``nout`` given (guvectorize), the last ``nout`` arguments are the outputs and the return
-    type must be void; otherwise the return type is the one output.
-    """
+    """Parse numba signatures (``"float32(float32, float32)"`` or numba objects); with ``nout``
+    (guvectorize) the last ``nout`` arguments are the outputs, else the return type is."""
     from numba.core.sigutils import normalize_signature
 
     if isinstance(signatures, str) or not isinstance(signatures, Sequence):
@@ -125,10 +117,7 @@ def _accepts(have: np.dtype | type, want: np.dtype) -> bool:
 
 
 def select_signature(signatures: Sequence[Signature], args: Sequence[Any], name: str) -> Signature:
-    """The first signature that every argument casts to safely (NumPy's rule for picking a loop).
-
-    Python scalars are weak, as in NumPy 2: a Python float fits any float signature.
-    """
+    """The first signature every argument casts to safely (NumPy's loop rule; Python scalars are weak)."""
     have = [arg_dtype(a) for a in args]
     for sig in signatures:
         if len(sig.inputs) == len(have) and all(_accepts(h, w) for h, w in zip(have, sig.inputs)):
@@ -140,8 +129,7 @@ def select_signature(signatures: Sequence[Signature], args: Sequence[Any], name:
 
 
 def concrete_dtypes(args: Sequence[Any]) -> tuple[np.dtype, ...]:
-    """Input dtypes for a lazily compiled kernel: a Python scalar takes the dtype NumPy 2 would
-    give it next to the array arguments (``float32 array * 2.0`` stays float32)."""
+    """Input dtypes for a lazily compiled kernel; a Python scalar's is NumPy 2's beside the arrays."""
     arrays = [arg_dtype(a) for a in args if not isinstance(a, _PYTHON_SCALARS)]
     out = []
     for a in args:
@@ -153,10 +141,7 @@ def concrete_dtypes(args: Sequence[Any]) -> tuple[np.dtype, ...]:
 
 
 def infer_return_dtype(pyfunc: Callable, in_dtypes: Sequence[np.dtype], name: str, key: str) -> np.dtype:
-    """The dtype numba's type inference gives ``pyfunc`` for scalar arguments of ``in_dtypes``.
-
-    ``key`` names ``pyfunc`` in the per-process cache (see :func:`new_key`).
-    """
+    """The dtype numba infers ``pyfunc`` returns for scalars of ``in_dtypes`` (cached under ``key``)."""
     key = (key, "infer", tuple(in_dtypes))
 
     def build():
@@ -179,7 +164,6 @@ def _first_line(e: BaseException) -> str:
     return text.splitlines()[0] if text else type(e).__name__
 
 
-# -- per-process compile cache ------------------------------------------------------------------
 _cache: dict[Any, Any] = {}
 _cache_lock = threading.RLock()
 _keys = itertools.count()
@@ -199,7 +183,6 @@ def cached(key: Any, build: Callable[[], Any]) -> Any:
     return _cache[key]
 
 
-# -- chunks and CuPy ----------------------------------------------------------------------------
 def any_cupy(args: Sequence[Any]) -> bool:
     """True when any argument is a CuPy array, or a dask array whose chunks are CuPy."""
     return any(is_cupy(a) or (isinstance(a, da.Array) and is_cupy(a._meta)) for a in args)
@@ -254,12 +237,9 @@ def as_dask_args(args: Sequence[Any]) -> list[Any]:
 
 def map_broadcast(func: Callable, args: Sequence[Any], dtype: Any, *, name: str, who: str,
                   token: Sequence[Any], cupy: bool | None = None) -> da.Array:
-    """``func`` over the chunks of ``args`` broadcast together (NumPy's rules), as one dask layer.
-
-    ``args`` are arrays and scalars (scalars are passed to every call as they are); the layer is
-    named ``name-<token of token and args>``; ``who`` starts the error message when the shapes do
-    not broadcast; ``cupy`` says whether the chunks are CuPy (default: as the inputs' are).
-    """
+    """``func`` over the chunks of ``args`` (arrays and scalars) broadcast together, as one dask layer
+    named ``name-<token>``; ``who`` starts the error for shapes that do not broadcast; ``cupy``: the
+    chunks are CuPy (default: as the inputs')."""
     dargs = as_dask_args(args)
     shapes = [a.shape for a in dargs if isinstance(a, da.Array)]
     try:
@@ -275,7 +255,6 @@ def map_broadcast(func: Callable, args: Sequence[Any], dtype: Any, *, name: str,
                         name=f"{name}-{tokenize(*token, *dargs)}")
 
 
-# -- what @vectorize and @guvectorize share -----------------------------------------------------
 def cuda_ufunc(kind: str, pyfunc: Callable, *args: Any) -> Any:
     """``numba.vectorize`` / ``numba.guvectorize`` (``kind``) of ``pyfunc`` for the CUDA target."""
     import numba
@@ -291,8 +270,7 @@ def cuda_ufunc(kind: str, pyfunc: Callable, *args: Any) -> Any:
 
 
 class Named:
-    """What the decorators' objects share: each stands for a user function (its name, module and
-    docstring) and is tokenized by a key of its own (:func:`new_key`), not by its code."""
+    """A decorator's object: stands for a user function (name, module, docstring), tokenized by its key."""
 
     def _stand_for(self, func: Any, name: str, doc: str | None = None) -> None:
         self.__name__ = self.__qualname__ = name
@@ -305,10 +283,8 @@ class Named:
 
 
 class NumbaUfunc(Named):
-    """A (generalised) ufunc of ``pyfunc`` compiled by numba: ``KIND`` is ``numba.vectorize`` or
-    ``numba.guvectorize``; a subclass says the decorator's arguments for a signature
-    (:meth:`numba_args`) and how to run it on NumPy chunks (``_apply_cpu``) and CuPy chunks
-    (``_apply_cuda``)."""
+    """A (generalised) ufunc of ``pyfunc`` compiled by numba (``KIND``: ``vectorize`` or ``guvectorize``);
+    a subclass gives ``numba_args``, ``_apply_cpu`` and ``_apply_cuda``."""
 
     KIND: str
 

@@ -1,33 +1,13 @@
 """Per-chunk functions written for PyTorch or JAX, fed through DLPack without a copy.
 
-``dlpack_map(fn, x, framework="torch")`` hands each chunk of ``x`` to ``fn`` as a framework tensor
-made with ``torch.from_dlpack`` / ``jax.dlpack.from_dlpack`` (a CuPy chunk becomes a CUDA tensor on
-the same memory; a NumPy chunk a CPU tensor on the same memory), and turns what ``fn`` returns back
-into the chunk's own array type with ``cupy.from_dlpack`` / ``numpy.from_dlpack``, again without a
-copy when the result lives on the chunk's device. DLPack's stream argument orders the work: the
-tensor waits for CuPy's stream and CuPy waits for the framework's.
+``dlpack_map(fn, x, framework="torch")`` hands each chunk to ``fn`` as a tensor on the same memory
+(CUDA for CuPy chunks) and turns the result back into the chunk's array type; DLPack's stream
+argument orders the work. ``framework="array"`` uses the chunk's own NumPy/CuPy. JAX preallocates
+most of the GPU: importing it here sets ``XLA_PYTHON_CLIENT_PREALLOCATE=false`` unless set.
 
-``framework="array"`` exchanges the chunk with its own library (NumPy or CuPy) through DLPack; it
-needs neither PyTorch nor JAX.
-
-JAX preallocates most of the GPU's memory when it starts, which leaves nothing for CuPy and RMM;
-when flowgpu imports JAX (it was not imported yet) it sets ``XLA_PYTHON_CLIENT_PREALLOCATE=false``
-unless that variable is already set.
-
-Examples
---------
 >>> import numpy as np, flowgpu
->>> x = np.arange(4.0)
->>> flowgpu.dlpack_map(lambda a: a * 2, x, framework="array")
+>>> flowgpu.dlpack_map(lambda a: a * 2, np.arange(4.0), framework="array")
 array([0., 2., 4., 6.])
-
-With PyTorch, as a decorator::
-
-    @flowgpu.dlpack_map(framework="torch")
-    def gelu(t):
-        return torch.nn.functional.gelu(t)
-
-    y = gelu(x)          # x a dask array: lazy, chunk by chunk, on the GPU for CuPy chunks
 """
 
 from __future__ import annotations
@@ -83,8 +63,7 @@ def to_framework(chunk: Any, framework: str) -> Any:
 
 
 def from_framework(result: Any, cupy: bool) -> Any:
-    """A framework tensor as a CuPy (``cupy=True``) or NumPy array, without a copy where it lives
-    on the right device (a tensor on the other device is copied across)."""
+    """A framework tensor as a CuPy (``cupy=True``) or NumPy array, copied only from the other device."""
     detach = getattr(result, "detach", None)
     if callable(detach):  # torch tensors that require grad cannot be exported
         result = detach()
@@ -187,21 +166,11 @@ def dlpack_map(fn: Callable | None = None, *arrays: Any, framework: str = "torch
                name: str | None = None, **map_blocks_kwargs: Any) -> Any:
     """Apply a PyTorch / JAX function to each chunk, passing chunks through DLPack (no copy).
 
-    Parameters
-    ----------
-    fn : a function of framework tensors (one per input array) returning one tensor. Leave out to
-        use ``dlpack_map(framework=...)`` as a decorator.
-    *arrays : dask, NumPy or CuPy arrays (scalars are passed through as they are).
-    framework : ``"torch"``, ``"jax"``, or ``"array"`` (the chunk's own NumPy/CuPy, via DLPack).
-    dtype : the output dtype; by default found by running ``fn`` on a one-element sample.
-    name : the name in graph keys.
-    **map_blocks_kwargs : passed to :func:`dask.array.map_blocks` when ``fn`` changes the chunk
-        shape (``chunks=``, ``drop_axis=``, ``new_axis=``, ``meta=``).
-
-    Returns
-    -------
-    With arrays: the result (a lazy dask array for dask inputs). Without: a :class:`DLPackFunction`
-    (or a decorator making one), callable on arrays later.
+    ``fn`` takes one tensor per input array (scalars pass as they are) and returns one; leave it
+    out for a decorator. ``framework``: ``"torch"``, ``"jax"`` or ``"array"`` (the chunk's own
+    library). ``dtype``: the output's (default: ``fn`` run on a one-element sample).
+    ``map_blocks_kwargs`` go to :func:`dask.array.map_blocks` (``chunks=``, ``drop_axis=``, ``meta=``...).
+    With arrays, the result (lazy for dask inputs); without, a :class:`DLPackFunction`.
     """
     make = functools.partial(DLPackFunction, framework=framework, dtype=dtype, name=name, **map_blocks_kwargs)
     if fn is None:

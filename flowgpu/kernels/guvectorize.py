@@ -1,18 +1,10 @@
-"""``@flowgpu.guvectorize``: generalised ufuncs over core dimensions of chunked arrays.
+"""``@flowgpu.guvectorize``: numba-style generalised ufuncs over the core dimensions of chunked arrays.
 
-The function is written the numba way: it receives the core-dimension slices of its inputs and
-writes its outputs into the output arguments that follow them (``res[0] = ...`` for a ``()``
-output). flowgpu maps it over the loop dimensions of dask arrays with
-:func:`dask.array.apply_gufunc`; each chunk runs through ``numba.guvectorize`` (CPU target) for
-NumPy chunks or numba-cuda's CUDA target for CuPy chunks, compiled once per process.
+The function gets core-dimension slices and writes its outputs into the trailing arguments
+(``res[0] = ...``); :func:`dask.array.apply_gufunc` maps it over the loop dimensions, numba's CPU
+or CUDA target per chunk. Core dimensions must each be one chunk: split ones are rechunked with a
+:class:`CoreRechunkWarning`, or refused with ``rechunk=False``.
 
-Core dimensions must each be one chunk. By default (``rechunk=True``) a core dimension split
-across chunks is rechunked to one chunk with a :class:`CoreRechunkWarning` (it may then need more
-memory per task); with ``rechunk=False`` such an input is refused with a
-:class:`~flowgpu.errors.KernelError` saying which input and axis, and how to rechunk it.
-
-Examples
---------
 >>> import numpy as np, flowgpu
 >>> @flowgpu.guvectorize(["void(float64[:], float64[:], float64[:])"], "(n),(n)->()")
 ... def dot(a, b, res):
@@ -114,7 +106,6 @@ class GUVectorized(nb.NumbaUfunc):
         self._core_sizes(args)  # fail clearly on mismatched core lengths
         return self.apply(sig, *args)
 
-    # -- dask ------------------------------------------------------------------------------------
     def _gufunc(self, sig: nb.Signature, args: Sequence[Any], rechunk: bool) -> Any:
         dargs = nb.as_dask_args(args)
         for i, (a, dims) in enumerate(zip(dargs, self.in_core)):
@@ -167,7 +158,6 @@ class GUVectorized(nb.NumbaUfunc):
             for i, a in zip(where, arrays):
                 dargs[i] = a
 
-    # -- chunks ----------------------------------------------------------------------------------
     def _core_sizes(self, chunks: Sequence[Any]) -> dict[str, int]:
         sizes: dict[str, int] = {}
         for i, (c, dims) in enumerate(zip(chunks, self.in_core)):
@@ -213,21 +203,9 @@ def guvectorize(signatures: Sequence[Any] | str, layout: str, *, name: str | Non
                 rechunk: bool = True) -> Callable[[Callable], GUVectorized]:
     """Decorator: a numba-style generalised ufunc over chunked (dask) arrays, GPU or CPU.
 
-    Parameters
-    ----------
-    signatures : numba signatures, inputs then outputs, e.g.
-        ``["void(float32[:], float32[:], float32[:])", "void(float64[:], float64[:], float64[:])"]``;
-        the first one the inputs cast to safely is used.
-    layout : the gufunc signature over core dimensions, e.g. ``"(n),(n)->()"``.
-    name : the name in graph keys and messages.
-    rechunk : a core dimension split across chunks is rechunked into one chunk with a
-        :class:`CoreRechunkWarning` (default ``True``), or refused with a KernelError (``False``).
-        Can be overridden per call: ``f(x, y, rechunk=False)``.
-
-    Returns
-    -------
-    GUVectorized
-        Called with dask arrays it returns lazy dask array(s); with NumPy or CuPy arrays, the
-        result at once.
+    ``signatures``: numba's, inputs then outputs (``"void(float64[:], float64[:], float64[:])"``),
+    the first the inputs cast to safely is used; ``layout``: over core dimensions (``"(n),(n)->()"``);
+    ``rechunk``: join a core dimension split across chunks (with a :class:`CoreRechunkWarning`) or
+    refuse it (False; also per call). Lazy for dask arrays, computed at once for NumPy or CuPy.
     """
     return lambda pyfunc: GUVectorized(pyfunc, signatures, layout, name=name, rechunk=rechunk)

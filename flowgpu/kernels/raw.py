@@ -1,27 +1,17 @@
 """``@flowgpu.kernel``: a raw CUDA kernel applied chunk by chunk, with an optional CPU counterpart.
 
-The kernel is either CUDA C source for a CuPy ``RawKernel`` or a ``numba.cuda.jit`` function
-(a plain Python function is jitted with ``numba.cuda.jit`` for you). Launch convention, one thread
-per element:
+The kernel is CUDA C source (a CuPy ``RawKernel``) or a ``numba.cuda.jit`` function (a plain
+Python function is jitted). Launch convention, one thread per element: a chunk's inputs are
+broadcast together, cast to ``dtype``, made C-contiguous and passed flat as
+``(in_0, ..., in_k, out, n)``, ``n`` the element count (``long long`` / ``int64``); ``block``
+threads per block (256), ``ceil(n / block)`` blocks on CuPy's current stream; a thread with
+``i >= n`` does nothing.
 
-* the inputs of a chunk are broadcast together (NumPy's rules), cast to the kernel's ``dtype`` and
-  made C-contiguous; the kernel sees them flat, so it indexes them as 1-D arrays;
-* the kernel's arguments are ``(in_0, ..., in_k, out, n)``: the inputs, the output (same shape as
-  the broadcast inputs, dtype ``dtype``) and ``n``, the number of elements as a 64-bit integer
-  (``long long`` in CUDA C, ``int64`` in numba);
-* ``block`` threads per block (256 by default) and ``grid = ceil(n / block)`` blocks, on CuPy's
-  current stream; a thread with ``i >= n`` must do nothing.
+``cpu=`` is the same operation for NumPy chunks (NumPy arrays in, the output returned). Without it
+the kernel is GPU-only: a CPU session raises KernelError when the graph is built, a GPU session
+moves NumPy chunks to the device. As a pipeline op: ``@flowgpu.op("name")`` on top (``gpu_only=True``
+without ``cpu=``).
 
-``cpu=`` gives the same operation for NumPy chunks: a Python (or numba ``njit``) function taking the
-input chunks as NumPy arrays and returning the output chunk. Without it the op is GPU-only: on a
-CPU session it raises :class:`~flowgpu.errors.KernelError` when the graph is built. On a GPU session
-(``array.backend`` is ``cupy``), NumPy chunks are moved to the device and run the CUDA kernel.
-
-Register it as a pipeline op by stacking ``@flowgpu.op("name")`` on top (add ``gpu_only=True`` for a
-kernel without ``cpu=``; ``Kernel.gpu_only`` says which it is).
-
-Examples
---------
 >>> import numpy as np, flowgpu
 >>> mul = flowgpu.kernel(r'''
 ... extern "C" __global__ void mul(const float* a, const float* b, float* out, long long n) {
@@ -111,7 +101,6 @@ class Kernel(nb.Named):
         state["_dispatcher"] = None  # the worker re-jits py_func once (numba dispatchers hold a context)
         return state
 
-    # -- choosing where to run -------------------------------------------------------------------
     def gpu_only_error(self) -> KernelError:
         return KernelError(
             f"kernel {self.kernel_name!r} is GPU-only (a CUDA kernel with no CPU counterpart) and this "
@@ -120,8 +109,7 @@ class Kernel(nb.Named):
             "flowgpu.Session(backend='gpu') on a machine with an NVIDIA GPU and CuPy")
 
     def target(self, args: Sequence[Any]) -> str:
-        """``"cuda"`` or ``"cpu"``: CuPy chunks run the CUDA kernel, NumPy chunks the CPU version
-        (or the CUDA kernel on a GPU session, after moving the chunks to the device)."""
+        """``"cuda"`` for CuPy chunks (or NumPy ones on a GPU session without ``cpu=``), else ``"cpu"``."""
         if nb.any_cupy(args):
             return "cuda"
         if self.cpu is not None:
@@ -135,7 +123,6 @@ class Kernel(nb.Named):
             return self.dtype
         return np.dtype(np.result_type(*(nb.arg_dtype(a) if not nb.is_scalar(a) else a for a in args)))
 
-    # -- calling ---------------------------------------------------------------------------------
     def __call__(self, *arrays: Any) -> Any:
         if not arrays:
             raise KernelError(f"kernel {self.kernel_name!r} needs at least one input array")
@@ -199,27 +186,14 @@ class Kernel(nb.Named):
 
 def kernel(cuda: str | Callable | None = None, *, name: str | None = None, dtype: Any = None,
            cpu: Callable | None = None, block: int = 256, options: Sequence[str] = ()) -> Any:
-    """A raw CUDA kernel applied chunk by chunk; the launch grid is derived from each chunk.
+    """A raw CUDA kernel applied chunk by chunk (the launch convention: this module's docstring).
 
-    Parameters
-    ----------
-    cuda : CUDA C source for a CuPy ``RawKernel`` (``extern "C" __global__ void NAME(...)``), or a
-        ``numba.cuda.jit`` function (a plain Python function is jitted for you). Leave out to use
-        ``kernel`` as a decorator: ``@flowgpu.kernel(cpu=...)``.
-    name : the ``__global__`` function to launch (found in the source when there is one).
-    dtype : the element type of the kernel: inputs are cast to it and the output has it
-        (default: NumPy's result type of the inputs).
-    cpu : the same operation on NumPy arrays (inputs in, output returned), for CPU sessions.
-        Without it the kernel is GPU-only.
-    block : threads per block; ``grid = ceil(n / block)``.
-    options : compiler options for ``RawKernel`` (e.g. ``("-use_fast_math",)``).
-
-    Returns
-    -------
-    Kernel
-        Called with dask arrays: a lazy dask array; with NumPy/CuPy arrays: the result at once.
-        The kernel receives ``(inputs..., out, n)`` over flat contiguous chunks; see the module
-        docstring for the full convention.
+    ``cuda``: CUDA C source (``extern "C" __global__ void NAME(...)``) or a ``numba.cuda.jit`` (or
+    plain Python) function; leave out for ``@flowgpu.kernel(cpu=...)``. ``name``: the ``__global__``
+    function to launch (found in the source when there is one). ``dtype``: inputs are cast to it and
+    the output has it (default: NumPy's result type). ``cpu``: the same on NumPy arrays, for CPU
+    sessions (without it the kernel is GPU-only). ``options``: ``RawKernel`` compiler options.
+    Lazy for dask arrays, computed at once for NumPy or CuPy arrays.
     """
     make = functools.partial(Kernel, name=name, dtype=dtype, cpu=cpu, block=block, options=options)
     return make if cuda is None else make(cuda)

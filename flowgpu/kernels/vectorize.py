@@ -1,27 +1,16 @@
 """``@flowgpu.vectorize``: a scalar Python function as a ufunc over chunked arrays, on GPU and CPU.
 
-The decorated function is compiled by numba once per process and signature: for CuPy chunks with
-numba-cuda (``numba.vectorize(..., target="cuda")``, the chunks handed over through the CUDA Array
-Interface without a copy), for NumPy chunks with numba's CPU target. Calls on dask arrays build a
-lazy ``blockwise`` graph, with NumPy's broadcasting; calls on plain NumPy or CuPy arrays compute
-at once.
+numba compiles it once per process and signature (numba-cuda for CuPy chunks, handed over without
+a copy). The signature is NumPy's choice of loop: the first, in order, every input casts to safely
+(Python scalars weak: ``f(float32_array, 2.0)`` picks float32). Register it as a pipeline op by
+stacking ``@flowgpu.op("name")`` on top.
 
-Which signature runs follows NumPy's rule for picking a ufunc loop: the first signature, in the
-order given, that every input casts to safely (Python scalars are "weak", as in NumPy 2, so
-``f(float32_array, 2.0)`` picks a float32 signature). Without signatures, a signature is compiled
-for the input dtypes as they are, its return type inferred by numba (so ``x * 2.0`` on float32
-gives float64, as in numba).
-
-Examples
---------
 >>> import numpy as np, flowgpu
 >>> @flowgpu.vectorize(["float32(float32, float32)", "float64(float64, float64)"])
 ... def mul_add(a, b):
 ...     return a * b + 1
 >>> mul_add(np.float32([1, 2]), np.float32([3, 4]))
 array([4., 9.], dtype=float32)
-
-Register it as a pipeline op by stacking ``@flowgpu.op("mul_add")`` on top.
 """
 
 from __future__ import annotations
@@ -41,14 +30,7 @@ __all__ = ["vectorize", "Vectorized"]
 
 
 class Vectorized(nb.NumbaUfunc):
-    """A ufunc-like callable made by :func:`vectorize`.
-
-    Attributes
-    ----------
-    pyfunc : the scalar Python function.
-    signatures : the parsed signatures, or None when compiled lazily per input dtypes.
-    nin : the number of inputs.
-    """
+    """A ufunc-like callable made by :func:`vectorize` (``signatures`` None: compiled per input dtypes)."""
 
     KIND = "vectorize"
 
@@ -72,7 +54,6 @@ class Vectorized(nb.NumbaUfunc):
         sigs = "lazy" if self.signatures is None else "; ".join(str(s) for s in self.signatures)
         return f"<flowgpu.vectorize {self.__name__} [{sigs}]>"
 
-    # -- resolving the signature -----------------------------------------------------------------
     def resolve(self, *args: Any) -> nb.Signature:
         """The signature a call with ``args`` runs (compiling nothing but type inference)."""
         if len(args) != self.nin:
@@ -83,7 +64,6 @@ class Vectorized(nb.NumbaUfunc):
         out = nb.infer_return_dtype(self.pyfunc, ins, self.__name__, self._key)
         return nb.Signature(ins, (out,), None)
 
-    # -- calling ---------------------------------------------------------------------------------
     def __call__(self, *args: Any) -> Any:
         sig = self.resolve(*args)
         if any(isinstance(a, da.Array) for a in args):
@@ -121,27 +101,9 @@ def vectorize(signatures: Sequence[Any] | str | Callable | None = None, *,
               name: str | None = None) -> Any:
     """Decorator: make a scalar Python function a ufunc over chunked (dask) arrays, GPU or CPU.
 
-    Parameters
-    ----------
-    signatures : numba signatures such as ``["float32(float32, float32)", "float64(float64,
-        float64)"]``, tried in order like a NumPy ufunc's loops; leave out to compile lazily for
-        the dtypes of each call (the return dtype inferred by numba).
-    name : the name in graph keys and messages (default: the function's name).
-
-    Returns
-    -------
-    Vectorized
-        Called with dask arrays it returns a lazy dask array; called with NumPy or CuPy arrays,
-        the result at once.
-
-    Examples
-    --------
-    >>> import flowgpu
-    >>> @flowgpu.vectorize
-    ... def hypot2(x, y):
-    ...     return x * x + y * y
-    >>> float(hypot2(3.0, 4.0))
-    25.0
+    ``signatures`` (``["float32(float32, float32)", ...]``) are tried in order like a ufunc's loops;
+    without them it compiles per call's dtypes (return dtype inferred by numba). ``name`` names graph
+    keys and messages. Lazy for dask arrays, computed at once for NumPy or CuPy arrays.
     """
     if callable(signatures) and hasattr(signatures, "__code__"):  # bare @vectorize
         return Vectorized(signatures, None, name=name)

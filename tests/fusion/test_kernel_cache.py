@@ -27,7 +27,7 @@ def _kernel(c: float) -> str:
 
 def _run(src: str, x: np.ndarray) -> float:
     """Build the kernel as a new process would (a new dispatcher) and run it."""
-    func = kernel_cache.python_function(src, "fg_fused_test", {})
+    func = kernel_cache.python_namespace(src, "fg_fused_test", {})["fg_fused_test"]
     return kernel_cache.cached(numba.njit(func))(len(x), x)
 
 
@@ -60,7 +60,7 @@ def test_a_ufunc_loads_from_the_cache(kernels, rng):
     src = f"def fg_fused_map(in0):\n    return in0 * 2.0 - {c!r}\n"
     before = kernel_cache.stats()
     for _ in range(2):
-        func = kernel_cache.python_function(src, "fg_fused_map", {})
+        func = kernel_cache.python_namespace(src, "fg_fused_map", {})["fg_fused_map"]
         ufunc = kernel_cache.vectorize(func, [numba.float64(numba.float64)])
         np.testing.assert_array_equal(ufunc(x), x * 2.0 - c)
     assert _delta(before) == {"compiled": 1, "loaded": 1}
