@@ -9,6 +9,7 @@ import hashlib
 import itertools
 import os
 import threading
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -45,16 +46,14 @@ def _write_file(path: str, array: np.ndarray) -> None:
             f.write(memoryview(array.reshape(-1, order="A")).cast("B"))
 
 
+@dataclass(slots=True, eq=False)
 class DiskFile:
     """One chunk on disk: its file, the file's size, and what it was (``origin``, layout)."""
 
-    __slots__ = ("path", "size", "origin", "meta")
-
-    def __init__(self, path: str, size: int, origin: str, meta: ArrayMeta):
-        self.path = path
-        self.size = size
-        self.origin = origin  # "host" (a NumPy chunk) or "device" (a spilled device chunk)
-        self.meta = meta
+    path: str
+    size: int
+    origin: str  # "host" (a NumPy chunk) or "device" (a spilled device chunk)
+    meta: ArrayMeta
 
     def discard(self) -> None:
         with contextlib.suppress(OSError):

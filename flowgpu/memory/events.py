@@ -17,7 +17,7 @@ from typing import Any, Callable
 from flowgpu.transfer.pinned import Noted, PinnedAllocated  # what the store's pinned pool emits
 
 __all__ = ["Events", "Event", "FetchStarted", "FetchEnded", "SpillStarted", "SpillEnded", "CopyEnqueued", "Moved",
-           "PinnedAllocated", "CleanCopyDropped", "Noted", "thread_name"]
+           "PinnedAllocated", "CleanCopyDropped", "Noted"]
 
 logger = logging.getLogger("flowgpu.memory")
 
@@ -131,8 +131,3 @@ class Events:
                 callback(event)
             except Exception:
                 logger.exception("flowgpu: a memory event subscriber failed on %r", event)
-
-
-def thread_name() -> str:
-    """The calling thread's name, as events record it."""
-    return threading.current_thread().name

@@ -19,7 +19,7 @@ from flowgpu.backend import is_cupy
 from flowgpu.memory.accounting import Accounting
 from flowgpu.memory.copies import CopiesInFlight, copy_up
 from flowgpu.memory.disk import DiskFile, DiskTier, can_store
-from flowgpu.memory.events import Events, FetchEnded, FetchStarted, Moved, Noted, SpillEnded, SpillStarted, thread_name
+from flowgpu.memory.events import Events, FetchEnded, FetchStarted, Moved, Noted, SpillEnded, SpillStarted
 from flowgpu.memory.placement import Load, Placement
 from flowgpu.memory.spill import HostSpill
 from flowgpu.memory.tiers import HostEntry, HostTier, LRUTier
@@ -199,8 +199,8 @@ class FlowgpuStore(MutableMapping):
     def _device_to_host(self, key: Any, value: Any) -> None:
         t = self.transfer
         meta = t.meta(value)
-        start = time.time()
-        self.events.emit(SpillStarted, key, meta.nbytes, thread_name(), start)
+        thread, start = threading.current_thread().name, time.time()
+        self.events.emit(SpillStarted, key, meta.nbytes, thread, start)
         self._spill.fit(incoming=meta.nbytes)  # make room first, so the pool has a buffer to reuse
         buf = self.pool.take(meta.nbytes)
         if buf.pinned and self.spare_bytes:
@@ -210,7 +210,7 @@ class FlowgpuStore(MutableMapping):
         self._placed.put(key, HOST, entry)
         self.copies.spilling(key, entry)
         self.copies.bound_spills(self.max_pending_bytes)
-        self.events.emit(SpillEnded, key, meta.nbytes, thread_name(), start, time.time())
+        self.events.emit(SpillEnded, key, meta.nbytes, thread, start, time.time())
 
     def _reap(self) -> None:
         """Account for copies that have finished; release the buffers they held."""
@@ -222,7 +222,8 @@ class FlowgpuStore(MutableMapping):
         ev = self.events
         if not (ev.wants(FetchStarted) or ev.wants(FetchEnded)):
             return self._get(key, prefetch)
-        tier, thread, start = self._placed.where(key) or "absent", thread_name(), time.time()
+        tier, start = self._placed.where(key) or "absent", time.time()
+        thread = threading.current_thread().name
         ev.emit(FetchStarted, key, tier, prefetch, thread, start)
         try:
             return self._get(key, prefetch)
