@@ -50,10 +50,6 @@ class Param(_Model):
     description: str = ""
 
 
-def _source_tag(v: Any) -> Any:
-    return v.get("source") if isinstance(v, dict) else getattr(v, "source", None)
-
-
 # -- steps ------------------------------------------------------------------------------------------
 class Expect(_Model):
     """Checks on a step's result, made when the spec is compiled (before anything runs)."""
@@ -140,6 +136,10 @@ def _suffixes() -> list[str]:
         for suffix in sinks.sink_entry(name).suffixes:
             by.setdefault(suffix, []).append(name)
     return [f"{suffix}: {names[0]}" for suffix, names in by.items() if len(names) == 1]
+
+
+def _source_tag(v: Any) -> Any:
+    return v.get("source") if isinstance(v, dict) else getattr(v, "source", None)
 
 
 def _sink_tag(v: Any) -> Any:
