@@ -10,6 +10,7 @@ A Session installs :class:`Fusing` (``flowgpu.fuse-ufuncs``); without one, ``flo
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import graphlib
 import re
@@ -132,15 +133,15 @@ def _rewrite(hlg: Any, keep: set[str], reductions: bool, bare: bool | None) -> t
         reds = {name: spec for name, layer in layers.items() if (spec := graph_reduce.match(layer)) is not None}
     if not elem and not reds:
         return hlg, []
-    dependents: dict[str, set[str]] = {k: set() for k in layers}
+    dependents: dict[str, set[str]] = collections.defaultdict(set)
     for k, ds in deps.items():
         for d in ds:
-            dependents.setdefault(d, set()).add(k)
+            dependents[d].add(k)
 
     cut: set[str] = set()  # layers that end a segment of a long chain (each nests one level deeper)
 
     def inlinable(name: str) -> bool:
-        users = dependents.get(name, set())
+        users = dependents[name]
         return name in elem and name not in keep and name not in cut and len(users) == 1 \
             and (next(iter(users)) in elem or next(iter(users)) in reds)
 
@@ -161,7 +162,7 @@ def _rewrite(hlg: Any, keep: set[str], reductions: bool, bare: bool | None) -> t
         spec = reds.get(root)
         info = elem[root] if spec is None else ("{0}", [("array", *spec.source)])
         text, chain, leaves, scalars, numblocks, n_ops, members = _expression(root, info, layers, elem, inlinable)
-        if spec is None and n_ops < 2 or spec is not None and n_ops < 2 and not bare:
+        if n_ops < 2 and (spec is None or not bare):
             continue
         root_layer = layers[root]
         names = tuple(leaves.values())
@@ -178,7 +179,7 @@ def _rewrite(hlg: Any, keep: set[str], reductions: bool, bare: bool | None) -> t
         done.append(Fusion(root, frozenset(members | {root}), text, tuple(src for src, _ in leaves),
                            spec.name if spec is not None else None))
         if spec is not None and len(spec.axes) == len(root_layer.output_indices):  # one value per chunk
-            graph_tree.flatten_tree(layers, deps, root, len(root_layer.output_indices), keep)
+            graph_tree.flatten_tree(layers, deps, root, keep)
     if not done:
         return hlg, done
     if not keep:

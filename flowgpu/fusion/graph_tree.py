@@ -19,9 +19,9 @@ __all__ = ["flatten_tree", "MAX_FANIN"]
 MAX_FANIN = 1024  # partials one aggregate takes at most (flowgpu.fuse's flat combine takes as many)
 
 
-def flatten_tree(layers: dict, deps: dict, root: str, ndim: int, keep: set[str]) -> bool:
-    """Replace the tree above the chunk-stage layer ``root`` (a full reduction of an ``ndim``-D
-    array) by one aggregate task holding the tree's tasks, in ``layers``/``deps``; whether it did."""
+def flatten_tree(layers: dict, deps: dict, root: str, keep: set[str]) -> bool:
+    """Replace the tree above the chunk-stage layer ``root`` (of a full reduction) by one aggregate
+    task holding the tree's tasks, in ``layers``/``deps``; whether it did."""
     chain, name = [], root
     while True:
         users = [k for k, ds in deps.items() if name in ds]
@@ -36,8 +36,8 @@ def flatten_tree(layers: dict, deps: dict, root: str, ndim: int, keep: set[str])
             break
     if len(chain) < 2:
         return False  # already one aggregate over the partials
-    shape = _numblocks(layers[root], ndim)
-    if shape is None or math.prod(shape) > MAX_FANIN or layers[root].output_blocks is not None:
+    stage = layers[root]
+    if math.prod(stage.dims[i] for i in stage.output_indices) > MAX_FANIN or stage.output_blocks is not None:
         return False
     below = {key: task for name in chain[:-1] for key, task in layers[name].mapping.items()}
     top = layers[chain[-1]]
@@ -72,13 +72,3 @@ def _nested_task(task: Any, below: dict) -> Any:
 class _NotTree(Exception):
     """A task in the tree that is not ``(func, [keys...])``."""
 
-
-def _numblocks(layer: Any, ndim: int) -> tuple[int, ...] | None:
-    """The block grid of the Blockwise chunk stage ``layer`` (its output indices' sizes)."""
-    out = getattr(layer, "output_indices", None)
-    if out is None or len(out) != ndim:
-        return None
-    try:
-        return tuple(int(layer.dims[i]) for i in out)
-    except (KeyError, TypeError):
-        return None

@@ -10,6 +10,7 @@ CUDA kernels stay in CuPy's own cache.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import glob
 import hashlib
@@ -184,10 +185,8 @@ def _guarded(func: Callable, inner: Any) -> Any:
         def _remove(self) -> None:
             stem = os.path.splitext(os.path.basename(func.__code__.co_filename))[0]
             for path in glob.glob(os.path.join(glob.escape(inner.cache_path), f"{stem}.*")):
-                try:
+                with contextlib.suppress(OSError):
                     os.unlink(path)
-                except OSError:
-                    pass
 
     return Guarded()
 

@@ -34,8 +34,7 @@ _INSTALL = {"torch": "pip install torch", "jax": "pip install 'jax[cuda12]' (or 
 
 
 def _framework(name: str):
-    if name not in FRAMEWORKS:
-        raise KernelError(f"dlpack_map framework={name!r}: choose one of {', '.join(FRAMEWORKS)}")
+    """The framework's module (checked by DLPackFunction), imported on first use; None for "array"."""
     if name == "array":
         return None
     if name == "jax" and "jax" not in sys.modules:
@@ -74,16 +73,16 @@ def from_framework(result: Any, cupy: bool) -> Any:
         try:
             return cp.from_dlpack(result)
         except Exception:  # a host tensor: copy it over
-            return cp.asarray(np.asarray(_to_host(result)))
+            return cp.asarray(_to_host(result))
     if isinstance(result, np.ndarray):
         return result
     try:
         return np.from_dlpack(result)
     except Exception:  # a device tensor, or something without DLPack
-        return np.asarray(_to_host(result))
+        return _to_host(result)
 
 
-def _to_host(result: Any) -> Any:
+def _to_host(result: Any) -> np.ndarray:
     for attr in ("cpu", "get"):
         f = getattr(result, attr, None)
         if callable(f):
