@@ -14,10 +14,8 @@ from distributed.security import Security
 from flowgpu.errors import ConfigError
 from flowgpu.runtime import security as _security
 
-__all__ = ["PROTOCOLS", "INSTALL_HINT", "UCX_SCHEMES", "require_ucx", "check_local", "check_gpu_workers",
-           "for_joining"]
+__all__ = ["INSTALL_HINT", "UCX_SCHEMES", "require_ucx", "check_local", "check_gpu_workers", "for_joining"]
 
-PROTOCOLS = ("tcp", "ucx")
 UCX_SCHEMES = ("ucx", "ucxx")  # the schemes of an address distributed-ucxx serves
 INSTALL_HINT = ("pip install distributed-ucxx-cu13 (for CUDA 13; distributed-ucxx-cu12 for CUDA 12, or "
                 "conda install -c conda-forge distributed-ucxx)")

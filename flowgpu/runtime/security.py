@@ -18,9 +18,8 @@ from distributed.security import Security
 
 from flowgpu.errors import ConfigError
 
-__all__ = ["MODES", "TLS_FILES", "for_joining", "for_local", "is_scheduler_file", "scheme"]
+__all__ = ["TLS_FILES", "for_joining", "for_local", "is_scheduler_file", "scheme"]
 
-MODES = ("auto", "temporary", "none")
 # Session keyword -> the CLI option and dask's config key that give the same file
 TLS_FILES = {
     "tls_ca_file": ("--tls-ca-file", "distributed.comm.tls.ca-file"),
