@@ -23,12 +23,6 @@ if not hasattr(np, "row_stack"):
 from flowgpu.backend import empty_meta, import_cupy, is_cupy
 from flowgpu.errors import KernelError
 
-__all__ = [
-    "Signature", "parse_signatures", "select_signature", "infer_return_dtype", "cached", "new_key",
-    "is_scalar", "arg_dtype", "any_cupy", "numba_stream", "numba_view", "describe",
-    "map_broadcast", "cuda_ufunc", "Named", "NumbaUfunc",
-]
-
 _PYTHON_SCALARS = (bool, int, float, complex)
 
 
