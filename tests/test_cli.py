@@ -6,8 +6,10 @@ import json
 import os
 import re
 import pathlib
+import socket
 
 import numpy as np
+import pytest
 from click.testing import CliRunner
 
 import tests.pipeline.helpers  # noqa: F401  (registers the test ops)
@@ -115,6 +117,31 @@ def test_failure_while_running_exits_1(tmp_path, rng, monkeypatch, cpu_session):
     assert result.exit_code == 1, result.output
     assert "failed while running" in result.output
     assert not (tmp_path / "out" / "y.npy").exists()
+
+
+def _dead_runs_staging(folder):
+    """A staging folder beside an output, as a run killed mid-write leaves it (its owner is gone)."""
+    stage = folder / f".y.npy.flowgpu-tmp-r{os.urandom(8).hex()}"
+    stage.mkdir(parents=True)
+    (stage / "data").write_bytes(b"half")
+    who = {"pid": os.getpid(), "host": socket.gethostname(), "start": 1.0}  # this pid, but another start: dead
+    (stage / "owner.json").write_text(json.dumps({**who, "ino": stage.stat().st_ino}))
+    return stage
+
+
+@pytest.mark.parametrize("quiet", [True, False])
+def test_quiet_runs_say_nothing_on_stderr_when_they_clean_a_dead_runs_staging(tmp_path, rng, monkeypatch, quiet,
+                                                                              cpu_session):
+    monkeypatch.chdir(tmp_path)
+    x = _spec(tmp_path, rng)
+    stage = _dead_runs_staging(tmp_path / "out")
+    result = CliRunner().invoke(cli, ["run", "spec.yaml"] + (["-q"] if quiet else []))
+    assert result.exit_code == 0, result.output
+    assert not stage.exists()
+    np.testing.assert_allclose(np.load(tmp_path / "out" / "y.npy"), 2 * x)
+    assert ("no longer running" in result.stderr) is not quiet, result.stderr
+    if quiet:
+        assert result.stderr == ""
 
 
 def test_bad_arguments_exit_2(tmp_path, rng, monkeypatch):

@@ -7,6 +7,7 @@ output judged up to date or not (:func:`judge`). A run then executes the jobs on
 
 from __future__ import annotations
 
+import functools
 import os
 import pathlib
 import time
@@ -250,7 +251,8 @@ def _run(spec: Spec, config: RunConfig, begun: float) -> "RunResult | BatchResul
         jobs = [Job(item, plan, tuple(plan.outputs)) for item, plan in zip(items, plans)]
         own = None
         paths = [o.path for item in items for o in item.spec.outputs.values() if o.path is not None]
-        with sinks.hold_outputs(paths, config.wait):
+        notify = functools.partial(config.console.print, markup=False, highlight=False, soft_wrap=True)
+        with sinks.hold_outputs(paths, config.wait, notify):  # -q: the lock's notes are quiet too
             store = outputs_cache.Cache() if config.cache else None
             if store is not None:
                 jobs = judge(jobs, store, config.force, config.checksum)
