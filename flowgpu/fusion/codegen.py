@@ -209,10 +209,8 @@ class Generator:
             # a Python int below (above) an integer dtype's range is no bound at all, as in NumPy
             low, high = self.beyond(args[1], d) < 0, self.beyond(args[2], d) > 0
             if low or high:
-                lo = (self.typed(self.function("maximum"), d), gen[1])
-                hi = (self.typed(self.function("minimum"), d), gen[2])
-                code = gen[0] if low else f"{lo[0]}({gen[0]}, {lo[1]})"
-                return code if high else f"{hi[0]}({code}, {hi[1]})"
+                code = gen[0] if low else f"{self.typed(self.function('maximum'), d)}({gen[0]}, {gen[1]})"
+                return code if high else f"{self.typed(self.function('minimum'), d)}({code}, {gen[2]})"
             return self.TEMPLATES["clip"].format(*gen, c=c_type(d))
         if f == "power":
             self.int_power(args[1], d)

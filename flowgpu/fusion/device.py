@@ -1,11 +1,8 @@
 """Host operands of device chunks moved to the device, so NumPy-written xarray code runs on CuPy.
 
-xarray's ``weighted``, ``rolling`` and ``where`` embed NumPy arrays in the graph, which CuPy refuses
-(``Unsupported type <class 'numpy.ndarray'>``). :func:`move_host_operands` wraps just the tasks
-where a host operand (a float, complex or bool NumPy array, or a task computed only from such)
-meets another chunk in :class:`OnDevice`, which copies the NumPy operands when another one is CuPy
-at run time. Integer arrays (indices, random states) never move. A GPU Session's ``Fusing`` hook
-applies it after dask's optimisation.
+:func:`move_host_operands` wraps in :class:`OnDevice` just the tasks where a float, complex or bool
+NumPy array (or a task computed only from such) meets another chunk (xarray's ``weighted``,
+``rolling``, ``where``); integer arrays (indices, random states) never move.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
-"""The chunk stage of dask's reductions, recognised in a graph and computed by a fused kernel.
-
-:func:`match` recognises the chunk-stage layer ``da.reduction`` builds for ``sum prod min max any all
-nansum nanprod nanmin nanmax mean nanmean``; :class:`FusedPartial` computes the same partial (shape,
-dtype, ``{"n", "total"}`` for means) from the chain below in one kernel; dask's tree stays.
-Anything else is left as dask built it: other dtypes or keywords, and ``std``/``var`` (a one-pass
-sum of squares loses every digit when the mean is large against the spread). Chunks no kernel takes
-run dask's own chunk function, so results never depend on whether the rewrite happened.
+"""The chunk stage of dask's reductions, recognised in a graph (:func:`match`) and computed by one
+fused kernel (:class:`FusedPartial`) as the same partial; dask's tree stays. ``std``/``var`` are
+left alone (a one-pass sum of squares loses every digit when the mean is large against the
+spread), and chunks no kernel takes run dask's own chunk function.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
-"""Fused numba kernels compiled once per machine: their source and numba's machine code kept on disk.
+"""Fused numba kernels compiled once per machine (DEVELOPERS.md says why and how).
 
-numba caches only functions defined in a file, so generated source is written to
-``flowgpu.cache.kernels`` (default ``~/.cache/flowgpu/kernels``), named by a hash of the text, the
-fusion sources and the library versions, and compiled with numba's ``cache=True``. Files are
-written atomically; a damaged one is removed and compiled again; a folder others may write is
-refused (its files run here), leaving kernels in memory. :func:`stats` counts compiles and loads.
-CUDA kernels stay in CuPy's own cache.
+numba caches only functions defined in a file: generated source is written to ``flowgpu.cache.kernels``
+(atomically, named by a hash of it, the fusion sources and the library versions) and compiled with
+numba's disk cache; an unusable folder (one others may write) leaves kernels in memory.
 """
 
 from __future__ import annotations
