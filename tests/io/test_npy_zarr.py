@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import flowgpu as fg
-from flowgpu.errors import ConfigError, OutputExistsError
+from flowgpu.errors import ConfigError, OutputError, OutputExistsError
 from tests.tolerance import assert_within_terms
 
 
@@ -90,3 +90,17 @@ def test_a_file_given_as_a_store_and_a_folder_given_as_a_file_say_what_they_are(
     fg.to_zarr(fg.random((6, 5), seed=int(rng.integers(1 << 30)), chunks=3), str(tmp_path / "s.zarr"))
     with pytest.raises(ConfigError, match=r"s\.zarr' is a folder, not a \.npy file \(for a Zarr store use source: zarr\)"):
         fg.from_npy(str(tmp_path / "s.zarr"))
+
+
+@pytest.mark.parametrize("write, path, better", [(fg.to_zarr, "out.npy", "out.zarr"), (fg.to_zarr, "t.tif", "t.zarr"),
+                                                  (fg.to_npy, "out.zarr", "out.npy")])
+def test_python_writers_refuse_a_path_named_as_another_kind_of_file(tmp_path, rng, monkeypatch, write, path, better):
+    """As a spec's output is refused: a Zarr store named ``out.npy`` is a folder that np.load cannot open."""
+    monkeypatch.chdir(tmp_path)
+    x = da.from_array(rng.random((40, 30)), chunks=(20, 15))
+    with pytest.raises(OutputError, match=f"{path!r} ends in .*name it e.g. {better!r}"):
+        write(x, path)
+    assert os.listdir(tmp_path) == []
+    assert write(x, better) == better  # the name it suggests is written
+    got = fg.to_numpy(fg.from_zarr(better) if better.endswith(".zarr") else fg.from_npy(better))
+    np.testing.assert_array_equal(got, x.compute())
