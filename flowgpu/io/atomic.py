@@ -25,7 +25,7 @@ from flowgpu.io.journal import (MARKER, Output, Refused, Transaction, journals_i
 from flowgpu.io.lock import OutputLock, alive, describe, held, lock_path, locked_targets, owner, read_head, remove_stale
 from flowgpu.io.paths import resolve
 
-__all__ = ["MARKER", "AtomicPath", "Refused", "atomic_output", "canonical", "check_writable", "clean",
+__all__ = ["MARKER", "AtomicPath", "Refused", "atomic_output", "notify_stderr", "canonical", "check_writable", "clean",
            "commit_together", "hold", "marker_path", "output_error", "protected_paths", "replaces_protected", "within",
            "starts_with", "write_text", "written_by_flowgpu"]
 
@@ -38,7 +38,7 @@ _FIXES = {
 }
 
 
-def _stderr(message: str) -> None:
+def notify_stderr(message: str) -> None:
     print(f"flowgpu: {message}", file=sys.stderr, flush=True)
 
 
@@ -196,7 +196,7 @@ def hold(targets: Iterable[str], wait: bool = True, notify: Callable[[str], None
 
     ``wait=False``: fail with :class:`OutputLockedError` if another run holds one. ``notify``: told
     when waiting and what was recovered (default: stderr)."""
-    notify = notify or _stderr
+    notify = notify or notify_stderr
     locks, made = [], []
     targets = sorted(set(map(os.path.abspath, targets)))
     same: dict[str, str] = {}
@@ -268,7 +268,7 @@ class AtomicPath:
         with self.preparing():
             os.makedirs(os.path.dirname(self.path), exist_ok=True)
             if held(self.path) is None:
-                self._lock = _lock(self.path, True, _stderr)
+                self._lock = _lock(self.path, True, notify_stderr)
             check_writable(self.path, self.overwrite)
             os.mkdir(self.stage)
             with open(os.path.join(self.stage, "owner.json"), "x") as f:  # its inode: what a copy cannot have

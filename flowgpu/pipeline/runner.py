@@ -251,8 +251,7 @@ def _run(spec: Spec, config: RunConfig, begun: float) -> "RunResult | BatchResul
         jobs = [Job(item, plan, tuple(plan.outputs)) for item, plan in zip(items, plans)]
         own = None
         paths = [o.path for item in items for o in item.spec.outputs.values() if o.path is not None]
-        notify = functools.partial(config.console.print, markup=False, highlight=False, soft_wrap=True)
-        with sinks.hold_outputs(paths, config.wait, notify):  # -q: the lock's notes are quiet too
+        with sinks.hold_outputs(paths, config.wait, functools.partial(_lock_note, config.console)):
             store = outputs_cache.Cache() if config.cache else None
             if store is not None:
                 jobs = judge(jobs, store, config.force, config.checksum)
@@ -310,6 +309,15 @@ def _ended(config: RunConfig, tell: Callable[[events.Event], None], summary: dic
     if config.summary_path:
         write_json(config.summary_path, summary, config.overwrite)
     tell(events.RunFinished(summary))
+
+
+def _lock_note(console: Console, note: str) -> None:
+    """The output lock's note: what it left alone of the user's is a warning, said even with -q; the
+    rest (a dead run's staging removed, a wait for another run) is progress talk, quiet with -q."""
+    if isinstance(note, atomic.Refused):
+        atomic.notify_stderr(note)
+    else:
+        console.print(f"flowgpu: {note}", markup=False, highlight=False, soft_wrap=True)
 
 
 def _given_session(session: runtime.RunSession | str | None) -> runtime.RunSession | None:
