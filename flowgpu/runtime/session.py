@@ -353,6 +353,8 @@ class Session:
                 return None
             # dask's link names the scheduler's host; say where the dashboard listens (0.0.0.0: open)
             hosts = self.client.run_on_scheduler(_dashboard_hosts)
+            if hosts is None:  # a joined scheduler whose dashboard is off: its link would be a 404
+                return None
             link = urlsplit(self.client.dashboard_link)
             if not hosts or link.hostname in hosts:
                 return link.geturl()
@@ -446,8 +448,12 @@ class Session:
         return f"<flowgpu.Session backend={getattr(self, 'backend', '?')} {state} dashboard={self.dashboard_link}>"
 
 
-def _dashboard_hosts(dask_scheduler: Any = None) -> list[str]:
-    """The addresses the scheduler's dashboard listens on (run on the scheduler)."""
+def _dashboard_hosts(dask_scheduler: Any = None) -> list[str] | None:
+    """The addresses the scheduler's dashboard listens on (run on the scheduler); None when its HTTP
+    server has no dashboard (started with it off, it still serves /health and metrics)."""
+    apps = getattr(getattr(dask_scheduler, "http_application", None), "applications", [])
+    if not any("BokehTornado" in {c.__name__ for c in type(a).__mro__} for a in apps):  # its pages (bokeh)
+        return None
     server = getattr(dask_scheduler, "http_server", None)
     return [str(sock.getsockname()[0]) for sock in getattr(server, "_sockets", {}).values()]
 

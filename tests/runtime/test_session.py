@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+import urllib.request
 
 import dask
 import dask.array as da
@@ -68,6 +69,21 @@ def test_cpu_session_runs_and_leaves_no_process(rng):
     assert _worker_facts() == facts_before  # and put back on close
     assert started, "the session should have started worker processes"
     assert not _wait_gone(started), "worker processes outlived the session"
+
+
+@pytest.mark.parametrize("dashboard", [False, True])
+def test_a_joined_scheduler_without_a_dashboard_gives_no_link(dashboard):
+    """``flowgpu cluster start --dashboard-address ''``: its scheduler still serves /health over HTTP,
+    and a run that joined it printed a dashboard link that answered 404."""
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address="127.0.0.1:0",
+                      scheduler_kwargs={"dashboard": dashboard}) as cluster:
+        with fg.Session(address=cluster.scheduler_address) as s:
+            link = s.dashboard_link
+            if not dashboard:
+                assert link is None
+            else:
+                with urllib.request.urlopen(link, timeout=30) as page:
+                    assert page.status == 200 and b"Dask" in page.read()
 
 
 def test_join_existing_cluster_leaves_it_running():
