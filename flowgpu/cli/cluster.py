@@ -17,8 +17,7 @@ from flowgpu.runtime.session import Session
 
 
 DASHBOARD_NOTE = ("note: the dashboard is plain HTTP with no login: any user of this host can read its pages (step "
-                  "names, paths, errors); the scheduler itself speaks TLS. Start with --dashboard-address '' to "
-                  "turn it off")
+                  "names, paths, errors){tls}. Start with --dashboard-address '' to turn it off")
 
 
 @click.group()
@@ -53,7 +52,7 @@ def start(gpus: str | None, backend: str | None, n_workers: int | None, threads_
     click.echo(f"cluster running at {state['address']}: {state['backend']}, {state['n_workers']} worker(s)")
     click.echo(f"dashboard: {page or state['dashboard'] or 'off'}")
     if state["dashboard"]:
-        click.echo(DASHBOARD_NOTE, err=True)
+        click.echo(DASHBOARD_NOTE.format(tls="" if no_tls else "; the scheduler itself speaks TLS"), err=True)
     click.echo("'flowgpu run' uses it until you stop it: flowgpu cluster stop")
 
 

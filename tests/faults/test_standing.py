@@ -80,6 +80,7 @@ def start(folder: Path, cwd: Path, backend: str = "cpu", fault: str | None = Non
     link = next(line.split(": ", 1)[1] for line in r.stdout.splitlines() if line.startswith("dashboard: "))
     assert link.endswith("/flowgpu")  # the flowgpu page is there before the first run
     assert "note: the dashboard is plain HTTP with no login: any user of this host can read its pages" in r.stderr
+    assert "the scheduler itself speaks TLS" in r.stderr  # a cluster that stays up speaks TLS unless --no-tls
     with urllib.request.urlopen(link, timeout=60) as page:
         assert page.status == 200 and b"flowgpu" in page.read()
     daemon = psutil.Process(state["daemon"]["pid"])
