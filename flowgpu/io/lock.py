@@ -22,8 +22,8 @@ import psutil
 
 from flowgpu.errors import OutputError, OutputLockedError
 
-__all__ = ["OutputLock", "owner", "alive", "lock_path", "held", "describe", "locked_targets", "is_record",
-           "read_head", "read_record", "read_open_record", "remove_stale", "beside", "listing"]
+__all__ = ["OutputLock", "Waiting", "owner", "alive", "lock_path", "held", "describe", "locked_targets",
+           "is_record", "read_head", "read_record", "read_open_record", "remove_stale", "beside", "listing"]
 
 LOCK_TAG = ".flowgpu-lock"
 _held = threading.local()  # target path -> OutputLock held by this thread
@@ -142,6 +142,10 @@ def held(target: str) -> OutputLock | None:
     return getattr(_held, "locks", {}).get(target)
 
 
+class Waiting(str):
+    """The note that a run waits for another run's lock: said even with -q (a silent wait looks hung)."""
+
+
 class OutputLock:
     """The exclusive right to write ``target``; :meth:`acquire` waits or fails, :meth:`release` frees it."""
 
@@ -180,7 +184,7 @@ class OutputLock:
                     f"output {self.target!r} is being written by {other}; wait for it to finish, "
                     "or run without --no-wait to wait for it")
             if notify is not None:
-                notify(f"waiting for {other} to finish writing {self.target} ...")
+                notify(Waiting(f"waiting for {other} to finish writing {self.target} ..."))
             self._take(blocking=True)
         vars(_held).setdefault("locks", {})[self.target] = self
         return self

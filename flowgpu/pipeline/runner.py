@@ -25,6 +25,7 @@ from flowgpu.diagnostics import events, jsontext, monitor, runreport
 from flowgpu.errors import ConfigError, FlowgpuError, SpecError
 from flowgpu.fusion.classic import require_classic_graphs
 from flowgpu.io import atomic, sinks
+from flowgpu.io.lock import Waiting
 from flowgpu.io.paths import shown
 from flowgpu.memory import delta as memory_delta
 from flowgpu.pipeline import cache as outputs_cache
@@ -312,9 +313,9 @@ def _ended(config: RunConfig, tell: Callable[[events.Event], None], summary: dic
 
 
 def _lock_note(console: Console, note: str) -> None:
-    """The output lock's note: what it left alone of the user's is a warning, said even with -q; the
-    rest (a dead run's staging removed, a wait for another run) is progress talk, quiet with -q."""
-    if isinstance(note, atomic.Refused):
+    """The output lock's note: what it left alone of the user's, and a wait for another run, are said
+    even with -q; a dead run's staging removed is progress talk, quiet with -q."""
+    if isinstance(note, (atomic.Refused, Waiting)):
         atomic.notify_stderr(note)
     else:
         console.print(f"flowgpu: {note}", markup=False, highlight=False, soft_wrap=True)
