@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 import uuid
 
 import dask
@@ -18,6 +19,7 @@ import pytest
 import tests.pipeline.helpers  # noqa: F401  (registers the test ops)
 from flowgpu import pipeline
 from flowgpu.ops import registry
+from flowgpu.pipeline import recipe as recipe_module
 from flowgpu.pipeline.recipe import fingerprint, recipes, same_fingerprint
 
 pytestmark = pytest.mark.timeout(120)
@@ -160,6 +162,31 @@ def test_user_function_code_is_in_the_digest(tmp_path, monkeypatch, rng):
     assert after["c"] == before["c"]
     monkeypatch.delitem(sys.modules, module)  # not imported: found on sys.path, and not imported again
     assert recipes(plan)["m"] == after["m"] and module not in sys.modules
+
+
+def test_an_old_module_edited_in_place_is_hashed_again(tmp_path, monkeypatch):
+    """A module untouched for a while is read once per process, then known by its stat; editing it
+    (same size, same inode, its mtime set back) moves its ctime, so it is read again."""
+    module = f"oldfn_{uuid.uuid4().hex[:8]}"
+    source = tmp_path / f"{module}.py"
+    source.write_text("def f(block):\n    return block * 2\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spec = {"inputs": {"x": {"source": "random", "shape": [20], "seed": 1}},
+            "steps": {"m": {"op": "map_blocks", "inputs": ["x"], "args": {"function": f"{module}:f"}}},
+            "outputs": {"m": {"from": "m"}}}
+    plan = pipeline.compile(spec)
+    reads = []
+    digest = recipe_module.content_digest
+    monkeypatch.setattr(recipe_module, "content_digest", lambda path: reads.append(path) or digest(path))
+    now = time.time_ns
+    monkeypatch.setattr(recipe_module.time, "time_ns", lambda: now() + 10**10)  # the file's last write 10 s ago
+    first = recipes(plan)["m"]
+    assert recipes(plan)["m"] == first and reads == [str(source)]  # read once, then known by its stat
+    written = source.stat().st_mtime_ns
+    with open(source, "r+") as f:  # in place: the same inode and size
+        f.write("def f(block):\n    return block * 3\n")
+    os.utime(source, ns=(written, written))  # and its mtime as it was
+    assert recipes(plan)["m"].digest != first.digest and len(reads) == 2
 
 
 def test_an_op_registered_from_a_user_module_is_hashed_by_its_source(tmp_path, monkeypatch, request):
