@@ -10,39 +10,24 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-# public name -> module that defines it
-_EXPORTS = {
-    "Session": "flowgpu.runtime.session",
-    "current_session": "flowgpu.runtime.session",
-    "random": "flowgpu.arrays.creation",
-    "normal": "flowgpu.arrays.creation",
-    "zeros": "flowgpu.arrays.creation",
-    "ones": "flowgpu.arrays.creation",
-    "full": "flowgpu.arrays.creation",
-    "arange": "flowgpu.arrays.creation",
-    "from_array": "flowgpu.arrays.creation",
-    "to_device": "flowgpu.arrays.movement",
-    "to_host": "flowgpu.arrays.movement",
-    "to_numpy": "flowgpu.arrays.movement",
-    "from_npy": "flowgpu.io.npy",
-    "to_npy": "flowgpu.io.npy",
-    "from_hdf5": "flowgpu.io.hdf5",
-    "from_tiff": "flowgpu.io.tiff",
-    "from_zarr": "flowgpu.io.zarr",
-    "to_zarr": "flowgpu.io.zarr",
-    "op": "flowgpu.ops.registry",
-    "fuse": "flowgpu.fusion",
-    "optimize": "flowgpu.fusion",
-    "vectorize": "flowgpu.kernels",
-    "guvectorize": "flowgpu.kernels",
-    "kernel": "flowgpu.kernels",
-    "dlpack_map": "flowgpu.kernels",
-    "has_gpu": "flowgpu.backend",
-    "gpu_count": "flowgpu.backend",
-    "FlowgpuError": "flowgpu.errors",
-    "SpecError": "flowgpu.errors",
-    "Pipeline": "flowgpu.pipeline.builder",
+# module -> the public names it defines
+_MODULES = {
+    "flowgpu.runtime.session": ("Session", "current_session"),
+    "flowgpu.arrays.creation": ("random", "normal", "zeros", "ones", "full", "arange", "from_array"),
+    "flowgpu.arrays.movement": ("to_device", "to_host", "to_numpy"),
+    "flowgpu.io.npy": ("from_npy", "to_npy"),
+    "flowgpu.io.hdf5": ("from_hdf5",),
+    "flowgpu.io.tiff": ("from_tiff",),
+    "flowgpu.io.zarr": ("from_zarr", "to_zarr"),
+    "flowgpu.ops.registry": ("op",),
+    "flowgpu.fusion": ("fuse", "optimize"),
+    "flowgpu.kernels": ("vectorize", "guvectorize", "kernel", "dlpack_map"),
+    "flowgpu.backend": ("has_gpu", "gpu_count"),
+    "flowgpu.errors": ("FlowgpuError", "SpecError"),
+    "flowgpu.pipeline.builder": ("Pipeline",),
 }
+# public name -> module that defines it
+_EXPORTS = {name: module for module, names in _MODULES.items() for name in names}
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
 
