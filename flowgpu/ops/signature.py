@@ -124,26 +124,37 @@ def _check_type(op_name: str, func: Callable, key: str, value: Any) -> None:
                         f"not {type(value).__name__} ({value!r:.60})", key)
 
 
+def _check_keywords(op_name: str, func: Callable, kwargs: Mapping[str, Any], inputs: tuple[str, ...] = ()) -> None:
+    """Refuse a keyword argument ``func`` does not take (``inputs``: its array parameters, left out of
+    the names a message suggests) or whose type does not fit its annotation."""
+    params = signature_of(func).parameters
+    has_var_kw = any(p.kind == p.VAR_KEYWORD for p in params.values())
+    for key, value in kwargs.items():
+        p = params.get(key)
+        if p is not None and p.kind == p.VAR_POSITIONAL:
+            raise ArgumentError(f"op {op_name!r}: {key!r} are the step's inputs; list them under inputs, not as an "
+                                "argument", key)
+        if p is None and not has_var_kw:
+            raise _unknown(op_name, key, accepted_arguments(func, inputs))
+        if p is not None and p.kind != p.VAR_KEYWORD:
+            _check_type(op_name, func, key, value)
+
+
 def checked(name: str, func: Callable) -> Callable:
     """``func`` wrapped so a call with wrong argument names or types raises :class:`ArgumentError`."""
-    sig = inspect.signature(func)
-    params = sig.parameters
-    has_var_kw = any(p.kind == p.VAR_KEYWORD for p in params.values())
-    accepted = accepted_arguments(func)
+    sig = signature_of(func)
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        for key in () if has_var_kw else kwargs:
-            if key not in params or params[key].kind == params[key].VAR_POSITIONAL:
-                raise _unknown(name, key, accepted)
+        _check_keywords(name, func, kwargs)
         try:
             bound = sig.bind(*args, **kwargs)
         except TypeError as e:
             raise ArgumentError(f"op {name!r}: {e}; it takes {sig}") from None
-        for key, value in bound.arguments.items():
-            p = params[key]
-            if p.kind != p.VAR_KEYWORD:
-                for v in value if p.kind == p.VAR_POSITIONAL else (value,):
+        for key, value in bound.arguments.items():  # the positional ones (keywords are checked above)
+            kind = sig.parameters[key].kind
+            if key not in kwargs and kind != kind.VAR_KEYWORD:
+                for v in value if kind == kind.VAR_POSITIONAL else (value,):
                     _check_type(name, func, key, v)
         return func(*args, **kwargs)
 
@@ -161,33 +172,20 @@ def bind_arguments(op: Op | str, args: Mapping[str, Any] | None = None, *, n_inp
     if isinstance(op, str):
         op = get(op)
     args = dict(args or {})
-    func = op.func
-    params = signature_of(func).parameters
-    has_var_kw = any(p.kind == p.VAR_KEYWORD for p in params.values())
-    variadic = any(n.endswith("*") for n in op.inputs)
-    accepted = accepted_arguments(func, op.inputs)
-    for key, value in args.items():
-        p = params.get(key)
-        if p is not None and p.kind == p.VAR_POSITIONAL:
-            raise ArgumentError(f"op {op.name!r}: {key!r} are the step's inputs; list them under inputs, not as an argument",
-                                key)
-        if p is None and not has_var_kw:
-            raise _unknown(op.name, key, accepted)
-        if p is not None and p.kind != p.VAR_KEYWORD:
-            _check_type(op.name, func, key, value)
+    _check_keywords(op.name, op.func, args, op.inputs)
+    params = signature_of(op.func).parameters
     missing = [p.name for p in params.values()
                if p.default is p.empty and p.kind == p.KEYWORD_ONLY and p.name not in args]
     if missing:
-        raise ArgumentError(f"op {op.name!r}: missing argument {missing[0]!r}; it accepts: {_accepted_text(accepted)}",
-                            missing[0])
-    if n_inputs is not None and op.inputs != ("**",):
-        fixed = [n for n in (i.rstrip("*") for i in op.inputs) if n not in args and n in params
-                 and params[n].kind != params[n].VAR_POSITIONAL]
-        required = [n for n in fixed if params[n].default is params[n].empty]
-        ok = n_inputs >= max(len(required), 1) if variadic else len(required) <= n_inputs <= len(fixed)
-        if not ok:
-            want = ", ".join(n.rstrip("*") + ("..." if n.endswith("*") else "") for n in op.inputs)
-            raise ArgumentError(f"op {op.name!r} takes {'at least ' if variadic else ''}"
-                          f"{max(len(required), 1) if variadic else len(required)} input(s) ({want}), "
-                          f"got {n_inputs}")
+        raise ArgumentError(f"op {op.name!r}: missing argument {missing[0]!r}; it accepts: "
+                            f"{_accepted_text(accepted_arguments(op.func, op.inputs))}", missing[0])
+    if n_inputs is None or op.inputs == ("**",):
+        return args
+    variadic = any(n.endswith("*") for n in op.inputs)
+    fixed = [n for n in op.inputs if n in params and n not in args]  # a variadic name ends in "*"
+    required = max(len([n for n in fixed if params[n].default is params[n].empty]), 1 if variadic else 0)
+    if n_inputs < required or (not variadic and n_inputs > len(fixed)):
+        want = ", ".join(n.rstrip("*") + ("..." if n.endswith("*") else "") for n in op.inputs)
+        raise ArgumentError(f"op {op.name!r} takes {'at least ' if variadic else ''}{required} input(s) ({want}), "
+                            f"got {n_inputs}")
     return args
