@@ -100,14 +100,6 @@ def op(name: str | None = None, **options: Any) -> Callable[[Callable], Callable
     return deco
 
 
-def get(name: str) -> Op:
-    """The op registered as ``name``; an unknown name suggests close matches."""
-    return OPS.get(name)
-
-
-def names() -> list[str]:
-    return OPS.names()
-
-
-def all_ops() -> list[Op]:
-    return OPS.entries()
+get = OPS.get  # the op registered as ``name``; an unknown name suggests close matches
+names = OPS.names
+all_ops = OPS.entries
