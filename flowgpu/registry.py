@@ -276,10 +276,7 @@ def trusting(modules: Iterable[str]) -> Iterator[None]:
     """Trust ``modules`` too inside the block (``--trust MODULE``); none given: no change. Once any
     module is trusted, import paths outside the trusted ones are refused."""
     extra = [m.strip() for m in modules if m and m.strip()]
-    if not extra:
-        yield
-        return
-    with dask.config.set({"flowgpu.trusted-modules": [*(trusted_modules() or []), *extra]}):
+    with dask.config.set({"flowgpu.trusted-modules": [*(trusted_modules() or []), *extra]} if extra else {}):
         yield
 
 
@@ -330,15 +327,13 @@ def import_object(path: Any, *, what: str = "import path") -> Any:
     >>> import_object("numpy:sqrt").__name__
     'sqrt'
     """
-    form = "write 'package.module:name' (or 'package.module.name')"
-    if not isinstance(path, str) or not path.strip():
-        raise _fail(what, str(path), "is not an import path", form)
-    path = path.strip()
-    if path.count(":") > 1 or (":" not in path and "." not in path):
-        raise _fail(what, path, "is not an import path", form)
+    text = path.strip() if isinstance(path, str) else ""
+    if (text.count(":") > 1 or (":" not in text and "." not in text)
+            or not all(p.isidentifier() for p in re.split("[.:]", text))):
+        raise _fail(what, text or str(path), "is not an import path",
+                    "write 'package.module:name' (or 'package.module.name')")
+    path = text
     check_trusted(path, what=what)
-    if not all(p.isidentifier() for p in re.split("[.:]", path)):
-        raise _fail(what, path, "is not an import path", form)
     missing = None
     for module_name, attr in import_candidates(path):
         if _checking.get() and module_name not in sys.modules:
