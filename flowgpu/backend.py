@@ -80,10 +80,7 @@ _FACTS: ContextVar[Facts | None] = ContextVar("flowgpu_facts", default=None)
 @contextlib.contextmanager
 def using(facts: Facts | None) -> Iterator[None]:
     """Within the block (this thread or task), arrays are built for ``facts`` (None: as before)."""
-    if facts is None:
-        yield
-        return
-    token = _FACTS.set(facts)
+    token = _FACTS.set(facts if facts is not None else _FACTS.get())
     try:
         yield
     finally:
