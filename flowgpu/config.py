@@ -40,11 +40,11 @@ SCHEMA: dict = _load(SCHEMA_PATH)["properties"]["flowgpu"]
 def get(key: str, override_with: Any = None, default: Any = _NO_DEFAULT) -> Any:
     """Read ``flowgpu.<key>`` from dask.config, unless ``override_with`` is given (not None)."""
     full = key if key.startswith("flowgpu.") else f"flowgpu.{key}"
-    if default is not _NO_DEFAULT:
-        return dask.config.get(full, default=default, override_with=override_with)
     try:
         return dask.config.get(full, override_with=override_with)
     except KeyError:
+        if default is not _NO_DEFAULT:
+            return default
         # A dask.config.set({"flowgpu.x": ...}) block entered before this module was imported drops
         # the whole namespace when it exits; put the defaults back under whatever is set now.
         dask.config.update(dask.config.config, DEFAULTS, priority="old")
