@@ -3,7 +3,7 @@ dask arrays on one backend, and normalising axis arguments."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import dask.array as da
@@ -90,12 +90,3 @@ def dtype_arg(op_name: str, dtype: Any) -> np.dtype | None:
         raise OpError(f"op {op_name!r}: dtype {dtype!r} is not a dtype; use a name such as 'float32', "
                       "'float64', 'int64' or 'complex64'") from None
 
-
-def per_axis(op_name: str, name: str, value: Any, ndim: int) -> tuple:
-    """A scalar or a per-axis sequence as one value per axis."""
-    if isinstance(value, Sequence) and not isinstance(value, str):
-        if len(value) != ndim:
-            raise OpError(f"op {op_name!r}: {name}={list(value)!r} has {len(value)} values but the array has "
-                          f"{ndim} dimension(s); give one value, or one per axis")
-        return tuple(value)
-    return (value,) * ndim

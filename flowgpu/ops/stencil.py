@@ -11,11 +11,12 @@ whole in every block takes no overlap; one shorter than the reach is made whole 
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from typing import Any, Literal, get_args
 
 from flowgpu.backend import is_cupy
 from flowgpu.errors import OpError
-from flowgpu.ops._common import Array, defop, meta_like, per_axis, same_backend
+from flowgpu.ops._common import Array, defop, meta_like, same_backend
 
 __all__ = ["gaussian_filter", "uniform_filter", "median_filter", "MODES"]
 
@@ -35,13 +36,15 @@ def _filter_block(block, name: str, kwargs: dict):
 
 
 def _per_axis_values(name: str, arg: str, value: Any, ndim: int, axes: Any, neutral: Any) -> tuple:
-    """One value per axis; with ``axes``, a single value applies to those axes and the others are left alone."""
-    if axes is None:
-        return per_axis(name, arg, value, ndim)
-    axes = [axes] if isinstance(axes, int) else list(axes)
+    """One value per axis from a scalar or a per-axis sequence; with ``axes``, those axes take the
+    values and the others ``neutral``."""
+    axes = range(ndim) if axes is None else [axes] if isinstance(axes, int) else list(axes)
     if any(not -ndim <= a < ndim for a in axes):
-        raise OpError(f"op {name!r}: axes={axes!r} out of range for an array of {ndim} dimension(s)")
-    values = per_axis(name, arg, value, len(axes))
+        raise OpError(f"op {name!r}: axes={list(axes)!r} out of range for an array of {ndim} dimension(s)")
+    values = tuple(value) if isinstance(value, Sequence) and not isinstance(value, str) else (value,) * len(axes)
+    if len(values) != len(axes):
+        raise OpError(f"op {name!r}: {arg}={list(value)!r} has {len(value)} values but the array has "
+                      f"{len(axes)} dimension(s); give one value, or one per axis")
     out = [neutral] * ndim
     for a, v in zip(axes, values):
         out[a % ndim] = v
