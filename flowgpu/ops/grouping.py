@@ -9,6 +9,7 @@ from typing import Any, Literal
 from flowgpu.arrays.labels import is_labelled
 from flowgpu.errors import ArgumentError, OpError
 from flowgpu.ops._common import Array, defop
+from flowgpu.ops.labels import axis_numbers
 
 __all__ = ["groupby_reduce", "groupby_anomaly", "resample_reduce", "DATETIME_PARTS"]
 
@@ -22,9 +23,7 @@ def _labelled(op: str, x: Any, dim: str) -> None:
     if not is_labelled(x):
         raise OpError(f"op {op!r} needs a labelled input (from source: xarray, with a coordinate {dim!r}); "
                       "this one has no dimension names")
-    if dim not in x.dims:
-        raise ArgumentError(f"op {op!r}: dim {dim!r} is not a dimension of its input; its dims: "
-                            f"{', '.join(map(str, x.dims))}", argument="dim")
+    axis_numbers(op, "dim", dim, x)  # a dimension of x, or the error naming x's dims
     if dim not in x.coords:
         raise ArgumentError(f"op {op!r}: dimension {dim!r} has no coordinate to group by; give the dataset one "
                             f"(its coordinates: {', '.join(map(str, x.coords)) or 'none'})", argument="dim")
