@@ -75,28 +75,6 @@ class Site:
         return SpecError(message, file=self.file, line=line, col=col, path=format_path(tuple(path)), hint=hint)
 
 
-@dataclass
-class ScriptMap(SourceMap):
-    """A SourceMap whose entries may come from several files: ``files`` holds the file of each entry
-    written elsewhere than ``file``."""
-
-    files: dict[Path, str] = field(default_factory=dict)
-
-    def mark(self, site: Site, path: Path, value: Pos, key: Pos | None = None) -> None:
-        self.values[path], self.keys[path] = value, key or value
-        if site.file != self.file:
-            self.files[path] = site.file
-
-    def error(self, message: str, path: Path = (), hint: str | None = None, *, key: bool = False,
-              kind: type[SpecError] = SpecError) -> SpecError:
-        line, col = self.locate(path, key=key)
-        found = tuple(path)
-        while found and found not in self.values and found not in self.keys:
-            found = found[:-1]
-        return kind(message, file=self.files.get(found, self.file), line=line, col=col,
-                    path=format_path(tuple(path)), hint=hint)
-
-
 @functools.lru_cache(maxsize=32)
 def _calls(file: str, text: str) -> dict[tuple[int, int, int, int], ast.Call]:
     """The call expressions of a source text, by their :class:`dis.Positions`."""
@@ -224,16 +202,16 @@ class Pipeline:
 
     def __init__(self, name: str = "pipeline", description: str = "", *, cluster: dict[str, Any] | None = None):
         site = call_site()
-        smap = ScriptMap(site.file)
-        smap.mark(site, (), site.at)
-        smap.mark(site, ("name",), site.given("name", 0))
-        smap.mark(site, ("description",), site.given("description", 1))
+        smap = SourceMap(site.file)
+        smap.mark(site.file, (), site.at)
+        smap.mark(site.file, ("name",), site.given("name", 0))
+        smap.mark(site.file, ("description",), site.given("description", 1))
         data = {"version": 1, "name": name, "description": description}
         self._setup(data, smap, {})
         for key, value in (cluster or {}).items():
             self._data["cluster"][key] = self._put(site, ("cluster", key), value, site.keyword("cluster"))
 
-    def _setup(self, data: dict, smap: ScriptMap, overrides: dict[str, Any]) -> None:
+    def _setup(self, data: dict, smap: SourceMap, overrides: dict[str, Any]) -> None:
         self._data = data
         for section in ("params", "inputs", "steps", "outputs", "foreach", "cluster"):
             data.setdefault(section, {})
@@ -247,10 +225,10 @@ class Pipeline:
         origin = spec.origin
         p = cls.__new__(cls)
         if origin is None:
-            p._setup(spec.model_dump(by_alias=True, exclude_defaults=True), ScriptMap(None), {})
+            p._setup(spec.model_dump(by_alias=True, exclude_defaults=True), SourceMap(None), {})
         else:
             old = origin.smap
-            smap = ScriptMap(old.file, dict(old.values), dict(old.keys), dict(getattr(old, "files", {})))
+            smap = SourceMap(old.file, dict(old.values), dict(old.keys), dict(old.files))
             p._setup(copy.deepcopy(origin.raw), smap, dict(origin.overrides))
         return p
 
@@ -275,7 +253,7 @@ class Pipeline:
         if description:
             entry["description"] = description
         for key, pos in (("type", site.keyword("type")), ("default", at), ("description", site.keyword("description"))):
-            self._smap.mark(site, where + (key,), pos)
+            self._smap.mark(site.file, where + (key,), pos)
         self._data["params"][name] = entry
         return Ref(self, name, "param")
 
@@ -286,7 +264,7 @@ class Pipeline:
         entry: dict[str, Any] = {}
         if source is not None:
             entry["source"] = source
-            self._smap.mark(site, where + ("source",), site.given("source", 1))
+            self._smap.mark(site.file, where + ("source",), site.given("source", 1))
         entry.update(self._options(site, where, options))
         self._data["inputs"][name] = entry
         return Ref(self, name, "input")
@@ -304,8 +282,8 @@ class Pipeline:
             raise site.error("give a step's inputs by position (a list) or by name (a mapping), not both",
                              where + ("inputs",), hint="name them all, e.g. x=x, mu=mu, for an op such as expr")
         entry: dict[str, Any] = {"op": op}
-        self._smap.mark(site, where + ("op",), site.given("op", 1))
-        self._smap.mark(site, where + ("inputs",), site.at)
+        self._smap.mark(site.file, where + ("op",), site.given("op", 1))
+        self._smap.mark(site.file, where + ("inputs",), site.at)
         if inputs:
             entry["inputs"] = [self._input(site, where + ("inputs", i), r, site.arg(2 + i))
                                for i, r in enumerate(inputs)]
@@ -324,7 +302,7 @@ class Pipeline:
         site = call_site()
         where = self._new(site, "steps", name, self._nodes())
         entry: dict[str, Any] = {"uses": os.fspath(spec)}
-        self._smap.mark(site, where + ("uses",), site.given("spec", 1))
+        self._smap.mark(site.file, where + ("uses",), site.given("spec", 1))
         if inputs:
             entry["inputs"] = {k: self._input(site, where + ("inputs", k), r, site.keyword(k))
                                for k, r in inputs.items()}
@@ -342,10 +320,10 @@ class Pipeline:
         where = self._new(site, "outputs", name, self._data["outputs"])
         at = site.given("ref", 1)
         entry: dict[str, Any] = {"from": self._node(site, ref, where + ("from",), at)}
-        self._smap.mark(site, where + ("from",), at)
+        self._smap.mark(site.file, where + ("from",), at)
         if sink is not None:
             entry["sink"] = sink
-            self._smap.mark(site, where + ("sink",), site.given("sink", 2))
+            self._smap.mark(site.file, where + ("sink",), site.given("sink", 2))
         entry.update(self._options(site, where, options))
         self._data["outputs"][name] = entry
 
@@ -361,7 +339,7 @@ class Pipeline:
             value = list(value) if isinstance(value, range) else value
             new[key] = render(self, site, value, ("foreach", key), site.keyword(key))
         for key in new:
-            self._smap.mark(site, ("foreach", key), site.keyword(key))
+            self._smap.mark(site.file, ("foreach", key), site.keyword(key))
         self._data["foreach"].update(new)
         self._spec = None
 
@@ -450,7 +428,7 @@ class Pipeline:
             err = self._smap.error("", (first, name), key=True)
             raise site.error(f"{name!r} is already defined ({first}.{name}, at {err.location})", (section, name),
                              at=at, hint="give each input and step a name of its own")
-        self._smap.mark(site, (section, name), site.at, at)
+        self._smap.mark(site.file, (section, name), site.at, at)
         self._spec = None  # built again when asked for
         return section, name
 
@@ -471,13 +449,13 @@ class Pipeline:
                          at=at, hint=hint + (" (other op arguments go by keyword)" if not callable(value) else ""))
 
     def _input(self, site: Site, path: tuple, ref: Any, at: Pos) -> str:
-        self._smap.mark(site, path, at)
+        self._smap.mark(site.file, path, at)
         return self._node(site, ref, path, at)
 
     def _put(self, site: Site, path: tuple, value: Any, at: Pos) -> Any:
         """``value`` rendered as spec data, its place recorded."""
         out = render(self, site, value, path, at)
-        self._smap.mark(site, path, at)
+        self._smap.mark(site.file, path, at)
         return out
 
     def _options(self, site: Site, where: tuple, options: dict[str, Any]) -> dict[str, Any]:
@@ -488,7 +466,7 @@ class Pipeline:
         out: dict[str, Any] = {}
         ats = ats or {}
         if args:
-            self._smap.mark(site, where + ("args",), site.keyword("args"))
+            self._smap.mark(site.file, where + ("args",), site.keyword("args"))
             out["args"] = {}
             for key, value in args.items():
                 at = ats.get(key) or site.keywords.get(key) or site.keyword("args")

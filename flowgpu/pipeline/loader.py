@@ -36,28 +36,35 @@ def format_path(path: Path) -> str:
 
 @dataclass
 class SourceMap:
-    """Where each value (and each mapping key) of a spec is written."""
+    """Where each value (and each mapping key) of a spec is written; ``files``: the file of each entry
+    written elsewhere than ``file`` (a pipeline built in Python by several scripts)."""
 
     file: str | None = None
     values: dict[Path, tuple[int, int]] = field(default_factory=dict)
     keys: dict[Path, tuple[int, int]] = field(default_factory=dict)
+    files: dict[Path, str] = field(default_factory=dict)
+
+    def mark(self, file: str, path: Path, value: tuple[int, int], key: tuple[int, int] | None = None) -> None:
+        self.values[path], self.keys[path] = value, key or value
+        if file != self.file:
+            self.files[path] = file
+
+    def _nearest(self, path: Path, key: bool) -> tuple[Path, tuple[int, int] | None]:
+        path, tables = tuple(path), ((self.keys, self.values) if key else (self.values, self.keys))
+        while path and not any(path in t for t in tables):
+            path = path[:-1]
+        return path, next((t[path] for t in tables if path in t), None)
 
     def locate(self, path: Path, *, key: bool = False) -> tuple[int | None, int | None]:
         """Line and column (1-based) of ``path``, or of its nearest written parent."""
-        path = tuple(path)
-        while True:
-            table = (self.keys, self.values) if key else (self.values, self.keys)
-            for t in table:
-                if path in t:
-                    return t[path]
-            if not path:
-                return (None, None) if self.file is None else (1, 1)
-            path = path[:-1]
+        return self._nearest(path, key)[1] or ((None, None) if self.file is None else (1, 1))
 
     def error(self, message: str, path: Path = (), hint: str | None = None, *, key: bool = False,
               kind: type[SpecError] = SpecError) -> SpecError:
+        found = self._nearest(path, key)[0]
         line, col = self.locate(path, key=key)
-        return kind(message, file=self.file, line=line, col=col, path=format_path(tuple(path)), hint=hint)
+        return kind(message, file=self.files.get(found, self.file), line=line, col=col,
+                    path=format_path(tuple(path)), hint=hint)
 
 
 def limit(name: str) -> int:
