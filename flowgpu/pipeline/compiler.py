@@ -10,12 +10,10 @@ are not written).
 
 from __future__ import annotations
 
-import contextlib
 import graphlib
 import os
 import re
 from collections.abc import Iterator
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,7 +35,7 @@ from flowgpu.pipeline.build import build, load_spec, origin_of
 from flowgpu.pipeline.loader import SourceMap, limit, read_yaml
 from flowgpu.pipeline.spec import Spec
 
-__all__ = ["Plan", "Node", "compile", "counting_includes", "resolve_uses"]
+__all__ = ["Plan", "Node", "compile", "resolve_uses"]
 
 
 @dataclass
@@ -133,18 +131,6 @@ def _order(spec: Spec, smap: SourceMap) -> list[str]:
 
 # -- steps that use another spec ---------------------------------------------------------------------
 _KERNEL_FILES = ("/proc/", "/sys/")  # what they hold is the system's (an environment, its state), never a spec
-_included: ContextVar[list[int] | None] = ContextVar("flowgpu_included", default=None)
-
-
-@contextlib.contextmanager
-def counting_includes() -> Iterator[None]:
-    """Count the included specs (and their steps) one compile builds: includes of includes multiply,
-    so past ``flowgpu.spec.max-includes`` (or ``max-steps``) the compile stops rather than run for hours."""
-    token = _included.set([0, 0])
-    try:
-        yield
-    finally:
-        _included.reset(token)
 
 
 def resolve_uses(spec: Spec, name: str, smap: SourceMap, stack: tuple[str, ...]) -> str:
@@ -189,32 +175,25 @@ def _check_binding(child: Spec, inner: str, x: Any, where: tuple, smap: SourceMa
                                                                  "a param of the included spec")
 
 
-def _count_steps(count: list[int] | None, spec: Spec, data: Any, name: str, smap: SourceMap) -> None:
-    """Add the steps of step ``name``'s included spec (``data``) to this compile's, the top spec's first."""
-    if count is None:
-        return
+def _compile_uses(spec: Spec, name: str, smap: SourceMap, values: dict[str, Any], stack: tuple[str, ...],
+                  for_run: bool, count: list[int]) -> "Plan":
+    """Compile step ``name``'s included spec. ``count``: the included specs and steps this compile has
+    built (the top spec's first): includes of includes multiply, so past ``flowgpu.spec.max-includes``
+    (or ``max-steps``) the compile stops rather than run for hours."""
+    step = spec.steps[name]
+    path = resolve_uses(spec, name, smap, stack)
+    count[0] += 1
+    if count[0] > (most := limit("max-includes")):
+        raise smap.error(f"more than {most} included specs to compile (includes of includes multiply)",
+                         ("steps", name, "uses"), kind=SpecLimitError,
+                         hint="include each spec from fewer steps, or raise flowgpu.spec.max-includes")
+    data, child_map = read_yaml(path)
     steps = data.get("steps") if isinstance(data, dict) else None
     count[1] = (count[1] or len(spec.steps)) + (len(steps) if isinstance(steps, dict) else 0)
-    most = limit("max-steps")
-    if count[1] > most:
+    if count[1] > (most := limit("max-steps")):
         raise smap.error(f"the included specs would make {count[1]:,} steps to compile, more than {most:,}",
                          ("steps", name, "uses"), kind=SpecLimitError,
                          hint="include large specs from fewer steps, or raise flowgpu.spec.max-steps")
-
-
-def _compile_uses(spec: Spec, name: str, smap: SourceMap, values: dict[str, Any], stack: tuple[str, ...],
-                  for_run: bool) -> "Plan":
-    step = spec.steps[name]
-    path = resolve_uses(spec, name, smap, stack)
-    count, most = _included.get(), limit("max-includes")
-    if count is not None:
-        count[0] += 1
-        if count[0] > most:
-            raise smap.error(f"more than {most} included specs to compile (includes of includes multiply)",
-                             ("steps", name, "uses"), kind=SpecLimitError,
-                             hint="include each spec from fewer steps, or raise flowgpu.spec.max-includes")
-    data, child_map = read_yaml(path)
-    _count_steps(count, spec, data, name, smap)
     declared = (data.get("params") or {}) if isinstance(data, dict) else {}
     for key in step.params:
         if key not in declared:
@@ -232,7 +211,7 @@ def _compile_uses(spec: Spec, name: str, smap: SourceMap, values: dict[str, Any]
         _check_binding(child, inner, x, where, smap, name)
         bindings[inner] = x
     me = spec.origin.file if spec.origin is not None else None
-    return _compile(child, bindings, (*stack, os.path.abspath(me)) if me else stack, for_run)
+    return _compile(child, bindings, (*stack, os.path.abspath(me)) if me else stack, for_run, count)
 
 
 def _open_input(spec: Spec, name: str, smap: SourceMap, for_run: bool) -> da.Array:
@@ -332,7 +311,7 @@ def _check_expect(spec: Spec, name: str, x: da.Array, smap: SourceMap) -> None:
 
 
 def _build_graph(spec: Spec, smap: SourceMap, names: list[str], bindings: dict[str, da.Array],
-                 stack: tuple[str, ...], for_run: bool) -> tuple[dict, dict, dict]:
+                 stack: tuple[str, ...], for_run: bool, count: list[int]) -> tuple[dict, dict, dict]:
     values: dict[str, Any] = {}
     nodes: dict[str, Node] = {}
     children: dict[str, Plan] = {}
@@ -347,7 +326,7 @@ def _build_graph(spec: Spec, smap: SourceMap, names: list[str], bindings: dict[s
         step = spec.steps[name]
         deps = sorted({ref.split(".")[0] for _, ref in _step_refs(spec, name)})
         if step.uses is not None:
-            child = _compile_uses(spec, name, smap, values, stack, for_run)
+            child = _compile_uses(spec, name, smap, values, stack, for_run, count)
             children[name] = child
             values[name] = {**child.outputs, **child.labelled}
             nodes[name] = Node(name, "uses", step.uses, None, deps)
@@ -449,12 +428,12 @@ def fusion_of(nodes: dict[str, Node], names: list[str], outputs: dict[str, da.Ar
     return fused
 
 
-def _compile(spec: Spec, bindings: dict[str, da.Array] | None = None, stack: tuple[str, ...] = (),
-             for_run: bool = False) -> Plan:
+def _compile(spec: Spec, bindings: dict[str, da.Array] | None, stack: tuple[str, ...], for_run: bool,
+             count: list[int]) -> Plan:
     origin = origin_of(spec)
     smap = origin.smap
     names = _order(spec, smap)
-    values, nodes, children = _build_graph(spec, smap, names, bindings or {}, stack, for_run)
+    values, nodes, children = _build_graph(spec, smap, names, bindings or {}, stack, for_run, count)
     outputs, labelled = _output_arrays(spec, values, smap)
     arrays = {k: bare(v) for k, v in values.items()}
     return Plan(spec, nodes, names, arrays, outputs, dict(origin.params), children, fusion_of(nodes, names, outputs),
@@ -472,8 +451,8 @@ def compile(spec: Spec | str | os.PathLike | dict, params: dict[str, Any] | None
     """
     spec = load_spec(spec, {**{f"params.{k}": v for k, v in (params or {}).items()}, **(overrides or {})})
     try:
-        with counting_includes(), using(facts):
-            return _compile(spec, for_run=for_run)
+        with using(facts):
+            return _compile(spec, None, (), for_run, [0, 0])
     except ConfigError as e:  # e.g. bad chunks
         raise SpecError(str(e), file=origin_of(spec).file, line=1, col=1, path="<document>",
                         hint="check the spec's inputs and args") from None
