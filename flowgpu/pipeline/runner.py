@@ -277,7 +277,7 @@ def _run(spec: Spec, config: RunConfig, begun: float) -> "RunResult | BatchResul
                                 computed=None if batch else computed)
                     except BaseException:
                         if batch:  # what a failed batch's --summary says
-                            failed = _batch_result(spec, outcomes, session, started).summary
+                            failed = _result(spec, outcomes, session, started, True).summary
                         raise
                     finally:
                         if config.report:  # the run report, of a failed run too
@@ -360,29 +360,16 @@ def _write_report(spec: Spec, outcomes: list[Outcome], session: runtime.RunSessi
     runreport.write(config.report, runreport.render(summary, runs), config.overwrite)
 
 
-def _info(session: runtime.RunSession) -> dict:
-    return session.info() if session is not None and hasattr(session, "info") else {}
-
-
 def _result(spec: Spec, outcomes: list[Outcome], session: runtime.RunSession, started: float,
             batch: bool) -> "RunResult | BatchResult":
-    return _batch_result(spec, outcomes, session, started) if batch else _single_result(outcomes[0], session, started)
-
-
-def _single_result(o: Outcome, session: runtime.RunSession, started: float) -> RunResult:
-    values, job = o.outputs, o.job
-    status = "ok" if o.status in ("ok", "up-to-date") else o.status
-    plan = o.plan or job.plan
-    summary = run_summary(job.item.spec, plan, _info(session), values, set(o.values), time.perf_counter() - started,
-                          status, job.reasons)
-    return RunResult(values, summary, plan, status)
-
-
-def _batch_result(spec: Spec, outcomes: list[Outcome], session: runtime.RunSession, started: float) -> BatchResult:
+    """What the run did, from its outcomes: a plain run's :class:`RunResult`, or the batch's items."""
+    info = session.info() if session is not None and hasattr(session, "info") else {}
+    if not batch:
+        return _single_result(outcomes[0], info, started)
     results, entries = [], []
     for o in outcomes:
         item = o.job.item
-        one = _single_result(o, session, started)
+        one = _single_result(o, info, started)
         one.summary["wall_seconds"] = o.seconds
         said = str(o.error).removeprefix(f"batch item {item.index + 1} of {item.of} ({item.label}): ")
         entries.append({"index": item.index, "params": item.values, "status": o.status,
@@ -393,7 +380,36 @@ def _batch_result(spec: Spec, outcomes: list[Outcome], session: runtime.RunSessi
                                written=sorted(o.written), not_written=sorted(set(o.job.todo) - set(o.written)))
         one.params, one.status = item.values, o.status
         results.append(one)
-    return BatchResult(results, batch_summary(spec, entries, _info(session), time.perf_counter() - started))
+    ok = all(e["status"] in ("ok", "up-to-date") for e in entries)
+    return BatchResult(results, {
+        **_head(spec, spec.origin.file if spec.origin else None, "ok" if ok else "failed"),
+        "wall_seconds": time.perf_counter() - started,
+        "counts": dict(Counter(e["status"] for e in entries)),
+        "session": _session(info),
+        "items": entries,
+    })
+
+
+def _single_result(o: Outcome, info: dict, started: float) -> RunResult:
+    values, spec, plan = o.outputs, o.job.item.spec, o.plan or o.job.plan
+    status = "ok" if o.status in ("ok", "up-to-date") else o.status
+    computed = set(o.values)
+    outputs, written = _outputs(spec, plan, values, computed)
+    for name, why in o.job.reasons.items():
+        outputs[name]["reason"] = why
+    read = sum(int(n.array.nbytes) for n in plan.nodes.values()
+               if computed and n.reads_files and n.array is not None)
+    return RunResult(values, {
+        **_head(spec, plan.file, status),
+        "params": plan.params,
+        "wall_seconds": time.perf_counter() - started,
+        "bytes_read": read,
+        "bytes_written": written,
+        "tasks": graph_size([plan.outputs[n] for n in computed]) if computed else 0,
+        "fused": dict(plan.fusion),
+        "session": _session(info),
+        "outputs": outputs,
+    }, plan, status)
 
 
 # -- what a run says it did: the summary of a run, of a batch and of a run that failed ----------------
@@ -439,10 +455,7 @@ def failure_summary(spec: Any, plan: Plan | None, moved: dict[str, str], error: 
                          **({"location": moved[name]} if written else {})}
     message = "interrupted" if isinstance(error, KeyboardInterrupt) else str(error)
     return {
-        "flowgpu": __version__,
-        "name": spec.name if spec is not None else None,
-        "file": spec.origin.file if spec is not None and spec.origin else given,
-        "status": "failed",
+        **_head(spec, spec.origin.file if spec is not None and spec.origin else given, "failed"),
         "error": message,
         "error_type": type(error).__name__,
         "step": _failed_step(spec, plan, error) if spec is not None else None,
@@ -482,37 +495,7 @@ def _session(info: dict) -> dict:
     return {k: info.get(k) for k in ("backend", "n_workers", "threads_per_worker", "address", "dashboard", "workers")}
 
 
-def run_summary(spec: Spec, plan: Plan, info: dict, values: dict, computed: set[str], wall: float, status: str,
-                reasons: dict[str, str] | None = None) -> dict[str, Any]:
-    outputs, written = _outputs(spec, plan, values, computed)
-    for name, why in (reasons or {}).items():
-        outputs[name]["reason"] = why
-    read = sum(int(n.array.nbytes) for n in plan.nodes.values() if n.reads_files and n.array is not None) if computed else 0
-    return {
-        "flowgpu": __version__,
-        "name": spec.name,
-        "file": plan.file,
-        "status": status,
-        "params": plan.params,
-        "wall_seconds": wall,
-        "bytes_read": read,
-        "bytes_written": written,
-        "tasks": graph_size([plan.outputs[n] for n in computed]) if computed else 0,
-        "fused": dict(plan.fusion),
-        "session": _session(info),
-        "outputs": outputs,
-    }
-
-
-def batch_summary(spec: Spec, items: list[dict[str, Any]], info: dict, wall: float) -> dict[str, Any]:
-    counts = dict(Counter(item["status"] for item in items))
-    return {
-        "flowgpu": __version__,
-        "name": spec.name,
-        "file": spec.origin.file if spec.origin else None,
-        "status": "ok" if all(i["status"] in ("ok", "up-to-date") for i in items) else "failed",
-        "wall_seconds": wall,
-        "counts": counts,
-        "session": _session(info),
-        "items": items,
-    }
+def _head(spec: Spec | None, file: str | None, status: str) -> dict[str, Any]:
+    """How every summary begins (``SUMMARY_HEAD``: its first key is the version)."""
+    name = spec.name if spec is not None else None
+    return {"flowgpu": __version__, "name": name, "file": file, "status": status}
