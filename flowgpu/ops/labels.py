@@ -82,17 +82,13 @@ def _elementwise(op: Op, args: list, kwargs: dict) -> Any:
 
 def _shaped(op: Op, x: Any, args: list, kwargs: dict) -> Any:
     """``transpose``, ``slice`` and ``squeeze`` as xarray does them; else labels kept when the shape is."""
-    if op.name == "transpose" and len(args) == 1:
-        axes = kwargs.get("axes")
-        return x.transpose(*(x.dims[int(a)] for a in axes)) if axes is not None else x.transpose()
-    if op.name == "slice" and len(args) == 1:
+    if len(args) == 1 and op.name in ("transpose", "slice", "squeeze"):
         op(x.data, **kwargs)  # the op's own checks and messages
-        return x[parse_index(kwargs["index"])]
-    if op.name == "squeeze" and len(args) == 1:
-        op(x.data, **kwargs)
-        axis = kwargs.get("axis")
-        return x.squeeze([x.dims[int(a)] for a in ([axis] if isinstance(axis, int) else axis)]
-                         if axis is not None else None)
+        if op.name == "slice":
+            return x[parse_index(kwargs["index"])]
+        axes = kwargs.get("axes" if op.name == "transpose" else "axis")
+        dims = None if axes is None else [x.dims[int(a)] for a in ([axes] if isinstance(axes, int) else axes)]
+        return x.squeeze(dims) if op.name == "squeeze" else x.transpose(*(dims or ()))
     out = _on_bare(op, args, kwargs)
     if not isinstance(out, (tuple, list)) and getattr(out, "shape", None) == x.shape:
         return x.copy(data=out)
