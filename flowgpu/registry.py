@@ -126,16 +126,14 @@ class Registry(Generic[T]):
     def get(self, name: str) -> T:
         """The entry registered as ``name``; an unknown name suggests close matches."""
         self._load_plugins()
-        with self._lock:
-            entry = self._entries.get(name)
-            if entry is not None:
-                return entry
-            known = sorted(self._entries)
-        raise self.error(f"unknown {self.what} {name!r}; {self.suggest(name, known)}")
+        entry = self._entries.get(name)
+        if entry is None:
+            raise self.error(f"unknown {self.what} {name!r}; {self.suggest(name)}")
+        return entry
 
-    def suggest(self, name: Any, known: Iterable[str] | None = None) -> str:
+    def suggest(self, name: Any) -> str:
         """'did you mean ...?' for ``name``, else the names to choose from."""
-        known = sorted(known if known is not None else self.names())
+        known = self.names()
         listing = f"run 'flowgpu {self.what}s' to list them"
         return did_you_mean(name, known, f"choose one of {', '.join(known)} ({listing})" if len(known) <= 12
                             else listing, n=3)
