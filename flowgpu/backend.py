@@ -129,12 +129,8 @@ def _driver_count() -> int:
             lib = ctypes.CDLL(name)
         except OSError:
             continue
-        if lib.cuInit(0) != 0:
-            return 0
         n = ctypes.c_int(0)
-        if lib.cuDeviceGetCount(ctypes.byref(n)) != 0:
-            return 0
-        return int(n.value)
+        return int(n.value) if lib.cuInit(0) == 0 and lib.cuDeviceGetCount(ctypes.byref(n)) == 0 else 0
     return 0
 
 
