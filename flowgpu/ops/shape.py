@@ -149,8 +149,6 @@ def rechunk(x: Array, *, chunks: Any = "auto") -> Array:
     (x,) = same_backend(x)
     if isinstance(chunks, dict):
         return x.rechunk(chunks)
-    if isinstance(chunks, list):
-        chunks = tuple(chunks)
     if isinstance(chunks, str) and chunks != "auto":
         try:
             limit = parse_bytes(chunks)
