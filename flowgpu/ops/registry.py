@@ -17,7 +17,7 @@ from typing import Any
 from flowgpu.errors import OpError
 from flowgpu.registry import Entry, Registry
 
-__all__ = ["Op", "op", "register", "get", "names", "all_ops", "OPS", "signature_of", "ENTRY_POINT_GROUP"]
+__all__ = ["Op", "op", "register", "get", "names", "all_ops", "OPS", "ENTRY_POINT_GROUP"]
 
 ENTRY_POINT_GROUP = "flowgpu.ops"
 KINDS = ("elementwise", "reduction", "array", "io", "user")
@@ -33,29 +33,17 @@ class Op(Entry):
     gpu_only: bool = False
     meta: dict = field(default_factory=dict)
 
-    @property
+    @functools.cached_property
     def signature(self) -> inspect.Signature:
-        return signature_of(self.func)
-
-
-@functools.lru_cache(maxsize=4096)
-def _signature(func: Callable) -> inspect.Signature:
-    return inspect.signature(func)
-
-
-def signature_of(func: Callable) -> inspect.Signature:
-    """``inspect.signature(func)``, kept per function: every run binds each step's arguments
-    against its op's (three signatures a step, 0.3 of a 1.4 ms compile on 2 cores)."""
-    try:
-        return _signature(func)
-    except TypeError:  # an unhashable callable
-        return inspect.signature(func)
+        """``inspect.signature(func)``, kept: every run binds each step's arguments against it (0.3 of a
+        1.4 ms compile on 2 cores when it was read again each time)."""
+        return inspect.signature(self.func)
 
 
 def _array_params(func: Callable) -> tuple[str, ...]:
     """Positional parameters without defaults are the op's array inputs."""
     out = []
-    for p in signature_of(func).parameters.values():
+    for p in inspect.signature(func).parameters.values():
         if p.kind == p.VAR_POSITIONAL:
             out.append(p.name + "*")
         elif p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty:

@@ -25,7 +25,7 @@ import numpy as np
 from pydantic import ConfigDict, PlainValidator, TypeAdapter, ValidationError
 
 from flowgpu.errors import ArgumentError
-from flowgpu.ops.registry import Op, get, signature_of
+from flowgpu.ops.registry import Op, get
 
 __all__ = ["Array", "bind_arguments", "checked", "describe_type", "accepted_arguments"]
 
@@ -102,7 +102,7 @@ def describe_type(hint: Any) -> str:
 def accepted_arguments(func: Callable, array_params: tuple[str, ...] = ()) -> list[str]:
     """Names of the keyword arguments ``func`` takes (its array inputs left out)."""
     inputs = {p.rstrip("*") for p in array_params}
-    return [p.name for p in signature_of(func).parameters.values()
+    return [p.name for p in inspect.signature(func).parameters.values()
             if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.name not in inputs]
 
 
@@ -124,16 +124,16 @@ def _check_type(op_name: str, func: Callable, key: str, value: Any) -> None:
                         f"not {type(value).__name__} ({value!r:.60})", key)
 
 
-def _check_keywords(op_name: str, func: Callable, kwargs: Mapping[str, Any], inputs: tuple[str, ...] = ()) -> None:
-    """Refuse a keyword argument ``func`` does not take (``inputs``: its array parameters, left out of
-    the names a message suggests) or whose type does not fit its annotation."""
-    params = signature_of(func).parameters
+def _check_keywords(op_name: str, func: Callable, params: Mapping[str, inspect.Parameter],
+                    kwargs: Mapping[str, Any], inputs: tuple[str, ...] = ()) -> None:
+    """Refuse a keyword argument ``func`` (its parameters: ``params``) does not take (``inputs``: its array
+    parameters, left out of the names a message suggests) or whose type does not fit its annotation."""
     has_var_kw = any(p.kind == p.VAR_KEYWORD for p in params.values())
     for key, value in kwargs.items():
         p = params.get(key)
         if p is not None and p.kind == p.VAR_POSITIONAL:
-            raise ArgumentError(f"op {op_name!r}: {key!r} are the step's inputs; list them under inputs, not as an "
-                                "argument", key)
+            raise ArgumentError(f"op {op_name!r}: {key!r} are the step's inputs; list them under inputs, "
+                                "not as an argument", key)
         if p is None and not has_var_kw:
             raise _unknown(op_name, key, accepted_arguments(func, inputs))
         if p is not None and p.kind != p.VAR_KEYWORD:
@@ -142,11 +142,11 @@ def _check_keywords(op_name: str, func: Callable, kwargs: Mapping[str, Any], inp
 
 def checked(name: str, func: Callable) -> Callable:
     """``func`` wrapped so a call with wrong argument names or types raises :class:`ArgumentError`."""
-    sig = signature_of(func)
+    sig = inspect.signature(func)
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        _check_keywords(name, func, kwargs)
+        _check_keywords(name, func, sig.parameters, kwargs)
         try:
             bound = sig.bind(*args, **kwargs)
         except TypeError as e:
@@ -172,8 +172,8 @@ def bind_arguments(op: Op | str, args: Mapping[str, Any] | None = None, *, n_inp
     if isinstance(op, str):
         op = get(op)
     args = dict(args or {})
-    _check_keywords(op.name, op.func, args, op.inputs)
-    params = signature_of(op.func).parameters
+    params = op.signature.parameters
+    _check_keywords(op.name, op.func, params, args, op.inputs)
     missing = [p.name for p in params.values()
                if p.default is p.empty and p.kind == p.KEYWORD_ONLY and p.name not in args]
     if missing:
@@ -186,6 +186,6 @@ def bind_arguments(op: Op | str, args: Mapping[str, Any] | None = None, *, n_inp
     required = max(len([n for n in fixed if params[n].default is params[n].empty]), 1 if variadic else 0)
     if n_inputs < required or (not variadic and n_inputs > len(fixed)):
         want = ", ".join(n.rstrip("*") + ("..." if n.endswith("*") else "") for n in op.inputs)
-        raise ArgumentError(f"op {op.name!r} takes {'at least ' if variadic else ''}{required} input(s) ({want}), "
-                            f"got {n_inputs}")
+        raise ArgumentError(f"op {op.name!r} takes {'at least ' if variadic else ''}{required} input(s) "
+                            f"({want}), got {n_inputs}")
     return args
