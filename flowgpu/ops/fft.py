@@ -42,7 +42,7 @@ def _transform(kind: str, x: Any, lengths: Any, axes: Any, norm: Any) -> Array:
     (x,) = same_backend(x)
     if x.ndim == 0:
         raise OpError(f"op {kind!r}: the input is a number (0-d); give an array")
-    axes = [int(a) + x.ndim if int(a) < 0 else int(a) for a in axes]  # whole numbers: the signature checks them
+    axes = [int(a) + x.ndim if int(a) < 0 else int(a) for a in axes]  # the signature admits whole numbers
     if any(not 0 <= a < x.ndim for a in axes) or len(set(axes)) != len(axes):
         raise OpError(f"op {kind!r}: axes {axes} are out of range or repeated for an array of {x.ndim} dimension(s)")
     if lengths is not None:

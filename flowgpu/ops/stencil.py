@@ -41,7 +41,8 @@ def _per_axis_values(name: str, arg: str, value: Any, ndim: int, axes: Any, neut
     axes = range(ndim) if axes is None else [axes] if isinstance(axes, int) else list(axes)
     if any(not -ndim <= a < ndim for a in axes):
         raise OpError(f"op {name!r}: axes={list(axes)!r} out of range for an array of {ndim} dimension(s)")
-    values = tuple(value) if isinstance(value, Sequence) and not isinstance(value, str) else (value,) * len(axes)
+    many = isinstance(value, Sequence) and not isinstance(value, str)
+    values = tuple(value) if many else (value,) * len(axes)
     if len(values) != len(axes):
         raise OpError(f"op {name!r}: {arg}={list(value)!r} has {len(value)} values but the array has "
                       f"{len(axes)} dimension(s); give one value, or one per axis")
