@@ -11,7 +11,6 @@ lists); annotations pydantic cannot check are not checked.
 from __future__ import annotations
 
 import collections.abc as cabc
-import difflib
 import functools
 import inspect
 import numbers
@@ -24,7 +23,7 @@ import dask.array as da
 import numpy as np
 from pydantic import ConfigDict, PlainValidator, TypeAdapter, ValidationError
 
-from flowgpu.errors import ArgumentError
+from flowgpu.errors import ArgumentError, did_you_mean
 from flowgpu.ops.registry import Op, get
 
 __all__ = ["Array", "bind_arguments", "checked", "describe_type", "accepted_arguments"]
@@ -106,14 +105,10 @@ def accepted_arguments(func: Callable, array_params: tuple[str, ...] = ()) -> li
             if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.name not in inputs]
 
 
-def _accepted_text(names: list[str]) -> str:
-    return ", ".join(names) if names else "no keyword arguments"
-
-
 def _unknown(op_name: str, key: str, accepted: list[str]) -> ArgumentError:
-    close = difflib.get_close_matches(key, accepted, n=1, cutoff=0.6)
-    hint = f"did you mean {close[0]!r}? " if close else ""
-    return ArgumentError(f"op {op_name!r}: unknown argument {key!r}; {hint}it accepts: {_accepted_text(accepted)}", key)
+    hint = did_you_mean(key, accepted)
+    return ArgumentError(f"op {op_name!r}: unknown argument {key!r}; {hint + ' ' if hint else ''}it accepts: "
+                         f"{', '.join(accepted) or 'no keyword arguments'}", key)
 
 
 def _check_type(op_name: str, func: Callable, key: str, value: Any) -> None:
@@ -178,7 +173,8 @@ def bind_arguments(op: Op | str, args: Mapping[str, Any] | None = None, *, n_inp
                if p.default is p.empty and p.kind == p.KEYWORD_ONLY and p.name not in args]
     if missing:
         raise ArgumentError(f"op {op.name!r}: missing argument {missing[0]!r}; it accepts: "
-                            f"{_accepted_text(accepted_arguments(op.func, op.inputs))}", missing[0])
+                            f"{', '.join(accepted_arguments(op.func, op.inputs)) or 'no keyword arguments'}",
+                            missing[0])
     if n_inputs is None or op.inputs == ("**",):
         return args
     variadic = any(n.endswith("*") for n in op.inputs)
