@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import contextlib
-import difflib
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -16,7 +15,7 @@ import dask.array as da
 import numpy as np
 from dask.base import tokenize
 
-from flowgpu.errors import ArgumentError, OpError, RunError
+from flowgpu.errors import ArgumentError, OpError, RunError, did_you_mean
 from flowgpu.ops._common import Array, DType, defop, dtype_arg, meta_like, same_backend
 from flowgpu.registry import import_object, pickled_by_value
 
@@ -83,10 +82,9 @@ def _check_call(func: Callable, function: str, blocks: int, kwargs: dict) -> Non
         sig.bind(*range(blocks), **kwargs)
     except TypeError as e:
         names = [n for n, p in sig.parameters.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
-        wrong = next((k for k in kwargs if k not in sig.parameters), None)
-        close = difflib.get_close_matches(wrong, names, n=1) if wrong else []
+        hint = did_you_mean(next((k for k in kwargs if k not in sig.parameters), ""), names)
         raise ArgumentError(f"{function} ({', '.join(sig.parameters)}) called with {blocks} block(s) and kwargs "
-                            f"{sorted(kwargs)}: {e}" + (f"; did you mean {close[0]!r}?" if close else ""),
+                            f"{sorted(kwargs)}: {e}" + (f"; {hint}" if hint else ""),
                             "kwargs" if kwargs else None) from None
 
 
