@@ -18,7 +18,7 @@ from flowgpu.io.devcodec import MAX_CHUNK_BYTES
 from flowgpu.io.hdf5 import from_hdf5, is_hdf5
 from flowgpu.io.hdf5 import labels as hdf5_labels
 from flowgpu.io.npy import from_npy
-from flowgpu.io.paths import is_glob, misnamed
+from flowgpu.io.paths import is_glob, refuse_misnamed
 from flowgpu.io.tiff import from_tiff, is_tiff, tiff_files
 from flowgpu.io.zarr import from_zarr, open_zarr_array, store_zarr
 from flowgpu.io.zarrwrite import CODECS, INNER_BYTES, inner_chunks
@@ -106,8 +106,7 @@ def check(src: str, dst: str, *, codec: str = "zstd", chunk_bytes: int | None = 
     read = tiff_files(os.path.abspath(src)) if is_glob(src) else [src]  # a glob's pages are its sources
     if any(os.path.realpath(f) == os.path.realpath(dst) for f in read):
         raise ConfigError(f"{dst!r} is the source itself; write the converted store to another path")
-    if wrong := misnamed(dst, writer="convert"):
-        raise ConfigError(f"DST {wrong[0]}: name it e.g. {wrong[1]!r}")
+    refuse_misnamed(dst, writer="convert", error=ConfigError, prefix="DST ")
     hit = replaces_protected(dst, protected_paths({f: f"its source {f!r}" for f in read}))  # what run never replaces
     if hit is not None:
         raise ConfigError(f"DST {dst!r} {hit}, which convert must not replace; write the converted store to a path "

@@ -12,9 +12,9 @@ import numpy as np
 from flowgpu.arrays.chunks import resolve_chunks
 from flowgpu.arrays.creation import from_reader
 from flowgpu.arrays.movement import to_host
-from flowgpu.errors import ConfigError, OutputError
+from flowgpu.errors import ConfigError
 from flowgpu.io.atomic import atomic_output
-from flowgpu.io.paths import misnamed, resolve
+from flowgpu.io.paths import refuse_misnamed, resolve
 from flowgpu.transfer.staging import file_rows_to_device, host_to_device
 
 __all__ = ["from_npy", "to_npy", "npy_writes", "NpyReader"]
@@ -126,8 +126,7 @@ def npy_writes(x: da.Array, path: str) -> da.Array:
 
 def to_npy(x: da.Array, path: str, overwrite: bool = False):
     """Write ``x`` to a ``.npy`` file, chunks in parallel, moved into place only when complete."""
-    if wrong := misnamed(os.fspath(path), (".npy",), "to_npy"):
-        raise OutputError(f"{wrong[0]}; name it e.g. {wrong[1]!r}")
+    refuse_misnamed(path, (".npy",), "to_npy")
     x = to_host(x)
     with atomic_output(path, overwrite, meta={"format": "npy"}) as tmp:
         npy_writes(x, tmp).compute()

@@ -18,10 +18,10 @@ from typing import Any
 
 from distributed import get_worker
 
-from flowgpu.errors import PathNotVisibleError
+from flowgpu.errors import OutputError, PathNotVisibleError
 
-__all__ = ["FIX", "METADATA", "is_url", "is_glob", "glob_files", "expand", "resolve", "shown", "named_kind", "misnamed", "metadata_files",
-           "require_store", "where", "probe"]
+__all__ = ["FIX", "METADATA", "is_url", "is_glob", "glob_files", "expand", "resolve", "shown", "named_kind", "misnamed",
+           "refuse_misnamed", "metadata_files", "require_store", "where", "probe"]
 
 FIX = ("the workers do not see this path: put it on storage every host mounts (at the same path), "
        "or use a URL")
@@ -145,6 +145,13 @@ def misnamed(path: str, own: tuple[str, ...] = (".zarr",), writer: str = "it") -
     kinds = " or ".join(dict.fromkeys(_NAMES.get(o, f"a {o} file") for o in own))
     return (f"{shown(path)!r} ends in {suffix}, the name of {_NAMES[suffix.lower()]}, but {writer} writes {kinds}",
             shown(stem + own[0]))
+
+
+def refuse_misnamed(path: str, own: tuple[str, ...] = (".zarr",), writer: str = "it", error: type = OutputError,
+                    prefix: str = "") -> None:
+    """Raise ``error`` (after ``prefix``) when :func:`misnamed` finds ``path`` named as another kind of file."""
+    if wrong := misnamed(os.fspath(path), own, writer):  # as a spec's zarr output named "out.npy" is
+        raise error(f"{prefix}{wrong[0]}: name it e.g. {wrong[1]!r}")
 
 
 def metadata_files(path: str, component: str | None = None) -> list[str]:

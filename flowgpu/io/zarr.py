@@ -23,10 +23,10 @@ from dask.utils import parse_bytes
 from flowgpu.arrays.chunks import resolve_chunks
 from flowgpu.arrays.movement import to_device, to_host
 from flowgpu.backend import current_backend, empty_meta
-from flowgpu.errors import ConfigError, OutputError
+from flowgpu.errors import ConfigError
 from flowgpu.io.atomic import atomic_output
 from flowgpu.io.devcodec import MAX_CHUNK_BYTES, DevicePlan, Fallback, plan_codec
-from flowgpu.io.paths import is_url, misnamed, named_kind, require_store, resolve
+from flowgpu.io.paths import is_url, named_kind, refuse_misnamed, require_store, resolve
 from flowgpu.io.storage import COUNTERS
 from flowgpu.io.zarrread import DeviceReader
 from flowgpu.io.zarrwrite import checksummed, compressors, create, device_writes, inner_chunks
@@ -215,8 +215,7 @@ def to_zarr(x: da.Array, path: str, overwrite: bool = False, component: str | No
     (see :func:`store_zarr`); on a GPU session the chunks are encoded on the device. With
     ``checksum`` (default ``flowgpu.zarr.checksum``) each chunk ends in zarr's ``crc32c``, checked on
     every read."""
-    if wrong := misnamed(os.fspath(path), writer="to_zarr"):  # as a spec's zarr output named "out.npy" is
-        raise OutputError(f"{wrong[0]}; name it e.g. {wrong[1]!r}")
+    refuse_misnamed(path, writer="to_zarr")
     with atomic_output(path, overwrite, meta={"format": "zarr"}) as tmp:
         target = store_zarr(x, tmp, component=component, codec=codec, level=level, chunks=chunks, shards=shards,
                             checksum=checksum)
