@@ -24,7 +24,7 @@ from flowgpu.errors import ConfigError, SourceError
 from flowgpu.io.paths import resolve
 from flowgpu.transfer.staging import file_rows_to_device, rows_to_device
 
-__all__ = ["from_hdf5", "Hdf5Reader", "block_slices", "import_h5py", "is_hdf5"]
+__all__ = ["from_hdf5", "Hdf5Reader", "block_slices", "import_h5py", "is_hdf5", "open_format"]
 
 _SHOWN = 20  # datasets named in a message
 
@@ -54,19 +54,26 @@ def _listing(names: list[str]) -> str:
     return ", ".join(names[:_SHOWN]) + more
 
 
+def open_format(path: str, what: str, is_kind: Any, opener: Any, folder: str, unlike: str) -> Any:
+    """``opener(path)``, or a SourceError saying why not: ``path`` is missing, a folder (``folder``: the
+    fix), lacks the ``what`` signature ``is_kind`` checks (``unlike``: why) or does not open."""
+    if not os.path.exists(path):
+        raise SourceError(f"{what} file {path!r} does not exist", "path")
+    if os.path.isdir(path):
+        raise SourceError(f"{path!r} is a folder{folder}", "path")
+    if not is_kind(path):
+        raise SourceError(f"{path!r} is not {unlike}", "path")
+    try:
+        return opener(path)
+    except Exception as e:  # noqa: BLE001 - readers raise several types for a damaged file
+        raise SourceError(f"{what} file {path!r} cannot be opened: {e}", "path") from None
+
+
 def _open_file(path: str) -> Any:
     h5py = import_h5py()
-    if not os.path.exists(path):
-        raise SourceError(f"HDF5 file {path!r} does not exist", "path")
-    if os.path.isdir(path):
-        raise SourceError(f"{path!r} is a folder, not an HDF5 file (for a Zarr store use source: zarr)", "path")
-    if not h5py.is_hdf5(path):
-        raise SourceError(f"{path!r} is not an HDF5 file (it lacks HDF5's signature); give an HDF5 (.h5, .hdf5) "
-                          "or NetCDF-4 (.nc) file", "path")
-    try:
-        return h5py.File(path, "r")
-    except OSError as e:
-        raise SourceError(f"HDF5 file {path!r} cannot be opened: {e}", "path") from None
+    return open_format(path, "HDF5", h5py.is_hdf5, lambda p: h5py.File(p, "r"),
+                       ", not an HDF5 file (for a Zarr store use source: zarr)",
+                       "an HDF5 file (it lacks HDF5's signature); give an HDF5 (.h5, .hdf5) or NetCDF-4 (.nc) file")
 
 
 def _find(f: Any, path: str, dataset: str | None) -> Any:

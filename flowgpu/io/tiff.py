@@ -17,7 +17,7 @@ from dask.utils import parse_bytes
 from flowgpu.arrays.chunks import resolve_chunks
 from flowgpu.arrays.creation import from_reader
 from flowgpu.errors import SourceError
-from flowgpu.io.hdf5 import block_slices, import_format
+from flowgpu.io.hdf5 import block_slices, import_format, open_format
 from flowgpu.io.paths import expand, is_glob, resolve
 from flowgpu.transfer.staging import rows_to_device
 
@@ -52,18 +52,9 @@ def tiff_files(path: str) -> list[str]:
 
 
 def _open(path: str) -> Any:
-    tifffile = import_tifffile()
-    if not os.path.exists(path):
-        raise SourceError(f"TIFF file {path!r} does not exist", "path")
-    if os.path.isdir(path):
-        raise SourceError(f"{path!r} is a folder; give a TIFF file, or a glob of its pages such as "
-                          f"'{os.path.join(path, '*.tif')}'", "path")
-    if not is_tiff(path):
-        raise SourceError(f"{path!r} is not a TIFF file (it does not start as one)", "path")
-    try:
-        return tifffile.TiffFile(path)
-    except Exception as e:  # noqa: BLE001 - tifffile raises several types for a damaged file
-        raise SourceError(f"TIFF file {path!r} cannot be read: {e}", "path") from None
+    return open_format(path, "TIFF", is_tiff, import_tifffile().TiffFile,
+                       f"; give a TIFF file, or a glob of its pages such as '{os.path.join(path, '*.tif')}'",
+                       "a TIFF file (it does not start as one)")
 
 
 def _page_kind(page: Any) -> tuple[tuple[int, ...], np.dtype | None]:
