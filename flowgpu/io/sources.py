@@ -336,19 +336,12 @@ def _python(callable: str, args: dict | None = None, chunks: Any = "auto", shape
     return arrays.from_array(out, chunks=chunks)
 
 
-register_source("random", lambda shape, dtype="float64", seed=None, chunks="auto":
-                arrays.random(tuple(shape), dtype=dtype, seed=seed, chunks=chunks), options=RandomOptions)
-register_source("normal", lambda shape, dtype="float64", seed=None, chunks="auto", loc=0.0, scale=1.0:
-                arrays.normal(tuple(shape), dtype=dtype, seed=seed, chunks=chunks, loc=loc, scale=scale),
-                options=NormalOptions)
-register_source("zeros", lambda shape, dtype="float64", chunks="auto": arrays.zeros(tuple(shape), dtype, chunks),
-                options=ZerosOptions)
-register_source("ones", lambda shape, dtype="float64", chunks="auto": arrays.ones(tuple(shape), dtype, chunks),
-                options=OnesOptions)
-register_source("full", lambda shape, fill_value, dtype="float64", chunks="auto":
-                arrays.full(tuple(shape), fill_value, dtype, chunks), options=FullOptions)
-register_source("arange", lambda stop, start=0, step=1, dtype=None, chunks="auto":
-                arrays.arange(start, stop, step, dtype=dtype, chunks=chunks), options=ArangeOptions)
+register_source("random", arrays.random, options=RandomOptions)  # each takes its options as keywords
+register_source("normal", arrays.normal, options=NormalOptions)
+register_source("zeros", arrays.zeros, options=ZerosOptions)
+register_source("ones", arrays.ones, options=OnesOptions)
+register_source("full", arrays.full, options=FullOptions)
+register_source("arange", arrays.arange, options=ArangeOptions)
 register_source("zarr", from_zarr, reads_files=True, options=ZarrOptions)
 register_source("npy", from_npy, reads_files=True, options=NpyOptions)
 register_source("hdf5", from_hdf5, reads_files=True, options=Hdf5Options)
