@@ -224,12 +224,10 @@ def from_array(x: Any, chunks: Any = "auto") -> da.Array:
 def from_reader(reader: Any, chunks: Any, kind: str, token: str) -> da.Array:
     """The blocks of ``reader`` (sliced in the task that needs them) as a chunked array named
     ``from-<kind>[-gpu]-<token>``; on a GPU session the reader reads straight to the device."""
-    if current_backend() == "cupy":
+    gpu = current_backend() == "cupy"
+    if gpu:
         reader.device = True
-        meta = import_cupy().empty((0,) * reader.ndim, reader.dtype)
-        return da.from_array(reader, chunks=chunks, asarray=False, meta=meta, name=f"from-{kind}-gpu-{token}")
     # not inline_array=True: the reads would run inside the next step's tasks, and the flowgpu page
     # would show the input step with no tasks (and failed when the next step failed)
-    x = da.from_array(reader, chunks=chunks, asarray=False, meta=np.empty((0,) * reader.ndim, reader.dtype),
-                      name=f"from-{kind}-{token}")
-    return to_device(x)
+    return da.from_array(reader, chunks=chunks, asarray=False, meta=empty_meta(gpu, reader.dtype, reader.ndim),
+                         name=f"from-{kind}{'-gpu' if gpu else ''}-{token}")
