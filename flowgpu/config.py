@@ -123,18 +123,6 @@ def _parses(parse):
     return check
 
 
-@functools.lru_cache(maxsize=1)
-def _formats() -> Any:
-    """The formats of flowgpu-schema.yaml (bytes, duration, gpu-list) for jsonschema, which is imported
-    only when options are checked (it and its dependencies cost a tenth of a second at import)."""
-    import jsonschema  # noqa: PLC0415 - third-party, needed only to check options
-
-    formats = jsonschema.FormatChecker(formats=())
-    for name, parse in (("bytes", parse_size), ("duration", parse_seconds), ("gpu-list", parse_gpus)):
-        formats.checks(name, raises=ValueError)(_parses(parse))
-    return formats
-
-
 # -- checking ---------------------------------------------------------------------------------------
 def _bounds(s: dict) -> str:
     words = [f"{op} {s[k]}" for k, op in (("minimum", ">="), ("exclusiveMinimum", ">"), ("maximum", "<="))
@@ -170,9 +158,15 @@ def allowed(schema: dict) -> str:
 
 @functools.lru_cache(maxsize=None)
 def _validator(path: str) -> Any:
-    import jsonschema  # noqa: PLC0415 - see _formats
+    """A jsonschema validator of the option or section at ``path``, with the formats of flowgpu-schema.yaml
+    (bytes, duration, gpu-list); jsonschema is imported only when options are checked (it and its
+    dependencies cost a tenth of a second at import)."""
+    import jsonschema  # noqa: PLC0415 - third-party, needed only to check options
 
-    return jsonschema.Draft202012Validator(_subschema(path), format_checker=_formats())
+    formats = jsonschema.FormatChecker(formats=())
+    for name, parse in (("bytes", parse_size), ("duration", parse_seconds), ("gpu-list", parse_gpus)):
+        formats.checks(name, raises=ValueError)(_parses(parse))
+    return jsonschema.Draft202012Validator(_subschema(path), format_checker=formats)
 
 
 def _subschema(path: str) -> dict:
