@@ -21,11 +21,11 @@ from flowgpu.io import sinks, sources
 from flowgpu.io.paths import glob_files
 from flowgpu.pipeline import spec as S
 from flowgpu.pipeline.loader import SourceMap, limit, parse_yaml, read_yaml
-from flowgpu.pipeline.spec import PARAM_REF, PATH_ATTRIBUTES, RANGE
+from flowgpu.pipeline.spec import PARAM_REF, PATH_ATTRIBUTES, RANGE, Origin
 from flowgpu.registry import add_import_dirs
 
 __all__ = ["Origin", "build", "load", "from_dict", "read_params_file", "import_dirs", "parse_value",
-           "load_spec", "origin_of"]
+           "load_spec"]
 
 
 # -- params: typed defaults, overrides and substitution ----------------------------------------------
@@ -190,21 +190,6 @@ def substitute(data: Any, values: dict[str, Any], smap: SourceMap, path: tuple =
     return PARAM_REF.sub(lambda m: str(_attribute(m, values, smap, path)), data)
 
 
-@dataclass
-class Origin:
-    """Where a spec came from, so it can be rebuilt with other params and errors can point into it."""
-
-    file: str | None
-    smap: SourceMap
-    raw: dict  # the data before params were substituted and overrides applied
-    params: dict[str, Any] = field(default_factory=dict)
-    overrides: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def base_dir(self) -> str:
-        return os.path.dirname(os.path.abspath(self.file)) if self.file else os.getcwd()
-
-
 def _fields_at(data: Any, path: tuple) -> list[str]:
     model = {(): S.Spec, ("cluster",): S.Cluster}.get(path)
     if model is None and len(path) == 2:
@@ -336,12 +321,4 @@ def load_spec(spec: S.Spec | str | os.PathLike | dict, overrides: dict[str, Any]
         return from_dict(spec, given, foreach)
     if not given:
         return spec
-    origin = origin_of(spec)
-    return build(origin.raw, origin.smap, {**origin.overrides, **given})
-
-
-def origin_of(spec: S.Spec) -> Origin:
-    """``spec``'s :class:`Origin` (made from its data for a spec made by ``Spec(...)``)."""
-    if spec.origin is None:
-        spec._origin = Origin(None, SourceMap(None), spec.model_dump(by_alias=True, exclude_defaults=True), {})
-    return spec.origin
+    return build(spec.origin.raw, spec.origin.smap, {**spec.origin.overrides, **given})

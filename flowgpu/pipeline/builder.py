@@ -224,12 +224,7 @@ class Pipeline:
         """The pipeline of a spec (as written: params not substituted), to extend or write out."""
         origin = spec.origin
         p = cls.__new__(cls)
-        if origin is None:
-            p._setup(spec.model_dump(by_alias=True, exclude_defaults=True), SourceMap(None), {})
-        else:
-            old = origin.smap
-            smap = SourceMap(old.file, dict(old.values), dict(old.keys), dict(old.files))
-            p._setup(copy.deepcopy(origin.raw), smap, dict(origin.overrides))
+        p._setup(copy.deepcopy(origin.raw), copy.deepcopy(origin.smap), dict(origin.overrides))
         return p
 
     @classmethod

@@ -29,7 +29,7 @@ def _spec_paths(spec: Spec, found: dict[str, str], stack: tuple[str, ...] = (), 
     Each included file is read once per params, at most ``flowgpu.spec.max-includes`` times in all."""
     loaded = set() if loaded is None else loaded
     origin = spec.origin
-    if origin is not None and origin.file:
+    if origin.file:
         found.setdefault(os.path.realpath(origin.file), f"the spec {origin.file!r}" if not stack
                          else f"the included spec {origin.file!r}")
     for name, model in spec.inputs.items():
@@ -38,7 +38,7 @@ def _spec_paths(spec: Spec, found: dict[str, str], stack: tuple[str, ...] = (), 
             for one in expand(os.path.expanduser(path)):  # a glob (a TIFF source's pages): each file it matches
                 found.setdefault(os.path.realpath(one), f"input {name!r} ({shown(one)})")
     for name, step in spec.steps.items():
-        if step.uses is None or origin is None:
+        if step.uses is None:
             continue
         child_file = resolve_uses(spec, name, origin.smap, stack)
         key = (child_file, repr(sorted(step.params.items())))
@@ -177,7 +177,7 @@ def session_options(spec: Spec, cluster: dict[str, Any] | None = None, allow_spe
     the key in ``cluster``, or ``--set``): a spec from elsewhere could send the data anywhere."""
     opts = {k: v for k, v in spec.cluster.model_dump().items() if v is not None}
     given = {k: v for k, v in (cluster or {}).items() if v is not None}
-    set_here = spec.origin.overrides if spec.origin is not None else {}
+    set_here = spec.origin.overrides
     risky = {"address": ("sends this run, and its data, to the scheduler at", lambda v: False),
              "kind": ("sends this run, and its data, to batch jobs of", lambda v: v == "local"),
              "dashboard_address": ("opens the dashboard to the network at", _loopback)}

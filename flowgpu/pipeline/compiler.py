@@ -31,7 +31,7 @@ from flowgpu.io import sinks, sources
 from flowgpu.ops import labels, registry
 from flowgpu.ops.signature import bind_arguments
 from flowgpu.pipeline import tables
-from flowgpu.pipeline.build import build, load_spec, origin_of
+from flowgpu.pipeline.build import build, load_spec
 from flowgpu.pipeline.loader import SourceMap, limit, read_yaml
 from flowgpu.pipeline.spec import Spec
 
@@ -74,7 +74,7 @@ class Plan:
 
     @property
     def file(self) -> str | None:
-        return self.spec.origin.file if self.spec.origin else None
+        return self.spec.origin.file
 
     def tree(self) -> Iterator["Plan"]:
         """This plan and every included spec's, depth first."""
@@ -136,8 +136,7 @@ _KERNEL_FILES = ("/proc/", "/sys/")  # what they hold is the system's (an enviro
 def resolve_uses(spec: Spec, name: str, smap: SourceMap, stack: tuple[str, ...]) -> str:
     """Absolute path of step ``name``'s included file; missing, self and cyclic includes fail."""
     origin = spec.origin
-    base = origin.base_dir if origin is not None else os.getcwd()
-    path = os.path.abspath(os.path.join(base, os.path.expanduser(spec.steps[name].uses)))
+    path = os.path.abspath(os.path.join(origin.base_dir, os.path.expanduser(spec.steps[name].uses)))
     where = ("steps", name, "uses")
     if not os.path.exists(path):  # a FIFO or device is refused by read_yaml, by name
         here = os.path.dirname(path)
@@ -148,7 +147,7 @@ def resolve_uses(spec: Spec, name: str, smap: SourceMap, stack: tuple[str, ...])
     if kernel is not None:
         raise smap.error(f"included spec {spec.steps[name].uses!r} is a file the kernel makes up ({kernel}...), "
                          "not a spec", where, hint="give the path of a YAML spec file")
-    me = os.path.abspath(origin.file) if origin is not None and origin.file else None
+    me = os.path.abspath(origin.file) if origin.file else None
     if path == me:
         raise smap.error(f"step {name!r} includes the spec it is in", where,
                          hint="a spec cannot use itself; move the shared steps into another file")
@@ -210,7 +209,7 @@ def _compile_uses(spec: Spec, name: str, smap: SourceMap, values: dict[str, Any]
         x = _resolve(values, ref, where, smap)
         _check_binding(child, inner, x, where, smap, name)
         bindings[inner] = x
-    me = spec.origin.file if spec.origin is not None else None
+    me = spec.origin.file
     return _compile(child, bindings, (*stack, os.path.abspath(me)) if me else stack, for_run, count)
 
 
@@ -430,7 +429,7 @@ def fusion_of(nodes: dict[str, Node], names: list[str], outputs: dict[str, da.Ar
 
 def _compile(spec: Spec, bindings: dict[str, da.Array] | None, stack: tuple[str, ...], for_run: bool,
              count: list[int]) -> Plan:
-    origin = origin_of(spec)
+    origin = spec.origin
     smap = origin.smap
     names = _order(spec, smap)
     values, nodes, children = _build_graph(spec, smap, names, bindings or {}, stack, for_run, count)
@@ -454,5 +453,5 @@ def compile(spec: Spec | str | os.PathLike | dict, params: dict[str, Any] | None
         with using(facts):
             return _compile(spec, None, (), for_run, [0, 0])
     except ConfigError as e:  # e.g. bad chunks
-        raise SpecError(str(e), file=origin_of(spec).file, line=1, col=1, path="<document>",
+        raise SpecError(str(e), file=spec.origin.file, line=1, col=1, path="<document>",
                         hint="check the spec's inputs and args") from None

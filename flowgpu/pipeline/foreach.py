@@ -57,7 +57,7 @@ def in_item(error: FlowgpuError, item: Item) -> FlowgpuError:
 
 def _fail(message: str, where: str, hint: str, spec: Spec | None = None, path: tuple = (),
           kind: type[SpecError] = SpecError) -> SpecError:
-    if spec is not None and spec.origin is not None and path:
+    if spec is not None and path:
         return spec.error(message, path, hint=hint, kind=kind)
     return kind(message, path=where, hint=hint)
 
@@ -136,7 +136,7 @@ def expand(spec: Spec, foreach: dict[str, Any] | None = None) -> list[Item]:
     """Every item of the batch ``spec`` describes (its ``foreach:`` block, then ``foreach``); one item
     with no values without either."""
     origin = spec.origin
-    pinned = {k.removeprefix("params.") for k in (origin.overrides if origin else {}) if k.startswith("params.")}
+    pinned = {k.removeprefix("params.") for k in origin.overrides if k.startswith("params.")}
     axes: dict[str, list[Any]] = {}
     for name, given in spec.foreach.items():
         if name not in pinned:

@@ -217,8 +217,8 @@ class _Hasher:
         self.top = bindings is None
         self.bindings = bindings or {}
         origin = self.spec.origin
-        self.raw = origin.raw if origin is not None and isinstance(origin.raw, dict) else {}
-        self.overrides = {k: v for k, v in (origin.overrides if origin is not None else {}).items()
+        self.raw = origin.raw if isinstance(origin.raw, dict) else {}
+        self.overrides = {k: v for k, v in origin.overrides.items()
                           if not k.startswith("params.")}
         self.memo: dict[str, _Part] = {}
         self.children: dict[str, _Hasher] = {}

@@ -76,8 +76,8 @@ def plan_items(items: list[Item], overwrite: bool, params_file: str | None, fact
 
 def _distinct_hint(item: Item, output: str) -> str:
     """How to give each item's output a path of its own: a foreach param in it, or more of a path param."""
-    raw = item.spec.origin.raw if item.spec.origin is not None else {}
-    given = (raw.get("outputs") or {}).get(output, {}).get("path")  # as written: ${params...} not substituted
+    # as written: ${params...} not substituted
+    given = (item.spec.origin.raw.get("outputs") or {}).get(output, {}).get("path")
     refs = PARAM_REF.finditer(given) if isinstance(given, str) else ()
     part = next((m for m in refs if m.group(2) and m.group(1) in item.values), None)
     if part is not None:
@@ -156,7 +156,7 @@ def status(spec: Spec | str | os.PathLike | dict, *, overrides: dict[str, Any] |
         name: {"up_to_date": v.up_to_date, "reason": v.reason,
                **({"location": v.location} if v.location is not None else {"value": v.value})}
         for name, v in job.verdicts.items()}} for job in jobs]
-    return {"name": spec.name, "file": spec.origin.file if spec.origin else None, "line": line(jobs), "items": entries}
+    return {"name": spec.name, "file": spec.origin.file, "line": line(jobs), "items": entries}
 
 
 @dataclass
@@ -382,7 +382,7 @@ def _result(spec: Spec, outcomes: list[Outcome], session: runtime.RunSession, st
         results.append(one)
     ok = all(e["status"] in ("ok", "up-to-date") for e in entries)
     return BatchResult(results, {
-        **_head(spec, spec.origin.file if spec.origin else None, "ok" if ok else "failed"),
+        **_head(spec, spec.origin.file, "ok" if ok else "failed"),
         "wall_seconds": time.perf_counter() - started,
         "counts": dict(Counter(e["status"] for e in entries)),
         "session": _session(info),
@@ -455,12 +455,12 @@ def failure_summary(spec: Any, plan: Plan | None, moved: dict[str, str], error: 
                          **({"location": moved[name]} if written else {})}
     message = "interrupted" if isinstance(error, KeyboardInterrupt) else str(error)
     return {
-        **_head(spec, spec.origin.file if spec is not None and spec.origin else given, "failed"),
+        **_head(spec, spec.origin.file if spec is not None else given, "failed"),
         "error": message,
         "error_type": type(error).__name__,
         "step": _failed_step(spec, plan, error) if spec is not None else None,
         "wall_seconds": wall,
-        "params": dict(spec.origin.params) if spec is not None and spec.origin else {},
+        "params": dict(spec.origin.params) if spec is not None else {},
         "written": sorted(moved),
         "not_written": sorted(set(outputs) - set(moved)),
         "outputs": outputs,

@@ -8,7 +8,9 @@ source is validated like a built-in one.
 
 from __future__ import annotations
 
+import os
 import re
+from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import (AfterValidator, BaseModel, ConfigDict, Discriminator, Field, PrivateAttr, Tag, create_model,
@@ -19,13 +21,11 @@ from flowgpu import config
 from flowgpu.errors import SpecError
 from flowgpu.io import sinks, sources
 from flowgpu.io.paths import resolve, shown
-from flowgpu.pipeline.loader import format_path
+from flowgpu.pipeline.loader import SourceMap
 
-__all__ = [
-    "Spec", "Param", "Step", "Output", "Cluster", "Expect", "ForeachGlob", "ForeachRange", "NAME_PATTERN", "PARAM_REF",
-    "PATH_ATTRIBUTES", "json_schema",
-    "spec_model", "input_model", "output_model",
-]
+__all__ = ["Origin", "Spec", "Param", "Step", "Output", "Cluster", "Expect", "ForeachGlob", "ForeachRange",
+           "NAME_PATTERN", "PARAM_REF", "PATH_ATTRIBUTES", "json_schema", "spec_model", "input_model",
+           "output_model"]
 
 NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 # ``${params.name}`` and ``${params.name.stem}``: group 1 the name, group 2 the attributes (".parent.name")
@@ -34,6 +34,21 @@ PATH_ATTRIBUTES = ("name", "stem", "suffix", "parent")  # of a path param, as pa
 RANGE = re.compile(r"^\s*(-?\d+)\s*:\s*(-?\d+)\s*(?::\s*(-?\d+)\s*)?$")  # a foreach range: start:stop[:step]
 Name = Annotated[str, Field(pattern=NAME_PATTERN)]
 Scalar = Union[bool, int, float, str, None]
+
+
+@dataclass
+class Origin:
+    """Where a spec came from, so it can be rebuilt with other params and errors can point into it."""
+
+    file: str | None
+    smap: SourceMap
+    raw: dict  # the data before params were substituted and overrides applied
+    params: dict[str, Any] = field(default_factory=dict)
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def base_dir(self) -> str:
+        return os.path.dirname(os.path.abspath(self.file)) if self.file else os.getcwd()
 
 
 class _Model(BaseModel):
@@ -225,19 +240,20 @@ class Spec(_Model):
         default_factory=dict,
         description="Run the pipeline once per value of these params (several: every combination), as one "
                     "batch on one cluster: `seed: [0, 1, 2]`, `input: {glob: data/*.npy}`, `n: {range: 100:500:100}`.")
-    _origin: Any = PrivateAttr(default=None)
+    _origin: Origin | None = PrivateAttr(default=None)
 
     @property
-    def origin(self) -> Any:
-        """Where the spec came from (:class:`flowgpu.pipeline.build.Origin`); None for ``Spec(...)``."""
+    def origin(self) -> Origin:
+        """Where the spec came from; for a spec made by ``Spec(...)``, its data (no file)."""
+        if self._origin is None:
+            data = self.model_dump(by_alias=True, exclude_defaults=True)
+            self._origin = Origin(None, SourceMap(None), data)
         return self._origin
 
     def error(self, message: str, path: tuple = (), hint: str | None = None, *,
               kind: type[SpecError] = SpecError) -> SpecError:
         """A :class:`SpecError` at ``path`` (``("steps", "z", "args")``), with ``file:line:col`` if known."""
-        if self._origin is not None:
-            return self._origin.smap.error(message, path, hint=hint, kind=kind)
-        return kind(message, path=format_path(tuple(path)), hint=hint)
+        return self.origin.smap.error(message, path, hint=hint, kind=kind)
 
     @model_validator(mode="after")
     def _names_unique(self) -> "Spec":

@@ -69,7 +69,7 @@ class _Table:
 
 def _params(item: Any) -> dict[str, Any]:
     """The param columns of ``item``'s row: its foreach params, and those pinned by ``--set``."""
-    given = item.spec.origin.params if item.spec.origin is not None else {}
+    given = item.spec.origin.params
     pinned = {n: given[n] for n in item.spec.foreach if n not in item.values and n in given}
     return {**item.values, **pinned}
 
