@@ -35,11 +35,6 @@ def defop(name: str, doc: str | None = None, **options: Any) -> Callable[[Callab
     return deco
 
 
-def on_gpu(x: Any) -> bool:
-    """True when the chunks of ``x`` (a dask array, or a plain array) are CuPy arrays."""
-    return is_cupy(x._meta) if isinstance(x, da.Array) else is_cupy(x)
-
-
 def as_dask(x: Any) -> da.Array:
     """A dask array for ``x``: dask arrays pass through, a CuPy array becomes one chunk."""
     if isinstance(x, da.Array):
@@ -53,14 +48,14 @@ def same_backend(*xs: Any) -> list[Any]:
     """Inputs on one backend: when any holds CuPy chunks, the others move to the GPU (scalars stay)."""
     xs = [as_dask(x) if hasattr(x, "shape") and hasattr(x, "dtype") and not isinstance(x, np.generic) else x
           for x in xs]
-    if not any(isinstance(x, da.Array) and on_gpu(x) for x in xs):
-        return xs
-    return [to_cupy(x) if isinstance(x, da.Array) else x for x in xs]  # through pinned staging
+    if any(isinstance(x, da.Array) and is_cupy(x._meta) for x in xs):
+        xs = [to_cupy(x) if isinstance(x, da.Array) else x for x in xs]  # through pinned staging
+    return xs
 
 
 def meta_like(x: da.Array, dtype: Any = None, ndim: int | None = None):
     """An empty array of ``x``'s chunk type, for dask's ``meta=``."""
-    return empty_meta(on_gpu(x), x.dtype if dtype is None else dtype, x.ndim if ndim is None else ndim)
+    return empty_meta(is_cupy(x._meta), x.dtype if dtype is None else dtype, x.ndim if ndim is None else ndim)
 
 
 def axis_arg(op_name: str, axis: Any, ndim: int) -> int | tuple[int, ...] | None:
