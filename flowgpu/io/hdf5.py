@@ -54,26 +54,26 @@ def _listing(names: list[str]) -> str:
     return ", ".join(names[:_SHOWN]) + more
 
 
-def open_format(path: str, what: str, is_kind: Any, opener: Any, folder: str, unlike: str) -> Any:
+def open_format(path: str, what: str, opener: Any, folder: str, signature: tuple[Any, str] | None = None) -> Any:
     """``opener(path)``, or a SourceError saying why not: ``path`` is missing, a folder (``folder``: the
-    fix), lacks the ``what`` signature ``is_kind`` checks (``unlike``: why) or does not open."""
+    fix), lacks the signature ``(check, what it is not)`` of a ``what`` file, or does not open."""
     if not os.path.exists(path):
         raise SourceError(f"{what} file {path!r} does not exist", "path")
     if os.path.isdir(path):
         raise SourceError(f"{path!r} is a folder{folder}", "path")
-    if not is_kind(path):
-        raise SourceError(f"{path!r} is not {unlike}", "path")
+    if signature is not None and not signature[0](path):
+        raise SourceError(f"{path!r} is not {signature[1]}", "path")
     try:
         return opener(path)
     except Exception as e:  # noqa: BLE001 - readers raise several types for a damaged file
-        raise SourceError(f"{what} file {path!r} cannot be opened: {e}", "path") from None
+        raise SourceError(f"{path!r} is not a readable {what} file: {e}", "path") from None
 
 
 def _open_file(path: str) -> Any:
     h5py = import_h5py()
-    return open_format(path, "HDF5", h5py.is_hdf5, lambda p: h5py.File(p, "r"),
-                       ", not an HDF5 file (for a Zarr store use source: zarr)",
-                       "an HDF5 file (it lacks HDF5's signature); give an HDF5 (.h5, .hdf5) or NetCDF-4 (.nc) file")
+    not_hdf5 = "an HDF5 file (it lacks HDF5's signature); give an HDF5 (.h5, .hdf5) or NetCDF-4 (.nc) file"
+    return open_format(path, "HDF5", lambda p: h5py.File(p, "r"),
+                       ", not an HDF5 file (for a Zarr store use source: zarr)", (h5py.is_hdf5, not_hdf5))
 
 
 def _find(f: Any, path: str, dataset: str | None) -> Any:

@@ -12,8 +12,8 @@ import numpy as np
 from flowgpu.arrays.chunks import resolve_chunks
 from flowgpu.arrays.creation import from_reader
 from flowgpu.arrays.movement import to_host
-from flowgpu.errors import ConfigError
 from flowgpu.io.atomic import atomic_output
+from flowgpu.io.hdf5 import open_format
 from flowgpu.io.paths import refuse_misnamed, resolve
 from flowgpu.transfer.staging import file_rows_to_device, host_to_device
 
@@ -76,14 +76,7 @@ class NpyReader:
 def from_npy(path: str, chunks: Any = "auto") -> da.Array:
     """A ``.npy`` file as a chunked array; reads chunk by chunk, never the whole file at once."""
     path = resolve(path)
-    if not os.path.exists(path):
-        raise ConfigError(f"npy file {path!r} does not exist")
-    if os.path.isdir(path):
-        raise ConfigError(f"{path!r} is a folder, not a .npy file (for a Zarr store use source: zarr)")
-    try:
-        reader = NpyReader(path)
-    except (ValueError, OSError) as e:
-        raise ConfigError(f"{path!r} is not a readable .npy file: {e}") from None
+    reader = open_format(path, ".npy", NpyReader, ", not a .npy file (for a Zarr store use source: zarr)")
     chunks = resolve_chunks(chunks, reader.shape, reader.dtype)
     return from_reader(reader, chunks, "npy", da.core.tokenize(reader.path, os.path.getmtime(path), chunks))
 

@@ -52,9 +52,9 @@ def tiff_files(path: str) -> list[str]:
 
 
 def _open(path: str) -> Any:
-    return open_format(path, "TIFF", is_tiff, import_tifffile().TiffFile,
+    return open_format(path, "TIFF", import_tifffile().TiffFile,
                        f"; give a TIFF file, or a glob of its pages such as '{os.path.join(path, '*.tif')}'",
-                       "a TIFF file (it does not start as one)")
+                       (is_tiff, "a TIFF file (it does not start as one)"))
 
 
 def _page_kind(page: Any) -> tuple[tuple[int, ...], np.dtype | None]:
