@@ -53,36 +53,6 @@ def _as_dtype(t: Any, where: str) -> np.dtype:
                           "float32, float64, int64, complex128") from None
 
 
-def parse_signatures(signatures: Sequence[Any] | str, *, nout: int | None = None,
-                     where: str = "signature") -> list[Signature]:
-    """Parse numba signatures (``"float32(float32, float32)"`` or numba objects); with ``nout``
-    (guvectorize) the last ``nout`` arguments are the outputs, else the return type is."""
-    from numba.core.sigutils import normalize_signature
-
-    if isinstance(signatures, str) or not isinstance(signatures, Sequence):
-        signatures = [signatures]
-    out = []
-    for sig in signatures:
-        try:
-            args, ret = normalize_signature(sig)
-        except Exception as e:
-            raise KernelError(f"{where} {sig!r} is not a numba signature ({e}); write it like "
-                              "'float32(float32, float32)'") from None
-        if nout is None:
-            if ret is None:
-                raise KernelError(f"{where} {sig!r} has no return type; write it like "
-                                  "'float32(float32, float32)'")
-            ins, outs = args, (ret,)
-        else:
-            if len(args) <= nout:
-                raise KernelError(f"{where} {sig!r} has {len(args)} arguments; the layout needs "
-                                  f"the inputs followed by {nout} output(s)")
-            ins, outs = args[:-nout], args[-nout:]
-        out.append(Signature(tuple(_as_dtype(t, f"{where} {sig!r}") for t in ins),
-                             tuple(_as_dtype(t, f"{where} {sig!r}") for t in outs), sig))
-    return out
-
-
 def is_scalar(x: Any) -> bool:
     """A Python or NumPy scalar (not an array, not a 0-d dask array)."""
     return isinstance(x, (*_PYTHON_SCALARS, np.generic))
@@ -170,11 +140,10 @@ def new_key(name: str) -> str:
 
 def cached(key: Any, build: Callable[[], Any]) -> Any:
     """``build()`` once per process and key (numba compiles once per worker, not per chunk)."""
-    if key not in _cache:
-        with _cache_lock:
-            if key not in _cache:
-                _cache[key] = build()
-    return _cache[key]
+    with _cache_lock:
+        if key not in _cache:
+            _cache[key] = build()
+        return _cache[key]
 
 
 def any_cupy(args: Sequence[Any]) -> bool:
@@ -277,20 +246,56 @@ class Named:
 
 
 class NumbaUfunc(Named):
-    """A (generalised) ufunc of ``pyfunc`` compiled by numba (``KIND``: ``vectorize`` or ``guvectorize``);
-    a subclass gives ``numba_args``, ``_apply_cpu`` and ``_apply_cuda``."""
+    """A (generalised) ufunc of ``pyfunc`` compiled by numba (``KIND``: ``vectorize`` or ``guvectorize``)
+    with ``nin`` inputs and ``nout`` outputs; a subclass gives ``numba_args`` and ``_apply_cuda``."""
 
     KIND: str
+    nin: int
+    nout: int = 1
 
     def __init__(self, pyfunc: Callable, name: str | None, default: str):
         self.pyfunc = pyfunc
         self._stand_for(pyfunc, name or getattr(pyfunc, "__name__", default))
 
+    def parse_signatures(self, signatures: Sequence[Any] | str, nout: int | None,
+                         takes: str) -> list[Signature]:
+        """Parse numba signatures (``"float32(float32, float32)"`` or numba objects) of ``nin`` inputs
+        (``takes`` says what has that many); with ``nout`` (guvectorize) the last ``nout`` arguments
+        are the outputs, else the return type is."""
+        from numba.core.sigutils import normalize_signature
+
+        where = f"{self.KIND} {self.__name__!r}: signature"
+        if isinstance(signatures, str) or not isinstance(signatures, Sequence):
+            signatures = [signatures]
+        out = []
+        for sig in signatures:
+            try:
+                args, ret = normalize_signature(sig)
+            except Exception as e:
+                raise KernelError(f"{where} {sig!r} is not a numba signature ({e}); write it like "
+                                  "'float32(float32, float32)'") from None
+            if nout is None:
+                if ret is None:
+                    raise KernelError(f"{where} {sig!r} has no return type; write it like "
+                                      "'float32(float32, float32)'")
+                ins, outs = args, (ret,)
+            else:
+                if len(args) <= nout:
+                    raise KernelError(f"{where} {sig!r} has {len(args)} arguments; the layout needs "
+                                      f"the inputs followed by {nout} output(s)")
+                ins, outs = args[:-nout], args[-nout:]
+            if len(ins) != self.nin:
+                raise KernelError(f"{where} {sig!r} has {len(ins)} inputs but {takes} {self.nin}")
+            out.append(Signature(tuple(_as_dtype(t, f"{where} {sig!r}") for t in ins),
+                                 tuple(_as_dtype(t, f"{where} {sig!r}") for t in outs), sig))
+        return out
+
     def apply(self, sig: Signature, *chunks: Any) -> Any:
         """Run signature ``sig`` on in-memory arrays (NumPy or CuPy) or scalars."""
         if any(is_cupy(c) for c in chunks):
             return self._apply_cuda(sig, chunks)
-        return self._apply_cpu(sig, chunks)
+        out = self.compiled("cpu", sig)(*(np.asarray(c, dtype=d) for c, d in zip(chunks, sig.inputs)))
+        return tuple(np.asarray(o) for o in out) if self.nout > 1 else np.asarray(out)
 
     def compiled(self, target: str, sig: Signature) -> Any:
         """The numba ufunc of ``sig`` for ``target`` (``"cpu"`` or ``"cuda"``), built once per process."""

@@ -78,12 +78,7 @@ class GUVectorized(nb.NumbaUfunc):
         if not signatures:
             raise KernelError(f"guvectorize {self.__name__!r}: give numba signatures, e.g. "
                               "['void(float64[:], float64[:], float64[:])']")
-        self.signatures = nb.parse_signatures(signatures, nout=self.nout,
-                                              where=f"guvectorize {self.__name__!r}: signature")
-        for sig in self.signatures:
-            if len(sig.inputs) != self.nin:
-                raise KernelError(f"guvectorize {self.__name__!r}: signature {sig.source!r} has "
-                                  f"{len(sig.inputs)} inputs but layout {layout!r} has {self.nin}")
+        self.signatures = self.parse_signatures(signatures, self.nout, f"layout {layout!r} has")
         self.__signature__ = nb.describe(pyfunc, drop_last=self.nout)
         self.rechunk = rechunk
         known = {d for dims in self.in_core for d in dims}
@@ -173,11 +168,6 @@ class GUVectorized(nb.NumbaUfunc):
 
     def numba_args(self, sig: nb.Signature) -> tuple:
         return ([sig.source], self.layout)
-
-    def _apply_cpu(self, sig: nb.Signature, chunks: Sequence[Any]) -> Any:
-        gufunc = self.compiled("cpu", sig)
-        out = gufunc(*(np.asarray(c, dtype=d) for c, d in zip(chunks, sig.inputs)))
-        return tuple(np.asarray(o) for o in out) if self.nout > 1 else np.asarray(out)
 
     def _apply_cuda(self, sig: nb.Signature, chunks: Sequence[Any]) -> Any:
         cp = import_cupy()

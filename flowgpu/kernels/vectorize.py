@@ -43,12 +43,9 @@ class Vectorized(nb.NumbaUfunc):
         if self.__signature__ is None:
             raise KernelError(f"vectorize: cannot read the parameters of {pyfunc!r}")
         self.nin = len(self.__signature__.parameters)
-        where = f"vectorize {self.__name__!r}: signature"
-        self.signatures = nb.parse_signatures(signatures, where=where) if signatures else None
-        for sig in self.signatures or ():
-            if len(sig.inputs) != self.nin:
-                raise KernelError(f"{where} {sig.source!r} has {len(sig.inputs)} inputs but "
-                                  f"{self.__name__}() takes {self.nin}")
+        self.signatures = None
+        if signatures:
+            self.signatures = self.parse_signatures(signatures, None, f"{self.__name__}() takes")
 
     def __repr__(self) -> str:
         sigs = "lazy" if self.signatures is None else "; ".join(str(s) for s in self.signatures)
@@ -77,11 +74,6 @@ class Vectorized(nb.NumbaUfunc):
         from numba.np.numpy_support import from_dtype
 
         return ([from_dtype(sig.outputs[0])(*(from_dtype(d) for d in sig.inputs))],)  # what numba.vectorize takes
-
-    def _apply_cpu(self, sig: nb.Signature, chunks: Sequence[Any]) -> np.ndarray:
-        ufunc = self.compiled("cpu", sig)
-        args = [np.asarray(c, dtype=d) for c, d in zip(chunks, sig.inputs)]
-        return np.asarray(ufunc(*args))
 
     def _apply_cuda(self, sig: nb.Signature, chunks: Sequence[Any]):
         cp = import_cupy()
