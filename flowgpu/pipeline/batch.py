@@ -251,9 +251,9 @@ class _Batch:
             wait(self._writes(o), timeout=120)
 
 
-def execute(outcomes: list[Outcome], session: RunSession, config: RunConfig, *, cache: Any = None,
-            tell: Callable[[Any], None] = lambda event: None, memory: Callable[[], Any] | None = None,
-            computed: Callable[[], Any] | None = None) -> None:
+def execute(outcomes: list[Outcome], session: RunSession, config: RunConfig, *, cache: Any,
+            tell: Callable[[Any], None], memory: Callable[[], Any],
+            computed: Callable[[], Any] | None) -> None:
     """Compute each job's ``todo`` outputs on ``session``, commit each job when all its outputs are done
     and fill its outcome, telling ``tell`` when each starts and ends. Without ``keep_going`` the first
     failure cancels the rest and is raised. ``memory``: gives the ``memory_summary()`` asked for just
@@ -275,7 +275,7 @@ def execute(outcomes: list[Outcome], session: RunSession, config: RunConfig, *, 
                         raise o.error from e
             check_visible(client, output_entries(p for o in ready for p in o.pending.values()))
             faults.point("after-prepare")
-            with watch_spill(session, baseline=ASK if memory is None else memory) as watch:
+            with watch_spill(session, memory) as watch:
                 if client is not None:
                     run.distributed(ready)
                 else:
@@ -404,18 +404,15 @@ def explain(error: BaseException, plan: Plan | None, session: RunSession) -> Run
     )
 
 
-ASK = object()  # watch_spill's baseline when the caller has none: it asks the workers
-
-
 class watch_spill:  # noqa: N801 - used as a context manager, like a function
     """While open, cancel the session's computations when they would wait for ever: a worker's spill
     directory stops taking writes, or the cluster has had no worker for ``flowgpu.run.no-workers-timeout``.
-    ``baseline``: the :meth:`memory_summary` asked for before the run (its errors are old ones), or a
-    function that answers it (waited for at the watch's first look)."""
+    ``baseline``: a function that answers the :meth:`memory_summary` asked for before the run (its errors
+    are old ones), waited for at the watch's first look."""
 
     interval = 1.0  # seconds between looks
 
-    def __init__(self, session: RunSession, baseline: Any = ASK):
+    def __init__(self, session: RunSession, baseline: Callable[[], Any]):
         self.session, self.baseline = session, baseline
         self.no_workers = config.parse_seconds(config.get("run.no-workers-timeout"))
         self.error: str | None = None
@@ -429,13 +426,13 @@ class watch_spill:  # noqa: N801 - used as a context manager, like a function
         futures = [Future(k, client) for k in list(client.futures)]
         client.cancel(futures, reason=f"flowgpu-{kind}", msg=error)
 
-    def _watch(self, baseline: Any, started: set[str]) -> None:
+    def _watch(self, started: set[str]) -> None:
         client = self.session.client
-        before: Any = ASK
-        alone_since = None
+        before: set[str] | None = None
+        asked, alone_since = False, None
         while not self._stop.wait(self.interval):
-            if before is ASK:  # a run shorter than one interval never waits for the answer
-                summary = baseline() if callable(baseline) else baseline
+            if not asked:  # a run shorter than one interval never waits for the answer
+                summary, asked = self.baseline(), True
                 before = set(summary["errors"]) if summary is not None else None  # only flowgpu's store reports them
             if before is not None:
                 now = self.session.memory_summary()
@@ -456,9 +453,8 @@ class watch_spill:  # noqa: N801 - used as a context manager, like a function
         client = getattr(self.session, "client", None)
         if client is None:
             return self
-        baseline = self.session.memory_summary() if self.baseline is ASK else self.baseline
         started = set(getattr(self.session, "workers", None) or ())  # as the Session met them: no round trip
-        self._thread = threading.Thread(target=self._watch, args=(baseline, started), daemon=True,
+        self._thread = threading.Thread(target=self._watch, args=(started,), daemon=True,
                                         name="flowgpu-watch-run")
         self._thread.start()
         return self
