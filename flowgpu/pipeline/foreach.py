@@ -152,12 +152,11 @@ def expand(spec: Spec, foreach: dict[str, Any] | None = None) -> list[Item]:
         axes[name] = values_of(name, given, spec=spec, where=where)
     if not axes:
         return [Item(0, {}, spec)]
-    count, most = math.prod(len(v) for v in axes.values()), limit("max-items")
-    if count > most:  # each axis is within the limit: their grid is not
+    count = math.prod(len(v) for v in axes.values())
+    if count > limit("max-items"):  # each axis is within the limit: their grid is not
         grid = " x ".join(f"{len(v):,} {k}" for k, v in axes.items())
         where, path = ("foreach", ("foreach",)) if spec.foreach else ("--foreach", ())
-        raise _fail(f"the batch would have {count:,} items ({grid}), more than the {most:,} a batch may have", where,
-                    "split it into smaller batches, or raise flowgpu.spec.max-items", spec, path, SpecLimitError)
+        raise _too_many(f"the batch would have {count:,} items ({grid})", where, spec, path)
     items = []
     for i, combo in enumerate(itertools.product(*axes.values())):
         values = dict(zip(axes, combo))
