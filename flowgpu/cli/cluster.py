@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 import time
+from typing import Any
 
 import click
 
@@ -35,17 +36,14 @@ def cluster() -> None:
               help="Plain TCP instead of TLS: then any process on this host, another user's too, can run code in it.")
 @protocol_option
 @handle_errors
-def start(gpus: str | None, backend: str | None, n_workers: int | None, threads_per_worker: int | None,
-          memory_limit: str | None, dashboard_address: str | None, no_tls: bool, protocol: str | None) -> None:
+def start(memory_limit: str | None, no_tls: bool, **options: Any) -> None:
     """Start a local cluster in the background and return once its workers are ready.
 
     It speaks TLS with credentials made for it, kept with its state in flowgpu.cluster.directory
     (~/.cache/flowgpu/cluster/HOST, readable by you only). Exit 2 if one is already running.
     """
     try:
-        state = standing.start(tls=not no_tls, gpus=gpus, backend=backend, n_workers=n_workers,
-                               threads_per_worker=threads_per_worker, memory_limit=_number(memory_limit),
-                               dashboard_address=dashboard_address, protocol=protocol)
+        state = standing.start(tls=not no_tls, memory_limit=_number(memory_limit), **options)
     except ClusterRunningError as e:
         _fail(str(e), EXIT_INVALID)
     page = _install_page() if state["dashboard"] else None

@@ -85,40 +85,15 @@ def _parse_sets(values: tuple[str, ...]) -> dict[str, str]:
     return out
 
 
-def spec_options(command: Callable) -> Callable:
-    """--set, --params and --trust, shared by run, validate and plan (--trust applies while the command runs)."""
+def options(*decorators: Callable) -> Callable:
+    """One decorator for several click options, listed as they would be stacked above a command."""
 
-    @functools.wraps(command)
-    def trusted(*args: Any, trust: tuple[str, ...] = (), **kwargs: Any) -> Any:
-        with trusting(trust):
-            return command(*args, **kwargs)
+    def apply(func: Callable) -> Callable:
+        for decorator in reversed(decorators):
+            func = decorator(func)
+        return func
 
-    func = click.option("--trust", "trust", multiple=True, metavar="MODULE",
-                        help="Let the spec import callables from MODULE (and its submodules) only, with the "
-                             "flowgpu.trusted-modules setting; repeatable. A spec's callables run when it runs.")(trusted)
-    func = click.option("--params", "params_file", type=click.Path(dir_okay=False),
-                        help="YAML file of param values (name: value).")(func)
-    func = click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
-                        help="Set a value, e.g. params.n=1000 or cluster.n_workers=2 (repeatable).")(func)
-    return func
-
-
-def allow_address_option(func: Callable) -> Callable:
-    return click.option("--allow-spec-address", is_flag=True,
-                        help="Let the spec's cluster.address (another scheduler) or a dashboard_address open to "
-                             "the network take effect; otherwise they are refused.")(func)
-
-
-def tls_options(func: Callable) -> Callable:
-    """--tls-ca-file, --tls-cert and --tls-key (PEM files to join a tls:// scheduler with), named as
-    `dask scheduler` and `dask worker` name them; they reach the command as tls_ca_file, tls_cert, tls_key."""
-    for flag, what in (("--tls-key", "private key of --tls-cert, unless that file holds it"),
-                       ("--tls-cert", "certificate the cluster's CA signed, presented to the scheduler"),
-                       ("--tls-ca-file", "CA certificate(s) of the cluster")):
-        func = click.option(flag, type=click.Path(dir_okay=False), default=None, metavar="PEM",
-                            help=f"Joining a tls:// --scheduler: the {what} (else dask's distributed.comm.tls.* "
-                                 "config).")(func)
-    return func
+    return apply
 
 
 def session_option(flag: str, key: str, dest: str | None = None, *, metavar: str | None = None,
@@ -138,23 +113,59 @@ def session_option(flag: str, key: str, dest: str | None = None, *, metavar: str
                         help=(schema.get("description", "") + more).strip())
 
 
-def cluster_kind_options(func: Callable) -> Callable:
-    """--cluster KIND, --jobs N and --gpus-per-job G: workers in batch jobs through dask-jobqueue
-    (flowgpu.runtime.hpc); they reach the command as kind, jobs and gpus_per_job."""
-    func = session_option("--gpus-per-job", "gpus-per-job", metavar="G", more=" On Slurm: --gres=gpu:G.")(func)
-    func = session_option("--jobs", "jobs", metavar="N")(func)
-    return session_option("--cluster", "kind", "kind",
-                          more=" Queue, account, walltime, cores and memory come from dask-jobqueue's config "
-                               "(~/.config/dask/jobqueue.yaml).")(func)
+allow_address_option = click.option(
+    "--allow-spec-address", is_flag=True,
+    help="Let the spec's cluster.address (another scheduler) or a dashboard_address open to the network take "
+         "effect; otherwise they are refused.")
+
+# --tls-ca-file, --tls-cert and --tls-key (PEM files to join a tls:// scheduler with), as `dask scheduler` and
+# `dask worker` name them; they reach the command as tls_ca_file, tls_cert and tls_key
+tls_options = options(*(
+    click.option(flag, type=click.Path(dir_okay=False), default=None, metavar="PEM",
+                 help=f"Joining a tls:// --scheduler: the {what} (else dask's distributed.comm.tls.* "
+                      "config).")
+    for flag, what in (("--tls-ca-file", "CA certificate(s) of the cluster"),
+                       ("--tls-cert", "certificate the cluster's CA signed, presented to the scheduler"),
+                       ("--tls-key", "private key of --tls-cert, unless that file holds it"))))
 
 
-def protocol_option(func: Callable) -> Callable:
-    """--protocol tcp|ucx, shared by run and cluster start (flowgpu.runtime.protocol)."""
-    return session_option("--protocol", "protocol", more=" No TLS with ucx.")(func)
+def scheduler_options(help: str) -> Callable:  # noqa: A002 - click's name
+    """--scheduler ADDRESS (it reaches the command as ``address``) and the PEM files to join it with."""
+    return options(click.option("--scheduler", "address", default=None, metavar="ADDRESS", help=help),
+                   tls_options)
 
 
-def worker_options(func: Callable) -> Callable:
-    """--gpus, --backend and --workers, shared by run and cluster start."""
-    func = session_option("--workers", "n-workers", "n_workers")(func)
-    func = session_option("--backend", "backend")(func)
-    return session_option("--gpus", "gpus", metavar="0,1,...")(func)
+def spec_options(command: Callable) -> Callable:
+    """--set, --params and --trust, shared by run, validate and plan (--trust applies while the command
+    runs)."""
+
+    @functools.wraps(command)
+    def trusted(*args: Any, trust: tuple[str, ...] = (), **kwargs: Any) -> Any:
+        with trusting(trust):
+            return command(*args, **kwargs)
+
+    return options(
+        click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
+                     help="Set a value, e.g. params.n=1000 or cluster.n_workers=2 (repeatable)."),
+        click.option("--params", "params_file", type=click.Path(dir_okay=False),
+                     help="YAML file of param values (name: value)."),
+        click.option("--trust", "trust", multiple=True, metavar="MODULE",
+                     help="Let the spec import callables from MODULE (and its submodules) only, with the "
+                          "flowgpu.trusted-modules setting; repeatable. A spec's callables run when it "
+                          "runs."))(trusted)
+
+
+# --cluster KIND, --jobs N and --gpus-per-job G: workers in batch jobs through dask-jobqueue
+# (flowgpu.runtime.hpc); they reach the command as kind, jobs and gpus_per_job
+cluster_kind_options = options(
+    session_option("--cluster", "kind", "kind",
+                   more=" Queue, account, walltime, cores and memory come from dask-jobqueue's config "
+                        "(~/.config/dask/jobqueue.yaml)."),
+    session_option("--jobs", "jobs", metavar="N"),
+    session_option("--gpus-per-job", "gpus-per-job", metavar="G", more=" On Slurm: --gres=gpu:G."))
+
+# --protocol tcp|ucx, and --gpus, --backend and --workers, shared by run and cluster start
+protocol_option = session_option("--protocol", "protocol", more=" No TLS with ucx.")
+worker_options = options(session_option("--gpus", "gpus", metavar="0,1,..."),
+                         session_option("--backend", "backend"),
+                         session_option("--workers", "n-workers", "n_workers"))

@@ -13,9 +13,10 @@ from rich.markup import escape
 
 from flowgpu import pipeline
 from flowgpu.cli.common import (EXIT_FAILED, EXIT_INVALID, _console, _parse_sets, allow_address_option,
-                                cluster_kind_options, handle_errors, protocol_option, spec_options, tls_options,
-                                worker_options)
-from flowgpu.diagnostics import events, jsontext, monitor, render_batch, render_plan, render_status, render_summary, stepgraph
+                                cluster_kind_options, handle_errors, options, protocol_option,
+                                scheduler_options, spec_options, worker_options)
+from flowgpu.diagnostics import (events, jsontext, monitor, render_batch, render_plan, render_status,
+                                 render_summary, stepgraph)
 from flowgpu.errors import SpecError
 from flowgpu.io import atomic
 from flowgpu.pipeline.checks import check_side_files
@@ -41,23 +42,20 @@ def _parse_foreach(values: tuple[str, ...]) -> dict[str, str]:
     return out
 
 
-def foreach_options(func: Callable) -> Callable:
-    """--foreach, --force and --checksum, shared by run and status."""
-    func = click.option("--checksum", is_flag=True, help="Tell changed input files by their content (a hash), not "
-                                                          "only their size and modification time.")(func)
-    func = click.option("--force", is_flag=True, help="Compute every output, up to date or not.")(func)
-    return click.option("--foreach", multiple=True, metavar="params.NAME=VALUES",
-                        help="Run once per value: a comma list (0,1,2), a glob of paths (data/*.npy) or a range "
-                             "(start:stop[:step]); several make a grid. Repeatable.")(func)
+foreach_options = options(  # shared by run and status
+    click.option("--foreach", multiple=True, metavar="params.NAME=VALUES",
+                 help="Run once per value: a comma list (0,1,2), a glob of paths (data/*.npy) or a range "
+                      "(start:stop[:step]); several make a grid. Repeatable."),
+    click.option("--force", is_flag=True, help="Compute every output, up to date or not."),
+    click.option("--checksum", is_flag=True, help="Tell changed input files by their content (a hash), not "
+                                                  "only their size and modification time."))
 
 
 @click.command()
 @click.argument("spec", type=click.Path(dir_okay=False))
 @spec_options
-@click.option("--scheduler", default=None, metavar="ADDRESS",
-              help="Join this scheduler (tcp://host:port, tls://host:port or a scheduler file) instead of "
+@scheduler_options("Join this scheduler (tcp://host:port, tls://host:port or a scheduler file) instead of "
                    "starting a cluster.")
-@tls_options
 @worker_options
 @protocol_option
 @cluster_kind_options
@@ -78,12 +76,10 @@ def foreach_options(func: Callable) -> Callable:
 @click.option("--no-cache", is_flag=True, help="Compute everything and record nothing (see flowgpu.cache.directory).")
 @allow_address_option
 @handle_errors
-def run(spec: str, sets: tuple[str, ...], params_file: str | None, scheduler: str | None, gpus: str | None,
-        backend: str | None, n_workers: int | None, protocol: str | None, kind: str | None, jobs: int | None,
-        gpus_per_job: int | None, standalone: bool, summary_path: str | None, report: str | None,
-        overwrite: bool, dry_run: bool, no_wait: bool, quiet: bool, as_json: bool, foreach: tuple[str, ...],
-        force: bool, checksum: bool, keep_going: bool, no_cache: bool, allow_spec_address: bool,
-        **tls: str | None) -> None:
+def run(spec: str, sets: tuple[str, ...], params_file: str | None, standalone: bool, summary_path: str | None,
+        report: str | None, overwrite: bool, dry_run: bool, no_wait: bool, quiet: bool, as_json: bool,
+        foreach: tuple[str, ...], force: bool, checksum: bool, keep_going: bool, no_cache: bool,
+        allow_spec_address: bool, **cluster: Any) -> None:
     """Run the pipeline SPEC (a YAML file), or a batch of it (--foreach, or the spec's foreach: block).
 
     Outputs that are up to date (same recipe, same input files) are not computed again; --force
@@ -98,9 +94,7 @@ def run(spec: str, sets: tuple[str, ...], params_file: str | None, scheduler: st
     overrides = _parse_sets(sets)
     batch = _parse_foreach(foreach)
     console = _console()
-    cluster = {"address": scheduler, "gpus": gpus, "backend": backend, "n_workers": n_workers, **tls,
-               "protocol": protocol, "kind": kind, "jobs": jobs, "gpus_per_job": gpus_per_job,
-               "standalone": standalone or None}
+    cluster["standalone"] = standalone or None  # the scheduler, its PEM files and the options of the workers
     if dry_run:
         s = pipeline.validate(spec, overrides, params_file, overwrite=overwrite, cluster=cluster,
                               allow_spec_address=allow_spec_address)
@@ -189,14 +183,12 @@ def clean(paths: tuple[str, ...]) -> None:
 @click.argument("specs", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @spec_options
 @click.option("--overwrite", is_flag=True, help="Check the outputs as 'run --overwrite' would.")
-@click.option("--scheduler", default=None, metavar="ADDRESS",
-              help="Check the spec as 'run --scheduler' would, and ask that cluster's workers whether they see its "
-                   "inputs and can write its outputs' folders.")
-@tls_options
+@scheduler_options("Check the spec as 'run --scheduler' would, and ask that cluster's workers whether they "
+                   "see its inputs and can write its outputs' folders.")
 @allow_address_option
 @handle_errors
 def validate(specs: tuple[str, ...], sets: tuple[str, ...], params_file: str | None, overwrite: bool,
-             scheduler: str | None, allow_spec_address: bool, **tls: str | None) -> None:
+             allow_spec_address: bool, **cluster: str | None) -> None:
     """Check spec files completely, refusing all that run would refuse before computing; runs nothing.
 
     Prints each callable a spec would import (and so run when it runs). With --scheduler, the workers
@@ -207,7 +199,7 @@ def validate(specs: tuple[str, ...], sets: tuple[str, ...], params_file: str | N
     for path in specs:
         try:
             _, imported = pipeline.imports(path, overrides, params_file, overwrite=overwrite,
-                                           cluster={"address": scheduler, **tls}, allow_spec_address=allow_spec_address)
+                                           cluster=cluster, allow_spec_address=allow_spec_address)
             click.echo(f"{path}: ok")
             for what, target in imported:
                 click.echo(f"  imports {target} ({what}; runs when the spec runs)")
@@ -224,18 +216,16 @@ def validate(specs: tuple[str, ...], sets: tuple[str, ...], params_file: str | N
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "dot", "svg"]), default="table",
               help="table (default), JSON, or the step graph as Graphviz dot text or an SVG picture.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON (as --format json).")
-@click.option("--scheduler", default=None, metavar="ADDRESS",
-              help="First ask this cluster's workers whether they see the inputs and can write the outputs' folders "
-                   "(as validate --scheduler).")
-@tls_options
+@scheduler_options("First ask this cluster's workers whether they see the inputs and can write the outputs' "
+                   "folders (as validate --scheduler).")
 @handle_errors
-def plan(spec: str, sets: tuple[str, ...], params_file: str | None, fmt: str, as_json: bool, scheduler: str | None,
-         **tls: str | None) -> None:
+def plan(spec: str, sets: tuple[str, ...], params_file: str | None, fmt: str, as_json: bool,
+         **cluster: str | None) -> None:
     """Show the steps of SPEC in order: shapes, dtypes, chunks, tasks, bytes, peak memory per worker."""
     with checking_only():  # the spec's callables are checked in their source, never imported
         loaded = pipeline.load(spec, _parse_sets(sets), params_file)
-        if scheduler is not None:
-            pipeline.validate(loaded, cluster={"address": scheduler, **tls}, allow_spec_address=True)
+        if cluster["address"] is not None:
+            pipeline.validate(loaded, cluster=cluster, allow_spec_address=True)
         desc = pipeline.describe(pipeline.compile(loaded))
     fmt = "json" if as_json else fmt
     if fmt == "json":

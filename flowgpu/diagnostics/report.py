@@ -6,7 +6,7 @@ from collections import Counter
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
+from rich.table import Column, Table
 
 __all__ = ["format_bytes", "render_batch", "render_plan", "render_status", "render_summary", "storage_lines",
            "workers_line"]
@@ -30,18 +30,16 @@ def _shape(s: Any) -> str:
 def render_plan(desc: dict[str, Any], console: Console) -> None:
     """Print the steps of a plan in order, then the outputs and the totals."""
     title = f"plan of {desc['name']!r}" + (f" ({desc['file']})" if desc.get("file") else "")
-    t = Table(title=title, title_justify="left")
-    for col in ("step", "op / source", "shape", "dtype", "chunks", "tasks", "bytes", "fused"):
-        t.add_column(col, justify="right" if col in ("tasks", "bytes") else "left")
+    t = Table("step", "op / source", "shape", "dtype", "chunks", Column("tasks", justify="right"),
+              Column("bytes", justify="right"), "fused", title=title, title_justify="left")
     for r in desc["steps"]:
         fused = r.get("fused") or (f"into {r['fused_into']}" if r.get("fused_into") else "")
         t.add_row(r["name"], r["what"], _shape(r["shape"]), r["dtype"] or "-", _shape(r["chunks"]),
                   str(r["tasks"]) if r["shape"] is not None else "-",
                   format_bytes(r["bytes"]) if r["shape"] is not None else "-", fused)
     console.print(t)
-    o = Table(title="outputs", title_justify="left")
-    for col in ("output", "from", "sink", "shape", "dtype", "bytes", "path"):
-        o.add_column(col)
+    o = Table("output", "from", "sink", "shape", "dtype", "bytes", "path", title="outputs",
+              title_justify="left")
     for name, r in desc["outputs"].items():
         o.add_row(name, r["from"], r["sink"], _shape(r["shape"]), r["dtype"], format_bytes(r["bytes"]), r["path"] or "")
     console.print(o)
@@ -67,12 +65,11 @@ def render_batch(summary: dict[str, Any], console: Console) -> None:
     """Print one row per item of a batch: its params, status, outputs (values or locations), time, error."""
     items = summary["items"]
     counts = ", ".join(f"{n} {k}" for k, n in summary["counts"].items())
-    t = Table(title=f"{summary['name']}: {len(items)} items in {summary['wall_seconds']:.2f}s ({counts})",
-              title_justify="left")
     names = list(items[0]["params"]) if items else []
     outputs = list(items[0]["outputs"]) if items else []
-    for col in ("#", *names, "status", *outputs, "seconds", "error"):
-        t.add_column(col, overflow="fold")
+    t = Table(*(Column(c, overflow="fold") for c in ("#", *names, "status", *outputs, "seconds", "error")),
+              title=f"{summary['name']}: {len(items)} items in {summary['wall_seconds']:.2f}s ({counts})",
+              title_justify="left")
     for item in items:
         cells = [str(item["index"] + 1), *(str(item["params"][k]) for k in names), item["status"]]
         cells += [_where(item["outputs"][o], 40) if item["outputs"][o].get("status") != "not-computed" else "-"
@@ -85,10 +82,9 @@ def render_batch(summary: dict[str, Any], console: Console) -> None:
 
 def render_status(status: dict[str, Any], console: Console) -> None:
     """Print what a run would do: each output of each item, up to date or why it would be computed."""
-    t = Table(title=f"{status['name']}: {status['line']}", title_justify="left")
     names = list(status["items"][0]["params"]) if status["items"] else []
-    for col in ("#", *names, "output", "status", "why"):
-        t.add_column(col, overflow="fold")
+    t = Table(*(Column(c, overflow="fold") for c in ("#", *names, "output", "status", "why")),
+              title=f"{status['name']}: {status['line']}", title_justify="left")
     for item in status["items"]:
         for out, v in item["outputs"].items():
             t.add_row(str(item["index"] + 1), *(str(item["params"][k]) for k in names), out,
@@ -100,9 +96,9 @@ def render_summary(summary: dict[str, Any], console: Console) -> None:
     """Print each output (shape, dtype, where it went or its value), wall time and bytes moved."""
     if console.quiet:  # building the table costs milliseconds; a quiet run does not pay them
         return
-    t = Table(title=f"{summary['name']}: {summary['status']} in {summary['wall_seconds']:.2f}s", title_justify="left")
-    for col in ("output", "shape", "dtype", "location / value", "status"):
-        t.add_column(col)
+    t = Table("output", "shape", "dtype", "location / value", "status",
+              title=f"{summary['name']}: {summary['status']} in {summary['wall_seconds']:.2f}s",
+              title_justify="left")
     for name, o in summary["outputs"].items():
         t.add_row(name, _shape(o["shape"]), o["dtype"], _where(o), o.get("status", "computed"))
     console.print(t)
