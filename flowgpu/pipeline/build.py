@@ -21,7 +21,7 @@ from flowgpu.io import sinks, sources
 from flowgpu.io.paths import glob_files
 from flowgpu.pipeline import spec as S
 from flowgpu.pipeline.loader import SourceMap, limit, parse_yaml, read_yaml
-from flowgpu.pipeline.spec import PARAM_REF, PATH_ATTRIBUTES, RANGE, Origin
+from flowgpu.pipeline.spec import PARAM_REF, PARAM_TYPES, PATH_ATTRIBUTES, RANGE, Origin
 from flowgpu.registry import add_import_dirs
 
 __all__ = ["Origin", "build", "load", "from_dict", "read_params_file", "import_dirs", "parse_value",
@@ -29,9 +29,6 @@ __all__ = ["Origin", "build", "load", "from_dict", "read_params_file", "import_d
 
 
 # -- params: typed defaults, overrides and substitution ----------------------------------------------
-_TYPES = {"int": int, "float": float, "str": str, "bool": bool, "list": list}
-
-
 def clip(text: str, most: int) -> str:
     return text if len(text) <= most else text[:most - 3] + "..."
 
@@ -69,7 +66,7 @@ def set_path(data: dict, dotted: str, value: Any, smap: SourceMap) -> None:
 def _typed(name: str, kind: str | None, value: Any, where: tuple, smap: SourceMap, source: str) -> Any:
     if kind is None or value is None:
         return value
-    want = _TYPES[kind]
+    want = PARAM_TYPES[kind]
     value = parse_value(value) if isinstance(value, str) and kind != "str" else value
     if kind == "float" and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
@@ -114,14 +111,14 @@ def resolve_params(data: dict, smap: SourceMap, overrides: dict[str, Any] | None
                     raise smap.error(f"unknown key {key!r}", where + (key,), key=True, hint=did_you_mean(
                         key, ["type", "default", "description"], "a param has type, default and description"))
             kind = p.get("type")
-            if kind is not None and kind not in _TYPES:
+            if kind is not None and kind not in PARAM_TYPES:
                 raise smap.error(f"param {name!r} has unknown type {kind!r}", where + ("type",),
-                                 hint=f"choose one of {', '.join(_TYPES)}")
+                                 hint=f"choose one of {', '.join(PARAM_TYPES)}")
             default = p.get("default")
         else:
             kind, default = None, p
         if kind is None and default is not None:
-            kind = next((k for k, t in _TYPES.items() if type(default) is t), None)
+            kind = next((k for k, t in PARAM_TYPES.items() if type(default) is t), None)
         kinds[name] = kind
         values[name] = _typed(name, kind, default, where, smap, "its default")
     for name, value in (overrides or {}).items():

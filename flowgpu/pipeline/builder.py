@@ -44,7 +44,7 @@ from flowgpu.pipeline.build import build, clip, load
 from flowgpu.pipeline.compiler import Plan, compile
 from flowgpu.pipeline.loader import Path, SourceMap, format_path
 from flowgpu.pipeline.planning import describe
-from flowgpu.pipeline.spec import NAME_PATTERN, Spec
+from flowgpu.pipeline.spec import NAME_PATTERN, PARAM_TYPES, Spec
 from flowgpu.registry import checking_only
 
 __all__ = ["Pipeline", "Ref"]
@@ -114,7 +114,7 @@ def call_site() -> Site:
     return site
 
 
-PARAM_TYPES = {bool: "bool", int: "int", float: "float", str: "str", list: "list"}
+_TYPE_NAMES = {t: name for name, t in PARAM_TYPES.items()}
 
 
 class Ref:
@@ -241,7 +241,7 @@ class Pipeline:
         """Declare param ``name`` (rendered as ``${params.name}``); ``type`` defaults to ``default``'s."""
         site = call_site()
         where = self._new(site, "params", name, self._data["params"])
-        kind = PARAM_TYPES.get(type, type) if type is not None else PARAM_TYPES.get(default.__class__)
+        kind = _TYPE_NAMES.get(type, type) if type is not None else _TYPE_NAMES.get(default.__class__)
         entry: dict[str, Any] = {} if kind is None else {"type": kind}
         at = site.given("default", 1)
         entry["default"] = render(self, site, default, where + ("default",), at)

@@ -24,13 +24,14 @@ from flowgpu.io.paths import resolve, shown
 from flowgpu.pipeline.loader import SourceMap
 
 __all__ = ["Origin", "Spec", "Param", "Step", "Output", "Cluster", "Expect", "ForeachGlob", "ForeachRange",
-           "NAME_PATTERN", "PARAM_REF", "PATH_ATTRIBUTES", "json_schema", "spec_model", "input_model",
-           "output_model"]
+           "NAME_PATTERN", "PARAM_REF", "PARAM_TYPES", "PATH_ATTRIBUTES", "json_schema", "spec_model",
+           "input_model", "output_model"]
 
 NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 # ``${params.name}`` and ``${params.name.stem}``: group 1 the name, group 2 the attributes (".parent.name")
 PARAM_REF = re.compile(r"\$\{params\.([A-Za-z_][A-Za-z0-9_]*)((?:\.[A-Za-z_][A-Za-z0-9_]*)*)\}")
 PATH_ATTRIBUTES = ("name", "stem", "suffix", "parent")  # of a path param, as pathlib's
+PARAM_TYPES = {"int": int, "float": float, "str": str, "bool": bool, "list": list}  # a param's type: by name
 RANGE = re.compile(r"^\s*(-?\d+)\s*:\s*(-?\d+)\s*(?::\s*(-?\d+)\s*)?$")  # a foreach range: start:stop[:step]
 Name = Annotated[str, Field(pattern=NAME_PATTERN)]
 Scalar = Union[bool, int, float, str, None]
@@ -59,7 +60,7 @@ class _Model(BaseModel):
 class Param(_Model):
     """A typed parameter; ``${params.<name>}`` anywhere in the spec is replaced by its value."""
 
-    type: Literal["int", "float", "str", "bool", "list"] | None = Field(
+    type: Literal[tuple(PARAM_TYPES)] | None = Field(
         None, description="Type of the value; taken from `default` when not given.")
     default: Any = Field(None, description="Value used unless overridden by --set params.<name>=... or --params FILE.")
     description: str = ""
