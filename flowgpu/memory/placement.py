@@ -5,7 +5,7 @@ against them in one place (:meth:`Placement.check`).
 from __future__ import annotations
 
 import threading
-from typing import Any, Iterator
+from typing import Any
 
 from flowgpu.memory.tiers import LRUTier
 
@@ -23,52 +23,30 @@ class Load:
         self.dropped = False  # deleted (or overwritten) meanwhile: what the load brings is discarded
 
 
-class Placement:
-    """``key -> tier name``, each key in exactly one tier; reads need no lock, changes take the store's."""
+class Placement(dict):
+    """``key -> tier name``, each key in exactly one tier; reads need no lock, changes take the store's.
+    A tier that takes or gives up a key by itself (a disk file) is followed with plain item changes."""
 
     def __init__(self, tiers: dict[str, Any]):  # name -> tier (flowgpu.memory.tiers)
+        super().__init__()
         self.tiers = tiers
-        self._where: dict[Any, str] = {}
-
-    def where(self, key: Any) -> str | None:
-        return self._where.get(key)
 
     def put(self, key: Any, tier: str, value: Any) -> None:
         """``tier`` holds ``value`` under ``key`` from now on (``key`` must be nowhere yet)."""
-        if key in self._where:
-            raise KeyError(f"{key!r} is in the {self._where[key]} tier already")
+        if key in self:
+            raise KeyError(f"{key!r} is in the {self[key]} tier already")
         self.tiers[tier].put(key, value)
-        self._where[key] = tier
+        self[key] = tier
 
-    def pop(self, key: Any) -> Any:
+    def take(self, key: Any) -> Any:
         """Take ``key`` out of its tier; returns what that tier held."""
-        return self.tiers[self._where.pop(key)].pop(key)
-
-    def adopt(self, key: Any, tier: str) -> None:
-        """``tier`` took ``key`` by itself (a disk file); its old tier has given it up already."""
-        self._where[key] = tier
-
-    def disown(self, key: Any) -> str:
-        """Forget ``key`` whose tier gave it up by itself (a disk file detached for a read)."""
-        return self._where.pop(key)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._where
-
-    def __len__(self) -> int:
-        return len(self._where)
-
-    def __iter__(self) -> Iterator[Any]:
-        return iter(list(self._where))
-
-    def items(self) -> list[tuple[Any, str]]:
-        return list(self._where.items())
+        return self.tiers[self.pop(key)].pop(key)
 
     def check(self) -> None:
         """Raise AssertionError unless each tier holds exactly the keys placed in it and each
         in-memory tier's bytes add up."""
         for name, tier in self.tiers.items():
-            placed = {k for k, t in self._where.items() if t == name}
+            placed = {k for k, t in self.items() if t == name}
             held = set(tier.keys())
             assert held == placed, f"the {name} tier holds {held - placed or 'no'} keys placed elsewhere " \
                                    f"and lacks {placed - held or 'none'} placed in it"

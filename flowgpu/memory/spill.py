@@ -90,6 +90,6 @@ class HostSpill:
     def _on_disk(self, key: Any, entry: HostEntry) -> int:
         """``key`` has its file (the disk tier holds it): its host entry goes."""
         self.host.pop(key)
-        self.placed.adopt(key, self.disk.name)
+        self.placed[key] = self.disk.name
         self.host.release(entry)
         return entry.nbytes

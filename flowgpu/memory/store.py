@@ -114,8 +114,8 @@ class FlowgpuStore(MutableMapping):
     # -- where each key lives --------------------------------------------------------------
     def _drop(self, key: Any) -> None:
         """Forget ``key`` wherever it lives and free what it holds."""
-        tier = self._placed.where(key)
-        value = self._placed.pop(key)
+        tier = self._placed.get(key)
+        value = self._placed.take(key)
         self.disk.forget(key)  # a file kept from an earlier read no longer holds its value
         if tier == LOADING:
             value.dropped = True  # the loader discards what it brings
@@ -128,7 +128,7 @@ class FlowgpuStore(MutableMapping):
 
     def tier_of(self, key: Any) -> str | None:
         """``"device"``, ``"host"``, ``"disk"``, ``"other"``, ``"loading"``, or None (absent)."""
-        return self._placed.where(key)
+        return self._placed.get(key)
 
     def check(self) -> None:
         """Raise AssertionError unless the index, the tiers' bytes, clean copies, kept files and copies
@@ -173,7 +173,7 @@ class FlowgpuStore(MutableMapping):
 
     def __iter__(self) -> Iterator[Any]:
         with self._lock:
-            return iter(self._placed)
+            return iter(list(self._placed))
 
     # -- moving down ------------------------------------------------------------------------
     def _fit_device(self, keep: Any = None) -> None:
@@ -188,7 +188,7 @@ class FlowgpuStore(MutableMapping):
                 self.events.emit(Noted, "clean_device_evictions")
             else:
                 key = self.device.oldest(exclude=keep)
-            value = self._placed.pop(key)
+            value = self._placed.take(key)
             clean = self.host.pop_clean(key)
             if clean is not None:
                 self._placed.put(key, HOST, clean)
@@ -222,7 +222,7 @@ class FlowgpuStore(MutableMapping):
         ev = self.events
         if not (ev.wants(FetchStarted) or ev.wants(FetchEnded)):
             return self._get(key, prefetch)
-        tier, start = self._placed.where(key) or "absent", time.time()
+        tier, start = self._placed.get(key) or "absent", time.time()
         thread = threading.current_thread().name
         ev.emit(FetchStarted, key, tier, prefetch, thread, start)
         try:
@@ -233,11 +233,11 @@ class FlowgpuStore(MutableMapping):
     def _get(self, key: Any, prefetch: bool) -> Any:
         while True:
             with self._lock:
-                tier = self._placed.where(key)
+                tier = self._placed.get(key)
                 if tier is None:
                     raise KeyError(key)
                 if tier == DEVICE:
-                    return self.device.get(key)
+                    return self.device.use(key)
                 if tier == OTHER:
                     return self._other.peek(key)
                 if tier == LOADING:
@@ -246,13 +246,13 @@ class FlowgpuStore(MutableMapping):
                     if tier == HOST:
                         entry = self.host.peek(key)
                         if entry.origin == "host":
-                            return self.host.get(key).value
+                            return self.host.use(key).value
                         if entry.pending is not None and not entry.pending.done():
                             return self._reclaim(key, entry)
-                        source: HostEntry | DiskFile = self._placed.pop(key)
+                        source: HostEntry | DiskFile = self._placed.take(key)
                     else:
                         source = self.disk.detach(key)  # the file stays: the load reads it
-                        self._placed.disown(key)
+                        del self._placed[key]
                     load = Load()
                     self._placed.put(key, LOADING, load)
                     break
@@ -266,10 +266,10 @@ class FlowgpuStore(MutableMapping):
                 if load.dropped:
                     self._discard(source)
                 else:
-                    self._placed.pop(key)
+                    self._placed.take(key)
                     if isinstance(source, DiskFile):
                         self.disk.attach(key, source)
-                        self._placed.adopt(key, DISK)
+                        self._placed[key] = DISK
                     else:
                         self._placed.put(key, HOST, source)
                 load.done.set()
@@ -298,7 +298,7 @@ class FlowgpuStore(MutableMapping):
         if load.dropped:
             self._discard(source)
             return
-        self._placed.pop(key)
+        self._placed.take(key)
         if isinstance(source, DiskFile):
             self.disk.keep(key, source)  # unchanged chunks are evicted again without a write
         elif into != DEVICE:
@@ -315,7 +315,7 @@ class FlowgpuStore(MutableMapping):
     def _reclaim(self, key: Any, entry: HostEntry) -> Any:
         """Read back a chunk whose copy to host is still in flight: its device copy is still here."""
         value = entry.pending.device_value
-        self._placed.pop(key)
+        self._placed.take(key)
         self.host.keep_clean(key, entry)  # once its copy finishes the host copy is valid: keep it
         self._placed.put(key, DEVICE, value)
         self.events.emit(Noted, "reclaimed_in_flight")
@@ -325,7 +325,7 @@ class FlowgpuStore(MutableMapping):
     def prefetch(self, key: Any) -> bool:
         """Bring ``key`` up to its fast tier ahead of use if there is room; True if it moved."""
         with self._lock:
-            tier = self._placed.where(key)
+            tier = self._placed.get(key)
             if tier == HOST:
                 entry = self.host.peek(key)
                 origin, nbytes = entry.origin, entry.nbytes

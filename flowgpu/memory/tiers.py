@@ -5,7 +5,7 @@ running ``nbytes``. They only hold and count; the store's policy says which key 
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import numpy as np
 
@@ -15,58 +15,43 @@ from flowgpu.transfer.streams import ArrayMeta, PendingCopy
 __all__ = ["LRUTier", "HostEntry", "HostTier"]
 
 
-class LRUTier:
+class LRUTier(OrderedDict):
     """Values, least recently used first; ``nbytes`` sums theirs unless ``counted`` is False."""
 
     def __init__(self, name: str, counted: bool = True):
+        super().__init__()
         self.name = name
         self._sizeof: Callable[[Any], int] = (lambda v: int(v.nbytes)) if counted else (lambda v: 0)
-        self._items: OrderedDict[Any, Any] = OrderedDict()
         self.nbytes = 0
 
     def put(self, key: Any, value: Any) -> None:
         """Hold ``value`` under ``key`` as the most recently used."""
-        if key in self._items:
+        if key in self:
             raise KeyError(f"{key!r} is already in the {self.name} tier")
-        self._items[key] = value
+        self[key] = value
         self.nbytes += self._sizeof(value)
 
-    def get(self, key: Any) -> Any:
+    def use(self, key: Any) -> Any:
         """The value under ``key``, now the most recently used."""
-        self._items.move_to_end(key)
-        return self._items[key]
+        self.move_to_end(key)
+        return self[key]
 
     def peek(self, key: Any) -> Any:
         """The value under ``key``, leaving the order alone."""
-        return self._items[key]
+        return self[key]
 
     def pop(self, key: Any) -> Any:
-        value = self._items.pop(key)
+        value = super().pop(key)
         self.nbytes -= self._sizeof(value)
         return value
 
     def oldest(self, exclude: Any = None) -> Any:
         """The least recently used key other than ``exclude`` (``exclude`` when alone; None: empty)."""
-        return next((k for k in self._items if k != exclude), exclude if self._items else None)
-
-    def __contains__(self, key: Any) -> bool:
-        return key in self._items
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def __iter__(self) -> Iterator[Any]:
-        return iter(self._items)
-
-    def keys(self) -> list:
-        return list(self._items)
-
-    def values(self) -> list:
-        return list(self._items.values())
+        return next((k for k in self if k != exclude), exclude if self else None)
 
     def counted(self) -> int:
         """``nbytes`` recomputed from the values (for :meth:`FlowgpuStore.check`)."""
-        return sum(self._sizeof(v) for v in self._items.values())
+        return sum(self._sizeof(v) for v in self.values())
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name}: {len(self)} keys, {self.nbytes} B>"
