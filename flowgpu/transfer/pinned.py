@@ -16,7 +16,7 @@ import os
 import threading
 import time
 import warnings
-from collections import defaultdict
+from collections import Counter, defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -30,6 +30,8 @@ __all__ = ["HostBuffer", "PinnedPool", "size_class", "cupy_pinned_allocator", "r
            "shared_executor", "PinnedAllocated", "Noted"]
 
 _MiB = 1 << 20
+_COUNTS = ("allocations", "background_allocations", "reuses", "pageable_fallbacks", "alloc_failures",
+           "transient_pageable")
 
 
 # What a pool emits into the events hub it is given (a worker store's: flowgpu.memory.events).
@@ -64,18 +66,16 @@ def size_class(nbytes: int) -> int:
     return -(-n // step) * step
 
 
+@dataclass(eq=False, repr=False, slots=True, weakref_slot=True)
 class HostBuffer:
     """A host buffer of ``size`` bytes at ``ptr``: ``.view`` is a flat ``uint8`` view; ``pinned``
     (page-locked) or pageable (a fallback)."""
 
-    __slots__ = ("size", "view", "ptr", "pinned", "_owner", "__weakref__")
-
-    def __init__(self, size: int, view: np.ndarray, ptr: int, pinned: bool, owner: object):
-        self.size = size
-        self.view = view
-        self.ptr = ptr
-        self.pinned = pinned
-        self._owner = owner  # keeps the allocation alive
+    size: int
+    view: np.ndarray
+    ptr: int
+    pinned: bool
+    _owner: object  # keeps the allocation alive
 
     def array(self, shape: tuple, dtype, order: str = "C") -> np.ndarray:
         """A NumPy array of ``shape`` and ``dtype`` laid over the start of this buffer."""
@@ -195,16 +195,10 @@ class PinnedPool:
         self._growing: set[int] = set()  # size classes being allocated in the background
         # until the grower decides, under the lock, to stop (is_alive() would still say True after)
         self._grower_running = False
-        self.background_allocations = 0
         self._free: dict[int, list[HostBuffer]] = defaultdict(list)
         self.allocated = 0  # pinned bytes held, in use or cached
         self.in_use = 0
-        self.allocations = 0
-        self.reuses = 0
-        self.fallbacks = 0
-        self.alloc_failures = 0
-        self.transient_pageable = 0
-        self._warned = False
+        self.counts = Counter(dict.fromkeys(_COUNTS, 0))  # what stats() reports besides the bytes
 
     def _allocate(self, size: int, background: bool) -> HostBuffer:
         start = time.time()
@@ -231,7 +225,7 @@ class PinnedPool:
             if free:
                 buf = free.pop()
                 self.in_use += size
-                self.reuses += 1
+                self.counts["reuses"] += 1
                 self._wake_grower_locked()
                 return buf
             if self.capacity is not None and self.allocated + size > self.capacity:
@@ -243,7 +237,7 @@ class PinnedPool:
         if not fits:
             if transient:
                 with self._lock:
-                    self.transient_pageable += 1
+                    self.counts["transient_pageable"] += 1
                 return _pageable(size_class(nbytes))
             return self._fallback(nbytes, f"the pinned pool is full ({self.capacity} bytes)")
         try:
@@ -252,19 +246,18 @@ class PinnedPool:
             with self._lock:
                 self.allocated -= size
                 self.in_use -= size
-                self.alloc_failures += 1
+                self.counts["alloc_failures"] += 1
                 # do not ask the driver again for more than we hold now
                 self.capacity = self.allocated if self.capacity is None else min(self.capacity, self.allocated)
             return self._fallback(nbytes, f"pinned allocation of {size} bytes failed ({e})")
         with self._lock:
-            self.allocations += 1
+            self.counts["allocations"] += 1
         return buf
 
     def _fallback(self, nbytes: int, why: str) -> HostBuffer:
         with self._lock:
-            self.fallbacks += 1
-            warn = not self._warned
-            self._warned = True
+            self.counts["pageable_fallbacks"] += 1
+            warn = self.counts["pageable_fallbacks"] == 1
         msg = f"flowgpu: {why}; using pageable host memory instead (slower copies, no data lost)"
         if warn:
             warnings.warn(msg + "; raise flowgpu.spill.pinned-pool-size or lower the device limit",
@@ -322,7 +315,7 @@ class PinnedPool:
                 buf = self._allocate(size, background=True)
             except Exception:  # the driver refused: stop growing; take() falls back as usual
                 with self._lock:
-                    self.alloc_failures += 1
+                    self.counts["alloc_failures"] += 1
                     self._spare.clear()
             with self._lock:
                 self._growing.discard(size)
@@ -331,8 +324,7 @@ class PinnedPool:
                     self._grower_running = False
                 else:
                     self._free[size].append(buf)
-                    self.allocations += 1
-                    self.background_allocations += 1
+                    self.counts.update(("allocations", "background_allocations"))
                 self._cond.notify_all()
             if buf is None:
                 return
@@ -361,15 +353,5 @@ class PinnedPool:
 
     def stats(self) -> dict:
         with self._lock:
-            return {
-                "capacity": self.capacity,
-                "allocated": self.allocated,
-                "in_use": self.in_use,
-                "cached": self.allocated - self.in_use,
-                "allocations": self.allocations,
-                "background_allocations": self.background_allocations,
-                "reuses": self.reuses,
-                "pageable_fallbacks": self.fallbacks,
-                "alloc_failures": self.alloc_failures,
-                "transient_pageable": self.transient_pageable,
-            }
+            return {"capacity": self.capacity, "allocated": self.allocated, "in_use": self.in_use,
+                    "cached": self.allocated - self.in_use, **self.counts}
