@@ -119,26 +119,26 @@ def render_tables(view: dict[str, Any]) -> dict[str, str]:
             "items": str(page.items(view)), "memory": str(page.memory(view))}
 
 
+def _columns(names: tuple[str, ...], rows: list[tuple]) -> dict[str, list]:
+    return {k: [row[i] for row in rows] for i, k in enumerate(names)}
+
+
 def _graph_data(view: dict[str, Any]) -> tuple[dict, dict]:
-    nodes: dict[str, list] = {k: [] for k in ("x", "y", "color", "label", "state", "id")}
-    edges: dict[str, list] = {k: [] for k in ("x0", "y0", "x1", "y1")}
-    if view["graph"] is None:
-        return nodes, edges
-    g = stepgraph.from_dict(view["graph"])
-    pos = stepgraph.layout(g)
+    """The step graph's boxes and arrows as Bokeh columns, each box coloured by its state on the board."""
+    g = stepgraph.from_dict(view["graph"] or {"name": "", "nodes": [], "edges": []})
+    xy = {n: (c * 2.0, -r * 1.0) for n, (c, r) in stepgraph.layout(g).items()}
     state = {s["id"]: s for s in view["steps"]}
+    boxes = []
     for n, node in g.nodes.items():
-        (c, r), st, out = pos[n], state.get(n, {"state": "waiting", "done": 0, "total": 0}), node.kind == "output"
+        st, out = state.get(n, {"state": "waiting", "done": 0, "total": 0}), node.kind == "output"
         label = f"output {node.label}" if out else node.label
-        row = (c * 2.0, -r * 1.0, "#c8e6c9" if out else stepgraph.STATE_COLORS.get(st["state"], "#fff"),
-               f"{label} {st['done']}/{st['total']}" if st["total"] else label, "output" if out else st["state"], n)
-        for column, v in zip(nodes.values(), row):
-            column.append(v)
-    for e in g.edges:
-        (c0, r0), (c1, r1) = pos[e.source], pos[e.target]
-        for column, v in zip(edges.values(), (c0 * 2.0 + 0.7, -r0 * 1.0, c1 * 2.0 - 0.7, -r1 * 1.0)):
-            column.append(v)
-    return nodes, edges
+        boxes.append((*xy[n], "#c8e6c9" if out else stepgraph.STATE_COLORS.get(st["state"], "#fff"),
+                      f"{label} {st['done']}/{st['total']}" if st["total"] else label,
+                      "output" if out else st["state"], n))
+    arrows = [(xy[e.source][0] + 0.7, xy[e.source][1], xy[e.target][0] - 0.7, xy[e.target][1])
+              for e in g.edges]
+    return (_columns(("x", "y", "color", "label", "state", "id"), boxes),
+            _columns(("x0", "y0", "x1", "y1"), arrows))
 
 
 def flowgpu_doc(scheduler: Any, extra: dict, doc: Any) -> None:
@@ -152,22 +152,21 @@ def flowgpu_doc(scheduler: Any, extra: dict, doc: Any) -> None:
     tables = {k: Div(text="", name=f"flowgpu-{k}-div", sizing_mode="stretch_width") for k in
               ("head", "steps", "items", "memory")}
     nodes, edges = map(ColumnDataSource, _graph_data(board.view()))
-    graph = figure(title="steps (colour: state)", height=320, sizing_mode="stretch_width", tools="pan,wheel_zoom,reset",
-                   x_axis_type=None, y_axis_type=None)
+    wide = {"sizing_mode": "stretch_width", "tools": "pan,wheel_zoom,reset"}
+    graph = figure(title="steps (colour: state)", height=320, x_axis_type=None, y_axis_type=None, **wide)
     graph.segment("x0", "y0", "x1", "y1", source=edges, line_color="#777")
     graph.rect("x", "y", width=1.4, height=0.6, fill_color="color", line_color="#455a64", source=nodes)
     graph.text("x", "y", text="label", text_align="center", text_baseline="middle", text_font_size="9pt", source=nodes)
     graph.add_tools(HoverTool(tooltips=[("step", "@id"), ("state", "@state")]))
     graph.grid.visible = False
     series = ColumnDataSource({"t": [], **{t: [] for t in TIERS}, "gbps": []})
-    tiers = figure(title="bytes per tier, all workers", height=240, sizing_mode="stretch_width", x_axis_type="datetime",
-                   tools="pan,wheel_zoom,reset")
+    tiers = figure(title="bytes per tier, all workers", height=240, x_axis_type="datetime", **wide)
     for tier, color in zip(TIERS, ("#1e88e5", "#fb8c00", "#8e24aa")):
         tiers.line("t", tier, source=series, legend_label=tier, line_color=color, line_width=2)
     tiers.legend.location = "top_left"
     tiers.yaxis.formatter = NumeralTickFormatter(format="0.0 b")
     moves = figure(title=f"moves between tiers, GB/s ({', '.join(m.replace('_', ' ') for m in MOVES[:2])}, ...)",
-                   height=240, sizing_mode="stretch_width", x_axis_type="datetime", tools="pan,wheel_zoom,reset")
+                   height=240, x_axis_type="datetime", **wide)
     moves.line("t", "gbps", source=series, line_color="#43a047", line_width=2)
 
     def update() -> None:

@@ -88,18 +88,14 @@ class Board:
 
     # -- fed by the scheduler --------------------------------------------------------------------------
     def add_tasks(self, tasks: Iterable[tuple[Hashable, Iterable[Hashable]]]) -> None:
-        """Tasks of a new graph, each with its dependencies' keys."""
-        pending = []
-        for key, deps in tasks:
-            where = self._layers.get(_layer_of(key))
-            if where is None:
-                pending.append((key, list(deps)))
-            else:
-                self._assign(key, where)
-        for _ in range(8):  # renamed layers take the step of their dependencies
+        """Tasks of a new graph, each with its dependencies' keys: a task of a published layer counts
+        for its step; one of a layer Dask renamed, for the step of its dependencies."""
+        pending = [(key, list(deps)) for key, deps in tasks]
+        for _ in range(9):
             left = []
             for key, deps in pending:
-                where = next((self._keys[d] for d in deps if d in self._keys), None)
+                where = self._layers.get(_layer_of(key))
+                where = where or next((self._keys[d] for d in deps if d in self._keys), None)
                 if where is None:
                     left.append((key, deps))
                 else:
@@ -171,13 +167,12 @@ class Board:
         needs = {}
         for n in run.graph["nodes"]:
             nid, step = n["id"], run.steps[n["id"]]
-            needs[nid] = []
             if nid in run.states or n.get("fused_into"):
-                continue
-            if nid in children:
+                needs[nid] = []
+            elif nid in children:
                 needs[nid] = children[nid]
-            elif not step.total and not step.erred:
-                needs[nid] = feeds[nid] or source[nid]
+            else:
+                needs[nid] = feeds[nid] or source[nid] if not step.total and not step.erred else []
         return needs
 
     def _states(self, run: _Run) -> dict[str, str]:
@@ -217,9 +212,7 @@ class Board:
         out: dict[str, Any] = {"run": None, "graph": None, "steps": [], "items": [], "memory": self._memory(run)}
         if run is None:
             return out
-        end = run.finished or time.time()
-        out["run"] = {"id": run.id, "name": run.name, "item": run.item, "batch": run.batch, "status": run.status,
-                      "error": run.error, "seconds": end - run.started, "peak": run.peak}
+        out["run"] = {**self._row(run), "batch": run.batch, "peak": run.peak}
         out["graph"] = run.graph
         states = self._states(run)
         for node in run.graph["nodes"]:
@@ -229,12 +222,14 @@ class Board:
                                  "done": len(s.done), "total": s.total, "bytes": s.nbytes,
                                  "seconds": s.seconds, "error": s.error})
         same = [r for r in self.runs.values() if r.batch is not None and r.batch == run.batch] or [run]
-        for r in same:
-            done = sum(len(s.done) for s in r.steps.values())
-            out["items"].append({"id": r.id, "name": r.name, "item": r.item, "status": r.status,
-                                 "done": done, "total": sum(s.total for s in r.steps.values()),
-                                 "seconds": (r.finished or time.time()) - r.started, "error": r.error})
+        out["items"] = [{**self._row(r), "done": sum(len(s.done) for s in r.steps.values()),
+                         "total": sum(s.total for s in r.steps.values())} for r in same]
         return out
+
+    @staticmethod
+    def _row(run: _Run) -> dict[str, Any]:
+        return {"id": run.id, "name": run.name, "item": run.item, "status": run.status, "error": run.error,
+                "seconds": (run.finished or time.time()) - run.started}
 
     def _memory(self, run: _Run | None) -> dict[str, Any]:
         """Bytes per tier summed over workers over time, the moves between tiers as GB/s, and each

@@ -28,16 +28,14 @@ def install(client: Any) -> bool:
     the scheduler refuses it (e.g. it cannot import flowgpu): runs go on without the page."""
     if client is None:
         return False
-    if getattr(client, "_flowgpu_dashboard", None) is not None:
-        return client._flowgpu_dashboard
-    try:
-        client.register_plugin(DashboardPlugin(), name=PLUGIN_NAME)
-        ok = True
-    except Exception as e:  # noqa: BLE001 - the page is a view; the run must not depend on it
-        logger.warning("flowgpu: the dashboard page could not be installed on the scheduler: %s", e)
-        ok = False
-    client._flowgpu_dashboard = ok
-    return ok
+    if getattr(client, "_flowgpu_dashboard", None) is None:
+        try:
+            client.register_plugin(DashboardPlugin(), name=PLUGIN_NAME)
+            client._flowgpu_dashboard = True
+        except Exception as e:  # noqa: BLE001 - the page is a view; the run must not depend on it
+            logger.warning("flowgpu: the dashboard page could not be installed on the scheduler: %s", e)
+            client._flowgpu_dashboard = False
+    return client._flowgpu_dashboard
 
 
 def page_link(link: str | None) -> str | None:
