@@ -52,7 +52,9 @@ def output_error(path: str, e: OSError) -> OutputError:
 
 
 def check_writable(path: str, overwrite: bool = False) -> None:
-    """Refuse to replace what flowgpu did not write (an earlier output is fine), unless ``overwrite``."""
+    """Refuse to replace what flowgpu did not write (an earlier output is fine), unless ``overwrite``;
+    touches nothing."""
+    path = os.path.abspath(path)
     if os.path.lexists(path) and not overwrite and not written_by_flowgpu(path):
         raise OutputExistsError(
             f"output {path!r} already exists and was not written by flowgpu; "

@@ -115,7 +115,7 @@ def check(src: str, dst: str, *, codec: str = "zstd", chunk_bytes: int | None = 
     if chunk_bytes is not None and chunk_bytes > MAX_CHUNK_BYTES:
         raise ConfigError(f"chunk size {chunk_bytes} bytes is more than nvCOMP decodes in one chunk "
                           f"({MAX_CHUNK_BYTES >> 20} MiB); give --chunk-bytes 16MiB or less")
-    check_writable(os.path.abspath(dst), overwrite)
+    check_writable(dst, overwrite)
 
 
 def convert(src: str, dst: str, *, codec: str = "zstd", level: int | None = None, chunk_bytes: int | None = None,

@@ -111,11 +111,7 @@ def commit_all(pending: list[PendingWrite]) -> list[str | None]:
 
 
 hold_outputs = hold  # the write lock of every output path, held while the block runs
-
-
-def check_destination(path: str, overwrite: bool = False) -> None:
-    """Refuse an existing path flowgpu did not write (unless ``overwrite``); touches nothing."""
-    check_writable(os.path.abspath(path), overwrite)
+check_destination = check_writable  # refuse an existing path flowgpu did not write (unless overwrite)
 
 
 def _staged(sink: str, path: str | None, overwrite: bool, fmt: str, write: Callable[[str], Any]) -> PendingWrite:
