@@ -56,14 +56,12 @@ class NpyReader:
         return (start, max(start, stop)) if step == 1 else None
 
     def __getitem__(self, key):
-        if self.device:
-            rows = self._rows(key)
-            if rows is not None:
-                row_bytes = int(np.prod(self.shape[1:], dtype=np.int64)) * self.dtype.itemsize
-                return file_rows_to_device(self.path, self.offset + rows[0] * row_bytes,
-                                           (rows[1] - rows[0], *self.shape[1:]), self.dtype)
-            return host_to_device(self._map()[key])
-        return np.array(self._map()[key])
+        rows = self._rows(key) if self.device else None
+        if rows is not None:
+            row_bytes = int(np.prod(self.shape[1:], dtype=np.int64)) * self.dtype.itemsize
+            return file_rows_to_device(self.path, self.offset + rows[0] * row_bytes,
+                                       (rows[1] - rows[0], *self.shape[1:]), self.dtype)
+        return host_to_device(self._map()[key]) if self.device else np.array(self._map()[key])
 
     def _map(self) -> np.memmap:
         """The file memory-mapped: a .npy file only (np.load also opens .npz archives and pickles)."""
