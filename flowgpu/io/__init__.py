@@ -9,7 +9,7 @@ from flowgpu.io.tiff import from_tiff
 from flowgpu.io.zarr import from_zarr, to_zarr
 
 __all__ = [
-    "SINKS", "SOURCES", "sink_entry", "source_entry", "AtomicPath", "PendingWrite", "atomic_output", "check_writable", "from_npy", "from_zarr", "open_source",
-    "prepare_write", "register_sink", "register_source", "sink_names", "source_names", "to_npy", "to_zarr",
-    "written_by_flowgpu", "from_hdf5", "from_tiff",
+    "SINKS", "SOURCES", "sink_entry", "source_entry", "AtomicPath", "PendingWrite", "atomic_output",
+    "check_writable", "from_npy", "from_zarr", "open_source", "prepare_write", "register_sink", "register_source",
+    "sink_names", "source_names", "to_npy", "to_zarr", "written_by_flowgpu", "from_hdf5", "from_tiff",
 ]
