@@ -70,10 +70,9 @@ def _numba_type(dtype: np.dtype):
     return numba.from_dtype(np.dtype(dtype))
 
 
-def _compile_python(src: str, fname: str, namespace: bool = False, **extra: Any) -> Any:
-    """The function ``fname`` defined by ``src`` (or, with ``namespace``, the globals it was defined in)."""
-    scope = python_namespace(src, fname, dict(python_globals(), **extra))
-    return scope if namespace else scope[fname]
+def _compile_python(src: str, fname: str, **extra: Any) -> dict[str, Any]:
+    """The globals in which ``src`` defined its functions (``fname`` first among them)."""
+    return python_namespace(src, fname, dict(python_globals(), **extra))
 
 
 def elementwise_kernel(expr: Expr, arrays: tuple[str, ...], dtypes: tuple, scalars: tuple,
@@ -94,7 +93,7 @@ def elementwise_kernel(expr: Expr, arrays: tuple[str, ...], dtypes: tuple, scala
                                         name=_name(key), preamble=CUDA_PREAMBLE, options=CUDA_OPTIONS)
         code, _ = to_python(expr, types, arrays, out_dtype=out_dtype)
         fname = _name(key)
-        func = _compile_python(f"def {fname}({', '.join(args)}):\n    return {code}\n", fname)
+        func = _compile_python(f"def {fname}({', '.join(args)}):\n    return {code}\n", fname)[fname]
         sig = _numba_type(out_dtype)(*[_numba_type(d) for d in dtypes])
         return vectorize(func, [sig])
 
@@ -237,23 +236,24 @@ def reduce_kernel(expr: Expr, arrays: tuple[str, ...], dtypes: tuple, scalars: t
         jit = numba.njit(nogil=True, error_model="numpy")
         fname = _name(key)
         two = ndim in (2, "rows")
+        flat = None
         if acc.kind == "f" and reduction in _ADDING:  # NumPy's pairwise summation
             # NumPy casts values of another dtype than the sum's in buffers of 8192, each summed on its own
             natural = expr.result_dtype(types)
             code, _ = to_python(expr, types, arrays, out_dtype=val_dtype, index="r, cc" if two else "i")
             src = _pairwise_src(fname, len(arrays), code, acc, 2 if two else 1, reduction.startswith("nan"),
                                 0 if natural == acc else _NUMPY_BUFFER)
-            namespace = _compile_python(src, fname, namespace=True)
-            for helper in (f"{fname}_fill", f"{fname}_pw"):
-                namespace[helper] = cached(jit(namespace[helper]))
-            body = cached(jit(namespace[fname]))
         elif ndim == "rows" and (acc.kind != "f" or reduction in _EXTREME):  # rows, each through the flat loop
             flat = reduce_kernel(expr, arrays, dtypes, scalars, val_dtype, reduction, backend, "body")
-            body = cached(jit(_compile_python(_rows_src(fname, len(arrays), reduction, acc), fname, _flat=flat)))
+            src = _rows_src(fname, len(arrays), reduction, acc)
         else:  # float products: in C order, as NumPy multiplies
             code, _ = to_python(expr, types, arrays, out_dtype=val_dtype, index="r, c" if two else "i")
             src = _loop_src(fname, len(arrays), code, reduction, acc, 2 if two else 1)
-            body = cached(jit(_compile_python(src, fname)))
+        namespace = _compile_python(src, fname, _flat=flat)
+        for helper in (f"{fname}_fill", f"{fname}_pw"):  # the pairwise sum's own functions
+            if helper in namespace:
+                namespace[helper] = cached(jit(namespace[helper]))
+        body = cached(jit(namespace[fname]))
         if ndim == "body":  # the flat loop itself, which the rows kernel calls
             return body
         core = "(m,w)" if two else "(n)"
@@ -262,7 +262,7 @@ def reduce_kernel(expr: Expr, arrays: tuple[str, ...], dtypes: tuple, scalars: t
         sig = (*[_numba_type(d)[:, :] if two else _numba_type(d)[:] for d in dtypes], item[:])
         args = ", ".join(f"in{i}" for i in range(len(arrays)))
         wrapper = _compile_python(f"def {fname}_g({args}, out):\n    out[0] = _body({args})\n", f"{fname}_g",
-                                  _body=body)
+                                  _body=body)[f"{fname}_g"]
         return guvectorize(wrapper, [sig], layout)
 
     return _cached(key, build)

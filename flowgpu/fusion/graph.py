@@ -182,17 +182,8 @@ def _rewrite(hlg: Any, keep: set[str], reductions: bool, bare: bool | None) -> t
             graph_tree.flatten_tree(layers, deps, root, keep)
     if not done:
         return hlg, done
-    if not keep:
-        return HighLevelGraph(layers, deps), done
-    reachable: set[str] = set()
-    stack = list(keep)
-    while stack:  # drop the layers that were inlined
-        k = stack.pop()
-        if k not in reachable and k in layers:
-            reachable.add(k)
-            stack.extend(deps.get(k, ()))
-    return HighLevelGraph({k: v for k, v in layers.items() if k in reachable},
-                          {k: deps[k] & reachable for k in reachable}), done
+    out = HighLevelGraph(layers, deps)
+    return (out.cull_layers(keep & layers.keys()) if keep else out), done  # the inlined layers dropped
 
 
 def _expression(root: str, info: tuple, layers: dict, elem: dict, inlinable: Any) -> tuple:

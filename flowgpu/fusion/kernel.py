@@ -49,10 +49,6 @@ def _split_inputs(expr: Expr, inputs: Mapping[str, Any]) -> tuple[dict[str, da.A
     return arrays, tuple(scalars)
 
 
-def _meta(arrays: list[da.Array], dtype: np.dtype, ndim: int):
-    return empty_meta(any(is_cupy(a._meta) for a in arrays), dtype, ndim)
-
-
 def fused_elementwise(expression: str, inputs: Mapping[str, Any], *, dtype: Any = None,
                       reduction: str | None = None, axis: Any = None, keepdims: bool = False) -> da.Array:
     """Apply ``expression`` (e.g. ``"(x * 2 + 1) ** 2 - x"``) to dask arrays, one fused kernel per chunk.
@@ -92,7 +88,7 @@ def fused_elementwise(expression: str, inputs: Mapping[str, Any], *, dtype: Any 
     red = FusedChunk(expr.text, names, scalars, out_dtype, reduction=reduction, axes=axes)
     part = _blockwise(red, arrs, ndim, acc, f"fused-{reduction}-", adjust={ndim - 1 - i: 1 for i in axes})
     if len(axes) == ndim and part.npartitions <= MAX_FANIN:
-        return _combine_all_graph(part, reduction, result, count, keepdims, arrs)
+        return _combine_all_graph(part, reduction, result, count, keepdims)
     combine = "sum" if reduction == "mean" else reduction
     # one flat combine step rather than dask's tree of fan-in 4 (why: flowgpu.fusion.graph_tree)
     split = None
@@ -135,15 +131,16 @@ def combine_all(reduction: str, result: Any, count: int, shape: tuple, *parts: A
     return xp.asarray(value).astype(result).reshape(shape)
 
 
-def _combine_all_graph(part: da.Array, reduction: str, result: np.dtype, count: int, keepdims: bool,
-                       arrs: list[da.Array]) -> da.Array:
+def _combine_all_graph(part: da.Array, reduction: str, result: np.dtype, count: int,
+                       keepdims: bool) -> da.Array:
     """The full reduction as ONE task over all partials (cheaper to build and run than ``da.sum``'s tree)."""
     shape = (1,) * part.ndim if keepdims else ()
     name = f"{part.name.split('-', 1)[0]}-{reduction}-all-" + tokenize(part.name, keepdims)
     keys = list(dask_core.flatten(part.__dask_keys__()))
     dsk = {(name,) + (0,) * len(shape): (combine_all, reduction, result, count, shape, *keys)}
     graph = HighLevelGraph.from_collections(name, dsk, dependencies=[part])
-    return da.Array(graph, name, chunks=tuple((1,) for _ in shape), meta=_meta(arrs, result, len(shape)))
+    meta = empty_meta(is_cupy(part._meta), result, len(shape))
+    return da.Array(graph, name, chunks=tuple((1,) for _ in shape), meta=meta)
 
 
 def _blockwise(fn: FusedChunk, arrs: list[da.Array], ndim: int, dtype: np.dtype, prefix: str,
@@ -153,5 +150,6 @@ def _blockwise(fn: FusedChunk, arrs: list[da.Array], ndim: int, dtype: np.dtype,
     args = []
     for a in arrs:
         args += [a, tuple(range(a.ndim))[::-1]]
-    return da.blockwise(fn, out_ind, *args, name=prefix + tokenize(fn, *arrs), dtype=dtype,
-                        meta=_meta(arrs, dtype, ndim), align_arrays=True, adjust_chunks=adjust)
+    meta = empty_meta(any(is_cupy(a._meta) for a in arrs), dtype, ndim)
+    return da.blockwise(fn, out_ind, *args, name=prefix + tokenize(fn, *arrs), dtype=dtype, meta=meta,
+                        align_arrays=True, adjust_chunks=adjust)

@@ -47,11 +47,6 @@ def stats() -> dict[str, int]:
         return dict(_counts)
 
 
-def _count(what: str) -> None:
-    with _lock:
-        _counts[what] += 1
-
-
 @functools.lru_cache(maxsize=1)
 def _salt() -> bytes:
     """What machine code depends on besides its text: library versions and the fusion sources (numba
@@ -136,10 +131,6 @@ def python_namespace(src: str, fname: str, namespace: Mapping[str, Any]) -> dict
     return module.__dict__
 
 
-def _file_backed(func: Callable) -> bool:
-    return os.path.isfile(func.__code__.co_filename)
-
-
 def _guarded(func: Callable, inner: Any) -> Any:
     """numba's cache of ``func`` (``inner``), counting compiles and loads; a file it cannot read is a
     miss (removed), never an error."""
@@ -159,11 +150,11 @@ def _guarded(func: Callable, inner: Any) -> Any:
                              inner.cache_path, name, type(e).__name__, e)
                 self._remove()
                 cres = None
+            with _lock:
+                _counts["compiled" if cres is None else "loaded"] += 1
             if cres is not None:
-                _count("loaded")
                 _log.debug("fused kernel %s%s loaded from %s", name, sig, inner.cache_path)
             else:
-                _count("compiled")
                 self.started = time.perf_counter()
             return cres
 
@@ -191,7 +182,7 @@ def _guarded(func: Callable, inner: Any) -> Any:
 def cached(dispatcher: Any) -> Any:
     """``dispatcher`` (``numba.njit``) with numba's disk cache where its function has a file, counted."""
     func = dispatcher.py_func
-    if _file_backed(func):
+    if os.path.isfile(func.__code__.co_filename):
         try:
             dispatcher.enable_caching()  # what numba.njit(cache=True) calls
         except RuntimeError as e:  # numba found no folder it may write: compiled in memory, as before
@@ -206,7 +197,8 @@ def vectorize(func: Callable, signatures: Sequence[Any]) -> Any:
     import numba
 
     try:
-        ufunc = numba.vectorize(nopython=True, cache=_file_backed(func))(func)  # a DUFunc: nothing compiled yet
+        # a DUFunc: nothing compiled yet
+        ufunc = numba.vectorize(nopython=True, cache=os.path.isfile(func.__code__.co_filename))(func)
     except RuntimeError as e:  # numba found no folder it may write: compiled in memory, as before
         _log.warning("flowgpu compiles a fused kernel in memory only: %s", e)
         ufunc = numba.vectorize(nopython=True)(func)

@@ -133,11 +133,6 @@ _cache_lock = threading.RLock()
 _keys = itertools.count()
 
 
-def new_key(name: str) -> str:
-    """A key naming one decorated function in this process's compile cache (travels in pickles)."""
-    return f"{name}-{secrets.token_hex(4)}-{next(_keys)}"
-
-
 def cached(key: Any, build: Callable[[], Any]) -> Any:
     """``build()`` once per process and key (numba compiles once per worker, not per chunk)."""
     with _cache_lock:
@@ -239,7 +234,7 @@ class Named:
         self.__name__ = self.__qualname__ = name
         self.__module__ = getattr(func, "__module__", None) or type(self).__module__
         self.__doc__ = func.__doc__ if doc is None else doc
-        self._key = new_key(name)
+        self._key = f"{name}-{secrets.token_hex(4)}-{next(_keys)}"  # names it in compile caches and pickles
 
     def __dask_tokenize__(self):
         return self._key

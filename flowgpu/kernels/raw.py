@@ -42,11 +42,6 @@ __all__ = ["kernel", "Kernel"]
 _GLOBAL = re.compile(r"__global__\s+void\s+([A-Za-z_]\w*)\s*\(")
 
 
-def _is_numba_cuda(obj: Any) -> bool:
-    module = type(obj).__module__
-    return (module.startswith("numba.cuda") or module.startswith("numba_cuda")) and hasattr(obj, "py_func")
-
-
 class Kernel(nb.Named):
     """A raw CUDA kernel made by :func:`kernel`; call it with dask, NumPy or CuPy arrays."""
 
@@ -74,7 +69,7 @@ class Kernel(nb.Named):
                                   "extern \"C\" __global__ void NAME(...)")
         elif callable(cuda):
             self.source = None
-            if _is_numba_cuda(cuda):
+            if type(cuda).__module__.startswith(("numba.cuda", "numba_cuda")) and hasattr(cuda, "py_func"):
                 self._dispatcher = cuda
                 self.jit_options = dict(getattr(cuda, "targetoptions", {}) or {})
             self.py_func = cuda.py_func if self._dispatcher is not None else cuda
@@ -153,27 +148,23 @@ class Kernel(nb.Named):
         if n:
             grid = (n + self.block - 1) // self.block
             if self.source is not None:
-                self._raw_kernel()((grid,), (self.block,), (*ins, out.reshape(-1), np.int64(n)))
+                self._compiled()((grid,), (self.block,), (*ins, out.reshape(-1), np.int64(n)))
             else:
                 views = [nb.numba_view(a) for a in (*ins, out.reshape(-1))]
-                self._numba_kernel()[grid, self.block, nb.numba_stream()](*views, np.int64(n))
+                self._compiled()[grid, self.block, nb.numba_stream()](*views, np.int64(n))
         return out
 
-    def _raw_kernel(self):
-        def build():
-            cp = import_cupy()
-            try:
-                return cp.RawKernel(self.source, self.kernel_name, options=self.options)
-            except Exception as e:  # CuPy compiles lazily; this catches bad arguments early
-                raise KernelError(f"kernel {self.kernel_name!r}: {e}") from None
-
-        return nb.cached((self._key, "raw"), build)
-
-    def _numba_kernel(self):
+    def _compiled(self):
+        """The source's CuPy ``RawKernel``, or the numba-cuda kernel (built once per process)."""
         if self._dispatcher is not None:
             return self._dispatcher
 
         def build():
+            if self.source is not None:
+                try:
+                    return import_cupy().RawKernel(self.source, self.kernel_name, options=self.options)
+                except Exception as e:  # CuPy compiles lazily; this catches bad arguments early
+                    raise KernelError(f"kernel {self.kernel_name!r}: {e}") from None
             from numba import cuda
 
             try:
@@ -181,7 +172,7 @@ class Kernel(nb.Named):
             except TypeError:  # an option this numba-cuda does not take back: jit plainly
                 return cuda.jit(self.py_func)
 
-        return nb.cached((self._key, "numba-cuda"), build)
+        return nb.cached((self._key, "compiled"), build)
 
 
 def kernel(cuda: str | Callable | None = None, *, name: str | None = None, dtype: Any = None,
