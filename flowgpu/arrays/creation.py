@@ -229,5 +229,6 @@ def from_reader(reader: Any, chunks: Any, kind: str, token: str) -> da.Array:
         reader.device = True
     # not inline_array=True: the reads would run inside the next step's tasks, and the flowgpu page
     # would show the input step with no tasks (and failed when the next step failed)
-    return da.from_array(reader, chunks=chunks, asarray=False, meta=empty_meta(gpu, reader.dtype, reader.ndim),
-                         name=f"from-{kind}{'-gpu' if gpu else ''}-{token}")
+    meta = empty_meta(gpu, reader.dtype, reader.ndim)
+    return da.from_array(reader, chunks=chunks, asarray=False, meta=meta,
+                         name=f"from-{kind}-gpu-{token}" if gpu else f"from-{kind}-{token}")
