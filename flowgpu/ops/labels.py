@@ -40,12 +40,6 @@ def axis_numbers(op_name: str, arg: str, value: Any, x: Any) -> Any:
     return _number(op_name, arg, x, value)
 
 
-def _xarray():
-    import xarray
-
-    return xarray
-
-
 def _on_bare(op: Op, args: list, kwargs: dict) -> Any:
     return op(*map(bare, args), **{k: bare(v) for k, v in kwargs.items()})
 
@@ -59,7 +53,7 @@ def _reduced(op: Op, x: Any, args: list, kwargs: dict) -> Any:
     keepdims = bool(kwargs.get("keepdims", False))
     dims = [d for d in x.dims if keepdims or d not in gone]
     coords = {k: c for k, c in x.coords.items() if not set(c.dims) & gone}
-    out = _xarray().DataArray(out, dims=dims, coords=coords, attrs=dict(x.attrs))
+    out = type(x)(out, dims=dims, coords=coords, attrs=dict(x.attrs))  # a DataArray, as x
     out.name = x.name  # not the dask array's name, which xarray takes when given None
     return out
 
@@ -76,8 +70,10 @@ def _elementwise(op: Op, args: list, kwargs: dict) -> Any:
         k.update(zip(keys, values[len(at):]))
         return op(*a, **k)
 
+    import xarray  # noqa: PLC0415 - loaded already (the inputs are its DataArrays); not for bare inputs
+
     labelled = [*(args[i] for i in at), *(kwargs[k] for k in keys)]
-    return _xarray().apply_ufunc(apply, *labelled, dask="allowed", keep_attrs=True)
+    return xarray.apply_ufunc(apply, *labelled, dask="allowed", keep_attrs=True)
 
 
 def _shaped(op: Op, x: Any, args: list, kwargs: dict) -> Any:
