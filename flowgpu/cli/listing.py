@@ -33,9 +33,7 @@ def info() -> None:
 def _table(title: str, columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
     """Print a table; every cell verbatim (docstrings hold '[lo, hi]', which rich would read as markup),
     less the docstrings' reStructuredText double backticks."""
-    t = Table(title=title, title_justify="left")
-    for col in columns:
-        t.add_column(col)
+    t = Table(*columns, title=title, title_justify="left")
     for row in rows:
         t.add_row(*(escape(cell.replace("``", "`")) for cell in row))
     _console(stderr=False).print(t)

@@ -169,10 +169,8 @@ def clean(paths: tuple[str, ...]) -> None:
     """
     notes = atomic.clean(paths or (".",))
     for note in notes:
-        if isinstance(note, atomic.Refused):
-            click.echo(f"error: {note}", err=True)
-        else:
-            click.echo(note)
+        refused = isinstance(note, atomic.Refused)
+        click.echo(f"error: {note}" if refused else note, err=refused)
     if not notes:
         click.echo("nothing to clean")
     if any(isinstance(n, atomic.Refused) for n in notes):

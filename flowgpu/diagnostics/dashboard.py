@@ -8,7 +8,6 @@ adds ``/flowgpu`` (a Bokeh application, as distributed's own pages are) with a t
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
@@ -18,8 +17,6 @@ from flowgpu.diagnostics import stepgraph, templating
 from flowgpu.diagnostics.livestate import MOVES, TIERS, Board
 
 __all__ = ["DashboardPlugin", "PLUGIN_NAME", "PAGE", "install_page", "render_tables"]
-
-logger = logging.getLogger("flowgpu.dashboard")
 
 PLUGIN_NAME = "flowgpu-dashboard"
 PAGE = "flowgpu"

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from graphlib import TopologicalSorter
 from typing import Any, Hashable, Iterable
 
-__all__ = ["Board", "TIERS", "MOVES"]
+__all__ = ["Board", "TIERS", "MOVES", "layer_of"]
 
 TIERS = ("device", "host", "disk")
 MOVES = ("device_to_host", "host_to_device", "host_to_disk", "disk_to_host", "disk_to_device")
@@ -46,7 +46,8 @@ class _Run:
     peak: dict[str, dict[str, int]] = field(default_factory=dict)  # worker -> {"store", "process"} bytes
 
 
-def _layer_of(key: Hashable) -> str:
+def layer_of(key: Hashable) -> str:
+    """The Dask layer a task key belongs to: its name, or the name that starts a tuple key."""
     return str(key[0]) if isinstance(key, tuple) and key else str(key)
 
 
@@ -94,7 +95,7 @@ class Board:
         for _ in range(9):
             left = []
             for key, deps in pending:
-                where = self._layers.get(_layer_of(key))
+                where = self._layers.get(layer_of(key))
                 where = where or next((self._keys[d] for d in deps if d in self._keys), None)
                 if where is None:
                     left.append((key, deps))

@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 from flowgpu.diagnostics import stepgraph
 from flowgpu.diagnostics.dashboard import PAGE, PLUGIN_NAME, DashboardPlugin
 from flowgpu.diagnostics.events import Event, ItemFinished, ItemStarted, SessionReady
+from flowgpu.diagnostics.livestate import layer_of
 
 __all__ = ["install", "page_link", "step_layers", "Follower", "Tracked"]
 
@@ -48,11 +49,8 @@ def page_link(link: str | None) -> str | None:
 
 
 def _layers(x: Any) -> list[str]:
-    graph = x.__dask_graph__()
-    layers = getattr(graph, "layers", None)
-    if layers is not None:
-        return list(layers)
-    return list(dict.fromkeys(k[0] if isinstance(k, tuple) else k for k in graph))
+    graph = x.__dask_graph__()  # a HighLevelGraph's layers, else the names in a plain graph's keys
+    return list(getattr(graph, "layers", None) or dict.fromkeys(layer_of(k) for k in graph))
 
 
 def step_layers(plan: Any, targets: dict[str, Any] | None = None, prefix: str = "",

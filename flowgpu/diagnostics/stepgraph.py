@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from collections import Counter
 from dataclasses import asdict, dataclass
 from graphlib import TopologicalSorter
 from typing import Any
@@ -56,20 +57,17 @@ def from_description(desc: dict[str, Any]) -> StepGraph:
     edges: list[Edge] = []
     for row in desc["steps"]:
         name = row["name"]
-        parent = name.rsplit("/", 1)[0] if "/" in name else None
-        nodes[name] = GraphNode(name, name.rsplit("/", 1)[-1], row["kind"], str(row.get("what") or ""), parent,
+        parent, _, label = name.rpartition("/")
+        nodes[name] = GraphNode(name, label, row["kind"], str(row.get("what") or ""), parent or None,
                                 row.get("fused_into"))
-        for dep in row.get("deps") or []:
-            edges.append(Edge(dep, name, "data"))
-        if row["kind"] == "input" and row.get("what") == "bound" and parent is not None:
+        edges += [Edge(dep, name, "data") for dep in row.get("deps") or []]
+        if row["kind"] == "input" and row.get("what") == "bound" and parent:
             edges.append(Edge(parent, name, "uses"))
         if row.get("fused_into"):
             edges.append(Edge(name, row["fused_into"], "fused"))
     for out, o in desc.get("outputs", {}).items():
-        oid = f"out:{out}"
-        nodes[oid] = GraphNode(oid, out, "output", str(o.get("sink") or ""))
-        head = str(o["from"]).split(".")[0]
-        edges.append(Edge(head, oid, "output"))
+        nodes[f"out:{out}"] = GraphNode(f"out:{out}", out, "output", str(o.get("sink") or ""))
+        edges.append(Edge(str(o["from"]).split(".")[0], f"out:{out}", "output"))
     edges = [e for e in edges if e.source in nodes and e.target in nodes]
     return StepGraph(str(desc.get("name") or "pipeline"), nodes, edges)
 
@@ -82,11 +80,11 @@ def layout(graph: StepGraph) -> dict[str, tuple[int, int]]:
     depth: dict[str, int] = {}
     for n in TopologicalSorter(preds).static_order():  # one column right of its deepest predecessor
         depth[n] = 1 + max((depth[p] for p in preds[n]), default=-1)
-    rows: dict[int, int] = {}
+    rows: Counter = Counter()  # nodes placed in each column so far
     out = {}
     for n in graph.nodes:
-        out[n] = (depth[n], rows.get(depth[n], 0))
-        rows[depth[n]] = rows.get(depth[n], 0) + 1
+        out[n] = (depth[n], rows[depth[n]])
+        rows[depth[n]] += 1
     return out
 
 
@@ -164,6 +162,5 @@ def to_dict(graph: StepGraph) -> dict[str, Any]:
 
 def from_dict(data: dict[str, Any]) -> StepGraph:
     """The graph :func:`to_dict` made."""
-    nodes = {n["id"]: GraphNode(n["id"], n["label"], n["kind"], n["what"], n.get("parent"),
-                                n.get("fused_into")) for n in data["nodes"]}
+    nodes = {n["id"]: GraphNode(**n) for n in data["nodes"]}
     return StepGraph(data["name"], nodes, [Edge(*e) for e in data["edges"]])
