@@ -48,9 +48,8 @@ class _Tracer(dict):
 def _operand(tracer: _Tracer, v: Any) -> str:
     if isinstance(v, Sym):
         return v.text
-    if isinstance(v, (bool, int, float)) and not isinstance(v, np.generic):
-        text = literal_text(v)
-        return text if text is not None else tracer.bind(v)
+    if (text := literal_text(v)) is not None:
+        return text
     if is_scalar(v) or (isinstance(v, np.ndarray) and v.ndim == 0):
         # NumPy scalars keep their dtype (they are not weak): pass them as inputs. NumPy hands a
         # scalar's comparison (``np.float32(1.5) < x``) to ``__array_ufunc__`` as a 0-d array.
@@ -269,6 +268,5 @@ def fuse(fn: Callable | None = None, *, reduce: str | None = None, axis: Any = N
     (also as ``@fuse`` or ``@fuse(reduce="sum")``) gives a lazy dask array for dask inputs and a
     computed array for NumPy/CuPy ones.
     """
-    if fn is None:
-        return lambda f: Fused(f, reduce=reduce, axis=axis, keepdims=keepdims)
-    return Fused(fn, reduce=reduce, axis=axis, keepdims=keepdims)
+    make = functools.partial(Fused, reduce=reduce, axis=axis, keepdims=keepdims)
+    return make if fn is None else make(fn)

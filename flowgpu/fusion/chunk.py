@@ -25,6 +25,7 @@ __all__ = ["FusedChunk", "Chain", "reduce_chunk", "kernel_blocks"]
 _ROW = 1 << 16  # elements per row when a flat GPU chunk is reduced as (rows, _ROW)
 _ACCUMULATING = frozenset({"sum", "prod", "nansum", "nanprod"})  # NumPy's functions that take dtype=
 KERNEL_DTYPES = frozenset(np.dtype(name) for name in C_TYPES)  # what the code generators take
+_warned: set[str] = set()  # expressions whose kernel did not compile (warned once each)
 
 
 class Chain:
@@ -108,7 +109,11 @@ class FusedChunk:
                 return self.fallback(*given)
             raise
         except Exception as e:  # a compiler that refuses the code: stay correct, unfused
-            _warn_unfused(self.text, e)
+            if self.text not in _warned:
+                _warned.add(self.text)
+                warnings.warn(f"flowgpu could not compile a fused kernel for {self.text!r} "
+                              f"({type(e).__name__}: {e}); computing it unfused, which is correct but slower",
+                              RuntimeWarning, stacklevel=2)
             if self.fallback is not None:
                 return self.fallback(*given)
             return self.unfused(expr, blocks, backend, out_dtype)
@@ -175,16 +180,6 @@ def _flags_raised(run: Any, quiet: bool = False) -> tuple[Any, bool]:
     with np.errstate(call=lambda kind, flag: seen.append(kind), **modes):
         value = run()
     return value, any(_FLAGS.get(kind) in care for kind in seen)
-
-
-_warned: set[str] = set()
-
-
-def _warn_unfused(text: str, err: Exception) -> None:
-    if text not in _warned:
-        _warned.add(text)
-        warnings.warn(f"flowgpu could not compile a fused kernel for {text!r} ({type(err).__name__}: {err}); "
-                      "computing it unfused, which is correct but slower", RuntimeWarning, stacklevel=3)
 
 
 def reduce_chunk(expr: Expr, arrays: tuple[str, ...], blocks: tuple, scalars: tuple, val_dtype: np.dtype,

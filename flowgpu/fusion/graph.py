@@ -50,7 +50,7 @@ def _fused_template(fc: FusedChunk, nargs: int) -> str | None:
         return None
     names = {n: "{%d}" % i for i, n in enumerate(fc.arrays)}
     for n, v in fc.scalars:
-        text = literal_text(v) if type(v) in (bool, int, float) else None
+        text = literal_text(v)
         if text is None:
             return None  # NaN, infinities, NumPy scalars: the kernel keeps them as arguments
         names[n] = text
@@ -205,7 +205,7 @@ def _expression(root: str, info: tuple, layers: dict, elem: dict, inlinable: Any
             if op[0] == "scalar":
                 value = op[1]
                 calls.append(("value", value))
-                text = literal_text(value) if type(value) in (bool, int, float) else None
+                text = literal_text(value)
                 if text is not None:
                     parts.append(text)
                 else:

@@ -150,8 +150,9 @@ def is_scalar(value: Any) -> bool:
 
 
 def literal_text(value: Any) -> str | None:
-    """``value`` as expression text (negatives parenthesised: ``(-2.0) ** x``), None for NaN and inf."""
-    if isinstance(value, float) and not math.isfinite(value):
+    """A Python bool, int or float as expression text (negatives parenthesised: ``(-2.0) ** x``);
+    None for NaN, inf and any other value (NumPy scalars, whose dtype a literal would lose)."""
+    if type(value) not in (bool, int, float) or (type(value) is float and not math.isfinite(value)):
         return None
     text = repr(value)
     return f"({text})" if text.startswith("-") else text
@@ -292,13 +293,13 @@ def parse(text: str, names: Iterable[str] | None = None) -> "Expr":
     return _parse_cached(text, frozenset(names) if names is not None else None)
 
 
+@dataclass(eq=False)
 class Expr:
     """A parsed expression: its text, its tree and its free names (in order of first use)."""
 
-    def __init__(self, text: str, root: Node, names: tuple[str, ...]):
-        self.text = text
-        self.root = root
-        self.names = names
+    text: str
+    root: Node
+    names: tuple[str, ...]
 
     def __repr__(self) -> str:
         return f"Expr({self.text!r})"
