@@ -30,9 +30,7 @@ def _section(label: str, part: dict[str, Any], sid: str) -> dict[str, Any]:
             "graph": Markup(stepgraph.to_svg(stepgraph.from_description(desc), states)),
             "steps": [(r, happened.get(r["name"], {})) for r in desc["steps"]],
             "peaks": sorted(((view.get("run") or {}).get("peak") or {}).items()),
-            "times": [(s["id"], s["seconds"]) for s in view.get("steps", []) if s["kind"] != "output"],
-            "tiers_top": max((max(v) for v in tiers.values() if v), default=0.0) or 1.0,
-            "gbps_top": max(mem.get("gbps") or [0.0]) or 1.0}
+            "times": [(s["id"], s["seconds"]) for s in view.get("steps", []) if s["kind"] != "output"]}
 
 
 def render(summary: dict[str, Any], runs: list[tuple[str, dict[str, Any]]]) -> str:
