@@ -172,6 +172,10 @@ class _Batch:
     def fail(self, o: Outcome, error: BaseException | None, status: str = "failed") -> None:
         if error is not None:
             o.error = _failure(o, error, self.session)
+        if status == "cancelled" and o in self.futures and (writes := self._writes(o)):
+            # its writes stop: running tasks finish, and their staging goes after them (at the latest
+            # when the next run takes the lock)
+            self.session.client.cancel(writes)
         o.status = status
         o.abort()
         self.tell(ItemFinished(o.job.item.index, o))
@@ -203,29 +207,22 @@ class _Batch:
             o.status = "running"
             self.bars.follow(self.bar[o], client, self.futures[o])
             owner.update((id(f), o) for f in self.futures[o])
-        try:
-            if len(ready) == 1:  # a plain run: waited for and gathered in one call, as compute() does
-                self._gather_one(client, ready[0], started)
+        if len(ready) == 1:  # a plain run: waited for and gathered in one call, as compute() does
+            self._gather_one(client, ready[0], started)
+            return
+        for future in as_completed([f for o in ready for f in self.futures[o]]):  # the rest: execute cancels
+            o = owner[id(future)]
+            if o.status != "running":
+                continue
+            if future.status != "finished":
+                error = future.exception() if future.status == "error" else RunError(
+                    f"pipeline {o.job.item.spec.name!r} was cancelled: {future.status}")
+                self._settled(o)
+                self.settle(o, error, None, started)
+            elif all(f.status == "finished" for f in self.futures[o]):
+                self._gather_one(client, o, started)
+            if o.status == "failed" and not self.config.keep_going:
                 return
-            for future in as_completed([f for o in ready for f in self.futures[o]]):
-                o = owner[id(future)]
-                if o.status != "running":
-                    continue
-                if future.status != "finished":
-                    error = future.exception() if future.status == "error" else RunError(
-                        f"pipeline {o.job.item.spec.name!r} was cancelled: {future.status}")
-                    self._settled(o)
-                    self.settle(o, error, None, started)
-                elif all(f.status == "finished" for f in self.futures[o]):
-                    self._gather_one(client, o, started)
-                if o.status == "failed" and not self.config.keep_going:
-                    return
-        finally:
-            for o in ready:
-                if o.status == "running":  # its writes stop: running tasks finish, and their staging goes
-                    if writes := self._writes(o):  # after them (at the latest when the next run takes the lock)
-                        client.cancel(writes)
-                    self.fail(o, None, "cancelled")
 
     def _gather_one(self, client: Any, o: Outcome, started: float) -> None:
         """Fetch ``o``'s results in one round trip (the first failure ends the wait); commit or fail it."""
