@@ -282,13 +282,13 @@ def _run(spec: Spec, config: RunConfig, begun: float) -> "RunResult | BatchResul
                     finally:
                         if config.report:  # the run report, of a failed run too
                             _write_report(spec, outcomes, session, started, batch, config, follower)
+                elif config.report:  # all up to date: the report says so
+                    _write_report(spec, outcomes, session, started, batch, config, follower)
                 for said in tables.write_tables(outcomes, config.overwrite):  # every item's row, computed now or up to date
                     config.console.print(said, markup=False, highlight=False, soft_wrap=True)
                 after = (afters[0] if afters else session.memory_summary_soon()) \
                     if memory is not None and memory() is not None and not batch else None
                 result = _result(spec, outcomes, session, started, batch)
-                if config.report and not any(job.todo for job in jobs):  # all up to date: the report says so
-                    _write_report(spec, outcomes, session, started, batch, config, follower)
                 if after is not None and (now := after()) is not None:
                     result.summary["memory"] = memory_delta(memory(), now)
             finally:
