@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from typing import Any, Callable
+from typing import Any
 
-from flowgpu.memory.disk import DiskFile, DiskTier
 from flowgpu.memory.events import CopyEnqueued, Events, Moved
 from flowgpu.memory.tiers import HostEntry
-from flowgpu.transfer.pinned import PinnedPool
 from flowgpu.transfer.streams import PendingCopy
 
-__all__ = ["CopiesInFlight", "copy_up"]
+__all__ = ["CopiesInFlight"]
 
 
 class CopiesInFlight:
@@ -63,39 +61,3 @@ class CopiesInFlight:
         for _, copy, _ in self.up:
             copy.wait()
         self.reap()
-
-
-def copy_up(key: Any, source: HostEntry | DiskFile, transfer: Callable[[], Any], pool: PinnedPool,
-            copies: CopiesInFlight, lock: Any) -> tuple[Any, str, PendingCopy | None]:
-    """Copy a chunk up from ``source`` (a host entry, or a disk file: NumPy chunks to host, device
-    ones through a transient pinned buffer) outside the store's lock (taken to note an upload).
-    ``transfer()`` gives the device copier. Returns ``(value, "device" | "host", upload or None)``.
-    """
-    emit = copies.events.emit
-    if isinstance(source, HostEntry):
-        t = transfer()
-        upload = getattr(t, "to_device_async", None)
-        if upload is not None:
-            # not waited for: the task's stream is ordered after the copy (MemoryPlugin)
-            value, up = upload(source.value, source.meta, source.buf.pinned)
-            with lock:
-                copies.uploading(key, up, source.nbytes)
-            return value, "device", up
-        value, seconds = t.to_device(source.value, source.meta, source.buf.pinned)
-        emit(Moved, "host_to_device", key, source.nbytes, seconds)
-        return value, "device", None
-    meta, start = source.meta, time.perf_counter()
-    if source.origin == "host":
-        value = DiskTier.read(source)
-        emit(Moved, "disk_to_host", key, value.nbytes, time.perf_counter() - start)
-        return value, "host", None
-    buf = pool.take(meta.nbytes, transient=True)
-    try:
-        host = DiskTier.read(source, out=buf.view)
-        read_s = time.perf_counter() - start
-        value, seconds = transfer().to_device(host, meta, buf.pinned)
-    finally:
-        pool.give(buf)
-    emit(Moved, "disk_to_host", key, meta.nbytes, read_s)
-    emit(Moved, "host_to_device", key, meta.nbytes, seconds)
-    return value, "device", None

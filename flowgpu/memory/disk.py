@@ -8,7 +8,6 @@ import contextlib
 import hashlib
 import itertools
 import os
-import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,7 +60,8 @@ class DiskFile:
 
 
 class DiskTier:
-    """Chunks on local disk in ``directory`` (made on first write), by task key.
+    """Chunks on local disk in ``directory`` (made on first write), by task key; the store's lock
+    guards every change.
 
     It also remembers *kept* files, of chunks read back and unchanged since (chunks are immutable),
     so evicting them again takes no write (:meth:`reattach`); they are not in :attr:`nbytes`.
@@ -71,7 +71,6 @@ class DiskTier:
 
     def __init__(self, directory: str):
         self.directory = directory
-        self._lock = threading.Lock()
         self._files: dict[Any, DiskFile] = {}
         self._kept: dict[Any, DiskFile] = {}
         self._written = itertools.count()
@@ -138,18 +137,16 @@ class DiskTier:
 
     def detach(self, key: Any) -> DiskFile:
         """Forget ``key`` but keep its file; the record."""
-        with self._lock:
-            rec = self._files.pop(key)
-            self.nbytes -= rec.size
-            self.data_bytes -= rec.meta.nbytes
+        rec = self._files.pop(key)
+        self.nbytes -= rec.size
+        self.data_bytes -= rec.meta.nbytes
         return rec
 
     def attach(self, key: Any, rec: DiskFile) -> None:
         """Hold ``rec`` under ``key``: the chunk is on disk (again, without a write)."""
-        with self._lock:
-            self._files[key] = rec
-            self.nbytes += rec.size
-            self.data_bytes += rec.meta.nbytes
+        self._files[key] = rec
+        self.nbytes += rec.size
+        self.data_bytes += rec.meta.nbytes
 
     def pop(self, key: Any) -> None:
         """Remove ``key`` and its file."""

@@ -52,9 +52,7 @@ def summary(per_worker: dict[str, dict]) -> dict:
     """Sum ``client.run(stats)`` results over workers for a run summary; ``"workers"`` keeps each
     worker's own counters (``{worker id: {"moves", "events"}}``) for :func:`delta`."""
     moves, events = _totals(per_worker, {})
-    errors: list[str] = []
-    for st in per_worker.values():
-        errors += [e for e in st.get("errors", []) if e not in errors]
+    errors = list(dict.fromkeys(e for st in per_worker.values() for e in st.get("errors", [])))  # distinct, in order
     workers = {st.get("worker") or a: {"moves": st.get("moves", {}), "events": st.get("events", {})}
                for a, st in per_worker.items()}
     stores = sorted({st.get("store", "?") for st in per_worker.values()})

@@ -12,17 +12,17 @@ from __future__ import annotations
 import os
 import threading
 import time
+import warnings
 from collections.abc import MutableMapping
 from typing import Any, Callable, Iterator
 
 from flowgpu.backend import is_cupy
 from flowgpu.memory.accounting import Accounting
-from flowgpu.memory.copies import CopiesInFlight, copy_up
-from flowgpu.memory.disk import DiskFile, DiskTier, can_store
-from flowgpu.memory.events import Events, FetchEnded, FetchStarted, Moved, Noted, SpillEnded, SpillStarted
-from flowgpu.memory.placement import Load, Placement
-from flowgpu.memory.spill import HostSpill
-from flowgpu.memory.tiers import HostEntry, HostTier, LRUTier
+from flowgpu.memory.copies import CopiesInFlight
+from flowgpu.memory.disk import DiskFile, DiskFull, DiskTier, can_store
+from flowgpu.memory.events import (CleanCopyDropped, Events, FetchEnded, FetchStarted, Moved, Noted, SpillEnded,
+                                   SpillStarted)
+from flowgpu.memory.tiers import HostEntry, HostTier, Load, LRUTier, Placement
 from flowgpu.transfer.pinned import PinnedPool
 from flowgpu.transfer.streams import CupyTransfer, PendingCopy
 
@@ -54,10 +54,10 @@ class FlowgpuStore(MutableMapping):
         self.device_memory_limit = int(device_memory_limit) if device_memory_limit else None
         self.adopt_worker_limit = memory_limit == "auto"
         self.host_fraction = host_fraction
-        memory_limit = int(memory_limit) if memory_limit and not self.adopt_worker_limit else None
+        self.memory_limit = int(memory_limit) if memory_limit and not self.adopt_worker_limit else None
         self._pool_follows_limit = pinned_pool_size is None
         if pinned_pool_size is None:
-            pinned_pool_size = memory_limit
+            pinned_pool_size = self.memory_limit
         self.events = Events()
         self.metrics = Accounting()
         self.events.subscribe(self.metrics.record, Moved, Noted)
@@ -77,21 +77,15 @@ class FlowgpuStore(MutableMapping):
         self._placed = Placement({DEVICE: self.device, HOST: self.host, DISK: self.disk, OTHER: self._other,
                                   LOADING: self._loading})
         self.copies = CopiesInFlight(self.events)
-        self._spill = HostSpill(self.host, self.disk, self._placed, self.copies, self.events, memory_limit)
         self.prefetched = 0
-
-    @property
-    def memory_limit(self) -> int | None:
-        """The host tier's limit in bytes (None: no limit)."""
-        return self._spill.limit
 
     def set_memory_limit(self, nbytes: int | None) -> None:
         """Change the host tier's limit (and the pinned pool's, when it follows it)."""
         with self._lock:
-            self._spill.limit = int(nbytes) if nbytes else None
+            self.memory_limit = int(nbytes) if nbytes else None
             if self._pool_follows_limit:
-                self.pool.capacity = self._spill.limit
-            self._spill.fit()
+                self.pool.capacity = self.memory_limit
+            self._fit_host()
 
     def subscribe(self, callback: Callable[[Any], Any], *kinds: type) -> Callable[[], None]:
         """Call ``callback(event)`` for the store's events (see :mod:`flowgpu.memory.events`);
@@ -99,12 +93,12 @@ class FlowgpuStore(MutableMapping):
         return self.events.subscribe(callback, *kinds)
 
     # -- the device copier ------------------------------------------------------------------
-    def _copier(self):
+    @property
+    def transfer(self):
+        """The device copier (CuPy's, made on first use, unless one was given)."""
         if self._transfer is None:
             self._transfer = CupyTransfer()
         return self._transfer
-
-    transfer = property(_copier, doc="The device copier (CuPy's, made on first use, unless one was given).")
 
     def _is_device(self, value: Any) -> bool:
         if self._transfer is not None:
@@ -150,7 +144,7 @@ class FlowgpuStore(MutableMapping):
                 self._fit_device(keep=key)
             elif can_store(value):
                 self._placed.put(key, HOST, HostEntry(value, "host"))
-                self._spill.fit()
+                self._fit_host()
             else:
                 self._placed.put(key, OTHER, value)
             self._reap()
@@ -194,14 +188,14 @@ class FlowgpuStore(MutableMapping):
                 self._placed.put(key, HOST, clean)
             else:
                 self._device_to_host(key, value)
-        self._spill.fit()
+        self._fit_host()
 
     def _device_to_host(self, key: Any, value: Any) -> None:
         t = self.transfer
         meta = t.meta(value)
         thread, start = threading.current_thread().name, time.time()
         self.events.emit(SpillStarted, key, meta.nbytes, thread, start)
-        self._spill.fit(incoming=meta.nbytes)  # make room first, so the pool has a buffer to reuse
+        self._fit_host(incoming=meta.nbytes)  # make room first, so the pool has a buffer to reuse
         buf = self.pool.take(meta.nbytes)
         if buf.pinned and self.spare_bytes:
             # the next spills find their buffers allocated already (in the background)
@@ -211,6 +205,63 @@ class FlowgpuStore(MutableMapping):
         self.copies.spilling(key, entry)
         self.copies.bound_spills(self.max_pending_bytes)
         self.events.emit(SpillEnded, key, meta.nbytes, thread, start, time.time())
+
+    def _fit_host(self, incoming: int = 0) -> None:
+        """Free host memory until its chunks, plus ``incoming`` bytes about to arrive, fit the limit: first
+        clean copies (nothing to write), then the least recently used host chunks to disk (or back to a
+        file kept from an earlier read). A full or read-only disk turns writing off for good, warned once."""
+        limit, host = self.memory_limit, self.host
+        if limit is None:
+            return
+        while host.nbytes + incoming > limit and host.clean_count:
+            self._drop_clean_one()
+        while host.nbytes + incoming > limit and len(host):
+            if self._write_one() < 0:
+                if self.disk.disabled_reason is not None:  # cannot spill: fail the task now, never pause for ever
+                    raise DiskFull(f"host memory is full and {self.disk.disabled_reason}")
+                if not incoming:
+                    self.events.emit(Noted, "host_over_limit")
+                break
+
+    def _drop_clean_one(self) -> int:
+        """Free the host copy of the least recently used chunk that is also on the device; its bytes."""
+        start = time.time()
+        key = self.host.oldest_clean()
+        entry = self.host.pop_clean(key)
+        if entry.up is not None:
+            entry.up.wait()  # its upload still reads the buffer: let it finish so the pool gets it back now
+        self.host.release(entry)
+        self.events.emit(Noted, "clean_copies_dropped")
+        self.events.emit(CleanCopyDropped, key, entry.nbytes, start, time.time())
+        return entry.nbytes
+
+    def _write_one(self) -> int:
+        """Move the least recently used host chunk to disk; its bytes, or -1 when it cannot."""
+        if self.disk.disabled_reason is not None:
+            return -1
+        key = self.host.oldest()
+        entry = self.host.peek(key)
+        if self.disk.reattach(key) is not None:  # its file is still good: no write
+            self.events.emit(Noted, "clean_evictions")
+        else:
+            if entry.pending is not None:
+                entry.pending.wait()
+                self._reap()
+            start = time.perf_counter()
+            try:
+                self.disk.put(key, entry.value, entry.origin, entry.meta)
+            except DiskFull as e:
+                msg = (f"{e}; free space there or set flowgpu.local-directory (cluster.local_directory) to "
+                       "another disk")
+                self.disk.disable(msg)
+                self.events.emit(Noted, "disk_failures", msg)
+                warnings.warn(f"flowgpu: {msg}", RuntimeWarning, stacklevel=3)
+                return -1
+            self.events.emit(Moved, "host_to_disk", key, entry.nbytes, time.perf_counter() - start)
+        self.host.pop(key)  # the disk tier holds it now
+        self._placed[key] = DISK
+        self.host.release(entry)
+        return entry.nbytes
 
     def _reap(self) -> None:
         """Account for copies that have finished; release the buffers they held."""
@@ -260,7 +311,7 @@ class FlowgpuStore(MutableMapping):
             if prefetch:
                 return None
         try:
-            value, into, up = copy_up(key, source, self._copier, self.pool, self.copies, self._lock)
+            value, into, up = self._copy_up(key, source)
         except BaseException:
             with self._lock:
                 if load.dropped:
@@ -281,6 +332,38 @@ class FlowgpuStore(MutableMapping):
             self._reap()
             load.done.set()
         return value
+
+    def _copy_up(self, key: Any, source: HostEntry | DiskFile) -> tuple[Any, str, PendingCopy | None]:
+        """Copy a chunk up from ``source`` (a host entry, or a disk file: NumPy chunks to host, device
+        ones through a transient pinned buffer) outside the lock (taken to note an upload).
+        Returns ``(value, "device" | "host", upload or None)``."""
+        emit = self.events.emit
+        if isinstance(source, HostEntry):
+            upload = getattr(self.transfer, "to_device_async", None)
+            if upload is not None:
+                # not waited for: the task's stream is ordered after the copy (MemoryPlugin)
+                value, up = upload(source.value, source.meta, source.buf.pinned)
+                with self._lock:
+                    self.copies.uploading(key, up, source.nbytes)
+                return value, "device", up
+            value, seconds = self.transfer.to_device(source.value, source.meta, source.buf.pinned)
+            emit(Moved, "host_to_device", key, source.nbytes, seconds)
+            return value, "device", None
+        meta, start = source.meta, time.perf_counter()
+        if source.origin == "host":
+            value = DiskTier.read(source)
+            emit(Moved, "disk_to_host", key, value.nbytes, time.perf_counter() - start)
+            return value, "host", None
+        buf = self.pool.take(meta.nbytes, transient=True)
+        try:
+            host = DiskTier.read(source, out=buf.view)
+            read_s = time.perf_counter() - start
+            value, seconds = self.transfer.to_device(host, meta, buf.pinned)
+        finally:
+            self.pool.give(buf)
+        emit(Moved, "disk_to_host", key, meta.nbytes, read_s)
+        emit(Moved, "host_to_device", key, meta.nbytes, seconds)
+        return value, "device", None
 
     def _discard(self, source: HostEntry | DiskFile) -> None:
         if isinstance(source, DiskFile):
@@ -310,7 +393,7 @@ class FlowgpuStore(MutableMapping):
             self._fit_device(keep=key)
         else:
             self._placed.put(key, HOST, HostEntry(value, "host"))
-            self._spill.fit()
+            self._fit_host()
 
     def _reclaim(self, key: Any, entry: HostEntry) -> Any:
         """Read back a chunk whose copy to host is still in flight: its device copy is still here."""
@@ -361,7 +444,9 @@ class FlowgpuStore(MutableMapping):
         also on the device (nothing to write), else the least recently used host chunk to disk.
         Returns the bytes freed, or -1."""
         with self._lock:
-            return self._spill.evict()
+            if self.host.clean_count:
+                return self._drop_clean_one()
+            return self._write_one() if len(self.host) else -1
 
     @property
     def spilled_total(self) -> tuple[int, int]:
