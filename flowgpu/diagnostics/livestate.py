@@ -64,12 +64,10 @@ class Board:
     def publish(self, run_id: str, graph: dict, layers: dict[str, str], item: str | None = None,
                 batch: str | None = None, states: dict[str, str] | None = None, now: float | None = None) -> None:
         """A run starts: its step graph, and ``layers`` (Dask layer name -> node id)."""
+        steps = {n["id"]: _Step() for n in graph["nodes"]}
         self.runs[run_id] = _Run(run_id, graph.get("name", "pipeline"), graph, item, batch,
-                                 time.time() if now is None else now, dict(states or {}),
-                                 {n["id"]: _Step() for n in graph["nodes"]})
-        for layer, node in layers.items():
-            if node in self.runs[run_id].steps:
-                self._layers[layer] = (run_id, node)
+                                 time.time() if now is None else now, dict(states or {}), steps)
+        self._layers.update({layer: (run_id, node) for layer, node in layers.items() if node in steps})
         while len(self.runs) > _RUNS_KEPT:
             old = next(iter(self.runs))
             del self.runs[old]

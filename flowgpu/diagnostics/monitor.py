@@ -48,9 +48,11 @@ def page_link(link: str | None) -> str | None:
     return parts._replace(path=f"{base}/{PAGE}").geturl()
 
 
-def _layers(x: Any) -> list[str]:
-    graph = x.__dask_graph__()  # a HighLevelGraph's layers, else the names in a plain graph's keys
-    return list(getattr(graph, "layers", None) or dict.fromkeys(layer_of(k) for k in graph))
+def _claim(out: dict[str, str], x: Any, owner: str) -> None:
+    if hasattr(x, "__dask_graph__"):  # each layer of a dask collection not given yet goes to owner
+        graph = x.__dask_graph__()  # a HighLevelGraph's layers, else the names in a plain graph's keys
+        for layer in getattr(graph, "layers", None) or dict.fromkeys(layer_of(k) for k in graph):
+            out.setdefault(layer, owner)
 
 
 def step_layers(plan: Any, targets: dict[str, Any] | None = None, prefix: str = "",
@@ -63,13 +65,10 @@ def step_layers(plan: Any, targets: dict[str, Any] | None = None, prefix: str = 
         node = plan.nodes[name]
         if node.kind == "uses":
             step_layers(plan.children[name], None, f"{prefix}{name}/", out)
-        elif node.fused_into in (None, name) and hasattr(node.array, "__dask_graph__"):
-            for layer in _layers(node.array):
-                out.setdefault(layer, prefix + name)
+        elif node.fused_into in (None, name):
+            _claim(out, node.array, prefix + name)
     for name, target in (targets or {}).items():
-        if hasattr(target, "__dask_graph__"):
-            for layer in _layers(target):
-                out.setdefault(layer, f"out:{name}")
+        _claim(out, target, f"out:{name}")
     return out
 
 
