@@ -85,12 +85,14 @@ def _merged(address: str | None, kwargs: dict) -> tuple[dict, dict, dict]:
         elif value is not None or key in _NONE_IS_A_VALUE:
             values[key], names[key] = value, kw
     config.check(values, names)
-    for key in ("memory-limit", "device-memory-limit", "rmm-pool-size"):
-        n = parse_memory(values.get(key))
+    names = {k: names.get(k, f"flowgpu.{k}") for k in keys.values()}
+    for key in ("memory-limit", "device-memory-limit", "rmm-pool-size"):  # parsed once, here
+        given, n = values[key], parse_memory(values[key])
         if isinstance(n, int) and 0 < n < SMALLEST:  # memory_limit=2.0 is 2 bytes, not 2 GB: every worker would die
-            raise MemoryLimitError(f"{names.get(key, f'flowgpu.{key}')}={values[key]!r} is {n} bytes per worker; give "
-                                   "a size such as '4GiB', a fraction of the memory in (0, 1] such as 0.5, or 0 for none")
-    return values, {k: names.get(k, f"flowgpu.{k}") for k in keys.values()}, extra
+            raise MemoryLimitError(f"{names[key]}={given!r} is {n} bytes per worker; give a size such as "
+                                   "'4GiB', a fraction of the memory in (0, 1] such as 0.5, or 0 for none")
+        values[key] = n
+    return values, names, extra
 
 
 def _common(values: dict, names: dict, extra: dict) -> dict:
@@ -142,30 +144,26 @@ def check_spill_directory(directory: str | None, name: str) -> None:
                            f"{format_bytes(MIN_SPILL_FREE)} a worker needs to spill; {fix}")
 
 
-def _gpu_options(values: dict, names: dict, chosen: tuple[int, ...], common: dict) -> SessionOptions:
-    _backend.import_cupy()  # a clear install hint before any worker starts
+def _local_options(values: dict, names: dict, gpus: tuple[int, ...] | None, common: dict) -> SessionOptions:
+    """A local cluster: one worker per GPU of ``gpus``, or CPU workers (None)."""
+    if gpus is not None:
+        _backend.import_cupy()  # a clear install hint before any worker starts
     check_spill_directory(values["local-directory"], names["local-directory"])
-    device = parse_memory(values["device-memory-limit"])
+    if gpus is None:
+        memory, total = values["memory-limit"], psutil.virtual_memory().total
+        if isinstance(memory, int) and memory > total:
+            raise MemoryLimitError(f"{names['memory-limit']}={memory} bytes is larger than this machine's "
+                                   f"{total} bytes")
+        return SessionOptions(backend="cpu", n_workers=values["n-workers"], **common)
+    device = values["device-memory-limit"]
     if isinstance(device, int) and device:
-        total = min(_backend.device_total_memory(g) for g in chosen)
+        total = min(_backend.device_total_memory(g) for g in gpus)
         if device > total:
             raise MemoryLimitError(f"{names['device-memory-limit']}={device} bytes is larger than the GPU's "
                                    f"{total} bytes; give at most the device's memory, e.g. a fraction like 0.8")
-    return SessionOptions(
-        backend="gpu", gpus=chosen, n_workers=len(chosen),
-        threads_per_worker=values["threads-per-worker"] or GPU_THREADS,
-        memory_limit=parse_memory(values["memory-limit"]), device_memory_limit=device,
-        local_directory=values["local-directory"], rmm_pool_size=parse_memory(values["rmm-pool-size"]), **common)
-
-
-def _cpu_options(values: dict, names: dict, common: dict) -> SessionOptions:
-    check_spill_directory(values["local-directory"], names["local-directory"])
-    memory = parse_memory(values["memory-limit"])
-    total = psutil.virtual_memory().total
-    if isinstance(memory, int) and memory > total:
-        raise MemoryLimitError(f"{names['memory-limit']}={memory} bytes is larger than this machine's {total} bytes")
-    return SessionOptions(backend="cpu", n_workers=values["n-workers"], threads_per_worker=values["threads-per-worker"],
-                          memory_limit=memory, local_directory=values["local-directory"], **common)
+    return SessionOptions(backend="gpu", gpus=gpus, n_workers=len(gpus), device_memory_limit=device,
+                          rmm_pool_size=values["rmm-pool-size"],
+                          **{**common, "threads_per_worker": common["threads_per_worker"] or GPU_THREADS})
 
 
 def _hpc_options(values: dict, names: dict, common: dict, own: Any) -> SessionOptions:
@@ -184,9 +182,7 @@ def _hpc_options(values: dict, names: dict, common: dict, own: Any) -> SessionOp
     host = values["host"] if names["host"] == "host" else None  # the jobs' hosts must reach the scheduler
     return SessionOptions(
         backend=backend, kind=kind, jobs=values["jobs"], gpus_per_job=gpus if backend == "gpu" else 0,
-        job_timeout=config.parse_seconds(values["job-timeout"]),
-        threads_per_worker=values["threads-per-worker"], memory_limit=parse_memory(values["memory-limit"]),
-        local_directory=values["local-directory"], security=security,
+        job_timeout=config.parse_seconds(values["job-timeout"]), security=security,
         **{**common, "host": host},
     )
 
@@ -216,14 +212,15 @@ def resolve(address: str | None = None, **kwargs: Any) -> SessionOptions:
         raise ConfigError("--tls-ca-file, --tls-cert and --tls-key (tls_ca_file, tls_cert, tls_key) are for joining a "
                           "tls:// scheduler (--scheduler / address); a cluster the Session starts makes its own "
                           "with security='temporary'")
+    # the workers of every cluster the Session starts (local, or batch jobs)
+    common.update(threads_per_worker=values["threads-per-worker"], memory_limit=values["memory-limit"],
+                  local_directory=values["local-directory"])
     if values["kind"] != "local":
         return _hpc_options(values, names, common, own)
     protocol = values["protocol"]
     _protocol.check_local(protocol, names["protocol"], values["backend"], own or values["security"])
     wanted, visible = _gpus(values, names)
-    if values["backend"] == "gpu" or (values["backend"] == "auto" and visible):
-        options = _gpu_options(values, names, wanted or tuple(visible), common)
-    else:
-        options = _cpu_options(values, names, common)
+    gpu = values["backend"] == "gpu" or (values["backend"] == "auto" and visible)
+    options = _local_options(values, names, (wanted or tuple(visible)) if gpu else None, common)
     _protocol.check_gpu_workers(protocol, names["protocol"], options.backend)
     return replace(options, security=_security.for_local(own or values["security"]), protocol=protocol)
