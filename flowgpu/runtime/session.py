@@ -167,14 +167,12 @@ class Session:
         self.workers: dict[str, dict] = {}
         logging.getLogger("asyncio").addFilter(_quiet_cancelled_gather)  # once: the same filter object
         try:
-            if cluster is not None:
+            if cluster is not None or self.options.address is not None:
                 self._join(cluster)
-            elif self.options.kind != "local" and self.options.address is None:
+            elif self.options.kind != "local":
                 self._start_jobs()
-            elif self.options.address is None:
-                self._start_local()
             else:
-                self._join()
+                self._start_local()
         except BaseException as e:
             self._teardown()
             if isinstance(e, FlowgpuError) or not isinstance(e, Exception):

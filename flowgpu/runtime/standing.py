@@ -302,15 +302,14 @@ def join(wanted: dict[str, Any] | None = None, notify: Notify | None = _say) -> 
     what of ``wanted``, the run's cluster options, it lacks); None when none runs, or when ``wanted``
     or the config names a scheduler, TLS files or batch jobs of its own.
     """
-    if config.get("scheduler-address", default=None) is not None or any(
-            (wanted or {}).get(k) is not None for k in ("address", *security.TLS_FILES)):
-        return None
-    if ((wanted or {}).get("kind") or config.get("kind", default="local")) != "local":
+    wanted = {k: v for k, v in (wanted or {}).items() if v is not None}
+    own = wanted.keys() & {"address", *security.TLS_FILES}  # a scheduler of its own, or its TLS files
+    if (own or config.get("scheduler-address", default=None) is not None
+            or wanted.get("kind", config.get("kind", default="local")) != "local"):
         return None
     state = _running(directory(), notify)
     if state is None:
         return None
-    wanted = {k: v for k, v in (wanted or {}).items() if v is not None}
     kwargs = {"address": state["address"], **(state.get("tls") or {})}
     kwargs.update((k, wanted[k]) for k in ("connect_timeout", "batch_interval") if k in wanted)
     if wanted.get("backend") == "cpu":
