@@ -9,6 +9,7 @@ take the sysfs root, so tests fake the topology.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import os
@@ -98,16 +99,12 @@ def node_for(bus_id: str | None, cpus: Iterable[int], root: str = SYS) -> int | 
 @functools.lru_cache(maxsize=1)
 def local_node() -> int | None:
     """The NUMA node of this process's current GPU (asked once per process; None: nothing to place)."""
-    topology = nodes()
-    if len(topology) < 2:
-        return None
+    if len(nodes()) < 2:
+        return None  # one node: CuPy is not asked
     bus_id = None
     cp = import_cupy(strict=False)
-    if cp is not None:
-        try:
-            bus_id = cp.cuda.Device().pci_bus_id
-        except Exception:  # noqa: BLE001 - no device in this process: the CPUs still say where it runs
-            bus_id = None
+    with contextlib.suppress(Exception):  # no device in this process: the CPUs still say where it runs
+        bus_id = cp.cuda.Device().pci_bus_id if cp is not None else None
     return node_for(bus_id, os.sched_getaffinity(0))
 
 
