@@ -16,7 +16,6 @@ import warnings
 from collections.abc import MutableMapping
 from typing import Any, Callable, Iterator
 
-from flowgpu.backend import is_cupy
 from flowgpu.memory.accounting import Accounting
 from flowgpu.memory.copies import CopiesInFlight
 from flowgpu.memory.disk import DiskFile, DiskFull, DiskTier, can_store
@@ -101,9 +100,7 @@ class FlowgpuStore(MutableMapping):
         return self._transfer
 
     def _is_device(self, value: Any) -> bool:
-        if self._transfer is not None:
-            return self._transfer.is_device(value)
-        return is_cupy(value) and hasattr(value, "nbytes") and hasattr(value, "data")
+        return (self._transfer or CupyTransfer).is_device(value)  # CuPy's test is static: no copier made for it
 
     # -- where each key lives --------------------------------------------------------------
     def _drop(self, key: Any) -> None:

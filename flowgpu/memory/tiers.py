@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
@@ -59,21 +60,21 @@ class LRUTier(OrderedDict):
         return f"<{type(self).__name__} {self.name}: {len(self)} keys, {self.nbytes} B>"
 
 
+@dataclass(eq=False, slots=True)
 class HostEntry:
     """A chunk in host memory: a NumPy chunk (``origin="host"``) or a spilled device chunk in a
     pool buffer (``origin="device"``), with the copies still reading or writing that buffer."""
 
-    __slots__ = ("value", "buf", "meta", "origin", "pending", "up", "nbytes")
+    value: np.ndarray
+    origin: str
+    meta: ArrayMeta | None = None
+    buf: HostBuffer | None = None
+    pending: PendingCopy | None = None  # a device-to-host copy writing into buf
+    up: PendingCopy | None = field(default=None, init=False)  # a host-to-device copy reading from buf
+    nbytes: int = field(init=False)
 
-    def __init__(self, value: np.ndarray, origin: str, meta: ArrayMeta | None = None,
-                 buf: HostBuffer | None = None, pending: PendingCopy | None = None):
-        self.value = value
-        self.origin = origin
-        self.meta = meta
-        self.buf = buf
-        self.pending = pending  # a device-to-host copy writing into buf
-        self.up: PendingCopy | None = None  # a host-to-device copy reading from buf
-        self.nbytes = int(value.nbytes)
+    def __post_init__(self) -> None:
+        self.nbytes = int(self.value.nbytes)
 
     def busy(self) -> bool:
         """True while a copy still reads or writes the buffer."""
