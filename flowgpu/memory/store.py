@@ -17,11 +17,10 @@ from collections.abc import MutableMapping
 from typing import Any, Callable, Iterator
 
 from flowgpu.memory.accounting import Accounting
-from flowgpu.memory.copies import CopiesInFlight
 from flowgpu.memory.disk import DiskFile, DiskFull, DiskTier, can_store
 from flowgpu.memory.events import (CleanCopyDropped, Events, FetchEnded, FetchStarted, Moved, Noted, SpillEnded,
                                    SpillStarted)
-from flowgpu.memory.tiers import HostEntry, HostTier, Load, LRUTier, Placement
+from flowgpu.memory.tiers import CopiesInFlight, HostEntry, HostTier, Load, LRUTier, Placement
 from flowgpu.transfer.pinned import PinnedPool
 from flowgpu.transfer.streams import CupyTransfer, PendingCopy
 

@@ -1,21 +1,25 @@
 """The in-memory tiers a worker's store stacks: task key -> chunk, with ``put``/``pop``/``keys`` and a
 running ``nbytes``. They only hold and count; the store's policy says which key goes where, and
 :class:`Placement`, its one index of which tier holds each key, is checked against them in one place.
+Copies between the device and host tiers are not waited for where they start: :class:`CopiesInFlight`
+accounts for those done (:meth:`~CopiesInFlight.reap`, after each change of the store).
 """
 
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
+import time
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
 
+from flowgpu.memory.events import CopyEnqueued, Events, Moved
 from flowgpu.transfer.pinned import HostBuffer, PinnedPool
 from flowgpu.transfer.streams import ArrayMeta, PendingCopy
 
-__all__ = ["LRUTier", "HostEntry", "HostTier", "Load", "Placement"]
+__all__ = ["LRUTier", "HostEntry", "HostTier", "Load", "Placement", "CopiesInFlight"]
 
 
 class LRUTier(OrderedDict):
@@ -178,3 +182,51 @@ class Placement(dict):
                                    f"and lacks {placed - held or 'none'} placed in it"
             if isinstance(tier, LRUTier):
                 assert tier.nbytes == tier.counted(), f"the {name} tier counts {tier.nbytes} B of {tier.counted()}"
+
+
+class CopiesInFlight:
+    """Copies in flight, oldest first: spills (``down``, with their bytes) and uploads (``up``)."""
+
+    def __init__(self, events: Events):
+        self.events = events
+        self.down: deque[tuple[Any, HostEntry]] = deque()
+        self.up: deque[tuple[Any, PendingCopy, int]] = deque()
+        self.down_bytes = 0
+
+    def spilling(self, key: Any, entry: HostEntry) -> None:
+        """``entry``'s buffer is being written by ``entry.pending``."""
+        self.down.append((key, entry))
+        self.down_bytes += entry.nbytes
+        self.events.emit(CopyEnqueued, "device_to_host", key, entry.nbytes, time.time(), entry.pending)
+
+    def uploading(self, key: Any, copy: PendingCopy, nbytes: int) -> None:
+        self.up.append((key, copy, nbytes))
+        self.events.emit(CopyEnqueued, "host_to_device", key, nbytes, time.time(), copy)
+
+    def reap(self) -> None:
+        """Account for the copies that have finished (each queue up to its first unfinished one)."""
+        down, up = self.down, self.up
+        while down and down[0][1].pending.done():
+            key, entry = down.popleft()
+            self.down_bytes -= entry.nbytes
+            self.events.emit(Moved, "device_to_host", key, entry.nbytes, entry.pending.seconds or 0.0)
+            entry.pending = None
+        while up and up[0][1].done():
+            key, copy, nbytes = up.popleft()
+            self.events.emit(Moved, "host_to_device", key, nbytes, copy.seconds or 0.0)
+
+    def bound_spills(self, max_bytes: int | None) -> None:
+        """Wait for the oldest spills until at most ``max_bytes`` are in flight (their device
+        memory is freed when they finish)."""
+        if max_bytes is None:
+            return
+        while self.down_bytes > max_bytes and self.down:
+            self.down[0][1].pending.wait()
+            self.reap()
+
+    def wait_all(self) -> None:
+        for _, entry in self.down:
+            entry.pending.wait()
+        for _, copy, _ in self.up:
+            copy.wait()
+        self.reap()
