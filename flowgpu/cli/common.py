@@ -129,9 +129,9 @@ tls_options = options(*(
                        ("--tls-key", "private key of --tls-cert, unless that file holds it"))))
 
 
-def scheduler_options(help: str) -> Callable:  # noqa: A002 - click's name
-    """--scheduler ADDRESS (it reaches the command as ``address``) and the PEM files to join it with."""
-    return options(click.option("--scheduler", "address", default=None, metavar="ADDRESS", help=help),
+def scheduler_options(text: str) -> Callable:
+    """--scheduler ADDRESS (help: ``text``; it reaches the command as ``address``), and its PEM files."""
+    return options(click.option("--scheduler", "address", default=None, metavar="ADDRESS", help=text),
                    tls_options)
 
 
