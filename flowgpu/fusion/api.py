@@ -162,10 +162,9 @@ class Sym:
 
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
         name = ufunc.__name__
-        if method == "reduce" and name in ("add", "multiply", "minimum", "maximum") and len(inputs) == 1:
-            red = {"add": "sum", "multiply": "prod", "minimum": "min", "maximum": "max"}[name]
-            return self._reduce(red, kwargs.pop("axis", 0), kwargs.pop("dtype", None), kwargs.pop("out", None),
-                                kwargs.pop("keepdims", False), **kwargs)
+        red = {"add": "sum", "multiply": "prod", "minimum": "min", "maximum": "max"}.get(name)
+        if method == "reduce" and red and len(inputs) == 1:
+            return self._reduce(red, **{"axis": 0, **kwargs})
         if method != "__call__" or kwargs:
             raise Untraceable(f"numpy.{name}.{method} with {sorted(kwargs)}")
         if any(isinstance(i, _Lazy) for i in inputs):

@@ -50,7 +50,9 @@ class Generator:
     """The walk over the tree. A subclass gives ``LOGICAL`` (``& | ^ + *`` on booleans), ``HELPERS``
     (operator -> (integer, float) helper where NumPy differs from the target) and ``TEMPLATES`` (code
     over the operands ``{0}, {1}, ...`` and the dtype ``{d}``; and the constants), plus ``cast``,
-    ``abs``, ``function`` and ``widens``.
+    ``abs``, ``function`` (the target's name of ``sqrt``, ``arctan2``, ``minimum``, ...) and ``widens``
+    (True when the target computes a dtype in a wider type, as C's ``char * char`` is an ``int``: such a
+    node is cast back, so it wraps as NumPy's does).
     """
 
     LOGICAL: dict[str, str]
@@ -77,15 +79,6 @@ class Generator:
     def integer(v: int) -> str:
         """An integer literal's text (before its cast)."""
         return str(v)
-
-    def function(self, f: str) -> str:
-        """The target's name of the math function ``f`` (``sqrt``, ``arctan2``, ``minimum``, ...)."""
-        raise NotImplementedError
-
-    def widens(self, d: np.dtype) -> bool:
-        """True when the target computes ``d`` in a wider type (C's ``char * char`` is an ``int``): such
-        a node is cast back, so it wraps as NumPy's does."""
-        raise NotImplementedError
 
     def gen(self, node: Node, want: np.dtype) -> str:
         """Code for ``node`` with dtype ``want``."""

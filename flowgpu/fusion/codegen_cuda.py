@@ -5,13 +5,12 @@
 from __future__ import annotations
 
 import functools
-from typing import Any
 
 import numpy as np
 
 from flowgpu.fusion.codegen import Generator, c_type, generate
 
-__all__ = ["to_cuda", "CUDA_PREAMBLE", "CUDA_OPTIONS", "c_literal"]
+__all__ = ["to_cuda", "CUDA_PREAMBLE", "CUDA_OPTIONS", "CudaGenerator"]
 
 # nvrtc contracts a * b + c into one fused multiply-add by default: one rounding where NumPy (and CuPy's
 # unfused operators, one kernel each) round twice, and finite where NumPy's a * b overflows to inf
@@ -105,11 +104,6 @@ class CudaGenerator(Generator):
         if d.kind == "f":
             return f"fabs({a})"
         return a if d.kind in "bu" else f"_fg_iabs<{c_type(d)}>({a})"
-
-
-def c_literal(value: Any, dtype: Any) -> str:
-    """``value`` as a C literal of ``dtype``."""
-    return CudaGenerator.literal(value, np.dtype(dtype))
 
 
 to_cuda = functools.partial(generate, CudaGenerator)  # (expr, types, arrays, *, out_dtype) -> (code, dtype)

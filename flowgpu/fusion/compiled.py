@@ -15,7 +15,7 @@ import numpy as np
 from flowgpu.backend import import_cupy
 from flowgpu.fusion.codegen import Unfusable, c_type
 from flowgpu.fusion.codegen_cpu import python_globals, to_python
-from flowgpu.fusion.codegen_cuda import CUDA_OPTIONS, CUDA_PREAMBLE, c_literal, to_cuda
+from flowgpu.fusion.codegen_cuda import CUDA_OPTIONS, CUDA_PREAMBLE, CudaGenerator, to_cuda
 from flowgpu.fusion.kernel_cache import cached, guvectorize, python_namespace, vectorize
 from flowgpu.fusion.language import Expr
 
@@ -64,12 +64,6 @@ def _cached(key: tuple, build: Callable[[], Any]) -> Any:
         return kern
 
 
-def _numba_type(dtype: np.dtype):
-    import numba
-
-    return numba.from_dtype(np.dtype(dtype))
-
-
 def _compile_python(src: str, fname: str, **extra: Any) -> dict[str, Any]:
     """The globals in which ``src`` defined its functions (``fname`` first among them)."""
     return python_namespace(src, fname, dict(python_globals(), **extra))
@@ -91,10 +85,12 @@ def elementwise_kernel(expr: Expr, arrays: tuple[str, ...], dtypes: tuple, scala
             params = ", ".join(f"{np.dtype(d).name} {a}" for d, a in zip(dtypes, args))
             return cp.ElementwiseKernel(params, f"{np.dtype(out_dtype).name} out", f"out = {code};",
                                         name=_name(key), preamble=CUDA_PREAMBLE, options=CUDA_OPTIONS)
+        import numba
+
         code, _ = to_python(expr, types, arrays, out_dtype=out_dtype)
         fname = _name(key)
         func = _compile_python(f"def {fname}({', '.join(args)}):\n    return {code}\n", fname)[fname]
-        sig = _numba_type(out_dtype)(*[_numba_type(d) for d in dtypes])
+        sig = numba.from_dtype(out_dtype)(*[numba.from_dtype(d) for d in dtypes])
         return vectorize(func, [sig])
 
     return _cached(key, build)
@@ -258,8 +254,8 @@ def reduce_kernel(expr: Expr, arrays: tuple[str, ...], dtypes: tuple, scalars: t
             return body
         core = "(m,w)" if two else "(n)"
         layout = f"{','.join([core] * len(arrays))}->()"
-        item = _numba_type(acc)
-        sig = (*[_numba_type(d)[:, :] if two else _numba_type(d)[:] for d in dtypes], item[:])
+        item = numba.from_dtype(acc)
+        sig = (*[numba.from_dtype(d)[:, :] if two else numba.from_dtype(d)[:] for d in dtypes], item[:])
         args = ", ".join(f"in{i}" for i in range(len(arrays)))
         wrapper = _compile_python(f"def {fname}_g({args}, out):\n    out[0] = _body({args})\n", f"{fname}_g",
                                   _body=body)[f"{fname}_g"]
@@ -277,7 +273,7 @@ def cuda_combine(reduction: str, acc: np.dtype) -> tuple[str, str]:
             zero = f"({c_type(acc)}){ident}"  # either side may be the value (CuPy's order is its own)
             return f"(a == a ? a : {zero}) {op} (b == b ? b : {zero})", ident
         return f"a {op} b", ident
-    return f"_fg{_EXTREME[reduction]}(a, b)", c_literal(identity(reduction, acc), acc)
+    return f"_fg{_EXTREME[reduction]}(a, b)", CudaGenerator.literal(identity(reduction, acc), acc)
 
 
 def identity(reduction: str, dtype: np.dtype) -> Any:

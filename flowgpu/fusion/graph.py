@@ -246,14 +246,6 @@ def optimize(*arrays: da.Array) -> Any:
     return out[0] if len(out) == 1 else tuple(out)
 
 
-def array_optimize(dsk: Any, keys: Any, **kwargs: Any) -> Any:
-    """dask's ``array_optimize`` hook: rewrite ufunc chains (when ``flowgpu.fuse-ufuncs``), then dask's own."""
-    if dask.config.get(CONFIG_KEY, False) and isinstance(dsk, HighLevelGraph):
-        names = {k[0] if isinstance(k, tuple) else k for k in flatten(keys)}
-        dsk = rewrite_graph(dsk, keep=names)
-    return dask_optimize(dsk, keys, **kwargs)
-
-
 @dataclass(frozen=True)
 class Fusing:
     """dask's ``array_optimize`` hook carrying the decisions of the process that set it (a Session's).
@@ -263,7 +255,7 @@ class Fusing:
     """
 
     enabled: bool = True
-    bare: bool = False  # CuPy chunks: a reduction of a bare array is fused too
+    bare: bool | None = False  # CuPy chunks: a reduction of a bare array is fused too (None: rewrite_graph's)
     device: bool = False  # a GPU session: host NumPy operands of device chunks go to the device (fusion.device)
 
     def __call__(self, dsk: Any, keys: Any, **kwargs: Any) -> Any:
@@ -274,6 +266,12 @@ class Fusing:
         if self.device:
             dsk = move_host_operands(convert_legacy_graph(ensure_dict(dsk)))
         return dsk
+
+
+def array_optimize(dsk: Any, keys: Any, **kwargs: Any) -> Any:
+    """dask's ``array_optimize`` hook: rewrite ufunc chains (when ``flowgpu.fuse-ufuncs``), then dask's
+    own optimisation."""
+    return Fusing(dask.config.get(CONFIG_KEY, False), bare=None)(dsk, keys, **kwargs)
 
 
 @contextlib.contextmanager

@@ -44,7 +44,7 @@ def flatten_tree(layers: dict, deps: dict, root: str, keep: set[str]) -> bool:
     ((key, task),) = top.mapping.items()
     try:
         nested = _nested_task(task, below)
-    except _NotTree:
+    except ValueError:  # a task in the tree that is not ``(func, [keys...])``
         return False
     layers[chain[-1]] = MaterializedLayer({key: nested}, annotations=top.annotations)
     deps[chain[-1]] = {root}
@@ -57,7 +57,7 @@ def _nested_task(task: Any, below: dict) -> Any:
     """``task`` (``(func, [keys...])``, as dask's tree writes each) with every key of ``below``
     replaced by its own task, nested the same way."""
     if not (isinstance(task, tuple) and len(task) == 2 and callable(task[0]) and isinstance(task[1], list)):
-        raise _NotTree
+        raise ValueError("not a (func, [keys...]) task")
 
     def inline(arg: Any) -> Any:
         if isinstance(arg, list):
@@ -67,8 +67,4 @@ def _nested_task(task: Any, below: dict) -> Any:
         return arg
 
     return task[0], inline(task[1])
-
-
-class _NotTree(Exception):
-    """A task in the tree that is not ``(func, [keys...])``."""
 

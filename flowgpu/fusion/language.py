@@ -64,14 +64,15 @@ _PY_OPS = {
     "|": operator.or_, "^": operator.xor, "==": operator.eq, "!=": operator.ne, "<": operator.lt,
     "<=": operator.le, ">": operator.gt, ">=": operator.ge,
 }
-_BINARY = {f: op for op, f in _PY_OPS.items() if op != "**"} | {operator.pow: "**"}
-_UNARY = {operator.neg: "-", operator.invert: "~", operator.pos: "+"}
-_UFUNC_BINARY = {
-    "add": "+", "subtract": "-", "multiply": "*", "true_divide": "/", "divide": "/", "floor_divide": "//",
-    "remainder": "%", "power": "**", "greater": ">", "greater_equal": ">=", "less": "<", "less_equal": "<=",
-    "equal": "==", "not_equal": "!=", "bitwise_and": "&", "bitwise_or": "|", "bitwise_xor": "^",
-}  # logical_and/or/xor/not are functions of the language: & | ^ ~ are bitwise on integers
-_UFUNC_UNARY = {"negative": "-", "invert": "~", "positive": "+"}
+# the operators of Python's and NumPy's functions (logical_and/or/xor/not are functions of the
+# language: & | ^ ~ are bitwise on integers)
+_BINARY = {f: op for op, f in _PY_OPS.items() if op != "**"} | {operator.pow: "**"} | {
+    np.add: "+", np.subtract: "-", np.multiply: "*", np.true_divide: "/", np.floor_divide: "//",
+    np.remainder: "%", np.power: "**", np.greater: ">", np.greater_equal: ">=", np.less: "<",
+    np.less_equal: "<=", np.equal: "==", np.not_equal: "!=", np.bitwise_and: "&", np.bitwise_or: "|",
+    np.bitwise_xor: "^"}
+_UNARY = {operator.neg: "-", operator.invert: "~", operator.pos: "+", np.negative: "-", np.invert: "~",
+          np.positive: "+"}
 
 
 def template_of(func: Any, nargs: int) -> str | None:
@@ -84,10 +85,6 @@ def template_of(func: Any, nargs: int) -> str | None:
         return "abs({0})"
     name = getattr(func, "__name__", None)
     if isinstance(func, np.ufunc):
-        if name in _UFUNC_BINARY and nargs == 2:
-            return "({0} %s {1})" % _UFUNC_BINARY[name]
-        if name in _UFUNC_UNARY and nargs == 1:
-            return "(%s{0})" % _UFUNC_UNARY[name]
         name = "abs" if name == "absolute" else name
         if name in FUNCTIONS and FUNCTIONS[name][0] == nargs:
             return f"{name}({', '.join('{%d}' % i for i in range(nargs))})"
