@@ -19,6 +19,7 @@ import os
 import signal
 import sys
 import threading
+import time
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -28,6 +29,7 @@ import dask.config
 import psutil
 from distributed import Client, LocalCluster, Nanny, Worker
 from distributed import client as distributed_client
+from distributed.core import Status
 
 from flowgpu import backend as _backend
 from flowgpu.backend import Facts
@@ -417,6 +419,8 @@ class Session:
 
     # -- closing ----------------------------------------------------------------------------------
     def _teardown(self) -> None:
+        if self.cluster is not None:
+            _wait_for_restarts(self.cluster)
         if self.client is not None:
             with contextlib.suppress(Exception):
                 self.client.close()
@@ -444,6 +448,21 @@ class Session:
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"{self.n_workers} worker(s)"
         return f"<flowgpu.Session backend={getattr(self, 'backend', '?')} {state} dashboard={self.dashboard_link}>"
+
+
+def _wait_for_restarts(cluster: Any, limit: float = 30.0) -> None:
+    """Until no worker process that a nanny of ``cluster`` is (re)starting is still starting, ``limit`` s
+    at most. A run that failed because its workers were killed ends while the nannies start new ones;
+    a local cluster closed then stops a worker in mid-start, and distributed closes it twice and prints
+    the second close's traceback (``RuntimeError: ConnectionPool is closed``) on the user's terminal."""
+    starting = (Status.init, Status.starting, Status.stopped)  # stopped: died, its nanny about to restart it
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        nannies = list(getattr(cluster, "workers", {}).values())
+        if not any(getattr(getattr(n, "process", None), "status", None) in starting and n.status == Status.running
+                   for n in nannies):
+            return
+        time.sleep(0.05)
 
 
 def _dashboard_hosts(dask_scheduler: Any = None) -> list[str] | None:
