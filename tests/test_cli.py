@@ -232,3 +232,23 @@ def test_a_failed_run_still_gives_its_summary_on_stdout(tmp_path, rng, monkeypat
     assert (failed[0]["step"], failed[0]["written"], failed[0]["not_written"]) == ("y", [], ["t"])  # as a run's
     table = CliRunner().invoke(cli, ["run", "spec.yaml", "--foreach", "params.k=1.0,2.0", "-q", "--force"])
     assert table.exit_code == 1 and "failed" in table.stdout and "bad block" in table.stdout
+
+
+def test_an_ops_warning_is_given_once_at_its_steps_line_in_the_spec(tmp_path, rng, monkeypatch, cpu_session):
+    """A step whose op warns (fft on an axis split into chunks) warns once, at the step's line of the
+    spec: the run compiles the spec again for its workers, and the op's own line would say nothing."""
+    monkeypatch.chdir(tmp_path)
+    x = rng.standard_normal((16, 12))
+    np.save(tmp_path / "x.npy", x)
+    (tmp_path / "spec.yaml").write_text(
+        "inputs:\n  x: {source: npy, path: x.npy, chunks: [8, 6]}\nsteps:\n"
+        "  f: {op: fft, inputs: [x], args: {axis: 1}}\n  a: {op: abs, inputs: [f]}\n"
+        "outputs:\n  a: {from: a, sink: npy, path: out/a.npy}\n")
+    with pytest.warns(UserWarning) as seen:
+        result = CliRunner().invoke(cli, ["run", "spec.yaml", "-q"])
+    assert result.exit_code == 0, result.output
+    np.testing.assert_allclose(np.load(tmp_path / "out" / "a.npy"), np.abs(np.fft.fft(x, axis=1)), rtol=1e-10)
+    fft = [w for w in seen if "is split into several chunks" in str(w.message)]
+    assert [(pathlib.Path(w.filename).name, w.lineno, type(w.message).__name__) for w in fft] == [
+        ("spec.yaml", 4, "FFTRechunkWarning")]
+    assert str(fft[0].message).startswith("step 'f': op 'fft': axis [1]")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import graphlib
 import os
 import re
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -259,7 +260,9 @@ def _call_op(spec: Spec, name: str, op: registry.Op, values: dict[str, Any], sma
             raise smap.error(f"op {op.name!r} cannot take these inputs/args: {e}", where,
                              hint=f"its signature is {op.name}{op.signature}") from None
     try:
-        out = labels.call(op, args, kwargs)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out = labels.call(op, args, kwargs)
     except ImportPathError as e:  # point at the argument that names it (e.g. map_blocks' function)
         arg = next((k for k, v in step.args.items() if isinstance(v, str) and repr(v.strip()) in str(e)), None)
         raise smap.error(f"step {name!r} (op {op.name!r}): {e}", where + (("args", arg) if arg else ())) from None
@@ -270,12 +273,28 @@ def _call_op(spec: Spec, name: str, op: registry.Op, values: dict[str, Any], sma
         given = ", ".join(_describe(a) for a in (*args, *kwargs.values()) if isinstance(bare(a), da.Array))
         raise smap.error(f"step {name!r} (op {op.name!r}) fails on its inputs ({given}): {e}", where,
                          hint="check the shapes and dtypes of its inputs (flowgpu plan shows them)") from None
+    _warn_at_step(caught, name, smap)
     if isinstance(out, (tuple, list)):
         return {str(i): o for i, o in enumerate(out)}
     if not isinstance(bare(out), da.Array):
         raise smap.error(f"op {op.name!r} returned {type(out).__name__}, not a dask array", where,
                          hint="ops return dask arrays; wrap results with flowgpu.from_array")
     return out
+
+
+_warned: set[tuple[str, int, str]] = set()
+
+
+def _warn_at_step(caught: list[warnings.WarningMessage], name: str, smap: SourceMap) -> None:
+    """The warnings an op gave while its step was built, given again at the step's line in the spec,
+    once a process: a run compiles a spec again for its workers, and the op's own line says nothing."""
+    file = smap.files.get(("steps", name), smap.file) or "<spec>"
+    line = smap.locate(("steps", name))[0] or 0
+    for w in caught:
+        text = f"step {name!r}: {w.message}"
+        if (file, line, text) not in _warned:
+            _warned.add((file, line, text))
+            warnings.warn_explicit(text, w.category, file, line)
 
 
 def _check_args(name: str, op: registry.Op, args: list, kwargs: dict, smap: SourceMap, step: Any) -> None:
