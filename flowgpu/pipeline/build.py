@@ -75,7 +75,9 @@ def _typed(name: str, kind: str | None, value: Any, where: tuple, smap: SourceMa
     if isinstance(value, want) and not (kind in ("int", "float") and isinstance(value, bool)):
         return value
     raise smap.error(f"param {name!r} is {kind} but {source} gives {value!r} ({type(value).__name__})", where,
-                     hint=f"give a {kind} value")
+                     hint=f"give {'an' if kind[0] in 'aeiou' else 'a'} {kind} value" + (
+                         f", or write the default of {name!r} with a decimal point to make it a float param"
+                         if kind == "int" and isinstance(value, float) else ""))
 
 
 def _stand_in(given: Any) -> Any:

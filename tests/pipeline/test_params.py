@@ -41,6 +41,15 @@ def test_set_and_params_file_override_in_order(tmp_path):
     assert spec.inputs["x"].scale == 3.0 and isinstance(spec.origin.params["scale"], float)
 
 
+def test_a_fraction_for_an_int_param_is_refused_with_how_to_make_it_a_float(tmp_path):
+    (tmp_path / "s.yaml").write_text(SPEC)
+    with pytest.raises(SpecError) as e:
+        load(tmp_path / "s.yaml", {"params.n": "2.5"})
+    assert "param 'n' is int but the override gives 2.5 (float)" in str(e.value)
+    assert e.value.hint == ("give an int value, or write the default of 'n' with a decimal point to make it a "
+                            "float param")
+
+
 def test_other_dotted_overrides(tmp_path):
     (tmp_path / "s.yaml").write_text(SPEC)
     spec = load(tmp_path / "s.yaml", {"cluster.n_workers": "2", "inputs.x.seed": "9"})
