@@ -67,14 +67,14 @@ def plan_items(items: list[Item], overwrite: bool, params_file: str | None, fact
                 raise item.spec.error(
                     f"batch items {other.index + 1} ({other.label}) and {item.index + 1} ({item.label}) both write "
                     f"output {name!r} to {shown(out.path)!r}{through}", ("outputs", name, "path"),
-                    hint=_distinct_hint(item, name))
+                    hint=_distinct_hint(item, other, name))
             seen[path] = item, os.path.abspath(out.path)
     tables.check_items(items, plans)
     _refuse_reading_another_items_output(items, plans)
     return plans
 
 
-def _distinct_hint(item: Item, output: str) -> str:
+def _distinct_hint(item: Item, other: Item, output: str) -> str:
     """How to give each item's output a path of its own: a foreach param in it, or more of a path param."""
     # as written: ${params...} not substituted
     given = (item.spec.origin.raw.get("outputs") or {}).get(output, {}).get("path")
@@ -84,7 +84,8 @@ def _distinct_hint(item: Item, output: str) -> str:
         name = part.group(1)
         return (f"their {name}s differ in a part that ${{params.{name}{part.group(2)}}} drops: keep more of it, e.g. "
                 f"${{params.{name}.parent.name}}_${{params.{name}.stem}} (folder and name)")
-    return "put a foreach param in the path, e.g. path: out/${params.%s}.zarr" % next(iter(item.values))
+    differ = [k for k, v in item.values.items() if other.values.get(k) != v]  # what tells these two apart
+    return "put a foreach param in the path, e.g. path: out/${params.%s}.zarr" % next(iter(differ or item.values))
 
 
 def _above(path: str) -> list[str]:

@@ -183,8 +183,12 @@ def test_an_invalid_item_refuses_the_whole_batch_naming_it_and_nothing_runs(tmp_
 def test_two_items_writing_one_path_are_refused(tmp_path):
     spec = grid_spec(tmp_path)
     spec["outputs"]["colmean"]["path"] = "${params.out}/m-${params.n}.zarr"  # seed is not in the path
-    with pytest.raises(SpecError, match=r"batch items 1 \(seed=1, n=16\) and 3 \(seed=2, n=16\) both write"):
+    with pytest.raises(SpecError, match=r"batch items 1 \(seed=1, n=16\) and 3 \(seed=2, n=16\) both write") as e:
         pipeline.run(spec, session="local", progress=False, foreach={"seed": [1, 2], "n": [16, 32]})
+    assert "${params.seed}" in e.value.hint
+    with pytest.raises(SpecError) as e:  # the param that tells the two apart, not the first one named
+        pipeline.run(spec, session="local", progress=False, foreach={"n": [16, 32], "seed": [1, 2]})
+    assert "${params.seed}" in e.value.hint and "${params.n}" not in e.value.hint, e.value.hint
 
 
 def test_two_items_whose_paths_share_a_stem_are_refused_saying_how_to_keep_them_apart(tmp_path, rng, monkeypatch):
