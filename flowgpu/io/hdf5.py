@@ -84,8 +84,8 @@ def _find(f: Any, path: str, dataset: str | None) -> Any:
     if dataset is None:
         if len(names) == 1:
             return f[names[0]]
-        raise SourceError(f"{path!r} holds {len(names)} datasets, so name one with 'dataset:' (its path in the "
-                          f"file); it holds {_listing(names)}", "dataset")
+        raise SourceError(f"{path!r} holds {len(names)} datasets, so name one as its dataset (its path in the "
+                          f"file, e.g. {names[0]!r}); it holds {_listing(names)}", "dataset")
     key = "/" + dataset.strip().strip("/")
     try:
         obj = f.get(key)

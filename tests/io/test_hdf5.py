@@ -90,7 +90,7 @@ def test_bad_input_is_one_clear_error(h5file, tmp_path):
     assert e.value.option == "dataset"
     with pytest.raises(SourceError, match="'fields' .* is a group, not a dataset; .*: /fields/temp"):
         fg.from_hdf5(path, "fields")
-    with pytest.raises(SourceError, match="holds 5 datasets, so name one with 'dataset:'"):
+    with pytest.raises(SourceError, match="holds 5 datasets, so name one as its dataset \\(its path in the file, e.g. '/"):
         fg.from_hdf5(path)
     with pytest.raises(SourceError, match=r"holds \|S1 values, not numbers"):
         fg.from_hdf5(path, "/names")
