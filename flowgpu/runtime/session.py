@@ -450,7 +450,7 @@ class Session:
         return f"<flowgpu.Session backend={getattr(self, 'backend', '?')} {state} dashboard={self.dashboard_link}>"
 
 
-def _wait_for_restarts(cluster: Any, limit: float = 30.0) -> None:
+def _wait_for_restarts(cluster: Any, limit: float = 15.0) -> None:
     """Until no worker process that a nanny of ``cluster`` is (re)starting is still starting, ``limit`` s
     at most. A run that failed because its workers were killed ends while the nannies start new ones;
     a local cluster closed then stops a worker in mid-start, and distributed closes it twice and prints
