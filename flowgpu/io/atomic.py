@@ -252,8 +252,9 @@ class AtomicPath:
     """One output: ``begin()`` locks and checks it and returns the path to write; ``commit()`` moves
     it into place with the marker (:func:`commit_together`); ``abort()`` removes the staging dir."""
 
-    def __init__(self, path: str, overwrite: bool = False, meta: dict | None = None):
+    def __init__(self, path: str, overwrite: bool = False, meta: dict | None = None, reads: dict[str, str] | None = None):
         self.path = resolve(path)
+        self.reads = reads  # {path: what} the data written is read from: never replaced
         self.overwrite = overwrite
         self.meta = meta or {}
         self.id = new_id()
@@ -263,7 +264,7 @@ class AtomicPath:
         self.stuck = False
 
     def begin(self) -> str:
-        hit = replaces_protected(self.path, protected_paths())
+        hit = replaces_protected(self.path, protected_paths(self.reads))
         if hit is not None:  # before anything is made: a staging folder beside '..' would be outside it
             raise OutputError(f"output {self.path!r} {hit}, which no write replaces, overwrite or not; write it to "
                               "a new path of its own")
@@ -323,9 +324,10 @@ def commit_together(targets: list[AtomicPath]) -> list[str]:
 
 
 @contextlib.contextmanager
-def atomic_output(path: str, overwrite: bool = False, meta: dict | None = None) -> Iterator[str]:
+def atomic_output(path: str, overwrite: bool = False, meta: dict | None = None,
+                  reads: dict[str, str] | None = None) -> Iterator[str]:
     """Yield a temporary path to write; on success it moves to ``path``, on an exception it is removed."""
-    target = AtomicPath(path, overwrite, meta)
+    target = AtomicPath(path, overwrite, meta, reads)
     tmp = target.begin()
     try:
         yield tmp

@@ -14,7 +14,7 @@ from flowgpu.arrays.creation import from_reader
 from flowgpu.arrays.movement import to_host
 from flowgpu.io.atomic import atomic_output
 from flowgpu.io.hdf5 import open_format
-from flowgpu.io.paths import refuse_misnamed, resolve
+from flowgpu.io.paths import files_read, refuse_misnamed, resolve
 from flowgpu.transfer.staging import file_rows_to_device, host_to_device
 
 __all__ = ["from_npy", "to_npy", "npy_writes", "NpyReader"]
@@ -118,7 +118,6 @@ def npy_writes(x: da.Array, path: str) -> da.Array:
 def to_npy(x: da.Array, path: str, overwrite: bool = False):
     """Write ``x`` to a ``.npy`` file, chunks in parallel, moved into place only when complete."""
     refuse_misnamed(path, (".npy",), "to_npy")
-    x = to_host(x)
-    with atomic_output(path, overwrite, meta={"format": "npy"}) as tmp:
-        npy_writes(x, tmp).compute()
+    with atomic_output(path, overwrite, meta={"format": "npy"}, reads=files_read(x)) as tmp:
+        npy_writes(to_host(x), tmp).compute()
     return path

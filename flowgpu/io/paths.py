@@ -21,7 +21,7 @@ from distributed import get_worker
 from flowgpu.errors import OutputError, PathNotVisibleError
 
 __all__ = ["FIX", "METADATA", "is_url", "is_glob", "glob_files", "expand", "resolve", "shown", "named_kind", "misnamed",
-           "refuse_misnamed", "metadata_files", "require_store", "where", "probe"]
+           "refuse_misnamed", "metadata_files", "require_store", "where", "probe", "files_read"]
 
 FIX = ("the workers do not see this path: put it on storage every host mounts (at the same path), "
        "or use a URL")
@@ -169,6 +169,38 @@ def metadata_files(path: str, component: str | None = None) -> list[str]:
         return [path]
     folders = [path, os.path.join(path, *component.split("/"))] if component else [path]
     return [os.path.join(f, m) for f in folders for m in METADATA if os.path.isfile(os.path.join(f, m))] or [path]
+
+
+def files_read(x: Any) -> dict[str, str]:
+    """``{path: "an input of the array written (path)"}`` for each file or store that the graph of ``x``
+    reads through an object ``da.from_array`` slices (its ``original-`` key, or a constant of a
+    ``from-`` layer when inlined): flowgpu's readers (``.path``), a Zarr array (its local store's
+    folder) and an h5py dataset (its file). Looks at no task of a blockwise layer."""
+    graph = x.__dask_graph__() if hasattr(x, "__dask_graph__") else None
+    found = {}
+    for name, layer in (getattr(graph, "layers", None) or {}).items():
+        if str(name).startswith("original-"):
+            sources = list(layer.values())
+        elif str(name).startswith("from-"):
+            sources = [value for value, index in getattr(layer, "indices", ()) if index is None]
+        else:
+            continue
+        for source in sources:
+            for path in _source_paths(source):
+                if isinstance(path, (str, os.PathLike)) and not is_url(os.fspath(path)):
+                    path = os.path.abspath(os.fspath(path))
+                    found[path] = f"an input of the array written ({path!r})"
+    return found
+
+
+def _source_paths(source: Any) -> list[Any]:
+    store = getattr(source, "store", None)  # a Zarr array: its store's folder, not its component
+    if store is not None:
+        local = "file" in getattr(getattr(store, "fs", None), "protocol", ("file",))  # fsspec's, or none
+        return [getattr(store, "root", None) or (getattr(store, "path", None) if local else None)]
+    files = getattr(source, "files", None)  # flowgpu's TIFF pages
+    return [getattr(source, "path", None) or getattr(getattr(source, "file", None), "filename", None),
+            *(files if isinstance(files, (tuple, list)) else ())]
 
 
 def where() -> str:

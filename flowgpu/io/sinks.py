@@ -20,6 +20,7 @@ import numpy as np
 from flowgpu.arrays.movement import to_host
 from flowgpu.errors import ConfigError
 from flowgpu.io.atomic import AtomicPath, check_writable, commit_together, hold
+from flowgpu.io.paths import files_read
 from flowgpu.io.labelled import as_dataset, bare, write_dataset
 from flowgpu.io.npy import npy_writes
 from flowgpu.io.zarr import store_zarr
@@ -114,9 +115,9 @@ hold_outputs = hold  # the write lock of every output path, held while the block
 check_destination = check_writable  # refuse an existing path flowgpu did not write (unless overwrite)
 
 
-def _staged(sink: str, path: str | None, overwrite: bool, fmt: str, write: Callable[[str], Any]) -> PendingWrite:
-    """A staged output at ``path``: ``write(tmp)`` sets up its lazy write (an error aborts it)."""
-    atomic = AtomicPath(path, overwrite, meta={"format": fmt})
+def _staged(sink: str, x: Any, path: str | None, overwrite: bool, fmt: str, write: Callable[[str], Any]) -> PendingWrite:
+    """A staged output of ``x`` at ``path``: ``write(tmp)`` sets up its lazy write (an error aborts it)."""
+    atomic = AtomicPath(path, overwrite, meta={"format": fmt}, reads=files_read(x))
     tmp = atomic.begin()
     with atomic.preparing():
         target = write(tmp)
@@ -125,8 +126,8 @@ def _staged(sink: str, path: str | None, overwrite: bool, fmt: str, write: Calla
 
 def _npy(x: da.Array, path: str | None = None, overwrite: bool = False) -> PendingWrite:
     """A ``.npy`` file, written chunk by chunk into a memory map and moved into place when complete."""
-    x = to_host(x)
-    return _staged("npy", path, overwrite, "npy", lambda tmp: npy_writes(x, tmp))
+    host = to_host(x)
+    return _staged("npy", x, path, overwrite, "npy", lambda tmp: npy_writes(host, tmp))
 
 
 def _zarr(x: da.Array, path: str | None = None, overwrite: bool = False, component: str | None = None,
@@ -139,7 +140,7 @@ def _zarr(x: da.Array, path: str | None = None, overwrite: bool = False, compone
     ``shards`` (shapes) choose a Zarr 3 layout; on a GPU session the chunks are encoded there.
     ``checksum``: each chunk ends in zarr's crc32c, checked on every read (default
     ``flowgpu.zarr.checksum``, off)."""
-    return _staged("zarr", path, overwrite, "zarr", lambda tmp: store_zarr(
+    return _staged("zarr", x, path, overwrite, "zarr", lambda tmp: store_zarr(
         x, tmp, component=component, codec=codec, level=level, chunks=chunks, shards=shards, checksum=checksum))
 
 
@@ -157,7 +158,7 @@ def _xarray(x: da.Array, path: str | None = None, overwrite: bool = False, varia
     if format is None:
         format = "netcdf" if str(path).lower().endswith(_NETCDF) else "zarr"
     ds = as_dataset(x, variable, path)
-    return _staged("xarray", path, overwrite, f"xarray-{format}", lambda tmp: write_dataset(ds, tmp, format))
+    return _staged("xarray", x, path, overwrite, f"xarray-{format}", lambda tmp: write_dataset(ds, tmp, format))
 
 
 def _summary(x: da.Array, path: str | None = None, overwrite: bool = False) -> PendingWrite:

@@ -26,7 +26,7 @@ from flowgpu.backend import current_backend, empty_meta
 from flowgpu.errors import ConfigError
 from flowgpu.io.atomic import atomic_output
 from flowgpu.io.devcodec import MAX_CHUNK_BYTES, DevicePlan, Fallback, plan_codec
-from flowgpu.io.paths import is_url, named_kind, refuse_misnamed, require_store, resolve
+from flowgpu.io.paths import files_read, is_url, named_kind, refuse_misnamed, require_store, resolve
 from flowgpu.io.storage import COUNTERS
 from flowgpu.io.zarrread import DeviceReader
 from flowgpu.io.zarrwrite import checksummed, compressors, create, device_writes, inner_chunks
@@ -104,6 +104,7 @@ class ZarrBlocks:
     def __init__(self, arr: zarr.Array, folder: str):
         self.arr, self.folder = arr, folder
         self.shape, self.dtype, self.ndim = tuple(arr.shape), arr.dtype, arr.ndim
+        self.path = folder  # what the array reads, as flowgpu's other readers say it
 
     def __getitem__(self, key: Any) -> Any:
         require_store(self.folder)
@@ -216,7 +217,7 @@ def to_zarr(x: da.Array, path: str, overwrite: bool = False, component: str | No
     ``checksum`` (default ``flowgpu.zarr.checksum``) each chunk ends in zarr's ``crc32c``, checked on
     every read."""
     refuse_misnamed(path, writer="to_zarr")
-    with atomic_output(path, overwrite, meta={"format": "zarr"}) as tmp:
+    with atomic_output(path, overwrite, meta={"format": "zarr"}, reads=files_read(x)) as tmp:
         target = store_zarr(x, tmp, component=component, codec=codec, level=level, chunks=chunks, shards=shards,
                             checksum=checksum)
         dask.compute(target)

@@ -211,6 +211,7 @@ class DeviceReader:
                  component: str | None = None, group: int | None = None):
         self.plan, self.device = plan, device
         self.zarr_path, self.component, self.group = zarr_path, component, group
+        self.path = plan.root  # what the array reads, as flowgpu's other readers say it
         self.shape, self.dtype, self.ndim = plan.shape, plan.dtype, len(plan.shape)
 
     def __getitem__(self, key):

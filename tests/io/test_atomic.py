@@ -164,6 +164,51 @@ def test_python_writers_never_replace_the_working_directory_or_home(tmp_path, mo
     assert sorted(os.listdir(work)) == ["keep.txt"]
 
 
+def _sources(folder, rng):
+    """Each kind of file an array can be read from, in ``folder``, and what each holds."""
+    import dask.array as da
+    import h5py
+    import tifffile
+    import zarr
+
+    import flowgpu as fg
+
+    folder.mkdir()
+    a = rng.standard_normal((8, 6))
+    np.save(folder / "a.npy", a)
+    zarr.save_array(str(folder / "a.zarr"), a)
+    with h5py.File(folder / "a.h5", "w") as f:
+        f["a"] = a
+    pages = rng.integers(0, 1000, (3, 8, 6), dtype=np.uint16)
+    for i, page in enumerate(pages):
+        tifffile.imwrite(folder / f"p{i}.tif", page)
+    h5 = h5py.File(folder / "a.h5", "r")
+    return [(fg.from_npy(str(folder / "a.npy")), a), (fg.from_zarr(str(folder / "a.zarr")), a),
+            (da.from_zarr(str(folder / "a.zarr")), a), (fg.from_hdf5(str(folder / "a.h5"), "a"), a),
+            (da.from_array(h5["a"], chunks=4), a), (fg.from_tiff(str(folder / "p*.tif")), pages)]
+
+
+def test_python_writers_never_replace_an_input_of_the_array_or_its_folder(tmp_path, rng):
+    """``fg.to_zarr(x * 2, folder, overwrite=True)`` replaced the folder holding x's own .npy file (and
+    everything else in it) with a store: the CLI refuses an input or its folder, the Python writers
+    did not. Every source kind, flowgpu's and dask's own, is refused, and nothing is touched."""
+    import flowgpu as fg
+
+    folder = tmp_path / "data"
+    sources = _sources(folder, rng)
+    before = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
+    for x, values in sources:
+        for where in (folder, tmp_path):
+            with pytest.raises(OutputError, match=r"contains an input of the array written \('" + str(folder)):
+                fg.to_zarr(x * 2, str(where), overwrite=True)
+        out = fg.to_npy(x * 2, str(tmp_path / "out.npy"), overwrite=True)  # another folder: written
+        np.testing.assert_array_equal(np.load(out), values * 2)
+    with pytest.raises(OutputError, match=r"is an input of the array written"):
+        fg.to_npy(sources[0][0] + 1, str(folder / "a.npy"), overwrite=True)
+    assert {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()} == before
+    assert sorted(os.listdir(tmp_path)) == [".out.npy.flowgpu-output.json", "data", "out.npy"]
+
+
 def test_a_users_file_beside_a_marker_it_did_not_get_from_flowgpu_is_not_replaced(tmp_path, rng):
     """A file named like flowgpu's marker made any file at the output's path count as flowgpu's (an
     empty ``.y.npy.flowgpu-output.json`` was enough); so did a user's file put where an output was."""
