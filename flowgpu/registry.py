@@ -170,7 +170,7 @@ def options_model(name: str, func: Callable, *, skip: Iterable[str] = ()) -> typ
     lets unknown keys through. ``skip`` names parameters that are not options (a sink's array).
     """
     try:
-        hints = typing.get_type_hints(func)
+        hints = typing.get_type_hints(func, include_extras=True)  # Annotated bounds are checked too
     except Exception:  # noqa: BLE001 - annotations that do not resolve are simply not checked
         hints = {}
     base: type[BaseModel] = Options

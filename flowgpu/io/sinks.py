@@ -12,7 +12,9 @@ import inspect
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+
+from pydantic import Field
 
 import dask.array as da
 import numpy as np
@@ -131,7 +133,8 @@ def _npy(x: da.Array, path: str | None = None, overwrite: bool = False) -> Pendi
 
 
 def _zarr(x: da.Array, path: str | None = None, overwrite: bool = False, component: str | None = None,
-          codec: Literal["zstd", "lz4", "none"] | None = None, level: int | None = None,
+          codec: Literal["zstd", "lz4", "none"] | None = None,
+          level: Annotated[int, Field(ge=-131072, le=22)] | None = None,
           chunks: list[int] | None = None, shards: list[int] | None = None,
           checksum: bool | None = None) -> PendingWrite:
     """A Zarr store (``component``: an array inside a group), moved into place when complete.

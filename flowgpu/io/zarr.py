@@ -189,8 +189,8 @@ def store_zarr(x: da.Array, tmp: str, *, component: str | None = None, codec: st
     device = device_path()
     if device not in (None, "fake") and codec != "none" and _nvcomp_missing():
         device = None
-    if codec is None and chunks is None and shards is None and device is None and not labels:  # zarr's own layout
-        extra = {"compressors": compressors("zstd", checksum=True)} if checksummed(checksum) else {}
+    if codec is None and level is None and chunks is None and shards is None and device is None and not labels:
+        extra = {"compressors": compressors("zstd", checksum=True)} if checksummed(checksum) else {}  # zarr's layout
         return da.to_zarr(_regular(to_host(x)), tmp, component=component, compute=False, **extra)
     chunk_shape = tuple(chunks) if chunks is not None else tuple(max(c) if c else 1 for c in _regular(x).chunks)
     if chunks is None and shards is None and device and codec != "none" and \

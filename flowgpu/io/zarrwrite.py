@@ -67,6 +67,12 @@ def checksummed(checksum: bool | None) -> bool:
 def compressors(codec: str, level: int | None = None, checksum: bool | None = None) -> list:
     """zarr's byte codecs for ``codec`` (``zstd``, ``lz4`` or ``none``), then, with ``checksum``
     (default ``flowgpu.zarr.checksum``), ``crc32c``: a damaged chunk is then an error on read."""
+    if level is not None and (codec != "zstd" or isinstance(level, bool) or not isinstance(level, (int, np.integer))
+                              or not -131072 <= level <= 22):
+        raise ConfigError(f"zarr level {level!r} " + ("is for codec zstd only; leave it out for codec "
+                                                      f"{codec!r}" if codec != "zstd" else
+                                                      "is not a zstd level: give a whole number from -131072 (fastest) "
+                                                      "to 22 (smallest), 3 being zstd's default"))
     if codec == "zstd":
         out = [zarr.codecs.ZstdCodec(level=0 if level is None else int(level))]
     elif codec == "lz4":

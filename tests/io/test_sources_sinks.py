@@ -47,3 +47,30 @@ def test_summary_values_are_plain_python(rng):
     v = rng.random(3)
     assert sinks.to_summary_value(v) == v.tolist()
     assert sinks.to_summary_value(np.float32(2.5)) == 2.5
+
+
+def test_a_zstd_level_is_written_and_a_level_zstd_has_not_is_refused(tmp_path, rng):
+    """A level given alone was dropped (zarr's default layout took the store, at level 0), one past
+    zstd's range failed inside zarr as an internal error, and one for lz4 was silently ignored."""
+    import json
+
+    import flowgpu as fg
+    from flowgpu.errors import SpecError
+    from flowgpu.pipeline import load
+
+    x = rng.standard_normal((40, 30))
+    out = fg.to_zarr(fg.from_array(x, chunks=20), str(tmp_path / "a.zarr"), level=7)
+    np.testing.assert_array_equal(zarr.open_array(out, mode="r")[:], x)
+    codecs = json.loads((tmp_path / "a.zarr" / "zarr.json").read_text())["codecs"]
+    assert {"name": "zstd", "configuration": {"level": 7, "checksum": False}} in codecs
+    with pytest.raises(ConfigError, match=r"zarr level 30 is not a zstd level: give a whole number from -131072"):
+        fg.to_zarr(fg.from_array(x, chunks=20), str(tmp_path / "b.zarr"), level=30)
+    with pytest.raises(ConfigError, match=r"zarr level 5 is for codec zstd only; leave it out for codec 'lz4'"):
+        fg.to_zarr(fg.from_array(x, chunks=20), str(tmp_path / "c.zarr"), codec="lz4", level=5)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".a.zarr.flowgpu-output.json", "a.zarr"]
+    spec = tmp_path / "s.yaml"
+    spec.write_text("inputs:\n  x: {source: normal, shape: [4]}\n"
+                    "outputs:\n  z: {from: x, sink: zarr, path: z.zarr, level: 23}\n")
+    with pytest.raises(SpecError) as e:
+        load(spec)
+    assert (e.value.line, e.value.path) == (4, "outputs.z.level") and "less than or equal to 22" in e.value.message
