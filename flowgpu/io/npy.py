@@ -116,8 +116,10 @@ def npy_writes(x: da.Array, path: str) -> da.Array:
 
 
 def to_npy(x: da.Array, path: str, overwrite: bool = False):
-    """Write ``x`` to a ``.npy`` file, chunks in parallel, moved into place only when complete."""
+    """Write ``x`` (a dask array, or one in memory) to a ``.npy`` file, chunks in parallel, moved into
+    place only when complete."""
     refuse_misnamed(path, (".npy",), "to_npy")
+    x = x if hasattr(x, "__dask_graph__") else da.asarray(x)
     with atomic_output(path, overwrite, meta={"format": "npy"}, reads=files_read(x)) as tmp:
         npy_writes(to_host(x), tmp).compute()
     return path

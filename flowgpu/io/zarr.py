@@ -210,13 +210,15 @@ def store_zarr(x: da.Array, tmp: str, *, component: str | None = None, codec: st
 
 def to_zarr(x: da.Array, path: str, overwrite: bool = False, component: str | None = None, codec: str | None = None,
             level: int | None = None, chunks: Any = None, shards: Any = None, checksum: bool | None = None) -> str:
-    """Write ``x`` to a new Zarr store at ``path``; it appears there only when complete.
+    """Write ``x`` (a dask array, or one in memory) to a new Zarr store at ``path``; it appears there
+    only when complete.
 
     ``codec`` (``zstd``, ``lz4``, ``none``), ``chunks`` and ``shards`` choose the store's layout
     (see :func:`store_zarr`); on a GPU session the chunks are encoded on the device. With
     ``checksum`` (default ``flowgpu.zarr.checksum``) each chunk ends in zarr's ``crc32c``, checked on
     every read."""
     refuse_misnamed(path, writer="to_zarr")
+    x = x if hasattr(x, "__dask_graph__") else da.asarray(x)  # one in memory: chunked as dask chooses
     with atomic_output(path, overwrite, meta={"format": "zarr"}, reads=files_read(x)) as tmp:
         target = store_zarr(x, tmp, component=component, codec=codec, level=level, chunks=chunks, shards=shards,
                             checksum=checksum)

@@ -74,3 +74,14 @@ def test_a_zstd_level_is_written_and_a_level_zstd_has_not_is_refused(tmp_path, r
     with pytest.raises(SpecError) as e:
         load(spec)
     assert (e.value.line, e.value.path) == (4, "outputs.z.level") and "less than or equal to 22" in e.value.message
+
+
+def test_the_python_writers_take_an_array_in_memory(tmp_path, rng):
+    """fg.to_zarr and fg.to_npy failed on a NumPy array ('numpy.ndarray' object has no attribute '_meta')."""
+    import flowgpu as fg
+
+    a = rng.standard_normal((7, 5)).astype(np.float32)
+    np.testing.assert_array_equal(np.load(fg.to_npy(a, str(tmp_path / "a.npy"))), a)
+    got = zarr.open_array(fg.to_zarr(a, str(tmp_path / "a.zarr")), mode="r")
+    assert got.dtype == np.float32
+    np.testing.assert_array_equal(got[:], a)
