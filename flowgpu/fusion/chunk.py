@@ -18,7 +18,7 @@ from flowgpu.errors import KernelError
 from flowgpu.fusion import tiled
 from flowgpu.fusion.codegen import C_TYPES, Unfusable
 from flowgpu.fusion.compiled import cuda_combine, elementwise_kernel, identity, reduce_kernel, reduction_dtypes
-from flowgpu.fusion.language import Expr, parse
+from flowgpu.fusion.language import Expr, Name, parse
 
 __all__ = ["FusedChunk", "Chain", "reduce_chunk", "kernel_blocks"]
 
@@ -194,6 +194,9 @@ def reduce_chunk(expr: Expr, arrays: tuple[str, ...], blocks: tuple, scalars: tu
     combine = "sum" if reduction == "mean" else reduction  # NumPy's / CuPy's function of the partials
     n = int(np.prod(shape, dtype=np.int64))
     if backend == "numpy":
+        if isinstance(expr.root, Name) and blocks[0].dtype == val_dtype:  # no operation: NumPy's own reduce of
+            kw = {"dtype": acc} if combine in _ACCUMULATING else {}   # the chunk as it lies (its strided order)
+            return getattr(np, combine)(blocks[0], axis=axes, keepdims=True, **kw).astype(acc, copy=False)
         same = all(b.shape == shape for b in blocks)
         # NumPy reduces the values (a new array, laid out as the inputs are) in memory order: C order,
         # or F order where every input is F-ordered (a transposed block), which a transpose makes C

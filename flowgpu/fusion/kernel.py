@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
+import math
 from collections.abc import Mapping
 from typing import Any
 
+import dask
 import dask.array as da
 import dask.core as dask_core
 import numpy as np
@@ -26,9 +29,6 @@ from flowgpu.fusion.graph_tree import MAX_FANIN
 from flowgpu.fusion.language import Expr, is_scalar, parse
 
 __all__ = ["fused_elementwise", "combine_all"]
-
-_FLAT_BYTES = 64 << 20  # combine flat only while all partials together stay this small
-
 
 def _split_inputs(expr: Expr, inputs: Mapping[str, Any]) -> tuple[dict[str, da.Array], tuple]:
     arrays: dict[str, da.Array] = {}
@@ -90,17 +90,13 @@ def fused_elementwise(expression: str, inputs: Mapping[str, Any], *, dtype: Any 
     if len(axes) == ndim and part.npartitions <= MAX_FANIN:
         return _combine_all_graph(part, reduction, result, count, keepdims)
     combine = "sum" if reduction == "mean" else reduction
-    # one flat combine step rather than dask's tree of fan-in 4 (why: flowgpu.fusion.graph_tree)
-    split = None
-    partial_bytes = int(np.prod(part.chunksize, dtype=np.int64)) * part.dtype.itemsize
-    if partial_bytes * int(np.prod([part.numblocks[a] for a in axes], dtype=np.int64)) <= _FLAT_BYTES:
-        split = {a: max(2, min(MAX_FANIN, part.numblocks[a])) for a in axes}
+    # dask's own tree (its split_every): a flatter one rounds otherwise, and the Session runs it in one task
     if combine in ("min", "max"):  # dask's own min/max mistake the empty partials of zero-size chunks
         fn = functools.partial(_extreme, combine)
         total = da.reduction(part, fn, fn, combine=fn, axis=axes, keepdims=keepdims, dtype=part.dtype,
-                             split_every=split, meta=part._meta)
+                             meta=part._meta)
     else:
-        total = getattr(da, combine)(part, axis=axes, keepdims=keepdims, split_every=split)
+        total = getattr(da, combine)(part, axis=axes, keepdims=keepdims)
     if reduction == "mean":
         total = total / count
     return total.astype(result) if total.dtype != result else total
@@ -121,11 +117,22 @@ def _unfused(expr: Expr, arrays: dict, scalars: tuple, dtype: Any, reduction: st
     return getattr(da, reduction)(value, axis=axis, keepdims=keepdims)
 
 
-def combine_all(reduction: str, result: Any, count: int, shape: tuple, *parts: Any) -> Any:
-    """Combine every chunk's partial of a full reduction into the final value, in one task."""
+def combine_all(reduction: str, result: Any, count: int, shape: tuple, grid: tuple, split: tuple, *parts: Any) -> Any:
+    """Combine every chunk's partial of a full reduction into the final value, in one task, nested as
+    dask's tree nests them (``split`` blocks a group per axis, level by level): a flat combine of the
+    partials rounds otherwise."""
     xp = import_cupy() if is_cupy(parts[0]) else np
-    flat = xp.concatenate([p.reshape(-1) for p in parts]) if len(parts) > 1 else parts[0].reshape(-1)
-    value = getattr(xp, "sum" if reduction == "mean" else reduction)(flat)
+    combine = getattr(xp, "sum" if reduction == "mean" else reduction)
+    values = xp.stack([p.reshape(()) for p in parts]).reshape(grid)  # the partials as their blocks lie
+    depth = max([1] + [math.ceil(math.log(n, k)) for n, k in zip(grid, split)])  # as dask's _tree_reduce
+    for _ in range(depth - 1):
+        starts = [range(0, n, k) for n, k in zip(values.shape, split)]
+        level = xp.empty(tuple(len(r) for r in starts), dtype=values.dtype)
+        for at in itertools.product(*starts):  # each group's partials, concatenated (C order) and combined
+            group = values[tuple(slice(i, i + k) for i, k in zip(at, split))]
+            level[tuple(i // k for i, k in zip(at, split))] = combine(xp.ascontiguousarray(group))
+        values = level
+    value = combine(values)
     if reduction == "mean":
         value = value / count
     return xp.asarray(value).astype(result).reshape(shape)
@@ -137,7 +144,10 @@ def _combine_all_graph(part: da.Array, reduction: str, result: np.dtype, count: 
     shape = (1,) * part.ndim if keepdims else ()
     name = f"{part.name.split('-', 1)[0]}-{reduction}-all-" + tokenize(part.name, keepdims)
     keys = list(dask_core.flatten(part.__dask_keys__()))
-    dsk = {(name,) + (0,) * len(shape): (combine_all, reduction, result, count, shape, *keys)}
+    every = dask.config.get("split_every", 4)  # what dask's own tree over these partials would take
+    split = tuple(every.get(i, 2) for i in range(part.ndim)) if isinstance(every, dict) else \
+        (max(int(every ** (1 / part.ndim)), 2),) * part.ndim
+    dsk = {(name,) + (0,) * len(shape): (combine_all, reduction, result, count, shape, part.numblocks, split, *keys)}
     graph = HighLevelGraph.from_collections(name, dsk, dependencies=[part])
     meta = empty_meta(is_cupy(part._meta), result, len(shape))
     return da.Array(graph, name, chunks=tuple((1,) for _ in shape), meta=meta)

@@ -323,3 +323,20 @@ def test_cuda_kernels_compile_and_match_numpy_for_every_pair(rng, shard):
             np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, equal_nan=True, err_msg=f"{text} {types}")
         checked += 1
     assert checked > 2000 // _SHARDS
+
+
+def _PROD(a):
+    return (a - 0.5).prod(axis=1)
+
+
+@pytest.mark.parametrize("f", [lambda a: (a * 1.1 + 1).sum(), lambda a: a.sum(), lambda a: (a * 3 - 1).sum(axis=0),
+                               lambda a: a.mean(), _PROD],
+                         ids=["chain-sum", "sum", "sum-axis0", "mean", "prod-axis1"])
+def test_fg_fuse_reductions_are_plain_dasks_over_many_column_blocks(rng, f):
+    """fg.fuse combined a full reduction's partials flat (and an axis's in one level), where dask's
+    tree nests them in groups of split_every: 1 ulp apart on a 4 x 3 grid; and a reduction of the
+    bare input emulated NumPy's order for a contiguous array on strided column blocks."""
+    xn = rng.standard_normal((640, 300)).astype(np.float32)
+    xn = (1 + xn * 0.01).astype(np.float32) if f is _PROD else xn  # a product of 300 values near 1 stays normal
+    x = da.from_array(xn, chunks=(80, 100))  # 8 x 3 column blocks of a row-major array: not contiguous
+    _same(fg.fuse(f)(x).compute(scheduler="sync"), f(x).compute(scheduler="sync"))
