@@ -1,20 +1,17 @@
 """Reductions (sum, mean, prod, min, max, std, var, their NaN-skipping ``nan*`` forms, any, all, argmin,
 argmax) and the running scans cumsum and cumprod, as dask's with the chunks' own module.
 
-A reduction over every axis combines its chunks' partials in one task (flat ``split_every``), as
-``flowgpu.fuse`` and the Session's rewrite do. Those that fusion folds into a chain of elementwise
-steps (sum, mean, min, max, prod) carry ``reduction=<name>`` in ``Op.meta``.
+Each is dask's own, its tree of ``split_every`` included, so a spec's step gives the bits the same
+code in Python gives (a Session runs a full reduction's tree in one task). Those that fusion folds
+into a chain of elementwise steps (sum, mean, min, max, prod) carry ``reduction=<name>`` in ``Op.meta``.
 """
 
 from __future__ import annotations
 
-import builtins
-import math
 from typing import Any
 
 import dask.array as da
 
-from flowgpu.fusion.graph_tree import MAX_FANIN
 from flowgpu.ops._common import Array, Axis, DType, axis_arg, defop, dtype_arg, same_backend
 
 __all__ = ["sum", "mean", "min", "max", "std", "var", "prod", "nansum", "nanmean", "nanprod", "nanmin", "nanmax",
@@ -39,19 +36,16 @@ _DDOF_DOC = """
 ``ddof``: the divisor is ``N - ddof`` (1 for the sample estimate)."""
 
 
-def _prepare(name: str, x: Any, axis: Any) -> tuple[da.Array, Any, dict | None]:
-    """``x`` in the session's backend, the axes, and dask's ``split_every`` (flat for a full reduction)."""
+def _prepare(name: str, x: Any, axis: Any) -> tuple[da.Array, Any]:
+    """``x`` in the session's backend, and the axes."""
     (x,) = same_backend(x)
-    ax = axis_arg(name, axis, x.ndim)
-    full = ax is None or len(set(ax if isinstance(ax, (tuple, list)) else (ax,))) == x.ndim
-    flat = full and x.ndim and 1 < math.prod(x.numblocks) <= MAX_FANIN  # npartitions: not on array-expr
-    return x, ax, {a: builtins.max(2, n) for a, n in enumerate(x.numblocks)} if flat else None
+    return x, axis_arg(name, axis, x.ndim)
 
 
 def _with_dtype(name: str, dask_func, summary: str) -> Any:
     def func(x: Array, *, axis: Axis = None, keepdims: bool = False, dtype: DType | None = None) -> Array:
-        x, ax, split = _prepare(name, x, axis)
-        return dask_func(x, axis=ax, keepdims=keepdims, dtype=dtype_arg(name, dtype), split_every=split)
+        x, ax = _prepare(name, x, axis)
+        return dask_func(x, axis=ax, keepdims=keepdims, dtype=dtype_arg(name, dtype))
 
     return defop(name, _DOC.format(summary=summary, np_name=name, extra=_DTYPE_DOC), kind="reduction",
                  reduction=name)(func)
@@ -59,8 +53,8 @@ def _with_dtype(name: str, dask_func, summary: str) -> Any:
 
 def _plain(name: str, dask_func, summary: str) -> Any:
     def func(x: Array, *, axis: Axis = None, keepdims: bool = False) -> Array:
-        x, ax, split = _prepare(name, x, axis)
-        return dask_func(x, axis=ax, keepdims=keepdims, split_every=split)
+        x, ax = _prepare(name, x, axis)
+        return dask_func(x, axis=ax, keepdims=keepdims)
 
     return defop(name, _DOC.format(summary=summary, np_name=name, extra=""), kind="reduction", reduction=name)(func)
 
@@ -68,8 +62,8 @@ def _plain(name: str, dask_func, summary: str) -> Any:
 def _moment(name: str, dask_func, summary: str) -> Any:
     def func(x: Array, *, axis: Axis = None, keepdims: bool = False, ddof: int = 0,
              dtype: DType | None = None) -> Array:
-        x, ax, split = _prepare(name, x, axis)
-        return dask_func(x, axis=ax, keepdims=keepdims, ddof=ddof, dtype=dtype_arg(name, dtype), split_every=split)
+        x, ax = _prepare(name, x, axis)
+        return dask_func(x, axis=ax, keepdims=keepdims, ddof=ddof, dtype=dtype_arg(name, dtype))
 
     return defop(name, _DOC.format(summary=summary, np_name=name, extra=_DDOF_DOC + _DTYPE_DOC), kind="reduction")(func)
 
