@@ -74,13 +74,37 @@ def _legacy_marked(path: str) -> bool:
     return os.path.isdir(path) and not os.path.islink(path) and os.path.exists(os.path.join(path, MARKER))
 
 
+_FS_IOC_GETVERSION = 0x80087601  # _IOR('v', 1, long): an inode's generation (ext4, xfs, btrfs)
+
+
+def identity(path: str) -> dict[str, int]:
+    """What tells this file or folder from a later one at ``path``: its inode, and the inode's
+    generation where the file system keeps one (a freed inode is given to the next file made, with a
+    new generation: a user's file put where flowgpu's output was may get its inode)."""
+    found = {"ino": os.lstat(path).st_ino}
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+    except OSError:
+        return found
+    try:
+        found["gen"] = int.from_bytes(fcntl.ioctl(fd, _FS_IOC_GETVERSION, bytes(8))[:4], "little")
+    except OSError:  # not kept here (tmpfs, NFS): the inode alone
+        pass
+    finally:
+        os.close(fd)
+    return found
+
+
 def written_by_flowgpu(path: str) -> bool:
-    """Whether ``path`` is an output flowgpu wrote: its marker says so and names ``path``'s inode."""
+    """Whether ``path`` is an output flowgpu wrote: its marker says so and names ``path``'s inode (and
+    the inode's generation, where the marker and the file system have one)."""
     try:
         with open(marker_path(path)) as f:
             mark = json.load(f)
-        return isinstance(mark, dict) and mark.get("writer") == "flowgpu" and \
-            mark.get("ino", os.lstat(path).st_ino) == os.lstat(path).st_ino
+        if not isinstance(mark, dict) or mark.get("writer") != "flowgpu":
+            return False
+        now = identity(path)
+        return all(mark[k] == now[k] for k in ("ino", "gen") if k in mark and k in now)
     except (OSError, ValueError):
         return _legacy_marked(path)
 
@@ -216,9 +240,9 @@ class Transaction:
         try:
             faults.point("commit:before-marker")
             for o in self.outputs:
-                ino = os.lstat(os.path.join(o.stage, "data")).st_ino  # a rename keeps it
+                made = identity(os.path.join(o.stage, "data"))  # a rename keeps it
                 _write_durable(os.path.join(o.stage, "marker"),
-                               json.dumps({"writer": "flowgpu", "run": o.id, "ino": ino, **o.meta}))
+                               json.dumps({"writer": "flowgpu", "run": o.id, **made, **o.meta}))
             self._write_journals()
             faults.point("commit:after-journal")
             self._each(self._set_aside, "commit:after-aside")

@@ -209,6 +209,36 @@ def test_python_writers_never_replace_an_input_of_the_array_or_its_folder(tmp_pa
     assert sorted(os.listdir(tmp_path)) == [".out.npy.flowgpu-output.json", "data", "out.npy"]
 
 
+def test_a_users_file_given_the_inode_of_flowgpus_deleted_output_is_not_replaced(tmp_path, rng):
+    """A user deleted flowgpu's output and put a file of their own at its path; ext4 gave the new file
+    the freed inode, which the marker named, so the next run replaced it without --overwrite. The
+    marker also names the inode's generation, which a reused inode does not keep."""
+    import fcntl
+
+    import flowgpu as fg
+
+    fd = os.open(tmp_path, os.O_RDONLY)
+    try:
+        fcntl.ioctl(fd, 0x80087601, bytes(8))  # FS_IOC_GETVERSION
+    except OSError:
+        pytest.skip("this file system keeps no inode generations (FS_IOC_GETVERSION)")
+    finally:
+        os.close(fd)
+    out = tmp_path / "y.npy"
+    fg.to_npy(fg.from_array(rng.standard_normal((6, 4)), chunks=3), str(out))
+    assert written_by_flowgpu(str(out))
+    mark_file = tmp_path / ".y.npy.flowgpu-output.json"
+    mark = json.loads(mark_file.read_text())
+    out.unlink()
+    mine = rng.bytes(100)
+    out.write_bytes(mine)
+    mark_file.write_text(json.dumps({**mark, "ino": out.stat().st_ino}))  # as a reused inode looks
+    assert not written_by_flowgpu(str(out))
+    with pytest.raises(OutputExistsError, match="was not written by flowgpu"):
+        fg.to_npy(fg.from_array(rng.standard_normal((6, 4)), chunks=3), str(out))
+    assert out.read_bytes() == mine
+
+
 def test_a_users_file_beside_a_marker_it_did_not_get_from_flowgpu_is_not_replaced(tmp_path, rng):
     """A file named like flowgpu's marker made any file at the output's path count as flowgpu's (an
     empty ``.y.npy.flowgpu-output.json`` was enough); so did a user's file put where an output was."""
