@@ -122,6 +122,12 @@ def resolve_params(data: dict, smap: SourceMap, overrides: dict[str, Any] | None
         if kind is None and default is not None:
             kind = next((k for k, t in PARAM_TYPES.items() if type(default) is t), None)
         kinds[name] = kind
+        ref = PARAM_REF.search(default) if isinstance(default, str) else None
+        if ref is not None:  # substituted nowhere: it would name a folder '${params.base}'
+            raise smap.error(f"param {name!r} defaults to {default!r}, which uses ${{params.{ref.group(1)}}}: a "
+                             "param's default is not substituted", where,
+                             hint=f"write the value out, or join the params where the value is used, e.g. path: "
+                                  f"\"${{params.{ref.group(1)}}}/...\"")
         values[name] = _typed(name, kind, default, where, smap, "its default")
     for name, value in (overrides or {}).items():
         if name not in raw:

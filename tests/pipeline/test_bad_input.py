@@ -133,6 +133,15 @@ CASES = {
     "output inside a file": (GOOD_INPUTS + "outputs:\n  o: {from: x, sink: npy, path: notes/o.npy}\n",
                              {"notes": "a user's file"}, [], 4, "outputs.o.path",
                              "'notes' is a file, so 'notes/o.npy' cannot be made inside it"),
+    "expected dtype that is none": (GOOD_INPUTS + "steps:\n  s: {op: sum, inputs: [x], expect: {dtype: floatt}}\n"
+                                    "outputs:\n  o: {from: s}\n", {}, [], 4, "steps.s.expect.dtype",
+                                    "'floatt' is not a dtype"),
+    "param default using another param": ('params: {base: out, sub: "${params.base}/deep"}\n' + GOOD_INPUTS +
+                                          'outputs:\n  o: {from: x, sink: npy, path: "${params.sub}/o.npy"}\n', {},
+                                          [], 1, "params.sub", "which uses ${params.base}: a param's default is not "
+                                                               "substituted"),
+    "zstd level out of range": (GOOD_INPUTS + "outputs:\n  o: {from: x, sink: zarr, path: o.zarr, level: 99}\n",
+                                {}, [], 4, "outputs.o.level", "less than or equal to 22"),
     "nesting too deep": ("name: " + "[" * 200 + "]" * 200 + "\n", {}, [], 1, "<document>", "nests deeper than 100"),
 }
 
