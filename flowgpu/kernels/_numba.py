@@ -117,15 +117,20 @@ def infer_return_dtype(pyfunc: Callable, in_dtypes: Sequence[np.dtype], name: st
             disp.compile(tuple(from_dtype(d) for d in in_dtypes))
         except Exception as e:
             raise KernelError(f"{name}: numba cannot compile it for inputs "
-                              f"({', '.join(d.name for d in in_dtypes)}): {_first_line(e)}") from None
+                              f"({', '.join(d.name for d in in_dtypes)}): {_numba_reason(e)}") from None
         return _as_dtype(disp.nopython_signatures[-1].return_type, f"{name} returns")
 
     return cached(key, build)
 
 
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
+def _numba_reason(e: BaseException) -> str:
+    """numba's reason in one line: its first, the cause under a "Failed in ... pipeline" head, and where."""
+    lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
+    if not lines:
+        return type(e).__name__
+    said = lines[:2] if lines[0].startswith("Failed in") and len(lines) > 1 else lines[:1]
+    where = next((line.rstrip(":") for line in lines if line.startswith('File "')), None)
+    return "; ".join(said + ([where] if where and where not in said else []))
 
 
 _cache: dict[Any, Any] = {}
@@ -305,6 +310,6 @@ class NumbaUfunc(Named):
             except Exception as e:
                 shown = sig.source if sig.source is not None else sig
                 raise KernelError(f"{self.__name__}: numba could not compile it for the {target} target with "
-                                  f"signature {shown}: {_first_line(e)}") from None
+                                  f"signature {shown}: {_numba_reason(e)}") from None
 
         return cached((self._key, target, sig.inputs, sig.outputs), build)

@@ -132,8 +132,10 @@ def test_a_function_numba_cannot_compile_names_the_signature(rng):
         return a.no_such_attribute
 
     with pytest.raises(KernelError, match=r"strange: numba could not compile it for the cpu target with "
-                                          r"signature float64\(float64\)"):
+                                          r"signature float64\(float64\)") as e:
         strange(rng.random(3))
+    # numba's reason and the line, not only its "Failed in nopython mode pipeline" head
+    assert "no_such_attribute" in str(e.value) and 'test_vectorize.py", line ' in str(e.value), str(e.value)
 
 
 @pytest.mark.parametrize("sig, match", [
