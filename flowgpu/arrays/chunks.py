@@ -41,6 +41,10 @@ def resolve_chunks(chunks: Any, shape: tuple[int, ...], dtype: Any, previous: tu
     multiples of them, so no stored chunk is read by two tasks.
     """
     dtype = np.dtype(dtype)
+    given = [c for c in (chunks if isinstance(chunks, (tuple, list)) else (chunks,)) if isinstance(c, (int, np.integer))]
+    if any(c < -1 for c in given):  # dask's own words for these speak of empty tuples
+        raise ChunkError(f"chunks={chunks!r} hold a block length of {min(given)}; give lengths of at least 1, -1 "
+                         "for a whole axis, or 'auto'")
     try:
         if chunks is None or chunks == "auto" or (isinstance(chunks, (tuple, list)) and "auto" in chunks):
             limit = target_chunk_bytes()

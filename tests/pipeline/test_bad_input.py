@@ -119,6 +119,8 @@ CASES = {
                                          {}, [], 2, "inputs.x.fill_value", "int32 cannot hold it"),
     "chunks of zero": ("inputs:\n  x: {source: random, shape: [4, 4], chunks: [0, 2]}\n", {}, [], 2, "inputs.x",
                        "block length of 0"),
+    "negative chunks": ("inputs:\n  x: {source: random, shape: [4, 4], chunks: [-2, 2]}\n", {}, [], 2, "inputs.x",
+                        "block length of -2; give lengths of at least 1, -1 for a whole axis"),
     "arange to infinity": ("inputs:\n  x: {source: arange, stop: .inf}\n", {}, [], 2, "inputs.x",
                            "not a finite number"),
     "shape overflowing int64": ("inputs:\n  x: {source: random, shape: [10000000000, 10000000000]}\n", {}, [], 2,
