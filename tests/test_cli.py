@@ -252,3 +252,13 @@ def test_an_ops_warning_is_given_once_at_its_steps_line_in_the_spec(tmp_path, rn
     assert [(pathlib.Path(w.filename).name, w.lineno, type(w.message).__name__) for w in fft] == [
         ("spec.yaml", 4, "FFTRechunkWarning")]
     assert str(fft[0].message).startswith("step 'f': op 'fft': axis [1]")
+
+
+def test_clean_of_a_path_that_is_not_there_is_a_usage_error(tmp_path, monkeypatch):
+    """A mistyped path said 'nothing to clean' and exit 0, as if it had been checked."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "out").mkdir()
+    result = CliRunner().invoke(cli, ["clean", "out", "outt"])
+    assert result.exit_code == 2 and "'outt' does not exist, and no run left anything for it there" in result.output
+    result = CliRunner().invoke(cli, ["clean", "out"])
+    assert result.exit_code == 0 and "nothing to clean" in result.output

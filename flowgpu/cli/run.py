@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import warnings
@@ -167,7 +168,13 @@ def clean(paths: tuple[str, ...]) -> None:
     named like flowgpu's that flowgpu cannot tell it made (a copied or planted journal, your own
     folder): said on stderr, exit code 1.
     """
-    notes = atomic.clean(paths or (".",))
+    notes = []
+    for path in paths or (".",):
+        found = atomic.clean([path])
+        if not found and not os.path.lexists(path):  # a typo would say "nothing to clean"
+            raise click.BadParameter(f"{path!r} does not exist, and no run left anything for it there",
+                                     param_hint="PATHS")
+        notes += found
     for note in notes:
         refused = isinstance(note, atomic.Refused)
         click.echo(f"error: {note}" if refused else note, err=refused)
