@@ -215,6 +215,8 @@ class Fused:
     def __init__(self, fn: Callable, *, reduce: str | None = None, axis: Any = None, keepdims: bool = False):
         if reduce is not None and reduce not in REDUCTIONS:
             raise KernelError(f"fuse(reduce={reduce!r}): choose one of {', '.join(REDUCTIONS)}")
+        if not callable(fn):
+            raise KernelError(f"fuse({fn!r}): give the function to fuse, e.g. fuse(lambda x: (x * 2 + 1).sum())")
         self.fn, self.reduce, self.axis, self.keepdims = fn, reduce, axis, keepdims
         functools.update_wrapper(self, fn)
 

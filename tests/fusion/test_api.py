@@ -89,6 +89,12 @@ def test_bad_reduce_name():
         fg.fuse(lambda x: x, reduce="median")
 
 
+def test_something_not_callable_is_refused_when_fused():
+    """fg.fuse(3) gave a Fused that failed only when called, with Python's 'int' object is not callable."""
+    with pytest.raises(KernelError, match=r"fuse\(3\): give the function to fuse"):
+        fg.fuse(3)
+
+
 @pytest.mark.gpu
 def test_gpu_fuse_chain_sum(rng):
     import cupy as cp
