@@ -48,7 +48,10 @@ class Kernel(nb.Named):
     def __init__(self, cuda: str | Callable, *, name: str | None = None, dtype: Any = None,
                  cpu: Callable | None = None, block: int = 256, options: Sequence[str] = ()):
         self.cpu = cpu
-        self.dtype = np.dtype(dtype) if dtype is not None else None
+        try:
+            self.dtype = np.dtype(dtype) if dtype is not None else None
+        except TypeError:
+            raise KernelError(f"kernel dtype={dtype!r} is not a dtype; give e.g. 'float32'") from None
         if not isinstance(block, int) or not 1 <= block <= 1024:
             raise KernelError(f"kernel block={block!r}: give threads per block between 1 and 1024")
         self.block = block

@@ -84,6 +84,8 @@ def test_kernel_name_found_in_source_or_required():
         flowgpu.kernel(42)
     with pytest.raises(KernelError, match="threads per block"):
         flowgpu.kernel(MUL_SRC, block=4096)
+    with pytest.raises(KernelError, match="kernel dtype='floot32' is not a dtype"):  # was NumPy's bare TypeError
+        flowgpu.kernel(MUL_SRC, dtype="floot32", cpu=np.multiply)
 
 
 def test_numba_cuda_jit_kernel_with_cpu_counterpart(rng, cpu_backend):
