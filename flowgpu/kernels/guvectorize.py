@@ -96,9 +96,9 @@ class GUVectorized(nb.NumbaUfunc):
             raise KernelError(f"{self.__name__}() takes {self.nin} inputs ({self.layout}), "
                               f"got {len(args)}")
         sig = nb.select_signature(self.signatures, args, self.__name__)
+        self._core_sizes(args)  # fail clearly on mismatched core lengths, dask arrays' too
         if any(isinstance(a, da.Array) for a in args):
             return self._gufunc(sig, args, self.rechunk if rechunk is None else rechunk)
-        self._core_sizes(args)  # fail clearly on mismatched core lengths
         return self.apply(sig, *args)
 
     def _gufunc(self, sig: nb.Signature, args: Sequence[Any], rechunk: bool) -> Any:
@@ -161,6 +161,8 @@ class GUVectorized(nb.NumbaUfunc):
                 raise KernelError(f"{self.__name__}(): input {i} has {len(shape)} dimension(s), "
                                   f"layout {self.layout!r} needs at least {len(dims)}")
             for d, n in zip(dims, shape[len(shape) - len(dims):]):
+                if n != n:  # a dask array's unknown length: not known to differ
+                    continue
                 if sizes.setdefault(d, n) != n:
                     raise KernelError(f"{self.__name__}(): core dimension {d!r} is {sizes[d]} "
                                       f"in one input and {n} in input {i}")

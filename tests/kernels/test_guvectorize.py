@@ -98,6 +98,13 @@ def test_plain_numpy_arrays(rng):
         dot(a, rng.random(5))
 
 
+def test_mismatched_core_lengths_of_dask_arrays_are_said_as_for_numpy(rng):
+    """Dask inputs gave dask's 'Chunks do not add up to shape' from unifying their chunks."""
+    a, b = da.from_array(rng.random((8, 6)), chunks=(4, 6)), da.from_array(rng.random((8, 4)), chunks=(4, 4))
+    with pytest.raises(KernelError, match="core dimension 'n' is 6 in one input and 4 in input 1"):
+        dot(a, b)
+
+
 @pytest.mark.parametrize("layout", ["(n),(n)", "n->m", "(n,)->(1)"])
 def test_bad_layouts(layout):
     with pytest.raises(KernelError, match="is not a gufunc signature"):
