@@ -262,3 +262,26 @@ def test_clean_of_a_path_that_is_not_there_is_a_usage_error(tmp_path, monkeypatc
     assert result.exit_code == 2 and "'outt' does not exist, and no run left anything for it there" in result.output
     result = CliRunner().invoke(cli, ["clean", "out"])
     assert result.exit_code == 0 and "nothing to clean" in result.output
+
+
+@pytest.mark.slow  # starts its own cluster in a subprocess
+def test_a_run_whose_dashboard_port_is_taken_says_where_it_is_without_distributeds_warning(tmp_path, rng):
+    import subprocess
+    import sys
+
+    _spec(tmp_path, rng)
+    holder = socket.socket()
+    try:
+        try:
+            holder.bind(("127.0.0.1", 8787))
+            holder.listen()
+        except OSError:
+            pass  # already taken: as well
+        env = {**os.environ, "PYTHONPATH": str(ROOT.parent)}
+        run = subprocess.run([sys.executable, "-m", "flowgpu", "run", "spec.yaml", "--set", "cluster.n_workers=1"],
+                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    finally:
+        holder.close()
+    assert run.returncode == 0, run.stderr
+    assert "already in use" not in run.stderr and "UserWarning" not in run.stderr, run.stderr
+    assert re.search(r"dashboard: http://127\.0\.0\.1:(?!8787/)\d+/flowgpu", run.stderr), run.stderr

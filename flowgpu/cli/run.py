@@ -90,8 +90,9 @@ def run(spec: str, sets: tuple[str, ...], params_file: str | None, standalone: b
     143 on SIGTERM), saying which outputs were moved into place and which were not.
     """
     signal.signal(signal.SIGTERM, _terminated)  # like Ctrl-C: staging removed, nothing moved into place
-    if quiet:  # distributed's note that the dashboard took another port is progress talk too
-        warnings.filterwarnings("ignore", message="Port .* is already in use", category=UserWarning)
+    # distributed's warning that the dashboard took another port (with its file and line): the run's own line
+    # gives the dashboard's address, wherever it is
+    warnings.filterwarnings("ignore", message="Port .* is already in use", category=UserWarning)
     overrides = _parse_sets(sets)
     batch = _parse_foreach(foreach)
     console = _console()
