@@ -50,6 +50,7 @@ class Entry:
     options: type[BaseModel] | None = None
     capabilities: frozenset[str] = frozenset()
     suffixes: tuple[str, ...] = ()  # a sink's: how its files are named (the first is suggested); empty: any name
+    check: Callable[..., None] | None = None  # a sink's: check(x, **options) raises what prepare would refuse
 
     @property
     def summary(self) -> str:

@@ -26,10 +26,11 @@ from flowgpu.io.paths import files_read
 from flowgpu.io.labelled import as_dataset, bare, write_dataset
 from flowgpu.io.npy import npy_writes
 from flowgpu.io.zarr import store_zarr
+from flowgpu.io.zarrwrite import check_layout, compressors
 from flowgpu.registry import Entry, Registry, options_model
 
 __all__ = ["PendingWrite", "commit_all", "hold_outputs", "register_sink", "sink_entry", "sink_names", "prepare_write",
-           "check_destination", "SUMMARY_MAX_ELEMENTS", "COLLECTS", "to_summary_value", "SINKS", "DEFAULT_SINK", "sinks_for"]
+           "check_destination", "check_write", "SUMMARY_MAX_ELEMENTS", "COLLECTS", "to_summary_value", "SINKS", "DEFAULT_SINK", "sinks_for"]
 
 SUMMARY_MAX_ELEMENTS = 10_000
 
@@ -57,11 +58,11 @@ LABELLED = "labelled"  # takes an xarray.DataArray where the output is labelled 
 
 
 def _entry(name: str, prepare: Callable[..., PendingWrite], capabilities: set[str],
-           options: type | None = None, suffixes: tuple[str, ...] = ()) -> Entry:
+           options: type | None = None, suffixes: tuple[str, ...] = (), check: Callable | None = None) -> Entry:
     if not callable(prepare):
         raise ConfigError(f"sink {name!r}: {prepare!r} is not callable")
     model = options or options_model(name, prepare, skip=("x", "path", "overwrite"))
-    return Entry(name, prepare, inspect.getdoc(prepare) or "", model, frozenset(capabilities), suffixes)
+    return Entry(name, prepare, inspect.getdoc(prepare) or "", model, frozenset(capabilities), suffixes, check)
 
 
 def _from_plugin(name: str, obj: Any) -> Entry | None:
@@ -77,7 +78,7 @@ SINKS: Registry[Entry] = Registry("flowgpu.sinks", "sink", error=ConfigError, fr
 def register_sink(name: str, prepare: Callable[..., PendingWrite], *, writes_path: bool = True,
                   atomic: bool = False, in_summary: bool = False, collects: bool = False,
                   options: type | None = None, replace: bool = True, labelled: bool = False,
-                  suffixes: tuple[str, ...] = ()) -> Entry:
+                  suffixes: tuple[str, ...] = (), check: Callable[..., None] | None = None) -> Entry:
     """Register ``prepare(x, path=None, overwrite=False, **options) -> PendingWrite`` as sink ``name``.
 
     Capabilities: ``writes_path`` (needs ``path``, checked first), ``atomic`` (its commit moves a
@@ -85,9 +86,17 @@ def register_sink(name: str, prepare: Callable[..., PendingWrite], *, writes_pat
     (each batch item's value is a row of the file at ``path``: ``table``), ``labelled`` (it gets an
     ``xarray.DataArray``). ``options``: a pydantic model (default: from the signature).
     ``suffixes``: how its files are named; a path named as another kind of file is refused.
+    ``check(x, **options)``: raises what ``prepare`` would refuse, so a spec's is refused before it runs.
     """
     caps = {c for c, on in zip(CAPABILITIES + (LABELLED,), (writes_path, atomic, in_summary, collects, labelled)) if on}
-    return SINKS.add(_entry(name, prepare, caps, options, tuple(s.lower() for s in suffixes)), replace=replace)
+    return SINKS.add(_entry(name, prepare, caps, options, tuple(s.lower() for s in suffixes), check), replace=replace)
+
+
+def check_write(sink: str, x: da.Array, **options: Any) -> None:
+    """Raise (a ConfigError) what writing ``x`` to ``sink`` with ``options`` would refuse; computes nothing."""
+    entry = SINKS.get(sink)
+    if entry.check is not None:
+        entry.check(x, **options)
 
 
 sink_entry, sink_names = SINKS.get, SINKS.names  # an entry by name (unknown names suggest close ones); all names
@@ -191,7 +200,15 @@ def to_summary_value(value: Any) -> Any:
 
 
 register_sink("npy", _npy, atomic=True, suffixes=(".npy",))
-register_sink("zarr", _zarr, atomic=True, suffixes=(".zarr",))
+def _zarr_check(x: da.Array, codec: str | None = None, level: int | None = None, chunks: Any = None,
+                shards: Any = None, **_: Any) -> None:
+    """The layout and level a Zarr write of ``x`` would refuse (chunks default to ``x``'s own)."""
+    own = tuple(max(c) if c else 1 for c in x.chunks)
+    check_layout(x.shape, chunks if chunks is not None else own if shards else None, shards)
+    compressors(codec or "zstd", level, False)
+
+
+register_sink("zarr", _zarr, atomic=True, suffixes=(".zarr",), check=_zarr_check)
 register_sink("xarray", _xarray, atomic=True, labelled=True, suffixes=(".zarr", *_NETCDF))
 register_sink("summary", _summary, writes_path=False, in_summary=True)
 register_sink("table", _table, writes_path=False, in_summary=True, collects=True)

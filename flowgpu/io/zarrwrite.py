@@ -30,7 +30,7 @@ from flowgpu.io.devices import device_for
 from flowgpu.io.storage import COUNTERS
 from flowgpu.transfer.pinned import shared_executor
 
-__all__ = ["CODECS", "create", "device_writes", "compressors", "inner_chunks"]
+__all__ = ["CODECS", "check_layout", "create", "device_writes", "compressors", "inner_chunks"]
 
 CODECS = ("zstd", "lz4", "none")
 INNER_BYTES = 64 << 10  # nvCOMP's batched decoders want many small chunks: a 1 GiB shard on an H200 decodes at
@@ -86,19 +86,24 @@ def compressors(codec: str, level: int | None = None, checksum: bool | None = No
     return out + [zarr.codecs.Crc32cCodec()] if checksummed(checksum) else out
 
 
+def check_layout(shape: tuple, chunks: Any, shards: Any) -> None:
+    """Refuse ``chunks`` / ``shards`` that do not fit ``shape`` (a ConfigError naming which)."""
+    for what, v in (("chunks", chunks), ("shards", shards)):
+        if v is not None and (len(v) != len(shape) or any(int(n) < 1 for n in v)):
+            raise ConfigError(f"zarr {what} {list(v)}: give one length >= 1 per axis of the {len(shape)}-d array "
+                              f"{list(shape)}")
+    if shards and chunks and any(int(s) % int(c) for s, c in zip(shards, chunks)):
+        raise ConfigError(f"zarr shards {list(shards)} are not whole multiples of chunks {list(chunks)}; "
+                          "make each shard length a multiple of the chunk length")
+
+
 def create(path: str, shape: tuple, dtype: Any, *, codec: str = "zstd", level: int | None = None,
            chunks: tuple, shards: tuple | None = None, component: str | None = None,
            checksum: bool | None = None, dimension_names: tuple | None = None,
            attributes: dict | None = None) -> zarr.Array:
     """A new Zarr 3 array at ``path`` (``component`` inside a group there), its metadata written by
     zarr, with ``dimension_names`` and ``attributes`` when given."""
-    for what, v in (("chunks", chunks), ("shards", shards)):
-        if v is not None and (len(v) != len(shape) or any(int(n) < 1 for n in v)):
-            raise ConfigError(f"zarr {what} {list(v)}: give one length >= 1 per axis of the {len(shape)}-d array "
-                              f"{list(shape)}")
-    if shards and any(int(s) % int(c) for s, c in zip(shards, chunks)):
-        raise ConfigError(f"zarr shards {list(shards)} are not whole multiples of chunks {list(chunks)}; "
-                          "make each shard length a multiple of the chunk length")
+    check_layout(shape, chunks, shards)
     store = path if component is None else os.path.join(path, *component.split("/"))
     if component is not None:
         zarr.open_group(path, mode="a")

@@ -391,6 +391,13 @@ def _output_arrays(spec: Spec, values: dict, smap: SourceMap) -> tuple[dict[str,
                              hint="write it to a file: a sink that writes a path (see `flowgpu sinks`)")
         if tables.collects(out):
             tables.check_column(smap, out_name, value)
+        try:
+            sinks.check_write(out.sink, value, **out.sink_options())
+        except ConfigError as e:  # e.g. zarr shards that are not whole chunks: at the option it names
+            said = {f" {e} ".find(f" {k} "): k for k in out.sink_options() if f" {k} " in f" {e} "}
+            field = said[min(said)] if said else None  # the option the message names first
+            raise smap.error(f"output {out_name!r}: {e}", ("outputs", out_name) + ((field,) if field else ()),
+                             hint="fix the output's options (flowgpu sinks lists them)") from None
         outs[out_name] = value
     return outs, labelled
 

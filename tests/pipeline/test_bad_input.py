@@ -144,6 +144,11 @@ CASES = {
                                                                "substituted"),
     "zstd level out of range": (GOOD_INPUTS + "outputs:\n  o: {from: x, sink: zarr, path: o.zarr, level: 99}\n",
                                 {}, [], 4, "outputs.o.level", "less than or equal to 22"),
+    "zarr shards that are not whole chunks": (GOOD_INPUTS + "outputs:\n  o: {from: x, sink: zarr, path: o.zarr, "
+                                              "chunks: [2, 4], shards: [3, 4]}\n", {}, [], 4, "outputs.o.shards",
+                                              "zarr shards [3, 4] are not whole multiples of chunks [2, 4]"),
+    "zarr level for lz4": (GOOD_INPUTS + "outputs:\n  o: {from: x, sink: zarr, path: o.zarr, codec: lz4, level: 5}\n",
+                           {}, [], 4, "outputs.o.level", "zarr level 5 is for codec zstd only"),
     "nesting too deep": ("name: " + "[" * 200 + "]" * 200 + "\n", {}, [], 1, "<document>", "nests deeper than 100"),
 }
 
