@@ -285,3 +285,22 @@ def test_a_run_whose_dashboard_port_is_taken_says_where_it_is_without_distribute
     assert run.returncode == 0, run.stderr
     assert "already in use" not in run.stderr and "UserWarning" not in run.stderr, run.stderr
     assert re.search(r"dashboard: http://127\.0\.0\.1:(?!8787/)\d+/flowgpu", run.stderr), run.stderr
+
+
+def test_validate_refuses_the_cluster_a_run_would_refuse(tmp_path, rng, monkeypatch):
+    """'validate' said ok for memory_limit: lots and for backend: gpu on a machine without one; 'run'
+    then refused them, the GPU one with no file:line:col."""
+    from flowgpu import backend
+
+    monkeypatch.chdir(tmp_path)
+    _spec(tmp_path, rng, SPEC + "cluster: {backend: gpu}\n")
+    result = CliRunner().invoke(cli, ["validate", "spec.yaml"])
+    if backend.has_gpu():
+        assert result.exit_code == 0, result.output
+        return
+    assert result.exit_code == 2 and "spec.yaml:10:" in result.output, result.output
+    assert "cluster.backend: backend='gpu' but no GPU is visible here" in result.output
+    _spec(tmp_path, rng, SPEC + "cluster: {memory_limit: lots}\n")
+    result = CliRunner().invoke(cli, ["validate", "spec.yaml"])
+    assert result.exit_code == 2 and "spec.yaml:10:" in result.output, result.output
+    assert "cluster.memory_limit: memory_limit='lots' is not a memory size" in result.output

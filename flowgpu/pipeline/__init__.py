@@ -20,6 +20,7 @@ from flowgpu.pipeline.compiler import Plan, compile
 from flowgpu.pipeline.planning import describe
 from flowgpu.pipeline.runconfig import RunConfig
 from flowgpu.pipeline.runner import BatchResult, RunResult, check_outputs, plan_items, run, session_options
+from flowgpu.pipeline.checks import check_session
 from flowgpu.pipeline.spec import Spec, json_schema
 from flowgpu.pipeline.foreach import expand
 from flowgpu.pipeline.runner import status as _status
@@ -60,6 +61,7 @@ def validate(spec: Spec | str | os.PathLike | dict, overrides: dict[str, Any] | 
     else:
         check_items(items, [plan])
     options = session_options(spec, cluster, allow_spec_address)
+    check_session(spec, options)
     if (cluster or {}).get("address"):  # --scheduler: ask its workers (a spec's own address is only checked)
         check_joined(spec, plan, options)
     return spec

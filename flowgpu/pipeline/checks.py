@@ -12,7 +12,7 @@ from typing import Any
 
 from flowgpu import config
 from flowgpu.diagnostics import runreport
-from flowgpu.errors import ConfigError, OutputExistsError, SpecLimitError
+from flowgpu.errors import BackendError, ConfigError, OutputExistsError, SpecError, SpecLimitError
 from flowgpu.io import atomic, sinks
 from flowgpu.io.paths import expand, misnamed, shown
 from flowgpu.pipeline import tables
@@ -20,8 +20,10 @@ from flowgpu.pipeline.build import load
 from flowgpu.pipeline.compiler import resolve_uses
 from flowgpu.pipeline.loader import limit
 from flowgpu.pipeline.spec import Spec
+from flowgpu.runtime.options import resolve
 
-__all__ = ["check_outputs", "check_side_files", "protected_paths", "session_options"]
+__all__ = ["check_outputs", "check_side_files", "protected_paths", "session_options", "cluster_error",
+           "check_session"]
 
 
 def _spec_paths(spec: Spec, found: dict[str, str], stack: tuple[str, ...] = (), loaded: set | None = None) -> None:
@@ -193,3 +195,20 @@ def session_options(spec: Spec, cluster: dict[str, Any] | None = None, allow_spe
                                    "(Python: run(..., allow_spec_address=True)); else remove it from the spec")
     opts.update(given)
     return opts
+
+
+def cluster_error(spec: Spec, opts: dict[str, Any], error: ConfigError | BackendError) -> SpecError:
+    """``error`` of the session ``opts`` at the ``cluster:`` key it names first (else the block)."""
+    said = {f" {error} ".find(f" {k}="): k for k in opts if f" {k}=" in f" {error} "}
+    where = ("cluster",) + ((said[min(said)],) if said else ())
+    return spec.error(str(error), where, hint="fix the cluster: block or the CLI option")
+
+
+def check_session(spec: Spec, opts: dict[str, Any]) -> None:
+    """Refuse the session ``opts`` that starting it would refuse (a bad size, no GPU for backend gpu);
+    starts nothing."""
+    kwargs = {k: v for k, v in opts.items() if k != "standalone"}
+    try:
+        resolve(kwargs.pop("address", None), **kwargs)
+    except (ConfigError, BackendError) as e:
+        raise cluster_error(spec, opts, e) from None

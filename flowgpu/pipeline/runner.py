@@ -22,7 +22,7 @@ from rich.markup import escape
 from flowgpu import __version__, runtime
 from flowgpu.backend import Facts
 from flowgpu.diagnostics import events, jsontext, monitor, runreport
-from flowgpu.errors import ConfigError, FlowgpuError, SpecError
+from flowgpu.errors import BackendError, ConfigError, FlowgpuError, SpecError
 from flowgpu.fusion.classic import require_classic_graphs
 from flowgpu.io import atomic, sinks
 from flowgpu.io.lock import Waiting
@@ -32,7 +32,8 @@ from flowgpu.pipeline import cache as outputs_cache
 from flowgpu.pipeline import recipe, tables
 from flowgpu.pipeline.batch import Job, Outcome, execute
 from flowgpu.pipeline.build import load_spec
-from flowgpu.pipeline.checks import SUMMARY_HEAD, check_outputs, check_side_files, protected_paths, session_options
+from flowgpu.pipeline.checks import (SUMMARY_HEAD, check_outputs, check_side_files, check_session, cluster_error,
+                                     protected_paths, session_options)
 from flowgpu.pipeline.compiler import Plan, compile
 from flowgpu.pipeline.foreach import Item, expand, in_item
 from flowgpu.pipeline.planning import describe, graph_size
@@ -181,8 +182,8 @@ def _start_session(spec: Spec, config: RunConfig) -> runtime.Session:
     address = opts.pop("address", None)
     try:
         return runtime.Session(address, **opts)
-    except ConfigError as e:
-        raise spec.error(str(e), ("cluster",), hint="fix the cluster: block or the CLI option") from None
+    except (ConfigError, BackendError) as e:
+        raise cluster_error(spec, {"address": address, **opts}, e) from None
 
 
 def run(spec: Spec | str | os.PathLike | dict, config: RunConfig | None = None,
@@ -251,6 +252,8 @@ def _run(spec: Spec, config: RunConfig, begun: float) -> "RunResult | BatchResul
         plans = plan_items(items, config.overwrite, config.params_file, session.facts if session is not None else None,
                            for_run=every)
         jobs = [Job(item, plan, tuple(plan.outputs)) for item, plan in zip(items, plans)]
+        if session is None:  # the cluster it would start: refused now, before anything is said or locked
+            check_session(items[0].spec, session_options(items[0].spec, config.cluster, config.allow_spec_address))
         own = None
         paths = [o.path for item in items for o in item.spec.outputs.values() if o.path is not None]
         with sinks.hold_outputs(paths, config.wait, functools.partial(_lock_note, config.console)):
