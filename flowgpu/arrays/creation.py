@@ -131,7 +131,8 @@ def _generated(block_fn, shape, dtype, chunks, **kwargs) -> da.Array:
 def _generated_random(block_fn, what: str, shape: Any, dtype: Any, seed: Any, chunks: Any) -> da.Array:
     shape, dtype = _shape(shape), np.dtype(dtype)
     if dtype not in _random.UNIFORM_DTYPES:
-        raise ConfigError(f"{what}() makes float32 or float64, not {dtype}; cast afterwards with .astype()")
+        raise ConfigError(f"{what}() makes float32 or float64, not {dtype}; cast it afterwards (x.astype(...), or "
+                          "a step with op: astype)")
     return _generated(block_fn, shape, dtype, chunks, key=_random.seed_key(_seed(seed)))
 
 

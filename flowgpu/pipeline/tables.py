@@ -39,7 +39,7 @@ def check_column(smap: SourceMap, name: str, x: Any) -> None:
         shown_shape = tuple(None if d != d else int(d) for d in shape)
         raise smap.error(f"output {name!r} has shape {shown_shape}: a table column holds a scalar, or a 1-D array of "
                          f"at most {table.MAX_VALUES} values (one column each)", where,
-                         hint="reduce it to a few values (e.g. op: mean, max or percentile), or write it with an array "
+                         hint="reduce it to a few values (e.g. op: mean, max or std), or write it with an array "
                               "sink (npy, zarr)")
 
 
