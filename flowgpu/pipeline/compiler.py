@@ -23,7 +23,7 @@ import dask.array as da
 import numpy as np
 from dask.highlevelgraph import HighLevelGraph
 
-from flowgpu.errors import (ArgumentError, ConfigError, FlowgpuError, ImportPathError, RunError, SpecError,
+from flowgpu.errors import (ArgumentError, ConfigError, FlowgpuError, ImportPathError, KernelError, RunError, SpecError,
                             SpecLimitError, did_you_mean)
 from flowgpu.arrays.labels import bare, is_labelled
 from flowgpu.backend import Facts, current_backend, using
@@ -270,6 +270,10 @@ def _call_op(spec: Spec, name: str, op: registry.Op, values: dict[str, Any], sma
         if isinstance(e, ArgumentError) and e.argument in step.args:  # e.g. an axis naming no dimension
             raise smap.error(f"step {name!r} (op {op.name!r}): {e}", where + ("args", e.argument),
                              hint=f"fix it under args ('flowgpu ops' shows what {op.name!r} takes)") from None
+        if isinstance(e, KernelError) and isinstance(step.args.get("expression"), str):  # its text, not the inputs
+            raise smap.error(f"step {name!r} (op {op.name!r}): {e}", where + ("args", "expression"),
+                             hint="fix the expression: names of its inputs, numbers, operators and NumPy "
+                                  "functions ('flowgpu ops' shows what it may use)") from None
         given = ", ".join(_describe(a) for a in (*args, *kwargs.values()) if isinstance(bare(a), da.Array))
         raise smap.error(f"step {name!r} (op {op.name!r}) fails on its inputs ({given}): {e}", where,
                          hint="check the shapes and dtypes of its inputs (flowgpu plan shows them)") from None

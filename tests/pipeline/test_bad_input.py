@@ -149,6 +149,9 @@ CASES = {
                                               "zarr shards [3, 4] are not whole multiples of chunks [2, 4]"),
     "zarr level for lz4": (GOOD_INPUTS + "outputs:\n  o: {from: x, sink: zarr, path: o.zarr, codec: lz4, level: 5}\n",
                            {}, [], 4, "outputs.o.level", "zarr level 5 is for codec zstd only"),
+    "expression with an unknown name": (GOOD_INPUTS + 'steps:\n  s: {op: expr, inputs: {x: x}, args: {expression: '
+                                        '"x * k"}}\noutputs:\n  o: {from: s}\n', {}, [], 4, "steps.s.args.expression",
+                                        "unknown name 'k'; the inputs are: x"),
     "nesting too deep": ("name: " + "[" * 200 + "]" * 200 + "\n", {}, [], 1, "<document>", "nests deeper than 100"),
 }
 
