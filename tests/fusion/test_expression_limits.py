@@ -53,7 +53,7 @@ def test_deep_comparison_chains_are_refused_clearly(rng):
 
 @pytest.mark.timeout(60)
 def test_pipeline_reports_bad_expressions_as_spec_errors(tmp_path, rng):
-    """Bug 7: the pipeline's `expr` step reports a huge power or a deep chain at the step's place."""
+    """Bug 7: the pipeline's `expr` step reports a huge power or a deep chain at its expression."""
     np.save(tmp_path / "x.npy", rng.random(8))
     for text in ("u + 9 ** 9 ** 9", "u" + " < u" * 400):
         spec = {"inputs": {"x": {"source": "npy", "path": str(tmp_path / "x.npy")}},
@@ -61,7 +61,7 @@ def test_pipeline_reports_bad_expressions_as_spec_errors(tmp_path, rng):
                 "outputs": {"g": {"from": "g"}}}
         with pytest.raises(SpecError) as e:
             pipeline.compile(spec)
-        assert e.value.path == "steps.g"
+        assert e.value.path == "steps.g.args.expression"
         assert "digits" in str(e.value) or "nests more than" in str(e.value)
 
 
