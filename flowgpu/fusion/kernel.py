@@ -146,7 +146,7 @@ def _combine_all_graph(part: da.Array, reduction: str, result: np.dtype, count: 
     keys = list(dask_core.flatten(part.__dask_keys__()))
     every = dask.config.get("split_every", 4)  # what dask's own tree over these partials would take
     split = tuple(every.get(i, 2) for i in range(part.ndim)) if isinstance(every, dict) else \
-        (max(int(every ** (1 / part.ndim)), 2),) * part.ndim
+        (max(int(every ** (1 / max(part.ndim, 1))), 2),) * part.ndim  # a 0-d array: no axis to split
     dsk = {(name,) + (0,) * len(shape): (combine_all, reduction, result, count, shape, part.numblocks, split, *keys)}
     graph = HighLevelGraph.from_collections(name, dsk, dependencies=[part])
     meta = empty_meta(is_cupy(part._meta), result, len(shape))

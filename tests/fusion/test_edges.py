@@ -340,3 +340,11 @@ def test_fg_fuse_reductions_are_plain_dasks_over_many_column_blocks(rng, f):
     xn = (1 + xn * 0.01).astype(np.float32) if f is _PROD else xn  # a product of 300 values near 1 stays normal
     x = da.from_array(xn, chunks=(80, 100))  # 8 x 3 column blocks of a row-major array: not contiguous
     _same(fg.fuse(f)(x).compute(scheduler="sync"), f(x).compute(scheduler="sync"))
+
+
+def test_fg_fuse_reduces_a_0d_array():
+    """A 0-d input (hypothesis found np.False_) made the tree's split 16 ** (1/0): ZeroDivisionError."""
+    for value in (np.False_, np.float32(2.5), np.int8(-7)):
+        x = da.from_array(np.asarray(value), chunks=())
+        _same(fg.fuse(lambda a: (a + a).sum())(x).compute(scheduler="sync"), (np.asarray(value) * 2).sum()
+              if value.dtype != np.bool_ else np.asarray(value + value).sum())
