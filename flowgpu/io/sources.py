@@ -41,6 +41,15 @@ READS_FILES = "reads_files"
 CALLS_USER_CODE = "calls_user_code"
 
 
+def dtype_name(v: str) -> str:
+    """``v`` if NumPy knows it as a dtype (a spec's ``dtype:`` fields), else a ValueError saying so."""
+    try:
+        np.dtype(v)
+    except TypeError:
+        raise ValueError(f"{v!r} is not a dtype; give e.g. 'float64' or 'int32'") from None
+    return v
+
+
 def _from_plugin(name: str, obj: Any) -> Entry | None:
     return None if inspect.ismodule(obj) else _entry(name, obj, reads_files=bool(getattr(obj, READS_FILES, False)))
 
@@ -262,12 +271,7 @@ class PythonOptions(_Source):
     @field_validator("dtype")
     @classmethod
     def _dtype(cls, v: str | None) -> str | None:
-        if v is not None:
-            try:
-                np.dtype(v)
-            except TypeError:
-                raise ValueError(f"{v!r} is not a dtype; give e.g. 'float64' or 'int32'") from None
-        return v
+        return v if v is None else dtype_name(v)
 
     @model_validator(mode="after")
     def _declared(self) -> "PythonOptions":

@@ -13,7 +13,6 @@ import re
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, Union
 
-import numpy as np
 from pydantic import (AfterValidator, BaseModel, ConfigDict, Discriminator, Field, PrivateAttr, Tag, create_model,
                       model_validator)
 from pydantic.json_schema import GenerateJsonSchema
@@ -35,17 +34,7 @@ PATH_ATTRIBUTES = ("name", "stem", "suffix", "parent")  # of a path param, as pa
 PARAM_TYPES = {"int": int, "float": float, "str": str, "bool": bool, "list": list}  # a param's type: by name
 RANGE = re.compile(r"^\s*(-?\d+)\s*:\s*(-?\d+)\s*(?::\s*(-?\d+)\s*)?$")  # a foreach range: start:stop[:step]
 Name = Annotated[str, Field(pattern=NAME_PATTERN)]
-
-
-def _is_dtype(v: str | None) -> str | None:
-    try:
-        np.dtype(v)
-    except TypeError:
-        raise ValueError(f"{v!r} is not a dtype; give e.g. 'float64' or 'int32'") from None
-    return v
-
-
-DTypeName = Annotated[str, AfterValidator(_is_dtype)]
+DTypeName = Annotated[str, AfterValidator(sources.dtype_name)]
 Scalar = Union[bool, int, float, str, None]
 
 
