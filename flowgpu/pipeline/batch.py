@@ -414,7 +414,7 @@ class watch_spill:  # noqa: N801 - used as a context manager, like a function
         self.no_workers = config.parse_seconds(config.get("run.no-workers-timeout"))
         self.error: str | None = None
         self.kind = "spill"
-        self._stop = threading.Event()
+        self._stop, self._lock = threading.Event(), threading.Lock()
         self._thread: threading.Thread | None = None
 
     def _stop_run(self, kind: str, error: str) -> None:
@@ -425,12 +425,10 @@ class watch_spill:  # noqa: N801 - used as a context manager, like a function
 
     def _watch(self, started: set[str]) -> None:
         client = self.session.client
-        before: set[str] | None = None
-        asked, alone_since = False, None
-        while not self._stop.wait(self.interval):
-            if not asked:  # a run shorter than one interval never waits for the answer
-                summary, asked = self.baseline(), True
-                before = set(summary["errors"]) if summary is not None else None  # only flowgpu's store reports them
+        summary = self.baseline()  # started one interval in: a shorter run never waits for the answer
+        before = set(summary["errors"]) if summary is not None else None  # only flowgpu's store reports them
+        alone_since = None
+        while True:
             if before is not None:
                 now = self.session.memory_summary()
                 new = [e for e in (now["errors"] if now else ()) if e not in before]
@@ -438,12 +436,11 @@ class watch_spill:  # noqa: N801 - used as a context manager, like a function
                     self._stop_run("spill", new[0])
                     return
             workers = _worker_count(client)
-            if workers is None or workers:
-                alone_since = None
-                continue
-            alone_since = alone_since or time.monotonic()
-            if time.monotonic() - alone_since >= self.no_workers:
+            alone_since = None if workers is None or workers else alone_since or time.monotonic()
+            if alone_since is not None and time.monotonic() - alone_since >= self.no_workers:
                 self._stop_run("no-workers", _workers_gone(client, started, self.no_workers))
+                return
+            if self._stop.wait(self.interval):
                 return
 
     def __enter__(self) -> "watch_spill":
@@ -451,9 +448,16 @@ class watch_spill:  # noqa: N801 - used as a context manager, like a function
         if client is None:
             return self
         started = set(getattr(self.session, "workers", None) or ())  # as the Session met them: no round trip
-        self._thread = threading.Thread(target=self._watch, args=(started,), daemon=True,
-                                        name="flowgpu-watch-run")
-        self._thread.start()
+
+        def begin() -> None:  # on the client's event loop, one interval in: a shorter run starts no thread
+            with self._lock:
+                if not self._stop.is_set():
+                    self._thread = threading.Thread(target=self._watch, args=(started,), daemon=True,
+                                                    name="flowgpu-watch-run")
+                    self._thread.start()
+
+        loop = client.loop.asyncio_loop
+        loop.call_soon_threadsafe(loop.call_later, self.interval, begin)
         return self
 
     def stopped(self) -> RunError:
@@ -462,7 +466,8 @@ class watch_spill:  # noqa: N801 - used as a context manager, like a function
         return RunError(f"a worker could not spill, so the run was stopped: {self.error}. Nothing was written")
 
     def __exit__(self, kind, exc, tb) -> None:
-        self._stop.set()
+        with self._lock:
+            self._stop.set()
         if self._thread is not None:
             self._thread.join()
         if exc is not None and self.error is not None:
