@@ -208,6 +208,8 @@ class _Batch:
             self.bars.follow(self.bar[o], client, self.futures[o])
             owner.update((id(f), o) for f in self.futures[o])
         if len(ready) == 1:  # a plain run: waited for and gathered in one call, as compute() does
+            if self.computed is not None:
+                self._when_done(ready[0])
             self._gather_one(client, ready[0], started)
             return
         for future in as_completed([f for o in ready for f in self.futures[o]]):  # the rest: execute cancels
@@ -232,11 +234,25 @@ class _Batch:
             results, error = None, RunError(f"pipeline {o.job.item.spec.name!r} was cancelled: cancelled")
         except Exception as e:  # noqa: BLE001 - the item fails; said in its words
             results, error = None, e
-        if error is None and self.computed is not None:
-            self.computed()
         if error is not None:
             self._settled(o)
         self.settle(o, error, results, started)
+
+    def _when_done(self, o: Outcome) -> None:
+        """Call ``computed`` as soon as all of ``o``'s tasks have finished (on distributed's callback thread),
+        so what it asks the workers is answered while the results come back and are committed."""
+        left, lock = [len(self.futures[o])], threading.Lock()
+
+        def done(_: Future) -> None:
+            with lock:
+                left[0] -= 1
+                if left[0]:
+                    return
+            if all(f.status == "finished" for f in self.futures[o]):
+                self.computed()
+
+        for f in self.futures[o]:
+            f.add_done_callback(done)
 
     def _writes(self, o: Outcome) -> list:
         return [f for f, p in zip(self.futures[o], o.pending.values())
@@ -254,7 +270,7 @@ def execute(outcomes: list[Outcome], session: RunSession, config: RunConfig, *, 
     """Compute each job's ``todo`` outputs on ``session``, commit each job when all its outputs are done
     and fill its outcome, telling ``tell`` when each starts and ends. Without ``keep_going`` the first
     failure cancels the rest and is raised. ``memory``: gives the ``memory_summary()`` asked for just
-    before (the spill watch starts from it); ``computed``: called when a plain run's results are back."""
+    before (the spill watch starts from it); ``computed``: called when a plain run's tasks have finished."""
     run = _Batch(session, config, cache, tell, computed)
     work = [o for o in outcomes if o.job.todo]
     client = session.client

@@ -272,7 +272,7 @@ def _run(spec: Spec, config: RunConfig, begun: float) -> "RunResult | BatchResul
                     tell(events.SessionReady(session))
                     memory = early or session.memory_summary_soon()  # the workers answer while the items compile
 
-                    def computed() -> None:  # answered while the run commits
+                    def computed() -> None:  # asked as its tasks finish: answered while the results come back
                         if memory() is not None:
                             afters.append(session.memory_summary_soon())
 
