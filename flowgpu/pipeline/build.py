@@ -24,6 +24,9 @@ from flowgpu.pipeline.loader import SourceMap, limit, parse_yaml, read_yaml
 from flowgpu.pipeline.spec import PARAM_REF, PARAM_TYPES, PATH_ATTRIBUTES, RANGE, Origin
 from flowgpu.registry import add_import_dirs
 
+# where each value of a params file is written: param name -> (the file's SourceMap, the path in it)
+Written = dict[str, tuple[SourceMap, tuple]]
+
 __all__ = ["Origin", "build", "load", "from_dict", "read_params_file", "import_dirs", "parse_value",
            "load_spec"]
 
@@ -96,9 +99,10 @@ def _stand_in(given: Any) -> Any:
 
 
 def resolve_params(data: dict, smap: SourceMap, overrides: dict[str, Any] | None = None,
-                   iterated: dict[str, Any] | None = None) -> dict[str, Any]:
+                   iterated: dict[str, Any] | None = None, written: Written | None = None) -> dict[str, Any]:
     """The value of every param: default, then ``overrides``; one with neither that a batch iterates over
-    (``foreach:``, then ``iterated``) stands for its first value."""
+    (``foreach:``, then ``iterated``) stands for its first value. ``written``: where overrides read from a
+    params file are written, for errors that point there."""
     raw = data.get("params") or {}
     if not isinstance(raw, dict):
         raise smap.error("params must be a mapping of name: default", ("params",),
@@ -130,12 +134,14 @@ def resolve_params(data: dict, smap: SourceMap, overrides: dict[str, Any] | None
                                   f"\"${{params.{ref.group(1)}}}/...\"")
         values[name] = _typed(name, kind, default, where, smap, "its default")
     for name, value in (overrides or {}).items():
+        at, where = (written or {}).get(name, (smap, None))  # a params file's value: errors point into that file
         if name not in raw:
             hint = did_you_mean(name, raw, f"this spec's params: {', '.join(raw) or 'none'}; declare it under params:",
                                 n=3)
-            raise smap.error(f"override params.{name} names a param this spec does not declare", ("params",),
-                             hint=hint, key=True)
-        values[name] = _typed(name, kinds[name], value, ("params", name), smap, "the override")
+            raise at.error(f"{'params file entry' if where else 'override'} params.{name} names a param this spec "
+                           "does not declare", where or ("params",), hint=hint, key=True)
+        values[name] = _typed(name, kinds[name], value, where or ("params", name), at,
+                              "the params file" if where else "the override")
     block = data.get("foreach")
     iterated = {**(block if isinstance(block, dict) else {}), **(iterated or {})}
     for name, value in values.items():
@@ -259,9 +265,9 @@ def _translate(err: dict, data: Any, smap: SourceMap) -> SpecError:
 
 
 def build(data: Any, smap: SourceMap, overrides: dict[str, Any] | None = None,
-          iterated: dict[str, Any] | None = None) -> S.Spec:
+          iterated: dict[str, Any] | None = None, written: Written | None = None) -> S.Spec:
     """Validate ``data`` (as read from YAML) into a Spec, params and overrides applied (``iterated``:
-    ``--foreach`` values)."""
+    ``--foreach`` values; ``written``: where the params file's are, as :func:`read_params_file` says)."""
     if not isinstance(data, dict):
         raise smap.error(f"a spec is a mapping of keys (name, inputs, steps, outputs, ...), not "
                          f"{type(data).__name__}", (), hint="start from pipelines/quickstart.yaml")
@@ -277,7 +283,7 @@ def build(data: Any, smap: SourceMap, overrides: dict[str, Any] | None = None,
         set_path(work, key, value, smap)
     values = resolve_params(work, smap, {k.removeprefix("params."): v for k, v in overrides.items()
                                          if k.startswith("params.")},
-                            {k.removeprefix("params."): v for k, v in (iterated or {}).items()})
+                            {k.removeprefix("params."): v for k, v in (iterated or {}).items()}, written)
     work = substitute(work, values, smap)
     import_dirs(smap.file)
     try:
@@ -293,14 +299,23 @@ def import_dirs(file: str | None) -> None:
     add_import_dirs(*([os.path.dirname(os.path.abspath(file))] if file else []), os.getcwd())
 
 
-def read_params_file(path: str) -> dict[str, Any]:
-    """``--params file.yaml``: a mapping of param name -> value (a top-level ``params:`` is accepted too)."""
+def read_params_file(path: str) -> tuple[dict[str, Any], Written]:
+    """``--params file.yaml``: a mapping of param name -> value (a top-level ``params:`` is accepted too), as
+    overrides (``params.name``), and where each is written in the file."""
     data, smap = read_yaml(path, "params file")
+    top: tuple = ()
     if isinstance(data, dict) and set(data) == {"params"}:
-        data = data["params"]
+        data, top = data["params"], ("params",)
     if not isinstance(data, dict):
-        raise smap.error("a params file is a mapping of name: value", (), hint="e.g. 'n: 1000'")
-    return {f"params.{k}": v for k, v in data.items()}
+        raise smap.error("a params file is a mapping of name: value", top, hint="e.g. 'n: 1000'")
+    return {f"params.{k}": v for k, v in data.items()}, {str(k): (smap, (*top, k)) for k in data}
+
+
+def _given(overrides: dict[str, Any] | None, params_file: str | None) -> tuple[dict[str, Any], Written]:
+    """The overrides: ``params_file``'s values, then ``overrides``; and where those still from the file are."""
+    values, written = read_params_file(params_file) if params_file else ({}, {})
+    overrides = overrides or {}
+    return {**values, **overrides}, {k: w for k, w in written.items() if f"params.{k}" not in overrides}
 
 
 def load(path: str | os.PathLike, overrides: dict[str, Any] | None = None, params_file: str | None = None,
@@ -308,7 +323,8 @@ def load(path: str | os.PathLike, overrides: dict[str, Any] | None = None, param
     """Read, check and return the spec at ``path``. ``overrides``: dotted keys to set, e.g.
     ``{"params.n": 1000}``, after ``params_file``'s; ``foreach``: a batch's values (``--foreach``)."""
     data, smap = read_yaml(path)
-    return build(data, smap, {**(read_params_file(params_file) if params_file else {}), **(overrides or {})}, foreach)
+    given, written = _given(overrides, params_file)
+    return build(data, smap, given, foreach, written)
 
 
 def from_dict(data: dict, overrides: dict[str, Any] | None = None, foreach: dict[str, Any] | None = None) -> S.Spec:
@@ -321,9 +337,9 @@ def load_spec(spec: S.Spec | str | os.PathLike | dict, overrides: dict[str, Any]
     """A spec from a path, a dict or a Spec, with ``overrides`` and the params file applied."""
     if isinstance(spec, (str, os.PathLike)):
         return load(spec, overrides, params_file, foreach)
-    given = {**(read_params_file(params_file) if params_file else {}), **(overrides or {})}
+    given, written = _given(overrides, params_file)
     if isinstance(spec, dict):
-        return from_dict(spec, given, foreach)
+        return build(spec, SourceMap(None), given, foreach, written)
     if not given:
         return spec
-    return build(spec.origin.raw, spec.origin.smap, {**spec.origin.overrides, **given})
+    return build(spec.origin.raw, spec.origin.smap, {**spec.origin.overrides, **given}, written=written)

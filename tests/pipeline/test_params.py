@@ -41,6 +41,32 @@ def test_set_and_params_file_override_in_order(tmp_path):
     assert spec.inputs["x"].scale == 3.0 and isinstance(spec.origin.params["scale"], float)
 
 
+@pytest.mark.parametrize("top", ["", "params:\n"])
+def test_a_bad_params_file_value_is_reported_where_the_file_writes_it(tmp_path, rng, top):
+    (tmp_path / "s.yaml").write_text(SPEC)
+    pad = "  " if top else ""
+    n, scale = int(rng.integers(2, 99)), float(rng.uniform(1, 9))
+    params = tmp_path / "p.yaml"
+    params.write_text(f"{top}{pad}scale: {scale}\n{pad}nn: {n}\n")  # a typo: nn for n
+    with pytest.raises(SpecError) as e:
+        load(tmp_path / "s.yaml", params_file=str(params))
+    at = "params.nn" if top else "nn"
+    assert str(e.value).startswith(f"{params}:{2 + bool(top)}:{1 + len(pad)}: {at}: params file entry params.nn "
+                                   "names a param this spec does not declare")
+    assert e.value.hint == "did you mean 'n'?"
+    params.write_text(f"{top}{pad}n: {n}\n{pad}scale: {scale}\n{pad}tag: [{n}]\n")  # a list for a str
+    with pytest.raises(SpecError) as e:
+        load(tmp_path / "s.yaml", params_file=str(params))
+    at = "params.tag" if top else "tag"
+    assert str(e.value).startswith(f"{params}:{3 + bool(top)}:{6 + len(pad)}: {at}: param 'tag' is str but the "
+                                   f"params file gives [{n}] (list)")
+    assert load(tmp_path / "s.yaml", {"params.tag": "x"}, params_file=str(params)).inputs["x"].shape == [n, 3]
+    params.write_text(f"{top}{pad}n: [{n}\n")
+    with pytest.raises(SpecError) as e:
+        load(tmp_path / "s.yaml", params_file=str(params))
+    assert str(e.value).startswith(f"{params}:{2 + bool(top)}:1: <document>: malformed YAML")
+
+
 def test_a_fraction_for_an_int_param_is_refused_with_how_to_make_it_a_float(tmp_path):
     (tmp_path / "s.yaml").write_text(SPEC)
     with pytest.raises(SpecError) as e:
