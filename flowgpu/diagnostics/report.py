@@ -81,14 +81,17 @@ def render_batch(summary: dict[str, Any], console: Console) -> None:
 
 
 def render_status(status: dict[str, Any], console: Console) -> None:
-    """Print what a run would do: each output of each item, up to date or why it would be computed."""
+    """Print what a run would do: each output of each item, up to date or why it would be computed (or its
+    table written again)."""
     names = list(status["items"][0]["params"]) if status["items"] else []
     t = Table(*(Column(c, overflow="fold") for c in ("#", *names, "output", "status", "why")),
               title=f"{status['name']}: {status['line']}", title_justify="left")
     for item in status["items"]:
         for out, v in item["outputs"].items():
-            t.add_row(str(item["index"] + 1), *(str(item["params"][k]) for k in names), out,
-                      "up to date" if v["up_to_date"] else "to compute", "" if v["up_to_date"] else v["reason"])
+            fresh = v["reason"] == "up to date"
+            said = v["reason"] if fresh else "to write" if v["up_to_date"] else "to compute"
+            t.add_row(str(item["index"] + 1), *(str(item["params"][k]) for k in names), out, said,
+                      "" if fresh else v["reason"])
     console.print(t)
 
 

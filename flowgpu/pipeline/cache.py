@@ -28,6 +28,7 @@ from flowgpu.io import atomic, sinks
 from flowgpu.io.atomic import written_by_flowgpu
 from flowgpu.io.paths import shown
 from flowgpu.pipeline.compiler import Plan
+from flowgpu.pipeline import tables
 from flowgpu.pipeline.loader import Unread, read_bounded
 from flowgpu.pipeline.recipe import Recipe, fingerprint, same_fingerprint
 
@@ -37,6 +38,8 @@ FORMAT = 3  # 2: paths resolved on the client; 3: a checksum, and a summary valu
 OLD_FORMATS = {1: "recorded before paths were resolved on the client (an older flowgpu)",
                2: "recorded without a checksum (an older flowgpu)"}
 DAMAGED = "cache entry damaged"
+UP_TO_DATE = "up to date"
+TABLE_MISSING = "table missing"  # the value is up to date; the run writes its table again, computing nothing
 # an entry's recipe takes at most this; a summary value adds what its elements can take as JSON text
 _ENTRY_BYTES = 8 << 20
 _UNKNOWN_SHAPE_BYTES = 256 << 20
@@ -291,8 +294,10 @@ class Cache:
             if not written_by_flowgpu(location) or not same_fingerprint(entry.get("output_fingerprint"),
                                                                         fingerprint(location)):
                 return stale("output changed since it was written")
-            return Verdict(name, True, "up to date", location=location)
-        return Verdict(name, True, "up to date", value=entry["value"])
+            return Verdict(name, True, UP_TO_DATE, location=location)
+        out = plan.spec.outputs[name]
+        missing = tables.collects(out) and out.path is not None and not os.path.lexists(out.path)
+        return Verdict(name, True, TABLE_MISSING if missing else UP_TO_DATE, value=entry["value"])
 
     def invalidate(self, plan: Plan, names: list[str] | tuple[str, ...], *, item: dict | None = None) -> None:
         """Remove the entries of outputs about to be rewritten (before their commit: a run that dies
@@ -347,13 +352,15 @@ class Cache:
 
 
 def summarize(verdicts: dict[str, Verdict] | list[Verdict]) -> str:
-    """One line for the user: ``3 up to date, 1 to compute (inputs changed: data/b.npy)``."""
+    """One line for the user: ``3 up to date, 1 to compute (inputs changed: data/b.npy)``; an up to date
+    value whose table is missing is ``to write``."""
     items = list(verdicts.values()) if isinstance(verdicts, dict) else list(verdicts)
-    fresh = sum(v.up_to_date for v in items)
-    reasons = Counter(v.reason for v in items if not v.up_to_date)
-    todo = len(items) - fresh
-    parts = [f"{fresh} up to date"] if fresh or not todo else []
-    if todo:
-        why = "; ".join(r if n == 1 or todo == n else f"{r} ({n})" for r, n in reasons.items())
-        parts.append(f"{todo} to compute ({why})")
+    fresh = sum(v.reason == UP_TO_DATE for v in items)
+    parts = [f"{fresh} up to date"] if fresh or fresh == len(items) else []
+    for label, done in (("to compute", False), ("to write", True)):
+        reasons = Counter(v.reason for v in items if v.up_to_date == done and v.reason != UP_TO_DATE)
+        todo = sum(reasons.values())
+        if todo:
+            why = "; ".join(r if n == 1 or todo == n else f"{r} ({n})" for r, n in reasons.items())
+            parts.append(f"{todo} {label} ({why})")
     return ", ".join(parts)

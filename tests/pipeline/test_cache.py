@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import csv
 import json
 import os
 import shutil
@@ -14,8 +15,10 @@ import dask
 import numpy as np
 import pytest
 import zarr
+from click.testing import CliRunner
 
 from flowgpu import pipeline
+from flowgpu.cli import cli
 from flowgpu.io.atomic import marker_path
 from flowgpu.pipeline.cache import Cache, Verdict, summarize
 from flowgpu.pipeline.recipe import recipes
@@ -171,6 +174,34 @@ def test_an_output_removed_or_edited_by_hand_is_recomputed(work, rng):
     assert reasons(verdicts(spec, cache))["z"] == "output missing"
 
 
+def test_a_removed_table_is_said_missing_and_written_again_from_the_cache(work, rng):
+    x, _ = work
+    ks = sorted(rng.uniform(-1, 1, 2).round(3).tolist())
+    spec = {"name": "stats", "params": {"k": 0.0}, "foreach": {"k": ks},
+            "inputs": {"x": {"source": "npy", "path": "a.npy", "chunks": [16, 3]}},
+            "steps": {"c": {"op": "subtract", "inputs": ["x"], "args": {"b": "${params.k}"}},
+                      "total": {"op": "sum", "inputs": ["c"]}, "peak": {"op": "max", "inputs": ["c"]}},
+            "outputs": {"c": {"from": "c", "sink": "npy", "path": "out/c-${params.k}.npy"},
+                        "total": {"from": "total", "sink": "table", "path": "out/stats.csv"},
+                        "peak": {"from": "peak", "sink": "table", "path": "out/stats.csv"}}}
+    with open("s.yaml", "w") as f:
+        json.dump(spec, f)  # JSON is YAML
+    pipeline.run("s.yaml", session="local", progress=False)
+    written = open("out/stats.csv", "rb").read()
+    rows = list(csv.DictReader(open("out/stats.csv", newline="")))
+    assert [float(r["k"]) for r in rows] == ks
+    np.testing.assert_allclose([[float(r["total"]), float(r["peak"])] for r in rows],
+                               [[(x - k).sum(), (x - k).max()] for k in ks])
+    os.unlink("out/stats.csv")
+    said = CliRunner().invoke(cli, ["status", "s.yaml"])
+    assert said.exit_code == 0 and "stats: 2 up to date, 4 to write (table missing)" in said.output
+    assert said.output.count("to write") == 5 and said.output.count("table missing") == 5  # the line, then each
+    again = pipeline.run("s.yaml", session="local", progress=False)
+    assert [i.status for i in again.items] == ["up-to-date"] * 2  # nothing computed: the values are cached
+    assert open("out/stats.csv", "rb").read() == written
+    assert pipeline.status("s.yaml")["line"] == "6 up to date"
+
+
 @pytest.mark.parametrize("garbage", ["", "{", "[1, 2]", '{"format": 3, "digest": "x"}', "\x00\xff", "[" * 100_000])
 def test_a_corrupt_entry_is_computed_again_and_said_so(work, garbage, capfd):
     _, spec = work
@@ -319,3 +350,5 @@ def test_summarize_counts_and_groups_reasons():
     assert summarize(v) == "1 up to date, 3 to compute (new (2); inputs changed: data/b.npy)"
     assert summarize({"a": v[0]}) == "1 up to date"
     assert summarize([]) == "0 up to date"
+    assert summarize(v[:2] + [Verdict("e", True, "table missing")]) == \
+        "1 up to date, 1 to compute (new), 1 to write (table missing)"
