@@ -94,14 +94,15 @@ class _Loader(yaml.SafeLoader):
             self.depth -= 1
 
 
-# ints and floats as YAML 1.1 resolves them, less its base-60 form (``range: 1:30`` is text, not 90)
+# ints as YAML 1.1 resolves them, less its base-60 form (``range: 1:30`` is text, not 90); floats also as
+# YAML 1.2 does (``1e-3``, ``2E5``: YAML 1.1 wants a dot and a signed exponent, and reads those as text)
 _Loader.yaml_implicit_resolvers = {
     first: [(tag, regexp) for tag, regexp in entries if tag not in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")]
     for first, entries in yaml.SafeLoader.yaml_implicit_resolvers.items()}
 _Loader.add_implicit_resolver("tag:yaml.org,2002:int", re.compile(
     r"^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$"), list("-+0123456789"))
 _Loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(
-    r"^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)?|\.[0-9][0-9_]*(?:[eE][-+][0-9]+)?"
+    r"^(?:[-+]?[0-9][0-9_]*(?:\.[0-9_]*(?:[eE][-+]?[0-9]+)?|[eE][-+]?[0-9]+)|[-+]?\.[0-9][0-9_]*(?:[eE][-+]?[0-9]+)?"
     r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"), list("-+0123456789."))
 
 

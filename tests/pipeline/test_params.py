@@ -67,6 +67,20 @@ def test_a_bad_params_file_value_is_reported_where_the_file_writes_it(tmp_path, 
     assert str(e.value).startswith(f"{params}:{2 + bool(top)}:1: <document>: malformed YAML")
 
 
+def test_exponent_floats_are_floats_everywhere_a_value_is_written(tmp_path):
+    """``1e-3`` is a float in --set, in a --params file and in the spec (YAML 1.1 reads it as text, which a
+    float param refused)."""
+    (tmp_path / "s.yaml").write_text(SPEC)  # scale: 2.5, a float param
+    assert load(tmp_path / "s.yaml", {"params.scale": "1e-3"}).inputs["x"].scale == 0.001
+    (tmp_path / "p.yaml").write_text("scale: 5E-4\n")
+    assert load(tmp_path / "s.yaml", params_file=str(tmp_path / "p.yaml")).inputs["x"].scale == 0.0005
+    (tmp_path / "e.yaml").write_text(SPEC.replace("scale: 2.5", "scale: 2e-3"))
+    spec = load(tmp_path / "e.yaml", {"params.scale": "-3"})  # the default made a float param: an int is taken
+    assert spec.origin.params["scale"] == -3.0 and spec.inputs["x"].scale == -3.0
+    spec = load(tmp_path / "s.yaml", {"params.tag": "1e3"})
+    assert spec.outputs["o"].path == os.path.abspath("out/1e3-6.npy")  # a str param keeps the text given
+
+
 def test_a_fraction_for_an_int_param_is_refused_with_how_to_make_it_a_float(tmp_path):
     (tmp_path / "s.yaml").write_text(SPEC)
     with pytest.raises(SpecError) as e:
