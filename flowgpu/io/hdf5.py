@@ -24,7 +24,7 @@ from flowgpu.errors import ConfigError, SourceError
 from flowgpu.io.paths import resolve
 from flowgpu.transfer.staging import file_rows_to_device, rows_to_device
 
-__all__ = ["from_hdf5", "Hdf5Reader", "block_slices", "import_h5py", "is_hdf5", "open_format"]
+__all__ = ["from_hdf5", "Hdf5Reader", "block_slices", "take", "import_h5py", "is_hdf5", "open_format"]
 
 _SHOWN = 20  # datasets named in a message
 
@@ -140,17 +140,38 @@ def _numeric(dset: Any, path: str) -> tuple[tuple[int, ...], np.dtype]:
     return tuple(int(n) for n in dset.shape), dtype.newbyteorder("=")
 
 
-def block_slices(key: Any, shape: tuple[int, ...]) -> tuple[slice, ...]:
-    """dask's block key (what ``from_array`` asks a reader for) as one ``slice(start, stop)`` per axis."""
+def block_slices(key: Any, shape: tuple[int, ...]) -> tuple[tuple[slice, ...], tuple | None]:
+    """What ``from_array``'s getter asks a reader for (a block's slices, fused with the steps' own
+    indexing: integers, negative ones, steps, Ellipsis, integer lists) as ``(read, rest)``: one
+    ``slice(start, stop)`` per axis to read, then the index that takes the answer from that block
+    (None when it is the block; see :func:`take`)."""
     key = key if isinstance(key, tuple) else (key,)
-    key = key + (slice(None),) * (len(shape) - len(key))
-    out = []
-    for k, n in zip(key, shape):
-        start, stop, step = k.indices(n)
-        if step != 1:
-            raise IndexError(f"blocks are read in unit steps, not {k}")
-        out.append(slice(start, max(start, stop)))
-    return tuple(out)
+    if any(k is Ellipsis for k in key):
+        at = next(i for i, k in enumerate(key) if k is Ellipsis)
+        key = key[:at] + (slice(None),) * (len(shape) - len(key) + 1) + key[at + 1:]
+    read, rest = [], []
+    for k, n in zip(key + (slice(None),) * (len(shape) - len(key)), shape):
+        if isinstance(k, slice):
+            picked = range(*k.indices(n))
+            lo = min(picked[0], picked[-1]) if picked else 0
+            read.append(slice(lo, max(picked[0], picked[-1]) + 1 if picked else 0))
+            rest.append(slice(None) if picked.step == 1 or not picked else slice(picked[0] - lo, None, picked.step))
+            continue
+        at = np.asarray(k)
+        if at.dtype == bool:
+            at = np.flatnonzero(at)
+        elif ((at < -n) | (at >= n)).any():
+            raise IndexError(f"index {k} is out of bounds for an axis of {n}")
+        at = at.astype(np.intp) % max(n, 1)
+        lo = int(at.min()) if at.size else 0
+        read.append(slice(lo, int(at.max()) + 1 if at.size else 0))
+        rest.append(int(at) - lo if at.ndim == 0 else at - lo)
+    return tuple(read), (tuple(rest) if any(not isinstance(r, slice) or r != slice(None) for r in rest) else None)
+
+
+def take(block: Any, rest: tuple | None) -> Any:
+    """The part ``rest`` (from :func:`block_slices`) of a block read: an array still, where NumPy gives a scalar."""
+    return block if rest is None else block[rest + (Ellipsis,)]
 
 
 def _contiguous_offset(dset: Any) -> int | None:
@@ -187,7 +208,10 @@ class Hdf5Reader:
         return f, dset
 
     def __getitem__(self, key: Any) -> Any:
-        key = block_slices(key, self.shape)
+        key, rest = block_slices(key, self.shape)
+        return take(self._read(key), rest)
+
+    def _read(self, key: tuple[slice, ...]) -> Any:
         shape = tuple(k.stop - k.start for k in key)
         f, dset = self._open()
         with f:

@@ -17,7 +17,7 @@ from dask.utils import parse_bytes
 from flowgpu.arrays.chunks import resolve_chunks
 from flowgpu.arrays.creation import from_reader
 from flowgpu.errors import SourceError
-from flowgpu.io.hdf5 import block_slices, import_format, open_format
+from flowgpu.io.hdf5 import block_slices, import_format, open_format, take
 from flowgpu.io.paths import expand, is_glob, resolve
 from flowgpu.transfer.staging import rows_to_device
 
@@ -108,8 +108,11 @@ class TiffReader:
         return page
 
     def __getitem__(self, key: Any) -> Any:
+        key, rest = block_slices(key, self.shape)
+        return take(self._read(key), rest)
+
+    def _read(self, key: tuple[slice, ...]) -> Any:
         tifffile = import_tifffile()
-        key = block_slices(key, self.shape)
         shape = tuple(k.stop - k.start for k in key)
         first, rest = key[0].start, key[1:]
         whole = all(k.start == 0 and k.stop == n for k, n in zip(rest, self.shape[1:]))

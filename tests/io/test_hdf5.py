@@ -102,6 +102,24 @@ def test_bad_input_is_one_clear_error(h5file, tmp_path):
         fg.from_hdf5(str(tmp_path / "missing.h5"), "x")
 
 
+@pytest.mark.parametrize("index", [(3, slice(2, 9)), -1, (-2, -7), (3, 4), (slice(None, None, -2), 4),
+                                   (Ellipsis, -3), (slice(1, 6, 2), slice(9, 0, -3)), [4, 0, 5], slice(5, 2)],
+                         ids=["int-and-slice", "negative", "two-negatives", "one-value", "reversed-step", "ellipsis",
+                              "steps", "list", "empty"])
+def test_any_numpy_index_reads_what_h5py_holds(tmp_path, rng, index):
+    """Integer indexes (``op: slice``, ``op: squeeze``) reach the reader fused into its block's slices."""
+    path = str(tmp_path / "i.h5")
+    with h5py.File(path, "w") as f:
+        f.create_dataset("/g/x", data=rng.standard_normal((6, 10)), chunks=(2, 5))
+        f.create_dataset("a", data=rng.random((1, 9)))
+    with h5py.File(path, "r") as f:
+        want, row = f["/g/x"][()], f["a"][()]
+    got = fg.from_hdf5(path, "/g/x", chunks=(4, 3))[index].compute()
+    assert got.shape == want[index].shape
+    np.testing.assert_array_equal(got, want[index])
+    np.testing.assert_array_equal(fg.from_hdf5(path, "a").squeeze().compute(), row[0])
+
+
 def test_missing_h5py_says_how_to_install(monkeypatch, h5file):
     monkeypatch.setitem(sys.modules, "h5py", None)  # import h5py raises ImportError
     with pytest.raises(ConfigError, match=r"needs h5py.*pip install 'flowgpu\[formats\]'"):

@@ -118,6 +118,19 @@ def test_bad_paths_are_one_clear_error(tmp_path, multipage):
         fg.from_tiff(str(tmp_path / "gone.tif"))
 
 
+@pytest.mark.parametrize("kind", ["multipage", "pages"])
+@pytest.mark.parametrize("index", [(2, slice(1, 5), 3), (-1, Ellipsis, slice(None, None, -1)), (slice(None, None, 3), 0),
+                                   (slice(9, 1, -4), -1, -2), ([7, 2], slice(30, 4, -5))],
+                         ids=["int-slice-int", "negative-ellipsis", "page-step", "reversed", "list"])
+def test_any_numpy_index_reads_what_tifffile_decodes(request, kind, index):
+    """Integer indexes (``op: slice``) reach the reader fused into its block's slices."""
+    path, _ = request.getfixturevalue(kind)
+    want = tifffile.imread(path)  # the stack as tifffile reads it
+    got = fg.from_tiff(path, chunks=[4, 16, -1])[index].compute()
+    assert got.shape == want[index].shape
+    np.testing.assert_array_equal(got, want[index])
+
+
 def test_a_stack_changed_after_planning_is_an_error_not_other_values(multipage, pages, rng):
     path, want = multipage
     x = fg.from_tiff(path, chunks=[5, -1, -1])
