@@ -49,7 +49,9 @@ foreach_options = options(  # shared by run and status
                       "(start:stop[:step]); several make a grid. Repeatable."),
     click.option("--force", is_flag=True, help="Compute every output, up to date or not."),
     click.option("--checksum", is_flag=True, help="Tell changed input files by their content (a hash), not "
-                                                  "only their size and modification time."))
+                                                  "only their size and modification time; a file whose bytes did "
+                                                  "not change is recorded with its new ones, so checks without "
+                                                  "--checksum agree."))
 
 
 @click.command()

@@ -4,7 +4,9 @@ One small JSON entry per output in ``flowgpu.cache.directory``, named by a diges
 key (its path, or for a summary output the spec, output name and item params); it holds the
 output's :class:`~flowgpu.pipeline.recipe.Recipe`, the output's fingerprint or value, and a
 checksum. An entry is never trusted further than it checks: one that is not a small regular file,
-fails its checksum or holds a value of another shape or dtype is a miss, said on stderr.
+fails its checksum or holds a value of another shape or dtype is a miss, said on stderr. A check by
+content (``--checksum``) that finds an input's bytes unchanged under a new size or mtime records those,
+so a later check by size and mtime finds it unchanged too.
 """
 
 from __future__ import annotations
@@ -275,7 +277,7 @@ class Cache:
                              if k not in before or k not in recipe.params or before[k] != recipe.params[k])
             return stale(f"params changed: {', '.join(changed)}" if changed else "recipe changed")
         recorded = entry["inputs"]
-        changed, unsummed = [], []
+        changed, unsummed, restamped = [], [], {}
         for path, now in recipe.inputs.items():
             if checksum and "content" not in now:
                 now = fingerprint(path, checksum=True)
@@ -284,6 +286,8 @@ class Cache:
                 unsummed.append(shown(path))  # unchanged by stat, but no content digest to compare with
             elif not same_fingerprint(was, now, checksum):
                 changed.append(shown(path))
+            elif not same_fingerprint(was, now):  # the same bytes (checksum), a new size or mtime: a touch
+                restamped[path] = now
         if changed:
             return stale(f"inputs changed: {', '.join(changed)}")
         if unsummed:
@@ -294,10 +298,14 @@ class Cache:
             if not written_by_flowgpu(location) or not same_fingerprint(entry.get("output_fingerprint"),
                                                                         fingerprint(location)):
                 return stale("output changed since it was written")
-            return Verdict(name, True, UP_TO_DATE, location=location)
-        out = plan.spec.outputs[name]
-        missing = tables.collects(out) and out.path is not None and not os.path.lexists(out.path)
-        return Verdict(name, True, TABLE_MISSING if missing else UP_TO_DATE, value=entry["value"])
+            verdict = Verdict(name, True, UP_TO_DATE, location=location)
+        else:
+            out = plan.spec.outputs[name]
+            missing = tables.collects(out) and out.path is not None and not os.path.lexists(out.path)
+            verdict = Verdict(name, True, TABLE_MISSING if missing else UP_TO_DATE, value=entry["value"])
+        if restamped:  # recorded as they are now, so that a check by size and mtime finds them unchanged too
+            self._write(plan, name, item, {**entry, "inputs": {**recorded, **restamped}})
+        return verdict
 
     def invalidate(self, plan: Plan, names: list[str] | tuple[str, ...], *, item: dict | None = None) -> None:
         """Remove the entries of outputs about to be rewritten (before their commit: a run that dies
@@ -332,8 +340,12 @@ class Cache:
                 print(f"flowgpu: the value of output {name!r} is not JSON data ({e}), so it is not cached; the "
                       "next run computes it again", file=sys.stderr, flush=True)
                 return
+        self._write(plan, name, item, entry)
+
+    def _write(self, plan: Plan, name: str, item: dict | None, entry: dict[str, Any]) -> None:
+        """Store output ``name``'s ``entry``, with its checksum; a cache that cannot be written is said once."""
         entry["checksum"] = entry_checksum(entry)
-        most = _most_bytes(None if path_output is not None else plan.outputs[name])
+        most = _most_bytes(None if _location(plan, name) is not None else plan.outputs[name])
         try:
             text = jsontext.dumps(entry, indent=2)
         except (TypeError, ValueError) as e:

@@ -125,10 +125,28 @@ def test_checksum_ignores_a_touch_but_not_new_bytes(work, rng):
     for name, recipe in summed.items():
         cache.record(plan, name, recipe, value=cache.entry(plan, name).get("value"))
     touch("a.npy")
-    assert all(v.up_to_date for v in verdicts(spec, cache, checksum=True).values())
     assert reasons(verdicts(spec, cache))["s"] == "inputs changed: a.npy"  # by stat it did change
+    assert all(v.up_to_date for v in verdicts(spec, cache, checksum=True).values())
+    assert all(v.up_to_date for v in verdicts(spec, cache).values())  # its new stat was recorded
     np.save("a.npy", rng.standard_normal((50, 3)))
     assert reasons(verdicts(spec, cache, checksum=True))["s"] == "inputs changed: a.npy"
+
+
+def test_a_touch_that_checksum_found_changed_no_byte_is_not_a_change_to_a_later_plain_run(work, rng):
+    x, spec = work
+    first = pipeline.run(spec, session="local", progress=False, checksum=True)
+    np.testing.assert_allclose(first.outputs["s"], (x - 0.5).sum(0))
+    os.utime("a.npy", ns=(os.stat("a.npy").st_atime_ns, os.stat("a.npy").st_mtime_ns + int(rng.integers(1, 9e9))))
+    assert pipeline.status(spec)["line"] == "1 up to date, 3 to compute (inputs changed: a.npy)"
+    touched = pipeline.run(spec, session="local", progress=False, checksum=True)
+    assert {o["status"] for o in touched.summary["outputs"].values()} == {"up-to-date"}  # the same bytes
+    assert pipeline.status(spec)["line"] == "4 up to date"  # and so by size and mtime, after that run
+    again = pipeline.run(spec, session="local", progress=False)
+    assert {o["status"] for o in again.summary["outputs"].values()} == {"up-to-date"}
+    np.testing.assert_allclose(again.outputs["s"], (x - 0.5).sum(0))
+    np.save("a.npy", x + 1)  # new bytes: seen with and without --checksum
+    assert pipeline.status(spec, checksum=True)["line"] == "1 up to date, 3 to compute (inputs changed: a.npy)"
+    assert pipeline.status(spec)["line"] == "1 up to date, 3 to compute (inputs changed: a.npy)"
 
 
 def test_a_changed_param_or_step_names_what_changed(work):
