@@ -38,7 +38,7 @@ from flowgpu.errors import BackendError, ClusterError, ConfigError, FlowgpuError
 from flowgpu.fusion.classic import require_classic_graphs
 from flowgpu.fusion.graph import CONFIG_KEY as FUSE_KEY
 from flowgpu.fusion.graph import Fusing
-from flowgpu.runtime import hpc, latency, probe, security, standing
+from flowgpu.runtime import hpc, latency, nohttp, probe, security, standing
 from flowgpu.runtime.options import SessionOptions, resolve
 
 __all__ = ["Session", "current_session"]
@@ -214,6 +214,9 @@ class Session:
     def _start_local(self) -> None:
         o = self.options
         spill_kwargs = {} if "data" in o.extra else memory.worker_data_kwargs(o)
+        extra, http = dict(o.extra), {}
+        if not o.dashboard_address:  # distributed serves HTTP pages even then: none at all (runtime/nohttp.py)
+            extra["scheduler_kwargs"], http = {**nohttp.SCHEDULER, **extra.get("scheduler_kwargs", {})}, nohttp.ROUTES
         common = dict(
             threads_per_worker=o.threads_per_worker,
             memory_limit=o.memory_limit,
@@ -224,7 +227,7 @@ class Session:
             # the client reports each task failure in one line; the workers' logs would repeat it
             silence_logs=logging.CRITICAL,
             **({"security": o.security} if o.security is not None else {}),  # TLS: the client takes it from the cluster
-            **o.extra,
+            **extra,
         )
         if o.backend == "gpu":
             self._set_array_backend("cupy")  # before the workers start: the nanny passes config on
@@ -244,12 +247,12 @@ class Session:
                 gpu_kwargs["rmm_allocator_external_lib_list"] = ["cupy"]
             env = memory.worker_environ(o)
             spill_env = {f"distributed.nanny.pre-spawn-environ.{k}": v for k, v in env.items()}
-            with dask.config.set(spill_env), spawn_environ(env), terminal_interrupts_ignored():
+            with dask.config.set({**spill_env, **http}), spawn_environ(env), terminal_interrupts_ignored():
                 self.cluster = LocalCUDACluster(**gpu_kwargs, **spill_kwargs, **common)
         else:
             _check_keywords(o.extra, LocalCluster)
             self._set_array_backend("numpy")
-            with terminal_interrupts_ignored():
+            with dask.config.set(http), terminal_interrupts_ignored():
                 self.cluster = LocalCluster(n_workers=o.n_workers, processes=True, **spill_kwargs, **common)
         self.client = Client(self.cluster, set_as_default=True)
         expected = len(self.cluster.worker_spec)
@@ -260,6 +263,8 @@ class Session:
             raise SessionError(f"only {got} of {expected} local workers started; a script that starts a Session "
                                "needs an 'if __name__ == \"__main__\":' guard, and the workers' log above says why "
                                "they failed") from None
+        if http:
+            nohttp.install(self.client)
         if spill_kwargs:
             memory.install(self.client, o)
         latency.tune(self.client, o.batch_interval, cluster=True)

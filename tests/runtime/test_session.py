@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
 import time
 import urllib.request
+import warnings
+from urllib.parse import urlsplit
 
 import dask
 import dask.array as da
@@ -69,6 +73,35 @@ def test_cpu_session_runs_and_leaves_no_process(rng):
     assert _worker_facts() == facts_before  # and put back on close
     assert started, "the session should have started worker processes"
     assert not _wait_gone(started), "worker processes outlived the session"
+
+
+def _listening(pid: int) -> set[int]:
+    return {c.laddr.port for c in psutil.Process(pid).net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+
+
+def test_the_dashboard_off_means_no_http_server(rng):
+    """``flowgpu cluster start --dashboard-address ''`` said "dashboard: off" while its scheduler served
+    its /info pages on 8787 (its workers /metrics), and ``flowgpu convert`` (dashboard off) warned "Port
+    8787 is already in use" beside a cluster that held it: now only the cluster's own comm ports listen."""
+    held = socket.socket()
+    with contextlib.suppress(OSError):  # 8787 taken, as by a standing cluster (or already is)
+        held.bind(("127.0.0.1", 8787))
+        held.listen()
+    before = _listening(os.getpid())
+    data = rng.random((300, 200))
+    try:
+        with warnings.catch_warnings(record=True) as said, fg.Session(
+                backend="cpu", n_workers=1, threads_per_worker=1, memory_limit="1GiB", dashboard_address=None) as s:
+            warnings.simplefilter("always")
+            assert float(fg.from_array(data, chunks=(100, 200)).sum().compute()) == pytest.approx(data.sum())
+            comms = {urlsplit(a).port for a in [s.client.scheduler.address, *s.workers,
+                                                 *(n.address for n in s.cluster.workers.values())]}
+            listening = (_listening(os.getpid()) - before).union(*(_listening(w["pid"]) for w in s.workers.values()))
+            assert s.dashboard_link is None
+    finally:
+        held.close()
+    assert listening == comms, f"ports other than the cluster's comms listen: {sorted(listening - comms)}"
+    assert not [str(w.message) for w in said if "already in use" in str(w.message)]
 
 
 @pytest.mark.parametrize("dashboard", [False, True])
