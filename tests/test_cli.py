@@ -90,6 +90,25 @@ def test_plan_shows_steps_in_order_and_estimates(tmp_path, rng, monkeypatch):
     assert not (tmp_path / "out").exists()
 
 
+def test_validate_and_plan_take_runs_foreach_and_check_every_item(tmp_path, rng, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    x = rng.standard_normal((int(rng.integers(20, 40)), 4))
+    np.save("x.npy", x)
+    (tmp_path / "spec.yaml").write_text(  # k has no default: the batch gives it
+        "params: {k: {type: int}}\ninputs: {x: {source: npy, path: x.npy}}\n"
+        "steps: {s: {op: sum, inputs: [x], args: {axis: '${params.k}'}}}\noutputs: {s: {from: s}}\n")
+    for command in (["validate"], ["plan"], ["run", "--dry-run"]):
+        good = CliRunner().invoke(cli, [*command, "spec.yaml", "--foreach", "params.k=0,1"])
+        assert good.exit_code == 0, good.output
+        bad = CliRunner().invoke(cli, [*command, "spec.yaml", "--foreach", "params.k=0,1,2"])  # x is 2-D
+        assert bad.exit_code == 2 and "Traceback" not in bad.output
+        assert bad.stderr.startswith("error: spec.yaml:3:") and "batch item 3 of 3 (k=2): step 's'" in bad.stderr
+    assert "spec.yaml: ok" in CliRunner().invoke(cli, ["validate", "spec.yaml", "--foreach", "params.k=1"]).stdout
+    shown = CliRunner().invoke(cli, ["plan", "spec.yaml", "--foreach", "params.k=1,0", "--json"])
+    assert json.loads(shown.stdout)["outputs"]["s"]["shape"] == [x.shape[0]]  # the first item's: k=1
+    assert shown.stderr == "plan of batch item 1 of 2 (k=1); every item was checked\n"
+
+
 def test_dry_run_writes_nothing(tmp_path, rng, monkeypatch):
     monkeypatch.chdir(tmp_path)
     _spec(tmp_path, rng)

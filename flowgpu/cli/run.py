@@ -43,10 +43,12 @@ def _parse_foreach(values: tuple[str, ...]) -> dict[str, str]:
     return out
 
 
+foreach_option = click.option(  # run, status, validate and plan
+    "--foreach", multiple=True, metavar="params.NAME=VALUES",
+    help="Run once per value: a comma list (0,1,2), a glob of paths (data/*.npy) or a range (start:stop[:step]); "
+         "several make a grid. Repeatable.")
 foreach_options = options(  # shared by run and status
-    click.option("--foreach", multiple=True, metavar="params.NAME=VALUES",
-                 help="Run once per value: a comma list (0,1,2), a glob of paths (data/*.npy) or a range "
-                      "(start:stop[:step]); several make a grid. Repeatable."),
+    foreach_option,
     click.option("--force", is_flag=True, help="Compute every output, up to date or not."),
     click.option("--checksum", is_flag=True, help="Tell changed input files by their content (a hash), not "
                                                   "only their size and modification time; a file whose bytes did "
@@ -99,14 +101,13 @@ def run(spec: str, sets: tuple[str, ...], params_file: str | None, standalone: b
     batch = _parse_foreach(foreach)
     console = _console()
     cluster["standalone"] = standalone or None  # the scheduler, its PEM files and the options of the workers
-    if dry_run:
-        s = pipeline.validate(spec, overrides, params_file, overwrite=overwrite, cluster=cluster,
+    if dry_run:  # every item of a batch is checked
+        s = pipeline.validate(spec, overrides, params_file, foreach=batch, overwrite=overwrite, cluster=cluster,
                               allow_spec_address=allow_spec_address)
         check_side_files(s, summary_path, report, overwrite, params_file)  # as the run would refuse them
-        checked = pipeline.status(s, foreach=batch, overwrite=overwrite)  # every item of a batch is checked
         with checking_only():  # the spec's callables are checked in their source, never imported
             render_plan(pipeline.describe(pipeline.compile(s)), _console(stderr=False))
-        items = len(checked["items"])
+        items = len(pipeline.expand(s, batch))
         click.echo(f"dry run: {f'{items} batch items checked; ' if items > 1 else ''}nothing was run or written")
         return
 
@@ -191,22 +192,24 @@ def clean(paths: tuple[str, ...]) -> None:
 @click.argument("specs", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @spec_options
 @click.option("--overwrite", is_flag=True, help="Check the outputs as 'run --overwrite' would.")
+@foreach_option
 @scheduler_options("Check the spec as 'run --scheduler' would, and ask that cluster's workers whether they "
                    "see its inputs and can write its outputs' folders.")
 @allow_address_option
 @handle_errors
 def validate(specs: tuple[str, ...], sets: tuple[str, ...], params_file: str | None, overwrite: bool,
-             allow_spec_address: bool, **cluster: str | None) -> None:
-    """Check spec files completely, refusing all that run would refuse before computing; runs nothing.
+             foreach: tuple[str, ...], allow_spec_address: bool, **cluster: str | None) -> None:
+    """Check spec files completely, refusing all that run would refuse before computing (every item of a
+    batch: --foreach, or the spec's foreach: block); runs nothing.
 
     Prints each callable a spec would import (and so run when it runs). With --scheduler, the workers
     there are asked whether they see each input and can write each output's folder (nothing is written).
     """
-    overrides = _parse_sets(sets)
+    overrides, batch = _parse_sets(sets), _parse_foreach(foreach)
     bad = 0
     for path in specs:
         try:
-            _, imported = pipeline.imports(path, overrides, params_file, overwrite=overwrite,
+            _, imported = pipeline.imports(path, overrides, params_file, foreach=batch, overwrite=overwrite,
                                            cluster=cluster, allow_spec_address=allow_spec_address)
             click.echo(f"{path}: ok")
             for what, target in imported:
@@ -224,17 +227,28 @@ def validate(specs: tuple[str, ...], sets: tuple[str, ...], params_file: str | N
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "dot", "svg"]), default="table",
               help="table (default), JSON, or the step graph as Graphviz dot text or an SVG picture.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON (as --format json).")
+@foreach_option
 @scheduler_options("First ask this cluster's workers whether they see the inputs and can write the outputs' "
                    "folders (as validate --scheduler).")
 @handle_errors
 def plan(spec: str, sets: tuple[str, ...], params_file: str | None, fmt: str, as_json: bool,
-         **cluster: str | None) -> None:
-    """Show the steps of SPEC in order: shapes, dtypes, chunks, tasks, bytes, peak memory per worker."""
+         foreach: tuple[str, ...], **cluster: str | None) -> None:
+    """Show the steps of SPEC in order: shapes, dtypes, chunks, tasks, bytes, peak memory per worker.
+
+    Of a batch (--foreach, or the spec's foreach: block), every item is compiled and checked as run
+    checks it, and the plan shown is the first item's.
+    """
+    batch = _parse_foreach(foreach)
     with checking_only():  # the spec's callables are checked in their source, never imported
-        loaded = pipeline.load(spec, _parse_sets(sets), params_file)
+        loaded = pipeline.load(spec, _parse_sets(sets), params_file, batch)
+        items = pipeline.expand(loaded, batch)
+        # taken output paths are run's and validate's to refuse: plan writes nothing
+        plans = pipeline.plan_items(items, True, params_file) if len(items) > 1 else [pipeline.compile(loaded)]
         if cluster["address"] is not None:
-            pipeline.validate(loaded, cluster=cluster, allow_spec_address=True)
-        desc = pipeline.describe(pipeline.compile(loaded))
+            pipeline.validate(loaded, foreach=batch, cluster=cluster, allow_spec_address=True)
+        desc = pipeline.describe(plans[0])
+    if len(items) > 1:
+        click.echo(f"plan of batch item 1 of {len(items)} ({items[0].label}); every item was checked", err=True)
     fmt = "json" if as_json else fmt
     if fmt == "json":
         click.echo(jsontext.dumps(desc, indent=2))

@@ -45,17 +45,18 @@ status = _runs_no_user_code(_status)
 
 @_runs_no_user_code
 def validate(spec: Spec | str | os.PathLike | dict, overrides: dict[str, Any] | None = None,
-             params_file: str | None = None, *, overwrite: bool = False, cluster: dict[str, Any] | None = None,
-             allow_spec_address: bool = False) -> Spec:
-    """Refuse all that :func:`run` would refuse before computing; runs nothing, calls no user code.
+             params_file: str | None = None, *, foreach: dict[str, Any] | None = None, overwrite: bool = False,
+             cluster: dict[str, Any] | None = None, allow_spec_address: bool = False) -> Spec:
+    """Refuse all that :func:`run` would refuse before computing (``foreach``: each item of that batch, as
+    ``--foreach``); runs nothing, calls no user code.
 
     With a scheduler address in ``cluster`` (``--scheduler``), its workers are asked whether they see
     the inputs and can write the outputs' folders, writing nothing. Returns the validated :class:`Spec`.
     """
-    spec = load_spec(spec, overrides, params_file)  # as run loads it
+    spec = load_spec(spec, overrides, params_file, foreach)  # as run loads it
     plan = compile(spec)
     check_outputs(spec, overwrite, {params_file: f"the params file {params_file!r}"} if params_file else None)
-    items = expand(spec)  # a batch (foreach: block): within flowgpu.spec.max-items, every item as run checks it
+    items = expand(spec, foreach)  # a batch: within flowgpu.spec.max-items, every item as run checks it
     if len(items) > 1:
         plan_items(items, overwrite, params_file)
     else:
