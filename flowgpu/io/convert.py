@@ -6,10 +6,13 @@ about what one task reads (the workers' chunk size, at most 1 GiB), cut from who
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 import dask
 import numpy as np
+from dask.base import get_scheduler
+from distributed import Client
 
 from flowgpu.arrays.chunks import target_chunk_bytes
 from flowgpu.errors import ConfigError, FlowgpuError
@@ -130,8 +133,8 @@ def convert(src: str, dst: str, *, codec: str = "zstd", level: int | None = None
     chunks, shards = choose_layout(x.shape, x.dtype, chunk_bytes, shard_bytes)
     with atomic_output(dst, overwrite, meta={"format": "zarr"}) as tmp:
         try:
-            dask.compute(store_zarr(x, tmp, codec=codec, level=level, chunks=chunks, shards=shards,
-                                    checksum=checksum, labels=_labels(src, component)))
+            _compute(store_zarr(x, tmp, codec=codec, level=level, chunks=chunks, shards=shards,
+                                checksum=checksum, labels=_labels(src, component)))
         except OSError as e:
             if isinstance(e, FlowgpuError):
                 raise
@@ -140,3 +143,28 @@ def convert(src: str, dst: str, *, codec: str = "zstd", level: int | None = None
     return {"path": dst, "shape": list(x.shape), "dtype": str(x.dtype), "chunks": list(chunks),
             "shards": list(shards) if shards else None, "codec": codec, "bytes": int(x.nbytes),
             "stored_bytes": int(stored)}
+
+
+def _compute(target: Any, settle: float = 60.0) -> None:
+    """``dask.compute(target)``. On a distributed client, a compute that is interrupted or fails has its tasks
+    cancelled and waits (``settle`` seconds at most) until no worker still runs one: the staging folder goes
+    after the last write into it (a write after it went made it again, with no owner record to clean it by)."""
+    client = getattr(get_scheduler(), "__self__", None)
+    if not isinstance(client, Client):
+        dask.compute(target)
+        return
+    future = client.compute(target)
+    try:
+        future.result()
+    except BaseException:
+        client.cancel([future], force=True)
+        deadline = time.monotonic() + settle
+        while time.monotonic() < deadline and any(client.run(_running).values()):
+            time.sleep(0.05)
+        raise
+
+
+def _running(dask_worker: Any) -> int:
+    """How many tasks ``dask_worker`` still runs, cancelled ones included (a thread cannot be stopped)."""
+    return sum(ts.state in ("executing", "long-running", "cancelled", "resumed")
+               for ts in dask_worker.state.tasks.values())

@@ -233,6 +233,7 @@ def _write_unit(block: Any, plan: DevicePlan = None, device: str = "nvcomp", lev
         n = _checksums(host, at, n)
     t1 = time.perf_counter()
     COUNTERS.add("encode", nbytes * len(offsets), t1 - t0, count=len(offsets))
+    faults.point("zarr:unit-writing")
     path = plan.path(unit)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -97,6 +99,36 @@ def test_a_write_that_fails_midway_leaves_no_store(tmp_path, rng):
     assert len(err) == 1 and "o.zarr" in err[0] and "No space left" in err[0], r.stderr
     assert TRACEBACK not in r.stderr
     assert sorted(os.listdir(tmp_path)) == ["x.npy"]  # no store, no staging, no lock
+
+
+@pytest.mark.slow
+def test_an_interrupted_convert_leaves_nothing_once_its_last_write_ends(tmp_path, rng):
+    """Ctrl-C while a worker writes: the staging folder goes after that write, not before it (a late write
+    made it again with no owner record, and neither `clean` nor the next convert would remove it)."""
+    np.save(tmp_path / "x.npy", field(rng, (2000, 300)))
+    hold = tmp_path / "hold"
+    hold.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "FLOWGPU_TEST_FAULT"}
+    env.update(PYTHONPATH=os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])]),
+               DASK_FLOWGPU__ZARR__DEVICE="fake", FLOWGPU_TEST_FAULT=f"zarr:unit-writing#2@pause={hold}")
+    p = subprocess.Popen([sys.executable, "-m", "flowgpu", "convert", "x.npy", "o.zarr", "--chunk-bytes", "64KiB",
+                          "--shard-bytes", "256KiB", *CPU], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        deadline = time.monotonic() + 120
+        while not (hold / "zarr-unit-writing.reached").exists():  # a worker holds its second unit's write
+            assert p.poll() is None and time.monotonic() < deadline, p.communicate()
+            time.sleep(0.05)
+        p.send_signal(signal.SIGINT)
+        time.sleep(2)  # the command has been told; the held write goes on only now
+        (hold / "zarr-unit-writing.go").touch()
+        _, err = p.communicate(timeout=120)
+    finally:
+        p.kill()
+    assert p.returncode == 130, err
+    assert "error: interrupted" in err and TRACEBACK not in err, err
+    time.sleep(1)
+    assert sorted(os.listdir(tmp_path)) == ["hold", "x.npy"]  # no store, no staging, no lock
 
 
 @pytest.mark.slow
