@@ -288,6 +288,7 @@ class Cache:
                 changed.append(shown(path))
             elif not same_fingerprint(was, now):  # the same bytes (checksum), a new size or mtime: a touch
                 restamped[path] = now
+        changed += [f"{shown(path)} (removed)" for path in sorted(set(recorded) - set(recipe.inputs))]  # a glob's page
         if changed:
             return stale(f"inputs changed: {', '.join(changed)}")
         if unsummed:

@@ -85,6 +85,20 @@ def test_a_glob_page_that_changes_makes_its_outputs_stale(project):
     assert result.summary["status"] == "ok"
 
 
+def test_a_glob_page_that_is_removed_makes_its_outputs_stale(project):
+    folder, data = project
+    pipeline.run(folder / "spec.yaml", session="local", progress=False)
+    for i in (3, 10):  # one in the middle, the last
+        os.remove(folder / "data" / "pages" / f"page_{i}.tif")
+    line = pipeline.status(folder / "spec.yaml")["line"]
+    assert "2 up to date, 1 to compute" in line and "page_3.tif (removed)" in line, line
+    pipeline.run(folder / "spec.yaml", session="local", progress=False)
+    want = np.delete(data["pages"], [3, 10], axis=0).max(0)
+    assert not np.array_equal(want, data["pages"].max(0))  # the removed pages held some of the maxima
+    np.testing.assert_array_equal(np.load(folder / "out" / "brightest.npy"), want)
+    assert "3 up to date" in pipeline.status(folder / "spec.yaml")["line"]
+
+
 def _error(folder, text: str) -> SpecError:
     (folder / "bad.yaml").write_text(text)
     with pytest.raises(SpecError) as e:
