@@ -14,14 +14,16 @@ from flowgpu.arrays.creation import from_reader
 from flowgpu.arrays.movement import to_host
 from flowgpu.io.atomic import atomic_output
 from flowgpu.io.hdf5 import open_format
-from flowgpu.io.paths import files_read, refuse_misnamed, resolve
+from flowgpu.io.paths import files_read, not_visible, refuse_misnamed, resolve
 from flowgpu.transfer.staging import file_rows_to_device, host_to_device
 
 __all__ = ["from_npy", "to_npy", "npy_writes", "NpyReader"]
 
 
 class NpyReader:
-    """Reads slices of a ``.npy`` file in the task that needs them; only the path travels in the graph.
+    """Reads slices of a ``.npy`` file in the task that needs them; the path and the header's shape,
+    dtype and offset travel in the graph (unpickling opens no file: a worker that cannot see it fails
+    the task, not the unpickling, which stops the worker).
 
     ``device=True``: CuPy chunks, whole rows of a C-ordered file read as one byte range straight
     into pinned staging, other blocks from the memory map through the same staging buffers.
@@ -65,10 +67,10 @@ class NpyReader:
 
     def _map(self) -> np.memmap:
         """The file memory-mapped: a .npy file only (np.load also opens .npz archives and pickles)."""
-        return np.lib.format.open_memmap(self.path, mode="r")
-
-    def __reduce__(self):
-        return (NpyReader, (self.path, self.device))
+        try:
+            return np.lib.format.open_memmap(self.path, mode="r")
+        except FileNotFoundError:  # in a worker: a task error, as a Zarr store's
+            raise not_visible(".npy file", self.path) from None
 
 
 def from_npy(path: str, chunks: Any = "auto") -> da.Array:

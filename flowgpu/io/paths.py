@@ -21,7 +21,7 @@ from distributed import get_worker
 from flowgpu.errors import OutputError, PathNotVisibleError
 
 __all__ = ["FIX", "METADATA", "is_url", "is_glob", "glob_files", "expand", "resolve", "shown", "named_kind", "misnamed",
-           "refuse_misnamed", "metadata_files", "require_store", "where", "probe", "files_read"]
+           "refuse_misnamed", "metadata_files", "require_store", "not_visible", "where", "probe", "files_read"]
 
 FIX = ("the workers do not see this path: put it on storage every host mounts (at the same path), "
        "or use a URL")
@@ -212,12 +212,17 @@ def where() -> str:
     return f"{name} on host {socket.gethostname()} (working directory {os.getcwd()})"
 
 
+def not_visible(what: str, path: str) -> PathNotVisibleError:
+    """The error for the ``what`` at ``path`` that this process (a worker) does not see."""
+    return PathNotVisibleError(f"{what} {path!r} is not there for {where()}; {FIX}")
+
+
 def require_store(folder: str) -> None:
     """Refuse to read a Zarr array whose metadata is not at ``folder`` (Zarr would read fill values)."""
     if is_url(folder):
         return
     if not any(os.path.isfile(os.path.join(folder, m)) for m in METADATA[:2]):
-        raise PathNotVisibleError(f"zarr store {folder!r} is not there for {where()}; {FIX}")
+        raise not_visible("zarr store", folder)
 
 
 def _readable(path: str) -> str | None:

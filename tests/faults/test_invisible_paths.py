@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import zarr
 
-from flowgpu import Session, from_zarr, to_numpy
+from flowgpu import Session, from_npy, from_zarr, to_numpy
 from flowgpu.errors import PathNotVisibleError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -146,3 +146,18 @@ def test_python_code_on_a_joined_session_fails_in_the_task_never_with_fill_value
         np.testing.assert_array_equal(to_numpy(from_zarr("shared/seen.zarr")), data["seen"])  # relative, read right
         with pytest.raises(PathNotVisibleError, match="private/hidden.zarr' is not there for worker tcp://"):
             from_zarr("private/hidden.zarr").max().compute()
+
+
+def test_a_npy_file_the_worker_does_not_see_fails_the_task_and_the_worker_lives(project, monkeypatch):
+    """The reader opened the file while it was unpickled: the worker stopped and the compute hung."""
+    base, sched_file, data = project
+    monkeypatch.chdir(base)
+    with Session(str(sched_file)) as s:
+        (address,) = s.client.scheduler_info(n_workers=-1)["workers"]
+        with pytest.raises(PathNotVisibleError, match=rf"\.npy file '{base / 'private/hidden.npy'}' is not there for worker "
+                                                      rf"{address} on host .* \(working directory {base / 'elsewhere'}\); "
+                                                      "the workers do not see this path"):
+            s.client.compute(from_npy("private/hidden.npy").sum()).result(timeout=120)
+        seen = s.client.compute(from_zarr("shared/seen.zarr").sum()).result(timeout=120)  # the same worker computes on
+        np.testing.assert_allclose(float(seen), data["seen"].sum(dtype=np.float64), rtol=1e-5)
+        assert list(s.client.scheduler_info(n_workers=-1)["workers"]) == [address]

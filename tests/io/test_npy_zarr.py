@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import flowgpu as fg
-from flowgpu.errors import ConfigError, OutputError, OutputExistsError
+from flowgpu.errors import ConfigError, OutputError, OutputExistsError, PathNotVisibleError
 from tests.tolerance import assert_within_terms
 
 
@@ -25,6 +25,20 @@ def test_npy_roundtrip_reads_chunks_not_the_file(tmp_path, rng):
     np.testing.assert_array_equal(fg.to_numpy(x), data)
     part = data[100:700, 50:].astype(np.float64)  # float32 sums round by epsilons of the terms, not the result
     assert_within_terms(float(x[100:700, 50:].sum().compute()), part.sum(), np.abs(part).sum(), 64, np.float32)
+
+
+def test_a_npy_reader_unpickles_without_the_file_and_its_read_says_where_it_is_missing(tmp_path, rng):
+    """A worker unpickles the reader before the task runs: a file it cannot see must fail the task (a
+    FileNotFoundError while unpickling stopped the worker and the compute hung)."""
+    path = str(tmp_path / "x.npy")
+    np.save(path, rng.random((30, 7)))
+    x = fg.from_npy(path, chunks=(10, 7))
+    graph = pickle.dumps(dict(x.__dask_graph__()))
+    os.rename(path, path + ".away")
+    assert len(pickle.loads(graph)) == len(x.__dask_graph__())
+    with pytest.raises(PathNotVisibleError, match=rf"\.npy file '{path}' is not there for process \d+ on host .* \(working "
+                                                  rf"directory {os.getcwd()}\); the workers do not see this path"):
+        x.compute(scheduler="sync")
 
 
 def test_to_npy_writes_in_parallel_and_atomically(tmp_path, rng):
