@@ -67,6 +67,9 @@ def _too_many(what: str, where: str, spec: Spec | None, path: tuple) -> SpecErro
                  "split it into smaller batches, or raise flowgpu.spec.max-items", spec, path, SpecLimitError)
 
 
+_FRACTION_RANGE = re.compile(r"^\s*[-+]?[\d.]+\s*:\s*[-+]?[\d.]+\s*(?::\s*[-+]?[\d.]+\s*)?$")  # 0:1:0.25
+
+
 def values_of(name: str, given: Any, *, spec: Spec | None = None, where: str | None = None) -> Sequence[Any]:
     """The values of one foreach param: a list, a glob, a range (never listed) or comma-separated text."""
     where = where or f"foreach.{name}"
@@ -101,6 +104,9 @@ def values_of(name: str, given: Any, *, spec: Spec | None = None, where: str | N
         text = given.strip()
         if RANGE.match(text):
             return values_of(name, {"range": text}, spec=spec, where=where)
+        if _FRACTION_RANGE.match(text):
+            raise _fail(f"{text!r} is not a range: start:stop[:step] takes integers", where,
+                        "list the values instead, e.g. 0,0.25,0.5,0.75", spec, path)
         if _GLOB_CHARS & set(text):
             return values_of(name, {"glob": text}, spec=spec, where=where)
         given = [parse_value(v.strip()) for v in text.split(",")] if text else []
@@ -138,8 +144,9 @@ def expand(spec: Spec, foreach: dict[str, Any] | None = None) -> list[Item]:
     origin = spec.origin
     pinned = {k.removeprefix("params.") for k in origin.overrides if k.startswith("params.")}
     axes: dict[str, list[Any]] = {}
+    replaced = {k.removeprefix("params.") for k in foreach or {}}  # --foreach replaces the block's values
     for name, given in spec.foreach.items():
-        if name not in pinned:
+        if name not in pinned and name not in replaced:
             _declared(spec, name, f"foreach.{name}")
             axes[name] = values_of(name, given, spec=spec)
     for key, given in (foreach or {}).items():

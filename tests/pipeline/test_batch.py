@@ -137,6 +137,24 @@ def test_the_specs_foreach_block_and_the_command_line_make_one_grid(tmp_path):
     assert all(r.summary["params"]["seed"] == 5 for r in items)
 
 
+def test_foreach_on_the_command_line_replaces_a_glob_that_no_longer_matches(tmp_path, rng, monkeypatch):
+    """The block's glob is not expanded when --foreach gives that param (the data folder was renamed)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "moved").mkdir()
+    arrays = {f"moved/t{i}.npy": rng.normal(size=int(rng.integers(5, 30))) for i in range(2)}
+    for path, a in arrays.items():
+        np.save(path, a)
+    spec = {"params": {"input": {"type": "str"}}, "foreach": {"input": {"glob": "data/*.npy"}},
+            "inputs": {"x": {"source": "npy", "path": "${params.input}"}},
+            "steps": {"total": {"op": "sum", "inputs": ["x"]}}, "outputs": {"total": {"from": "total"}}}
+    with pytest.raises(SpecError, match="the glob 'data/\\*.npy' matches no path"):
+        pipeline.run(spec, session="local", progress=False)
+    result = pipeline.run(spec, session="local", progress=False, foreach={"input": "moved/*.npy"})
+    assert [r.params["input"] for r in result.items] == sorted(arrays)
+    for r in result.items:
+        np.testing.assert_allclose(r.outputs["total"], arrays[r.params["input"]].sum(), rtol=1e-12)
+
+
 def test_a_param_the_batch_iterates_over_needs_no_default(tmp_path, rng, monkeypatch):
     """A param declared by type only takes its values from the foreach block or --foreach (as a
     Snakemake wildcard does); one that nothing gives a value is still refused, saying how to give one."""
@@ -280,6 +298,14 @@ def test_a_yaml_range_is_a_range_not_a_base_60_number(tmp_path):
     path = tmp_path / "grid.yaml"
     path.write_text(yaml.safe_dump(grid_spec(tmp_path), sort_keys=False) + "foreach:\n  n: {range: 1:3}\n")
     assert [i["params"]["n"] for i in pipeline.status(str(path))["items"]] == [1, 2]
+
+
+def test_a_range_of_fractions_says_a_range_takes_integers(tmp_path):
+    path = tmp_path / "grid.yaml"
+    path.write_text(yaml.safe_dump(grid_spec(tmp_path), sort_keys=False))
+    with pytest.raises(SpecError, match=r"'0:1:0.25' is not a range: start:stop\[:step\] takes integers") as e:
+        pipeline.status(str(path), foreach={"n": "0:1:0.25"})
+    assert e.value.hint.startswith("list the values instead")
 
 
 @pytest.mark.timeout(300)
