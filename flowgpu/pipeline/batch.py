@@ -82,6 +82,8 @@ class Outcome:
 def _failure(o: Outcome, error: BaseException, session: RunSession) -> FlowgpuError:
     """What a user is told when ``o``'s job failed: the step, the fix, that nothing was replaced."""
     item, name = o.job.item, o.job.item.spec.name
+    if gone := runtime.cluster_gone(session, [p.location for p in o.pending.values() if p.location]):
+        return in_item(RunError(f"pipeline {name!r} stopped: {gone}"), item)
     if isinstance(error, FlowgpuError):
         return in_item(error, item)
     if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):

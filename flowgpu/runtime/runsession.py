@@ -8,8 +8,9 @@ from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
 from flowgpu.backend import Facts, current_backend
+from flowgpu.io.paths import shown
 
-__all__ = ["RunSession", "ThreadedSession"]
+__all__ = ["RunSession", "ThreadedSession", "cluster_gone"]
 
 
 @runtime_checkable
@@ -58,3 +59,16 @@ class ThreadedSession:
     def info(self) -> dict:
         return {"backend": f"local ({current_backend()})", "n_workers": 1, "threads_per_worker": os.cpu_count(),
                 "address": None, "dashboard": None}
+
+
+def cluster_gone(session: RunSession | None, unwritten: list[str]) -> str | None:
+    """What a run whose client lost its scheduler says (``unwritten``: its outputs not written), in one
+    line with how to go on; None while the client is connected (or there is none)."""
+    client = getattr(session, "client", None)
+    if client is None or client.status not in ("connecting", "closing", "closed"):  # connecting: trying again
+        return None
+    where = getattr(client.scheduler, "address", None) or "?"
+    said = f" (not written: {', '.join(map(shown, unwritten))}, as they were before the run)" if unwritten else ""
+    return (f"the cluster (scheduler at {where}) went away during the run (stopped, or its machine or network "
+            f"failed); no output was written or replaced{said}. Start it again ('flowgpu cluster start', or "
+            "your scheduler) and run again, or run with --standalone for a cluster of the run's own")

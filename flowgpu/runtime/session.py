@@ -65,11 +65,13 @@ def main_unguarded() -> bool:
     return not any(isinstance(n, ast.If) and "'__name__'" in ast.dump(n.test) for n in body)
 
 
-def _quiet_cancelled_gather(record: logging.LogRecord) -> bool:
-    """Drop asyncio's 'Task exception was never retrieved' for the ``AllExit`` that a gather
-    interrupted by Ctrl-C leaves (the run has already said what was and was not written)."""
+def _said_by_the_run(record: logging.LogRecord) -> bool:
+    """Drop what a run says in its own words: asyncio's 'Task exception was never retrieved' for the
+    ``AllExit`` that a gather interrupted by Ctrl-C leaves (it says what was and was not written), and
+    distributed's 'Failed to reconnect to scheduler' (it says the cluster went away: runsession.cluster_gone)."""
     error = record.exc_info[1] if record.exc_info else None
-    return not isinstance(error, getattr(distributed_client, "AllExit", ()))
+    return not (isinstance(error, getattr(distributed_client, "AllExit", ()))
+                or str(record.msg).startswith("Failed to reconnect to scheduler"))
 
 
 def current_session() -> "Session | None":
@@ -167,7 +169,8 @@ class Session:
         self._published: list = []  # dask.config.set contexts, undone in reverse order on close
         self._closed = False
         self.workers: dict[str, dict] = {}
-        logging.getLogger("asyncio").addFilter(_quiet_cancelled_gather)  # once: the same filter object
+        for logger in ("asyncio", "distributed.client"):
+            logging.getLogger(logger).addFilter(_said_by_the_run)  # once: the same filter object
         try:
             if cluster is not None or self.options.address is not None:
                 self._join(cluster)

@@ -260,3 +260,37 @@ def test_a_module_beside_the_spec_reaches_the_running_clusters_workers_as_it_is_
     assert "recipe changed" in second.stderr  # the module's code is part of the output's recipe
     np.testing.assert_allclose(json.loads(second.stdout)["outputs"]["total"]["value"], -3 * x.sum())
     assert stopped(folder, work).returncode == 0
+
+
+@pytest.mark.slow
+def test_a_cluster_stopped_during_a_run_is_said_in_one_line_and_the_old_output_stays(places, rng):
+    """`flowgpu cluster stop` during a run ended it with distributed's 'Failed to reconnect to scheduler
+    after 10.00 seconds' log line and "pipeline ... was cancelled: cancelled"."""
+    folder, work = places
+    seed = int(rng.integers(1 << 30))
+    (work / "spec.yaml").write_text(USER_SPEC.replace("SEED", str(seed)).replace("[400, 30]", "[4000, 30]")
+                                    + "  y: {from: y, path: out/y.npy}\n")
+    (work / "myfns.py").write_text("def scaled(block):\n    return block * 2.0\n")
+    state = start(folder, work)
+    assert flowgpu("run", "spec.yaml", folder=folder, cwd=work).returncode == 0
+    old = np.load(work / "out" / "y.npy")
+    np.testing.assert_array_equal(old, 2 * fg.random((4000, 30), seed=seed, chunks=(100, -1)).compute())
+    (work / "myfns.py").write_text("import time\n\ndef scaled(block):\n    time.sleep(1.0)\n    return block * -3.0\n")
+    run = subprocess.Popen([sys.executable, "-m", "flowgpu", "run", "spec.yaml"], cwd=work, env=_env(folder, None),
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    said = []
+    while not said or not said[-1].startswith("flowgpu running"):  # the run joined; its 40 blocks take 20 s
+        said.append(run.stderr.readline())
+        assert said[-1], "".join(said)
+    time.sleep(3)
+    assert stopped(folder, work).returncode == 0
+    out, err = run.communicate(timeout=120)
+    lines = [line for line in "".join(said).splitlines() + err.splitlines() if line.strip()]
+    assert run.returncode == 1 and not out
+    assert lines[-1] == (
+        f"error: pipeline 'user-module' stopped: the cluster (scheduler at {state['address']}) went away during "
+        "the run (stopped, or its machine or network failed); no output was written or replaced (not written: "
+        "out/y.npy, as they were before the run). Start it again ('flowgpu cluster start', or your scheduler) "
+        "and run again, or run with --standalone for a cluster of the run's own"), err
+    assert not [line for line in lines if "distributed" in line or TRACEBACK in line], err
+    np.testing.assert_array_equal(np.load(work / "out" / "y.npy"), old)
