@@ -37,7 +37,7 @@ class BatchBars:
     def __init__(self, console: Console | None, show: bool = True):
         self.progress = None
         if show:
-            self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
+            self.progress = Progress(TextColumn("{task.description}", style="bold", markup=False), BarColumn(),
                                      MofNCompleteColumn(), TextColumn("tasks"), TimeElapsedColumn(),
                                      console=console or Console(stderr=True))
         self._feeds: dict[Any, _Feed] = {}

@@ -1,4 +1,6 @@
-"""Rich tables for ``flowgpu plan`` and the end-of-run summary (plain dicts in, text out)."""
+"""Rich tables for ``flowgpu plan`` and the end-of-run summary (plain dicts in, text out). Every text
+from the user (names, paths, params, values, errors) is escaped: rich reads ``[run]`` or ``[nan, 1.0]``
+as markup and drops it."""
 
 from __future__ import annotations
 
@@ -6,6 +8,7 @@ from collections import Counter
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Column, Table
 
 __all__ = ["format_bytes", "render_batch", "render_plan", "render_status", "render_summary", "storage_lines",
@@ -29,19 +32,19 @@ def _shape(s: Any) -> str:
 
 def render_plan(desc: dict[str, Any], console: Console) -> None:
     """Print the steps of a plan in order, then the outputs and the totals."""
-    title = f"plan of {desc['name']!r}" + (f" ({desc['file']})" if desc.get("file") else "")
+    title = escape(f"plan of {desc['name']!r}" + (f" ({desc['file']})" if desc.get("file") else ""))
     t = Table("step", "op / source", "shape", "dtype", "chunks", Column("tasks", justify="right"),
               Column("bytes", justify="right"), "fused", title=title, title_justify="left")
     for r in desc["steps"]:
         fused = r.get("fused") or (f"into {r['fused_into']}" if r.get("fused_into") else "")
-        t.add_row(r["name"], r["what"], _shape(r["shape"]), r["dtype"] or "-", _shape(r["chunks"]),
-                  str(r["tasks"]) if r["shape"] is not None else "-",
-                  format_bytes(r["bytes"]) if r["shape"] is not None else "-", fused)
+        _row(t, r["name"], r["what"], _shape(r["shape"]), r["dtype"] or "-", _shape(r["chunks"]),
+             str(r["tasks"]) if r["shape"] is not None else "-",
+             format_bytes(r["bytes"]) if r["shape"] is not None else "-", fused)
     console.print(t)
     o = Table("output", "from", "sink", "shape", "dtype", "bytes", "path", title="outputs",
               title_justify="left")
     for name, r in desc["outputs"].items():
-        o.add_row(name, r["from"], r["sink"], _shape(r["shape"]), r["dtype"], format_bytes(r["bytes"]), r["path"] or "")
+        _row(o, name, r["from"], r["sink"], _shape(r["shape"]), r["dtype"], format_bytes(r["bytes"]), r["path"] or "")
     console.print(o)
     console.print(f"tasks in the graph: {desc['tasks']:,}   fused: {'yes' if desc['fused'] else 'no'}   "
                   f"estimated peak memory per worker: {format_bytes(desc['peak_worker_bytes'])} "
@@ -49,9 +52,17 @@ def render_plan(desc: dict[str, Any], console: Console) -> None:
                   "and chunks waiting)")
     held = desc.get("held_whole")
     if held:
-        console.print(f"{held['name']!r} is held whole ({format_bytes(held['bytes'])}, shared by the workers): a step "
-                      "reads it chunk by chunk and through a reduction of all of it, so every chunk waits for that "
-                      "reduction (spilled past the memory limit)")
+        console.print(f"{escape(repr(held['name']))} is held whole ({format_bytes(held['bytes'])}, shared by the "
+                      "workers): a step reads it chunk by chunk and through a reduction of all of it, so every chunk "
+                      "waits for that reduction (spilled past the memory limit)")
+
+
+def _row(table: Table, *cells: str) -> None:
+    table.add_row(*map(escape, cells))
+
+
+def _columns(*names: str) -> list[Column]:
+    return [Column(escape(c), overflow="fold") for c in names]
 
 
 def _where(o: dict[str, Any], width: int = 80) -> str:
@@ -67,8 +78,8 @@ def render_batch(summary: dict[str, Any], console: Console) -> None:
     counts = ", ".join(f"{n} {k}" for k, n in summary["counts"].items())
     names = list(items[0]["params"]) if items else []
     outputs = list(items[0]["outputs"]) if items else []
-    t = Table(*(Column(c, overflow="fold") for c in ("#", *names, "status", *outputs, "seconds", "error")),
-              title=f"{summary['name']}: {len(items)} items in {summary['wall_seconds']:.2f}s ({counts})",
+    t = Table(*_columns("#", *names, "status", *outputs, "seconds", "error"),
+              title=escape(f"{summary['name']}: {len(items)} items in {summary['wall_seconds']:.2f}s ({counts})"),
               title_justify="left")
     for item in items:
         cells = [str(item["index"] + 1), *(str(item["params"][k]) for k in names), item["status"]]
@@ -76,7 +87,7 @@ def render_batch(summary: dict[str, Any], console: Console) -> None:
                   for o in outputs]
         cells += [f"{item['wall_seconds']:.2f}" if item["status"] not in ("up-to-date", "cancelled") else "-",
                   item.get("error") or ""]
-        t.add_row(*cells)
+        _row(t, *cells)
     console.print(t)
 
 
@@ -84,14 +95,14 @@ def render_status(status: dict[str, Any], console: Console) -> None:
     """Print what a run would do: each output of each item, up to date or why it would be computed (or its
     table written again)."""
     names = list(status["items"][0]["params"]) if status["items"] else []
-    t = Table(*(Column(c, overflow="fold") for c in ("#", *names, "output", "status", "why")),
-              title=f"{status['name']}: {status['line']}", title_justify="left")
+    t = Table(*_columns("#", *names, "output", "status", "why"), title=escape(f"{status['name']}: {status['line']}"),
+              title_justify="left")
     for item in status["items"]:
         for out, v in item["outputs"].items():
             fresh = v["reason"] == "up to date"
             said = v["reason"] if fresh else "to write" if v["up_to_date"] else "to compute"
-            t.add_row(str(item["index"] + 1), *(str(item["params"][k]) for k in names), out, said,
-                      "" if fresh else v["reason"])
+            _row(t, str(item["index"] + 1), *(str(item["params"][k]) for k in names), out, said,
+                 "" if fresh else v["reason"])
     console.print(t)
 
 
@@ -100,10 +111,10 @@ def render_summary(summary: dict[str, Any], console: Console) -> None:
     if console.quiet:  # building the table costs milliseconds; a quiet run does not pay them
         return
     t = Table("output", "shape", "dtype", "location / value", "status",
-              title=f"{summary['name']}: {summary['status']} in {summary['wall_seconds']:.2f}s",
+              title=escape(f"{summary['name']}: {summary['status']} in {summary['wall_seconds']:.2f}s"),
               title_justify="left")
     for name, o in summary["outputs"].items():
-        t.add_row(name, _shape(o["shape"]), o["dtype"], _where(o), o.get("status", "computed"))
+        _row(t, name, _shape(o["shape"]), o["dtype"], _where(o), o.get("status", "computed"))
     console.print(t)
     if not summary.get("tasks"):
         return  # nothing was computed: nothing read, written or moved
@@ -112,7 +123,7 @@ def render_summary(summary: dict[str, Any], console: Console) -> None:
                   f"({summary['session'].get('backend', '?')})")
     places = workers_line(summary["session"].get("workers") or [])
     if places:
-        console.print(places, soft_wrap=True)
+        console.print(places, soft_wrap=True, markup=False)
     memory = summary.get("memory") or {}
     moves = {a: m for a, m in (memory.get("moves") or {}).items() if not a.startswith("storage_")}
     if moves:
@@ -120,9 +131,9 @@ def render_summary(summary: dict[str, Any], console: Console) -> None:
             f"{act.replace('_', ' ')} {format_bytes(m['bytes'])} in {m['count']} move(s)"
             + (f" at {m['gbps']:.1f} GB/s" if m.get("gbps") else "") for act, m in moves.items()))
     for err in memory.get("errors") or []:
-        console.print(f"[yellow]spilling: {err}[/yellow]")
+        console.print(f"[yellow]spilling: {escape(err)}[/yellow]")
     for line in storage_lines(memory):
-        console.print(line, soft_wrap=True)
+        console.print(line, soft_wrap=True, markup=False)
 
 
 def workers_line(workers: list[dict[str, Any]]) -> str | None:
