@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Iterator
 
 from flowgpu.errors import FlowgpuError, OutputError, OutputExistsError, OutputLockedError
 from flowgpu.io import faults
-from flowgpu.io.journal import (MARKER, Output, Refused, Transaction, journals_in, marker_path, new_id,
+from flowgpu.io.journal import (MARKER, Output, Refused, Transaction, journals_in, marked, marker_path, new_id,
                                 recover_journal, referenced_stages, remove, stage_dir, stage_owner, stages_in,
                                 written_by_flowgpu)
 from flowgpu.io.lock import OutputLock, alive, describe, held, lock_path, locked_targets, owner, read_head, remove_stale
@@ -56,10 +56,11 @@ def check_writable(path: str, overwrite: bool = False) -> None:
     touches nothing."""
     path = os.path.abspath(path)
     if os.path.lexists(path) and not overwrite and not written_by_flowgpu(path):
-        raise OutputExistsError(
-            f"output {path!r} already exists and was not written by flowgpu; "
-            "choose another path, or pass overwrite=True (--overwrite) to replace it"
-        )
+        how = ("is not the one flowgpu wrote there: a new file took its place since (a copy, or an edit by a tool "
+               "that saves a new file, as sed -i and many editors do)") if marked(path) \
+            else "was not written by flowgpu"
+        raise OutputExistsError(f"output {path!r} already exists and {how}; choose another path, or pass "
+                                "overwrite=True (--overwrite) to replace it")
 
 
 _PLACES = ("the working directory", "your home folder")  # what a command may write inside, never replace

@@ -95,6 +95,13 @@ def identity(path: str) -> dict[str, int]:
     return found
 
 
+def marked(path: str) -> bool:
+    """Whether a marker of flowgpu's stands beside ``path`` (flowgpu wrote an output there, maybe another file)."""
+    with contextlib.suppress(OSError, ValueError, AttributeError), open(marker_path(path)) as f:
+        return json.load(f).get("writer") == "flowgpu"
+    return False
+
+
 def written_by_flowgpu(path: str) -> bool:
     """Whether ``path`` is an output flowgpu wrote: its marker says so and names ``path``'s inode (and
     the inode's generation, where the marker and the file system have one)."""

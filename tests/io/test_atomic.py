@@ -234,7 +234,7 @@ def test_a_users_file_given_the_inode_of_flowgpus_deleted_output_is_not_replaced
     out.write_bytes(mine)
     mark_file.write_text(json.dumps({**mark, "ino": out.stat().st_ino}))  # as a reused inode looks
     assert not written_by_flowgpu(str(out))
-    with pytest.raises(OutputExistsError, match="was not written by flowgpu"):
+    with pytest.raises(OutputExistsError, match="is not the one flowgpu wrote there: a new file took its place"):
         fg.to_npy(fg.from_array(rng.standard_normal((6, 4)), chunks=3), str(out))
     assert out.read_bytes() == mine
 
@@ -259,6 +259,6 @@ def test_a_users_file_beside_a_marker_it_did_not_get_from_flowgpu_is_not_replace
     replaced.write_bytes(mine)
     os.replace(replaced, out)
     assert not written_by_flowgpu(str(out))
-    with pytest.raises(OutputExistsError):
+    with pytest.raises(OutputExistsError, match="is not the one flowgpu wrote there: a new file took its place"):
         staged(out, b"new")
     assert out.read_bytes() == mine
