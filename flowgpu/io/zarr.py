@@ -11,6 +11,7 @@ import importlib.util
 import itertools
 import logging
 import os
+import pickle
 import warnings
 from typing import Any
 
@@ -29,7 +30,7 @@ from flowgpu.io.devcodec import MAX_CHUNK_BYTES, DevicePlan, Fallback, plan_code
 from flowgpu.io.paths import files_read, is_url, named_kind, refuse_misnamed, require_store, resolve
 from flowgpu.io.storage import COUNTERS
 from flowgpu.io.zarrread import DeviceReader
-from flowgpu.io.zarrwrite import checksummed, compressors, create, device_writes, inner_chunks
+from flowgpu.io.zarrwrite import checksummed, compressors, create, device_writes, inner_chunks, numcodecs_quiet
 
 __all__ = ["from_zarr", "to_zarr", "device_path", "open_zarr_array", "store_zarr"]
 
@@ -61,8 +62,7 @@ def open_zarr_array(path: str, component: str | None = None) -> zarr.Array:
         raise ConfigError(f"{path!r} is a file, not a Zarr store (a folder)" + (
             f"; named as {kind}: read it with that kind's source (flowgpu sources lists them)" if kind else ""))
     try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="Numcodecs codecs are not in the Zarr version 3")
+        with numcodecs_quiet():
             arr = zarr.open_array(path, path=component or "", mode="r")
     except Exception as e:  # zarr raises several types for a bad store
         where = f"zarr store {path!r}{' component ' + component if component else ''}"
@@ -133,6 +133,14 @@ class ZarrBlocks:
 
     def __dask_tokenize__(self) -> Any:
         return ("flowgpu-zarr", self.folder, _mtime(self.folder), self.shape, str(self.dtype), self.arr.chunks)
+
+    def __reduce__(self) -> tuple:  # a sharded array parses its codecs again when unpickled, in each worker
+        return _unpickled, (pickle.dumps(self.arr), self.folder)
+
+
+def _unpickled(arr: bytes, folder: str) -> ZarrBlocks:
+    with numcodecs_quiet():
+        return ZarrBlocks(pickle.loads(arr), folder)
 
 
 def from_zarr(path: str, component: str | None = None, chunks: Any = None) -> da.Array:

@@ -25,6 +25,7 @@ from flowgpu.io.devcodec import ALIGN, MAX_U64, DevicePlan, run_offsets
 from flowgpu.io.devices import device_for
 from flowgpu.io.paths import require_store
 from flowgpu.io.storage import COUNTERS
+from flowgpu.io.zarrwrite import numcodecs_quiet
 from flowgpu.transfer.staging import read_at
 
 __all__ = ["DeviceReader", "ChunkRead", "Chunks", "UnitRead", "read_plan", "shard_index", "check_crc32c"]
@@ -222,8 +223,9 @@ class DeviceReader:
         if reads is not None:
             return self._decode(key, reads)
         COUNTERS.fallback("a block that is not whole chunks")
-        return device_for(self.device).xp.asarray(zarr.open_array(self.zarr_path, path=self.component or "",
-                                                                  mode="r")[key])
+        with numcodecs_quiet():
+            arr = zarr.open_array(self.zarr_path, path=self.component or "", mode="r")
+        return device_for(self.device).xp.asarray(arr[key])
 
     def _decode(self, key: tuple, reads: list[UnitRead]):
         plan, dev = self.plan, device_for(self.device)

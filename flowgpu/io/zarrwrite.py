@@ -9,11 +9,13 @@ the file, with a shard's index, in pieces on parallel threads.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import struct
 import time
 import warnings
+from collections.abc import Iterator
 from concurrent.futures import wait
 from typing import Any
 
@@ -30,7 +32,7 @@ from flowgpu.io.devices import device_for
 from flowgpu.io.storage import COUNTERS
 from flowgpu.transfer.pinned import shared_executor
 
-__all__ = ["CODECS", "check_layout", "create", "device_writes", "compressors", "inner_chunks"]
+__all__ = ["CODECS", "check_layout", "create", "device_writes", "compressors", "inner_chunks", "numcodecs_quiet"]
 
 CODECS = ("zstd", "lz4", "none")
 INNER_BYTES = 64 << 10  # nvCOMP's batched decoders want many small chunks: a 1 GiB shard on an H200 decodes at
@@ -64,6 +66,15 @@ def checksummed(checksum: bool | None) -> bool:
     return bool(config.get("zarr.checksum")) if checksum is None else bool(checksum)
 
 
+@contextlib.contextmanager
+def numcodecs_quiet() -> Iterator[None]:
+    """zarr's notice that numcodecs codecs (flowgpu's lz4) are not in the Zarr 3 spec left out: zarr gives
+    it whenever it parses such a codec, also unpickling a sharded array in each worker."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Numcodecs codecs are not in the Zarr version 3")
+        yield
+
+
 def compressors(codec: str, level: int | None = None, checksum: bool | None = None) -> list:
     """zarr's byte codecs for ``codec`` (``zstd``, ``lz4`` or ``none``), then, with ``checksum``
     (default ``flowgpu.zarr.checksum``), ``crc32c``: a damaged chunk is then an error on read."""
@@ -76,8 +87,7 @@ def compressors(codec: str, level: int | None = None, checksum: bool | None = No
     if codec == "zstd":
         out = [zarr.codecs.ZstdCodec(level=0 if level is None else int(level))]
     elif codec == "lz4":
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # numcodecs codecs are not in the Zarr 3 spec; zarr says so
+        with numcodecs_quiet():
             out = [zarr.codecs.numcodecs.LZ4()]
     elif codec == "none":
         out = []
