@@ -12,13 +12,22 @@ import warnings
 from typing import Any, Literal
 
 import dask.array as da
+import numpy as np
 
 from flowgpu.arrays.labels import bare, is_labelled
 from flowgpu.arrays.movement import to_device, to_host
 from flowgpu.errors import ConfigError
 
-__all__ = ["open_xarray", "check_variable", "is_labelled", "bare", "infer_engine", "open_dataset", "as_dataset",
-           "write_dataset"]
+__all__ = ["StoredChunksWarning", "open_xarray", "check_variable", "is_labelled", "bare", "infer_engine",
+           "open_dataset", "as_dataset", "write_dataset"]
+
+_noted: set[tuple[str, str, str]] = set()
+
+
+class StoredChunksWarning(UserWarning):
+    """Chunks that split a variable's stored chunks: such a stored chunk is read and decoded once for
+    each chunk it falls in."""
+
 
 # the file endings read through h5netcdf (NetCDF4 is HDF5); everything else that is a folder is Zarr
 _HDF5_SUFFIXES = (".nc", ".nc4", ".netcdf", ".h5", ".hdf5", ".hdf", ".he5", ".cdf")
@@ -89,7 +98,7 @@ def check_variable(path: str, variable: str, engine: str | None = None) -> None:
 def open_xarray(path: str, variable: str, engine: str | None = None, chunks: Any = "auto"):
     """``variable`` of the dataset at ``path`` as an ``xarray.DataArray`` with chunks on the session's
     device. ``chunks``: ``auto``, a byte size, one length for every dim, or a list (one per dim)."""
-    chunks = "auto" if chunks is None else chunks
+    chunks = given = "auto" if chunks is None else chunks
     if isinstance(chunks, list):  # per dim of the variable: xarray takes a mapping by dim name
         ds = open_dataset(path, engine, chunks=None)
         try:
@@ -100,11 +109,32 @@ def open_xarray(path: str, variable: str, engine: str | None = None, chunks: Any
             raise ConfigError(f"chunks {chunks!r} has {len(chunks)} entries, but {variable!r} has {len(dims)} dims "
                               f"({', '.join(dims)}); give one per dim")
         chunks = dict(zip(dims, _chunks(chunks)))
-    ds = open_dataset(path, engine, chunks)
+    with warnings.catch_warnings():  # xarray's, one per dim and variable of the dataset: said once below
+        warnings.filterwarnings("ignore", message="The specified chunks separate the stored chunks")
+        ds = open_dataset(path, engine, chunks)
     x = _variable(ds, path, variable)
+    _note_splits(x, path, given)
     if not isinstance(x.data, da.Array):  # an index coordinate is loaded eagerly by xarray
         x = x.chunk()
     return x.copy(data=to_device(x.data))
+
+
+def _note_splits(x: Any, path: str, given: Any) -> None:
+    """Say once a process (a run opens its inputs again) where the chunks of ``x`` split its stored ones."""
+    stored = x.encoding.get("preferred_chunks") or {}
+    split = {}
+    for dim, chunks in zip(x.dims, x.chunks or ()):
+        cuts = [int(at) for at in np.cumsum(chunks[:-1]) if stored.get(dim) and at % stored[dim]]
+        if cuts:
+            split[dim] = cuts[0]
+    if split and (path, x.name, repr(given)) not in _noted:
+        _noted.add((path, x.name, repr(given)))
+        where = " and ".join(f"{dim!r} (at index {at})" for dim, at in split.items())
+        sizes = ", ".join(f"{d}: {n}" for d, n in stored.items())
+        warnings.warn_explicit(f"variable {x.name!r}: chunks {given} split its stored chunks along {where}, so "
+                               "each of those is read and decoded once for every chunk it falls in; give chunks "
+                               f"that are whole multiples of the stored ones ({sizes}), or leave chunks out",
+                               StoredChunksWarning, path, 0)
 
 
 def as_dataset(x: Any, variable: str | None, path: str | None):

@@ -17,6 +17,7 @@ from flowgpu.errors import ConfigError
 from flowgpu.io import sinks, sources
 from flowgpu.io.atomic import written_by_flowgpu
 from flowgpu.io.journal import MARKER
+from flowgpu.io.labelled import StoredChunksWarning
 
 xr = pytest.importorskip("xarray")
 pytest.importorskip("h5netcdf")
@@ -37,6 +38,26 @@ def test_the_source_opens_a_variable_with_its_labels(tmp_path, ds, name):
     x = sources.open_source("xarray", path=path, variable="rain", chunks=[10, 4, 5])
     assert isinstance(x.data, da.Array) and x.data.chunks[0] == (10, 10, 10)
     xr.testing.assert_identical(x.compute(), ds.rain)
+
+
+def test_chunks_that_split_the_stored_ones_are_noted_once_as_one_line_naming_the_input(tmp_path, ds):
+    """xarray warned once per split dim, from flowgpu's line that opened the store, each time a run
+    opened it (plan, then run)."""
+    path = str(tmp_path / "d.zarr")
+    ds.to_zarr(path, encoding={"rain": {"chunks": (5, 4, 5)}})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            x = sources.open_source("xarray", path=path, variable="rain", chunks=[7, -1, 2])
+        whole = sources.open_source("xarray", path=path, variable="rain", chunks=[10, -1, -1])  # whole stored chunks
+    assert [(w.category, w.filename, w.lineno) for w in caught] == [(StoredChunksWarning, path, 0)]
+    assert str(caught[0].message) == (
+        "variable 'rain': chunks [7, -1, 2] split its stored chunks along 'time' (at index 7) and 'x' (at index 2), "
+        "so each of those is read and decoded once for every chunk it falls in; give chunks that are whole "
+        "multiples of the stored ones (time: 5, y: 4, x: 5), or leave chunks out")
+    assert x.data.chunks == ((7, 7, 7, 7, 2), (4,), (2, 2, 1))
+    xr.testing.assert_identical(x.compute(), ds.rain)
+    xr.testing.assert_identical(whole.compute(), ds.rain)
 
 
 def test_a_missing_variable_or_an_unknown_format_is_refused(tmp_path, ds):
