@@ -178,6 +178,8 @@ def _summary(x: da.Array, path: str | None = None, overwrite: bool = False) -> P
     if x.size > SUMMARY_MAX_ELEMENTS:
         raise ConfigError(f"a summary output holds at most {SUMMARY_MAX_ELEMENTS} values, not {x.size}; "
                           "write it with sink: zarr or npy")
+    if not x.size:  # no values: its shape, as NumPy gives it (dask's reductions over an empty axis may not)
+        return PendingWrite("summary", da.from_array(np.empty(x.shape, x.dtype)))
     return PendingWrite("summary", to_host(x))
 
 

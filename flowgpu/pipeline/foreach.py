@@ -172,5 +172,6 @@ def expand(spec: Spec, foreach: dict[str, Any] | None = None) -> list[Item]:
             item.spec = build(origin.raw, origin.smap, {**origin.overrides, **{f"params.{k}": v for k, v in values.items()}})
         except SpecError as e:
             raise in_item(e, item) from None
+        item.values = {k: item.spec.origin.params[k] for k in values}  # typed: what the run uses (3.0, not 3)
         items.append(item)
     return items

@@ -300,6 +300,30 @@ def test_a_yaml_range_is_a_range_not_a_base_60_number(tmp_path):
     assert [i["params"]["n"] for i in pipeline.status(str(path))["items"]] == [1, 2]
 
 
+def test_items_carry_their_typed_values_and_empty_results_keep_their_shape(tmp_path, rng, monkeypatch):
+    """A float param's items say 3.0 (what names their files), not the 3 written; a summary of no values
+    has NumPy's shape ([] for (0, 3)), not dask's [[]]."""
+    monkeypatch.chdir(tmp_path)
+    x = rng.standard_normal((4, 5, 3))
+    np.save("x.npy", x)
+    np.save("e.npy", np.empty((4, 0, 3)))
+    spec = {"params": {"c": 1.5}, "foreach": {"c": [3, 0.5]},
+            "inputs": {"x": {"source": "npy", "path": "x.npy"}, "e": {"source": "npy", "path": "e.npy"}},
+            "steps": {"y": {"op": "multiply", "inputs": ["x"], "args": {"b": "${params.c}"}},
+                      "m": {"op": "max", "inputs": ["y"], "args": {"axis": 0}},
+                      "n": {"op": "max", "inputs": ["e"], "args": {"axis": 0}}},
+            "outputs": {"m": {"from": "m"}, "n": {"from": "n"},
+                        "y": {"from": "y", "sink": "npy", "path": "out/y_${params.c}.npy"}}}
+    result = pipeline.run(spec, session="local", progress=False)
+    for r, c in zip(result.items, (3.0, 0.5)):
+        assert r.params == {"c": c} and isinstance(r.params["c"], float)
+        np.testing.assert_allclose(r.outputs["m"], (x * c).max(0), rtol=1e-12)
+        np.testing.assert_array_equal(np.load(f"out/y_{c}.npy"), x * c)
+        assert r.outputs["n"] == np.empty((4, 0, 3)).max(0).tolist() == []  # NumPy's (0, 3): no row at all
+        assert r.summary["outputs"]["n"]["shape"] == [0, 3]
+    assert [i["params"] for i in result.summary["items"]] == [{"c": 3.0}, {"c": 0.5}]
+
+
 def test_a_range_of_fractions_says_a_range_takes_integers(tmp_path):
     path = tmp_path / "grid.yaml"
     path.write_text(yaml.safe_dump(grid_spec(tmp_path), sort_keys=False))
