@@ -218,7 +218,11 @@ def _open_input(spec: Spec, name: str, smap: SourceMap, for_run: bool) -> da.Arr
     model = spec.inputs[name]
     options = model.model_dump(exclude={"source"})
     try:
-        return sources.open_source(model.source, call=for_run, **options)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            x = sources.open_source(model.source, call=for_run, **options)
+        _warn_at(caught, ("inputs", name), smap)
+        return x
     except RunError:
         raise  # the user's callable failed while a run compiled: not a problem of the spec
     except (FlowgpuError, ValueError, TypeError, OSError, ImportError) as e:
@@ -277,7 +281,7 @@ def _call_op(spec: Spec, name: str, op: registry.Op, values: dict[str, Any], sma
         given = ", ".join(_describe(a) for a in (*args, *kwargs.values()) if isinstance(bare(a), da.Array))
         raise smap.error(f"step {name!r} (op {op.name!r}) fails on its inputs ({given}): {e}", where,
                          hint="check the shapes and dtypes of its inputs (flowgpu plan shows them)") from None
-    _warn_at_step(caught, name, smap)
+    _warn_at(caught, ("steps", name), smap)
     if isinstance(out, (tuple, list)):
         return {str(i): o for i, o in enumerate(out)}
     if not isinstance(bare(out), da.Array):
@@ -289,13 +293,13 @@ def _call_op(spec: Spec, name: str, op: registry.Op, values: dict[str, Any], sma
 _warned: set[tuple[str, int, str]] = set()
 
 
-def _warn_at_step(caught: list[warnings.WarningMessage], name: str, smap: SourceMap) -> None:
-    """The warnings an op gave while its step was built, given again at the step's line in the spec,
-    once a process: a run compiles a spec again for its workers, and the op's own line says nothing."""
-    file = smap.files.get(("steps", name), smap.file) or "<spec>"
-    line = smap.locate(("steps", name))[0] or 0
+def _warn_at(caught: list[warnings.WarningMessage], where: tuple[str, str], smap: SourceMap) -> None:
+    """The warnings an op (or a source) gave while its step (or input) was built, given again at its line in
+    the spec, once a process: a run compiles a spec again for its workers, and the library's line says nothing."""
+    file = smap.files.get(where, smap.file) or "<spec>"
+    line = smap.locate(where)[0] or 0
     for w in caught:
-        text = f"step {name!r}: {w.message}"
+        text = f"{where[0][:-1]} {where[1]!r}: {w.message}"
         if (file, line, text) not in _warned:
             _warned.add((file, line, text))
             warnings.warn_explicit(text, w.category, file, line)

@@ -159,6 +159,25 @@ def _error(tmp_path, text, raw=False):
     return e.value
 
 
+def test_chunks_that_split_the_stored_ones_are_said_once_at_the_inputs_line(tmp_path, climate):
+    """The note comes at the spec's input, once, though plan and run open the input again."""
+    climate.to_zarr(tmp_path / "split.zarr", encoding={"t2m": {"chunks": (50, 6, 8)}})
+    (tmp_path / "s.yaml").write_text(
+        "inputs:\n  x: {source: xarray, path: split.zarr, variable: t2m, chunks: [70, -1, -1]}\n"
+        "steps:\n  m: {op: mean, inputs: [x], args: {axis: time}}\noutputs:\n  m: {from: m, sink: npy, path: m.npy}\n")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        pipeline.status(tmp_path / "s.yaml")
+        pipeline.run(tmp_path / "s.yaml", session="local", progress=False)
+    said = [(os.path.basename(w.filename), w.lineno, str(w.message)) for w in caught
+            if "split its stored chunks" in str(w.message)]
+    assert said == [("s.yaml", 2, "input 'x': variable 't2m': chunks [70, -1, -1] split its stored chunks along "
+                     "'time' (at index 70), so each of those is read and decoded once for every chunk it falls in; "
+                     "give chunks that are whole multiples of the stored ones (time: 50, lat: 6, lon: 8), or leave "
+                     "chunks out")], said
+    np.testing.assert_allclose(np.load(tmp_path / "m.npy"), climate.t2m.astype("float64").mean("time").values, rtol=1e-6)
+
+
 def test_a_missing_variable_lists_the_ones_there(tmp_path, climate):
     e = _error(tmp_path, SPEC.replace("variable: t2m", "variable: t2"))
     assert e.path == "inputs.t2m.variable" and e.line == 3
