@@ -41,8 +41,8 @@ def render_plan(desc: dict[str, Any], console: Console) -> None:
              str(r["tasks"]) if r["shape"] is not None else "-",
              format_bytes(r["bytes"]) if r["shape"] is not None else "-", fused)
     console.print(t)
-    o = Table("output", "from", "sink", "shape", "dtype", "bytes", "path", title="outputs",
-              title_justify="left")
+    o = Table(*_columns("output", "from", "sink", "shape", "dtype", "bytes", "path"), title="outputs",
+              title_justify="left")  # folded, not cut: the whole path
     for name, r in desc["outputs"].items():
         _row(o, name, r["from"], r["sink"], _shape(r["shape"]), r["dtype"], format_bytes(r["bytes"]), r["path"] or "")
     console.print(o)

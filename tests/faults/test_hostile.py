@@ -115,7 +115,7 @@ BAD_INPUTS = {
                            "outside int32's range"),
     "chunks [0]": (input_spec("source: random, shape: [4, 4], chunks: [0, 2]"), "block length of 0"),
     "chunks 0": (input_spec("source: random, shape: [4, 4], chunks: 0"), "block length of 0"),
-    "chunks of 1e400": (input_spec("source: random, shape: [4, 4], chunks: 1e400"), "do not fit shape"),
+    "chunks of 1e400": (input_spec("source: random, shape: [4, 4], chunks: 1e400"), "inputs.x.chunks: wrong type or value inf"),
     "npy input /dev/zero": (input_spec("source: npy, path: /dev/zero"), "is a device or socket, not a file"),
     "zarr input /dev/zero": (input_spec("source: zarr, path: /dev/zero"), "is a device or socket, not a file"),
     "arange to .inf": (input_spec("source: arange, stop: .inf"), "stop=inf is not a finite number"),
