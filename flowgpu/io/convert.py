@@ -5,6 +5,7 @@ about what one task reads (the workers' chunk size, at most 1 GiB), cut from who
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from typing import Any
@@ -157,10 +158,11 @@ def _compute(target: Any, settle: float = 60.0) -> None:
     try:
         future.result()
     except BaseException:
-        client.cancel([future], force=True)
-        deadline = time.monotonic() + settle
-        while time.monotonic() < deadline and any(client.run(_running).values()):
-            time.sleep(0.05)
+        with contextlib.suppress(Exception):  # a cluster already gone: nothing runs, and the error is the one to say
+            client.cancel([future], force=True)
+            deadline = time.monotonic() + settle
+            while time.monotonic() < deadline and any(client.run(_running).values()):
+                time.sleep(0.05)
         raise
 
 
