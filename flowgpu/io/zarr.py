@@ -12,7 +12,6 @@ import itertools
 import logging
 import os
 import pickle
-import warnings
 from typing import Any
 
 import dask.array as da
@@ -30,7 +29,8 @@ from flowgpu.io.devcodec import MAX_CHUNK_BYTES, DevicePlan, Fallback, plan_code
 from flowgpu.io.paths import files_read, is_url, named_kind, refuse_misnamed, require_store, resolve
 from flowgpu.io.storage import COUNTERS
 from flowgpu.io.zarrread import DeviceReader
-from flowgpu.io.zarrwrite import checksummed, compressors, create, device_writes, inner_chunks, numcodecs_quiet
+from flowgpu.io.zarrwrite import (QuietTarget, checksummed, compressors, create, device_writes, inner_chunks,
+                                  numcodecs_quiet, quiet_loads)
 
 __all__ = ["from_zarr", "to_zarr", "device_path", "open_zarr_array", "store_zarr"]
 
@@ -139,8 +139,7 @@ class ZarrBlocks:
 
 
 def _unpickled(arr: bytes, folder: str) -> ZarrBlocks:
-    with numcodecs_quiet():
-        return ZarrBlocks(pickle.loads(arr), folder)
+    return ZarrBlocks(quiet_loads(arr), folder)
 
 
 def from_zarr(path: str, component: str | None = None, chunks: Any = None) -> da.Array:
@@ -211,9 +210,7 @@ def store_zarr(x: da.Array, tmp: str, *, component: str | None = None, codec: st
         if done is not None:
             return done
     unit = tuple(shards) if shards else chunk_shape
-    with warnings.catch_warnings():  # whole units per task already: dask's rechunking notice is noise (an edge
-        warnings.filterwarnings("ignore", message="The input Dask array will be rechunked")  # shard past the end)
-        return da.to_zarr(to_host(x).rechunk(unit), arr, compute=False)
+    return to_host(x).rechunk(unit).store(QuietTarget(arr), lock=False, compute=False)  # whole units per task
 
 
 def to_zarr(x: da.Array, path: str, overwrite: bool = False, component: str | None = None, codec: str | None = None,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import pickle
 import struct
 import time
 import warnings
@@ -32,7 +33,8 @@ from flowgpu.io.devices import device_for
 from flowgpu.io.storage import COUNTERS
 from flowgpu.transfer.pinned import shared_executor
 
-__all__ = ["CODECS", "check_layout", "create", "device_writes", "compressors", "inner_chunks", "numcodecs_quiet"]
+__all__ = ["CODECS", "check_layout", "create", "device_writes", "compressors", "inner_chunks", "numcodecs_quiet",
+           "quiet_loads", "QuietTarget"]
 
 CODECS = ("zstd", "lz4", "none")
 INNER_BYTES = 64 << 10  # nvCOMP's batched decoders want many small chunks: a 1 GiB shard on an H200 decodes at
@@ -73,6 +75,29 @@ def numcodecs_quiet() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Numcodecs codecs are not in the Zarr version 3")
         yield
+
+
+def quiet_loads(pickled: bytes) -> Any:
+    """``pickle.loads`` of a zarr array (or what holds one) with :func:`numcodecs_quiet`."""
+    with numcodecs_quiet():
+        return pickle.loads(pickled)
+
+
+class QuietTarget:
+    """``arr`` as dask's store writes it: unpickled in each worker without zarr's numcodecs notice."""
+
+    def __init__(self, arr: zarr.Array):
+        self.arr, self.shape, self.dtype = arr, arr.shape, arr.dtype
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self.arr[key] = value
+
+    def __reduce__(self) -> tuple:
+        return _quiet_target, (pickle.dumps(self.arr),)
+
+
+def _quiet_target(arr: bytes) -> QuietTarget:
+    return QuietTarget(quiet_loads(arr))
 
 
 def compressors(codec: str, level: int | None = None, checksum: bool | None = None) -> list:

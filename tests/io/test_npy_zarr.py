@@ -12,6 +12,7 @@ import pytest
 
 import flowgpu as fg
 from flowgpu.errors import ConfigError, OutputError, OutputExistsError, PathNotVisibleError
+from flowgpu.io.zarr import store_zarr
 from tests.tolerance import assert_within_terms
 
 
@@ -82,6 +83,20 @@ def test_a_lz4_store_flowgpu_wrote_reads_without_warnings_also_where_a_worker_un
         graph = pickle.loads(pickle.dumps(dict(x.__dask_graph__())))  # as a worker gets its tasks
         got = da.Array(graph, x.name, x.chunks, meta=x._meta).compute(scheduler="sync")
     np.testing.assert_array_equal(got, data)
+
+
+@pytest.mark.parametrize("shards", [None, [20, 30]])
+def test_a_lz4_write_gives_no_warning_where_a_worker_unpickles_its_tasks(tmp_path, rng, shards):
+    """A sharded array parses its codecs again when unpickled: each worker writing a sharded lz4
+    store printed zarr's numcodecs notice on stderr."""
+    data = rng.standard_normal((40, 30))
+    path = str(tmp_path / "w.zarr")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        write = store_zarr(fg.from_array(data, chunks=(20, 30)), path, codec="lz4", chunks=[10, 15], shards=shards)
+        graph = pickle.loads(pickle.dumps(dict(write.__dask_graph__())))  # as a worker gets its tasks
+        da.Array(graph, write.name, write.chunks, meta=write._meta).compute(scheduler="sync")
+    np.testing.assert_array_equal(fg.from_zarr(path).compute(), data)
 
 
 def test_failed_write_leaves_nothing(tmp_path, rng):
