@@ -217,6 +217,14 @@ def _fields_at(data: Any, path: tuple) -> list[str]:
     return [f.alias or name for name, f in model.model_fields.items()]
 
 
+def _sinks_with(data: Any, path: tuple, key: str) -> list[str]:
+    """The sinks taking option ``key``, when ``path`` is an output that names no sink ([] otherwise)."""
+    entry = (data.get("outputs") or {}).get(path[1]) if len(path) == 2 and path[0] == "outputs" else None
+    if not isinstance(entry, dict) or "sink" in entry:
+        return []
+    return [n for n in sinks.sink_names() if key in getattr(S.output_model(n), "model_fields", {})]
+
+
 def _data_path(data: Any, loc: tuple) -> tuple:
     """The part of pydantic's ``loc`` that names real places in ``data`` (drops union tags etc.)."""
     out: list = []
@@ -242,6 +250,9 @@ def _translate(err: dict, data: Any, smap: SourceMap) -> SpecError:
         key = loc[-1]
         parent = path[:-1] if path[-1:] == (key,) else path
         allowed = _fields_at(data, parent)
+        if (owners := _sinks_with(data, parent, key)):
+            return smap.error(f"{key!r} is an option of sink {' or '.join(owners)}, and this output names no sink",
+                              parent + (key,), hint=f"say which: sink: {owners[0]}", key=True)
         hint = did_you_mean("uses" if key == "include" and "uses" in allowed else key, allowed,
                             f"allowed here: {', '.join(allowed)}" if allowed else "remove it (see `flowgpu schema`)")
         return smap.error(f"unknown key {key!r}", parent + (key,), hint=hint, key=True)

@@ -98,6 +98,9 @@ CASES = {
                                  "needs a 'path'"),
     "output path that two sinks write": (GOOD_INPUTS + "outputs:\n  o: {from: x, path: out/o.zarr}\n", {}, [], 4,
                                          "outputs.o", "may be written by sink xarray or zarr: say which"),
+    "sink option with no sink": (GOOD_INPUTS + "outputs:\n  o: {from: x, path: out/o.zarr, codec: lz4}\n", {}, [], 4,
+                                 "outputs.o.codec", "'codec' is an option of sink zarr, and this output names no "
+                                 "sink (hint: say which: sink: zarr)"),
     "summary output with a path": (GOOD_INPUTS + "outputs:\n  o: {from: x, path: out/o}\n", {}, [], 4, "outputs.o",
                                    "a summary output (the default when no sink is given and the path's suffix "
                                    "names none) takes no 'path'; give the sink that writes the file (sink: "),
