@@ -9,10 +9,14 @@ from __future__ import annotations
 import os
 import sys
 
-import click
+try:  # the libraries load in a second or two: a Ctrl-C meanwhile is one line and 130, as during a run
+    import click
 
-from flowgpu.cli import cluster, convert, listing, run
-from flowgpu.cli.common import EXIT_FAILED, EXIT_INVALID, EXIT_OK, handle_errors
+    from flowgpu.cli import cluster, convert, listing, run
+    from flowgpu.cli.common import EXIT_FAILED, EXIT_INVALID, EXIT_OK, handle_errors
+except KeyboardInterrupt:
+    sys.stderr.write("error: interrupted while starting; nothing ran\n")
+    sys.exit(130)
 
 __all__ = ["EXIT_FAILED", "EXIT_INVALID", "EXIT_OK", "cli", "handle_errors", "main"]
 

@@ -141,3 +141,20 @@ def test_quiet_prints_no_progress_line(tmp_path, rng):
     assert done.returncode == 0, done.stderr
     busy.close()
     assert "running" not in done.stderr and "dashboard" not in done.stderr and "Port" not in done.stderr, done.stderr
+
+
+def test_ctrl_c_while_the_command_loads_its_libraries_is_one_line(tmp_path):
+    """A Ctrl-C in the second or two while `flowgpu` imports dask printed a KeyboardInterrupt traceback.
+    Here the interrupt is raised exactly as the command module is imported (an audit hook sends it)."""
+    (tmp_path / "spec.yaml").write_text("inputs: {x: {source: random, shape: [4]}}\n")
+    code = ("import os, signal, sys\n"
+            "sys.addaudithook(lambda ev, a: ev == 'import' and a[0] == 'flowgpu.cli.run' "
+            "and os.kill(os.getpid(), signal.SIGINT))\n"
+            "sys.argv = ['flowgpu', 'validate', 'spec.yaml']\n"
+            "from flowgpu.cli import main\n"
+            "main()\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=ENV, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 130, done.stderr
+    assert _one_line(done.stderr) == "error: interrupted while starting; nothing ran"
+    assert done.stdout == "" and os.listdir(tmp_path) == ["spec.yaml"]
