@@ -74,6 +74,17 @@ def _entry_points(group: str) -> list:
     return list(_all_entry_points().select(group=group))
 
 
+def _defined_as(func: Any) -> tuple:
+    """Where ``func`` was defined: two registrations of one definition are one, not a clash."""
+    return getattr(func, "__module__", None), getattr(func, "__qualname__", None) or id(func)
+
+
+def _plugin_warning(ep: Any, message: str) -> None:
+    """One line naming the entry point, not a line of flowgpu's code."""
+    warnings.warn_explicit(f"flowgpu: {message}", UserWarning, filename=f"entry point {ep.name} = {ep.value}", lineno=0,
+                           module="flowgpu.registry")
+
+
 class Registry(Generic[T]):
     """Entries by name, filled by built-ins and lazily from the entry-point group ``group``.
 
@@ -97,10 +108,10 @@ class Registry(Generic[T]):
         """Add ``entry``; an existing name with another callable is refused unless ``replace``."""
         with self._lock:
             old = self._entries.get(entry.name)
-            if old is not None and not replace and old.func is not entry.func:
-                module = getattr(old.func, "__module__", "?")
-                raise self.error(f"{self.what} {entry.name!r} is already registered (by {module}); "
-                                 "pick another name or pass replace=True")
+            if old is not None and not replace and _defined_as(old.func) != _defined_as(entry.func):
+                module = getattr(old.func, "__module__", "?")  # the same function defined again (a module or a
+                raise self.error(f"{self.what} {entry.name!r} is already registered (by {module}); "  # cell run
+                                 "pick another name or pass replace=True")  # again) replaces it
             self._entries[entry.name] = entry
             self.version += 1
         return entry
@@ -118,11 +129,16 @@ class Registry(Generic[T]):
             for ep in _entry_points(self.group):
                 try:
                     entry = self._from_plugin(ep.name, ep.load())
-                    if entry is not None and entry.name not in self._entries:
-                        self.add(entry)
                 except Exception as e:  # noqa: BLE001 - a broken plugin must not break every pipeline
-                    warnings.warn(f"flowgpu: could not load {self.what} plugin {ep.name!r} ({ep.value}) from "
-                                  f"entry-point group {self.group!r}: {type(e).__name__}: {e}", stacklevel=3)
+                    _plugin_warning(ep, f"could not load {self.what} plugin {ep.name!r} ({ep.value}) from entry-point "
+                                        f"group {self.group!r}: {type(e).__name__}: {e}")
+                    continue
+                if entry is not None and entry.name in self._entries:  # never in place of a built-in's values
+                    _plugin_warning(ep, f"{self.what} plugin {ep.name!r} ({ep.value}) is not used: flowgpu already has "
+                                        f"a {self.what} {entry.name!r} (from {self._entries[entry.name].func.__module__}); "
+                                        "rename the plugin's entry point")
+                elif entry is not None:
+                    self.add(entry)
 
     def get(self, name: str) -> T:
         """The entry registered as ``name``; an unknown name suggests close matches."""

@@ -9,6 +9,7 @@ from pydantic import ValidationError
 
 from flowgpu import registry
 from flowgpu.errors import ConfigError, ImportPathError
+from flowgpu.io import sources
 from flowgpu.registry import Entry, Registry, import_object, options_model
 
 
@@ -40,6 +41,41 @@ def test_plugins_load_lazily_and_a_broken_one_warns(monkeypatch):
     with pytest.warns(UserWarning, match="could not load thing plugin 'bad'"):
         assert reg.names() == ["good"]
     assert reg.get("good").func.__name__ == "join"
+
+
+def test_a_plugin_never_takes_a_built_in_name_and_says_so(monkeypatch):
+    """An entry point named as a built-in was dropped without a word: a spec using the name got the
+    built-in's values where its author expected the plugin's."""
+    reg = _registry(monkeypatch, [importlib.metadata.EntryPoint("zeros", "os.path:join", "flowgpu.test")])
+    reg.add(Entry("zeros", abs))
+    with pytest.warns(UserWarning, match=r"thing plugin 'zeros' \(os.path:join\) is not used: flowgpu already has a "
+                                         r"thing 'zeros' \(from builtins\); rename the plugin's entry point") as said:
+        assert reg.get("zeros").func is abs
+    assert said[0].filename == "entry point zeros = os.path:join"  # named, not a line of flowgpu's code
+
+
+def _twice():
+    def f(x):
+        return x
+    return f
+
+
+def test_the_same_definition_registered_again_replaces_it_and_another_is_refused(monkeypatch):
+    """A module (or a notebook cell) run again registers a new function object of the same definition."""
+    reg = _registry(monkeypatch)
+    first, again = _twice(), _twice()
+    reg.add(Entry("f", first))
+    assert reg.add(Entry("f", again)).func is again
+    with pytest.raises(ConfigError, match="thing 'f' is already registered"):
+        reg.add(Entry("f", abs))
+
+
+def test_register_source_refuses_a_built_in_name():
+    """It replaced the built-in silently: every `source: npy` input then read the user's function."""
+    with pytest.raises(ConfigError, match=r"source 'npy' is already registered \(by flowgpu.io.npy\); pick another "
+                                          "name or pass replace=True"):
+        sources.register_source("npy", lambda path: None)
+    assert sources.source_entry("npy").func is not None and "npy" in sources.source_entry("npy").func.__module__
 
 
 def test_options_model_from_a_type_hinted_signature():

@@ -67,10 +67,11 @@ def _entry(name: str, func: Callable, *, reads_files: bool = False, options: typ
 
 
 def register_source(name: str, func: Callable[..., da.Array], *, reads_files: bool = False,
-                    options: type | None = None, replace: bool = True, calls_user_code: bool = False) -> Entry:
+                    options: type | None = None, replace: bool = False, calls_user_code: bool = False) -> Entry:
     """Register ``func(**options) -> dask.array.Array`` as source ``name``.
 
-    ``reads_files``: its bytes count as read in run summaries. ``options``: a pydantic model
+    A name already registered (a built-in's too) is refused unless ``replace``; the same function
+    registered again replaces it. ``reads_files``: its bytes count as read in run summaries. ``options``: a pydantic model
     (default: from ``func``'s signature). ``calls_user_code``: it takes ``call=``, True only when a
     run compiles (``validate`` and ``plan`` pass False and must get a lazy stand-in).
     """
