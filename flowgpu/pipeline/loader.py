@@ -8,6 +8,7 @@ nodes once aliases are expanded), and a :class:`SourceMap` gives every value's l
 from __future__ import annotations
 
 import os
+import shlex
 import re
 import stat
 from dataclasses import dataclass, field
@@ -245,4 +246,8 @@ def read_yaml(path: str | os.PathLike, what: str = "spec file") -> tuple[Any, So
     except (OSError, UnicodeDecodeError) as e:
         raise SpecError(f"cannot read {what} {path!r}: {e}", file=path, path="<document>",
                         hint="give a readable UTF-8 YAML file") from None
+    if path.endswith(".py"):  # YAML's own message for Python code ("mapping values are not allowed") says nothing
+        raise SpecError(f"{path!r} is a Python file, not a YAML {what}", file=path, path="<document>",
+                        hint=f"run a Python pipeline with python {shlex.quote(path)}, or write it as YAML with "
+                             "p.to_yaml(...) and give that file")
     return parse_yaml(text, file=path)

@@ -210,3 +210,15 @@ def test_a_missing_params_file_is_called_a_params_file(tmp_path, monkeypatch, no
     (tmp_path / "spec.yaml").write_text(GOOD_INPUTS + "outputs:\n  o: {from: x}\n")
     result = CliRunner().invoke(cli, ["run", "spec.yaml", "--params", "nothere.yaml", "--quiet"])
     assert result.exit_code == 2 and "params file 'nothere.yaml' does not exist" in result.output, result.output
+
+
+def test_a_python_pipeline_given_as_the_spec_says_how_to_run_it(tmp_path, monkeypatch, nothing_runs):
+    """`flowgpu run build.py` said 'malformed YAML: mapping values are not allowed here'."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "build.py").write_text('import flowgpu as fg\np = fg.Pipeline("demo", description="x: y")\n')
+    for command in ("run", "validate", "plan", "status"):
+        result = CliRunner().invoke(cli, [command, "build.py"])
+        assert result.exit_code == 2, result.output
+        assert result.output == ("error: build.py: <document>: 'build.py' is a Python file, not a YAML spec file "
+                                 "(hint: run a Python pipeline with python build.py, or write it as YAML with "
+                                 "p.to_yaml(...) and give that file)\n"), result.output
