@@ -252,6 +252,11 @@ class Spec(_Model):
             self._origin = Origin(None, SourceMap(None), data)
         return self._origin
 
+    def __eq__(self, other: object) -> bool:  # what it says, wherever it was read from (not its origin)
+        return isinstance(other, Spec) and (self is other or self.model_dump() == other.model_dump())
+
+    __hash__ = None  # as pydantic's models: mutable, so not hashable
+
     def error(self, message: str, path: tuple = (), hint: str | None = None, *,
               kind: type[SpecError] = SpecError) -> SpecError:
         """A :class:`SpecError` at ``path`` (``("steps", "z", "args")``), with ``file:line:col`` if known."""
