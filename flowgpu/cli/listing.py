@@ -101,7 +101,7 @@ def schema(output: str | None, overwrite: bool) -> None:
         _fail(f"--output {output!r} already exists and is not a spec schema flowgpu wrote; choose another path, or "
               "pass --overwrite to replace it", EXIT_INVALID)
     try:
-        write_text(output, text)
+        write_text(output, text, public=True)
     except OSError as e:
         _fail(f"cannot write {output}: {e.strerror}", EXIT_FAILED)
 

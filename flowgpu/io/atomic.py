@@ -13,7 +13,6 @@ import errno
 import json
 import os
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
 
@@ -104,18 +103,20 @@ def starts_with(path: str, head: bytes) -> bool:
 
 
 def write_text(path: str | os.PathLike, text: str, *, head: bytes | None = None, what: str = "",
-               sync: bool = True) -> None:
-    """Write ``text`` at ``path`` atomically: a temporary file beside it (0600), synced, renamed over it.
+               sync: bool = True, public: bool = False) -> None:
+    """Write ``text`` at ``path`` atomically: a temporary file beside it, synced, renamed over it.
 
     With ``head``, refuse to replace a file not beginning with it (not a ``what`` flowgpu wrote).
-    ``sync=False`` (a cache entry its reader checks) skips the fsync, which can take 10 ms."""
+    ``sync=False`` (a cache entry its reader checks) skips the fsync, which can take 10 ms. The file
+    is 0600 (credentials, state), or with ``public`` (a summary, a report, a spec) as the umask says."""
     path = os.fspath(path)
     if head is not None and os.path.lexists(path) and not starts_with(path, head):
         raise OutputExistsError(f"{path!r} already exists and is not a {what} flowgpu wrote; choose another "
                                 "path, or pass --overwrite (overwrite=True) to replace it")
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)  # as an output's folder is made
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
+    tmp = os.path.join(folder, f".{os.path.basename(path)}.{os.urandom(6).hex()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666 if public else 0o600)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)

@@ -38,9 +38,10 @@ import numpy as np
 import yaml
 
 from flowgpu import pipeline as api
-from flowgpu.errors import SpecError, did_you_mean
+from flowgpu.errors import ConfigError, SpecError, did_you_mean
 from flowgpu.io import atomic
 from flowgpu.pipeline.build import build, clip, load
+from flowgpu.pipeline.checks import protected_paths
 from flowgpu.pipeline.compiler import Plan, compile
 from flowgpu.pipeline.loader import Path, SourceMap, format_path
 from flowgpu.pipeline.planning import describe
@@ -50,6 +51,7 @@ from flowgpu.registry import checking_only
 __all__ = ["Pipeline", "Ref"]
 
 Pos = tuple[int, int]
+SPEC_HEAD = "# a flowgpu pipeline spec, written by Pipeline.to_yaml\n"  # what to_yaml replaces unasked
 
 
 @dataclass
@@ -375,16 +377,24 @@ class Pipeline:
         """The spec as data, as a YAML file would hold it (``${params.name}`` not substituted)."""
         return copy.deepcopy({k: v for k, v in self._data.items() if v != {} and not (k == "description" and not v)})
 
-    def to_yaml(self, path: str | os.PathLike | None = None, *, schema: str | None = None) -> str:
-        """The spec as YAML text, checked first; written (atomically) to ``path`` when given. ``schema``
-        adds the editors' modeline, e.g. ``schema="./flowgpu-pipeline.schema.json"``."""
-        self.spec  # noqa: B018 - refuse to write a spec that would not load
+    def to_yaml(self, path: str | os.PathLike | None = None, *, schema: str | None = None,
+                overwrite: bool = False) -> str:
+        """The spec as YAML text, checked first (it loads); written (atomically) to ``path`` when given.
+
+        Never over the script, an input of the spec, or a folder; over a file that ``to_yaml`` did
+        not write only with ``overwrite``. ``schema`` adds the editors' modeline, e.g.
+        ``schema="./flowgpu-pipeline.schema.json"``."""
+        spec = self.spec  # refuse to write a spec that would not load
         text = yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=None, width=110,
                               allow_unicode=True)
-        if schema:
-            text = f"# yaml-language-server: $schema={schema}\n{text}"
+        text = SPEC_HEAD + (f"# yaml-language-server: $schema={schema}\n" if schema else "") + text
         if path is not None:
-            atomic.write_text(path, text)
+            path, fix = os.fspath(path), f"write it to a path of its own, e.g. {self.name}.yaml"
+            if (hit := atomic.replaces_protected(path, protected_paths(spec))) is not None:
+                raise ConfigError(f"to_yaml: {path!r} {hit}, which it never replaces; {fix}")
+            if os.path.isdir(path):
+                raise ConfigError(f"to_yaml: {path!r} is a folder; {fix}")
+            atomic.write_text(path, text, head=None if overwrite else SPEC_HEAD.encode(), what="spec", public=True)
         return text
 
     def compile(self, params: dict[str, Any] | None = None, **kwargs: Any) -> Plan:

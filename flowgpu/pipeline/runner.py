@@ -420,7 +420,7 @@ def _single_result(o: Outcome, info: dict, started: float) -> RunResult:
 def write_json(path: str, data: dict, overwrite: bool = True) -> None:
     """Write ``data`` to ``path`` as JSON atomically; ``overwrite=False``: only over a summary."""
     atomic.write_text(path, jsontext.dumps(data, indent=2), head=None if overwrite else SUMMARY_HEAD,
-                      what="run summary")
+                      what="run summary", public=True)
 
 
 def _failed_step(spec: Spec, plan: Plan | None, error: BaseException) -> str | None:

@@ -4,6 +4,7 @@ writes by hand, a YAML round trip, and errors that point at the Python line that
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
 import sys
 
@@ -13,7 +14,8 @@ import zarr
 
 import flowgpu as fg
 from flowgpu import pipeline
-from flowgpu.errors import SpecError
+from flowgpu.errors import ConfigError, OutputExistsError, SpecError
+from flowgpu.pipeline.builder import SPEC_HEAD
 from flowgpu.pipeline.spec import Spec
 import tests.pipeline.helpers  # noqa: F401  (registers the test ops)
 from tests.pipeline import builder_steps
@@ -150,10 +152,11 @@ def test_to_yaml_round_trip(tmp_path, both):
     p, spec, _ = both
     path = tmp_path / "written.yaml"
     text = p.to_yaml(path, schema="./flowgpu-pipeline.schema.json")
-    assert text.startswith("# yaml-language-server: $schema=./flowgpu-pipeline.schema.json\n")
+    assert text.startswith(SPEC_HEAD + "# yaml-language-server: $schema=./flowgpu-pipeline.schema.json\n")
     assert path.read_text() == text and not [f for f in os.listdir(tmp_path) if f.startswith(".")]
-    assert pipeline.load(path).model_dump() == p.spec.model_dump() == spec.model_dump()
-    assert "${params.n}" in p.to_yaml() and "#" not in p.to_yaml()
+    assert pipeline.load(path) == p.spec == spec  # equal specs, read from different places
+    assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~_umask()  # a file to share, not a private one
+    assert "${params.n}" in p.to_yaml() and "schema" not in p.to_yaml()
     again = fg.Pipeline.from_yaml(path)
     assert again.to_dict() == p.to_dict() and again.spec.model_dump() == spec.model_dump()
     assert fg.Pipeline.from_spec(spec).spec.model_dump() == spec.model_dump()
@@ -161,6 +164,37 @@ def test_to_yaml_round_trip(tmp_path, both):
     out = subprocess.run([sys.executable, "-m", "flowgpu", "validate", str(path)], capture_output=True, text=True,
                          timeout=60, cwd=tmp_path, env={**os.environ, "PYTHONPATH": ROOT})
     assert out.returncode == 0, out.stderr
+
+
+def _umask() -> int:
+    mask = os.umask(0o22)
+    os.umask(mask)
+    return mask
+
+
+def test_to_yaml_never_replaces_the_script_an_input_or_a_file_it_did_not_write(tmp_path, rng, monkeypatch):
+    """It replaced any file unasked: the pipeline's own input and the script calling it were lost."""
+    monkeypatch.chdir(tmp_path)
+    data = rng.random(12)
+    np.save("data.npy", data)
+    (tmp_path / "notes.txt").write_text("mine\n")
+    (tmp_path / "sub").mkdir()
+    p = fg.Pipeline("demo")
+    p.output("t", p.step("t", "sum", p.input("x", source="npy", path="data.npy")))
+    for target, said in (("data.npy", "'data.npy' is input 'x'"), (__file__, "is the spec"),
+                         (".", "is the working directory"), ("sub", "'sub' is a folder")):
+        with pytest.raises(ConfigError, match=f"to_yaml: .*{said}"):
+            p.to_yaml(target)
+    with pytest.raises(OutputExistsError, match="'notes.txt' already exists and is not a spec flowgpu wrote"):
+        p.to_yaml("notes.txt")
+    np.testing.assert_array_equal(np.load("data.npy"), data)
+    assert (tmp_path / "notes.txt").read_text() == "mine\n"
+    p.to_yaml("demo.yaml")
+    p.output("m", p.step("m", "max", p["x"]))
+    p.to_yaml("demo.yaml")  # its own earlier spec: replaced
+    assert set(pipeline.load("demo.yaml").outputs) == {"t", "m"}
+    p.to_yaml("notes.txt", overwrite=True)
+    assert pipeline.load("notes.txt") == p.spec
 
 
 def test_a_pipeline_read_from_yaml_extends_in_python_and_errors_name_each_file(tmp_path, both):
