@@ -222,7 +222,6 @@ def _open_input(spec: Spec, name: str, smap: SourceMap, for_run: bool) -> da.Arr
             warnings.simplefilter("always")
             x = sources.open_source(model.source, call=for_run, **options)
         _warn_at(caught, ("inputs", name), smap)
-        return x
     except RunError:
         raise  # the user's callable failed while a run compiled: not a problem of the spec
     except (FlowgpuError, ValueError, TypeError, OSError, ImportError) as e:
@@ -230,6 +229,22 @@ def _open_input(spec: Spec, name: str, smap: SourceMap, for_run: bool) -> da.Arr
         raise smap.error(f"input {name!r} ({model.source}) cannot be opened: {e}",
                          ("inputs", name) + ((option,) if option else ()),
                          hint="check its path, shape, dtype and chunks") from None
+    except Exception as e:  # a plugin's own error is the plugin's; a built-in's is a bug of flowgpu
+        if (module := _plugin_module(model.source)) is None:
+            raise
+        raise smap.error(f"input {name!r}: source {model.source!r} (from {module}) failed: {type(e).__name__}: {e}",
+                         ("inputs", name), hint=f"fix it in {module}, or check this input's options") from None
+    if not (hasattr(x, "shape") and hasattr(x, "dtype")):  # a dask, NumPy or labelled array
+        module = _plugin_module(model.source) or "flowgpu"
+        raise smap.error(f"input {name!r}: source {model.source!r} (from {module}) gave {type(x).__name__}, not an "
+                         "array", ("inputs", name), hint=f"make it return a dask.array.Array ({module})")
+    return x
+
+
+def _plugin_module(source: str) -> str | None:
+    """The module of source ``source`` when a plugin gave it (not flowgpu's own)."""
+    module = getattr(sources.source_entry(source).func, "__module__", None) or "?"
+    return None if module.split(".")[0] == "flowgpu" else module
 
 
 def _describe(x: Any) -> str:

@@ -10,6 +10,7 @@ import tests.pipeline.helpers as helpers
 from flowgpu import pipeline
 from flowgpu.errors import SpecError
 from flowgpu.fusion import fusing
+from flowgpu.io import sources
 
 
 def _boom(*a, **k):
@@ -212,3 +213,34 @@ def test_shared_intermediates_are_computed_once(tmp_path, rng):
     helpers.CALLS["count"] = 0
     pipeline.run(spec, session="local", progress=False)
     assert helpers.CALLS["count"] == 4  # four chunks, once each, for three outputs
+
+
+def _exploding(n: int):
+    raise RuntimeError("source exploded")
+
+
+def _a_list(n: int):
+    return list(range(n))
+
+
+@pytest.fixture
+def plugin_sources():
+    sources.register_source("test_exploding", _exploding)
+    sources.register_source("test_a_list", _a_list)
+    yield
+    sources.SOURCES.remove("test_exploding")
+    sources.SOURCES.remove("test_a_list")
+
+
+@pytest.mark.parametrize("source, said", [
+    ("test_exploding", "input 'x': source 'test_exploding' (from tests.pipeline.test_compiler) failed: RuntimeError: "
+                       "source exploded (hint: fix it in tests.pipeline.test_compiler, or check this input's options)"),
+    ("test_a_list", "input 'x': source 'test_a_list' (from tests.pipeline.test_compiler) gave list, not an array"),
+])
+def test_a_plugin_source_that_fails_is_named_at_its_input(plugin_sources, source, said):
+    """A plugin's exception was called a bug of flowgpu; a list it gave was blamed on the next step."""
+    spec = {"inputs": {"x": {"source": source, "n": 4}}, "steps": {"s": {"op": "sum", "inputs": ["x"]}},
+            "outputs": {"s": {"from": "s"}}}
+    with pytest.raises(SpecError) as e:
+        pipeline.validate(spec)
+    assert e.value.path == "inputs.x" and said in str(e.value), str(e.value)
