@@ -207,8 +207,10 @@ class Cache:
         location = _location(plan, name)
         if location is not None:
             return {"path": location}
-        spec = os.path.abspath(plan.file) if plan.file else plan.spec.name
-        return {"spec": spec, "output": name, "item": dict(item or {})}
+        # a value is the spec's: its file and name (a script may define several pipelines); a notebook
+        # cell's file is made up anew each run, so there the working directory stands for it
+        file = plan.file if plan.file and os.path.isfile(plan.file) else os.path.join(os.getcwd(), "<interactive>")
+        return {"spec": os.path.abspath(file), "name": plan.spec.name, "output": name, "item": dict(item or {})}
 
     def path(self, plan: Plan, name: str, item: dict | None = None) -> str:
         text = json.dumps(self.key(plan, name, item), sort_keys=True, default=str)

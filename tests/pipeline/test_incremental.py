@@ -14,6 +14,7 @@ import pytest
 import yaml
 import zarr
 
+import flowgpu as fg
 from flowgpu import pipeline
 
 
@@ -178,3 +179,37 @@ def test_the_command_line_says_what_is_up_to_date_and_status_agrees(tmp_path, da
     assert changed.returncode == 0 and json.loads(changed.stdout)["line"] == "2 up to date, 2 to compute (params changed: ka)"
     forced = _cli("run", str(path), "--force", "-q", cwd=tmp_path)
     assert forced.returncode == 0 and "computed" in forced.stdout and "up-to-date" not in forced.stdout
+
+
+def _random_total(name: str, seed: int):
+    p = fg.Pipeline(name)
+    p.output("total", p.step("total", "sum", p.input("x", source="random", shape=[40, 30], seed=seed)))
+    return p
+
+
+def test_two_python_pipelines_of_one_script_each_keep_their_values(tmp_path, monkeypatch):
+    """Their values shared one cache entry (the script's and the output's name): each run of one
+    recomputed the other, saying its 'recipe changed'."""
+    monkeypatch.chdir(tmp_path)
+    seeds = {"a": 11, "b": 12}
+    want = {n: float(fg.random((40, 30), seed=s).compute().sum()) for n, s in seeds.items()}
+    for statuses in ({"computed"}, {"up-to-date"}):
+        for name, seed in seeds.items():
+            result = _random_total(name, seed).run(session="local", progress=False)
+            assert set(_statuses(result).values()) == statuses, (name, result.summary)
+            assert result.outputs["total"] == pytest.approx(want[name], rel=1e-12)
+
+
+CELL = "p = fg.Pipeline('cell')\np.output('m', p.step('m', 'max', p.input('x', source='random', shape=[50], seed=3)))\n"
+
+
+def test_a_notebook_cell_run_again_finds_its_value_up_to_date(tmp_path, monkeypatch):
+    """A cell's file is made up anew each time it runs (IPython: <ipython-input-N-...>), so the value
+    was 'new' at every run of the same cell."""
+    monkeypatch.chdir(tmp_path)
+    want = float(fg.random((50,), seed=3).compute().max())
+    for n, status in ((1, "computed"), (2, "up-to-date")):
+        cell = {"fg": fg}
+        exec(compile(CELL, f"<ipython-input-{n}-{os.urandom(4).hex()}>", "exec"), cell)  # noqa: S102
+        result = cell["p"].run(session="local", progress=False)
+        assert _statuses(result) == {"m": status} and result.outputs["m"] == want
