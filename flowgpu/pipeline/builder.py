@@ -259,6 +259,11 @@ class Pipeline:
         site = call_site()
         where = self._new(site, "inputs", name, self._nodes())
         entry: dict[str, Any] = {}
+        if source is not None and not isinstance(source, str):  # it failed later as "unknown source 'dask.array<...'"
+            raise site.error(f"source is the name of a source (see `flowgpu sources`), not a "
+                             f"{type(source).__module__}.{type(source).__qualname__}", where + ("source",),
+                             hint="for data made in Python, source='python' with callable='module:function' "
+                             "returning it (a spec holds names, not arrays)", at=site.given("source", 1))
         if source is not None:
             entry["source"] = source
             self._smap.mark(site.file, where + ("source",), site.given("source", 1))

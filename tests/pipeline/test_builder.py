@@ -8,6 +8,7 @@ import stat
 import subprocess
 import sys
 
+import dask.array as da
 import numpy as np
 import pytest
 import zarr
@@ -287,7 +288,11 @@ def test_wrong_uses_of_the_builder_fail_at_the_calling_line():
         p.step("r", "clip", x, lo=0, hi={"a": x})
     with pytest.raises(SpecError, match="set .* is not spec data"):
         p.input("w", source="normal", shape={8, 4})
-    assert set(p.spec.steps) == set()  # nothing half-added
+    with pytest.raises(SpecError, match="source is the name of a source .*, not a dask.array.core.Array") as e:
+        p.input("z", source=da.ones(3))  # @array-source
+    assert (e.value.line, e.value.col, e.value.path) == (line_of("array-source"), col_of("array-source", "da.ones"),
+                                                          "inputs.z.source")
+    assert set(p.spec.steps) == set() and set(p.spec.inputs) == {"x"}  # nothing half-added
     p.step("ok", "clip", x, lo=0, hi=p["params.k"])
     assert p.to_dict()["steps"]["ok"] == {"op": "clip", "inputs": ["x"], "args": {"lo": 0, "hi": "${params.k}"}}
 
