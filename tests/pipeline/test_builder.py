@@ -290,7 +290,7 @@ def test_wrong_uses_of_the_builder_fail_at_the_calling_line():
         p.input("w", source="normal", shape={8, 4})
     with pytest.raises(SpecError, match="source is the name of a source .*, not a dask.array.core.Array") as e:
         p.input("z", source=da.ones(3))  # @array-source
-    assert (e.value.line, e.value.col, e.value.path) == (line_of("array-source"), col_of("array-source", "da.ones"),
+    assert (e.value.line, e.value.col, e.value.path) == (line_of("array-source"), col_of("array-source", "source="),
                                                           "inputs.z.source")
     assert set(p.spec.steps) == set() and set(p.spec.inputs) == {"x"}  # nothing half-added
     p.step("ok", "clip", x, lo=0, hi=p["params.k"])
