@@ -91,6 +91,7 @@ class Registry(Generic[T]):
         self._entries: dict[str, T] = {}
         self._lock = threading.RLock()
         self._plugins_loaded = False
+        self.broken: dict[str, str] = {}  # plugins that failed to load: name -> why (said again where named)
         self.version = 0  # bumped on every change, so what is generated from a registry can be rebuilt
 
     def add(self, entry: T, *, replace: bool = False) -> T:
@@ -121,15 +122,16 @@ class Registry(Generic[T]):
                     if entry is not None and entry.name not in self._entries:
                         self.add(entry)
                 except Exception as e:  # noqa: BLE001 - a broken plugin must not break every pipeline
-                    warnings.warn(f"flowgpu: could not load {self.what} plugin {ep.name!r} ({ep.value}) from "
-                                  f"entry-point group {self.group!r}: {type(e).__name__}: {e}", stacklevel=3)
+                    self.broken[ep.name] = (f"could not load {self.what} plugin {ep.name!r} ({ep.value}) from "
+                                            f"entry-point group {self.group!r}: {type(e).__name__}: {e}")
+                    warnings.warn(f"flowgpu: {self.broken[ep.name]}", stacklevel=3)
 
     def get(self, name: str) -> T:
         """The entry registered as ``name``; an unknown name suggests close matches."""
         self._load_plugins()
         entry = self._entries.get(name)
         if entry is None:
-            raise self.error(f"unknown {self.what} {name!r}; {self.suggest(name)}")
+            raise self.error(self.broken.get(name) or f"unknown {self.what} {name!r}; {self.suggest(name)}")
         return entry
 
     def suggest(self, name: Any) -> str:

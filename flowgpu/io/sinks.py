@@ -3,7 +3,8 @@
 A sink's ``prepare`` returns a :class:`PendingWrite`: a lazy dask object that writes to a staging
 path when computed, then ``commit``/``abort``; the runner computes all outputs in one graph and
 commits only when all are complete. Add sinks with :func:`register_sink` or the ``flowgpu.sinks``
-entry-point group (capabilities, when not the defaults, as attributes of the ``prepare`` function).
+entry-point group (capabilities, when not the defaults, as attributes of the ``prepare`` function);
+a ``prepare`` that cannot take flowgpu's call is refused there, not mid-run.
 """
 
 from __future__ import annotations
@@ -61,7 +62,21 @@ def _entry(name: str, prepare: Callable[..., PendingWrite], capabilities: set[st
            options: type | None = None, suffixes: tuple[str, ...] = (), check: Callable | None = None) -> Entry:
     if not callable(prepare):
         raise ConfigError(f"sink {name!r}: {prepare!r} is not callable")
-    model = options or options_model(name, prepare, skip=("x", "path", "overwrite"))
+    try:
+        sig = inspect.signature(prepare)
+    except (TypeError, ValueError):  # a builtin that has none: its call will tell
+        sig = None
+    first = next((p.name for p in sig.parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)),
+                 "x") if sig else "x"  # the array, whatever its name: not an option
+    model = options or options_model(name, prepare, skip=(first, "path", "overwrite"))
+    if sig is not None:
+        try:  # flowgpu's call, as prepare_write makes it: refused now, not as a TypeError mid-run
+            sig.bind(None, path=None, overwrite=False, **dict.fromkeys(model.model_fields))
+        except TypeError as e:
+            what = getattr(prepare, "__qualname__", type(prepare).__name__)
+            raise ConfigError(f"sink {name!r}: {what}{sig} cannot take flowgpu's call ({e}); a sink's prepare must "
+                              "accept the array first and the keywords path, overwrite and its options, as in "
+                              "prepare(x, path=None, overwrite=False, **options) -> flowgpu.io.PendingWrite") from None
     return Entry(name, prepare, inspect.getdoc(prepare) or "", model, frozenset(capabilities), suffixes, check)
 
 
@@ -79,7 +94,8 @@ def register_sink(name: str, prepare: Callable[..., PendingWrite], *, writes_pat
                   atomic: bool = False, in_summary: bool = False, collects: bool = False,
                   options: type | None = None, replace: bool = True, labelled: bool = False,
                   suffixes: tuple[str, ...] = (), check: Callable[..., None] | None = None) -> Entry:
-    """Register ``prepare(x, path=None, overwrite=False, **options) -> PendingWrite`` as sink ``name``.
+    """Register ``prepare(x, path=None, overwrite=False, **options) -> PendingWrite`` as sink ``name``
+    (a ``prepare`` that cannot be called so is refused, a ConfigError).
 
     Capabilities: ``writes_path`` (needs ``path``, checked first), ``atomic`` (its commit moves a
     complete output into place), ``in_summary`` (the value goes into the run summary), ``collects``

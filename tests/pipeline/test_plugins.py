@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from flowgpu import pipeline
-from flowgpu.errors import SpecError
+from flowgpu.errors import ConfigError, SpecError
 from flowgpu.io import sinks, sources
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -216,3 +216,67 @@ def test_a_sinks_suffixes_refuse_a_path_named_for_another_kind_of_file(scratch_s
     for right in ("t.txt", "t.log", "plain"):
         pipeline.run(spec(right), session="local", progress=False)
         np.testing.assert_array_equal(np.loadtxt(tmp_path / right), values)
+
+
+def _lines_spec(tmp_path, out: str, k: float) -> dict:
+    return {"params": {"k": k},
+            "inputs": {"v": {"source": "npy", "path": str(tmp_path / "v.npy"), "chunks": [7]}},
+            "steps": {"s": {"op": "expr", "inputs": {"x": "v"}, "args": {"expression": "x * ${params.k}"}}},
+            "outputs": {"t": {"from": "s", "sink": "test_lines", "path": str(tmp_path / "out" / out)}}}
+
+
+def _run_local(spec, **kw):
+    return pipeline.run(spec, session="local", progress=False, **kw)
+
+
+def test_register_sink_refuses_a_prepare_that_cannot_take_flowgpus_call(scratch_sink, tmp_path, rng):
+    """A sink taking no arguments (or not path, or not overwrite) was registered, listed and validated,
+    and failed mid-run with a TypeError; it is refused when registered, naming the sink and the call."""
+    def bare():
+        """Takes nothing."""
+
+    def no_path(x, overwrite=False):
+        """No path."""
+
+    def no_overwrite(x, *, path=None):
+        """No overwrite."""
+
+    for bad in (bare, no_path, no_overwrite, lambda: None):
+        with pytest.raises(ConfigError, match=r"^sink 'test_lines': .*cannot take flowgpu's call \(.*\); a sink's "
+                                              r"prepare must accept the array first and the keywords path, overwrite"):
+            sinks.register_sink(scratch_sink, bad)
+        assert scratch_sink not in sinks.SINKS
+
+    def named_otherwise(values, path=None, overwrite=False, fmt: str = "%.17g", *, digits: int):
+        """The array by another name, and a required option."""
+        return sinks.PendingWrite("test_lines", dask.delayed(np.savetxt)(path, values, fmt=fmt), path)
+
+    entry = sinks.register_sink(scratch_sink, named_otherwise)
+    assert set(entry.options.model_fields) == {"fmt", "digits"}  # the array is not an option
+    values = rng.normal(size=int(rng.integers(5, 30)))
+    np.save(tmp_path / "v.npy", values)
+    spec = _lines_spec(tmp_path, "t.txt", 1.0)
+    spec["outputs"]["t"]["digits"] = 3
+    _run_local(spec)
+    np.testing.assert_allclose(np.loadtxt(tmp_path / "out" / "t.txt"), values, rtol=1e-15)
+
+
+def test_an_entry_point_sink_of_the_wrong_shape_is_refused_before_the_run(plugin_dist):
+    """An entry-point sink that takes no arguments was listed and validated, and ``flowgpu run`` started
+    a cluster and failed with a TypeError (exit 1); now loading it warns why, and a spec naming it is
+    refused at its ``sink`` (exit 2) with the same words, no traceback."""
+    site, specs, work = plugin_dist
+    with open(site / "flowgpu_test_plugin.py", "a") as f:
+        f.write('\n\ndef badsink():\n    """Takes nothing."""\n')
+    (site / "flowgpu_test_plugin-0.1.dist-info" / "entry_points.txt").write_text(
+        ENTRY_POINTS + "badsink = flowgpu_test_plugin:badsink\n")
+    (specs / "bad.yaml").write_text("inputs:\n  r: {source: ramp, n: 5}\n"
+                                    "outputs:\n  t: {from: r, sink: badsink, path: out.txt}\n")
+    done = _flowgpu([sys.executable, "-m", "flowgpu"], ["run", str(specs / "bad.yaml"), "--quiet"], site, work)
+    said = ("sink 'badsink': badsink() cannot take flowgpu's call (too many positional arguments); a sink's prepare "
+            "must accept the array first and the keywords path, overwrite")
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr and "could not load sink plugin 'badsink'" in done.stderr
+    assert re.search(r"bad\.yaml:4:\d+: outputs\.t\.sink: could not load sink plugin 'badsink' .*"
+                     + re.escape(said), done.stderr), done.stderr
+    assert not (work / "out.txt").exists()
