@@ -2,9 +2,12 @@
 
 A sink's ``prepare`` returns a :class:`PendingWrite`: a lazy dask object that writes to a staging
 path when computed, then ``commit``/``abort``; the runner computes all outputs in one graph and
-commits only when all are complete. Add sinks with :func:`register_sink` or the ``flowgpu.sinks``
-entry-point group (capabilities, when not the defaults, as attributes of the ``prepare`` function);
-a ``prepare`` that cannot take flowgpu's call is refused there, not mid-run.
+commits only when all are complete. A sink that is not ``atomic`` writes where it is told, and is
+told a path in a staging folder that flowgpu commits as its own (:func:`prepare_write`): its output
+gets the marker that lets the next run replace it, or find it up to date. Add sinks with
+:func:`register_sink` or the ``flowgpu.sinks`` entry-point group (capabilities, when not the
+defaults, as attributes of the ``prepare`` function); a ``prepare`` that cannot take flowgpu's call
+is refused there, not mid-run.
 """
 
 from __future__ import annotations
@@ -21,9 +24,9 @@ import dask.array as da
 import numpy as np
 
 from flowgpu.arrays.movement import to_host
-from flowgpu.errors import ConfigError
+from flowgpu.errors import ConfigError, OutputError
 from flowgpu.io.atomic import AtomicPath, check_writable, commit_together, hold
-from flowgpu.io.paths import files_read
+from flowgpu.io.paths import files_read, is_url
 from flowgpu.io.labelled import as_dataset, bare, write_dataset
 from flowgpu.io.npy import npy_writes
 from flowgpu.io.zarr import store_zarr
@@ -97,8 +100,11 @@ def register_sink(name: str, prepare: Callable[..., PendingWrite], *, writes_pat
     """Register ``prepare(x, path=None, overwrite=False, **options) -> PendingWrite`` as sink ``name``
     (a ``prepare`` that cannot be called so is refused, a ConfigError).
 
-    Capabilities: ``writes_path`` (needs ``path``, checked first), ``atomic`` (its commit moves a
-    complete output into place), ``in_summary`` (the value goes into the run summary), ``collects``
+    Capabilities: ``writes_path`` (needs ``path``, checked first), ``atomic`` (``prepare`` stages the
+    output itself, its PendingWrite carrying the :class:`AtomicPath`, as the built-ins do; otherwise
+    flowgpu stages it: ``path`` is then a path of the same name in a staging folder, whose content is
+    moved into place when every output is complete), ``in_summary`` (the value goes into the run
+    summary), ``collects``
     (each batch item's value is a row of the file at ``path``: ``table``), ``labelled`` (it gets an
     ``xarray.DataArray``). ``options``: a pydantic model (default: from the signature).
     ``suffixes``: how its files are named; a path named as another kind of file is refused.
@@ -127,13 +133,41 @@ def sinks_for(path: Any) -> list[str]:
 
 
 def prepare_write(sink: str, x: da.Array, path: str | None = None, overwrite: bool = False, **options) -> PendingWrite:
-    """Set up the lazy write of ``x`` to ``sink`` (labels only to a labelled sink); computes nothing."""
+    """Set up the lazy write of ``x`` to ``sink`` (labels only to a labelled sink); computes nothing.
+
+    A sink that writes a path but does not stage it (not ``atomic``) is given a path in a staging
+    folder: committed as the built-ins' outputs are, with the marker that says flowgpu wrote it."""
     entry = SINKS.get(sink)
-    return entry(x if entry.has(LABELLED) else bare(x), path=path, overwrite=overwrite, **options)
+    x = x if entry.has(LABELLED) else bare(x)
+    local = entry.has(WRITES_PATH) and path is not None and not is_url(path)  # a URL is the sink's to handle
+    if not local or entry.has(ATOMIC):
+        return _pending(sink, entry(x, path=path, overwrite=overwrite, **options), local)
+    atomic = AtomicPath(path, overwrite, meta={"format": sink}, reads=files_read(x), named=True)
+    given = atomic.begin()
+    with atomic.preparing():
+        pending = _pending(sink, entry(x, path=given, overwrite=overwrite, **options), False)
+    return PendingWrite(sink, pending.target, atomic.path, atomic)
+
+
+def _pending(sink: str, got: Any, staged: bool) -> PendingWrite:
+    """``got``, what sink ``prepare`` returned, once checked to be a PendingWrite (``staged``: with its AtomicPath)."""
+    if not isinstance(got, PendingWrite):
+        raise ConfigError(f"sink {sink!r}: prepare returned {type(got).__name__}, not a flowgpu.io.PendingWrite; "
+                          "return PendingWrite(name, target, path), target a dask object writing path when computed")
+    if staged and got.atomic is None:  # its output would carry no marker: the next run could not replace it
+        raise ConfigError(f"sink {sink!r} is registered atomic=True but its PendingWrite carries no AtomicPath; "
+                          "register it with atomic=False, and flowgpu stages what it writes")
+    return got
 
 
 def commit_all(pending: list[PendingWrite]) -> list[str | None]:
-    """Commit every write together (the atomic ones in one transaction); each one's location."""
+    """Commit every write together (the atomic ones in one transaction); each one's location. An
+    output whose write made nothing at the path it was given fails them all, nothing replaced."""
+    for p in pending:
+        if p.atomic is not None and not p.atomic.settle():
+            raise OutputError(f"sink {p.sink!r} wrote nothing for output {p.atomic.path!r}: its target, computed, "
+                              "made no file or folder at the path prepare was given (a staging path beside the "
+                              "output); write there, not elsewhere. Nothing was replaced")
     commit_together([p.atomic for p in pending if p.atomic is not None])
     return [p.location for p in pending]
 
