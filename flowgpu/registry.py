@@ -102,6 +102,7 @@ class Registry(Generic[T]):
         self._entries: dict[str, T] = {}
         self._lock = threading.RLock()
         self._plugins_loaded = False
+        self.broken: dict[str, str] = {}  # plugins that failed to load: name -> why (said again where named)
         self.version = 0  # bumped on every change, so what is generated from a registry can be rebuilt
 
     def add(self, entry: T, *, replace: bool = False) -> T:
@@ -130,8 +131,9 @@ class Registry(Generic[T]):
                 try:
                     entry = self._from_plugin(ep.name, ep.load())
                 except Exception as e:  # noqa: BLE001 - a broken plugin must not break every pipeline
-                    _plugin_warning(ep, f"could not load {self.what} plugin {ep.name!r} ({ep.value}) from entry-point "
-                                        f"group {self.group!r}: {type(e).__name__}: {e}")
+                    self.broken[ep.name] = (f"could not load {self.what} plugin {ep.name!r} ({ep.value}) from "
+                                            f"entry-point group {self.group!r}: {type(e).__name__}: {e}")
+                    _plugin_warning(ep, self.broken[ep.name])
                     continue
                 if entry is not None and entry.name in self._entries:  # never in place of a built-in's values
                     _plugin_warning(ep, f"{self.what} plugin {ep.name!r} ({ep.value}) is not used: flowgpu already has "
@@ -145,7 +147,7 @@ class Registry(Generic[T]):
         self._load_plugins()
         entry = self._entries.get(name)
         if entry is None:
-            raise self.error(f"unknown {self.what} {name!r}; {self.suggest(name)}")
+            raise self.error(self.broken.get(name) or f"unknown {self.what} {name!r}; {self.suggest(name)}")
         return entry
 
     def suggest(self, name: Any) -> str:

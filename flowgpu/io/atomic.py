@@ -254,7 +254,8 @@ class AtomicPath:
     """One output: ``begin()`` locks and checks it and returns the path to write; ``commit()`` moves
     it into place with the marker (:func:`commit_together`); ``abort()`` removes the staging dir."""
 
-    def __init__(self, path: str, overwrite: bool = False, meta: dict | None = None, reads: dict[str, str] | None = None):
+    def __init__(self, path: str, overwrite: bool = False, meta: dict | None = None,
+                 reads: dict[str, str] | None = None, named: bool = False):
         self.path = resolve(path)
         self.reads = reads  # {path: what} the data written is read from: never replaced
         self.overwrite = overwrite
@@ -262,6 +263,9 @@ class AtomicPath:
         self.id = new_id()
         self.stage = stage_dir(self.path, self.id)
         self.tmp = os.path.join(self.stage, "data")
+        # named: the writer gets a path with the output's own name, since its suffix may choose the format
+        # (np.savetxt gzips a .gz); settle() moves it to `data`, where the journal expects it
+        self.given = os.path.join(self.stage, "named", os.path.basename(self.path)) if named else self.tmp
         self._lock: OutputLock | None = None
         self.stuck = False
 
@@ -278,7 +282,15 @@ class AtomicPath:
             os.mkdir(self.stage)
             with open(os.path.join(self.stage, "owner.json"), "x") as f:  # its inode: what a copy cannot have
                 json.dump({**owner(), "ino": os.lstat(self.stage).st_ino}, f)
-        return self.tmp
+            if self.given != self.tmp:
+                os.mkdir(os.path.dirname(self.given))
+        return self.given
+
+    def settle(self) -> bool:
+        """Whether the write made anything at the path it was given; moved to where the commit takes it."""
+        if self.given != self.tmp and os.path.lexists(self.given):
+            os.rename(self.given, self.tmp)  # the inode, which the marker will name, stays
+        return os.path.lexists(self.tmp)
 
     @contextlib.contextmanager
     def preparing(self) -> Iterator[str]:

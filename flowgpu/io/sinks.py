@@ -2,8 +2,12 @@
 
 A sink's ``prepare`` returns a :class:`PendingWrite`: a lazy dask object that writes to a staging
 path when computed, then ``commit``/``abort``; the runner computes all outputs in one graph and
-commits only when all are complete. Add sinks with :func:`register_sink` or the ``flowgpu.sinks``
-entry-point group (capabilities, when not the defaults, as attributes of the ``prepare`` function).
+commits only when all are complete. A sink that is not ``atomic`` writes where it is told, and is
+told a path in a staging folder that flowgpu commits as its own (:func:`prepare_write`): its output
+gets the marker that lets the next run replace it, or find it up to date. Add sinks with
+:func:`register_sink` or the ``flowgpu.sinks`` entry-point group (capabilities, when not the
+defaults, as attributes of the ``prepare`` function); a ``prepare`` that cannot take flowgpu's call
+is refused there, not mid-run.
 """
 
 from __future__ import annotations
@@ -20,9 +24,9 @@ import dask.array as da
 import numpy as np
 
 from flowgpu.arrays.movement import to_host
-from flowgpu.errors import ConfigError
+from flowgpu.errors import ConfigError, OutputError
 from flowgpu.io.atomic import AtomicPath, check_writable, commit_together, hold
-from flowgpu.io.paths import files_read
+from flowgpu.io.paths import files_read, is_url
 from flowgpu.io.labelled import as_dataset, bare, write_dataset
 from flowgpu.io.npy import npy_writes
 from flowgpu.io.zarr import store_zarr
@@ -61,7 +65,21 @@ def _entry(name: str, prepare: Callable[..., PendingWrite], capabilities: set[st
            options: type | None = None, suffixes: tuple[str, ...] = (), check: Callable | None = None) -> Entry:
     if not callable(prepare):
         raise ConfigError(f"sink {name!r}: {prepare!r} is not callable")
-    model = options or options_model(name, prepare, skip=("x", "path", "overwrite"))
+    try:
+        sig = inspect.signature(prepare)
+    except (TypeError, ValueError):  # a builtin that has none: its call will tell
+        sig = None
+    first = next((p.name for p in sig.parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)),
+                 "x") if sig else "x"  # the array, whatever its name: not an option
+    model = options or options_model(name, prepare, skip=(first, "path", "overwrite"))
+    if sig is not None:
+        try:  # flowgpu's call, as prepare_write makes it: refused now, not as a TypeError mid-run
+            sig.bind(None, path=None, overwrite=False, **dict.fromkeys(model.model_fields))
+        except TypeError as e:
+            what = getattr(prepare, "__qualname__", type(prepare).__name__)
+            raise ConfigError(f"sink {name!r}: {what}{sig} cannot take flowgpu's call ({e}); a sink's prepare must "
+                              "accept the array first and the keywords path, overwrite and its options, as in "
+                              "prepare(x, path=None, overwrite=False, **options) -> flowgpu.io.PendingWrite") from None
     return Entry(name, prepare, inspect.getdoc(prepare) or "", model, frozenset(capabilities), suffixes, check)
 
 
@@ -77,16 +95,21 @@ SINKS: Registry[Entry] = Registry("flowgpu.sinks", "sink", error=ConfigError, fr
 
 def register_sink(name: str, prepare: Callable[..., PendingWrite], *, writes_path: bool = True,
                   atomic: bool = False, in_summary: bool = False, collects: bool = False,
-                  options: type | None = None, replace: bool = True, labelled: bool = False,
+                  options: type | None = None, replace: bool = False, labelled: bool = False,
                   suffixes: tuple[str, ...] = (), check: Callable[..., None] | None = None) -> Entry:
-    """Register ``prepare(x, path=None, overwrite=False, **options) -> PendingWrite`` as sink ``name``.
+    """Register ``prepare(x, path=None, overwrite=False, **options) -> PendingWrite`` as sink ``name``
+    (a ``prepare`` that cannot be called so is refused, a ConfigError).
 
-    Capabilities: ``writes_path`` (needs ``path``, checked first), ``atomic`` (its commit moves a
-    complete output into place), ``in_summary`` (the value goes into the run summary), ``collects``
+    Capabilities: ``writes_path`` (needs ``path``, checked first), ``atomic`` (``prepare`` stages the
+    output itself, its PendingWrite carrying the :class:`AtomicPath`, as the built-ins do; otherwise
+    flowgpu stages it: ``path`` is then a path of the same name in a staging folder, whose content is
+    moved into place when every output is complete), ``in_summary`` (the value goes into the run
+    summary), ``collects``
     (each batch item's value is a row of the file at ``path``: ``table``), ``labelled`` (it gets an
     ``xarray.DataArray``). ``options``: a pydantic model (default: from the signature).
     ``suffixes``: how its files are named; a path named as another kind of file is refused.
     ``check(x, **options)``: raises what ``prepare`` would refuse, so a spec's is refused before it runs.
+    A name already registered (a built-in's too) is refused unless ``replace``.
     """
     caps = {c for c, on in zip(CAPABILITIES + (LABELLED,), (writes_path, atomic, in_summary, collects, labelled)) if on}
     return SINKS.add(_entry(name, prepare, caps, options, tuple(s.lower() for s in suffixes), check), replace=replace)
@@ -111,13 +134,41 @@ def sinks_for(path: Any) -> list[str]:
 
 
 def prepare_write(sink: str, x: da.Array, path: str | None = None, overwrite: bool = False, **options) -> PendingWrite:
-    """Set up the lazy write of ``x`` to ``sink`` (labels only to a labelled sink); computes nothing."""
+    """Set up the lazy write of ``x`` to ``sink`` (labels only to a labelled sink); computes nothing.
+
+    A sink that writes a path but does not stage it (not ``atomic``) is given a path in a staging
+    folder: committed as the built-ins' outputs are, with the marker that says flowgpu wrote it."""
     entry = SINKS.get(sink)
-    return entry(x if entry.has(LABELLED) else bare(x), path=path, overwrite=overwrite, **options)
+    x = x if entry.has(LABELLED) else bare(x)
+    local = entry.has(WRITES_PATH) and path is not None and not is_url(path)  # a URL is the sink's to handle
+    if not local or entry.has(ATOMIC):
+        return _pending(sink, entry(x, path=path, overwrite=overwrite, **options), local)
+    atomic = AtomicPath(path, overwrite, meta={"format": sink}, reads=files_read(x), named=True)
+    given = atomic.begin()
+    with atomic.preparing():
+        pending = _pending(sink, entry(x, path=given, overwrite=overwrite, **options), False)
+    return PendingWrite(sink, pending.target, atomic.path, atomic)
+
+
+def _pending(sink: str, got: Any, staged: bool) -> PendingWrite:
+    """``got``, what sink ``prepare`` returned, once checked to be a PendingWrite (``staged``: with its AtomicPath)."""
+    if not isinstance(got, PendingWrite):
+        raise ConfigError(f"sink {sink!r}: prepare returned {type(got).__name__}, not a flowgpu.io.PendingWrite; "
+                          "return PendingWrite(name, target, path), target a dask object writing path when computed")
+    if staged and got.atomic is None:  # its output would carry no marker: the next run could not replace it
+        raise ConfigError(f"sink {sink!r} is registered atomic=True but its PendingWrite carries no AtomicPath; "
+                          "register it with atomic=False, and flowgpu stages what it writes")
+    return got
 
 
 def commit_all(pending: list[PendingWrite]) -> list[str | None]:
-    """Commit every write together (the atomic ones in one transaction); each one's location."""
+    """Commit every write together (the atomic ones in one transaction); each one's location. An
+    output whose write made nothing at the path it was given fails them all, nothing replaced."""
+    for p in pending:
+        if p.atomic is not None and not p.atomic.settle():
+            raise OutputError(f"sink {p.sink!r} wrote nothing for output {p.atomic.path!r}: its target, computed, "
+                              "made no file or folder at the path prepare was given (a staging path beside the "
+                              "output); write there, not elsewhere. Nothing was replaced")
     commit_together([p.atomic for p in pending if p.atomic is not None])
     return [p.location for p in pending]
 

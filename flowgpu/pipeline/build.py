@@ -261,6 +261,9 @@ def _translate(err: dict, data: Any, smap: SourceMap) -> SpecError:
     if kind == "union_tag_invalid":
         tag = err.get("ctx", {}).get("tag")
         field, registry = ("sink", sinks.SINKS) if path[:1] == ("outputs",) else ("source", sources.SOURCES)
+        if tag in registry.broken:  # installed, but refused when loaded: why, not "unknown"
+            return smap.error(registry.broken[tag], path + (field,), hint=f"fix the plugin, or choose another {field} "
+                              f"(run 'flowgpu {field}s' to list them)")
         return smap.error(f"unknown {field} {tag!r}", path + (field,), hint=registry.suggest(tag))
     if kind == "union_tag_not_found":
         return smap.error("an input needs a 'source'", path,

@@ -14,9 +14,10 @@ import sys
 import dask
 import numpy as np
 import pytest
+import yaml
 
 from flowgpu import pipeline
-from flowgpu.errors import SpecError
+from flowgpu.errors import ConfigError, OutputError, SpecError
 from flowgpu.io import sinks, sources
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -216,3 +217,152 @@ def test_a_sinks_suffixes_refuse_a_path_named_for_another_kind_of_file(scratch_s
     for right in ("t.txt", "t.log", "plain"):
         pipeline.run(spec(right), session="local", progress=False)
         np.testing.assert_array_equal(np.loadtxt(tmp_path / right), values)
+
+
+def _lines_spec(tmp_path, out: str, k: float) -> dict:
+    return {"params": {"k": k},
+            "inputs": {"v": {"source": "npy", "path": str(tmp_path / "v.npy"), "chunks": [7]}},
+            "steps": {"s": {"op": "expr", "inputs": {"x": "v"}, "args": {"expression": "x * ${params.k}"}}},
+            "outputs": {"t": {"from": "s", "sink": "test_lines", "path": str(tmp_path / "out" / out)}}}
+
+
+def _run_local(spec, **kw):
+    return pipeline.run(spec, session="local", progress=False, **kw)
+
+
+@pytest.mark.parametrize("out", ["t.txt", "t.txt.gz"])
+def test_a_registered_sinks_output_is_flowgpus_own_up_to_date_until_its_recipe_changes(scratch_sink, tmp_path, rng,
+                                                                                        out):
+    """A sink registered as the docs show (atomic=False: it writes where it is told) wrote a file with
+    no marker: the next run refused it as not flowgpu's, and --overwrite found it "changed since it was
+    written" every time. Its write is now staged and committed as the built-ins' are (at a path of the
+    output's own name: np.savetxt gzips a .gz), so a second run computes nothing, a new param rewrites
+    it, and a file the user put there is still refused."""
+    def lines(x, path=None, overwrite=False):
+        """One value per line."""
+        return sinks.PendingWrite("test_lines", dask.delayed(np.savetxt)(path, x), path)
+
+    sinks.register_sink(scratch_sink, lines, suffixes=(".txt",))
+    values, k = rng.normal(size=int(rng.integers(20, 60))), float(rng.normal())
+    np.save(tmp_path / "v.npy", values)
+    target = tmp_path / "out" / out
+
+    first = _run_local(_lines_spec(tmp_path, out, k))
+    assert first.summary["outputs"]["t"]["status"] == "computed" and first.outputs["t"] == str(target)
+    np.testing.assert_allclose(np.loadtxt(target), values * k, rtol=1e-15)
+    assert target.read_bytes()[:2] == b"\x1f\x8b" if out.endswith(".gz") else target.read_text()[0] != "\x1f"
+    stamp = target.stat().st_mtime_ns
+    for overwrite in (False, True):  # with --overwrite, too: the file is the one flowgpu wrote
+        again = _run_local(_lines_spec(tmp_path, out, k), overwrite=overwrite)
+        assert again.summary["outputs"]["t"]["status"] == "up-to-date" and again.summary["tasks"] == 0
+    assert target.stat().st_mtime_ns == stamp
+    assert sorted(os.listdir(target.parent)) == sorted([out, f".{out}.flowgpu-output.json"])  # no staging left
+    assert pipeline.status(_lines_spec(tmp_path, out, k))["items"][0]["outputs"]["t"]["up_to_date"]
+
+    k2 = k + 1.0 + abs(float(rng.normal()))
+    changed = _run_local(_lines_spec(tmp_path, out, k2))
+    assert changed.summary["outputs"]["t"]["status"] == "computed"
+    assert changed.summary["outputs"]["t"]["reason"] == "params changed: k"
+    np.testing.assert_allclose(np.loadtxt(target), values * k2, rtol=1e-15)
+
+    mine = rng.normal(size=5)
+    np.savetxt(tmp_path / out, mine)
+    os.replace(tmp_path / out, target)  # the user's file, where flowgpu's was (its marker still beside it)
+    with pytest.raises(SpecError, match=r"outputs\.t\.path: output .* already exists and is not the one flowgpu wrote"):
+        _run_local(_lines_spec(tmp_path, out, k2))
+    np.testing.assert_array_equal(np.loadtxt(target), mine)
+
+
+def test_a_sink_whose_write_makes_nothing_at_its_path_fails_the_run(scratch_sink, tmp_path, rng):
+    """A sink whose target wrote nothing (here: elsewhere) was reported as written at its path; now
+    the item fails with what to fix, and nothing is left at the path nor beside it."""
+    elsewhere = tmp_path / "elsewhere.txt"
+
+    def astray(x, path=None, overwrite=False):
+        """Writes another path than the one it is given."""
+        return sinks.PendingWrite("test_lines", dask.delayed(np.savetxt)(str(elsewhere), x), path)
+
+    sinks.register_sink(scratch_sink, astray)
+    values = rng.normal(size=int(rng.integers(5, 30)))
+    np.save(tmp_path / "v.npy", values)
+    with pytest.raises(OutputError, match=r"sink 'test_lines' wrote nothing for output .*t\.txt.*Nothing was replaced"):
+        _run_local(_lines_spec(tmp_path, "t.txt", 1.0))
+    assert not (tmp_path / "out").exists() or os.listdir(tmp_path / "out") == []
+    np.testing.assert_allclose(np.loadtxt(elsewhere), values)
+
+    sinks.register_sink(scratch_sink, astray, atomic=True)  # says it stages its output, and does not
+    with pytest.raises(ConfigError, match=r"sink 'test_lines' is registered atomic=True but its PendingWrite carries "
+                                          r"no AtomicPath; register it with atomic=False"):
+        _run_local(_lines_spec(tmp_path, "t.txt", 1.0))
+
+
+def test_register_sink_refuses_a_prepare_that_cannot_take_flowgpus_call(scratch_sink, tmp_path, rng):
+    """A sink taking no arguments (or not path, or not overwrite) was registered, listed and validated,
+    and failed mid-run with a TypeError; it is refused when registered, naming the sink and the call."""
+    def bare():
+        """Takes nothing."""
+
+    def no_path(x, overwrite=False):
+        """No path."""
+
+    def no_overwrite(x, *, path=None):
+        """No overwrite."""
+
+    for bad in (bare, no_path, no_overwrite, lambda: None):
+        with pytest.raises(ConfigError, match=r"^sink 'test_lines': .*cannot take flowgpu's call \(.*\); a sink's "
+                                              r"prepare must accept the array first and the keywords path, overwrite"):
+            sinks.register_sink(scratch_sink, bad)
+        assert scratch_sink not in sinks.SINKS
+
+    def named_otherwise(values, path=None, overwrite=False, fmt: str = "%.17g", *, digits: int):
+        """The array by another name, and a required option."""
+        return sinks.PendingWrite("test_lines", dask.delayed(np.savetxt)(path, values, fmt=fmt), path)
+
+    entry = sinks.register_sink(scratch_sink, named_otherwise)
+    assert set(entry.options.model_fields) == {"fmt", "digits"}  # the array is not an option
+    values = rng.normal(size=int(rng.integers(5, 30)))
+    np.save(tmp_path / "v.npy", values)
+    spec = _lines_spec(tmp_path, "t.txt", 1.0)
+    spec["outputs"]["t"]["digits"] = 3
+    _run_local(spec)
+    np.testing.assert_allclose(np.loadtxt(tmp_path / "out" / "t.txt"), values, rtol=1e-15)
+
+
+def test_an_entry_point_sink_of_the_wrong_shape_is_refused_before_the_run(plugin_dist):
+    """An entry-point sink that takes no arguments was listed and validated, and ``flowgpu run`` started
+    a cluster and failed with a TypeError (exit 1); now loading it warns why, and a spec naming it is
+    refused at its ``sink`` (exit 2) with the same words, no traceback."""
+    site, specs, work = plugin_dist
+    with open(site / "flowgpu_test_plugin.py", "a") as f:
+        f.write('\n\ndef badsink():\n    """Takes nothing."""\n')
+    (site / "flowgpu_test_plugin-0.1.dist-info" / "entry_points.txt").write_text(
+        ENTRY_POINTS + "badsink = flowgpu_test_plugin:badsink\n")
+    (specs / "bad.yaml").write_text("inputs:\n  r: {source: ramp, n: 5}\n"
+                                    "outputs:\n  t: {from: r, sink: badsink, path: out.txt}\n")
+    done = _flowgpu([sys.executable, "-m", "flowgpu"], ["run", str(specs / "bad.yaml"), "--quiet"], site, work)
+    said = ("sink 'badsink': badsink() cannot take flowgpu's call (too many positional arguments); a sink's prepare "
+            "must accept the array first and the keywords path, overwrite")
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr and "could not load sink plugin 'badsink'" in done.stderr
+    assert re.search(r"bad\.yaml:4:\d+: outputs\.t\.sink: could not load sink plugin 'badsink' .*"
+                     + re.escape(said), done.stderr), done.stderr
+    assert not (work / "out.txt").exists()
+
+
+def test_the_docs_sink_example_runs_and_its_output_is_up_to_date_on_the_next_run(tmp_path, rng, monkeypatch):
+    text = (ROOT / "docs" / "pipelines.md").read_text()
+    code = "# mypkg/io.py" + text.split("```python\n# mypkg/io.py", 1)[1].split("```", 1)[0]
+    output = re.search(r"`outputs: (\{t: .*\})` then writes", text).group(1)
+    monkeypatch.chdir(tmp_path)
+    values = rng.normal(size=int(rng.integers(5, 40)))
+    np.save(tmp_path / "v.npy", values)
+    spec = {"inputs": {"v": {"source": "npy", "path": str(tmp_path / "v.npy")}},
+            "steps": {"s": {"op": "negative", "inputs": ["v"]}}, "outputs": yaml.safe_load(output)}
+    assert "text" not in sinks.SINKS
+    try:
+        exec(compile(code, "mypkg/io.py", "exec"), {})  # registers sink "text"
+        first, second = _run_local(spec), _run_local(spec)
+    finally:
+        sinks.SINKS.remove("text")
+    np.testing.assert_allclose(np.loadtxt(first.outputs["t"]), -values, atol=5e-4)
+    assert second.summary["outputs"]["t"]["status"] == "up-to-date"
