@@ -44,6 +44,7 @@ class _Run:
     finished: float | None = None
     error: str | None = None
     peak: dict[str, dict[str, int]] = field(default_factory=dict)  # worker -> {"store", "process"} bytes
+    unwritten: set[str] = field(default_factory=set)  # output nodes the client says were not moved into place
 
 
 def layer_of(key: Hashable) -> str:
@@ -77,11 +78,17 @@ class Board:
         self._layers = {k: v for k, v in self._layers.items() if v[0] != run_id}
         self._keys = {k: v for k, v in self._keys.items() if v[0] != run_id}
 
-    def finish(self, run_id: str, status: str, error: str | None = None, now: float | None = None) -> None:
-        """The client says how the run ended (``ok`` or ``failed``)."""
+    def finish(self, run_id: str, status: str, error: str | None = None, written: list[str] | None = None,
+               now: float | None = None) -> None:
+        """The client says how the run ended (``ok`` or ``failed``) and, with ``written``, which outputs
+        were moved into place: the others are ``not-written``, whatever their tasks did (a failed run's
+        writes finish into a staging folder that is then removed)."""
         run = self.runs.get(run_id)
         if run is not None:
             run.status, run.error = status, error
+            if written is not None:
+                run.unwritten = {n["id"] for n in run.graph["nodes"] if n["kind"] == "output"
+                                 and n["id"] not in run.states and n["id"].removeprefix("out:") not in written}
             run.finished = time.time() if now is None else now
             self._unkey(run_id)  # its counts stay; which key is whose is not needed any more (a batch holds many)
 
@@ -150,8 +157,8 @@ class Board:
     @staticmethod
     def _needs(run: _Run) -> dict[str, list[str]]:
         """Whose state each node's state follows: an included pipeline its steps'; a step without
-        tasks of its own (Dask's optimizer merged them into the steps it feeds) those steps'; an
-        output without tasks its source's."""
+        tasks of its own (Dask's optimizer merged them into the steps or the writes it feeds) those
+        steps' and writes'; an output without tasks its source's."""
         children, feeds, source = defaultdict(list), defaultdict(list), defaultdict(list)
         for n in run.graph["nodes"]:
             if n.get("parent"):
@@ -161,7 +168,9 @@ class Board:
                 feeds[src].append(dst)
             elif kind == "output":
                 source[dst].append(src)
-                if dst in run.states:  # an output known up to date: what feeds only it is too
+                # an output known up to date: what feeds only it is too; one with tasks (a write the
+                # step's chunks were fused into) ran them (never followed back: it follows no one)
+                if dst in run.states or run.steps[dst].total:
                     feeds[src].append(dst)
         needs = {}
         for n in run.graph["nodes"]:
@@ -181,7 +190,8 @@ class Board:
         states: dict[str, str] = {}
         for nid in TopologicalSorter(needs).static_order():
             states[nid] = self._state(run, nodes[nid], {states[d] for d in needs[nid]})
-        return states
+        # after the steps followed what their tasks did: an output not moved into place is not shown done
+        return {nid: "not-written" if nid in run.unwritten and s != "failed" else s for nid, s in states.items()}
 
     def _state(self, run: _Run, node: dict, followed: set[str]) -> str:
         nid = node["id"]
@@ -192,17 +202,22 @@ class Board:
         s = run.steps[nid]
         if s.erred or "failed" in followed:
             return "failed"
+        ended = run.status != "running"  # what has not run by then never will: the run cancelled it
         if s.total:
-            if len(s.done) >= s.total:
+            if len(s.done) >= s.total or run.status == "ok":  # ok: a task not seen ending ran before (shared)
                 return "done"
+            if ended:
+                return "cancelled"
             return "running" if s.done or s.processing else "waiting"
         followed = followed - {"fused"}
         if not followed:
-            return "done" if run.status == "ok" else "waiting"
+            return "done" if run.status == "ok" else "cancelled" if ended else "waiting"
         if followed == {"up-to-date"}:
             return "up-to-date"  # it feeds only outputs that were not computed again
         if followed <= {"done", "up-to-date"}:
             return "done"
+        if ended:
+            return "cancelled"
         return "waiting" if followed <= {"waiting"} else "running"
 
     def view(self, run_id: str | None = None) -> dict[str, Any]:
@@ -218,7 +233,7 @@ class Board:
             s = run.steps[node["id"]]
             out["steps"].append({"id": node["id"], "label": node["label"], "kind": node["kind"],
                                  "what": node["what"], "state": states[node["id"]],
-                                 "done": len(s.done), "total": s.total, "bytes": s.nbytes,
+                                 "done": len(s.done), "erred": s.erred, "total": s.total, "bytes": s.nbytes,
                                  "seconds": s.seconds, "error": s.error})
         same = [r for r in self.runs.values() if r.batch is not None and r.batch == run.batch] or [run]
         out["items"] = [{**self._row(r), "done": sum(len(s.done) for s in r.steps.values()),

@@ -88,10 +88,11 @@ class Tracked:
         return self.client.sync(self.client.scheduler.flowgpu_board, run_id=self.run_id, callback_timeout=_TIMEOUT,
                                 **kwargs)
 
-    def finish(self, status: str, error: str | None = None) -> None:
-        """The run ended: ``status`` ``"ok"`` or ``"failed"`` (with its ``error``)."""
+    def finish(self, status: str, error: str | None = None, written: list[str] | None = None) -> None:
+        """The run ended: ``status`` ``"ok"`` or ``"failed"`` (with its ``error``); ``written``: the outputs
+        moved into place."""
         try:
-            self._call(action="finish", status=status, error=error)
+            self._call(action="finish", status=status, error=error, written=written)
         except Exception:  # noqa: BLE001 - the page is a view
             logger.debug("flowgpu: could not tell the board the run ended", exc_info=True)
         if self.report:  # the board's view at the end, and dask's report of the task stream since the start
@@ -125,7 +126,7 @@ class Follower:
         elif isinstance(event, ItemFinished) and event.index in self.tracked:
             o = event.outcome
             self.tracked[event.index].finish("ok" if o.status == "ok" else "failed",
-                                             str(o.error) if o.error else o.status)
+                                             str(o.error) if o.error else o.status, list(o.values))
 
     def _follow(self, event: ItemStarted) -> Tracked | None:
         client = self.session.client

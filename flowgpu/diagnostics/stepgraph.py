@@ -21,7 +21,7 @@ __all__ = ["StepGraph", "GraphNode", "Edge", "STATE_COLORS", "from_description",
 
 # What a node can be doing during a run, and how every view colours it.
 STATE_COLORS = {"waiting": "#e0e0e0", "running": "#ffd54f", "done": "#81c784", "failed": "#e57373",
-                "fused": "#b0bec5", "up-to-date": "#90caf9"}
+                "fused": "#b0bec5", "up-to-date": "#90caf9", "cancelled": "#d7ccc8", "not-written": "#ffcc80"}
 KIND_COLORS = {"input": "#bbdefb", "step": "#fff9c4", "uses": "#e1bee7", "output": "#c8e6c9"}
 
 

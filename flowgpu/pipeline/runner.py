@@ -358,7 +358,19 @@ def interrupted(outcomes: list[Outcome]) -> str:
 
 def _write_report(spec: Spec, outcomes: list[Outcome], session: runtime.RunSession, started: float, batch: bool,
                   config: RunConfig, follower: monitor.Follower) -> None:
-    summary = _result(spec, outcomes, session, started, batch).summary
+    result = _result(spec, outcomes, session, started, batch)
+    summary = result.summary
+    if batch:  # the header's totals: an array several items read is read once (they share its tasks)
+        reads = {n.array.name: int(n.array.nbytes) for o in outcomes if o.values
+                 for n in (o.plan or o.job.plan).nodes.values() if n.reads_files and n.array is not None}
+        summary.update(tasks=sum(r.summary["tasks"] for r in result.items), bytes_read=sum(reads.values()),
+                       bytes_written=sum(r.summary["bytes_written"] for r in result.items))
+    failed = next((o for o in outcomes if o.status in ("failed", "cancelled")), None)
+    if failed is not None:  # it computed no output to count its tasks and reads by: not known, rather than 0
+        summary.update(tasks=None, bytes_read=None)
+        if not batch and failed.error is not None:  # what its --summary says (run raises this error)
+            summary.update(error=str(failed.error), error_type=type(failed.error).__name__,
+                           step=_failed_step(failed.job.item.spec, failed.plan or failed.job.plan, failed.error))
     runs = [(o.job.item.label, follower.report_data(o.job.item.index) or  # up to date: its plan
              {"description": describe(o.plan or o.job.plan), "view": None, "dask_html": None}) for o in outcomes]
     runreport.write(config.report, runreport.render(summary, runs), config.overwrite)

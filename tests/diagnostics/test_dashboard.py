@@ -101,7 +101,7 @@ def test_a_batch_shows_one_row_per_item(session, tmp_path, rng):
     futures = session.client.compute([plan.outputs["s"] for _, plan in runs])
     for seed, ((x, _), f) in enumerate(zip(runs, futures)):
         assert np.isclose(f.result(), (3 * x).mean(axis=0).sum())
-        follower(events.ItemFinished(seed, types.SimpleNamespace(status="ok", error=None)))
+        follower(events.ItemFinished(seed, types.SimpleNamespace(status="ok", error=None, values={"s": f.result()})))
     items = _view(session)["items"]
     assert [(i["item"], i["status"]) for i in items] == [(f"params.seed={s}", "ok") for s in range(3)]
     assert all(i["done"] == i["total"] > 0 for i in items)

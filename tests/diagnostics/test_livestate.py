@@ -84,6 +84,46 @@ def test_a_failed_task_fails_its_step_with_the_error_and_the_run_ends(rng):
     assert 'data-status="failed"' in html["head"]
 
 
+def test_a_run_that_ended_shows_nothing_running_and_its_outputs_not_written(rng):
+    """After a failed run what had not run is cancelled, not running or waiting, and an output the client
+    says was not moved into place is not-written (unless its tasks failed), whatever its tasks did."""
+    b, keys = _board(rng)
+    _finish(b, keys["rand-1"][0])
+    b.transition(keys["rand-1"][1], "waiting", "processing")
+    b.transition(("sum-2", 1), "waiting", "processing")
+    b.transition(("sum-2", 1), "processing", "erred", error="RuntimeError: boom while running")
+    for key in keys["store-5"]:  # out:u's writes finished into their staging
+        _finish(b, key, int(rng.integers(1, 100)))
+    assert _states(b)["x"] == "running" and _states(b)["out:u"] == "done"
+    b.finish("r", "failed", "RunError: boom", written=[], now=104.0)
+    assert _states(b) == {"x": "cancelled", "y": "fused", "s": "failed", "sub": "cancelled", "sub/a": "cancelled",
+                          "sub/b": "cancelled", "out:t": "failed", "out:u": "not-written"}
+    x = next(s for s in b.view()["steps"] if s["id"] == "x")
+    assert (x["done"], x["erred"], x["total"]) == (1, 0, 3)
+    assert 'data-step="out:u" data-state="not-written"' in render_tables(b.view())["steps"]
+
+
+def test_a_step_merged_into_a_write_follows_it():
+    """A step with no tasks of its own whose chunks Dask computes inside an output's writes: it runs and is
+    done as they do; the output's own state says whether it was moved into place."""
+    desc = {"name": "w", "steps": [{"name": "x", "kind": "input", "what": "npy", "deps": []},
+                                   {"name": "g", "kind": "step", "what": "map_blocks", "deps": ["x"]}],
+            "outputs": {"o": {"from": "g", "sink": "npy"}}}
+    states = {}
+    for written in (["o"], []):
+        b = Board()
+        b.publish("r", stepgraph.to_dict(stepgraph.from_description(desc)), {"read-1": "x", "store-2": "out:o"})
+        b.add_tasks([(("read-1", 0), []), (("store-2", 0), [("read-1", 0)])])
+        _finish(b, ("read-1", 0))
+        b.transition(("store-2", 0), "waiting", "processing")
+        assert _states(b) == {"x": "done", "g": "running", "out:o": "running"}
+        b.transition(("store-2", 0), "processing", "memory", nbytes=8)
+        b.finish("r", "ok" if written else "failed", written=written)
+        states[bool(written)] = _states(b)
+    assert states == {True: {"x": "done", "g": "done", "out:o": "done"},
+                      False: {"x": "done", "g": "done", "out:o": "not-written"}}
+
+
 def test_error_text_and_worker_names_on_the_page_stay_text(rng):
     b, keys = _board(rng)
     b.transition(("sum-2", 1), "processing", "erred", error="ValueError: <img src=x onerror=alert(1)> & \"q\"")
