@@ -67,4 +67,4 @@ def is_report(path: str | os.PathLike) -> bool:
 def write(path: str | os.PathLike, text: str, overwrite: bool = True) -> None:
     """Write ``text`` at ``path`` atomically; ``overwrite=False`` (a run's ``--report``): refuse to
     replace a file that is not a run report."""
-    write_text(path, text, head=None if overwrite else _HEAD, what="run report")
+    write_text(path, text, head=None if overwrite else _HEAD, what="run report", public=True)
