@@ -50,7 +50,8 @@ class Generator:
     """The walk over the tree. A subclass gives ``LOGICAL`` (``& | ^ + *`` on booleans), ``HELPERS``
     (operator -> (integer, float) helper where NumPy differs from the target) and ``TEMPLATES`` (code
     over the operands ``{0}, {1}, ...`` and the dtype ``{d}``; and the constants), plus ``cast``,
-    ``abs``, ``function`` (the target's name of ``sqrt``, ``arctan2``, ``minimum``, ...) and ``widens``
+    ``abs``, ``function`` (the target's name of ``sqrt``, ``arctan2``, ``minimum``, ...), ``undefined_overflow``
+    (where the target's integer arithmetic must be computed unsigned to wrap) and ``widens``
     (True when the target computes a dtype in a wider type, as C's ``char * char`` is an ``int``: such a
     node is cast back, so it wraps as NumPy's does).
     """
@@ -98,7 +99,8 @@ class Generator:
             code = self.binop(node, d)
         elif isinstance(node, UnaryOp):  # "-" or "~" (the parser folds "+")
             a = self.gen(node.operand, d)
-            code = self.TEMPLATES["not"].format(a) if d.kind == "b" else f"({node.op}{a})"
+            code = self.TEMPLATES["not"].format(a) if d.kind == "b" else \
+                self.negative(a, d) if node.op == "-" else f"({node.op}{a})"
         else:  # a Call (a Const is a scalar: gen() writes it as a literal)
             code = self.call(node, d)
         if d.kind == "b" or not self.widens(d):
@@ -116,7 +118,18 @@ class Generator:
     def arith(self, op: str, a: str, b: str, d: np.dtype) -> str:
         if op in self.HELPERS:
             return self.helper(self.HELPERS[op], d, a, b)
+        if op in "+-*" and self.undefined_overflow(op, d):
+            # the target's signed overflow is undefined (numba's LLVM flags it nsw, C++ says so), which lets
+            # the compiler fold INT64_MAX + 1 > INT64_MAX to True: computed unsigned, it wraps as NumPy's does
+            return self.TEMPLATES["wrapping"].format(a, b, op=op, d=d.name, c=c_type(d))
         return self.TEMPLATES["plain"].format(a, b, op=op, d=d.name)
+
+    def undefined_overflow(self, op: str, d: np.dtype) -> bool:
+        """Whether ``op`` on dtype ``d`` may overflow where the target leaves the result undefined."""
+        raise NotImplementedError
+
+    def negative(self, a: str, d: np.dtype) -> str:
+        return self.arith("-", self.literal(0, d), a, d) if self.undefined_overflow("-", d) else f"(-{a})"
 
     def binop(self, node: BinOp, d: np.dtype) -> str:
         op = node.op
@@ -134,6 +147,15 @@ class Generator:
                 raise KernelError(f"expression {self.expr.text!r}: {op!r} on booleans is not supported")
             return f"({a} {self.LOGICAL[op]} {b})"
         return self.arith(op, a, b, d)
+
+    def product(self, factors: list[str], d: np.dtype) -> str:
+        """``a * a (* a)``: integers through :meth:`arith` (wrapping), floats in one expression."""
+        if d.kind not in "iu":
+            return f"({' * '.join(factors)})"
+        code = factors[0]
+        for f in factors[1:]:
+            code = self.arith("*", code, f, d)
+        return code
 
     def beyond(self, node: Node, c: np.dtype) -> int:
         """+1 (-1) when ``node`` is a weak Python int above (below) the range of integer dtype ``c``, else 0."""
@@ -155,7 +177,7 @@ class Generator:
         exp = self.t.value(node.right) if self.t.weak(node.right) else None
         if exp is not None and d.kind in "fiu":
             if exp in (1, 2, 3):
-                return a if exp == 1 else f"({' * '.join([a] * int(exp))})"
+                return a if exp == 1 else self.product([a] * int(exp), d)
             if d.kind == "f" and exp == 0.5:
                 return self.TEMPLATES["sqrt"].format(a)
             if d.kind == "f" and exp == -1:
@@ -184,9 +206,9 @@ class Generator:
         if family == "abs":
             return self.abs(gen[0], d)
         if family == "negative":
-            return f"(-{gen[0]})"
+            return self.negative(gen[0], d)
         if family == "square":
-            return f"({gen[0]} * {gen[0]})"
+            return self.product([gen[0]] * 2, d)
         if family == "reciprocal":
             one_over = self.arith("/", self.literal(1, d), gen[0], d)
             if d.kind not in "iu":

@@ -34,11 +34,15 @@ class PythonGenerator(Generator):
     HELPERS = {"/": ("_div", "_div"), "//": ("_ifloordiv", "_ffloordiv"), "%": ("_imod", "_fmod"),
                "**": ("_ipow", "_pow")}
     TEMPLATES = {"not": "(not {0})", "sqrt": "_np.sqrt({0})", "plain": "_t_{d}({0} {op} {1})",
+                 "wrapping": "_t_{d}(_wrap(_u64({0}) {op} _u64({1})))",
                  "sign": "_t_{d}(_sign({0}))", "clip": "_min(_max({0}, {1}), {2})", "select": "_where({0}, {1}, {2})",
                  "True": "True", "False": "False", "nan": "_nan", "inf": "_inf", "-inf": "(-_inf)"}
 
     def widens(self, d: np.dtype) -> bool:
         return True  # numba computes small integers in int64, float32 ** float32 in float64, ...
+
+    def undefined_overflow(self, op: str, d: np.dtype) -> bool:
+        return d == np.int64  # smaller integers are computed in int64, where + - * cannot overflow
 
     @classmethod
     def cast(cls, code: str, want: np.dtype) -> str:
@@ -130,11 +134,17 @@ def python_globals() -> dict[str, Any]:
     def _div(a, b):
         return a / b
 
+    _u64 = np.uint64  # integers computed unsigned wrap (numba flags signed + - * nsw: undefined overflow)
+
+    @jit
+    def _wrap(u):  # an unsigned result back to int64, bit for bit
+        return np.int64(u)
+
     @jit
     def _sign(a):
         if a != a:
             return a
-        return a - a + ((a > 0) - (a < 0))
+        return (a > 0) - (a < 0)  # not a - a + ...: inf - inf is NaN
 
     @jit
     def _ifloordiv(a, b):
@@ -153,14 +163,14 @@ def python_globals() -> dict[str, Any]:
         return a % b
 
     @jit
-    def _ipow(a, b):
-        r = a - a + 1
+    def _ipow(a, b):  # unsigned, so that it wraps (the caller casts to the dtype)
+        r, m = np.uint64(1), np.uint64(a)
         while b > 0:
             if b & 1:
-                r = r * a
-            a = a * a
+                r = r * m
+            m = m * m
             b = b >> 1
-        return r
+        return np.int64(r)
 
     @jit
     def _pow(a, b):

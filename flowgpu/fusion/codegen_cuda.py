@@ -33,7 +33,9 @@ template <typename T> __device__ __forceinline__ T _fg_clip(T x, T lo, T hi) { r
 template <typename T> __device__ __forceinline__ T _fg_sign(T a) {
     return a != a ? a : (T)((a > (T)0) - (a < (T)0));
 }
-template <typename T> __device__ __forceinline__ T _fg_iabs(T a) { return a < (T)0 ? (T)(-a) : a; }
+template <typename T> __device__ __forceinline__ T _fg_iabs(T a) {  // the lowest integer stays itself, as NumPy's
+    return a < (T)0 ? (T)(0ULL - (unsigned long long)a) : a;
+}
 template <typename T> __device__ __forceinline__ T _fg_ifloordiv(T a, T b) {
     if (b == (T)0) return (T)0;
     if ((T)-1 < (T)0 && b == (T)-1) return (T)(0ULL - (unsigned long long)a);  // lowest // -1 wraps, as NumPy
@@ -47,10 +49,10 @@ template <typename T> __device__ __forceinline__ T _fg_imod(T a, T b) {
     if (r != (T)0 && ((r < (T)0) != (b < (T)0))) r += b;
     return r;
 }
-template <typename T> __device__ __forceinline__ T _fg_ipow(T a, T b) {
-    T r = 1;
-    while (b > (T)0) { if (b & (T)1) r *= a; a *= a; b >>= 1; }
-    return r;
+template <typename T> __device__ __forceinline__ T _fg_ipow(T a, T b) {  // unsigned: wraps, as NumPy's
+    unsigned long long r = 1, m = (unsigned long long)a;
+    while (b > (T)0) { if (b & (T)1) r *= m; m *= m; b >>= 1; }
+    return (T)r;
 }
 template <typename T> __device__ __forceinline__ T _fg_fmod(T a, T b) {
     T mod = fmod(a, b);
@@ -76,6 +78,7 @@ class CudaGenerator(Generator):
     LOGICAL = {"&": "&&", "|": "||", "^": "!=", "+": "||", "*": "&&"}
     HELPERS = {"//": ("_fg_ifloordiv", "_fg_ffloordiv"), "%": ("_fg_imod", "_fg_fmod"), "**": ("_fg_ipow", "pow")}
     TEMPLATES = {"not": "(!{0})", "sqrt": "sqrt({0})", "plain": "({0} {op} {1})", "sign": "_fg_sign<{c}>({0})",
+                 "wrapping": "(({c})((unsigned long long)({0}) {op} (unsigned long long)({1})))",
                  "clip": "_fg_clip<{c}>({0}, {1}, {2})", "select": "({0} ? {1} : {2})",
                  "True": "true", "False": "false", "nan": "(0.0/0.0)", "inf": "(1.0/0.0)", "-inf": "(-1.0/0.0)"}
 
@@ -99,6 +102,10 @@ class CudaGenerator(Generator):
         # C computes char and short in int; CUDA's math functions compute float16 in float: cast back,
         # so the value is NumPy's (rounded to float16 after each operation) and has the C type float16
         return (d.kind in "iu" and d.itemsize < 4) or d == np.float16
+
+    def undefined_overflow(self, op: str, d: np.dtype) -> bool:
+        # C computes char and short in int: only unsigned short * unsigned short can overflow it
+        return (d.kind == "i" and d.itemsize >= 4) or (d == np.uint16 and op == "*")
 
     def abs(self, a: str, d: np.dtype) -> str:
         if d.kind == "f":

@@ -148,6 +148,66 @@ def test_gpu_small_integers_wrap_before_the_next_operation(rng, dtype):
         _same(cp.asnumpy(_under_fusing(f(x))), want)
 
 
+# -- wide signed integers wrap: their overflow is undefined in numba's LLVM and in C++ ----------------
+
+WIDE = {
+    "plus one beyond the largest": lambda a: (a + 1) > a,
+    "product then floordiv": lambda a: (a * a) // 3,
+    "product then mod": lambda a: (a * a) % 7,
+    "negated product then compare": lambda a: (-(a * 4)) < 0,
+    "cube then compare": lambda a: (a ** 3) > 0,
+    "abs of a product": lambda a: abs(a * 2) >= 0,
+}
+
+
+def _wide(rng, dtype) -> np.ndarray:
+    info = np.iinfo(dtype)
+    edges = np.array([info.max, info.min, info.max - 1, -1, 0], dtype=dtype)
+    return np.concatenate([edges, rng.integers(info.min, info.max, 400, endpoint=True, dtype=dtype)])
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("dtype", ["int64", pytest.param("int32", marks=pytest.mark.slow)])
+def test_wide_signed_integers_wrap_as_numpy(rng, dtype):
+    """numba flags signed + - * no-signed-wrap, so LLVM folded ``x + 1 > x`` to True for the largest
+    int64 and ``(x * x) // 3`` came out of another overflow: now they are computed unsigned."""
+    xn = _wide(rng, dtype)
+    x = da.from_array(xn, chunks=130)
+    for name, f in WIDE.items():
+        with np.errstate(all="ignore"):
+            want = f(xn)
+        _same(_no_flowgpu_warning(lambda: fg.fuse(f)(x).compute(scheduler="sync")), want)
+        _same(_under_fusing(f(x)), want)
+    assert not ((xn + 1) > xn).all()  # the largest is there, and wraps
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("dtype", ["int32", "int64", "uint16"])
+def test_gpu_wide_signed_integers_wrap_as_numpy(rng, dtype):
+    """The same on CuPy chunks: C++'s signed overflow is undefined too (int and long long, and the int
+    that unsigned short * unsigned short is computed in)."""
+    import cupy as cp
+
+    xn = _wide(rng, dtype)
+    x = da.from_array(cp.asarray(xn), chunks=130)
+    for f in WIDE.values():
+        with np.errstate(all="ignore"):
+            want = f(xn)
+        _same(cp.asnumpy(fg.fuse(f)(x).compute()), want)
+        _same(cp.asnumpy(_under_fusing(f(x))), want)
+
+
+@pytest.mark.timeout(60)
+def test_sign_of_infinities_is_numpys(rng):
+    """The fused CPU sign computed ``a - a + ...``: NaN for +-inf (inf - inf), also inside a sum."""
+    xn = np.concatenate([[np.inf, -np.inf, -0.0, np.nan], rng.standard_normal(200)])
+    x = da.from_array(xn, chunks=60)
+    for f in (lambda a: np.sign(a) * 1, lambda a: np.sign(a[np.isfinite(a) | np.isinf(a)]).sum()):
+        _same(_under_fusing(f(x)), f(xn))
+    _same(fg.fuse(lambda a: np.sign(a) + 0)(x).compute(scheduler="sync"), np.sign(xn) + 0)
+
+
 # -- np.clip with a Python int outside the dtype's range -------------------------------------------
 
 @pytest.mark.timeout(60)
