@@ -110,6 +110,10 @@ def spawn_environ(values: dict[str, str]):
                 os.environ[k] = v
 
 
+_STARTS_ONLY = {"n_workers", "threads_per_worker", "memory_limit", "device_memory_limit", "rmm_pool_size",
+                "local_directory", "dashboard_address", "gpus", "host"}  # only for a cluster it starts
+
+
 def _check_keywords(extra: dict, cluster: type) -> None:
     """Refuse a keyword no cluster, nanny or worker takes (``nworkers``) before it fails every nanny."""
     known = {name for c in (cluster, LocalCluster, Nanny, Worker) for name in inspect.signature(c.__init__).parameters}
@@ -163,6 +167,10 @@ class Session:
         if cluster is not None and (address is not None or kwargs.get("kind") not in (None, "local")):
             raise ConfigError("give one of address=, cluster= and kind=: each says which cluster to use")
         self.options: SessionOptions = resolve(address, **kwargs)
+        if (cluster is not None or self.options.address is not None) and self.options.extra:
+            name = next(iter(self.options.extra))  # only a cluster the Session starts takes such keywords
+            raise ConfigError(f"Session got keyword {name!r}, which no Session joining a cluster takes (it is for "
+                              "a cluster the Session starts); leave it out")
         self.cluster = None  # a cluster this Session started, closed with it
         self.given = cluster  # a cluster object the caller made (and closes)
         self.client: Client | None = None
@@ -342,7 +350,10 @@ class Session:
             raise ClusterError(f"no cluster started with 'flowgpu cluster start' is running (looked in "
                                f"{standing.directory()}); start one with 'flowgpu cluster start', or use "
                                "fg.Session() for a cluster of this Session's own")
-        return cls(**{**joined, **kwargs})
+        if unmet := standing.unmet(kwargs):  # used as it is, as `flowgpu run` uses it: say what it is not
+            warnings.warn(f"the running cluster at {joined['address']} was not started with {', '.join(unmet)}; "
+                          "it is used as it is (flowgpu cluster stop, then start it so)", stacklevel=2)
+        return cls(**{**joined, **{k: v for k, v in kwargs.items() if k not in _STARTS_ONLY}})
 
     # -- facts ------------------------------------------------------------------------------------
     @property

@@ -329,6 +329,12 @@ def session_kwargs() -> dict | None:
     return joined[0] if joined else None
 
 
+def unmet(wanted: dict[str, Any]) -> list[str]:
+    """``key=value`` of each option in ``wanted`` the running cluster was not started with ([]: none runs)."""
+    state = _read(directory())
+    return _unmet(state, {k: v for k, v in wanted.items() if v is not None}) if state else []
+
+
 def _unmet(state: dict, wanted: dict) -> list[str]:
     """``key=value`` of each option in ``wanted`` the running cluster was not started with."""
     have = {"protocol": "tcp", **(state.get("options") or {}), "n_workers": state.get("n_workers"),

@@ -121,6 +121,12 @@ def test_start_run_stop_from_python(folder, rng, monkeypatch, tmp_path):
             back = fg.from_zarr("rel.zarr").compute()
         np.testing.assert_array_equal(back, want)
         assert (work / "rel.zarr").is_dir()
+        # what the running cluster cannot be is said, as `flowgpu run` says it; what no join takes is refused
+        with pytest.warns(UserWarning, match=r"was not started with n_workers=4, threads_per_worker=8; it is used "
+                                             r"as it is"), fg.Session.running(n_workers=4, threads_per_worker=8) as s:
+            assert len(s.client.scheduler_info(n_workers=-1)["workers"]) == 1
+        with pytest.raises(ConfigError, match="Session got keyword 'bogus_kw', which no Session joining a cluster"):
+            fg.Session.running(bogus_kw=1)
     finally:
         stopped = standing.stop(notify=None)
     assert stopped["daemon"] == state["daemon"]
