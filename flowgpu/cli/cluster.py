@@ -95,7 +95,7 @@ def status(as_json: bool) -> None:
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(state["started"]))
         plain = "UCX, no TLS" if str(state["address"]).startswith(("ucx://", "ucxx://")) else "plain TCP"
         click.echo(f"cluster running at {state['address']} ({'TLS' if state['tls'] else plain})")
-        click.echo(f"dashboard: {state['dashboard'] or 'off'}")
+        click.echo(f"dashboard: {monitor.page_link(state['dashboard']) or 'off'}")  # the page start printed
         now = "" if state["answers"] in (None, state["n_workers"]) else f", {state['answers']} connected now"
         click.echo(f"backend: {state['backend']}, workers: {state['n_workers']} x {state['threads_per_worker']} "
                    f"thread(s) (pids {', '.join(map(str, state['worker_pids']))}{now})")

@@ -79,6 +79,8 @@ def start(folder: Path, cwd: Path, backend: str = "cpu", fault: str | None = Non
     assert state["address"] in r.stdout and "flowgpu cluster stop" in r.stdout
     link = next(line.split(": ", 1)[1] for line in r.stdout.splitlines() if line.startswith("dashboard: "))
     assert link.endswith("/flowgpu")  # the flowgpu page is there before the first run
+    said = flowgpu("cluster", "status", folder=folder, cwd=cwd).stdout
+    assert f"dashboard: {link}\n" in said, said  # the same link as start printed, not Dask's /status
     assert "note: the dashboard is plain HTTP with no login: any user of this host can read its pages" in r.stderr
     assert "the scheduler itself speaks TLS" in r.stderr  # a cluster that stays up speaks TLS unless --no-tls
     with urllib.request.urlopen(link, timeout=60) as page:
