@@ -244,8 +244,8 @@ class Fused:
         try:
             result = self._result(_trace(self.fn, args, kwargs))
         except Untraceable as why:
-            warnings.warn(f"{self!r} cannot be fused ({why}); applying it to the dask arrays unfused",
-                          RuntimeWarning, stacklevel=2)
+            warnings.warn(f"{self!r} cannot be fused ({why}); applying it to the {'dask ' if lazy else ''}arrays "
+                          "unfused", RuntimeWarning, stacklevel=2)
             result = self.fn(*args, **kwargs)
             if self.reduce is not None:
                 result = getattr(result, self.reduce)(axis=self.axis, keepdims=self.keepdims)
