@@ -94,5 +94,7 @@ def for_joining(address: str, security: str | Security, files: dict[str, Any]) -
                         tls_client_key=given.get("tls_key"))
     configured = Security()
     if not configured.tls_ca_file or not configured.tls_client_cert:
-        raise ConfigError(f"the scheduler at {address} speaks TLS and no credentials are set; {_NEEDED}")
+        raise ConfigError(f"the scheduler at {address} speaks TLS and no credentials are set; {_NEEDED}; the "
+                          "cluster 'flowgpu cluster start' keeps up is joined with its own by fg.Session.running() "
+                          "(flowgpu run joins it unasked)")
     return configured

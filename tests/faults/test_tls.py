@@ -30,6 +30,7 @@ from distributed import Client
 from distributed.security import Security
 
 import flowgpu as fg
+from flowgpu.errors import ConfigError
 from tests.tolerance import assert_within_terms
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -255,3 +256,14 @@ def test_gpu_session_with_temporary_tls_runs_and_refuses_plain_tcp(rng):
                             np.abs(2.0 * data.astype(np.float64)).sum(axis=0), 64, np.float32)
         with pytest.raises((OSError, TimeoutError)):
             Client(address.replace("tls://", "tcp://"), timeout=5, set_as_default=False).close()
+
+
+def test_a_tls_scheduler_with_no_credentials_points_to_the_running_cluster_join(tmp_path):
+    """`fg.Session(<the standing cluster's scheduler file>)` was refused for its TLS with no word of
+    fg.Session.running(), which joins that cluster with its own credentials."""
+    file = tmp_path / "scheduler.json"
+    file.write_text(json.dumps({"address": "tls://127.0.0.1:1"}))
+    for given in ("tls://127.0.0.1:1", str(file)):
+        with pytest.raises(ConfigError, match=r"speaks TLS and no credentials are set; give .* joined with its own "
+                                              r"by fg\.Session\.running\(\)"):
+            fg.Session(given, connect_timeout="1s")
