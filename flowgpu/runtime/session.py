@@ -474,14 +474,26 @@ def _wait_for_restarts(cluster: Any, limit: float = 15.0) -> None:
     at most. A run that failed because its workers were killed ends while the nannies start new ones;
     a local cluster closed then stops a worker in mid-start, and distributed closes it twice and prints
     the second close's traceback (``RuntimeError: ConnectionPool is closed``) on the user's terminal."""
-    starting = (Status.init, Status.starting, Status.stopped)  # stopped: died, its nanny about to restart it
     deadline = time.monotonic() + limit
     while time.monotonic() < deadline:
-        nannies = list(getattr(cluster, "workers", {}).values())
-        if not any(getattr(getattr(n, "process", None), "status", None) in starting and n.status == Status.running
-                   for n in nannies):
+        if not any(_restarting(n) for n in list(getattr(cluster, "workers", {}).values())):
             return
         time.sleep(0.05)
+
+
+def _restarting(nanny: Any) -> bool:
+    """Whether running ``nanny`` is starting a worker process, or is about to: its process has died and
+    the nanny has not yet noticed (the run that failed may end first: then nothing seemed to restart)."""
+    proc = getattr(nanny, "process", None)
+    if nanny.status != Status.running or proc is None:
+        return False
+    if proc.status in (Status.init, Status.starting, Status.stopped):  # stopped: died, about to restart
+        return True
+    pid = getattr(getattr(proc, "process", None), "pid", None)
+    try:
+        return pid is not None and psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 def _dashboard_hosts(dask_scheduler: Any = None) -> list[str] | None:
