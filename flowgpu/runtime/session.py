@@ -110,8 +110,7 @@ def spawn_environ(values: dict[str, str]):
                 os.environ[k] = v
 
 
-_STARTS_ONLY = {"n_workers", "threads_per_worker", "memory_limit", "device_memory_limit", "rmm_pool_size",
-                "local_directory", "dashboard_address", "gpus", "host"}  # only for a cluster it starts
+_STARTS_ONLY = {*standing.STARTED_WITH, "gpus", "host"}  # only for a cluster the Session starts
 
 
 def _check_keywords(extra: dict, cluster: type) -> None:

@@ -329,6 +329,11 @@ def session_kwargs() -> dict | None:
     return joined[0] if joined else None
 
 
+# the options a local cluster is started with, which a Session joining it cannot change
+STARTED_WITH = ("n_workers", "threads_per_worker", "memory_limit", "device_memory_limit", "rmm_pool_size",
+                "local_directory", "dashboard_address")
+
+
 def unmet(wanted: dict[str, Any]) -> list[str]:
     """``key=value`` of each option in ``wanted`` the running cluster was not started with ([]: none runs)."""
     state = _read(directory())
@@ -347,8 +352,7 @@ def _unmet(state: dict, wanted: dict) -> list[str]:
         elif key == "gpus":
             if list(config.parse_gpus(value)) != list(state.get("gpus") or []):
                 unmet.append(f"gpus={','.join(map(str, config.parse_gpus(value)))}")
-        elif key in ("n_workers", "threads_per_worker", "memory_limit", "device_memory_limit", "rmm_pool_size",
-                     "local_directory", "dashboard_address", "protocol") and have.get(key) != value:
+        elif key in (*STARTED_WITH, "protocol") and have.get(key) != value:
             unmet.append(f"{key}={value}")
     return unmet
 

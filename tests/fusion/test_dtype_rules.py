@@ -136,12 +136,16 @@ def test_small_integers_wrap_before_the_next_operation(rng, dtype, name):
 @pytest.mark.parametrize("dtype", ["int8", "uint8", "int16"])
 def test_gpu_small_integers_wrap_before_the_next_operation(rng, dtype):
     """The same on CuPy chunks (C promotes char and short to int)."""
+    info = np.iinfo(dtype)
+    _gpu_same_as_numpy(rng.integers(info.min, info.max, 600, endpoint=True).astype(dtype), NARROW.values())
+
+
+def _gpu_same_as_numpy(xn: np.ndarray, functions) -> None:
+    """Each of ``functions`` of ``xn`` on CuPy chunks, through fg.fuse and fusing(), is NumPy's."""
     import cupy as cp
 
-    info = np.iinfo(dtype)
-    xn = rng.integers(info.min, info.max, 600, endpoint=True).astype(dtype)
     x = da.from_array(cp.asarray(xn), chunks=130)
-    for f in NARROW.values():
+    for f in functions:
         with np.errstate(all="ignore"):
             want = f(xn)
         _same(cp.asnumpy(fg.fuse(f)(x).compute()), want)
@@ -187,15 +191,7 @@ def test_wide_signed_integers_wrap_as_numpy(rng, dtype):
 def test_gpu_wide_signed_integers_wrap_as_numpy(rng, dtype):
     """The same on CuPy chunks: C++'s signed overflow is undefined too (int and long long, and the int
     that unsigned short * unsigned short is computed in)."""
-    import cupy as cp
-
-    xn = _wide(rng, dtype)
-    x = da.from_array(cp.asarray(xn), chunks=130)
-    for f in WIDE.values():
-        with np.errstate(all="ignore"):
-            want = f(xn)
-        _same(cp.asnumpy(fg.fuse(f)(x).compute()), want)
-        _same(cp.asnumpy(_under_fusing(f(x))), want)
+    _gpu_same_as_numpy(_wide(rng, dtype), WIDE.values())
 
 
 @pytest.mark.timeout(60)
